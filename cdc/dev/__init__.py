@@ -1,0 +1,12 @@
+"""The local stack of real servers (`cdc dev up|down|status`), without Docker.
+
+Every server runs as a local process on a free loopback port, with its data in a throwaway
+directory. `cdc dev up` writes the connection settings to ``<dev home>/dev.env`` (shell syntax),
+which the tests, the demo and the benchmarks read. Readiness is checked by connecting.
+
+Layout:
+  paths.py     where the cache (Maven jars) and the dev home (state, dev.env) live
+  jars.py      Maven Central resolution of the Kafka, OpenSearch and Spark jars into the cache
+  services.py  one class per server: how to initialise, start, probe and stop it
+  stack.py     up/down/status over a set of services, the state file and dev.env
+"""

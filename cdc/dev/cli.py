@@ -1,0 +1,54 @@
+"""``cdc dev up|down|status|env``: the local stack from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from cdc.dev import jars, stack
+from cdc.dev.paths import env_file
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    dev = subparsers.add_parser("dev", help="the local stack of real servers (no Docker)")
+    actions = dev.add_subparsers(dest="dev_action", required=True)
+    up = actions.add_parser("up", help="start the servers (idempotent) and write dev.env")
+    up.add_argument("--only", nargs="+", metavar="SERVICE", choices=stack.ALL,
+                    help=f"start only these ({', '.join(stack.ALL)})")
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    actions.add_parser("down", help="stop every server and delete its data")
+    actions.add_parser("status", help="show what runs and whether it answers")
+    actions.add_parser("env", help="print the connection settings (shell syntax)")
+    actions.add_parser("fetch", help="resolve the Kafka, OpenSearch and Spark jars into the cache")
+    dev.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.dev_action == "up":
+        began = time.monotonic()
+        env = stack.up(args.only, timeout=args.timeout)
+        for key, value in sorted(env.items()):
+            print(f"{key}={value}")
+        print(f"# up in {time.monotonic() - began:.1f}s; settings in {env_file()}")
+        return 0
+    if args.dev_action == "down":
+        stopped = stack.down()
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        return 0
+    if args.dev_action == "status":
+        rows = stack.status()
+        print(f"{'service':<11} {'state':<10} {'pid':>7}  ports")
+        for row in rows:
+            state = "up" if row.answering else ("starting" if row.running else "down")
+            ports = " ".join(f"{k}={v}" for k, v in row.ports.items())
+            print(f"{row.name:<11} {state:<10} {row.pid or '-':>7}  {ports}")
+        return 0 if all(r.answering for r in rows if r.running) else 1
+    if args.dev_action == "env":
+        for key, value in sorted(stack.read_env().items()):
+            print(f"{key}={value}")
+        return 0
+    if args.dev_action == "fetch":
+        for component in jars.COMPONENTS:
+            print(f"{component}: {jars.ensure_jars(component)}")
+        return 0
+    raise AssertionError(args.dev_action)

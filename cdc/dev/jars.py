@@ -1,0 +1,82 @@
+"""Resolve the Java parts of the stack from Maven Central into the cache, once.
+
+Each component has a small POM under ``maven/``; ``mvn dependency:copy-dependencies`` copies its
+runtime closure into ``<cache>/jars/<component>``. A stamp holding the POM's digest makes a second
+call free, and a changed POM re-resolves. Maven runs with ``maven/settings.xml``, which sends every
+repository a POM declares to Maven Central (Spark's parent POM names a mirror not every machine
+reaches); ``$CDC_MAVEN_SETTINGS`` points at other settings where a site has its own mirror.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+from cdc.dev.paths import cache_dir
+from cdc.errors import DevStackError
+
+COMPONENTS = ("kafka", "opensearch", "spark")
+
+
+def _maven_file(name: str) -> Path:
+    return Path(str(resources.files("cdc.dev") / "maven" / name))
+
+
+def jar_dir(component: str) -> Path:
+    return cache_dir() / "jars" / component
+
+
+def ensure_jars(component: str) -> Path:
+    """Return the directory holding ``component``'s jars, resolving them first if needed."""
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown jar component {component!r}; known: {', '.join(COMPONENTS)}")
+    pom = _maven_file(f"{component}.xml")
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
+    target = jar_dir(component)
+    stamp = target / ".stamp"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise DevStackError("Maven (mvn) is not installed; run scripts/setup (apt-get install maven)")
+    settings = os.environ.get("CDC_MAVEN_SETTINGS") or str(_maven_file("settings.xml"))
+    staging = target.with_name(component + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = [mvn, "-q", "-B", "-s", settings, "-f", str(pom), "dependency:copy-dependencies",
+           f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise DevStackError(f"resolving the {component} jars from Maven Central failed:\n{tail}")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    stamp.write_text(digest)
+    return target
+
+
+def classpath(component: str) -> str:
+    return str(ensure_jars(component) / "*")
+
+
+def _artifact(jar_name: str) -> str:
+    """``delta-spark_2.13-4.0.0.jar`` -> ``delta-spark_2.13``: the name without its version."""
+    stem = jar_name.removesuffix(".jar")
+    match = re.match(r"^(.*?)-\d+\.\d", stem)  # the version begins "N.N"; "-0-10" is part of a name
+    return match.group(1) if match else stem
+
+
+def spark_jars() -> list[str]:
+    """The Kafka source and Delta jars that pyspark's own ``jars/`` does not already ship.
+
+    Passing a second copy of a jar Spark has (Scala, Hadoop, slf4j) would put two versions of the
+    same classes on one classpath, so those are left out.
+    """
+    import pyspark  # the [spark] extra
+
+    bundled = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(p) for p in ensure_jars("spark").glob("*.jar") if _artifact(p.name) not in bundled)

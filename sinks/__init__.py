@@ -1,0 +1,1 @@
+"""Sink plugins: consume compacted topics and keep a derived store in sync."""

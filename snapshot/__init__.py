@@ -1,0 +1,1 @@
+"""Consistent initial snapshots, tagged with the log position they match."""

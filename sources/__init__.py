@@ -1,0 +1,1 @@
+"""Source plugins: decode a database's replication log into ordered change events."""

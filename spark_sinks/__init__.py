@@ -1,0 +1,1 @@
+"""Spark Structured Streaming sinks (Kafka source, foreachBatch, Delta MERGE)."""

@@ -1,0 +1,37 @@
+"""A Spark session with the Kafka source and Delta Lake configured.
+
+Spark's own ``spark.jars.packages`` resolver (Ivy) ignores Maven's mirror settings, so the jars are
+resolved by Maven into the project's cache (``cdc dev up`` / ``cdc.dev.jars.spark_jars``) and handed
+to Spark as plain files through ``spark.jars``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def local_session(app_name: str, *, jars: Sequence[str] | None = None, master: str = "local[2]",
+                  warehouse: str | None = None, driver_memory: str = "2g"):
+    """Build (or get) a SparkSession for ``master`` with Delta's SQL extension and catalog."""
+    from pyspark.sql import SparkSession
+
+    if jars is None:
+        from cdc.dev.jars import spark_jars
+
+        jars = spark_jars()
+    builder = (
+        SparkSession.builder.appName(app_name).master(master)
+        .config("spark.jars", ",".join(jars))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+    )
+    if warehouse:
+        builder = builder.config("spark.sql.warehouse.dir", warehouse)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

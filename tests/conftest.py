@@ -1,0 +1,195 @@
+"""Fixtures for tests against the real servers of the local stack.
+
+A test says what it needs with a marker (``@pytest.mark.postgres`` ...) and takes the fixture of
+that service. Servers are session-scoped: the first fixture that needs one runs ``cdc dev up`` for
+it (a no-op when ``scripts/test`` already started the stack). Each test gets a fresh database,
+topic name, key prefix or index, so tests never see each other's data.
+
+A service that cannot start fails the test under ``CI=true`` (and wherever
+``CDC_REQUIRE_SERVICES=1``); elsewhere it is skipped with the command that starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from urllib.parse import urlparse
+
+import pytest
+
+from cdc.dev import stack
+from cdc.errors import DevStackError
+
+MARKER_SERVICES = {"postgres", "mysql", "kafka", "redis", "opensearch", "spark"}
+
+
+def _services_required() -> bool:
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get("CDC_REQUIRE_SERVICES") == "1"
+
+
+@pytest.fixture(scope="session")
+def dev_env_for():
+    """``dev_env_for("kafka")`` -> the dev.env settings, with that service running."""
+    cache: dict[str, dict[str, str]] = {}
+
+    def ensure(name: str) -> dict[str, str]:
+        if name not in cache:
+            try:
+                cache[name] = stack.up([name])
+            except DevStackError as err:
+                if _services_required():
+                    pytest.fail(f"service {name} could not start: {err}", pytrace=False)
+                pytest.skip(f"service {name} is not available ({err}); run `cdc dev up`")
+        return cache[name]
+
+    return ensure
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def pytest_collection_modifyitems(items):
+    # A test using a service fixture must carry that service's marker, so `-m` selections and
+    # the per-service suites in CI stay truthful.
+    needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "mysql_url": "mysql",
+             "mysql_db": "mysql", "kafka_bootstrap": "kafka", "kafka_topic": "kafka",
+             "redis_url": "redis", "redis_prefix": "redis", "opensearch_url": "opensearch",
+             "opensearch_index": "opensearch", "spark": "spark"}
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, marker in needs.items():
+            if fixture in fixtures and item.get_closest_marker(marker) is None:
+                raise pytest.UsageError(f"{item.nodeid} uses {fixture} but is not marked @pytest.mark.{marker}")
+
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(dev_env_for) -> str:
+    return dev_env_for("postgres")["PG_DSN"]
+
+
+@pytest.fixture
+def pg_dsn(pg_admin_dsn):
+    """A fresh database; dropped (with its replication slots) after the test."""
+    import psycopg2
+
+    name = _unique("t")
+    admin = psycopg2.connect(pg_admin_dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    yield pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
+    with admin.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                    "AND pid <> pg_backend_pid()", (name,))
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = %s AND NOT active", (name,))
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+# --- MariaDB ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def mysql_url(dev_env_for) -> str:
+    return dev_env_for("mysql")["MYSQL_URL"]
+
+
+def mysql_connect(url: str, database: str | None = None, **kwargs):
+    import pymysql
+
+    parsed = urlparse(url)
+    return pymysql.connect(host=parsed.hostname, port=parsed.port or 3306,
+                           user=parsed.username or "root", password=parsed.password or "",
+                           database=database, autocommit=True, **kwargs)
+
+
+@pytest.fixture
+def mysql_db(mysql_url):
+    """A fresh schema name (created); dropped after the test."""
+    name = _unique("t")
+    conn = mysql_connect(mysql_url)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}`")
+    yield name
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    conn.close()
+
+
+# --- Kafka ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(dev_env_for) -> str:
+    return dev_env_for("kafka")["KAFKA_BOOTSTRAP"]
+
+
+@pytest.fixture
+def kafka_topic(kafka_bootstrap):
+    """A fresh topic name (not created: tests create it with the settings they test)."""
+    from confluent_kafka.admin import AdminClient
+
+    name = _unique("t")
+    yield name
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    existing = admin.list_topics(timeout=10).topics
+    doomed = [t for t in existing if t == name or t.startswith(name + ".")]
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=10).values():
+            future.result()
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def redis_url(dev_env_for) -> str:
+    return dev_env_for("redis")["REDIS_URL"]
+
+
+@pytest.fixture
+def redis_prefix(redis_url):
+    """A fresh key prefix; its keys are deleted after the test."""
+    import redis
+
+    prefix = _unique("t") + ":"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=prefix + "*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+# --- OpenSearch -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def opensearch_url(dev_env_for) -> str:
+    return dev_env_for("opensearch")["OPENSEARCH_URL"]
+
+
+@pytest.fixture
+def opensearch_index(opensearch_url):
+    """A fresh index name (not created); the index and its versions are deleted after the test."""
+    from opensearchpy import OpenSearch
+
+    name = _unique("t")
+    yield name
+    client = OpenSearch(opensearch_url)
+    client.indices.delete(index=f"{name}*", ignore_unavailable=True)
+    client.close()
+
+
+# --- Spark ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def spark(dev_env_for, tmp_path_factory):
+    """One local[2] Spark session with the Kafka source and Delta Lake, for the whole run."""
+    from spark_sinks.session import local_session
+
+    jars = dev_env_for("spark")["SPARK_JARS"]
+    session = local_session("cdc-tests", jars=jars.split(","),
+                            warehouse=str(tmp_path_factory.mktemp("spark-warehouse")))
+    yield session
+    session.stop()
