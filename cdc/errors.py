@@ -1,14 +1,23 @@
 """One error tree for the whole framework. Every error says whether retrying can help.
 
-    CdcError                      retriable: bool (class attribute, may be overridden per instance)
-    ├── RetriableError            the same call may succeed later (network, broker, lock timeout)
-    └── PermanentError            retrying cannot help until something is changed
-        └── DevStackError         the local stack of servers could not be set up or started
+    CdcError                        .retriable: may the same call succeed later?
+    ├── RetriableError              yes: network, broker or server unavailable, lock timeouts
+    │   └── LogUnavailableError     the log (Kafka broker, embedded file) cannot be reached now
+    ├── PermanentError              no: something must be changed first
+    │   ├── ConfigError             a config file is invalid; .problems lists each (file, line, path)
+    │   │   └── PluginNotFoundError a source/sink ``type`` that no installed plugin provides
+    │   ├── TopicConfigError        an existing topic is not set up as the contract needs (not compacted)
+    │   ├── DecodeError             bytes from a database log that cannot be decoded (names where)
+    │   └── DevStackError           the local stack of servers could not be set up or started
+    └── DeliveryError               the log refused or lost a record; retriable per its error code
 
-Code that catches errors decides on ``err.retriable``, never on message text.
+Code that catches errors decides on ``err.retriable``, never on message text. Server errors are
+classified by their code (SQLSTATE, MySQL errno, Kafka error code) where they are wrapped.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class CdcError(Exception):
@@ -26,6 +35,46 @@ class RetriableError(CdcError):
 
 class PermanentError(CdcError):
     retriable = False
+
+
+class LogUnavailableError(RetriableError):
+    """The log cannot be reached now (broker down, timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    file: str
+    line: int | None
+    path: str           # dotted field path, e.g. "sources[0].slot"
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.path or '<root>'}: {self.message}"
+
+
+class ConfigError(PermanentError):
+    def __init__(self, problems: list[ConfigProblem] | str, *, message: str | None = None) -> None:
+        if isinstance(problems, str):
+            message, problems = problems, [ConfigProblem("<config>", None, "", problems)]
+        self.problems = problems
+        super().__init__(message or "\n".join(str(p) for p in problems))
+
+
+class PluginNotFoundError(ConfigError):
+    pass
+
+
+class TopicConfigError(PermanentError):
+    pass
+
+
+class DecodeError(PermanentError):
+    pass
+
+
+class DeliveryError(CdcError):
+    """A record was not delivered. ``retriable`` comes from the log's error code."""
 
 
 class DevStackError(PermanentError):

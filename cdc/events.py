@@ -1,0 +1,111 @@
+"""The change event: what a source emits and what every topic carries.
+
+An event is immutable and cheap (a slotted frozen dataclass). Its values are already JSON-ready in
+the contract's form (sources do the type conversion: exact numerics as strings, timestamps as
+ISO-8601, binary as base64 ...), so serializing is a single ``orjson.dumps``.
+
+Sources hand the runtime ``Batch`` objects: a list of events plus, optionally, the position that
+becomes safe to store once every event of this batch and of all earlier batches is delivered. A
+source sets ``checkpoint`` only at a transaction boundary, so a resume never splits a transaction.
+A batch with no events and a checkpoint is a heartbeat: it lets the stored position advance while
+nothing captured changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Mapping
+
+from cdc.positions import Position
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class Op(StrEnum):
+    """Debezium's operation codes."""
+
+    READ = "r"      # a row read by a snapshot
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    TRUNCATE = "t"
+
+
+class SnapshotMarker(StrEnum):
+    """``source.snapshot``: part of a snapshot (``true``), its last row (``last``), or streamed (``false``)."""
+
+    TRUE = "true"
+    LAST = "last"
+    FALSE = "false"
+
+
+@dataclass(frozen=True, slots=True)
+class TableId:
+    """A captured table. PostgreSQL: database, schema, table. MySQL: database, no schema, table."""
+
+    db: str
+    schema: str | None
+    table: str
+
+    @property
+    def namespace(self) -> str:
+        """The middle part of the topic name: the schema (PostgreSQL) or the database (MySQL)."""
+        return self.schema if self.schema is not None else self.db
+
+    def topic(self, prefix: str) -> str:
+        return f"{prefix}.{self.namespace}.{self.table}"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}.{self.table}"
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionInfo:
+    id: str
+    total_order: int              # position of the event within its transaction, from 1
+    data_collection_order: int    # position among the transaction's events for the same table, from 1
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One change of one row (or, for ``t``, of one table).
+
+    ``key`` holds the primary-key columns in key order (for a keyless table, the configured key
+    columns); it is ``None`` only for a truncate. ``after`` is always the complete row for r/c/u.
+    ``version`` strictly increases for successive changes of the same key within one source.
+    ``source_fields`` carries the connector-specific part of the envelope's ``source`` block
+    (PostgreSQL ``txId``/``lsn``; MySQL ``file``/``pos``/``row``/``gtid``).
+    """
+
+    op: Op
+    table: TableId
+    key: Mapping[str, Any] | None
+    before: Mapping[str, Any] | None
+    after: Mapping[str, Any] | None
+    version: int
+    ts_ms: int
+    snapshot: SnapshotMarker = SnapshotMarker.FALSE
+    source_fields: Mapping[str, Any] | None = None
+    transaction: TransactionInfo | None = None
+
+    def __post_init__(self) -> None:
+        if not INT64_MIN <= self.version <= INT64_MAX:
+            raise ValueError(f"version {self.version} of {self.table} does not fit in int64")
+        if self.op is Op.TRUNCATE:
+            if self.key is not None:
+                raise ValueError("a truncate event has no key")
+        elif not self.key:
+            raise ValueError(f"{self.op.name} event on {self.table} has no key")
+        if self.op in (Op.READ, Op.CREATE, Op.UPDATE) and self.after is None:
+            raise ValueError(f"{self.op.name} event on {self.table} has no 'after' row")
+        if self.op is Op.DELETE and self.after is not None:
+            raise ValueError(f"delete event on {self.table} carries an 'after' row")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Events in log order, and the position that is safe to store once they are all delivered."""
+
+    events: list[ChangeEvent]
+    checkpoint: Position | None = None
