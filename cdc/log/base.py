@@ -1,0 +1,155 @@
+"""The interface of the log, shared by Kafka and the embedded log.
+
+Semantics both implementations keep:
+
+* A topic has N partitions; a record goes to the partition chosen by the hash of its key (the
+  same key always lands in the same partition, so per-key order holds), or to every partition
+  when ``Record.to_all_partitions`` (truncates).
+* Topics are log-compacted: eventually only the latest record per key remains, and a tombstone
+  (null value) is removed once it is older than ``delete_retention_ms``. Offsets never change.
+* Consumer groups store, per (topic, partition), the next offset to read.
+
+Threading: a Log may be shared between threads; a LogWriter and a LogReader are each used by one
+thread at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from cdc.errors import LogUnavailableError
+from cdc.positions import Position
+from cdc.serde import Record
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    partitions: int = 1
+    replication_factor: int = 1
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = 86_400_000  # a day: how long a tombstone outlives the key
+    extra: dict[str, str] = field(default_factory=dict)  # more Kafka topic configs (segment.ms ...)
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """A record read back from the log."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+TopicPartition = tuple[str, int]
+
+
+class LogWriter(ABC):
+    """Publishes records and reports which checkpoint is safe.
+
+    ``publish`` hands records (any iterable, counted as it is consumed) to the log and returns
+    without waiting; ``poll``/``flush`` serve
+    acknowledgements and return the newest checkpoint whose records, and all before them, the log
+    has acknowledged (``None`` until there is one). A delivery that failed raises
+    ``DeliveryError`` from ``poll``/``flush``; no checkpoint past it is ever returned.
+    """
+
+    @abstractmethod
+    def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None: ...
+
+    @abstractmethod
+    def poll(self) -> Position | None: ...
+
+    @abstractmethod
+    def flush(self, timeout: float = 30.0) -> Position | None:
+        """Wait until every published record is acknowledged (or ``timeout``; then raise DeliveryError)."""
+
+    @property
+    @abstractmethod
+    def outstanding(self) -> int:
+        """Records published and not yet acknowledged."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class LogReader(ABC):
+    """Reads assigned partitions in offset order, as a member of ``group`` (for committed offsets)."""
+
+    @abstractmethod
+    def assign(self, start: dict[TopicPartition, int]) -> None:
+        """Read these partitions from these offsets (0 = the beginning)."""
+
+    @abstractmethod
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[LogRecord]: ...
+
+    @abstractmethod
+    def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record ``poll`` will return from ``tp`` (past compacted gaps)."""
+
+    @abstractmethod
+    def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Store, for the group, the next offset to read per partition (durably, synchronously)."""
+
+    @abstractmethod
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Log(ABC):
+    @abstractmethod
+    def ensure_topic(self, topic: str, settings: TopicSettings | None = None) -> None:
+        """Create ``topic`` compacted if it is missing. An existing topic that is not compacted
+        raises ``TopicConfigError`` naming the topic and its cleanup policy."""
+
+    @abstractmethod
+    def delete_topic(self, topic: str) -> None:
+        """Delete ``topic``, its records and its groups' offsets (no error if it does not exist)."""
+
+    @abstractmethod
+    def topics(self) -> list[str]: ...
+
+    @abstractmethod
+    def partitions(self, topic: str) -> int: ...
+
+    @abstractmethod
+    def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
+        """Per partition, the offset the next record will get (the high-water mark)."""
+
+    @abstractmethod
+    def writer(self) -> LogWriter: ...
+
+    @abstractmethod
+    def reader(self, group: str | None = None) -> LogReader: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def compact(self, topic: str) -> None:
+        """Ask for compaction now. The embedded log runs it; Kafka's broker cleans on its own."""
+
+    def read_all(self, topic: str, timeout: float = 30.0) -> list[LogRecord]:
+        """Every record of ``topic`` up to its current end, in (partition, offset) order."""
+        ends = self.end_offsets(topic)
+        reader = self.reader()
+        try:
+            reader.assign({tp: 0 for tp in ends})
+            out: list[LogRecord] = []
+            deadline = time.monotonic() + timeout
+            while any(reader.position(tp) < end for tp, end in ends.items()):
+                if time.monotonic() > deadline:
+                    raise LogUnavailableError(f"reading {topic} to its end took over {timeout:.0f}s")
+                for record in reader.poll(10_000, 0.2):
+                    if record.offset < ends[(record.topic, record.partition)]:
+                        out.append(record)
+            out.sort(key=lambda r: (r.partition, r.offset))
+            return out
+        finally:
+            reader.close()

@@ -1,0 +1,471 @@
+"""The log on one machine: a SQLite database in WAL mode standing in for a set of compacted Kafka topics.
+
+Why SQLite: a capture process, a sink process and a ``tail`` process must share the log without a
+broker. WAL mode lets readers run while one writer commits, and a commit is atomic, so a batch that
+``publish`` hands over survives a ``kill -9`` whole or not at all. Because the commit happens inside
+``publish``, the writer's ``poll``/``flush`` have nothing to wait for.
+
+Durability: ``fsync=True`` (``synchronous=FULL``) syncs the WAL at every commit, surviving power
+loss; ``fsync=False`` (``NORMAL``) syncs only at checkpoints, surviving a process crash but perhaps
+not an OS crash.
+
+Threads and processes: any number of processes may open the same directory. A Log object may be
+shared between threads (its own calls use one connection per thread); each writer and reader owns
+a connection and is used by one thread at a time. Writes are short ``BEGIN IMMEDIATE``
+transactions and every connection waits on a locked database (``busy_timeout``) instead of failing.
+
+Layout: a record's integer primary key is ``partition id << 40 | offset``, so each partition is one
+contiguous range of the table's own b-tree: appends and range reads need no second index, and a
+compacted gap is simply a missing key. ``partitions.next_offset`` is the high-water mark, kept apart
+from the records so that compaction never lowers it. The ``log`` view shows topic/partition/offset.
+
+Compaction (Kafka's rules): only the latest record per key stays, a tombstone goes once it is older
+than ``delete_retention_ms``, and nothing younger than ``min_compaction_lag_ms`` is removed. It is
+incremental: ``clean_offset`` marks how far each partition has been deduplicated, so a pass only
+looks up the keys written since (by the key index) and deletes what they supersede, in small
+transactions. A writer compacts the topics it writes to every ``compact_interval`` seconds.
+
+Unknown topic: ``publish`` to a topic that ``ensure_topic`` never created raises ``DeliveryError``
+(``retriable=False``) at once, writes nothing of the batch and poisons the writer, as a failed
+Kafka delivery does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from cdc.errors import DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
+from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
+from cdc.log.partitioner import partition_for
+from cdc.positions import Position
+from cdc.serde import Record
+
+_log = logging.getLogger(__name__)
+
+_BITS = 40                      # offset bits of a record id: 10^12 records per partition
+_MASK = (1 << _BITS) - 1
+_BUSY_MS = 30_000               # how long a connection waits for another's write lock
+_WAIT_S = 0.025                 # how often a blocked poll looks for new commits
+_CHUNK = 20_000                 # offsets per compaction transaction (keeps the write lock short)
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS topics (
+    name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, cleanup_policy TEXT NOT NULL,
+    min_compaction_lag_ms INTEGER NOT NULL, delete_retention_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS partitions (
+    id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL DEFAULT 0, clean_offset INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (topic, partition));
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
+CREATE INDEX IF NOT EXISTS tombstones ON records (timestamp_ms) WHERE value IS NULL;
+CREATE TABLE IF NOT EXISTS group_offsets (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (grp, topic, partition)) WITHOUT ROWID;
+CREATE VIEW IF NOT EXISTS log AS
+    SELECT p.topic, p.partition, r.id & {_MASK} AS offset, r.key, r.value, r.timestamp_ms
+    FROM records AS r JOIN partitions AS p ON p.id = r.id >> {_BITS};
+"""
+
+# The latest record per key among ids [?1, ?2) deletes that key's older records in [?3, latest).
+_DELETE_SUPERSEDED = """
+WITH latest(key, top) AS (SELECT key, MAX(id) FROM records WHERE id >= ?1 AND id < ?2 GROUP BY key)
+DELETE FROM records WHERE id IN (
+    SELECT old.id FROM latest JOIN records AS old ON old.key = latest.key
+    WHERE old.id >= ?3 AND old.id < latest.top AND old.timestamp_ms <= ?4)
+"""
+# A tombstone in [?2, ?3) from ?1 or before goes, unless an older record of its key is still there.
+_DELETE_TOMBSTONES = """
+DELETE FROM records INDEXED BY tombstones
+WHERE value IS NULL AND timestamp_ms <= ?1 AND id >= ?2 AND id < ?3 AND NOT EXISTS (
+    SELECT 1 FROM records AS old WHERE old.key = records.key AND old.id >= ?2 AND old.id < records.id)
+"""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextmanager
+def _unavailable(what: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.OperationalError as err:  # locked past busy_timeout, I/O error, disk full
+        raise LogUnavailableError(f"embedded log: {what}: {err}") from err
+
+
+@dataclass(frozen=True, slots=True)
+class _Topic:
+    name: str
+    cleanup_policy: str
+    min_compaction_lag_ms: int
+    delete_retention_ms: int
+    ids: tuple[int, ...]  # partition number -> partition id
+
+
+class EmbeddedLog(Log):
+    def __init__(self, path: str | os.PathLike, defaults: TopicSettings | None = None, *,
+                 fsync: bool = True, compact_interval: float = 5.0) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.file = self.path / "log.db"
+        self.defaults = defaults or TopicSettings()
+        self.fsync = fsync
+        self.compact_interval = compact_interval
+        self._topics: dict[str, _Topic] = {}  # topics never change once made: cache them
+        self._lock = threading.Lock()
+        self._open_conns: set[sqlite3.Connection] = set()
+        self._local = threading.local()
+        with _unavailable(f"opening {self.file}"):
+            conn = self._conn()
+            conn.execute("PRAGMA journal_mode = WAL")
+            with _transaction(conn):
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+
+    # -- connections --------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.file, timeout=_BUSY_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
+        conn.execute(f"PRAGMA synchronous = {'FULL' if self.fsync else 'NORMAL'}")
+        with self._lock:
+            self._open_conns.add(conn)
+        return conn
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._open_conns.discard(conn)
+        conn.close()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._open()
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._open_conns = self._open_conns, set()
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def _topic(self, name: str, conn: sqlite3.Connection) -> _Topic | None:
+        topic = self._topics.get(name)
+        if topic is None:
+            row = conn.execute("SELECT cleanup_policy, min_compaction_lag_ms, delete_retention_ms "
+                               "FROM topics WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            ids = tuple(i for i, in conn.execute(
+                "SELECT id FROM partitions WHERE topic = ? ORDER BY partition", (name,)))
+            topic = self._topics[name] = _Topic(name, *row, ids)
+        return topic
+
+    def _require(self, name: str) -> _Topic:
+        topic = self._topic(name, self._conn())
+        if topic is None:
+            raise TopicConfigError(f"topic {name} does not exist")
+        return topic
+
+    def create_topic_unchecked(self, name: str, settings: TopicSettings | None = None,
+                               cleanup_policy: str = "delete") -> None:
+        """Create ``name`` with any cleanup policy, if missing (tests use it for non-compacted topics)."""
+        s = settings or self.defaults
+        with _unavailable(f"creating topic {name}"), _transaction(self._conn()) as conn:
+            made = conn.execute("INSERT OR IGNORE INTO topics VALUES (?, ?, ?, ?, ?)",
+                                (name, s.partitions, cleanup_policy, s.min_compaction_lag_ms,
+                                 s.delete_retention_ms)).rowcount
+            if made:
+                conn.executemany("INSERT INTO partitions (topic, partition) VALUES (?, ?)",
+                                 [(name, p) for p in range(s.partitions)])
+
+    def ensure_topic(self, topic: str, settings: TopicSettings | None = None) -> None:
+        with _unavailable(f"ensuring topic {topic}"):
+            existing = self._topic(topic, self._conn())
+            if existing is None:
+                self.create_topic_unchecked(topic, settings, cleanup_policy="compact")
+                existing = self._require(topic)
+        if existing.cleanup_policy != "compact":
+            raise TopicConfigError(f"topic {topic} has cleanup.policy={existing.cleanup_policy}; "
+                                   "the log needs cleanup.policy=compact (change or delete the topic)")
+
+    def delete_topic(self, topic: str) -> None:
+        with _unavailable(f"deleting topic {topic}"), _transaction(self._conn()) as conn:
+            ids = [i for i, in conn.execute("SELECT id FROM partitions WHERE topic = ?", (topic,))]
+            for pid in ids:
+                conn.execute("DELETE FROM records WHERE id >= ? AND id < ?", (pid << _BITS, (pid + 1) << _BITS))
+            conn.execute("DELETE FROM partitions WHERE topic = ?", (topic,))
+            conn.execute("DELETE FROM group_offsets WHERE topic = ?", (topic,))
+            conn.execute("DELETE FROM topics WHERE name = ?", (topic,))
+        self._topics.pop(topic, None)
+
+    def topics(self) -> list[str]:
+        with _unavailable("listing topics"):
+            return [name for name, in self._conn().execute("SELECT name FROM topics ORDER BY name")]
+
+    def partitions(self, topic: str) -> int:
+        with _unavailable(f"reading topic {topic}"):
+            return len(self._require(topic).ids)
+
+    def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
+        with _unavailable(f"reading end offsets of {topic}"):
+            self._require(topic)
+            rows = self._conn().execute("SELECT partition, next_offset FROM partitions WHERE topic = ?",
+                                        (topic,))
+            return {(topic, p): end for p, end in rows}
+
+    def writer(self) -> "EmbeddedWriter":
+        return EmbeddedWriter(self)
+
+    def reader(self, group: str | None = None) -> "EmbeddedReader":
+        return EmbeddedReader(self, group)
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def compact(self, topic: str) -> None:
+        with _unavailable(f"compacting {topic}"):
+            self._compact(self._require(topic), self._conn())
+
+    def _compact(self, topic: _Topic, conn: sqlite3.Connection) -> None:
+        if topic.cleanup_policy != "compact":
+            return
+        now = _now_ms()
+        lag_cutoff = now - topic.min_compaction_lag_ms  # records from then or before may go
+        tombstone_cutoff = min(lag_cutoff, now - topic.delete_retention_ms)
+        for pid in topic.ids:
+            base = pid << _BITS
+            more = True
+            while more:  # deduplicate the dirty offsets, a chunk per transaction
+                with _transaction(conn):
+                    clean, end = conn.execute("SELECT clean_offset, next_offset FROM partitions "
+                                              "WHERE id = ?", (pid,)).fetchone()
+                    start, stop = base | clean, base | min(end, clean + _CHUNK)
+                    young = conn.execute("SELECT MIN(id) FROM records WHERE id >= ? AND id < ? "
+                                         "AND timestamp_ms > ?", (start, stop, lag_cutoff)).fetchone()[0]
+                    # Kafka's cleanable range ends at the first record younger than the lag.
+                    stop = young if young is not None else stop
+                    if stop > start:
+                        conn.execute(_DELETE_SUPERSEDED, (start, stop, base, lag_cutoff))
+                        conn.execute("UPDATE partitions SET clean_offset = ? WHERE id = ?",
+                                     (stop & _MASK, pid))
+                    more = young is None and (stop & _MASK) < end
+            with _transaction(conn):
+                conn.execute(_DELETE_TOMBSTONES, (tombstone_cutoff, base, base + (1 << _BITS)))
+
+
+class EmbeddedWriter(LogWriter):
+    def __init__(self, log: EmbeddedLog) -> None:
+        self._log = log
+        self._conn = log._open()
+        self._conn.execute("PRAGMA cache_size = -65536")  # 64 MiB: keeps the key index in memory
+        self._safe: Position | None = None
+        self._error: DeliveryError | None = None
+        self._written: set[str] = set()  # topics this writer compacts from time to time
+        self._compacted_at = time.monotonic()
+
+    def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
+        if self._error is not None:
+            raise self._error
+        if records:
+            try:
+                self._append(records)
+            except DeliveryError as err:
+                self._error = err
+                raise
+            except sqlite3.Error as err:
+                self._error = DeliveryError(f"embedded log: publish failed: {err}",
+                                            retriable=isinstance(err, sqlite3.OperationalError))
+                raise self._error from err
+        if checkpoint is not None:
+            self._safe = checkpoint
+        if time.monotonic() - self._compacted_at >= self._log.compact_interval:
+            self._compact()
+
+    def _compact(self) -> None:
+        # The batch is committed already: a failed pass must not look like a failed publish.
+        self._compacted_at = time.monotonic()
+        try:
+            for name in sorted(self._written):
+                self._log._compact(self._log._topics[name], self._conn)
+        except sqlite3.OperationalError as err:
+            _log.warning("embedded log: compaction skipped, will retry: %s", err)
+
+    def _append(self, records: list[Record]) -> None:
+        conn = self._conn
+        topics: dict[str, _Topic] = {}
+        pids: list[int] = []
+        copies: list[Record] = []
+        add_pid, add_copy = pids.append, copies.append
+        for record in records:  # the partition of each record, outside the write lock
+            topic = topics.get(record.topic)
+            if topic is None:
+                topic = topics[record.topic] = self._known(record.topic)
+            ids = topic.ids
+            if record.to_all_partitions:
+                for pid in ids:
+                    add_pid(pid)
+                    add_copy(record)
+            else:
+                add_pid(ids[0] if len(ids) == 1 else ids[partition_for(record.key, len(ids))])
+                add_copy(record)
+        if not copies:
+            return
+        now = _now_ms()
+        touched = sorted(set(pids))
+        with _transaction(conn):
+            marks = ",".join("?" * len(touched))
+            nxt = {pid: (pid << _BITS) | end for pid, end in conn.execute(
+                f"SELECT id, next_offset FROM partitions WHERE id IN ({marks})", touched)}
+            if len(touched) == 1:
+                first = nxt[touched[0]]
+                rows = [(i, r.key, r.value, now) for i, r in zip(range(first, first + len(copies)), copies)]
+                nxt[touched[0]] = first + len(copies)
+            else:
+                rows = []
+                add_row = rows.append
+                for pid, r in zip(pids, copies):
+                    i = nxt[pid]
+                    nxt[pid] = i + 1
+                    add_row((i, r.key, r.value, now))
+            conn.executemany("INSERT INTO records (id, key, value, timestamp_ms) VALUES (?, ?, ?, ?)", rows)
+            conn.executemany("UPDATE partitions SET next_offset = ? WHERE id = ?",
+                             [(i & _MASK, pid) for pid, i in nxt.items()])
+        self._written.update(topics)
+
+    def _known(self, name: str) -> _Topic:
+        topic = self._log._topic(name, self._conn)
+        if topic is not None:
+            return topic
+        raise DeliveryError(f"topic {name} does not exist in the embedded log (call ensure_topic "
+                            "first); nothing of this batch was written", retriable=False)
+
+    def poll(self) -> Position | None:
+        if self._error is not None:
+            raise self._error
+        return self._safe
+
+    def flush(self, timeout: float = 30.0) -> Position | None:
+        return self.poll()  # every publish committed before it returned
+
+    @property
+    def outstanding(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self._log._release(self._conn)
+
+
+class EmbeddedReader(LogReader):
+    def __init__(self, log: EmbeddedLog, group: str | None) -> None:
+        self._log = log
+        self._group = group
+        self._conn = log._open()
+        self._positions: dict[TopicPartition, int] = {}
+        self._ids: dict[TopicPartition, int] = {}  # resolved once the topic exists
+        self._turn = 0
+
+    def assign(self, start: dict[TopicPartition, int]) -> None:
+        self._positions = dict(start)
+        self._ids = {}
+
+    def position(self, tp: TopicPartition) -> int:
+        return self._positions[tp]
+
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[LogRecord]:
+        deadline = time.monotonic() + timeout
+        with _unavailable("polling"):
+            while True:
+                version = self._version()
+                records, moved = self._fetch(max(1, max_records))
+                if records:
+                    return records
+                if moved:
+                    continue  # skipped a compacted gap: look again at once
+                while self._version() == version:  # nothing new: wait for another commit
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return []
+                    time.sleep(min(_WAIT_S, left))
+
+    def _version(self) -> int:
+        return self._conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def _fetch(self, budget: int) -> tuple[list[LogRecord], bool]:
+        conn = self._conn
+        for tp in self._positions.keys() - self._ids.keys():
+            topic = self._log._topic(tp[0], conn)
+            if topic is not None and 0 <= tp[1] < len(topic.ids):
+                self._ids[tp] = topic.ids[tp[1]]
+        # The ends first: every offset below them is committed, so a missing one is a compacted gap.
+        ends = dict(conn.execute("SELECT id, next_offset FROM partitions"))
+        tps = list(self._positions)
+        turn = self._turn % len(tps) if tps else 0
+        self._turn += 1
+        ready = [(tp, self._ids[tp], ends[self._ids[tp]]) for tp in tps[turn:] + tps[:turn]
+                 if tp in self._ids and self._positions[tp] < ends[self._ids[tp]]]
+        out: list[LogRecord] = []
+        moved = False
+        for n, (tp, pid, end) in enumerate(ready):
+            share = -(-budget // (len(ready) - n))  # what is left, split among the partitions left
+            base = pid << _BITS
+            rows = conn.execute("SELECT id, key, value, timestamp_ms FROM records WHERE id >= ? "
+                                "AND id < ? ORDER BY id LIMIT ?",
+                                (base | self._positions[tp], base | end, share)).fetchall()
+            topic, partition = tp
+            out.extend([LogRecord(topic, partition, i & _MASK, k, v, ts) for i, k, v, ts in rows])
+            position = (rows[-1][0] & _MASK) + 1 if len(rows) == share else end
+            moved = moved or position != self._positions[tp]
+            self._positions[tp] = position
+            budget -= len(rows)
+            if budget <= 0:
+                break
+        return out, moved
+
+    def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self._group is None:
+            raise PermanentError("this reader has no consumer group (reader(group=None)), so it "
+                                 "cannot commit offsets; open it with log.reader('<group>')")
+        with _unavailable(f"committing offsets of group {self._group}"), _transaction(self._conn) as conn:
+            conn.executemany("INSERT INTO group_offsets VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE "
+                             "SET next_offset = excluded.next_offset",
+                             [(self._group, t, p, o) for (t, p), o in offsets.items()])
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        out: dict[TopicPartition, int | None] = {}
+        with _unavailable(f"reading offsets of group {self._group}"):
+            for topic, partition in partitions:
+                row = self._conn.execute("SELECT next_offset FROM group_offsets WHERE grp = ? "
+                                         "AND topic = ? AND partition = ?",
+                                         (self._group, topic, partition)).fetchone()
+                out[(topic, partition)] = None if row is None else row[0]
+        return out
+
+    def close(self) -> None:
+        self._log._release(self._conn)

@@ -1,0 +1,110 @@
+"""Kafka-specific behaviour of KafkaLog: delivery failures, topic configs, an unreachable broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from cdc.errors import DeliveryError, LogUnavailableError
+from cdc.log.base import TopicSettings
+from cdc.log.kafka import KafkaLog
+from cdc.positions import Counter
+from cdc.serde import Record
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def log(kafka_bootstrap):
+    instance = KafkaLog(kafka_bootstrap)
+    yield instance
+    instance.close()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_refused_record_fails_the_flush_and_no_checkpoint_passes_it(log, kafka_topic):
+    log.ensure_topic(kafka_topic, TopicSettings(extra={"max.message.bytes": "1000"}))
+    writer = log.writer()
+    writer.publish([Record(kafka_topic, b'{"id": 1}', b'{"v": 1}')], Counter(1))
+    assert writer.flush(30) == Counter(1)
+
+    # Over the topic's limit even compressed (random bytes do not shrink).
+    writer.publish([Record(kafka_topic, b'{"id": 2}', os.urandom(5000))], Counter(2))
+    writer.publish([Record(kafka_topic, b'{"id": 3}', b'{"v": 3}')], Counter(3))
+    with pytest.raises(DeliveryError) as caught:
+        writer.flush(30)
+    assert caught.value.retriable is False
+    assert kafka_topic in str(caught.value) and "MSG_SIZE_TOO_LARGE" in str(caught.value)
+    # The writer stays failed: it never reports checkpoint 2 or 3 as safe.
+    with pytest.raises(DeliveryError):
+        writer.poll()
+    assert writer.outstanding == 0
+    writer.close()
+    assert [r.value for r in log.read_all(kafka_topic)][0] == b'{"v": 1}'
+
+
+def test_the_topic_is_created_with_the_configured_compaction_settings(log, kafka_topic):
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    settings = TopicSettings(partitions=2, min_compaction_lag_ms=1234, delete_retention_ms=5678,
+                             extra={"segment.ms": "600000"})
+    log.ensure_topic(kafka_topic, settings)
+    admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
+    resource = ConfigResource(ResourceType.TOPIC, kafka_topic)
+    configs = {k: v.value for k, v in admin.describe_configs([resource])[resource].result(30).items()}
+    assert configs["cleanup.policy"] == "compact"
+    assert configs["min.compaction.lag.ms"] == "1234"
+    assert configs["delete.retention.ms"] == "5678"
+    assert configs["segment.ms"] == "600000"
+    assert log.partitions(kafka_topic) == 2
+    # A second ensure_topic is answered from the cache, without the admin client.
+    real, log._admin = log._admin, None
+    try:
+        log.ensure_topic(kafka_topic, settings)
+    finally:
+        log._admin = real
+
+
+def test_a_full_local_queue_slows_publish_down_without_losing_records(kafka_bootstrap, kafka_topic):
+    small = KafkaLog(kafka_bootstrap, producer_config={"queue.buffering.max.messages": 100})
+    small.ensure_topic(kafka_topic, TopicSettings(partitions=3))
+    writer = small.writer()
+    for batch in range(5):
+        writer.publish([Record(kafka_topic, f'{{"id": {i}}}'.encode(), f'{{"batch": {batch}}}'.encode())
+                        for i in range(1000)], Counter(batch))
+    assert writer.flush(30) == Counter(4)
+    writer.close()
+    assert len(small.read_all(kafka_topic)) == 5000
+    small.close()
+
+
+def test_flush_with_the_broker_unreachable_fails_retriably_instead_of_hanging():
+    dead = KafkaLog(f"127.0.0.1:{_closed_port()}", producer_config={"message.timeout.ms": 1500})
+    writer = dead.writer()
+    started = time.monotonic()
+    writer.publish([Record("t_unreachable", b'{"id": 1}', b'{"v": 1}')], Counter(1))
+    with pytest.raises((DeliveryError, LogUnavailableError)) as caught:
+        writer.flush(20)
+    assert caught.value.retriable is True
+    assert time.monotonic() - started < 15
+    writer.close()
+    dead.close()
+
+
+def test_topic_calls_with_the_broker_unreachable_raise_log_unavailable():
+    dead = KafkaLog(f"127.0.0.1:{_closed_port()}")
+    dead.timeout = 2.0
+    started = time.monotonic()
+    with pytest.raises(LogUnavailableError):
+        dead.ensure_topic("t_unreachable")
+    assert time.monotonic() - started < 10
+    dead.close()
