@@ -1,0 +1,173 @@
+"""The config file's typed model: the log, the sources and sinks, the HTTP address.
+
+Sources and sinks are typed as the plugin API's base configs here; the loader validates each item
+against its plugin's own ``config_model`` (chosen by ``type``) and stores that instance, so
+``config.sources[0]`` is, say, a ``GeneratorConfig`` with every field of that plugin.
+
+Relative paths (the embedded log's ``path``) are resolved against the directory of the config file,
+passed as ``context={"base_dir": ...}`` at validation; without one they stay as written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo,
+                      field_validator, model_validator)
+
+from cdc.api import SinkConfig, SourceConfig
+from cdc.log.base import TopicSettings
+
+TOPIC_PREFIX = r"^[A-Za-z0-9._-]+$"  # the characters Kafka allows in a topic name
+LibrdkafkaValue = str | int | float | bool
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaLogConfig(_Section):
+    """Kafka as the log."""
+
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...] of the brokers")
+    topic_prefix: str = Field(default="cdc", pattern=TOPIC_PREFIX,
+                              description="first part of every topic name: <prefix>.<schema>.<table>")
+    partitions: int = Field(default=1, ge=1, description="partitions of each topic created")
+    replication_factor: int = Field(default=1, ge=1)
+    min_compaction_lag_ms: int = Field(default=0, ge=0)
+    delete_retention_ms: int = Field(default=86_400_000, ge=0,
+                                      description="how long a tombstone outlives its key")
+    topic_config: dict[str, str] = Field(default_factory=dict,
+                                         description="more configs for the topics created (segment.ms ...)")
+    producer: dict[str, LibrdkafkaValue] = Field(default_factory=dict,
+                                                 description="extra librdkafka producer settings")
+    consumer: dict[str, LibrdkafkaValue] = Field(default_factory=dict,
+                                                 description="extra librdkafka consumer settings")
+
+    @field_validator("topic_config", mode="before")
+    @classmethod
+    def _values_as_text(cls, value: Any) -> Any:
+        # Kafka topic configs are strings on the wire; YAML reads `segment.ms: 3600000` as an int.
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float))
+                    else v for k, v in value.items()}
+        return value
+
+
+class EmbeddedLogConfig(_Section):
+    """The embedded log: files in a local directory, no broker."""
+
+    path: Path = Field(default=Path("./cdc-data"), validate_default=True,  # so it is resolved too
+                       description="directory of the log, relative to the config file's directory")
+    topic_prefix: str = Field(default="cdc", pattern=TOPIC_PREFIX)
+    partitions: int = Field(default=1, ge=1)
+    delete_retention_ms: int = Field(default=86_400_000, ge=0)
+    fsync: bool = Field(default=True, description="fsync each write before acknowledging it")
+
+    @field_validator("path", mode="after")
+    @classmethod
+    def _resolve(cls, path: Path, info: ValidationInfo) -> Path:
+        base_dir = (info.context or {}).get("base_dir")
+        path = path.expanduser()
+        if base_dir is not None and not path.is_absolute():
+            path = Path(base_dir) / path
+        return path.resolve() if path.is_absolute() else path
+
+
+class LogConfig(_Section):
+    """Exactly one of ``kafka`` or ``embedded``; neither means the embedded log with its defaults."""
+
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["kafka", "embedded"]}})
+
+    kafka: KafkaLogConfig | None = None
+    embedded: EmbeddedLogConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exactly_one(cls, data: Any) -> Any:
+        if data is None:
+            return {"embedded": {}}
+        if not isinstance(data, dict):
+            return data
+        if "kafka" in data and "embedded" in data:
+            raise ValueError("give either kafka or embedded, not both")
+        if "kafka" not in data:
+            return {**data, "embedded": data.get("embedded") or {}}
+        return data
+
+    @property
+    def kind(self) -> str:
+        return "kafka" if self.kafka is not None else "embedded"
+
+    @property
+    def topic_prefix(self) -> str:
+        return self.backend.topic_prefix
+
+    @property
+    def backend(self) -> KafkaLogConfig | EmbeddedLogConfig:
+        return self.kafka if self.kafka is not None else self.embedded or EmbeddedLogConfig()
+
+    def topic_settings(self) -> TopicSettings:
+        """How topics the pipeline creates are set up."""
+        if self.kafka is not None:
+            k = self.kafka
+            return TopicSettings(partitions=k.partitions, replication_factor=k.replication_factor,
+                                 min_compaction_lag_ms=k.min_compaction_lag_ms,
+                                 delete_retention_ms=k.delete_retention_ms, extra=dict(k.topic_config))
+        e = self.backend
+        return TopicSettings(partitions=e.partitions, delete_retention_ms=e.delete_retention_ms)
+
+
+def parse_http_address(value: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:8083"`` for IPv6) -> (host, port); port 0 means any free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected host:port, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
+    return host, int(port)
+
+
+class AppConfig(_Section):
+    """A whole config file."""
+
+    # Validated (not constructed) when absent, so the embedded log's path gets the file's directory.
+    log: LogConfig = Field(default_factory=dict, validate_default=True)
+    sources: list[SerializeAsAny[SourceConfig]] = Field(default_factory=list)
+    sinks: list[SerializeAsAny[SinkConfig]] = Field(default_factory=list)
+    http: str | None = Field(default="127.0.0.1:8083",
+                             description="host:port of the status and metrics server; null for none")
+
+    @field_validator("http")
+    @classmethod
+    def _check_http(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_http_address(value)
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AppConfig:
+        names = [c.name for c in [*self.sources, *self.sinks]]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"source and sink names must be unique: {', '.join(duplicates)}")
+        return self
+
+    def http_address(self) -> tuple[str, int] | None:
+        """(host, port) to serve HTTP on, or None when ``http: null``."""
+        return parse_http_address(self.http) if self.http is not None else None
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise KeyError(f"no source named {name!r}")
+
+    def sink(self, name: str) -> SinkConfig:
+        for sink in self.sinks:
+            if sink.name == name:
+                return sink
+        raise KeyError(f"no sink named {name!r}")
