@@ -6,11 +6,13 @@ import argparse
 import logging
 import sys
 
+from cdc import logs
 from cdc.errors import CdcError
 
 
 def build_parser() -> argparse.ArgumentParser:
     from cdc import demo
+    from cdc.config import cli as config_cli
     from cdc.dev import cli as dev_cli
 
     parser = argparse.ArgumentParser(prog="cdc", description=__doc__)
@@ -18,13 +20,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     dev_cli.add_parser(commands)
     demo.add_parser(commands)
+    config_cli.add_parser(commands)
+    from cdc.runtime import cli as runtime_cli
+
+    runtime_cli.add_parser(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return args.handler(args)
     except CdcError as err:

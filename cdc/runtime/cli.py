@@ -1,0 +1,168 @@
+"""``cdc run``, ``cdc status`` and ``cdc tail``: the daemon and a look at what it does."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import logging
+import sys
+import urllib.request
+
+from cdc.errors import ConfigError, LogUnavailableError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser("run", help="run the declared connectors as a long-lived service")
+    run.add_argument("file", help="the config file")
+    run.add_argument("--only", nargs="+", metavar="NAME", help="run only these connectors")
+    run.add_argument("--grace", type=float, default=20.0,
+                     help="seconds each connector gets to drain on SIGTERM (default 20)")
+    run.set_defaults(handler=cmd_run)
+
+    status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag")
+    status.add_argument("file")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(handler=cmd_status)
+
+    tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
+    tail.add_argument("file")
+    tail.add_argument("topic")
+    tail.add_argument("--from-beginning", action="store_true", help="start at offset 0, not at the end")
+    tail.add_argument("--max", type=int, default=None, help="stop after this many records")
+    tail.add_argument("--idle-exit", type=float, default=None,
+                      help="stop after this many seconds without a record")
+    tail.set_defaults(handler=cmd_tail)
+
+
+def _source_names(config, only: list[str] | None) -> list[str]:
+    names = [s.name for s in config.sources]
+    if only:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ConfigError(f"--only names {', '.join(unknown)}, which the file does not declare; "
+                              f"it declares: {', '.join(names) or 'nothing'}")
+        names = [n for n in names if n in only]
+    return names
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cdc.config import load_config
+    from cdc.runtime.supervisor import Supervisor
+
+    config = load_config(args.file)
+    names = _source_names(config, args.only)
+    if not names:
+        print("nothing to run: the file declares no sources", file=sys.stderr)
+        return 2
+    level = logging.getLogger().level
+    return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level).run()
+
+
+def _daemon_status(http: str | None) -> list[dict] | None:
+    if not http:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{http}/status", timeout=2) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from cdc.config import load_config
+    from cdc.log.open import open_log
+    from cdc.offsets import OffsetStore
+
+    config = load_config(args.file)
+    live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    log_ = open_log(config.log)
+    try:
+        stored = OffsetStore(log_, config.log.topic_prefix).load_all()
+        rows = []
+        for source in config.sources:
+            row = live.get(source.name, {})
+            position = stored.get(source.name)
+            rows.append({"kind": "source", "name": source.name,
+                         "phase": row.get("phase", "not running"),
+                         "position": row.get("position") or (str(position) if position else None),
+                         "lag_seconds": row.get("lag_seconds"), "events": row.get("events")})
+        topics = log_.topics()
+        for sink in config.sinks:
+            wanted = [t for t in topics if any(fnmatch.fnmatchcase(t, g) for g in sink.topics)]
+            rows.append({"kind": "sink", "name": sink.name, "phase": live.get(sink.name, {}).get("phase", "not running"),
+                         "consumer_lag": _consumer_lag(log_, sink.name, wanted)})
+    finally:
+        log_.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        if row["kind"] == "source":
+            lag = f"{row['lag_seconds']:.1f}s" if row["lag_seconds"] is not None else "-"
+            print(f"source {row['name']:<20} {row['phase']:<12} position={row['position'] or '-'} lag={lag}")
+        else:
+            print(f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={row['consumer_lag']}")
+    return 0
+
+
+def _consumer_lag(log_, group: str, topics: list[str]) -> int:
+    reader = log_.reader(group)
+    try:
+        lag = 0
+        for topic in topics:
+            ends = log_.end_offsets(topic)
+            committed = reader.committed(list(ends))
+            lag += sum(end - (committed.get(tp) or 0) for tp, end in ends.items())
+        return lag
+    finally:
+        reader.close()
+
+
+def format_record(record) -> str:
+    from cdc.serde import decode
+
+    key = record.key.decode(errors="replace") if record.key is not None else "null"
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    if record.value is None:
+        return f"{where} {key} <tombstone>"
+    value = decode(record.value)
+    if not isinstance(value, dict) or "op" not in value:
+        return f"{where} {key} {json.dumps(value)}"
+    source = value.get("source") or {}
+    head = f"{where} {value['op']} {key} version={source.get('version')}"
+    body = {k: value[k] for k in ("before", "after") if value.get(k) is not None}
+    return head + "".join(f"\n    {k}: {json.dumps(v, ensure_ascii=False)}" for k, v in body.items())
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    import time
+
+    from cdc.config import load_config
+    from cdc.log.open import open_log
+
+    config = load_config(args.file)
+    log_ = open_log(config.log)
+    if args.topic not in log_.topics():
+        raise LogUnavailableError(f"topic {args.topic} does not exist (yet); topics: "
+                                  f"{', '.join(sorted(log_.topics())) or 'none'}")
+    ends = log_.end_offsets(args.topic)
+    reader = log_.reader()
+    reader.assign({tp: 0 if args.from_beginning else end for tp, end in ends.items()})
+    shown, last_seen = 0, time.monotonic()
+    try:
+        while args.max is None or shown < args.max:
+            records = reader.poll(100 if args.max is None else min(100, args.max - shown), 0.5)
+            if records:
+                last_seen = time.monotonic()
+            elif args.idle_exit is not None and time.monotonic() - last_seen > args.idle_exit:
+                break
+            for record in records:
+                print(format_record(record), flush=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        reader.close()
+        log_.close()
+    return 0

@@ -1,0 +1,79 @@
+"""The daemon's HTTP face: ``/healthz``, Prometheus ``/metrics``, and ``/status`` (JSON).
+
+``/healthz`` answers 200 while no connector has failed permanently, 503 otherwise, so an
+orchestrator restarts or alerts. Metric names follow Prometheus conventions; every series is
+labelled with the connector's name (and kind).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PHASES = ("starting", "snapshot", "streaming", "finished", "stopped", "failed", "restarting")
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_metrics(rows: list[dict]) -> str:
+    out = []
+
+    def family(name: str, kind: str, help_: str, samples: list[tuple[dict, float]]) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            text = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
+            out.append(f"{name}{{{text}}} {value}")
+
+    ids = [({"connector": r["name"], "kind": r["kind"]}, r) for r in rows]
+    family("cdc_events_total", "counter", "Change events published (sources) or written (sinks).",
+           [(l, r["events"]) for l, r in ids])
+    family("cdc_bytes_total", "counter", "Bytes of record values published or written.",
+           [(l, r["bytes"]) for l, r in ids])
+    family("cdc_errors_total", "counter", "Errors, each ending a worker process.",
+           [(l, r["errors"]) for l, r in ids])
+    family("cdc_restarts_total", "counter", "Worker restarts after retriable errors.",
+           [(l, r["restarts"]) for l, r in ids])
+    family("cdc_lag_seconds", "gauge", "Now minus the commit time of the newest change handled.",
+           [(l, r["lag_seconds"]) for l, r in ids if r["lag_seconds"] is not None])
+    family("cdc_phase", "gauge", "1 for the phase the connector is in, 0 for the others.",
+           [({**l, "phase": p}, int(r["phase"] == p)) for l, r in ids for p in PHASES])
+    return "\n".join(out) + "\n"
+
+
+def serve(supervisor, address: str) -> ThreadingHTTPServer:
+    """Start the server on ``host:port`` in a daemon thread; the caller shuts it down."""
+    host, _, port = address.rpartition(":")
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: str, content_type: str) -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                ok = supervisor.healthy()
+                self._send(200 if ok else 503, "ok\n" if ok else "failed\n", "text/plain")
+            elif path == "/metrics":
+                self._send(200, render_metrics(supervisor.snapshot()),
+                           "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/status":
+                self._send(200, json.dumps(supervisor.snapshot(), indent=2) + "\n", "application/json")
+            else:
+                self._send(404, "not found: try /healthz, /metrics or /status\n", "text/plain")
+
+        def log_message(self, *args: object) -> None:  # quiet: scrapes every few seconds
+            pass
+
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="cdc-http", daemon=True).start()
+    return server

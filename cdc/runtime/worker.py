@@ -1,0 +1,90 @@
+"""One connector in a process of its own (the GIL: one capture stream per core).
+
+The supervisor starts ``worker_main`` in a spawned process with the config file's path, the
+connector's name and a pipe. The worker builds everything from the config and the stored
+position alone, runs until done or until SIGTERM/SIGINT, and reports its stats over the pipe. Its
+exit code tells the supervisor what to do next:
+
+    0   finished, or stopped on request: do not restart
+    75  failed with a retriable error: restart after a backoff
+    2   failed with a permanent error (the message is in the last report): do not restart
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from cdc.errors import CdcError
+
+EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
+
+log = logging.getLogger(__name__)
+
+
+def build_runner(config, name: str, report=None):
+    """The SourceRunner for source ``name`` of ``config``, resumed from its stored position."""
+    from cdc.log.open import open_log
+    from cdc.offsets import OffsetStore
+    from cdc.plugins import source_plugin
+    from cdc.runtime.runner import SourceRunner
+
+    [source_config] = [s for s in config.sources if s.name == name]
+    plugin = source_plugin(source_config.type)
+    log_ = open_log(config.log)
+    settings = config.log.topic_settings()
+    offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
+    source = plugin(source_config, offsets.load(name))
+    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report)
+
+
+def run_connector(config_path: str, name: str, stop: threading.Event, report=None) -> int:
+    """Run one connector to completion in this process; returns the worker exit code."""
+    from cdc.config import load_config
+    from cdc.runtime.stats import ConnectorStats
+
+    stats = ConnectorStats(name, "source")
+    try:
+        runner = build_runner(load_config(config_path), name, report)
+        stats = runner.stats
+        runner.run(stop)
+        return EXIT_OK
+    except CdcError as err:
+        stats.errors += 1
+        stats.last_error = f"{type(err).__name__}: {err}"
+        stats.phase = "failed"
+        log.error("%s (%s)", stats.last_error, "retriable" if err.retriable else "permanent",
+                  extra={"connector": name, "phase": stats.phase})
+        if report:
+            report(stats)
+        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT
+    except Exception as err:  # a bug or an unclassified library error: do not loop on it
+        stats.errors += 1
+        stats.last_error = f"{type(err).__name__}: {err}"
+        stats.phase = "failed"
+        log.error("unexpected error:\n%s", traceback.format_exc(), extra={"connector": name, "phase": "failed"})
+        if report:
+            report(stats)
+        return EXIT_PERMANENT
+
+
+def worker_main(config_path: str, name: str, conn: Connection, level: int) -> None:
+    from cdc import logs
+
+    logs.setup(level, connector=name)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def report(stats) -> None:
+        try:
+            conn.send(stats.snapshot())
+        except (BrokenPipeError, OSError):
+            stop.set()  # the supervisor is gone: drain and exit
+
+    code = run_connector(config_path, name, stop, report)
+    conn.close()
+    raise SystemExit(code)
