@@ -8,6 +8,9 @@
     │   │   └── PluginNotFoundError a source/sink ``type`` that no installed plugin provides
     │   ├── TopicConfigError        an existing topic is not set up as the contract needs (not compacted)
     │   ├── DecodeError             bytes from a database log that cannot be decoded (names where)
+    │   ├── PrerequisiteError       the database is not set up for capture; the message says the fix
+    │   ├── PositionLostError       the stored position is gone from the server (slot lost, binlog
+    │   │                           purged); the message names the recovery (a new snapshot)
     │   └── DevStackError           the local stack of servers could not be set up or started
     └── DeliveryError               the log refused or lost a record; retriable per its error code
 
@@ -70,6 +73,14 @@ class TopicConfigError(PermanentError):
 
 
 class DecodeError(PermanentError):
+    pass
+
+
+class PrerequisiteError(PermanentError):
+    pass
+
+
+class PositionLostError(PermanentError):
     pass
 
 

@@ -104,8 +104,33 @@ class ChangeEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str                 # the database's type name, e.g. "numeric(10,2)", "int4", "varchar"
+    key: bool = False         # part of the event key
+    nullable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChange:
+    """A table's columns as of ``version``: published to ``<prefix>.schema-changes`` (compacted,
+    keyed by table), before the first event that has the new shape."""
+
+    table: TableId
+    columns: tuple[Column, ...]
+    version: int
+    ts_ms: int
+    ddl: str | None = None    # the statement, where the log has it (MySQL)
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
-    """Events in log order, and the position that is safe to store once they are all delivered."""
+    """Events in log order, and the position that is safe to store once they are all delivered.
+
+    ``schema_changes`` are published before ``events``: a change of a table's shape comes before
+    the first event that carries it.
+    """
 
     events: list[ChangeEvent]
     checkpoint: Position | None = None
+    schema_changes: tuple[SchemaChange, ...] = ()

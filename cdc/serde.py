@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import orjson
 
-from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId
+from cdc.events import ChangeEvent, Op, SchemaChange, SnapshotMarker, TableId
 
 TRUNCATE_KEY = b"{}"
 
@@ -140,6 +140,22 @@ class EnvelopeEncoder:
 _HEAD = b'{"before":%b,"after":%b,"op":%b,"ts_ms":%d,"source":%b%d,"version":%d%b'
 _VALUE = _HEAD + b',"transaction":null}'
 _VALUE_TX = _HEAD + b',"transaction":{"id":%b,"total_order":%d,"data_collection_order":%d}}'
+
+
+def schema_changes_topic(prefix: str) -> str:
+    return f"{prefix}.schema-changes"
+
+
+def encode_schema_change(change: SchemaChange, source_name: str, prefix: str) -> Record:
+    """The record of a table's new shape: keyed by table, so compaction keeps the newest."""
+    table = change.table
+    key = orjson.dumps({"source": source_name, "db": table.db, "schema": table.schema, "table": table.table})
+    value = orjson.dumps({
+        "source": source_name, "db": table.db, "schema": table.schema, "table": table.table,
+        "version": change.version, "ts_ms": change.ts_ms, "ddl": change.ddl,
+        "columns": [{"name": c.name, "type": c.type, "key": c.key, "nullable": c.nullable}
+                    for c in change.columns]})
+    return Record(schema_changes_topic(prefix), key, value)
 
 
 def decode(data: bytes | None) -> Any:

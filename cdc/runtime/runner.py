@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from cdc.api import Source
@@ -25,7 +26,7 @@ from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
 from cdc.runtime.stats import ConnectorStats
-from cdc.serde import EnvelopeEncoder
+from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class SourceRunner:
         self.offset_interval = offset_interval
         self.poll_timeout = poll_timeout
         self.stored: Position | None = source.start_position
+        self._schema_topic: set[str] = set()
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -67,6 +69,16 @@ class SourceRunner:
             log.info("phase %s", phase, extra=self._extra())
             self.report(self.stats)
 
+    def _publish_schema_changes(self, writer, changes) -> None:
+        topic = schema_changes_topic(self.encoder.prefix)
+        if topic not in self._schema_topic:
+            self.log.ensure_topic(topic, replace(self.topic_settings, partitions=1))
+            self._schema_topic.add(topic)
+        for change in changes:
+            log.info("schema of %s: %s", change.table, ", ".join(f"{c.name} {c.type}" for c in change.columns),
+                     extra=self._extra())
+        writer.publish([encode_schema_change(c, self.name, self.encoder.prefix) for c in changes])
+
     def run(self, stop_event: threading.Event) -> None:
         source, stats = self.source, self.stats
         writer = self.log.writer()
@@ -78,6 +90,8 @@ class SourceRunner:
                 self._set_phase(source.phase)
                 batch = source.poll(self.poll_timeout)
                 if batch is not None:
+                    if batch.schema_changes:
+                        self._publish_schema_changes(writer, batch.schema_changes)
                     # Encoded while produced: see EnvelopeEncoder.iter_encode.
                     writer.publish(self.encoder.iter_encode(batch.events), batch.checkpoint)
                     stats.events += len(batch.events)

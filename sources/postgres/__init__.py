@@ -1,0 +1,1 @@
+"""The PostgreSQL source: pgoutput logical replication, consistent parallel snapshots."""

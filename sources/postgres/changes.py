@@ -1,0 +1,216 @@
+"""Decoded pgoutput messages -> change events: relations, complete rows, keys, transactions.
+
+``ChangeBuilder`` keeps the relation cache (Relation messages, with the key and the column
+converters of each captured table) and the state of the open transaction, and turns each data
+message into events:
+
+* Insert -> ``c``; Update -> ``u`` (or, when the key changed, ``d`` of the old key then ``c`` of
+  the new one); Delete -> ``d``; Truncate -> ``t`` per captured table.
+* ``version`` is the LSN of the change record (the message's data_start). Snapshot rows carry an
+  LSN taken before the slot existed, which is lower than any change the slot can send (see
+  ``snapshot.py``), so a sink never lets a snapshot row overwrite a streamed change.
+* Unchanged TOAST values are filled from the old tuple (REPLICA IDENTITY FULL) or the TOAST store.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId, TransactionInfo
+from sources.postgres import pgoutput as pg
+from sources.postgres.catalog import TableMeta
+from sources.postgres.toast import MIN_TOASTABLE_CHARS, ToastStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Relation:
+    oid: int
+    table: TableId
+    qualified: str
+    names: tuple[str, ...]
+    converters: tuple[Callable[[str], Any], ...]
+    key_index: tuple[int, ...]
+    key_names: tuple[str, ...]
+    type_names: tuple[str, ...]
+
+
+class ChangeBuilder:
+    """Used from the source's thread only."""
+
+    def __init__(self, database: str, lookup_table: Callable[[int], TableMeta | None],
+                 converters_for: Callable[[list[int]], list[Callable[[str], Any]]], toast: ToastStore,
+                 type_name: Callable[[int, int], str]) -> None:
+        self.database = database
+        self.type_name = type_name            # (type oid, modifier) -> "numeric(10,2)"
+        self.lookup_table = lookup_table      # oid -> TableMeta, or None when not captured
+        self.converters_for = converters_for  # type oids -> converters
+        self.toast = toast
+        self.relations: dict[int, Relation | None] = {}
+        self.schema_changes: list[SchemaChange] = []
+        # the open transaction
+        self.xid: int | None = None
+        self.commit_ms = 0
+        self.order = 0
+        self.table_order: dict[TableId, int] = {}
+
+    # -- relations -----------------------------------------------------------------------------
+    def on_relation(self, message: pg.Relation, lsn: int) -> None:
+        meta = self.lookup_table(message.oid)
+        if meta is None:
+            self.relations[message.oid] = None
+            return
+        names = tuple(c.name for c in message.columns)
+        missing = [k for k in meta.key if k not in names]
+        if missing:
+            raise ValueError(f"table {meta.id}: key columns {missing} are not in the replicated columns")
+        relation = Relation(
+            message.oid, meta.id, f"{meta.id.schema}.{meta.id.table}", names,
+            tuple(self.converters_for([c.type_oid for c in message.columns])),
+            tuple(names.index(k) for k in meta.key), meta.key,
+            tuple(self.type_name(c.type_oid, c.type_modifier) for c in message.columns))
+        previous = self.relations.get(message.oid)
+        if previous is None or previous.names != relation.names or previous.type_names != relation.type_names:
+            self.schema_changes.append(SchemaChange(
+                meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
+                lsn, self.commit_ms or 0))
+        self.relations[message.oid] = relation
+
+    def take_schema_changes(self) -> tuple[SchemaChange, ...]:
+        changes, self.schema_changes = tuple(self.schema_changes), []
+        return changes
+
+    # -- transactions ----------------------------------------------------------------------------
+    def begin(self, xid: int, commit_time_us: int) -> None:
+        self.xid = xid
+        self.commit_ms = pg.pg_time_to_unix_ms(commit_time_us)
+        self.order = 0
+        self.table_order = {}
+
+    def end(self) -> None:
+        self.xid = None
+
+    def _tx(self, table: TableId) -> TransactionInfo | None:
+        if self.xid is None:
+            return None
+        self.order += 1
+        n = self.table_order[table] = self.table_order.get(table, 0) + 1
+        return TransactionInfo(str(self.xid), self.order, n)
+
+    # -- rows ------------------------------------------------------------------------------------
+    def _row(self, rel: Relation, values: tuple, old: dict[str, Any] | None,
+             key_json: bytes | None, unavailable: list[str]) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for name, convert, value in zip(rel.names, rel.converters, values):
+            if value is None:
+                row[name] = None
+            elif value is pg.UNCHANGED_TOAST:
+                text = None
+                if old is not None and name in old and old[name] is not pg.UNCHANGED_TOAST:
+                    text = old[name]
+                elif key_json is not None:
+                    text = self.toast.recall(rel.qualified, key_json, name)
+                if text is None:
+                    unavailable.append(name)
+                    continue
+                row[name] = convert(text) if isinstance(text, str) else text
+            else:
+                row[name] = convert(value)
+        return row
+
+    def _remember_toastable(self, rel: Relation, key_json: bytes, values: tuple) -> None:
+        for name, value in zip(rel.names, values):
+            if type(value) is str and len(value) >= MIN_TOASTABLE_CHARS:
+                self.toast.remember(rel.qualified, key_json, name, value)
+
+    def _key(self, rel: Relation, values: tuple) -> dict[str, Any]:
+        return {name: rel.converters[i](values[i]) if values[i] is not None else None
+                for name, i in zip(rel.key_names, rel.key_index)}
+
+    def _source(self, lsn: int, unavailable: list[str] | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"txId": self.xid, "lsn": lsn}
+        if unavailable:
+            fields["unchanged_toast"] = unavailable
+        return fields
+
+    def insert(self, message: pg.Insert, lsn: int) -> list[ChangeEvent]:
+        rel = self.relations.get(message.relation_oid)
+        if rel is None:
+            return []
+        new = message.new
+        key = self._key(rel, new)
+        key_json = orjson.dumps(key)
+        self._remember_toastable(rel, key_json, new)
+        unavailable: list[str] = []
+        after = self._row(rel, new, None, key_json, unavailable)
+        return [ChangeEvent(Op.CREATE, rel.table, key, None, after, lsn, self.commit_ms,
+                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel.table))]
+
+    def update(self, message: pg.Update, lsn: int) -> list[ChangeEvent]:
+        rel = self.relations.get(message.relation_oid)
+        if rel is None:
+            return []
+        new = message.new
+        key = self._key(rel, new)
+        old_values = message.old
+        old_text: dict[str, Any] | None = None
+        before = None
+        old_key = key
+        if old_values is not None:
+            old_text = dict(zip(rel.names, old_values))
+            old_key = {name: rel.converters[i](old_values[i]) if old_values[i] is not None else None
+                       for name, i in zip(rel.key_names, rel.key_index)}
+            if message.old_kind == "O":
+                before = self._row(rel, old_values, None, None, [])
+            else:
+                before = dict(old_key)
+        key_json = orjson.dumps(key)
+        unavailable: list[str] = []
+        if old_key != key:
+            old_json = orjson.dumps(old_key)
+            # The row moved to a new key: its unchanged TOAST values are the old key's.
+            after = self._row(rel, new, old_text, old_json, unavailable)
+            self.toast.forget_key(rel.qualified, old_json, list(rel.names))
+            self._remember_toastable(rel, key_json, tuple(
+                old_text.get(n) if v is pg.UNCHANGED_TOAST and old_text else v for n, v in zip(rel.names, new)))
+            source = self._source(lsn)
+            return [
+                ChangeEvent(Op.DELETE, rel.table, old_key, before or dict(old_key), None, lsn, self.commit_ms,
+                            source_fields=source, transaction=self._tx(rel.table)),
+                ChangeEvent(Op.CREATE, rel.table, key, None, after, lsn, self.commit_ms,
+                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel.table)),
+            ]
+        after = self._row(rel, new, old_text, key_json, unavailable)
+        self._remember_toastable(rel, key_json, new)
+        return [ChangeEvent(Op.UPDATE, rel.table, key, before, after, lsn, self.commit_ms,
+                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel.table))]
+
+    def delete(self, message: pg.Delete, lsn: int) -> list[ChangeEvent]:
+        rel = self.relations.get(message.relation_oid)
+        if rel is None:
+            return []
+        old = message.old
+        key = self._key(rel, old)
+        if message.old_kind == "O":
+            before = self._row(rel, old, None, None, [])
+        else:
+            before = dict(key)
+        self.toast.forget_key(rel.qualified, orjson.dumps(key), list(rel.names))
+        return [ChangeEvent(Op.DELETE, rel.table, key, before, None, lsn, self.commit_ms,
+                            source_fields=self._source(lsn), transaction=self._tx(rel.table))]
+
+    def truncate(self, message: pg.Truncate, lsn: int) -> list[ChangeEvent]:
+        events = []
+        for oid in message.relation_oids:
+            rel = self.relations.get(oid)
+            if rel is None:
+                continue
+            self.toast.forget_table(rel.qualified)
+            events.append(ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,
+                                      source_fields=self._source(lsn), transaction=self._tx(rel.table)))
+        return events

@@ -1,0 +1,41 @@
+"""The ``type: postgres`` source's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from cdc.api import SourceConfig
+
+
+class PostgresConfig(SourceConfig):
+    type: Literal["postgres"] = "postgres"
+    dsn: SecretStr = Field(description="libpq URI or key=value string; the role needs REPLICATION")
+    slot: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$",
+                             description="logical replication slot (default: cdc_<name>)")
+    publication: str | None = Field(default=None, description="publication (default: cdc_<name>)")
+    tables: list[str] = Field(default_factory=lambda: ["public.*"],
+                              description="schema.table globs; 'schema.*' also captures tables created later")
+    manage_publication: bool = Field(default=True, description="create the publication / add tables to it")
+    key_columns: dict[str, list[str]] = Field(
+        default_factory=dict, description="event key for tables without a primary key: {schema.table: [cols]}")
+    snapshot_workers: int = Field(default=2, ge=1, le=32, description="parallel snapshot readers")
+    snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
+    heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
+    status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
+    memory_budget_mb: int = Field(default=64, ge=1,
+                                  description="in-progress (streamed) transactions kept in memory before spilling to disk")
+    state_dir: Path = Field(default=Path("./cdc-state"),
+                            description="local state: unchanged-TOAST values, spilled transactions")
+    protocol_version: int | None = Field(default=None, ge=1, le=4,
+                                         description="pgoutput protocol (default: the newest the server has)")
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or f"cdc_{self.name.lower().replace('-', '_').replace('.', '_')}"
+
+    @property
+    def publication_name(self) -> str:
+        return self.publication or f"cdc_{self.name.lower().replace('-', '_').replace('.', '_')}"

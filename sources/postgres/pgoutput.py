@@ -1,0 +1,629 @@
+"""Decode pgoutput, PostgreSQL's logical replication protocol, versions 1 to 4.
+
+Implements https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
+(the writer is ``src/backend/replication/logical/proto.c``). One payload (the data of one XLogData
+message of the replication stream) decodes to one frozen message value.
+
+Streaming rule: between Stream Start (``S``) and Stream Stop (``E``) the data messages (``R Y I U D T
+M``) carry a 4-byte xid right after the type byte; elsewhere they do not. The xid is the one of the
+(sub)transaction that made the change, so it may be a subtransaction of the streamed one: a Stream
+Abort names both. ``PgOutputDecoder`` follows Stream Start/Stop to know which form it is reading and
+puts the xid (or ``None``) on the message. Streamed transactions end *outside* the block with Stream
+Commit (``c``), Stream Abort (``A``) or, with two-phase, Stream Prepare (``p``).
+
+Values: LSNs are ints, timestamps the raw int64 microseconds since 2000-01-01 UTC
+(``pg_time_to_unix_ms`` converts). A tuple has one entry per column: ``None`` (NULL),
+``UNCHANGED_TOAST`` (a TOASTed value the change did not touch: the server does not send it), ``str``
+(text format) or ``bytes`` (binary format). Any malformed payload raises ``DecodeError`` naming the
+message type, the byte offset and what was expected there.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from cdc.errors import DecodeError
+
+__all__ = [
+    "UNCHANGED_TOAST", "Begin", "BeginPrepare", "Column", "Commit", "CommitPrepared", "Delete",
+    "Insert", "Message", "Origin", "PgOutputDecoder", "PgOutputMessage", "Prepare", "Relation",
+    "RollbackPrepared", "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart", "StreamStop",
+    "Truncate", "TupleData", "Type", "Update", "pg_time_to_unix_ms",
+]
+
+PG_EPOCH_UNIX_MS: Final = 946_684_800_000  # 2000-01-01T00:00:00Z in Unix epoch milliseconds
+
+
+def pg_time_to_unix_ms(time_us: int) -> int:
+    """A pgoutput timestamp (µs since 2000-01-01 UTC) as milliseconds since 1970-01-01 UTC."""
+    return time_us // 1000 + PG_EPOCH_UNIX_MS
+
+
+class UnchangedToast:
+    """The type of ``UNCHANGED_TOAST``: a column value the server did not send because it is
+    TOASTed and the change did not modify it. Compare with ``is``; it survives pickling."""
+
+    __slots__ = ()
+    _instance: UnchangedToast | None = None
+
+    def __new__(cls) -> UnchangedToast:
+        if cls._instance is None:
+            cls._instance = object.__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+    def __reduce__(self) -> str:
+        return "UNCHANGED_TOAST"  # pickles as a reference to the module attribute: stays a singleton
+
+
+UNCHANGED_TOAST: Final = UnchangedToast()
+
+TupleData = tuple["str | bytes | UnchangedToast | None", ...]
+
+
+def _message(cls):
+    return dataclass(frozen=True, slots=True)(cls)
+
+
+# --- transactions ---------------------------------------------------------------------------
+
+@_message
+class Begin:                       # 'B'
+    final_lsn: int
+    commit_time_us: int
+    xid: int
+
+
+@_message
+class Commit:                      # 'C'
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time_us: int
+
+
+@_message
+class Origin:                      # 'O': the transaction was replayed from another node
+    origin_lsn: int
+    name: str
+
+
+# --- schema and changes (xid is set inside a stream block only) ------------------------------
+
+@_message
+class Column:
+    is_key: bool                   # part of the replica identity (every column under FULL)
+    name: str
+    type_oid: int
+    type_modifier: int
+
+
+@_message
+class Relation:                    # 'R'
+    xid: int | None
+    oid: int
+    namespace: str                 # "pg_catalog" where the protocol sends ""
+    name: str
+    replica_identity: str          # 'd' default, 'n' nothing, 'f' full, 'i' index
+    columns: tuple[Column, ...]
+
+
+@_message
+class Type:                        # 'Y': a non-built-in column type
+    xid: int | None
+    oid: int
+    namespace: str
+    name: str
+
+
+@_message
+class Insert:                      # 'I'
+    xid: int | None
+    relation_oid: int
+    new: TupleData
+
+
+@_message
+class Update:                      # 'U'
+    xid: int | None
+    relation_oid: int
+    old_kind: str | None           # None (no old values), 'K' (old key only) or 'O' (whole old row)
+    old: TupleData | None
+    new: TupleData
+
+
+@_message
+class Delete:                      # 'D'
+    xid: int | None
+    relation_oid: int
+    old_kind: str                  # 'K' or 'O'
+    old: TupleData
+
+
+@_message
+class Truncate:                    # 'T'
+    xid: int | None
+    relation_oids: tuple[int, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+@_message
+class Message:                     # 'M': pg_logical_emit_message()
+    xid: int | None
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+# --- streaming (protocol 2+) -----------------------------------------------------------------
+
+@_message
+class StreamStart:                 # 'S'
+    xid: int
+    first_segment: bool
+
+
+@_message
+class StreamStop:                  # 'E'
+    pass
+
+
+@_message
+class StreamCommit:                # 'c'
+    xid: int
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time_us: int
+
+
+@_message
+class StreamAbort:                 # 'A'; subxid == xid when the whole transaction aborted
+    xid: int
+    subxid: int
+    abort_lsn: int | None = None   # protocol 4 with streaming 'parallel' only
+    abort_time_us: int | None = None
+
+
+# --- two-phase commit (protocol 3+) ----------------------------------------------------------
+
+@_message
+class BeginPrepare:                # 'b'
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time_us: int
+    xid: int
+    gid: str
+
+
+@_message
+class Prepare:                     # 'P'
+    flags: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time_us: int
+    xid: int
+    gid: str
+
+
+@_message
+class CommitPrepared:              # 'K'
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time_us: int
+    xid: int
+    gid: str
+
+
+@_message
+class RollbackPrepared:            # 'r'
+    flags: int
+    prepare_end_lsn: int
+    rollback_end_lsn: int
+    prepare_time_us: int
+    rollback_time_us: int
+    xid: int
+    gid: str
+
+
+@_message
+class StreamPrepare(Prepare):      # 'p': same fields as Prepare, ends a streamed transaction
+    pass
+
+
+PgOutputMessage = (Begin | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
+                   | Message | StreamStart | StreamStop | StreamCommit | StreamAbort | BeginPrepare
+                   | Prepare | CommitPrepared | RollbackPrepared | StreamPrepare)
+
+# --- errors ----------------------------------------------------------------------------------
+
+_NAMES = {"B": "Begin", "C": "Commit", "O": "Origin", "R": "Relation", "Y": "Type", "I": "Insert",
+          "U": "Update", "D": "Delete", "T": "Truncate", "M": "Message", "S": "Stream Start",
+          "E": "Stream Stop", "c": "Stream Commit", "A": "Stream Abort", "b": "Begin Prepare",
+          "P": "Prepare", "K": "Commit Prepared", "r": "Rollback Prepared", "p": "Stream Prepare"}
+
+
+def _error(code: int, p: bytes, offset: int, expected: str, found: str | None = None) -> DecodeError:
+    letter = chr(code)
+    what = (f"{_NAMES[letter]} message ('{letter}')" if letter in _NAMES
+            else f"message of unknown type 0x{code:02x}")
+    if found is None:
+        found = "but the payload ends there" if offset >= len(p) else f"found byte 0x{p[offset]:02x}"
+    return DecodeError(f"pgoutput {what} at byte offset {offset}: expected {expected}, {found} "
+                       f"(payload of {len(p)} bytes)")
+
+
+def _short(code: int, p: bytes, pos: int, fields: tuple[tuple[str, int], ...]) -> DecodeError:
+    """The error for fixed-size ``fields`` at ``pos`` that do not fit: names the first that does not."""
+    for name, size in fields:
+        if pos + size > len(p):
+            return _error(code, p, pos, f"{name} ({size} byte{'s' if size > 1 else ''})",
+                          f"but only {max(len(p) - pos, 0)} remain")
+        pos += size
+    raise AssertionError("fields fit")
+
+
+def _take(st: struct.Struct, p: bytes, pos: int, code: int, fields: tuple[tuple[str, int], ...]) -> tuple:
+    if pos + st.size > len(p):
+        raise _short(code, p, pos, fields)
+    return st.unpack_from(p, pos)
+
+
+def _string(p: bytes, pos: int, code: int, what: str) -> tuple[str, int]:
+    end = p.find(b"\0", pos)
+    if end < 0:
+        raise _error(code, p, pos, f"{what} (a NUL-terminated string)", "but no NUL byte follows")
+    try:
+        return p[pos:end].decode(), end + 1
+    except UnicodeDecodeError as err:
+        raise _error(code, p, pos + err.start, f"{what} in UTF-8") from None
+
+
+def _end(code: int, p: bytes, pos: int) -> None:
+    if pos != len(p):
+        raise _error(code, p, pos, "the end of the message", f"but {len(p) - pos} more bytes follow")
+
+
+# --- data messages: (payload, offset after the type byte and optional xid, xid) -> message -----
+
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_U32_U32 = struct.Struct("!II")
+_COLUMN_TYPE = struct.Struct("!Ii")          # type OID, type modifier
+_TRUNCATE = struct.Struct("!IB")             # relation count, options
+_MESSAGE = struct.Struct("!BQ")              # flags, LSN
+
+_OID = (("the relation OID", 4),)
+_OID_KIND = (("the relation OID", 4), ("a tuple kind byte", 1))
+
+
+def _tuple(p: bytes, pos: int, code: int) -> tuple[TupleData, int]:
+    """Tuple data at ``pos``: (values, offset after it)."""
+    size = len(p)
+    if pos + 2 > size:
+        raise _short(code, p, pos, (("the column count", 2),))
+    ncols = p[pos] << 8 | p[pos + 1]
+    pos += 2
+    values: list = []
+    append = values.append
+    unpack_length = _U32.unpack_from
+    left = ncols
+    start = 0
+    try:
+        while left:  # one pass per column; a while loop is the cheapest loop here
+            left -= 1
+            kind = p[pos]
+            if kind == 116:  # 't' text
+                start = pos + 5
+                pos = start + unpack_length(p, pos + 1)[0]
+                if pos > size:
+                    pos = start - 4
+                    raise _error(code, p, pos, f"a length within the payload for column {ncols - left}",
+                                 f"found {unpack_length(p, pos)[0]} with {size - start} bytes left")
+                append(p[start:pos].decode())
+            elif kind == 110:  # 'n' NULL
+                append(None)
+                pos += 1
+            elif kind == 117:  # 'u' unchanged TOAST
+                append(UNCHANGED_TOAST)
+                pos += 1
+            elif kind == 98:  # 'b' binary
+                start = pos + 5
+                pos = start + unpack_length(p, pos + 1)[0]
+                if pos > size:
+                    pos = start - 4
+                    raise _error(code, p, pos, f"a length within the payload for column {ncols - left}",
+                                 f"found {unpack_length(p, pos)[0]} with {size - start} bytes left")
+                append(p[start:pos])
+            else:
+                raise _error(code, p, pos, f"the kind of column {ncols - left} of {ncols} (n, u, t or b)")
+    except IndexError:
+        raise _error(code, p, pos, f"the kind of column {ncols - left} of {ncols}") from None
+    except struct.error:
+        raise _short(code, p, pos + 1, ((f"the value length of column {ncols - left} of {ncols}", 4),)) from None
+    except UnicodeDecodeError as err:
+        raise _error(code, p, start + err.start, f"UTF-8 text in column {ncols - left} of {ncols}") from None
+    return tuple(values), pos
+
+
+def _insert(p: bytes, pos: int, xid: int | None) -> Insert:
+    if pos + 5 > len(p):
+        raise _short(73, p, pos, _OID_KIND)
+    if p[pos + 4] != 78:  # 'N'
+        raise _error(73, p, pos + 4, "'N' (a new tuple)")
+    new, end = _tuple(p, pos + 5, 73)
+    if end != len(p):
+        _end(73, p, end)
+    return Insert(xid, _U32.unpack_from(p, pos)[0], new)
+
+
+def _update(p: bytes, pos: int, xid: int | None) -> Update:
+    if pos + 5 > len(p):
+        raise _short(85, p, pos, _OID_KIND)
+    old_kind = old = None
+    kind = p[pos + 4]
+    end = pos + 5
+    if kind == 75 or kind == 79:  # 'K' old key, 'O' old row
+        old_kind = "K" if kind == 75 else "O"
+        old, end = _tuple(p, end, 85)
+        if end >= len(p):
+            raise _error(85, p, end, "'N' (the new tuple)")
+        kind = p[end]
+        end += 1
+    if kind != 78:
+        raise _error(85, p, end - 1, "'K', 'O' (old values) or 'N' (the new tuple)" if old is None
+                     else "'N' (the new tuple)")
+    new, end = _tuple(p, end, 85)
+    if end != len(p):
+        _end(85, p, end)
+    return Update(xid, _U32.unpack_from(p, pos)[0], old_kind, old, new)
+
+
+def _delete(p: bytes, pos: int, xid: int | None) -> Delete:
+    if pos + 5 > len(p):
+        raise _short(68, p, pos, _OID_KIND)
+    kind = p[pos + 4]
+    if kind != 75 and kind != 79:
+        raise _error(68, p, pos + 4, "'K' (old key) or 'O' (old row)")
+    old, end = _tuple(p, pos + 5, 68)
+    if end != len(p):
+        _end(68, p, end)
+    return Delete(xid, _U32.unpack_from(p, pos)[0], "K" if kind == 75 else "O", old)
+
+
+def _relation(p: bytes, pos: int, xid: int | None) -> Relation:
+    (oid,) = _take(_U32, p, pos, 82, _OID)
+    namespace, pos = _string(p, pos + 4, 82, "the namespace")
+    name, pos = _string(p, pos, 82, "the relation name")
+    if pos + 3 > len(p):
+        raise _short(82, p, pos, (("the replica identity", 1), ("the column count", 2)))
+    identity = chr(p[pos])
+    if identity not in "dnfi":
+        raise _error(82, p, pos, "a replica identity (d, n, f or i)")
+    (ncols,) = _U16.unpack_from(p, pos + 1)
+    pos += 3
+    columns = []
+    for i in range(1, ncols + 1):
+        if pos >= len(p):
+            raise _error(82, p, pos, f"the flags of column {i} of {ncols}")
+        is_key = bool(p[pos] & 1)
+        column_name, pos = _string(p, pos + 1, 82, f"the name of column {i}")
+        type_oid, type_modifier = _take(_COLUMN_TYPE, p, pos, 82, ((f"the type OID of column {i}", 4),
+                                                                  (f"the type modifier of column {i}", 4)))
+        pos += 8
+        columns.append(Column(is_key, column_name, type_oid, type_modifier))
+    _end(82, p, pos)
+    return Relation(xid, oid, namespace or "pg_catalog", name, identity, tuple(columns))
+
+
+def _type(p: bytes, pos: int, xid: int | None) -> Type:
+    (oid,) = _take(_U32, p, pos, 89, (("the type OID", 4),))
+    namespace, pos = _string(p, pos + 4, 89, "the namespace")
+    name, pos = _string(p, pos, 89, "the type name")
+    _end(89, p, pos)
+    return Type(xid, oid, namespace or "pg_catalog", name)
+
+
+def _truncate(p: bytes, pos: int, xid: int | None) -> Truncate:
+    count, options = _take(_TRUNCATE, p, pos, 84, (("the relation count", 4), ("the options", 1)))
+    pos += 5
+    if pos + 4 * count > len(p):
+        raise _error(84, p, pos, f"{count} relation OIDs ({4 * count} bytes)",
+                     f"but only {len(p) - pos} bytes remain")
+    oids = struct.unpack_from(f"!{count}I", p, pos)
+    _end(84, p, pos + 4 * count)
+    return Truncate(xid, oids, bool(options & 1), bool(options & 2))
+
+
+def _logical_message(p: bytes, pos: int, xid: int | None) -> Message:
+    flags, lsn = _take(_MESSAGE, p, pos, 77, (("the flags", 1), ("the LSN", 8)))
+    prefix, pos = _string(p, pos + 9, 77, "the prefix")
+    (length,) = _take(_U32, p, pos, 77, (("the content length", 4),))
+    pos += 4
+    if pos + length > len(p):
+        raise _error(77, p, pos - 4, "a content length within the payload",
+                     f"found {length} with {len(p) - pos} bytes left")
+    _end(77, p, pos + length)
+    return Message(xid, bool(flags & 1), lsn, prefix, p[pos:pos + length])
+
+
+_DATA = {82: _relation, 89: _type, 73: _insert, 85: _update, 68: _delete, 84: _truncate,
+         77: _logical_message}
+
+# --- control messages: (decoder, payload) -> message ------------------------------------------
+
+_BEGIN = struct.Struct("!QqI")
+_BEGIN_FIELDS = (("the final LSN", 8), ("the commit timestamp", 8), ("the xid", 4))
+_COMMIT = struct.Struct("!BQQq")
+_COMMIT_FIELDS = (("the flags", 1), ("the commit LSN", 8), ("the end LSN", 8), ("the commit timestamp", 8))
+_ORIGIN = struct.Struct("!Q")
+_STREAM_START = struct.Struct("!IB")
+_STREAM_COMMIT = struct.Struct("!IBQQq")
+_STREAM_ABORT = struct.Struct("!II")
+_STREAM_ABORT_INFO = struct.Struct("!IIQq")  # protocol 4, streaming 'parallel'
+_BEGIN_PREPARE = struct.Struct("!QQqI")
+_PREPARE = struct.Struct("!BQQqI")           # also Commit Prepared and Stream Prepare
+_ROLLBACK_PREPARED = struct.Struct("!BQQqqI")
+_PREPARE_FIELDS = (("the flags", 1), ("the LSN", 8), ("the end LSN", 8), ("the timestamp", 8), ("the xid", 4))
+
+
+def _outside_stream(dec: PgOutputDecoder, code: int, p: bytes) -> None:
+    if dec._stream_xid is not None:
+        raise _error(code, p, 0, f"no {_NAMES[chr(code)]} inside the stream block of xid {dec._stream_xid}",
+                     "but no Stream Stop came first")
+
+
+def _needs_protocol(dec: PgOutputDecoder, code: int, p: bytes, version: int) -> None:
+    if dec.protocol_version < version:
+        raise _error(code, p, 0, f"no such message in protocol version {dec.protocol_version}",
+                     f"it needs version {version} or later")
+
+
+def _begin(dec: PgOutputDecoder, p: bytes) -> Begin:
+    _outside_stream(dec, 66, p)
+    fields = _take(_BEGIN, p, 1, 66, _BEGIN_FIELDS)
+    _end(66, p, 21)
+    return Begin(*fields)
+
+
+def _commit(dec: PgOutputDecoder, p: bytes) -> Commit:
+    _outside_stream(dec, 67, p)
+    fields = _take(_COMMIT, p, 1, 67, _COMMIT_FIELDS)
+    _end(67, p, 26)
+    return Commit(*fields)
+
+
+def _origin(dec: PgOutputDecoder, p: bytes) -> Origin:
+    (lsn,) = _take(_ORIGIN, p, 1, 79, (("the origin LSN", 8),))
+    name, pos = _string(p, 9, 79, "the origin name")
+    _end(79, p, pos)
+    return Origin(lsn, name)
+
+
+def _stream_start(dec: PgOutputDecoder, p: bytes) -> StreamStart:
+    _needs_protocol(dec, 83, p, 2)
+    _outside_stream(dec, 83, p)
+    xid, first = _take(_STREAM_START, p, 1, 83, (("the xid", 4), ("the first-segment flag", 1)))
+    if first > 1:
+        raise _error(83, p, 5, "a first-segment flag of 0 or 1")
+    _end(83, p, 6)
+    dec._stream_xid = xid
+    return StreamStart(xid, first == 1)
+
+
+def _stream_stop(dec: PgOutputDecoder, p: bytes) -> StreamStop:
+    _needs_protocol(dec, 69, p, 2)
+    if dec._stream_xid is None:
+        raise _error(69, p, 0, "a Stream Start before a Stream Stop", "but no stream block is open")
+    _end(69, p, 1)
+    dec._stream_xid = None
+    return _STREAM_STOP
+
+
+def _stream_commit(dec: PgOutputDecoder, p: bytes) -> StreamCommit:
+    _needs_protocol(dec, 99, p, 2)
+    _outside_stream(dec, 99, p)
+    fields = _take(_STREAM_COMMIT, p, 1, 99, (("the xid", 4),) + _COMMIT_FIELDS)
+    _end(99, p, 30)
+    return StreamCommit(*fields)
+
+
+def _stream_abort(dec: PgOutputDecoder, p: bytes) -> StreamAbort:
+    _needs_protocol(dec, 65, p, 2)
+    _outside_stream(dec, 65, p)
+    xid, subxid = _take(_STREAM_ABORT, p, 1, 65, (("the xid", 4), ("the subtransaction xid", 4)))
+    if len(p) == 9 or dec.protocol_version < 4:
+        _end(65, p, 9)
+        return StreamAbort(xid, subxid)
+    _, _, abort_lsn, abort_time_us = _take(_STREAM_ABORT_INFO, p, 1, 65, (
+        ("the xid", 4), ("the subtransaction xid", 4), ("the abort LSN", 8), ("the abort timestamp", 8)))
+    _end(65, p, 25)
+    return StreamAbort(xid, subxid, abort_lsn, abort_time_us)
+
+
+def _begin_prepare(dec: PgOutputDecoder, p: bytes) -> BeginPrepare:
+    _needs_protocol(dec, 98, p, 3)
+    _outside_stream(dec, 98, p)
+    fields = _take(_BEGIN_PREPARE, p, 1, 98, _PREPARE_FIELDS[1:])
+    gid, pos = _string(p, 29, 98, "the GID")
+    _end(98, p, pos)
+    return BeginPrepare(*fields, gid)
+
+
+def _prepare_like(cls: type, code: int):
+    def decode(dec: PgOutputDecoder, p: bytes):
+        _needs_protocol(dec, code, p, 3)
+        _outside_stream(dec, code, p)
+        fields = _take(_PREPARE, p, 1, code, _PREPARE_FIELDS)
+        gid, pos = _string(p, 30, code, "the GID")
+        _end(code, p, pos)
+        return cls(*fields, gid)
+    return decode
+
+
+def _rollback_prepared(dec: PgOutputDecoder, p: bytes) -> RollbackPrepared:
+    _needs_protocol(dec, 114, p, 3)
+    _outside_stream(dec, 114, p)
+    fields = _take(_ROLLBACK_PREPARED, p, 1, 114, (
+        ("the flags", 1), ("the prepare end LSN", 8), ("the rollback end LSN", 8),
+        ("the prepare timestamp", 8), ("the rollback timestamp", 8), ("the xid", 4)))
+    gid, pos = _string(p, 38, 114, "the GID")
+    _end(114, p, pos)
+    return RollbackPrepared(*fields, gid)
+
+
+_STREAM_STOP = StreamStop()
+_CONTROL = {66: _begin, 67: _commit, 79: _origin, 83: _stream_start, 69: _stream_stop,
+            99: _stream_commit, 65: _stream_abort, 98: _begin_prepare, 80: _prepare_like(Prepare, 80),
+            75: _prepare_like(CommitPrepared, 75), 114: _rollback_prepared,
+            112: _prepare_like(StreamPrepare, 112)}
+
+
+class PgOutputDecoder:
+    """Decodes the payloads of one replication connection, in the order received.
+
+    It keeps one piece of state, whether a stream block is open, so use one decoder per
+    connection (or ``reset()`` it when the connection restarts). Not thread-safe.
+    """
+
+    __slots__ = ("protocol_version", "_stream_xid")
+
+    def __init__(self, protocol_version: int) -> None:
+        if protocol_version not in (1, 2, 3, 4):
+            raise ValueError(f"pgoutput protocol version {protocol_version} is not one of 1, 2, 3, 4")
+        self.protocol_version = protocol_version
+        self._stream_xid: int | None = None
+
+    @property
+    def stream_xid(self) -> int | None:
+        """The xid of the open stream block (between Stream Start and Stop), else None."""
+        return self._stream_xid
+
+    def reset(self) -> None:
+        """Forget an open stream block: the server restarts streaming on a new connection."""
+        self._stream_xid = None
+
+    def decode(self, payload: bytes) -> PgOutputMessage:
+        """One payload (``bytes``) -> its message; ``DecodeError`` if it is malformed."""
+        try:
+            code = payload[0]
+        except IndexError:
+            raise DecodeError("pgoutput payload is empty: expected a message type byte at byte offset 0") from None
+        data = _DATA.get(code)
+        if data is not None:
+            if self._stream_xid is None:
+                return data(payload, 1, None)
+            if len(payload) < 5:
+                raise _short(code, payload, 1, (("the xid of a streamed change", 4),))
+            return data(payload, 5, _U32.unpack_from(payload, 1)[0])
+        control = _CONTROL.get(code)
+        if control is None:
+            raise _error(code, payload, 0, f"a message type ({', '.join(sorted(_NAMES))})")
+        return control(self, payload)

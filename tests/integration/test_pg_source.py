@@ -1,0 +1,170 @@
+"""The PostgreSQL source against a real server: snapshot, streaming, handover, TOAST, schema."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import orjson
+import psycopg2
+import pytest
+
+from cdc.errors import PrerequisiteError
+from cdc.log.embedded import EmbeddedLog
+from tests.integration.pg_capture import (capturing, execute, pg_config, table_rows, topic_state,
+                                          wait_until)
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def log(tmp_path):
+    instance = EmbeddedLog(tmp_path / "log", fsync=False)
+    yield instance
+    instance.close()
+
+
+def test_snapshot_then_stream_gives_the_table(pg_dsn, tmp_path, log):
+    execute(pg_dsn, "CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2))",
+            "INSERT INTO items SELECT g, 'item ' || g, g * 1.5 FROM generate_series(1, 500) g")
+    with capturing(pg_config(pg_dsn, tmp_path), log, "t") as capture:
+        wait_until(lambda: len(topic_state(log, "t.public.items")) == 500, what="the snapshot", capture=capture)
+        execute(pg_dsn, "UPDATE items SET name = 'renamed' WHERE id <= 10",
+                "DELETE FROM items WHERE id > 490",
+                "INSERT INTO items VALUES (1000, 'new', 9.99)",
+                "UPDATE items SET id = 2000 WHERE id = 20")  # a key change: delete + create
+        expected = {k: {**v, "price": f"{float(v['price']):.2f}"} for k, v in
+                    table_rows(pg_dsn, "items").items()}
+        wait_until(lambda: topic_state(log, "t.public.items") == expected, what="the stream", capture=capture)
+    records = [orjson.loads(r.value) for r in log.read_all("t.public.items") if r.value is not None]
+    snapshot = [r for r in records if r["op"] == "r"]
+    assert len(snapshot) == 500
+    assert sum(r["source"]["snapshot"] == "last" for r in snapshot) == 1
+    streamed = [r for r in records if r["op"] != "r"]
+    assert min(r["source"]["version"] for r in streamed) > max(r["source"]["version"] for r in snapshot)
+    assert all(r["transaction"] is not None and r["source"]["txId"] for r in streamed)
+
+
+def test_handover_under_concurrent_writes(pg_dsn, tmp_path, log):
+    execute(pg_dsn, "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
+            "INSERT INTO accounts SELECT g, 100, 'n' FROM generate_series(1, 2000) g")
+    stop = threading.Event()
+
+    def writer() -> None:
+        rng = random.Random(5)
+        conn = psycopg2.connect(pg_dsn)
+        next_id = 10_000
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                for _ in range(20):
+                    choice = rng.random()
+                    if choice < 0.4:
+                        cur.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", (rng.randrange(1, 3000),))
+                    elif choice < 0.7:
+                        next_id += 1
+                        cur.execute("INSERT INTO accounts VALUES (%s, 1, 'w')", (next_id,))
+                    elif choice < 0.85:
+                        cur.execute("DELETE FROM accounts WHERE id = %s", (rng.randrange(1, next_id),))
+                    else:  # move a row to a new key
+                        next_id += 1
+                        cur.execute("UPDATE accounts SET id = %s WHERE id = %s", (next_id, rng.randrange(1, next_id)))
+                conn.commit()
+        conn.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        with capturing(pg_config(pg_dsn, tmp_path, snapshot_chunk_pages=4, snapshot_workers=3), log, "h") as capture:
+            time.sleep(3)
+            stop.set()
+            thread.join()
+            expected = table_rows(pg_dsn, "accounts")
+            wait_until(lambda: topic_state(log, "h.public.accounts") == expected, what="equality", capture=capture)
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_unchanged_toast_values_are_filled(pg_dsn, tmp_path, log):
+    big = "".join(random.Random(1).choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(20_000))
+    execute(pg_dsn, "CREATE TABLE docs (id int PRIMARY KEY, title text, body text)",
+            "ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL",  # out of line, uncompressed
+            f"INSERT INTO docs VALUES (1, 'before snapshot', '{big}')")
+    with capturing(pg_config(pg_dsn, tmp_path), log, "x") as capture:
+        wait_until(lambda: len(topic_state(log, "x.public.docs")) == 1, capture=capture)
+        execute(pg_dsn, f"INSERT INTO docs VALUES (2, 'streamed', '{big[::-1]}')",
+                "UPDATE docs SET title = 'changed' WHERE id IN (1, 2)")
+        wait_until(lambda: {r["title"] for r in topic_state(log, "x.public.docs").values()} == {"changed"},
+                   capture=capture)
+    state = topic_state(log, "x.public.docs")
+    assert state['{"id":1}']["body"] == big
+    assert state['{"id":2}']["body"] == big[::-1]
+    updates = [orjson.loads(r.value) for r in log.read_all("x.public.docs")
+               if r.value is not None and orjson.loads(r.value)["op"] == "u"]
+    assert len(updates) == 2 and all("unchanged_toast" not in u["source"] for u in updates)
+
+
+def test_schema_changes_are_published_and_new_tables_captured(pg_dsn, tmp_path, log):
+    execute(pg_dsn, "CREATE TABLE a (id int PRIMARY KEY, v text)", "INSERT INTO a VALUES (1, 'x')")
+    with capturing(pg_config(pg_dsn, tmp_path), log, "s") as capture:
+        wait_until(lambda: topic_state(log, "s.public.a"), capture=capture)
+        execute(pg_dsn, "ALTER TABLE a ADD COLUMN extra int", "INSERT INTO a VALUES (2, 'y', 7)",
+                "ALTER TABLE a DROP COLUMN v", "ALTER TABLE a ALTER COLUMN extra TYPE bigint",
+                "INSERT INTO a VALUES (3, 8)",
+                "CREATE TABLE b (id int PRIMARY KEY, w text)", "INSERT INTO b VALUES (1, 'new table')")
+        wait_until(lambda: topic_state(log, "s.public.b"), what="the new table", capture=capture)
+        wait_until(lambda: '{"id":3}' in topic_state(log, "s.public.a"), capture=capture)
+    a = topic_state(log, "s.public.a")
+    assert a['{"id":2}'] == {"id": 2, "v": "y", "extra": 7}
+    assert a['{"id":3}'] == {"id": 3, "extra": 8}
+    assert topic_state(log, "s.public.b") == {'{"id":1}': {"id": 1, "w": "new table"}}
+    shapes = [orjson.loads(r.value) for r in log.read_all("s.schema-changes")]
+    a_shapes = [[(c["name"], c["type"]) for c in s["columns"]] for s in shapes if s["table"] == "a"]
+    assert a_shapes[-1] == [("id", "integer"), ("extra", "bigint")]
+    assert any(s["table"] == "b" for s in shapes)
+
+
+def test_truncate_is_an_event(pg_dsn, tmp_path, log):
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1), (2)")
+    with capturing(pg_config(pg_dsn, tmp_path), log, "tr") as capture:
+        wait_until(lambda: len(topic_state(log, "tr.public.t")) == 2, capture=capture)
+        execute(pg_dsn, "TRUNCATE t", "INSERT INTO t VALUES (3)")
+        wait_until(lambda: topic_state(log, "tr.public.t") == {'{"id":3}': {"id": 3}}, capture=capture)
+    ops = [orjson.loads(r.value)["op"] for r in log.read_all("tr.public.t") if r.value is not None]
+    assert ops.count("t") == 2  # one per partition
+
+
+def test_a_table_without_a_key_is_refused_with_the_fix(pg_dsn, tmp_path, log):
+    execute(pg_dsn, "CREATE TABLE loose (v text)")
+    source_config = pg_config(pg_dsn, tmp_path)
+    from sources.postgres.source import PostgresSource
+
+    source = PostgresSource(source_config, None)
+    with pytest.raises(PrerequisiteError, match="public.loose has no primary key.*key_columns"):
+        source.start()
+    source.stop()
+
+
+def test_heartbeats_advance_the_slot_while_other_tables_change(pg_dsn, tmp_path, log):
+    execute(pg_dsn, "CREATE TABLE captured (id int PRIMARY KEY)", "CREATE SCHEMA other",
+            "CREATE TABLE other.busy (id serial PRIMARY KEY, pad text)")
+    config = pg_config(pg_dsn, tmp_path, heartbeat_interval=0.5)
+
+    def confirmed() -> int:
+        conn = psycopg2.connect(pg_dsn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                        (config.slot_name,))
+            row = cur.fetchone()
+        conn.close()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    with capturing(config, log, "hb") as capture:
+        wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+        first = wait_until(confirmed, capture=capture)
+        execute(pg_dsn, "INSERT INTO other.busy (pad) SELECT repeat('x', 500) FROM generate_series(1, 2000)")
+        wait_until(lambda: confirmed() > first + 500 * 2000, what="the slot to move past uncaptured WAL",
+                   capture=capture)
