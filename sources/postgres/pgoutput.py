@@ -30,7 +30,7 @@ __all__ = [
     "UNCHANGED_TOAST", "Begin", "BeginPrepare", "Column", "Commit", "CommitPrepared", "Delete",
     "Insert", "Message", "Origin", "PgOutputDecoder", "PgOutputMessage", "Prepare", "Relation",
     "RollbackPrepared", "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart", "StreamStop",
-    "Truncate", "TupleData", "Type", "Update", "pg_time_to_unix_ms",
+    "Truncate", "TupleData", "Type", "UnchangedToast", "Update", "pg_time_to_unix_ms",
 ]
 
 PG_EPOCH_UNIX_MS: Final = 946_684_800_000  # 2000-01-01T00:00:00Z in Unix epoch milliseconds
@@ -62,23 +62,19 @@ class UnchangedToast:
 
 UNCHANGED_TOAST: Final = UnchangedToast()
 
-TupleData = tuple["str | bytes | UnchangedToast | None", ...]
-
-
-def _message(cls):
-    return dataclass(frozen=True, slots=True)(cls)
+TupleData = tuple[str | bytes | UnchangedToast | None, ...]
 
 
 # --- transactions ---------------------------------------------------------------------------
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Begin:                       # 'B'
     final_lsn: int
     commit_time_us: int
     xid: int
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Commit:                      # 'C'
     flags: int
     commit_lsn: int
@@ -86,7 +82,7 @@ class Commit:                      # 'C'
     commit_time_us: int
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Origin:                      # 'O': the transaction was replayed from another node
     origin_lsn: int
     name: str
@@ -94,7 +90,7 @@ class Origin:                      # 'O': the transaction was replayed from anot
 
 # --- schema and changes (xid is set inside a stream block only) ------------------------------
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Column:
     is_key: bool                   # part of the replica identity (every column under FULL)
     name: str
@@ -102,7 +98,7 @@ class Column:
     type_modifier: int
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Relation:                    # 'R'
     xid: int | None
     oid: int
@@ -112,7 +108,7 @@ class Relation:                    # 'R'
     columns: tuple[Column, ...]
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Type:                        # 'Y': a non-built-in column type
     xid: int | None
     oid: int
@@ -120,14 +116,14 @@ class Type:                        # 'Y': a non-built-in column type
     name: str
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Insert:                      # 'I'
     xid: int | None
     relation_oid: int
     new: TupleData
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Update:                      # 'U'
     xid: int | None
     relation_oid: int
@@ -136,7 +132,7 @@ class Update:                      # 'U'
     new: TupleData
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Delete:                      # 'D'
     xid: int | None
     relation_oid: int
@@ -144,7 +140,7 @@ class Delete:                      # 'D'
     old: TupleData
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Truncate:                    # 'T'
     xid: int | None
     relation_oids: tuple[int, ...]
@@ -152,7 +148,7 @@ class Truncate:                    # 'T'
     restart_identity: bool
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Message:                     # 'M': pg_logical_emit_message()
     xid: int | None
     transactional: bool
@@ -163,18 +159,18 @@ class Message:                     # 'M': pg_logical_emit_message()
 
 # --- streaming (protocol 2+) -----------------------------------------------------------------
 
-@_message
+@dataclass(frozen=True, slots=True)
 class StreamStart:                 # 'S'
     xid: int
     first_segment: bool
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class StreamStop:                  # 'E'
     pass
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class StreamCommit:                # 'c'
     xid: int
     flags: int
@@ -183,7 +179,7 @@ class StreamCommit:                # 'c'
     commit_time_us: int
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class StreamAbort:                 # 'A'; subxid == xid when the whole transaction aborted
     xid: int
     subxid: int
@@ -193,7 +189,7 @@ class StreamAbort:                 # 'A'; subxid == xid when the whole transacti
 
 # --- two-phase commit (protocol 3+) ----------------------------------------------------------
 
-@_message
+@dataclass(frozen=True, slots=True)
 class BeginPrepare:                # 'b'
     prepare_lsn: int
     end_lsn: int
@@ -202,7 +198,7 @@ class BeginPrepare:                # 'b'
     gid: str
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class Prepare:                     # 'P'
     flags: int
     prepare_lsn: int
@@ -212,7 +208,7 @@ class Prepare:                     # 'P'
     gid: str
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class CommitPrepared:              # 'K'
     flags: int
     commit_lsn: int
@@ -222,7 +218,7 @@ class CommitPrepared:              # 'K'
     gid: str
 
 
-@_message
+@dataclass(frozen=True, slots=True)
 class RollbackPrepared:            # 'r'
     flags: int
     prepare_end_lsn: int
@@ -233,9 +229,14 @@ class RollbackPrepared:            # 'r'
     gid: str
 
 
-@_message
-class StreamPrepare(Prepare):      # 'p': same fields as Prepare, ends a streamed transaction
-    pass
+@dataclass(frozen=True, slots=True)
+class StreamPrepare:               # 'p': prepares a streamed transaction (fields as in Prepare)
+    flags: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time_us: int
+    xid: int
+    gid: str
 
 
 PgOutputMessage = (Begin | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
@@ -271,9 +272,18 @@ def _short(code: int, p: bytes, pos: int, fields: tuple[tuple[str, int], ...]) -
 
 
 def _take(st: struct.Struct, p: bytes, pos: int, code: int, fields: tuple[tuple[str, int], ...]) -> tuple:
+    """``st`` unpacked at ``pos``, or the error naming the first of its ``fields`` that is cut off."""
     if pos + st.size > len(p):
         raise _short(code, p, pos, fields)
     return st.unpack_from(p, pos)
+
+
+def _exact(st: struct.Struct, p: bytes, code: int, fields: tuple[tuple[str, int], ...]) -> tuple:
+    """The fields of a fixed-size message: its type byte, then ``st``, then nothing."""
+    values = _take(st, p, 1, code, fields)
+    if len(p) != 1 + st.size:
+        raise _trailing(code, p, 1 + st.size)
+    return values
 
 
 def _string(p: bytes, pos: int, code: int, what: str) -> tuple[str, int]:
@@ -286,16 +296,14 @@ def _string(p: bytes, pos: int, code: int, what: str) -> tuple[str, int]:
         raise _error(code, p, pos + err.start, f"{what} in UTF-8") from None
 
 
-def _end(code: int, p: bytes, pos: int) -> None:
-    if pos != len(p):
-        raise _error(code, p, pos, "the end of the message", f"but {len(p) - pos} more bytes follow")
+def _trailing(code: int, p: bytes, pos: int) -> DecodeError:
+    return _error(code, p, pos, "the end of the message", f"but {len(p) - pos} more bytes follow")
 
 
 # --- data messages: (payload, offset after the type byte and optional xid, xid) -> message -----
 
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
-_U32_U32 = struct.Struct("!II")
 _COLUMN_TYPE = struct.Struct("!Ii")          # type OID, type modifier
 _TRUNCATE = struct.Struct("!IB")             # relation count, options
 _MESSAGE = struct.Struct("!BQ")              # flags, LSN
@@ -360,7 +368,7 @@ def _insert(p: bytes, pos: int, xid: int | None) -> Insert:
         raise _error(73, p, pos + 4, "'N' (a new tuple)")
     new, end = _tuple(p, pos + 5, 73)
     if end != len(p):
-        _end(73, p, end)
+        raise _trailing(73, p, end)
     return Insert(xid, _U32.unpack_from(p, pos)[0], new)
 
 
@@ -382,7 +390,7 @@ def _update(p: bytes, pos: int, xid: int | None) -> Update:
                      else "'N' (the new tuple)")
     new, end = _tuple(p, end, 85)
     if end != len(p):
-        _end(85, p, end)
+        raise _trailing(85, p, end)
     return Update(xid, _U32.unpack_from(p, pos)[0], old_kind, old, new)
 
 
@@ -394,7 +402,7 @@ def _delete(p: bytes, pos: int, xid: int | None) -> Delete:
         raise _error(68, p, pos + 4, "'K' (old key) or 'O' (old row)")
     old, end = _tuple(p, pos + 5, 68)
     if end != len(p):
-        _end(68, p, end)
+        raise _trailing(68, p, end)
     return Delete(xid, _U32.unpack_from(p, pos)[0], "K" if kind == 75 else "O", old)
 
 
@@ -419,7 +427,8 @@ def _relation(p: bytes, pos: int, xid: int | None) -> Relation:
                                                                   (f"the type modifier of column {i}", 4)))
         pos += 8
         columns.append(Column(is_key, column_name, type_oid, type_modifier))
-    _end(82, p, pos)
+    if pos != len(p):
+        raise _trailing(82, p, pos)
     return Relation(xid, oid, namespace or "pg_catalog", name, identity, tuple(columns))
 
 
@@ -427,7 +436,8 @@ def _type(p: bytes, pos: int, xid: int | None) -> Type:
     (oid,) = _take(_U32, p, pos, 89, (("the type OID", 4),))
     namespace, pos = _string(p, pos + 4, 89, "the namespace")
     name, pos = _string(p, pos, 89, "the type name")
-    _end(89, p, pos)
+    if pos != len(p):
+        raise _trailing(89, p, pos)
     return Type(xid, oid, namespace or "pg_catalog", name)
 
 
@@ -438,7 +448,8 @@ def _truncate(p: bytes, pos: int, xid: int | None) -> Truncate:
         raise _error(84, p, pos, f"{count} relation OIDs ({4 * count} bytes)",
                      f"but only {len(p) - pos} bytes remain")
     oids = struct.unpack_from(f"!{count}I", p, pos)
-    _end(84, p, pos + 4 * count)
+    if pos + 4 * count != len(p):
+        raise _trailing(84, p, pos + 4 * count)
     return Truncate(xid, oids, bool(options & 1), bool(options & 2))
 
 
@@ -450,7 +461,8 @@ def _logical_message(p: bytes, pos: int, xid: int | None) -> Message:
     if pos + length > len(p):
         raise _error(77, p, pos - 4, "a content length within the payload",
                      f"found {length} with {len(p) - pos} bytes left")
-    _end(77, p, pos + length)
+    if pos + length != len(p):
+        raise _trailing(77, p, pos + length)
     return Message(xid, bool(flags & 1), lsn, prefix, p[pos:pos + length])
 
 
@@ -468,6 +480,7 @@ _STREAM_START = struct.Struct("!IB")
 _STREAM_COMMIT = struct.Struct("!IBQQq")
 _STREAM_ABORT = struct.Struct("!II")
 _STREAM_ABORT_INFO = struct.Struct("!IIQq")  # protocol 4, streaming 'parallel'
+_STREAM_ABORT_FIELDS = (("the xid", 4), ("the subtransaction xid", 4))
 _BEGIN_PREPARE = struct.Struct("!QQqI")
 _PREPARE = struct.Struct("!BQQqI")           # also Commit Prepared and Stream Prepare
 _ROLLBACK_PREPARED = struct.Struct("!BQQqqI")
@@ -482,38 +495,34 @@ def _outside_stream(dec: PgOutputDecoder, code: int, p: bytes) -> None:
 
 def _needs_protocol(dec: PgOutputDecoder, code: int, p: bytes, version: int) -> None:
     if dec.protocol_version < version:
-        raise _error(code, p, 0, f"no such message in protocol version {dec.protocol_version}",
-                     f"it needs version {version} or later")
+        raise _error(code, p, 0, f"a message type of protocol version {dec.protocol_version}",
+                     f"but {_NAMES[chr(code)]} needs version {version} or later")
 
 
 def _begin(dec: PgOutputDecoder, p: bytes) -> Begin:
     _outside_stream(dec, 66, p)
-    fields = _take(_BEGIN, p, 1, 66, _BEGIN_FIELDS)
-    _end(66, p, 21)
-    return Begin(*fields)
+    return Begin(*_exact(_BEGIN, p, 66, _BEGIN_FIELDS))
 
 
 def _commit(dec: PgOutputDecoder, p: bytes) -> Commit:
     _outside_stream(dec, 67, p)
-    fields = _take(_COMMIT, p, 1, 67, _COMMIT_FIELDS)
-    _end(67, p, 26)
-    return Commit(*fields)
+    return Commit(*_exact(_COMMIT, p, 67, _COMMIT_FIELDS))
 
 
 def _origin(dec: PgOutputDecoder, p: bytes) -> Origin:
     (lsn,) = _take(_ORIGIN, p, 1, 79, (("the origin LSN", 8),))
     name, pos = _string(p, 9, 79, "the origin name")
-    _end(79, p, pos)
+    if pos != len(p):
+        raise _trailing(79, p, pos)
     return Origin(lsn, name)
 
 
 def _stream_start(dec: PgOutputDecoder, p: bytes) -> StreamStart:
     _needs_protocol(dec, 83, p, 2)
     _outside_stream(dec, 83, p)
-    xid, first = _take(_STREAM_START, p, 1, 83, (("the xid", 4), ("the first-segment flag", 1)))
+    xid, first = _exact(_STREAM_START, p, 83, (("the xid", 4), ("the first-segment flag", 1)))
     if first > 1:
         raise _error(83, p, 5, "a first-segment flag of 0 or 1")
-    _end(83, p, 6)
     dec._stream_xid = xid
     return StreamStart(xid, first == 1)
 
@@ -522,7 +531,8 @@ def _stream_stop(dec: PgOutputDecoder, p: bytes) -> StreamStop:
     _needs_protocol(dec, 69, p, 2)
     if dec._stream_xid is None:
         raise _error(69, p, 0, "a Stream Start before a Stream Stop", "but no stream block is open")
-    _end(69, p, 1)
+    if len(p) != 1:
+        raise _trailing(69, p, 1)
     dec._stream_xid = None
     return _STREAM_STOP
 
@@ -530,22 +540,16 @@ def _stream_stop(dec: PgOutputDecoder, p: bytes) -> StreamStop:
 def _stream_commit(dec: PgOutputDecoder, p: bytes) -> StreamCommit:
     _needs_protocol(dec, 99, p, 2)
     _outside_stream(dec, 99, p)
-    fields = _take(_STREAM_COMMIT, p, 1, 99, (("the xid", 4),) + _COMMIT_FIELDS)
-    _end(99, p, 30)
-    return StreamCommit(*fields)
+    return StreamCommit(*_exact(_STREAM_COMMIT, p, 99, (("the xid", 4),) + _COMMIT_FIELDS))
 
 
 def _stream_abort(dec: PgOutputDecoder, p: bytes) -> StreamAbort:
     _needs_protocol(dec, 65, p, 2)
     _outside_stream(dec, 65, p)
-    xid, subxid = _take(_STREAM_ABORT, p, 1, 65, (("the xid", 4), ("the subtransaction xid", 4)))
-    if len(p) == 9 or dec.protocol_version < 4:
-        _end(65, p, 9)
-        return StreamAbort(xid, subxid)
-    _, _, abort_lsn, abort_time_us = _take(_STREAM_ABORT_INFO, p, 1, 65, (
-        ("the xid", 4), ("the subtransaction xid", 4), ("the abort LSN", 8), ("the abort timestamp", 8)))
-    _end(65, p, 25)
-    return StreamAbort(xid, subxid, abort_lsn, abort_time_us)
+    if len(p) <= 9 or dec.protocol_version < 4:
+        return StreamAbort(*_exact(_STREAM_ABORT, p, 65, _STREAM_ABORT_FIELDS))
+    return StreamAbort(*_exact(_STREAM_ABORT_INFO, p, 65, _STREAM_ABORT_FIELDS + (
+        ("the abort LSN", 8), ("the abort timestamp", 8))))
 
 
 def _begin_prepare(dec: PgOutputDecoder, p: bytes) -> BeginPrepare:
@@ -553,7 +557,8 @@ def _begin_prepare(dec: PgOutputDecoder, p: bytes) -> BeginPrepare:
     _outside_stream(dec, 98, p)
     fields = _take(_BEGIN_PREPARE, p, 1, 98, _PREPARE_FIELDS[1:])
     gid, pos = _string(p, 29, 98, "the GID")
-    _end(98, p, pos)
+    if pos != len(p):
+        raise _trailing(98, p, pos)
     return BeginPrepare(*fields, gid)
 
 
@@ -563,7 +568,8 @@ def _prepare_like(cls: type, code: int):
         _outside_stream(dec, code, p)
         fields = _take(_PREPARE, p, 1, code, _PREPARE_FIELDS)
         gid, pos = _string(p, 30, code, "the GID")
-        _end(code, p, pos)
+        if pos != len(p):
+            raise _trailing(code, p, pos)
         return cls(*fields, gid)
     return decode
 
@@ -575,7 +581,8 @@ def _rollback_prepared(dec: PgOutputDecoder, p: bytes) -> RollbackPrepared:
         ("the flags", 1), ("the prepare end LSN", 8), ("the rollback end LSN", 8),
         ("the prepare timestamp", 8), ("the rollback timestamp", 8), ("the xid", 4)))
     gid, pos = _string(p, 38, 114, "the GID")
-    _end(114, p, pos)
+    if pos != len(p):
+        raise _trailing(114, p, pos)
     return RollbackPrepared(*fields, gid)
 
 

@@ -395,7 +395,7 @@ class PostgresSource(Source):
         try:
             for data_start, payload in buffer:
                 message = decoder.decode(payload)
-                if message.xid in buffer.aborted_subxacts:
+                if getattr(message, "xid", None) in buffer.aborted_subxacts:  # Origin has no xid
                     continue
                 kind = type(message)
                 if kind is pg.Insert:

@@ -175,7 +175,7 @@ def test_every_problem_is_reported_at_once_with_its_line_and_path(tmp_path):
         (3, "color", "unknown key 'color'"),
         (7, "sources[0].keys", "Input should be a valid integer, unable to parse string as an integer"),
         (8, "sources[0].kyes", "unknown key 'kyes'; did you mean 'keys'?"),
-        (10, "sources[1].type", "unknown source type 'oracle'; installed: generator, vault"),
+        (10, "sources[1].type", f"unknown source type 'oracle'; installed: {installed_sources('vault')}"),
         (11, "sources[2].name", "duplicate name 'gen': sources[0] has it too; names must be unique "
                                 "across sources and sinks"),
         (13, "sources[2].database", "environment variable SHOP_DB is not set "
@@ -325,14 +325,26 @@ def test_cdc_validate_exit_codes_and_output(tmp_path, capsys):
     assert "cannot read the file: No such file" in capsys.readouterr().out
 
 
+def real_source_plugins() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {e.name for e in entry_points(group="cdc.sources")}
+
+
+def installed_sources(*extra: str) -> str:
+    """The "installed: ..." list as the error gives it: the project's plugins plus test fakes."""
+    return ", ".join(sorted({*real_source_plugins(), *extra}))
+
+
 def test_cdc_schema_describes_the_installed_plugins(capsys):
     assert main(["schema", "--indent", "0"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # --indent 0: one line
     schema = json.loads(out)
     items = schema["properties"]["sources"]["items"]
-    assert items["discriminator"]["mapping"] == {"generator": "#/$defs/GeneratorConfig",
-                                                  "vault": "#/$defs/VaultConfig"}
+    mapping = items["discriminator"]["mapping"]
+    assert mapping["generator"] == "#/$defs/GeneratorConfig" and mapping["vault"] == "#/$defs/VaultConfig"
+    assert set(mapping) == {"vault", *real_source_plugins()}
     assert {"$ref": "#/$defs/GeneratorConfig"} in items["oneOf"]
     generator = schema["$defs"]["GeneratorConfig"]
     assert generator["properties"]["keys"]["minimum"] == 1
