@@ -26,6 +26,8 @@ from sources.postgres.types.scalars import Converter
 # array_in reads an unquoted NULL in any letter case as SQL NULL.
 _NULL_SPELLINGS = frozenset("".join(letters) for letters in product("nN", "uU", "lL", "lL"))
 _BACKSLASH_ESCAPE = re.compile(r"\\(.)", re.S)
+# array_isspace(): the only white space around elements; str.strip() would also take U+00A0.
+_ARRAY_SPACE = " \t\n\r\v\f"
 
 
 def _token_pattern(delimiter: str) -> re.Pattern:
@@ -65,7 +67,7 @@ def _parse_nested(text: str, tokens: re.Pattern, element: Converter) -> list[Any
             continue
         else:
             if not stack:
-                if m.group(kind).isspace():
+                if not m.group(kind).strip(_ARRAY_SPACE):
                     continue
                 raise DecodeError(f"array text {text!r}: element outside braces")
             if kind == _QUOTED:
@@ -74,7 +76,7 @@ def _parse_nested(text: str, tokens: re.Pattern, element: Converter) -> list[Any
                     value = _BACKSLASH_ESCAPE.sub(r"\1", value)
                 stack[-1].append(element(value))
             else:
-                value = m.group(_UNQUOTED).strip()
+                value = m.group(_UNQUOTED).strip(_ARRAY_SPACE)
                 if not value:  # white space between tokens
                     continue
                 if value in _NULL_SPELLINGS:

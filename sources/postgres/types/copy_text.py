@@ -116,10 +116,13 @@ class _LineSplitter:
             self._batch = []
         return len(data)
 
-    def finish(self) -> None:
+    def end_of_data(self) -> None:
+        """The COPY ended: a last line without its newline is still a row."""
         if self._partial:
             self._batch.append(parse_copy_text_line(self._partial))
             self._partial = b""
+
+    def flush(self) -> None:
         if self._batch:
             self._put(self._batch)
             self._batch = []
@@ -151,42 +154,48 @@ def iter_copy_batches(cursor, copy_sql: str, *, batch_rows: int = 2000,
 
     Threading: the cursor's connection belongs to the helper thread until the generator is
     exhausted or closed; do not use it meanwhile. Errors (server errors as psycopg2 exceptions,
-    ``DecodeError`` for bad text) are raised in the consuming thread. Closing the generator early
-    cancels the query and abandons the COPY; psycopg2 cannot resume a half-read COPY, so the
-    connection must then be closed, not reused.
+    ``DecodeError`` for bad text) are raised in the consuming thread, after the rows read before
+    them. Closing the generator early cancels the query and abandons the COPY; psycopg2 cannot
+    resume a half-read COPY, so the connection must then be closed, not reused.
     """
     batches: queue.Queue = queue.Queue(maxsize=max_batches)
     stop = threading.Event()
     splitter = _LineSplitter(batches, batch_rows, stop)
 
     def produce() -> None:
+        outcome: object = _DONE
         try:
             cursor.copy_expert(copy_sql, splitter)
-            splitter.finish()
-            splitter._put(_DONE)
+            splitter.end_of_data()
+        except _Abandoned:
+            return
+        except BaseException as err:  # handed to the consumer, which re-raises it
+            outcome = err
+        try:
+            splitter.flush()  # the rows read before an error come first
+            splitter._put(outcome)
         except _Abandoned:
             pass
-        except BaseException as err:  # handed to the consumer, which re-raises it
-            try:
-                splitter._put(err)
-            except _Abandoned:
-                pass
 
     worker = threading.Thread(target=produce, name="copy-reader", daemon=True)
     worker.start()
+    ended = False  # the COPY ended (completely or with an error) before the consumer stopped
     try:
         while True:
             item = batches.get()
             if item is _DONE:
+                ended = True
                 return
             if isinstance(item, BaseException):
+                ended = True
                 raise item
             yield item
     finally:
         stop.set()
-        if worker.is_alive():
+        if not ended:
             # Stopped early: a long query may not write again for a while, so cancel it
-            # (thread-safe in psycopg2); the helper thread then ends with QueryCanceled.
+            # (thread-safe in psycopg2); the helper thread then ends with QueryCanceled. Never
+            # after the end: a late cancel could hit the connection's next statement.
             cursor.connection.cancel()
         worker.join()
 

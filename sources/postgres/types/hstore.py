@@ -21,7 +21,7 @@ _PAIR = re.compile(r"""
     \s*=>\s*
     (?: "((?:[^"\\]|\\.)*)" | ((?:[^\s"\\,]|\\.)+) )         # value: quoted or bare (NULL)
     \s*(?:,|\Z)
-""", re.S | re.X)
+""", re.S | re.X | re.A)  # re.A: \s is the server's isspace(), not Unicode white space
 _BACKSLASH_ESCAPE = re.compile(r"\\(.)", re.S)
 
 
@@ -36,7 +36,7 @@ def hstore_to_dict(text: str) -> dict[str, str | None]:
     while pos < end:
         m = match(text, pos)
         if m is None:
-            if text[pos:].isspace():
+            if not text[pos:].strip(" \t\n\r\v\f"):
                 break
             raise DecodeError(f"hstore text {text!r}: no key=>value pair at offset {pos}")
         pos = m.end()
