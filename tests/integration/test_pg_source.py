@@ -168,3 +168,48 @@ def test_heartbeats_advance_the_slot_while_other_tables_change(pg_dsn, tmp_path,
         execute(pg_dsn, "INSERT INTO other.busy (pad) SELECT repeat('x', 500) FROM generate_series(1, 2000)")
         wait_until(lambda: confirmed() > first + 500 * 2000, what="the slot to move past uncaptured WAL",
                    capture=capture)
+
+
+def test_a_slot_held_by_another_process_is_reported_as_retriable(pg_dsn, tmp_path, log):
+    import psycopg2.extras
+
+    from cdc.errors import RetriableError
+    from sources.postgres.source import PostgresSource
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    config = pg_config(pg_dsn, tmp_path, snapshot="never")
+    with capturing(config, log, "sl") as capture:  # creates the slot and publication
+        wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+    other = psycopg2.connect(pg_dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                             application_name="someone-else")
+    cur = other.cursor()
+    cur.start_replication(slot_name=config.slot_name, decode=False,
+                          options={"proto_version": "1", "publication_names": config.publication_name})
+    source = PostgresSource(config, None)
+    try:
+        with pytest.raises(RetriableError, match="in use by another process.*someone-else"):
+            source.start()
+    finally:
+        source.stop()
+        other.close()
+
+
+def test_a_lost_slot_stops_the_source_or_resnapshots_when_needed(pg_dsn, tmp_path, log):
+    from cdc.errors import PositionLostError
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    config = pg_config(pg_dsn, tmp_path)
+    with capturing(config, log, "lost") as capture:
+        wait_until(lambda: topic_state(log, "lost.public.t"), capture=capture)
+        wait_until(lambda: capture.runner.stored is not None, capture=capture)
+    execute(pg_dsn, f"SELECT pg_drop_replication_slot('{config.slot_name}')", "INSERT INTO t VALUES (2)")
+    from tests.integration.pg_capture import Capture
+
+    failing = Capture(config, log, "lost").start()
+    failing.thread.join(30)
+    assert isinstance(failing.error, PositionLostError), f"expected PositionLostError, got {failing.error!r}"
+    assert "is missing" in str(failing.error) and "new snapshot" in str(failing.error)
+    healing = pg_config(pg_dsn, tmp_path, snapshot="when_needed")
+    with capturing(healing, log, "lost") as capture:
+        wait_until(lambda: topic_state(log, "lost.public.t") == {'{"id":1}': {"id": 1}, '{"id":2}': {"id": 2}},
+                   capture=capture)
