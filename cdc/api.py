@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from enum import StrEnum
-from typing import ClassVar
+from typing import Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdc.events import Batch
-from cdc.log.base import LogRecord
+from cdc.sink_events import SinkEvent
 from cdc.positions import Position
 
 
@@ -70,6 +70,11 @@ class SourceConfig(PluginConfig):
 
 class SinkConfig(PluginConfig):
     topics: list[str] = Field(min_length=1, description="topics to consume, as globs")
+    batch_size: int = Field(default=2000, ge=1, description="events per write at most")
+    batch_wait_ms: int = Field(default=200, ge=0, description="how long to gather a batch")
+    on_poison: Literal["dead_letter", "stop"] = Field(
+        default="dead_letter", description="a record that fails even alone: set aside, or stop the sink")
+    dead_letter_topic: str | None = Field(default=None, description="default: <prefix>.dead-letter.<name>")
 
 
 class Source(ABC):
@@ -110,18 +115,48 @@ class Source(ABC):
 
 
 class Sink(ABC):
-    """A derived store kept in sync from topics. See the module docstring."""
+    """A derived store kept in sync from topics. See the module docstring and cdc/sink_events.py.
+
+    ``write`` gets events in log order per partition (a key's events are in one partition) and
+    must be durable when it returns: the runtime commits the consumer offsets right after. It must
+    be idempotent and never regress a key (a replay from offset 0 is always safe). Errors: a
+    ``RetriableError`` makes the runtime retry the same batch after a backoff; any other error
+    makes it split the batch to find the event that fails alone (a poison event).
+
+    Generations, for ``cdc rebuild``: a sink writes into generation ``generation`` of its store
+    (e.g. SQL tables ``<table>__g<N>`` behind a view ``<table>``). ``open_generation(n)`` makes an
+    empty generation n to write into while readers keep seeing the current one;
+    ``switch_generation(n)`` makes readers see n, atomically; ``drop_generation(m)`` retires one.
+    A sink that cannot rebuild leaves them raising NotImplementedError.
+    """
 
     config_model: ClassVar[type[SinkConfig]]
 
-    def __init__(self, config: SinkConfig) -> None:
+    def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config
+        self.generation = generation  # None: whatever generation readers see now
+        # Set by the runtime before start(): topic -> the newest schema-change record of its table
+        # (a dict as written by cdc.serde.encode_schema_change), or None when the source publishes
+        # none (then a sink infers column types from the values).
+        self.schema_for: Callable[[str], dict | None] = lambda topic: None
 
     @abstractmethod
     def start(self) -> None: ...
 
     @abstractmethod
-    def write(self, records: list[LogRecord]) -> None: ...
+    def write(self, events: list[SinkEvent]) -> None: ...
 
     @abstractmethod
     def stop(self) -> None: ...
+
+    def current_generation(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
+
+    def open_generation(self, generation: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
+
+    def switch_generation(self, generation: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
+
+    def drop_generation(self, generation: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")

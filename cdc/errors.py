@@ -7,6 +7,8 @@
     │   ├── ConfigError             a config file is invalid; .problems lists each (file, line, path)
     │   │   └── PluginNotFoundError a source/sink ``type`` that no installed plugin provides
     │   ├── TopicConfigError        an existing topic is not set up as the contract needs (not compacted)
+    │   ├── SchemaChangeError       a sink's target cannot follow a source schema change (policy: fail)
+    │   │   └── RebuildRequired     ... and the policy says rebuild it from the topic
     │   ├── DecodeError             bytes from a database log that cannot be decoded (names where)
     │   ├── PrerequisiteError       the database is not set up for capture; the message says the fix
     │   ├── PositionLostError       the stored position is gone from the server (slot lost, binlog
@@ -70,6 +72,14 @@ class PluginNotFoundError(ConfigError):
 
 class TopicConfigError(PermanentError):
     pass
+
+
+class SchemaChangeError(PermanentError):
+    pass
+
+
+class RebuildRequired(SchemaChangeError):
+    """The sink's policy asks for a rebuild (``cdc rebuild``) to follow a schema change."""
 
 
 class DecodeError(PermanentError):

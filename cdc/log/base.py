@@ -132,6 +132,10 @@ class Log(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def delete_retention_ms(self, topic: str) -> int | None:
+        """How long ``topic`` keeps a tombstone (None: unknown)."""
+        return None
+
     def compact(self, topic: str) -> None:
         """Ask for compaction now. The embedded log runs it; Kafka's broker cleans on its own."""
 

@@ -216,6 +216,10 @@ class EmbeddedLog(Log):
             raise TopicConfigError(f"topic {topic} has cleanup.policy={existing.cleanup_policy}; "
                                    "the log needs cleanup.policy=compact (change or delete the topic)")
 
+    def delete_retention_ms(self, topic: str) -> int | None:
+        with _unavailable(f"reading topic {topic}"):
+            return self._require(topic).delete_retention_ms
+
     def delete_topic(self, topic: str) -> None:
         with _unavailable(f"deleting topic {topic}"), _transaction(self._conn()) as conn:
             ids = [i for i, in conn.execute("SELECT id FROM partitions WHERE topic = ?", (topic,))]

@@ -192,6 +192,13 @@ class KafkaLog(Log):
         finally:
             self._admin.poll(0)
 
+    def delete_retention_ms(self, topic: str) -> int | None:
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        with self._request(f"reading the configs of topic {topic}") as admin:
+            configs = admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(self.timeout)
+        entry = configs.get("delete.retention.ms")
+        return int(entry.value) if entry is not None and entry.value is not None else None
+
     def delete_topic(self, topic: str) -> None:
         with self._request(f"deleting topic {topic}") as admin:
             future = admin.delete_topics([topic], operation_timeout=self.timeout)[topic]

@@ -25,6 +25,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=cmd_status)
 
+    bootstrap = subparsers.add_parser(
+        "bootstrap", help="fill a sink's store from the compacted topics (offset 0), then follow them")
+    bootstrap.add_argument("file")
+    bootstrap.add_argument("sink")
+    bootstrap.add_argument("--no-follow", action="store_true", help="exit once caught up with the topics' ends")
+    bootstrap.set_defaults(handler=cmd_bootstrap)
+
+    rebuild = subparsers.add_parser(
+        "rebuild", help="build a sink's store again into a new generation, then switch readers to it")
+    rebuild.add_argument("file")
+    rebuild.add_argument("sink")
+    rebuild.set_defaults(handler=cmd_rebuild)
+
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
     tail.add_argument("file")
     tail.add_argument("topic")
@@ -35,8 +48,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     tail.set_defaults(handler=cmd_tail)
 
 
-def _source_names(config, only: list[str] | None) -> list[str]:
-    names = [s.name for s in config.sources]
+def _connector_names(config, only: list[str] | None) -> list[str]:
+    names = [s.name for s in config.sources] + [s.name for s in config.sinks]
     if only:
         unknown = sorted(set(only) - set(names))
         if unknown:
@@ -51,12 +64,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cdc.runtime.supervisor import Supervisor
 
     config = load_config(args.file)
-    names = _source_names(config, args.only)
+    names = _connector_names(config, args.only)
     if not names:
-        print("nothing to run: the file declares no sources", file=sys.stderr)
+        print("nothing to run: the file declares no sources or sinks", file=sys.stderr)
         return 2
     level = logging.getLogger().level
-    return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level).run()
+    kinds = {s.name: "sink" for s in config.sinks}
+    return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds).run()
 
 
 def _daemon_status(http: str | None) -> list[dict] | None:
@@ -165,4 +179,77 @@ def cmd_tail(args: argparse.Namespace) -> int:
     finally:
         reader.close()
         log_.close()
+    return 0
+
+
+def _sink_runner(config, name: str, progress=None):
+    from cdc.log.open import open_log
+    from cdc.plugins import sink_plugin
+    from cdc.runtime.sink_runner import SinkRunner
+
+    sinks = {s.name: s for s in config.sinks}
+    if name not in sinks:
+        raise ConfigError(f"no sink named {name!r}; the file declares: {', '.join(sinks) or 'no sinks'}")
+    sink_config = sinks[name]
+    return SinkRunner(sink_plugin(sink_config.type)(sink_config), open_log(config.log),
+                      config.log.topic_prefix, progress=progress)
+
+
+def _refuse_if_daemon_runs(config, name: str) -> None:
+    live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    if name in live and live[name].get("phase") not in (None, "stopped", "failed", "finished"):
+        raise ConfigError(f"the daemon at {config.http} runs sink {name}: stop it there first "
+                          f"(cdc run FILE --only <the others>), then run this again")
+
+
+def _interruptible():
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    import time
+
+    from cdc.config import load_config
+    from cdc.runtime.sink_runner import ProgressBar
+
+    config = load_config(args.file)
+    _refuse_if_daemon_runs(config, args.sink)
+    runner = _sink_runner(config, args.sink, progress=ProgressBar(f"bootstrap {args.sink}"))
+    topics = runner.matching_topics()
+    retention = min((r for r in (runner.log.delete_retention_ms(t) for t in topics) if r is not None),
+                    default=None)
+    stop = _interruptible()
+    began = time.monotonic()
+    runner.run(stop, from_start=True, until_caught_up=True)
+    elapsed_ms = (time.monotonic() - began) * 1000
+    print(f"bootstrap of {args.sink}: {runner.stats.events:,} events from {len(topics)} topics "
+          f"in {elapsed_ms / 1000:.1f}s", file=sys.stderr)
+    if retention is not None and elapsed_ms > retention:
+        print(f"warning: the scan took {elapsed_ms / 1000:.0f}s, longer than the topics' delete.retention.ms "
+              f"({retention / 1000:.0f}s): a delete whose tombstone was compacted away during the scan may "
+              "have been missed. Run the bootstrap again (it is idempotent), or raise delete.retention.ms.",
+              file=sys.stderr)
+    if args.no_follow or stop.is_set():
+        return 0
+    print(f"caught up; following the topics (Ctrl-C to stop)", file=sys.stderr)
+    runner = _sink_runner(config, args.sink)
+    runner.run(stop)
+    return 0
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from cdc.config import load_config
+    from cdc.runtime.sink_runner import ProgressBar
+
+    config = load_config(args.file)
+    _refuse_if_daemon_runs(config, args.sink)
+    runner = _sink_runner(config, args.sink, progress=ProgressBar(f"rebuild {args.sink}"))
+    runner.rebuild(_interruptible())
+    print(f"rebuilt {args.sink}: readers now see generation {runner.sink.current_generation()}", file=sys.stderr)
     return 0

@@ -45,13 +45,14 @@ class Worker:
 
 class Supervisor:
     def __init__(self, config_path: str, names: list[str], *, http: str | None = None,
-                 grace: float = 20.0, level: int = logging.INFO) -> None:
+                 grace: float = 20.0, level: int = logging.INFO, kinds: dict[str, str] | None = None) -> None:
         self.config_path = config_path
         self.grace = grace
         self.level = level
         self.http = http
         self.lock = threading.Lock()
-        self.workers = {n: Worker(n, ConnectorStats(n, "source")) for n in names}
+        kinds = kinds or {}
+        self.workers = {n: Worker(n, ConnectorStats(n, kinds.get(n, "source"))) for n in names}
         self.stopping = threading.Event()
         self._ctx = multiprocessing.get_context("spawn")
 
@@ -81,6 +82,7 @@ class Supervisor:
         try:
             while conn is not None and conn.poll():
                 stats = ConnectorStats(**conn.recv())
+                stats.kind = worker.stats.kind
                 stats.restarts = worker.stats.restarts
                 stats.errors += worker.base_errors
                 with self.lock:

@@ -26,12 +26,18 @@ log = logging.getLogger(__name__)
 
 
 def build_runner(config, name: str, report=None):
-    """The SourceRunner for source ``name`` of ``config``, resumed from its stored position."""
+    """The runner for connector ``name`` of ``config``: a SourceRunner resumed from its stored
+    position, or a SinkRunner resumed from its group's committed offsets."""
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
-    from cdc.plugins import source_plugin
+    from cdc.plugins import sink_plugin, source_plugin
     from cdc.runtime.runner import SourceRunner
+    from cdc.runtime.sink_runner import SinkRunner
 
+    sinks = [s for s in config.sinks if s.name == name]
+    if sinks:
+        sink = sink_plugin(sinks[0].type)(sinks[0])
+        return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
     plugin = source_plugin(source_config.type)
     log_ = open_log(config.log)
@@ -46,7 +52,7 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
     from cdc.config import load_config
     from cdc.runtime.stats import ConnectorStats
 
-    stats = ConnectorStats(name, "source")
+    stats = ConnectorStats(name, "source")  # the supervisor knows the real kind
     try:
         runner = build_runner(load_config(config_path), name, report)
         stats = runner.stats

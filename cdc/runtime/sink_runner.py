@@ -1,0 +1,327 @@
+"""Drive one sink: consume its topics, write batches, commit offsets only after the write.
+
+Correctness rests on three rules:
+
+1. ``sink.write(batch)`` returns only once the batch is durable in the store; only then are the
+   group's offsets committed. A crash in between replays the batch: sinks are idempotent and
+   version-guarded, so a replay never regresses a key.
+2. A ``RetriableError`` retries the *same* batch after a backoff (0.5 s doubling to 30 s): the
+   offsets stay where they are, so nothing is skipped. The reader does not advance meanwhile:
+   that is the backpressure.
+3. Any other error splits the batch in halves until the event that fails alone is found: that
+   poison event goes to the dead-letter topic with the reason (``on_poison: dead_letter``), or
+   stops the sink (``stop``). The events around it are written.
+
+A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequired``) writes a new
+generation of the store from offset 0 while readers keep seeing the current one, and switches
+readers once the new one has caught up with the topics' ends as of the start of the rebuild.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import sys
+import threading
+import time
+from typing import Callable
+
+import orjson
+
+from cdc.api import Sink
+from cdc.errors import CdcError, PermanentError, RebuildRequired
+from cdc.log.base import Log, LogRecord, TopicPartition, TopicSettings
+from cdc.runtime.stats import ConnectorStats
+from cdc.serde import Record, schema_changes_topic
+from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
+TOPIC_REFRESH_S = 5.0
+
+
+class SinkRunner:
+    """One thread; ``stop_event`` may be set from anywhere."""
+
+    def __init__(self, sink: Sink, log_: Log, topic_prefix: str, *, group: str | None = None,
+                 stats: ConnectorStats | None = None, report: Callable[[ConnectorStats], None] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.sink = sink
+        self.log = log_
+        self.prefix = topic_prefix
+        self.config = sink.config
+        self.name = sink.config.name
+        self.group = group or self.name
+        self.stats = stats or ConnectorStats(self.name, "sink")
+        self.report = report or (lambda stats: None)
+        self.progress = progress
+        self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
+        self.positions: dict[TopicPartition, int] = {}
+        self._schemas: dict[str, dict] = {}
+        self._schemas_read_at = 0.0
+        self._dlq_writer = None
+        self._stop: threading.Event | None = None
+
+    def _extra(self) -> dict:
+        return {"connector": self.name, "phase": self.stats.phase}
+
+    # -- topics, schemas -------------------------------------------------------------------------
+    def matching_topics(self) -> list[str]:
+        internal = (".offsets", ".schema-changes")
+        return sorted(t for t in self.log.topics()
+                      if any(fnmatch.fnmatchcase(t, g) for g in self.config.topics)
+                      and not t.endswith(internal) and ".dead-letter." not in t)
+
+    def schema_for(self, topic: str) -> dict | None:
+        schema = self._schemas.get(topic)
+        if schema is None and time.monotonic() - self._schemas_read_at > 1.0:
+            self._read_schemas()
+            schema = self._schemas.get(topic)
+        return schema
+
+    def _read_schemas(self) -> None:
+        self._schemas_read_at = time.monotonic()
+        topic = schema_changes_topic(self.prefix)
+        if topic not in self.log.topics():
+            return
+        for record in self.log.read_all(topic):
+            if record.value is not None:
+                value = orjson.loads(record.value)
+                name = f"{self.prefix}.{value['schema'] or value['db']}.{value['table']}"
+                self._schemas[name] = value
+
+    def _assign(self, reader, topics: list[str], from_start: bool) -> None:
+        new = []
+        for topic in topics:
+            for tp in self.log.end_offsets(topic):
+                if tp not in self.positions:
+                    new.append(tp)
+        if not new and self.positions:
+            return
+        committed = {} if from_start else reader.committed(new)
+        for tp in new:
+            self.positions[tp] = committed.get(tp) or 0
+        reader.assign(dict(self.positions))
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _wait(self, seconds: float) -> bool:
+        """Sleep unless stopping; True when the runner should stop."""
+        return self._stop.wait(seconds) if self._stop is not None else (time.sleep(seconds) or False)
+
+    def _write(self, events: list[SinkEvent]) -> None:
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                self.sink.write(events)
+                return
+            except RebuildRequired:
+                raise
+            except CdcError as err:
+                if not err.retriable:
+                    break
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(err).__name__}: {err}"
+                log.warning("write failed (%s); retrying in %.1fs", err, backoff, extra=self._extra())
+                if self._wait(backoff):
+                    raise
+                backoff = min(backoff * 2, BACKOFF_MAX)
+            except Exception:  # noqa: BLE001 - not retriable: look for the poison event below
+                break
+        self._isolate(events)
+
+    def _isolate(self, events: list[SinkEvent]) -> None:
+        """Write ``events``, setting aside (or stopping at) each one that fails even alone."""
+        if len(events) > 1:
+            middle = len(events) // 2
+            for half in (events[:middle], events[middle:]):
+                try:
+                    self.sink.write(half)
+                except RebuildRequired:
+                    raise
+                except CdcError as err:
+                    if err.retriable:
+                        self._write(half)  # back to retrying
+                    else:
+                        self._isolate(half)
+                except Exception:  # noqa: BLE001
+                    self._isolate(half)
+            return
+        [event] = events
+        try:
+            self.sink.write([event])
+        except RebuildRequired:
+            raise
+        except Exception as err:  # noqa: BLE001 - this one is the poison
+            self._poison(event.topic, event.partition, event.offset, f"{type(err).__name__}: {err}")
+
+    def _poison(self, topic: str, partition: int, offset: int, reason: str,
+                record: LogRecord | None = None) -> None:
+        where = f"{topic}[{partition}]@{offset}"
+        self.stats.errors += 1
+        self.stats.last_error = f"poison event at {where}: {reason}"
+        if self.config.on_poison == "stop":
+            raise PermanentError(f"sink {self.name}: the event at {where} fails even alone: {reason}")
+        log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
+                  extra=self._extra())
+        if self._dlq_writer is None:
+            self.log.ensure_topic(self.dead_letter_topic, TopicSettings(partitions=1))
+            self._dlq_writer = self.log.writer()
+        if record is None:
+            record = self._fetch(topic, partition, offset)
+        value = orjson.dumps({"topic": topic, "partition": partition, "offset": offset, "reason": reason,
+                              "sink": self.name, "value": None if record is None or record.value is None
+                              else record.value.decode("utf-8", "replace")})
+        self._dlq_writer.publish([Record(self.dead_letter_topic, record.key if record and record.key else b"{}",
+                                         value)])
+        self._dlq_writer.flush(30)
+
+    def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
+        reader = self.log.reader()
+        try:
+            reader.assign({(topic, partition): offset})
+            for record in reader.poll(1, 5.0):
+                if record.offset == offset:
+                    return record
+        finally:
+            reader.close()
+        return None
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _batch(self, reader) -> tuple[list[SinkEvent], dict[TopicPartition, int]]:
+        records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
+        events: list[SinkEvent] = []
+        ends: dict[TopicPartition, int] = {}
+        for record in records:
+            ends[(record.topic, record.partition)] = record.offset + 1
+            try:
+                events.append(decode_record(record))
+            except PoisonRecord as err:
+                self._poison(record.topic, record.partition, record.offset, str(err), record)
+        return events, ends
+
+    def _step(self, reader) -> int:
+        events, ends = self._batch(reader)
+        if events:
+            self._write(events)
+        if ends:
+            reader.commit(ends)
+            self.positions.update(ends)
+            self.stats.events += len(events)
+        return len(events) + len(ends)
+
+    def run(self, stop_event: threading.Event, *, from_start: bool = False,
+            until_caught_up: bool = False) -> None:
+        """Consume until ``stop_event``; ``from_start`` reads from offset 0 (a bootstrap);
+        ``until_caught_up`` returns once the topics' ends as of the start are written."""
+        self._stop = stop_event
+        self.sink.schema_for = self.schema_for
+        self.sink.start()
+        reader = self.log.reader(self.group)
+        try:
+            self.stats.phase = "streaming"
+            self.report(self.stats)
+            self._assign(reader, self.matching_topics(), from_start)
+            targets = self._ends() if until_caught_up else None
+            refreshed = last_report = time.monotonic()
+            while not stop_event.is_set():
+                try:
+                    self._step(reader)
+                except RebuildRequired as err:
+                    log.warning("%s: rebuilding the store", err, extra=self._extra())
+                    self._rebuild(reader, stop_event)
+                now = time.monotonic()
+                if now - refreshed > TOPIC_REFRESH_S:
+                    self._assign(reader, self.matching_topics(), from_start)
+                    refreshed = now
+                if targets is not None:
+                    done = sum(min(self.positions.get(tp, 0), end) for tp, end in targets.items())
+                    if self.progress:
+                        self.progress(done, sum(targets.values()))
+                    if all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
+                        break
+                if now - last_report > 1.0:
+                    self.stats.lag_seconds = None
+                    self.report(self.stats)
+                    last_report = now
+            self.stats.phase = "stopped"
+        finally:
+            reader.close()
+            self.sink.stop()
+            if self._dlq_writer is not None:
+                self._dlq_writer.close()
+            self.report(self.stats)
+
+    def _ends(self) -> dict[TopicPartition, int]:
+        ends: dict[TopicPartition, int] = {}
+        for topic in self.matching_topics():
+            ends.update(self.log.end_offsets(topic))
+        return ends
+
+    # -- rebuilds --------------------------------------------------------------------------------
+    def _rebuild(self, reader, stop_event: threading.Event) -> None:
+        """A new generation from offset 0; readers switch to it once it has caught up."""
+        sink = self.sink
+        old = sink.current_generation()
+        new = old + 1
+        self.stats.phase = "rebuilding"
+        self.report(self.stats)
+        sink.open_generation(new)
+        targets = self._ends()
+        self.positions = {tp: 0 for tp in targets}
+        reader.assign(dict(self.positions))
+        began = time.monotonic()
+        while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
+            if stop_event.is_set():
+                raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
+                                     f"incomplete and readers still see {old}; start again to redo it")
+            events, ends = self._batch(reader)
+            if events:
+                self._write(events)
+            self.positions.update(ends)
+            if self.progress:
+                self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
+                              sum(targets.values()))
+        sink.switch_generation(new)
+        reader.commit(dict(self.positions))
+        sink.drop_generation(old)
+        self.stats.phase = "streaming"
+        log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
+                 time.monotonic() - began, old, extra=self._extra())
+
+    def rebuild(self, stop_event: threading.Event) -> None:
+        """The foreground rebuild of ``cdc rebuild``."""
+        self._stop = stop_event
+        self.sink.schema_for = self.schema_for
+        self.sink.start()
+        reader = self.log.reader(self.group)
+        try:
+            self._rebuild(reader, stop_event)
+        finally:
+            reader.close()
+            self.sink.stop()
+
+
+class ProgressBar:
+    """``[#####.....]  45%  123,456/270,000 records  34,567/s`` on a terminal; a line every 5 s elsewhere."""
+
+    def __init__(self, label: str, stream=sys.stderr) -> None:
+        self.label = label
+        self.stream = stream
+        self.began = time.monotonic()
+        self.shown = 0.0
+        self.tty = stream.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < (0.2 if self.tty else 5.0) and done < total:
+            return
+        self.shown = now
+        fraction = done / total if total else 1.0
+        rate = done / max(now - self.began, 1e-6)
+        bar = "#" * int(fraction * 30)
+        text = f"{self.label} [{bar:<30}] {fraction:4.0%} {done:,}/{total:,} records {rate:,.0f}/s"
+        self.stream.write(("\r" + text) if self.tty else text + "\n")
+        if self.tty and done >= total:
+            self.stream.write("\n")
+        self.stream.flush()

@@ -1,0 +1,75 @@
+"""What a sink receives: records of the log, decoded once by the sink runtime.
+
+``SinkEvent`` is the envelope of one record, or a tombstone (``op is None``). Sinks write
+idempotently and never regress a key (see ARCHITECTURE.md, "Version"):
+
+* an upsert (``r c u``) applies only if the store holds no newer ``version`` for the key, and no
+  delete of the key with a newer version (deletes are remembered, so a late older insert cannot
+  resurrect a key);
+* a delete (``d``) removes the row if its version is older, and remembers the delete's version;
+* a truncate (``t``) clears the table of rows older than its version and sets a table-wide
+  watermark: anything older than it is ignored afterwards;
+* a tombstone carries no version: it only says the key's latest record is a delete, so a sink
+  deletes the key if it still has it (replaying a compacted topic from the start, where the delete
+  record itself may be gone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from cdc.events import Op
+
+
+@dataclass(frozen=True, slots=True)
+class SinkEvent:
+    topic: str
+    partition: int
+    offset: int
+    key: dict[str, Any]
+    op: Op | None                 # None: a tombstone
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    version: int | None           # None only for tombstones
+    source: dict[str, Any]        # the envelope's source block ({} for tombstones)
+    ts_ms: int | None = None
+
+    @property
+    def table(self) -> str:
+        """The source table's name (the last part of the topic)."""
+        return self.source.get("table") or self.topic.rsplit(".", 1)[-1]
+
+    @property
+    def key_json(self) -> bytes:
+        return orjson.dumps(self.key)
+
+
+class PoisonRecord(ValueError):
+    """A record that cannot be decoded at all (not JSON, no envelope)."""
+
+
+_OPS = {op.value: op for op in Op}
+
+
+def decode_record(record) -> SinkEvent:
+    """A LogRecord -> SinkEvent; ``PoisonRecord`` says what is wrong with it."""
+    try:
+        key = orjson.loads(record.key) if record.key is not None else {}
+    except orjson.JSONDecodeError as err:
+        raise PoisonRecord(f"the key is not JSON: {err}") from err
+    if record.value is None:
+        return SinkEvent(record.topic, record.partition, record.offset, key, None, None, None, None, {})
+    try:
+        value = orjson.loads(record.value)
+        op = _OPS[value["op"]]
+        source = value.get("source") or {}
+        version = source["version"]
+        if not isinstance(version, int):
+            raise TypeError(f"source.version is {type(version).__name__}, not an integer")
+        return SinkEvent(record.topic, record.partition, record.offset, key, op, value.get("before"),
+                         value.get("after"), version, source, value.get("ts_ms"))
+    except (orjson.JSONDecodeError, KeyError, TypeError) as err:
+        raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err
