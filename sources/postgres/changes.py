@@ -23,9 +23,11 @@ import orjson
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId, TransactionInfo
 from sources.postgres import pgoutput as pg
 from sources.postgres.catalog import TableMeta
-from sources.postgres.toast import MIN_TOASTABLE_CHARS, ToastStore
+from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 
 log = logging.getLogger(__name__)
+
+UNCHANGED = pg.UNCHANGED_TOAST
 
 
 @dataclass(slots=True)
@@ -38,6 +40,7 @@ class Relation:
     key_index: tuple[int, ...]
     key_names: tuple[str, ...]
     type_names: tuple[str, ...]
+    toastable: tuple[int, ...]     # indexes of the columns whose values may be stored out of line
 
 
 class ChangeBuilder:
@@ -57,7 +60,7 @@ class ChangeBuilder:
         self.xid: int | None = None
         self.commit_ms = 0
         self.order = 0
-        self.table_order: dict[TableId, int] = {}
+        self.table_order: dict[int, int] = {}  # relation oid -> events of it in this transaction
 
     # -- relations -----------------------------------------------------------------------------
     def on_relation(self, message: pg.Relation, lsn: int) -> None:
@@ -73,7 +76,8 @@ class ChangeBuilder:
             message.oid, meta.id, f"{meta.id.schema}.{meta.id.table}", names,
             tuple(self.converters_for([c.type_oid for c in message.columns])),
             tuple(names.index(k) for k in meta.key), meta.key,
-            tuple(self.type_name(c.type_oid, c.type_modifier) for c in message.columns))
+            tuple(self.type_name(c.type_oid, c.type_modifier) for c in message.columns),
+            tuple(i for i, c in enumerate(message.columns) if c.type_oid not in FIXED_WIDTH_TYPES))
         previous = self.relations.get(message.oid)
         if previous is None or previous.names != relation.names or previous.type_names != relation.type_names:
             self.schema_changes.append(SchemaChange(
@@ -88,6 +92,7 @@ class ChangeBuilder:
     # -- transactions ----------------------------------------------------------------------------
     def begin(self, xid: int, commit_time_us: int) -> None:
         self.xid = xid
+        self.xid_text = str(xid)
         self.commit_ms = pg.pg_time_to_unix_ms(commit_time_us)
         self.order = 0
         self.table_order = {}
@@ -95,16 +100,19 @@ class ChangeBuilder:
     def end(self) -> None:
         self.xid = None
 
-    def _tx(self, table: TableId) -> TransactionInfo | None:
+    def _tx(self, rel: Relation) -> TransactionInfo | None:
         if self.xid is None:
             return None
         self.order += 1
-        n = self.table_order[table] = self.table_order.get(table, 0) + 1
-        return TransactionInfo(str(self.xid), self.order, n)
+        n = self.table_order[rel.oid] = self.table_order.get(rel.oid, 0) + 1
+        return tuple.__new__(TransactionInfo, (self.xid_text, self.order, n))
 
     # -- rows ------------------------------------------------------------------------------------
     def _row(self, rel: Relation, values: tuple, old: dict[str, Any] | None,
              key_json: bytes | None, unavailable: list[str]) -> dict[str, Any]:
+        if UNCHANGED not in values:  # the common case, in one comprehension
+            return {name: None if value is None else convert(value)
+                    for name, convert, value in zip(rel.names, rel.converters, values)}
         row: dict[str, Any] = {}
         for name, convert, value in zip(rel.names, rel.converters, values):
             if value is None:
@@ -123,10 +131,13 @@ class ChangeBuilder:
                 row[name] = convert(value)
         return row
 
-    def _remember_toastable(self, rel: Relation, key_json: bytes, values: tuple) -> None:
-        for name, value in zip(rel.names, values):
+    def _remember_toastable(self, rel: Relation, key_json: bytes | None, values: tuple) -> None:
+        for i in rel.toastable:
+            value = values[i]
             if type(value) is str and len(value) >= MIN_TOASTABLE_CHARS:
-                self.toast.remember(rel.qualified, key_json, name, value)
+                if key_json is None:
+                    key_json = orjson.dumps(self._key(rel, values))
+                self.toast.remember(rel.qualified, key_json, rel.names[i], value)
 
     def _key(self, rel: Relation, values: tuple) -> dict[str, Any]:
         return {name: rel.converters[i](values[i]) if values[i] is not None else None
@@ -144,12 +155,11 @@ class ChangeBuilder:
             return []
         new = message.new
         key = self._key(rel, new)
-        key_json = orjson.dumps(key)
-        self._remember_toastable(rel, key_json, new)
-        unavailable: list[str] = []
-        after = self._row(rel, new, None, key_json, unavailable)
+        self._remember_toastable(rel, None, new)
+        unavailable: list[str] = []  # an insert sends every value: nothing is left unchanged
+        after = self._row(rel, new, None, None, unavailable)
         return [ChangeEvent(Op.CREATE, rel.table, key, None, after, lsn, self.commit_ms,
-                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel.table))]
+                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel))]
 
     def update(self, message: pg.Update, lsn: int) -> list[ChangeEvent]:
         rel = self.relations.get(message.relation_oid)
@@ -181,14 +191,14 @@ class ChangeBuilder:
             source = self._source(lsn)
             return [
                 ChangeEvent(Op.DELETE, rel.table, old_key, before or dict(old_key), None, lsn, self.commit_ms,
-                            source_fields=source, transaction=self._tx(rel.table)),
+                            source_fields=source, transaction=self._tx(rel)),
                 ChangeEvent(Op.CREATE, rel.table, key, None, after, lsn, self.commit_ms,
-                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel.table)),
+                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel)),
             ]
         after = self._row(rel, new, old_text, key_json, unavailable)
         self._remember_toastable(rel, key_json, new)
         return [ChangeEvent(Op.UPDATE, rel.table, key, before, after, lsn, self.commit_ms,
-                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel.table))]
+                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel))]
 
     def delete(self, message: pg.Delete, lsn: int) -> list[ChangeEvent]:
         rel = self.relations.get(message.relation_oid)
@@ -202,7 +212,7 @@ class ChangeBuilder:
             before = dict(key)
         self.toast.forget_key(rel.qualified, orjson.dumps(key), list(rel.names))
         return [ChangeEvent(Op.DELETE, rel.table, key, before, None, lsn, self.commit_ms,
-                            source_fields=self._source(lsn), transaction=self._tx(rel.table))]
+                            source_fields=self._source(lsn), transaction=self._tx(rel))]
 
     def truncate(self, message: pg.Truncate, lsn: int) -> list[ChangeEvent]:
         events = []
@@ -212,5 +222,5 @@ class ChangeBuilder:
                 continue
             self.toast.forget_table(rel.qualified)
             events.append(ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,
-                                      source_fields=self._source(lsn), transaction=self._tx(rel.table)))
+                                      source_fields=self._source(lsn), transaction=self._tx(rel)))
         return events

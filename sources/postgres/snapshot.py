@@ -26,7 +26,7 @@ import psycopg2
 from cdc.events import ChangeEvent, Op, SnapshotMarker
 from sources.postgres.catalog import TableMeta
 from sources.postgres.errors import wrap
-from sources.postgres.toast import MIN_TOASTABLE_CHARS, ToastStore
+from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 from sources.postgres.types import parse_copy_text_line
 
 log = logging.getLogger(__name__)
@@ -143,17 +143,19 @@ class SnapshotRows:
         qualified = f"{table_id.schema}.{table_id.table}"
         source = {"txId": None, "lsn": version}
         toastable = []
+        may_be_toasted = [i for i, c in enumerate(table.columns) if c.type_oid not in FIXED_WIDTH_TYPES]
+        new, read, marker = tuple.__new__, Op.READ, SnapshotMarker.TRUE
 
         def build(values: list[Any]) -> ChangeEvent:
             key = {name: converters[i](values[i]) if values[i] is not None else None
                    for name, i in zip(key_names, key_index)}
             after = {name: convert(value) if value is not None else None
                      for name, convert, value in zip(names, converters, values)}
-            for name, value in zip(names, values):
+            for i in may_be_toasted:
+                value = values[i]
                 if value is not None and len(value) >= MIN_TOASTABLE_CHARS:
-                    toastable.append((orjson.dumps(key), name, value))
-            return ChangeEvent(Op.READ, table_id, key, None, after, version, ts_ms,
-                               SnapshotMarker.TRUE, source)
+                    toastable.append((orjson.dumps(key), names[i], value))
+            return new(ChangeEvent, (read, table_id, key, None, after, version, ts_ms, marker, source, None))
 
         def emit_with_toast(events: list) -> None:
             # The store is the source thread's: hand the values over with the batch.

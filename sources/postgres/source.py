@@ -20,7 +20,6 @@ readers are threads of their own (snapshot/parallel.py).
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 import logging
 import struct
@@ -272,7 +271,7 @@ class PostgresSource(Source):
         self.snapshot = None
         events = []
         if self._held is not None:
-            events.append(dataclasses.replace(self._held, snapshot=SnapshotMarker.LAST))
+            events.append(self._held._replace(snapshot=SnapshotMarker.LAST))
             self._held = None
         log.info("snapshot done: %d rows; streaming from %s", self._snapshot_rows, self.consistent,
                  extra={"connector": self.cfg.name, "phase": "snapshot"})

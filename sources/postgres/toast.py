@@ -25,6 +25,11 @@ from pathlib import Path
 # counting characters, a quarter of it is a safe floor for multi-byte text).
 MIN_TOASTABLE_CHARS = 500
 
+# Types whose values have a fixed, small length: never stored out of line, never remembered.
+FIXED_WIDTH_TYPES = frozenset({
+    16, 18, 20, 21, 23, 26, 28, 29, 700, 701, 790, 829, 774, 1082, 1083, 1114, 1184, 1186, 1266, 2950, 3220,
+})
+
 
 class ToastStore:
     """Used from the source's thread only."""
@@ -37,19 +42,29 @@ class ToastStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS toast (tbl TEXT, key BLOB, col TEXT, value TEXT, "
                          "PRIMARY KEY (tbl, key, col)) WITHOUT ROWID")
         self._pending: dict[tuple[str, bytes, str], str | None] = {}
+        # Tables that have (or had) a value stored: for the others there is nothing to forget, so
+        # deletes of rows without large values cost nothing.
+        self._tables = {t for t, in self._db.execute("SELECT DISTINCT tbl FROM toast")}
 
     def remember(self, table: str, key: bytes, column: str, value: str) -> None:
+        self._tables.add(table)
         self._pending[(table, key, column)] = value
 
     def forget_key(self, table: str, key: bytes, columns: list[str]) -> None:
+        if table not in self._tables:
+            return
         for column in columns:
             self._pending[(table, key, column)] = None
 
     def forget_table(self, table: str) -> None:
+        if table not in self._tables:
+            return
         self.flush()
         self._db.execute("DELETE FROM toast WHERE tbl = ?", (table,))
 
     def recall(self, table: str, key: bytes, column: str) -> str | None:
+        if table not in self._tables:
+            return None
         entry = (table, key, column)
         if entry in self._pending:
             return self._pending[entry]

@@ -13,7 +13,7 @@ def _event(op=Op.CREATE, **kw):
                 version=23456789, ts_ms=1732200000000,
                 source_fields={"txId": 5123, "lsn": 23456789})
     base.update(kw)
-    return ChangeEvent(**base)
+    return ChangeEvent(**base).check()
 
 
 def test_events_are_immutable_and_slotted():

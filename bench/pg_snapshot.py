@@ -1,0 +1,175 @@
+"""Snapshot throughput: a PostgreSQL table read by the source's snapshot into Kafka, beside COPY.
+
+    .venv/bin/cdc dev up --only postgres,kafka
+    .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2] [--chunk-pages 2048]
+                                          [--profile snapshot.prof]
+
+Steps, in one run on this machine:
+  1. a fresh database with an ``orders`` table of ``--rows`` rows (the columns of bench.pg_stream:
+     bigint key, int, text, numeric(10,2), two timestamptz, a mostly-NULL text note), vacuumed so
+     no reader pays for hint bits, and read once so every reader finds it in memory.
+  2. baseline: ``COPY (SELECT * FROM orders) TO STDOUT`` through psycopg2 ``copy_expert`` into a
+     sink that drops the bytes, on a connection with the source's session settings: the ceiling of
+     reading the table through this driver (one connection, no parsing).
+  3. ours, once per ``--workers`` count: a PostgresSource with ``snapshot: initial_only`` and that
+     many ``snapshot_workers`` (chunks of ``snapshot_chunk_pages``, the default unless given) in a
+     SourceRunner (this process, on a thread, as a worker runs it) into KafkaLog (acks=all), timed
+     from its start (the slot with its exported snapshot included) until it finishes: every row
+     acknowledged by Kafka and the position stored.
+Then slots, topics and the database are dropped. Target: ours >= 150,000 rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import shutil
+import tempfile
+import time
+import uuid
+
+import psycopg2
+
+from bench.pg_stream import (ORDERS_DDL, ORDERS_INSERT, RunnerThread, delete_topics, drop_slots, execute,
+                             fresh_database, max_rss_mb, print_profile, source_config, stack_settings)
+
+TARGET = 150_000
+
+
+class NullSink:
+    """A file for copy_expert that keeps nothing."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.bytes += len(data)
+        return len(data)
+
+
+def make_table(dsn: str, rows: int, step: int = 500_000) -> float:
+    began = time.perf_counter()
+    execute(dsn, ORDERS_DDL)
+    for first in range(1, rows + 1, step):
+        execute(dsn, ORDERS_INSERT, params=(first, min(rows, first + step - 1)))
+    execute(dsn, "VACUUM (FREEZE, ANALYZE) orders")
+    return time.perf_counter() - began
+
+
+def run_copy(dsn: str) -> tuple[float, int]:
+    from sources.postgres.types import session_options
+
+    conn = psycopg2.connect(dsn, options=session_options())
+    try:
+        sink = NullSink()
+        began = time.perf_counter()
+        with conn.cursor() as cur:
+            cur.copy_expert("COPY (SELECT * FROM orders) TO STDOUT", sink, size=1 << 20)
+        elapsed = time.perf_counter() - began
+        conn.rollback()
+    finally:
+        conn.close()
+    return elapsed, sink.bytes
+
+
+def run_ours(config, kafka, prefix: str, partitions: int, profile: cProfile.Profile | None,
+             timeout: float) -> tuple[float, object]:
+    from cdc.log.base import TopicSettings
+    from cdc.offsets import OffsetStore
+    from cdc.runtime.runner import SourceRunner
+    from sources.postgres.source import PostgresSource
+
+    offsets = OffsetStore(kafka, prefix)
+    source = PostgresSource(config, offsets.load(config.name))
+    runner = SourceRunner(source, kafka, offsets, prefix, TopicSettings(partitions=partitions))
+    capture = RunnerThread(runner, profile)
+    began = time.perf_counter()
+    capture.start()
+    try:
+        capture.thread.join(timeout)
+        elapsed = time.perf_counter() - began
+        if capture.thread.is_alive():
+            raise RuntimeError(f"the snapshot did not finish within {timeout:g}s ({runner.stats.events} events)")
+        capture.check()
+        if runner.stats.phase != "finished":
+            raise RuntimeError(f"the capture ended in phase {runner.stats.phase}, not finished")
+    finally:
+        capture.stop()
+        offsets.close()
+    return elapsed, runner.stats
+
+
+def line(label: str, rows: int, seconds: float, nbytes: int, baseline: float | None = None) -> str:
+    rate = rows / seconds
+    text = f"{label:<22} {rate:>10,.0f} rows/s {nbytes / seconds / 1e6:>7.1f} MB/s  ({seconds:.2f}s)"
+    if baseline:
+        text += f"  = {rate / baseline:.0%} of COPY"
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--workers", default="1,2", help="snapshot_workers counts to run, comma-separated")
+    parser.add_argument("--chunk-pages", type=int, default=None,
+                        help="snapshot_chunk_pages (default: the source's default)")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
+    parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
+                        help="run the runner thread under cProfile (not the reader threads); top 15 by own time")
+    args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+
+    from cdc.log.base import TopicSettings
+    from cdc.log.kafka import KafkaLog
+    from sources.postgres.config import PostgresConfig
+
+    settings = stack_settings()
+    run_id = uuid.uuid4().hex[:8]
+    database = f"bench_snapshot_{run_id}"
+    state_dir = tempfile.mkdtemp(prefix="bench-pg-snapshot-")
+    kafka = KafkaLog(settings["KAFKA_BOOTSTRAP"], TopicSettings(partitions=args.partitions))
+    prefixes = []
+    try:
+        with fresh_database(settings["PG_DSN"], database) as dsn:
+            made = make_table(dsn, args.rows)
+            pages, size = execute(dsn, "SELECT pg_relation_size('orders') / 8192, "
+                                       "pg_size_pretty(pg_relation_size('orders'))")[0]
+            run_copy(dsn)  # once to warm the cache, not measured
+            seconds, nbytes = run_copy(dsn)
+            copy_rate = args.rows / seconds
+            print(f"orders: {args.rows:,} rows, {size} ({pages:,} pages), made in {made:.1f}s; "
+                  f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions")
+            print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
+            for count in workers:
+                name = f"bench_snap_{run_id}_w{count}"
+                prefix = f"bench_{run_id}_w{count}"
+                prefixes.append(prefix)
+                overrides = dict(snapshot="initial_only", snapshot_workers=count)
+                if args.chunk_pages:
+                    overrides["snapshot_chunk_pages"] = args.chunk_pages
+                config = source_config(dsn, name, f"{state_dir}/{count}", **overrides)
+                profile = cProfile.Profile() if args.profile is not None else None
+                seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
+                label = f"ours, {count} worker{'s' if count > 1 else ''}" + (" (prof)" if profile else "")
+                rate = args.rows / seconds
+                print(line(label, args.rows, seconds, stats.bytes, copy_rate)
+                      + ("" if profile or rate >= TARGET else f"  BELOW the {TARGET:,} rows/s target")
+                      + f"  peak RSS {max_rss_mb():.0f} MB")
+                if stats.events != args.rows:
+                    print(f"WARNING: {stats.events:,} events for {args.rows:,} rows")
+                if profile is not None:
+                    print_profile(profile, f"{args.profile}.w{count}" if args.profile else None)
+                drop_slots(settings["PG_DSN"], database)  # initial_only leaves its slot behind
+                delete_topics(kafka, prefix)
+            chunk_pages = args.chunk_pages or PostgresConfig.model_fields["snapshot_chunk_pages"].default
+            print(f"chunks of {chunk_pages} pages: {-(-pages // chunk_pages)} chunks")
+    finally:
+        for prefix in prefixes:
+            delete_topics(kafka, prefix)
+        kafka.close()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
