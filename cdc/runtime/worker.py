@@ -37,6 +37,8 @@ def build_runner(config, name: str, report=None):
     sinks = [s for s in config.sinks if s.name == name]
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
+        if getattr(sink, "runs_itself", False):  # e.g. a Spark job: it reads the topics itself
+            return SelfRunningSink(sink, report)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
     plugin = source_plugin(source_config.type)
@@ -45,6 +47,27 @@ def build_runner(config, name: str, report=None):
     offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
     source = plugin(source_config, offsets.load(name))
     return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report)
+
+
+class SelfRunningSink:
+    """A sink that consumes the topics with its own machinery (Spark Structured Streaming owns its
+    offsets in its checkpoint): the worker only starts it, reports, and stops it on request."""
+
+    def __init__(self, sink, report=None) -> None:
+        from cdc.runtime.stats import ConnectorStats
+
+        self.sink = sink
+        self.stats = ConnectorStats(sink.config.name, "sink")
+        self.report = report or (lambda stats: None)
+
+    def run(self, stop: threading.Event) -> None:
+        self.stats.phase = "streaming"
+        self.report(self.stats)
+        try:
+            self.sink.run(stop)
+        finally:
+            self.stats.phase = "stopped"
+            self.report(self.stats)
 
 
 def run_connector(config_path: str, name: str, stop: threading.Event, report=None) -> int:
