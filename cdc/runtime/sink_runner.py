@@ -29,7 +29,7 @@ from typing import Callable
 import orjson
 
 from cdc.api import Sink
-from cdc.errors import CdcError, PermanentError, RebuildRequired
+from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import Log, LogRecord, TopicPartition, TopicSettings
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import Record, schema_changes_topic
@@ -115,7 +115,7 @@ class SinkRunner:
             try:
                 self.sink.write(events)
                 return
-            except RebuildRequired:
+            except SchemaChangeError:  # not the event's fault: the whole table needs a decision
                 raise
             except CdcError as err:
                 if not err.retriable:
@@ -137,7 +137,7 @@ class SinkRunner:
             for half in (events[:middle], events[middle:]):
                 try:
                     self.sink.write(half)
-                except RebuildRequired:
+                except SchemaChangeError:
                     raise
                 except CdcError as err:
                     if err.retriable:
@@ -150,7 +150,7 @@ class SinkRunner:
         [event] = events
         try:
             self.sink.write([event])
-        except RebuildRequired:
+        except SchemaChangeError:
             raise
         except Exception as err:  # noqa: BLE001 - this one is the poison
             self._poison(event.topic, event.partition, event.offset, f"{type(err).__name__}: {err}")
@@ -227,7 +227,7 @@ class SinkRunner:
             while not stop_event.is_set():
                 try:
                     self._step(reader)
-                except RebuildRequired as err:
+                except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
                     log.warning("%s: rebuilding the store", err, extra=self._extra())
                     self._rebuild(reader, stop_event)
                 now = time.monotonic()

@@ -180,7 +180,7 @@ def test_every_problem_is_reported_at_once_with_its_line_and_path(tmp_path):
                                 "across sources and sinks"),
         (13, "sources[2].database", "environment variable SHOP_DB is not set "
                                     "(give a default with ${SHOP_DB:-value})"),
-        (15, "sinks[0].type", "unknown sink type 'generator'; installed: memory"),
+        (15, "sinks[0].type", f"unknown sink type 'generator'; installed: {installed_sinks('memory')}"),
         (16, "sinks[1].name", "duplicate name 'other': sources[1] has it too; names must be unique "
                               "across sources and sinks"),
         (17, "http", "port must be a number from 0 to 65535, got '99999'"),
@@ -329,6 +329,12 @@ def real_source_plugins() -> set[str]:
     from importlib.metadata import entry_points
 
     return {e.name for e in entry_points(group="cdc.sources")}
+
+
+def installed_sinks(*extra: str) -> str:
+    from importlib.metadata import entry_points
+
+    return ", ".join(sorted({*(e.name for e in entry_points(group="cdc.sinks")), *extra}))
 
 
 def installed_sources(*extra: str) -> str:

@@ -1,0 +1,121 @@
+"""Bootstrap throughput: a new SQL target filled from a compacted topic, beside COPY.
+
+    .venv/bin/cdc dev up --only postgres kafka
+    .venv/bin/python -m bench.bootstrap [--events 500000] [--keys 200000]
+
+Measures, in one run:
+  copy       COPY of the final rows (one per live key) into a plain PostgreSQL table: the floor
+             for loading that data.
+  bootstrap  what `cdc bootstrap` does: a SinkRunner reads the topic from offset 0 to its end
+             (Kafka, 3 partitions, every update and delete of the history still there, as before
+             compaction) and writes it through the SQL sink (version-guarded upserts) into a new
+             PostgreSQL database. Events/s over the whole history, and rows/s of the final table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import random
+import threading
+import time
+import uuid
+
+import psycopg2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--keys", type=int, default=200_000)
+    args = parser.parse_args()
+
+    from cdc.dev.stack import read_env
+    from cdc.events import ChangeEvent, Op, TableId
+    from cdc.log.base import TopicSettings
+    from cdc.log.kafka import KafkaLog
+    from cdc.positions import Counter
+    from cdc.runtime.sink_runner import SinkRunner
+    from cdc.serde import EnvelopeEncoder
+    from sinks.sql.config import SqlSinkConfig
+    from sinks.sql.sink import SqlSink
+
+    env = read_env()
+    run_id = uuid.uuid4().hex[:8]
+    prefix, database = f"bench_{run_id}", f"bench_{run_id}"
+    admin = psycopg2.connect(env["PG_DSN"])
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{database}"')
+    target = env["PG_DSN"].rsplit("/", 1)[0] + "/" + database
+    kafka = KafkaLog(env["KAFKA_BOOTSTRAP"])
+    table = TableId("shop", "public", "orders")
+    topic = table.topic(prefix)
+    try:
+        kafka.ensure_topic(topic, TopicSettings(partitions=3))
+        rng = random.Random(1)
+        final: dict[int, dict | None] = {}
+        encoder = EnvelopeEncoder("postgresql", "bench", prefix)
+        writer = kafka.writer()
+        batch = []
+        for i in range(args.events):
+            key = rng.randrange(args.keys)
+            if final.get(key) is not None and rng.random() < 0.1:
+                batch.append(ChangeEvent(Op.DELETE, table, {"id": key}, {"id": key}, None, i + 1, 0))
+                final[key] = None
+            else:
+                row = {"id": key, "customer_id": key % 5000, "status": rng.choice(["new", "paid", "shipped"]),
+                       "total": f"{rng.randrange(100_000) / 100:.2f}", "note": "x" * rng.randrange(0, 40)}
+                batch.append(ChangeEvent(Op.UPDATE if key in final else Op.CREATE, table, {"id": key}, None,
+                                         row, i + 1, 0))
+                final[key] = row
+            if len(batch) == 5000:
+                writer.publish(encoder.iter_encode(batch), None)
+                writer.poll()
+                batch = []
+        writer.publish(encoder.iter_encode(batch), Counter(1))
+        writer.flush(120)
+        writer.close()
+        rows = [r for r in final.values() if r is not None]
+        records = sum(kafka.end_offsets(topic).values())
+        print(f"history: {args.events:,} changes over {args.keys:,} keys ({records:,} records incl. tombstones); "
+              f"final table: {len(rows):,} rows")
+
+        conn = psycopg2.connect(target)
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE copy_floor (id int PRIMARY KEY, customer_id int, status text, "
+                        "total numeric(10,2), note text)")
+            text = "".join(f"{r['id']}\t{r['customer_id']}\t{r['status']}\t{r['total']}\t{r['note']}\n" for r in rows)
+            began = time.perf_counter()
+            cur.copy_expert("COPY copy_floor FROM STDIN", io.StringIO(text))
+            conn.commit()
+            copy_s = time.perf_counter() - began
+        conn.close()
+        print(f"copy       {len(rows) / copy_s:>12,.0f} rows/s   ({copy_s:.2f}s)")
+
+        gc.collect()
+        url = target.replace("postgresql://", "postgresql+psycopg2://", 1)
+        sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"], batch_size=10_000))
+        runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}")
+        began = time.perf_counter()
+        runner.run(threading.Event(), from_start=True, until_caught_up=True)
+        seconds = time.perf_counter() - began
+        conn = psycopg2.connect(target)
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM orders")
+            landed = cur.fetchone()[0]
+        conn.close()
+        assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
+        print(f"bootstrap  {records / seconds:>12,.0f} records/s  {len(rows) / seconds:,.0f} final rows/s  "
+              f"({seconds:.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):.0%} of COPY's rows/s")
+    finally:
+        kafka.delete_topic(topic)
+        kafka.close()
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""SQL sink throughput: change events upserted into PostgreSQL by ``SqlSink.write``, beside COPY.
+
+    .venv/bin/cdc dev up --only postgres
+    .venv/bin/python -m bench.sql_upsert [--events 500000] [--updates 0.3] [--batch 5000]
+                                         [--profile sql.prof]
+
+Steps, in one run on this machine, in a fresh database:
+  1. events: ``--events`` change events of an ``orders`` table (the columns of bench.pg_stream:
+     bigint key, int, text, numeric(10,2), two timestamptz, a mostly-NULL text note) as the
+     PostgreSQL source makes them (numerics as strings, timestamps as ISO-8601 with Z), a fraction
+     ``--updates`` of them updates of a key inserted earlier, the rest inserts of new keys.
+     Built before any clock runs, like the COPY text of step 2.
+  2. baseline: the same rows as COPY text, ``COPY orders_copy FROM STDIN`` through psycopg2
+     ``copy_expert`` into a plain table with the same columns and no key: the ceiling of getting
+     these rows into the server through this driver.
+  3. ours: an SqlSink (schema from a schema record, as the runtime gives it) ``write``s the events
+     in batches of ``--batch``, each a transaction committed before the next.
+Prints rows/s of both and the ratio; checks that the table holds every key at its newest version.
+Target: ours >= 50,000 events/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import random
+import time
+import uuid
+
+from sqlalchemy.engine import make_url
+
+from bench.pg_stream import execute, fresh_database, print_profile, stack_settings
+from cdc.events import Op
+from cdc.sink_events import SinkEvent
+
+TARGET = 50_000
+TOPIC = "bench.public.orders"
+COLUMNS = [("id", "bigint", True), ("customer_id", "integer", False), ("status", "text", False),
+           ("total", "numeric(10,2)", False), ("created_at", "timestamp with time zone", False),
+           ("updated_at", "timestamp with time zone", False), ("note", "text", False)]
+STATUSES = ["new", "paid", "packed", "shipped", "delivered", "cancelled"]
+
+
+def schema_record() -> dict:
+    return {"source": "bench", "db": "bench", "schema": "public", "table": "orders", "version": 1,
+            "ts_ms": 0, "ddl": None,
+            "columns": [{"name": n, "type": t, "key": k, "nullable": not k} for n, t, k in COLUMNS]}
+
+
+def make_events(count: int, updates: float, seed: int = 7) -> list[SinkEvent]:
+    rng = random.Random(seed)
+    events, next_id = [], 1
+    source = {"connector": "postgresql", "name": "bench", "db": "bench", "schema": "public",
+              "table": "orders", "snapshot": "false"}
+    for version in range(1, count + 1):
+        if next_id > 1 and rng.random() < updates:
+            key, op = rng.randrange(1, next_id), Op.UPDATE
+        else:
+            key, op, next_id = next_id, Op.CREATE, next_id + 1
+        second = version % 86400
+        row = {"id": key, "customer_id": (key * 7919) % 50000 + 1, "status": rng.choice(STATUSES),
+               "total": f"{rng.randrange(100, 100000) / 100:.2f}",
+               "created_at": f"2024-03-01T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}.{key % 1000:03d}Z",
+               "updated_at": f"2024-03-02T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}Z",
+               "note": f"gift wrap, leave at door {key}" if key % 7 == 0 else None}
+        events.append(SinkEvent(TOPIC, 0, version, {"id": key}, op, None, row, version * 16,
+                                {**source, "version": version * 16}))
+    return events
+
+
+def copy_text(events: list[SinkEvent]) -> bytes:
+    lines = []
+    for event in events:
+        row = event.after
+        lines.append("\t".join("\\N" if row[name] is None else str(row[name]) for name, _, _ in COLUMNS))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def run_copy(dsn: str, data: bytes) -> float:
+    import psycopg2
+
+    execute(dsn, "CREATE TABLE orders_copy (id bigint, customer_id int, status text, total numeric(10,2), "
+                 "created_at timestamptz, updated_at timestamptz, note text)")
+    conn = psycopg2.connect(dsn)
+    try:
+        began = time.perf_counter()
+        with conn.cursor() as cur:
+            cur.copy_expert("COPY orders_copy FROM STDIN", io.BytesIO(data))
+        conn.commit()
+        return time.perf_counter() - began
+    finally:
+        conn.close()
+
+
+def run_sink(dsn: str, events: list[SinkEvent], batch: int, profile: cProfile.Profile | None) -> float:
+    from sinks.sql import SqlSink, SqlSinkConfig
+
+    sink = SqlSink(SqlSinkConfig(name="bench", topics=[TOPIC], url=dsn))
+    record = schema_record()
+    sink.schema_for = lambda topic: record
+    sink.start()
+    sink.write(events[:1])  # the table and view exist before the clock starts
+    try:
+        began = time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        for start in range(1, len(events), batch):
+            sink.write(events[start:start + batch])
+        if profile is not None:
+            profile.disable()
+        return time.perf_counter() - began
+    finally:
+        sink.stop()
+
+
+def check(dsn: str, events: list[SinkEvent]) -> None:
+    newest: dict[int, int] = {}
+    for event in events:
+        newest[event.key["id"]] = event.version
+    rows = execute(dsn, "SELECT count(*), sum(__cdc_version) FROM orders")
+    count, total = rows[0]
+    if count != len(newest) or int(total) != sum(newest.values()):
+        raise SystemExit(f"wrong result: {count} rows (want {len(newest)}), version sum {total} "
+                         f"(want {sum(newest.values())})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--updates", type=float, default=0.3, help="fraction of events that update a key")
+    parser.add_argument("--batch", type=int, default=5000, help="events per SqlSink.write")
+    parser.add_argument("--profile", help="write a cProfile of ours to this file and print the top")
+    args = parser.parse_args()
+
+    settings = stack_settings()
+    events = make_events(args.events, args.updates)
+    keys = len({e.key["id"] for e in events})
+    data = copy_text(events)
+    # The runtime holds one batch at a time; the 500k events built up front here would otherwise
+    # make every garbage collection walk them, a cost that only this benchmark has.
+    gc.freeze()
+    profile = cProfile.Profile() if args.profile else None
+    name = f"bench_sql_{uuid.uuid4().hex[:8]}"
+    url = make_url(settings["PG_DSN"]).set(drivername="postgresql+psycopg2", database=name)
+    with fresh_database(settings["PG_DSN"], name) as dsn:
+        copy_seconds = run_copy(dsn, data)
+        ours_seconds = run_sink(url.render_as_string(hide_password=False), events, args.batch, profile)
+        check(dsn, events)
+    n = len(events) - 1
+    copy_rate, ours_rate = len(events) / copy_seconds, n / ours_seconds
+    print(f"events: {len(events):,} over {keys:,} keys ({args.updates:.0%} updates), batches of {args.batch:,}")
+    print(f"COPY into a plain table     {len(events):>9,} rows   {copy_seconds:7.2f} s   {copy_rate:>10,.0f} rows/s")
+    print(f"SqlSink.write (upserts)     {n:>9,} events {ours_seconds:7.2f} s   {ours_rate:>10,.0f} events/s   "
+          f"{ours_rate / copy_rate:.2f} x COPY   (target {TARGET:,}: {'met' if ours_rate >= TARGET else 'NOT met'})")
+    if profile is not None:
+        print_profile(profile, args.profile)
+
+
+if __name__ == "__main__":
+    main()

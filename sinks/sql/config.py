@@ -1,0 +1,48 @@
+"""The ``type: sql`` sink's settings."""
+
+from __future__ import annotations
+
+import string
+from typing import Literal
+
+from pydantic import ConfigDict, Field, SecretStr, field_validator
+
+from cdc.api import SinkConfig
+
+TEMPLATE_FIELDS = frozenset({"schema", "db", "table"})
+
+
+class SqlSinkConfig(SinkConfig):
+    # ``schema`` is the name users write, but it shadows a BaseModel attribute: the field is
+    # ``target_schema`` with ``schema`` as its alias (both are accepted).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
+
+    type: Literal["sql"] = "sql"
+    url: SecretStr = Field(description="SQLAlchemy URL: postgresql+psycopg2://, mysql+pymysql://, "
+                                       "sqlite:///path, duckdb:///path (mysql:// means mysql+pymysql://)")
+    target_schema: str | None = Field(default=None, alias="schema",
+                                      description="schema (MySQL: database) of the target tables; "
+                                                  "created if missing. Not for SQLite.")
+    table_name: str = Field(default="{table}",
+                            description="target table name: a template of the source table's "
+                                        "{schema}, {db} and {table}")
+    soft_delete: bool = Field(default=False,
+                              description="mark deleted rows (__cdc_deleted = true) instead of removing them")
+    schema_policy: Literal["fail", "ignore", "rebuild"] = Field(
+        default="fail", description="an incompatible source schema change (a column's type or the key "
+                                    "changes): stop, write the columns that still fit, or ask for a rebuild")
+    delete_memory_hours: float = Field(default=168, gt=0,
+                                       description="how long a deleted key's version is remembered, so a "
+                                                   "late older insert cannot bring the row back")
+
+    @field_validator("table_name")
+    @classmethod
+    def _known_fields(cls, template: str) -> str:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as err:
+            raise ValueError(f"not a valid template: {err}") from None
+        unknown = fields - TEMPLATE_FIELDS
+        if unknown or "" in fields:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{schema}}, {{db}}, {{table}}")
+        return template

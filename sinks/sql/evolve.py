@@ -1,0 +1,82 @@
+"""Schema evolution: what a table needs when its source's columns change.
+
+Compared are the source columns a table was made for (``cdc_sink_tables``) and the newest schema
+record of its topic, or the values themselves when no record says:
+
+* a column the table lacks -> added (nullable); from a record with the record's type, from a value
+  with the type inferred from it;
+* a column the source dropped -> nothing: it stays, NULL from then on (the values lack it);
+* a column whose *target* type would now differ, or a different set of key columns ->
+  incompatible, for ``schema_policy`` to decide. Types are compared after mapping
+  (``types.signature``), so varchar(10) -> varchar(20) or int -> bigint is no change here.
+
+A column that was only inferred from values (no record had named it) takes the record's word
+without a comparison: nothing changed in the source, only our guess was rougher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from sinks.sql.bookkeeping import SourceColumn, TableEntry
+from sinks.sql.types import infer_type
+
+KEY = "(primary key)"
+
+
+@dataclass(frozen=True, slots=True)
+class Incompatible:
+    column: str        # KEY when the key columns change
+    old: str
+    new: str
+
+    def __str__(self) -> str:
+        return f"column {self.column}: {self.old} -> {self.new}"
+
+
+def record_columns(record: dict[str, Any]) -> list[SourceColumn]:
+    return [SourceColumn(c["name"], str(c["type"]), bool(c.get("key"))) for c in record.get("columns") or ()]
+
+
+def with_key(columns: list[SourceColumn], key_names: Iterable[str]) -> list[SourceColumn]:
+    """``columns`` with the event key's columns marked as key, when the record marks none
+    (a table without a primary key, keyed by configuration in the source)."""
+    if any(c.key for c in columns):
+        return columns
+    names = set(key_names)
+    return [SourceColumn(c.name, c.type, c.name in names, c.inferred) for c in columns]
+
+
+def diff(entry: TableEntry, columns: list[SourceColumn],
+         signature: Callable[[str, bool], str]) -> tuple[list[SourceColumn], list[Incompatible]]:
+    """(columns to add, incompatible changes) from ``entry``'s columns to ``columns``."""
+    added: list[SourceColumn] = []
+    incompatible: list[Incompatible] = []
+    for column in columns:
+        old = entry.columns.get(column.name)
+        if old is None:
+            added.append(SourceColumn(column.name, column.type, False))
+        elif not old.inferred and signature(old.type, old.key) != signature(column.type, old.key):
+            incompatible.append(Incompatible(column.name, old.type, column.type))
+    old_key = entry.key
+    new_key = [c.name for c in columns if c.key]
+    if new_key and set(new_key) != set(old_key):
+        incompatible.append(Incompatible(KEY, ", ".join(old_key), ", ".join(new_key)))
+    return added, incompatible
+
+
+def infer_columns(rows: Iterable[dict[str, Any]], known: set[str], key_names: Iterable[str]) -> list[SourceColumn]:
+    """Columns of ``rows`` missing from ``known``, typed by their first non-NULL value (TEXT when
+    every value is NULL), in the order they first appear."""
+    keys = set(key_names)
+    found: dict[str, str | None] = {}
+    for row in rows:
+        if row.keys() <= known:
+            continue
+        for name, value in row.items():
+            if name in known:
+                continue
+            if found.get(name) is None:
+                found[name] = infer_type(value)
+    return [SourceColumn(name, type_ or "text", name in keys, inferred=True) for name, type_ in found.items()]

@@ -1,0 +1,83 @@
+"""A batch of sink events, reduced to at most one action per (topic, key).
+
+Events arrive in log order per partition, and a key's events are all in one partition, so a key's
+versions increase along the batch. Only the newest version of a key can matter (every write is
+guarded by version), so the reduction keeps it and drops the rest before any SQL runs: one
+statement row per key, which is also what ``ON CONFLICT DO UPDATE`` needs (it refuses to touch a
+row twice in one statement).
+
+Per key the result is one of:
+
+* an upsert (the newest event is r/c/u),
+* a delete (the newest event is d): remembered, and the row removed if its version is older,
+* a tombstone (the key's last record in the batch is a tombstone): the row is removed whatever its
+  version; if a delete came before it, that delete is kept as well, to be remembered.
+
+A truncate is table-wide: the newest truncate version of the batch becomes the table's watermark,
+and the upserts and deletes under it are dropped later (in ``sink``), against the stored watermark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from cdc.events import Op
+from cdc.sink_events import SinkEvent
+
+
+@dataclass(slots=True)
+class TopicChanges:
+    topic: str
+    first: SinkEvent              # the first event with a source block (names the table)
+    upserts: dict[bytes, SinkEvent] = field(default_factory=dict)
+    deletes: dict[bytes, SinkEvent] = field(default_factory=dict)
+    tombstones: dict[bytes, dict[str, Any]] = field(default_factory=dict)  # key_json -> key
+    truncate: int | None = None                                # the newest truncate's version
+
+    def __len__(self) -> int:
+        return len(self.upserts) + len(self.deletes) + len(self.tombstones)
+
+
+def reduce_events(events: list[SinkEvent]) -> dict[str, TopicChanges]:
+    """Per topic, the newest action per key (see the module docstring)."""
+    by_topic: dict[str, TopicChanges] = {}
+    newest_by_topic: dict[str, dict[bytes, SinkEvent]] = {}
+    dumps = orjson.dumps
+    truncate_op = Op.TRUNCATE
+    topic, changes, newest, tombstones = None, None, {}, {}
+    for event in events:
+        if event.topic != topic:  # batches come in runs of one topic: look it up once per run
+            topic = event.topic
+            changes = by_topic.get(topic)
+            if changes is None:
+                changes = by_topic[topic] = TopicChanges(topic, event)
+                newest_by_topic[topic] = {}
+            newest, tombstones = newest_by_topic[topic], changes.tombstones
+        if not changes.first.source and event.source:
+            changes.first = event  # a tombstone has no source block to name the table
+        op = event.op
+        if op is truncate_op:
+            if changes.truncate is None or event.version > changes.truncate:
+                changes.truncate = event.version
+            continue
+        key = dumps(event.key)
+        if op is None:
+            tombstones[key] = event.key
+            continue
+        before = newest.get(key)
+        if before is None or event.version > before.version:
+            newest[key] = event
+            if tombstones:
+                tombstones.pop(key, None)
+    delete_op = Op.DELETE
+    for topic, changes in by_topic.items():
+        upserts, deletes, tombstones = changes.upserts, changes.deletes, changes.tombstones
+        for key, event in newest_by_topic[topic].items():
+            if event.op is delete_op:
+                deletes[key] = event
+            elif key not in tombstones:
+                upserts[key] = event
+    return by_topic

@@ -1,0 +1,240 @@
+"""``type: sql``: keep SQL tables (PostgreSQL, MySQL/MariaDB, SQLite, DuckDB) in sync with topics.
+
+Threading: one thread calls ``start``, ``write``, the generation methods and ``stop``; the
+methods block on the database. Several sink processes may write the same target (a live sink and
+a rebuild); the database's locks and the version guard keep them correct.
+
+A write (see cdc/sink_events.py for the semantics it implements):
+
+1. ``reduce_events``: the newest action per (topic, key).
+2. ``TableCatalog.prepare`` per topic: create the table, add columns, check the source schema
+   (DDL, each in its own small transaction; idempotent).
+3. One transaction: read the generation to write (locked, see generations.py) and the truncate
+   watermarks, then per table: raise the watermark and clear older rows; remember deletes and
+   remove older rows; apply tombstones; upsert what no newer row, remembered delete or watermark
+   overrides. Committed before ``write`` returns, so it is durable.
+
+Errors: connection trouble, deadlocks, serialization failures and lock timeouts are
+``RetriableError``; a value that does not fit is a ``PermanentError`` naming the table, the key
+and (for a batch of one, which the runtime's split reaches) the column; an incompatible schema
+change is ``SchemaChangeError`` or ``RebuildRequired`` by ``schema_policy``, for every batch until
+the table is rebuilt or the policy changed: they are not poison events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Iterator
+
+import sqlalchemy as sa
+
+from cdc.api import Sink
+from cdc.errors import CdcError, PermanentError, RetriableError, SchemaChangeError
+from cdc.sink_events import SinkEvent
+from sinks.sql.apply_generic import GenericApplier
+from sinks.sql.apply_staged import StagedApplier
+from sinks.sql.bookkeeping import Bookkeeping
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
+from sinks.sql.generations import Generations
+from sinks.sql.plan import PlanFailed, TablePlan
+from sinks.sql.reduce import TopicChanges, reduce_events
+from sinks.sql.tables import TableCatalog
+from sinks.sql.target import Target
+
+log = logging.getLogger(__name__)
+
+class SqlSink(Sink):
+    """See the module docstring; generations: ``current_generation``, ``open_generation``,
+    ``switch_generation``, ``drop_generation`` (generations.py)."""
+
+    config_model = SqlSinkConfig
+
+    def __init__(self, config: SqlSinkConfig, generation: int | None = None) -> None:
+        super().__init__(config, generation)
+        self.config: SqlSinkConfig = config
+        self.target: Target | None = None
+        self._current = 1
+        self._next_prune = 0.0
+        self._seen_tables: set[str] = set()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config = self.config
+        with self._errors("start"):
+            target = Target(config.url.get_secret_value(), config.target_schema, f"cdc-sink-{config.name}")
+            try:
+                books = Bookkeeping(target, config.name)
+                target.run_ddl(books.create)
+                catalog = TableCatalog(target, books, config, lambda topic: self.schema_for(topic),
+                                       lambda: self._current)
+                generations = Generations(target, books, catalog, config.name)
+                self._current = generations.ensure(self.generation)
+            except BaseException:
+                target.engine.dispose()
+                raise
+        self.target, self.books, self.catalog, self.generations = target, books, catalog, generations
+        applier_class = StagedApplier if target.kind in ("postgresql", "duckdb") else GenericApplier
+        self.applier = applier_class(target, books, config.soft_delete)
+        log.info("sql sink %s: started on %s (%s), writing generation %s", config.name, target.kind,
+                 target.engine.url.render_as_string(hide_password=True),
+                 self.generation if self.generation is not None else f"{self._current} (current)")
+
+    def stop(self) -> None:
+        if self.target is not None:
+            self.target.engine.dispose()
+
+    @property
+    def engine(self) -> sa.engine.Engine:
+        """The target's engine (for tests and tools that read what the sink wrote)."""
+        self._started()
+        return self.target.engine
+
+    def _started(self) -> None:
+        if self.target is None:
+            raise PermanentError(f"sql sink {self.config.name}: call start() first")
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, events: list[SinkEvent]) -> None:
+        if not events:
+            return
+        self._started()
+        changes = reduce_events(events)
+        with self._errors("write"):
+            for _ in range(5):
+                generation = self.generation if self.generation is not None else self._current
+                try:
+                    plans = [self.catalog.prepare(c, generation) for c in changes.values()]
+                except SchemaChangeError:
+                    # Readers may have moved to a rebuilt generation that fits: follow it.
+                    if self.generation is None and (current := self.generations.current()) != generation:
+                        self._current = current
+                        continue
+                    raise
+                self._seen_tables.update(plan.tbl for plan in plans)
+                try:
+                    if self._commit(plans, generation):
+                        break
+                except PlanFailed as failed:
+                    where = failed.plan.tbl if failed.plan is not None else "staging the batch"
+                    if failed.plan is not None and is_data_error(failed.error):
+                        raise self._diagnose(failed.plan, failed.error) from failed.error
+                    raise translate(failed.error, f"sql sink {self.config.name}: {where}") from failed.error
+            else:
+                raise RetriableError(f"sql sink {self.config.name}: the current generation kept changing "
+                                     f"during the write")
+            self._prune_deletes()
+
+    def _commit(self, plans: list[TablePlan], generation: int) -> bool:
+        """Apply ``plans`` in one transaction; False if readers moved to another generation first."""
+        with self.target.engine.begin() as conn:
+            if self.generation is None:
+                current = self.books.current(conn, lock="share") or 1
+                if current != generation:
+                    self._current = current
+                    return False
+            self._apply(conn, plans)
+        return True
+
+    def _apply(self, conn: sa.engine.Connection, plans: list[TablePlan]) -> None:
+        marks = self.books.watermarks(conn, [plan.tbl for plan in plans])
+        for plan in plans:
+            stored, truncate = marks.get(plan.tbl), plan.changes.truncate
+            plan.watermark = stored if truncate is None else truncate if stored is None else max(stored, truncate)
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        self.applier.apply_all(conn, plans, now)
+
+    def _diagnose(self, plan: TablePlan, error: BaseException) -> PermanentError:
+        """A data error, named as closely as a batch of one allows: the key, then the column
+        (probing the row column by column in transactions that are rolled back)."""
+        upserts = list(plan.live_upserts())
+        if len(plan.changes) != 1 or len(upserts) != 1:
+            return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: a value does not fit "
+                                  f"(one of {len(plan.changes)} keys; a batch of one names the key and "
+                                  f"column): {describe(error)}")
+        key_json, event = upserts[0]
+        key_names = {c.name for c in plan.key_columns}
+        for column in plan.columns:
+            value = event.after.get(column.name)
+            if column.key or column.skipped or value is None:
+                continue
+            after = {name: v for name, v in event.after.items() if name in key_names}
+            after[column.name] = value
+            probe = dataclasses.replace(event, after=after)
+            changes = TopicChanges(plan.changes.topic, probe, upserts={key_json: probe})
+            probe_plan = TablePlan(changes, plan.tbl, plan.entry, plan.columns, plan.watermark)
+            try:
+                with self.target.engine.connect() as conn:
+                    transaction = conn.begin()
+                    try:
+                        self._apply(conn, [probe_plan])
+                    finally:
+                        transaction.rollback()
+            except PlanFailed as failed:
+                if is_data_error(failed.error):
+                    return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: key {key_json.decode()}: "
+                                          f"column {column.name} ({column.sql_type}): cannot store "
+                                          f"{value!r}: {describe(failed.error)}")
+                break
+            except CdcError:
+                break
+        return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: key {key_json.decode()}: "
+                              f"{describe(error)}")
+
+    def _prune_deletes(self) -> None:
+        """Forget deletes older than ``delete_memory_hours`` (at most every hour, or a tenth of it)."""
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        hours = self.config.delete_memory_hours
+        self._next_prune = now + min(3600.0, hours * 360.0)
+        cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(hours=hours)
+        with self.target.engine.begin() as conn:
+            pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
+        if pruned:
+            log.info("sql sink %s: forgot %d deletes older than %s h", self.config.name, pruned, hours)
+
+    # --- generations ----------------------------------------------------------------------------
+
+    def current_generation(self) -> int:
+        self._started()
+        with self._errors("current_generation"):
+            self._current = self.generations.current()
+        return self._current
+
+    def open_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"open_generation({generation})"):
+            self.generations.open(generation)
+        self.generation = generation
+
+    def switch_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"switch_generation({generation})"):
+            self.generations.switch(generation)
+        self._current = generation
+        self.generation = None  # from now on: follow the current generation (this one)
+
+    def drop_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"drop_generation({generation})"):
+            self.generations.drop(generation)
+        if self.generation == generation:
+            self.generation = None
+
+    # --- errors ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CdcError:
+            raise
+        except DRIVER_ERRORS as err:
+            raise translate(err, f"sql sink {self.config.name}: {what}") from err

@@ -1,0 +1,227 @@
+"""The target tables of one sink: naming, creation, schema evolution, and the plan of each write.
+
+``TableCatalog.prepare`` runs before a write's transaction and does every DDL the write needs, each
+in its own short transaction: MySQL commits implicitly at DDL, so DDL inside the data transaction
+would break the one-transaction-per-write rule there, and all of it is idempotent (IF NOT EXISTS,
+columns added only when missing), so a failed write that is retried repeats nothing harmful.
+
+Names: the view readers use is ``table_name`` filled in from the source table; the physical
+table of generation N is ``<view>__g<N>``. Creating a table in the generation readers currently
+see also (re)creates its view; tables in an open (rebuilding) generation get views at the switch.
+
+What the sink knows about a table lives in ``cdc_sink_tables`` (``bookkeeping.TableEntry``) and
+is cached here; other sink processes may change it (a rebuild and a live sink write the same
+generation after a switch), so every DDL step re-reads the stored entry and merges, and the first
+use of a table in this process checks the physical table against it.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Any, Callable
+
+import orjson
+import sqlalchemy as sa
+
+from cdc.errors import PermanentError, RebuildRequired, SchemaChangeError
+from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.evolve import KEY, diff, infer_columns, record_columns, with_key
+from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
+from sinks.sql.reduce import TopicChanges
+from sinks.sql.target import Target
+from sinks.sql.types import signature, target_type
+
+log = logging.getLogger(__name__)
+
+
+class TableCatalog:
+    def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
+                 schema_for: Callable[[str], dict | None], current: Callable[[], int]) -> None:
+        self.target = target
+        self.books = books
+        self.config = config
+        self.schema_for = schema_for
+        self.current = current            # the generation readers see, as last known
+        self._entries: dict[tuple[int, str], TableEntry] = {}
+        self._plans: dict[tuple[int, str], list[ColumnPlan]] = {}
+        self._skipped: dict[tuple[int, str], set[str]] = {}
+        self._records: dict[tuple[int, str], bytes] = {}
+        self._names: dict[str, str] = {}
+        self.signature = lru_cache(maxsize=4096)(self._signature)
+
+    def forget(self, generation: int | None = None) -> None:
+        """Drop cached knowledge (of one generation, or all)."""
+        for cache in (self._entries, self._plans, self._skipped, self._records):
+            for key in [k for k in cache if generation is None or k[0] == generation]:
+                del cache[key]
+
+    # --- names ----------------------------------------------------------------------------------
+
+    def table_name(self, changes: TopicChanges) -> str:
+        topic = changes.topic
+        name = self._names.get(topic)
+        if name is not None:
+            return name
+        record = self.schema_for(topic)
+        source = record or changes.first.source
+        parts = topic.split(".")
+        namespace = parts[-2] if len(parts) >= 3 else ""
+        table = (source or {}).get("table") or parts[-1]
+        db = (source or {}).get("db") or namespace
+        schema = (source or {}).get("schema") or namespace or db
+        name = self.config.table_name.format(schema=schema, db=db, table=table)
+        if source:  # a tombstone alone cannot name {db} for PostgreSQL: do not remember its guess
+            self._names[topic] = name
+        return name
+
+    def _check_name(self, physical: str) -> None:
+        limit = self.target.max_identifier()
+        if len(physical) > limit:
+            raise PermanentError(f"table name {physical!r} is longer than {self.target.kind}'s limit of "
+                                 f"{limit} characters; set a shorter table_name template")
+
+    # --- the plan of a write ----------------------------------------------------------------------
+
+    def prepare(self, changes: TopicChanges, generation: int) -> TablePlan:
+        """The plan for ``changes`` in ``generation``, after creating or altering its table."""
+        name = self.table_name(changes)
+        physical = physical_name(name, generation)
+        self._check_name(physical)
+        cache_key = (generation, name)
+        entry = self._entries.get(cache_key)
+        if entry is None:
+            entry = self._load(generation, name)
+        record = self.schema_for(changes.topic)
+        rows = [event.after for event in changes.upserts.values()]
+        key_names = _key_names(changes)
+        if entry is None:
+            if not rows and record is None:
+                return TablePlan(changes, physical, None)
+            columns = with_key(record_columns(record), key_names) if record else []
+            columns += infer_columns(rows, {c.name for c in columns}, key_names)
+            if not any(c.key for c in columns):
+                if not rows:  # e.g. only a truncate so far: the table can wait for a keyed event
+                    return TablePlan(changes, physical, None)
+                raise PermanentError(f"{physical}: no key columns (the events of {changes.topic} have no key)")
+            entry = self.sync(TableEntry(name, generation, changes.topic, {c.name: c for c in columns},
+                                         record.get("version") if record else None))
+            if record is not None:
+                self._records[cache_key] = _fingerprint(record)
+        else:
+            if record is not None:
+                fingerprint = _fingerprint(record)
+                if self._records.get(cache_key) != fingerprint:
+                    entry = self._follow(entry, record, key_names)
+                    self._records[cache_key] = fingerprint
+            unknown = infer_columns(rows, set(entry.columns), ())
+            if unknown:
+                log.info("sql sink %s: %s: new column(s) %s inferred from values", self.config.name,
+                         physical, ", ".join(f"{c.name} {c.type}" for c in unknown))
+                entry = self.sync(TableEntry(name, generation, entry.topic, {**entry.columns,
+                                             **{c.name: c for c in unknown}}, entry.schema_version))
+        plans = self._plans.get(cache_key)
+        if plans is None:
+            plans = self._plans[cache_key] = column_plans(entry, self.target.dialect, self.target.kind,
+                                                          self.target.mariadb, self._skipped.get(cache_key, set()))
+        return TablePlan(changes, physical, entry, plans)
+
+    def _load(self, generation: int, name: str) -> TableEntry | None:
+        with self.target.engine.begin() as conn:
+            entry = self.books.entry(conn, generation, name)
+        if entry is None:
+            return None
+        return self.sync(entry)  # first use here: check the physical table against the entry
+
+    def _follow(self, entry: TableEntry, record: dict[str, Any], key_names: list[str]) -> TableEntry:
+        """Evolve ``entry`` to the source columns of ``record`` (see evolve.py), or raise."""
+        cache_key = (entry.generation, entry.name)
+        columns = with_key(record_columns(record), key_names or entry.key)
+        added, incompatible = diff(entry, columns, self.signature)
+        if incompatible:
+            message = (f"{entry.physical} (topic {entry.topic}): incompatible source schema change: "
+                       + "; ".join(str(change) for change in incompatible))
+            policy = self.config.schema_policy
+            if policy == "fail":
+                raise SchemaChangeError(f"{message}. schema_policy is 'fail': stop; rebuild the table "
+                                        f"(cdc rebuild) or set schema_policy to 'ignore' or 'rebuild'")
+            if policy == "rebuild":
+                raise RebuildRequired(f"{message}. schema_policy is 'rebuild': rebuild from the topic")
+            skipped = {change.column for change in incompatible if change.column != KEY}
+            if skipped != self._skipped.get(cache_key):
+                log.warning("sql sink %s: %s; schema_policy 'ignore': writing NULL to %s from now on",
+                            self.config.name, message, ", ".join(sorted(skipped)) or "no column")
+            self._skipped[cache_key] = skipped
+        else:
+            self._skipped.pop(cache_key, None)
+        self._plans.pop(cache_key, None)
+        merged = dict(entry.columns)
+        for column in columns:  # inferred columns whose type the record confirms are now declared
+            old = merged.get(column.name)
+            if old is not None and old.inferred and self.signature(old.type, old.key) == self.signature(column.type, old.key):
+                merged[column.name] = SourceColumn(column.name, column.type, old.key)
+        merged.update({c.name: c for c in added})
+        evolved = TableEntry(entry.name, entry.generation, entry.topic, merged, record.get("version"))
+        if added:
+            log.info("sql sink %s: %s: adding column(s) %s", self.config.name, entry.physical,
+                     ", ".join(f"{c.name} {c.type}" for c in added))
+        if merged != entry.columns or evolved.schema_version != entry.schema_version:
+            return self.sync(evolved)
+        return entry
+
+    # --- DDL --------------------------------------------------------------------------------------
+
+    def sync(self, entry: TableEntry) -> TableEntry:
+        """Make the physical table hold every column of ``entry`` (creating the table if needed),
+        store the entry merged with what is stored, and refresh the view of the current generation."""
+        target, physical = self.target, entry.physical
+
+        def work(conn: sa.engine.Connection) -> TableEntry:
+            merged = entry
+            stored = self.books.entry(conn, entry.generation, entry.name)
+            if stored is not None:
+                merged = TableEntry(entry.name, entry.generation, entry.topic,
+                                    {**stored.columns, **entry.columns}, entry.schema_version)
+            wanted = [(c.name, self._type(c)) for c in merged.columns.values()]
+            extra = [(VERSION, sa.BigInteger())] + ([(DELETED, sa.Boolean())] if self.config.soft_delete else [])
+            existing = target.columns_of(conn, physical)
+            if existing is None:
+                target.create_table(conn, physical, wanted, merged.key, [
+                    sa.Column(VERSION, sa.BigInteger, nullable=False, quote=True),
+                    *([sa.Column(DELETED, sa.Boolean, nullable=False, server_default=sa.false(), quote=True)]
+                      if self.config.soft_delete else [])])
+            else:
+                for column_name, type_ in wanted + extra:
+                    if column_name not in existing:
+                        target.add_column(conn, physical, column_name, type_)
+            self.books.save_entry(conn, merged)
+            if merged.generation == self.current():
+                target.point_view(conn, merged.name, physical)
+            return merged
+
+        entry = target.run_ddl(work)
+        cache_key = (entry.generation, entry.name)
+        self._entries[cache_key] = entry
+        self._plans.pop(cache_key, None)
+        return entry
+
+    def _type(self, column: SourceColumn) -> sa.types.TypeEngine:
+        return target_type(column.type, self.target.kind, key=column.key, mariadb=self.target.mariadb)
+
+    def _signature(self, type_name: str, key: bool) -> str:
+        return signature(target_type(type_name, self.target.kind, key=key, mariadb=self.target.mariadb),
+                         self.target.dialect)
+
+
+def _key_names(changes: TopicChanges) -> list[str]:
+    for events in (changes.upserts, changes.deletes):
+        for event in events.values():
+            return list(event.key)
+    for key in changes.tombstones.values():
+        return list(key)
+    return []
+
+
+def _fingerprint(record: dict[str, Any]) -> bytes:
+    return orjson.dumps([record.get("version"), record.get("columns")])
