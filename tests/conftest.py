@@ -81,11 +81,21 @@ def pg_dsn(pg_admin_dsn):
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
     yield pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
+    import time
+
     with admin.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                    "AND pid <> pg_backend_pid()", (name,))
-        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                    "WHERE database = %s AND NOT active", (name,))
+        # Walsenders of slots in this database hold it: end them, wait for their slots to be
+        # released (a terminated walsender takes a moment), drop the slots, then the database.
+        deadline = time.monotonic() + 30
+        while True:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                        "AND pid <> pg_backend_pid()", (name,))
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE database = %s AND NOT active", (name,))
+            cur.execute("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (name,))
+            if cur.fetchone()[0] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     admin.close()
 

@@ -26,6 +26,8 @@ from cdc.api import Source
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
+from cdc.events import SnapshotMarker
+from cdc.runtime.resnapshot import StaleRows
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 
@@ -52,6 +54,7 @@ class SourceRunner:
         self.poll_timeout = poll_timeout
         self.stored: Position | None = source.start_position
         self._schema_topic: set[str] = set()
+        self.stale = StaleRows(log_, self.encoder.topic)
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -98,6 +101,11 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
+                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                        self.stale.observe(batch.events)
+                        if self.stale.snapshot_ends(batch.events):
+                            # Before the batch whose checkpoint ends the snapshot: see resnapshot.py.
+                            writer.publish(self.encoder.iter_encode(self.stale.deletes()))
                     # Encoded while produced: see EnvelopeEncoder.iter_encode.
                     writer.publish(self.encoder.iter_encode(batch.events), batch.checkpoint)
                     stats.events += len(batch.events)
