@@ -1,0 +1,1 @@
+"""``type: mysql``: MariaDB/MySQL binlog capture after a consistent snapshot (see ``source``)."""
