@@ -38,7 +38,7 @@ def build_runner(config, name: str, report=None):
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
         if getattr(sink, "runs_itself", False):  # e.g. a Spark job: it reads the topics itself
-            return SelfRunningSink(sink, report)
+            return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
     plugin = source_plugin(source_config.type)
@@ -53,21 +53,16 @@ class SelfRunningSink:
     """A sink that consumes the topics with its own machinery (Spark Structured Streaming owns its
     offsets in its checkpoint): the worker only starts it, reports, and stops it on request."""
 
-    def __init__(self, sink, report=None) -> None:
+    def __init__(self, sink, report=None, log_config=None) -> None:
         from cdc.runtime.stats import ConnectorStats
 
         self.sink = sink
-        self.stats = ConnectorStats(sink.config.name, "sink")
+        self.stats = getattr(sink, "stats", None) or ConnectorStats(sink.config.name, "sink")
         self.report = report or (lambda stats: None)
+        self.log_config = log_config  # the sink takes the brokers and topic prefix from it
 
     def run(self, stop: threading.Event) -> None:
-        self.stats.phase = "streaming"
-        self.report(self.stats)
-        try:
-            self.sink.run(stop)
-        finally:
-            self.stats.phase = "stopped"
-            self.report(self.stats)
+        self.sink.run(stop, log=self.log_config, report=self.report)
 
 
 def run_connector(config_path: str, name: str, stop: threading.Event, report=None) -> int:

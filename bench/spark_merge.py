@@ -1,0 +1,248 @@
+"""Delta sink throughput and latency: change events MERGEd into Delta, beside a plain append.
+
+    .venv/bin/cdc dev up --only kafka,spark
+    .venv/bin/python -m bench.spark_merge [--changes 1000000] [--keys 100000] [--batch 100000]
+                                          [--latency-seconds 30] [--rate 1000] [--trigger 1]
+
+Steps, in one run, on one local Spark session (``local[2]``, shuffle partitions 4):
+  1. changes: ``--changes`` change events of an ``orders`` table over ``--keys`` keys (the
+     columns of bench.sql_upsert), as the PostgreSQL source makes them: the first ``--keys`` are
+     inserts of each key, the rest updates of random keys and 2% deletes, version = position.
+     Made as Kafka-shaped rows (key, value JSON, topic, partition, offset) and written to Parquet
+     before any clock runs, so neither the generation nor a broker is measured here.
+  2. baseline: the same rows, batch by batch, parsed like the sink parses them and appended to a
+     Delta table (``mode("append")``): the ceiling of getting these rows into Delta at all.
+  3. ours: the same batches through ``DeltaJob.apply``, the sink's foreachBatch (envelope parse,
+     newest version per key, MERGE, delete memory); checks that the table then holds every live
+     key at its newest version.
+  4. latency: a streaming query of the sink on a Kafka topic while a producer writes ``--rate``
+     changes/s for ``--latency-seconds``; per micro-batch, the time from the oldest change's commit
+     time (ts_ms, set when produced) to the end of the batch's commits.
+Prints rows/s of 2 and 3, their ratio, and the latency percentiles. Spark's fixed cost per job
+(seconds on a small machine) dominates small batches, so latency is bounded below by it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+
+from pyspark.sql import functions as F
+
+TOPIC = "bench.public.orders"
+COLUMNS = [("id", "bigint", True), ("customer_id", "integer", False), ("status", "text", False),
+           ("total", "numeric(10,2)", False), ("created_at", "timestamp with time zone", False),
+           ("updated_at", "timestamp with time zone", False), ("note", "text", False)]
+STATUSES = ["new", "paid", "packed", "shipped", "delivered", "cancelled"]
+
+
+def schema_record(table: str = "orders") -> dict:
+    return {"source": "bench", "db": "bench", "schema": "public", "table": table, "version": 1,
+            "ts_ms": 0, "ddl": None,
+            "columns": [{"name": n, "type": t, "key": k, "nullable": not k} for n, t, k in COLUMNS]}
+
+
+def make_changes(spark, path: str, changes: int, keys: int, seed: int = 7) -> None:
+    """Kafka-shaped rows of ``changes`` events over ``keys`` keys, written to Parquet at ``path``."""
+    n = F.col("id")
+    key = F.when(n < keys, n + 1).otherwise(F.pmod(F.xxhash64(n, F.lit(seed)), F.lit(keys)) + 1)
+    op = F.when(n < keys, F.lit("c")).when(F.rand(seed) < 0.02, F.lit("d")).otherwise(F.lit("u"))
+    iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+    ts = F.timestamp_seconds(F.lit(1_700_000_000) + n / 1000)
+    row = F.struct(F.col("key").alias("id"), F.pmod(n * 7919, F.lit(50_000)).cast("int").alias("customer_id"),
+                   F.element_at(F.array(*[F.lit(s) for s in STATUSES]),
+                                F.pmod(n, F.lit(6)).cast("int") + 1).alias("status"),
+                   F.format_string("%.2f", F.pmod(n * 31, F.lit(100_000)) / 100).alias("total"),
+                   F.date_format(F.timestamp_seconds(F.lit(1_600_000_000) + F.col("key")), iso).alias("created_at"),
+                   F.date_format(ts, iso).alias("updated_at"),
+                   F.when(F.pmod(n, F.lit(10)) == 0, F.lit("gift wrap")).alias("note"))
+    source = F.struct(F.lit("postgresql").alias("connector"), F.lit("bench").alias("name"),
+                      F.lit("bench").alias("db"), F.lit("public").alias("schema"), F.lit("orders").alias("table"),
+                      F.lit("false").alias("snapshot"), (F.lit(1_700_000_000_000) + n).alias("ts_ms"),
+                      (n + 1).alias("version"))
+    envelope = F.struct(F.when(F.col("op") == "d", F.struct(F.col("key").alias("id"))).alias("before"),
+                        F.when(F.col("op") != "d", row).alias("after"), F.col("op"),
+                        (F.lit(1_700_000_000_000) + n).alias("ts_ms"), source.alias("source"))
+    frame = (spark.range(changes).withColumn("key", key).withColumn("op", op)
+             .select(F.to_json(F.struct(F.col("key").alias("id"))).cast("binary").alias("key"),
+                     F.to_json(envelope).cast("binary").alias("value"), F.lit(TOPIC).alias("topic"),
+                     F.pmod(F.col("key"), F.lit(2)).cast("int").alias("partition"), n.alias("offset")))
+    frame.write.mode("overwrite").parquet(path)
+
+
+def batches(spark, path: str, changes: int, size: int):
+    rows = spark.read.parquet(path)
+    for batch_id, start in enumerate(range(0, changes, size)):
+        yield batch_id, rows.where((F.col("offset") >= start) & (F.col("offset") < start + size))
+
+
+def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
+    from spark_sinks.parse import columns_of, envelopes
+    from spark_sinks.schemas import TableShape
+
+    struct = TableShape.from_record(schema_record()).struct()
+    began = time.perf_counter()
+    for _, batch in batches(spark, data, changes, size):
+        parsed = envelopes(batch)
+        (parsed.select(*columns_of(F.col("data"), struct, {}), "__cdc_key", F.col("version").alias("__cdc_version"),
+                       F.col("op").alias("__cdc_op"), F.col("ts_ms").alias("__cdc_ts_ms"))
+         .write.format("delta").mode("append").save(target))
+    return time.perf_counter() - began
+
+
+def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[float, list[float]]:
+    from spark_sinks.config import DeltaSinkConfig
+    from spark_sinks.job import DeltaJob
+
+    config = DeltaSinkConfig(name="bench", type="delta", topics=["bench.*"], path=root,
+                             checkpoint=root + "-checkpoint")
+    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench")
+    job.registry.remember(TOPIC, schema_record())
+    job.bind(f"bench-{uuid.uuid4().hex}")
+    began = time.perf_counter()
+    for batch_id, batch in batches(spark, data, changes, size):
+        job.apply(batch, batch_id)
+    return time.perf_counter() - began, job.batch_seconds
+
+
+def check(spark, data: str, table: str) -> int:
+    """The table holds exactly the live keys, each at its newest version; returns their count."""
+    from spark_sinks.parse import envelopes
+
+    parsed = envelopes(spark.read.parquet(data))
+    newest = parsed.groupBy("__cdc_key").agg(F.max_by("op", "version").alias("op"), F.max("version").alias("v"))
+    expected = newest.where("op <> 'd'").select("__cdc_key", "v")
+    actual = spark.read.format("delta").load(table).select("__cdc_key", F.col("__cdc_version").alias("v"))
+    assert expected.exceptAll(actual).isEmpty() and actual.exceptAll(expected).isEmpty(), \
+        "the MERGEd table differs from the newest version of each live key"
+    return actual.count()
+
+
+def run_latency(spark, bootstrap: str, root: str, seconds: float, rate: int, trigger: float,
+                keys: int = 10_000) -> list:
+    from cdc.events import ChangeEvent, Op, TableId
+    from cdc.log.base import TopicSettings
+    from cdc.log.kafka import KafkaLog
+    from cdc.serde import EnvelopeEncoder, Record, schema_changes_topic
+    from spark_sinks.config import DeltaSinkConfig
+    from spark_sinks.delta import DeltaSink
+
+    import orjson
+
+    prefix = f"bench_{uuid.uuid4().hex[:8]}"
+    log = KafkaLog(bootstrap)
+    table = TableId("bench", "public", "orders")
+    encoder = EnvelopeEncoder("postgresql", "bench", prefix,
+                              on_new_topic=lambda t: log.ensure_topic(t, TopicSettings(partitions=2)))
+    writer = log.writer()
+    log.ensure_topic(schema_changes_topic(prefix), TopicSettings(partitions=1))
+    writer.publish([Record(schema_changes_topic(prefix), b'{"table":"orders"}', orjson.dumps(schema_record()))])
+    encoder.topic(table)
+    writer.flush(30)
+    config = DeltaSinkConfig(name="bench-latency", type="delta", topics=[f"{prefix}.*"], path=root,
+                             checkpoint=root + "-checkpoint", trigger_seconds=trigger, topic_prefix=prefix,
+                             kafka={"bootstrap_servers": bootstrap})
+    sink = DeltaSink(config)
+    sink.start(session=spark)
+    rng = random.Random(3)
+    version = 0
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            tick = time.monotonic()
+            now_ms = time.time_ns() // 1_000_000
+            events = []
+            for _ in range(max(1, rate // 10)):
+                version += 1
+                key = rng.randint(1, keys)
+                events.append(ChangeEvent(Op.UPDATE, table, {"id": key}, None, {
+                    "id": key, "customer_id": key % 500, "status": rng.choice(STATUSES), "total": "12.50",
+                    "created_at": "2024-01-01T00:00:00Z", "updated_at": "2024-01-02T00:00:00Z", "note": None},
+                    version, now_ms))
+            writer.publish(encoder.encode(events, now_ms))
+            writer.poll()
+            time.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
+        writer.flush(30)
+        sink.job.query.processAllAvailable()
+        return [b for b in sink.job.batches if b.records]
+    finally:
+        sink.stop()
+        writer.close()
+        for topic in (encoder.topic(table), schema_changes_topic(prefix)):
+            log.delete_topic(topic)
+        log.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=100_000, help="changes per micro-batch")
+    parser.add_argument("--latency-seconds", type=float, default=30.0, help="0: skip the Kafka latency run")
+    parser.add_argument("--rate", type=int, default=1000, help="changes/s during the latency run")
+    parser.add_argument("--trigger", type=float, default=1.0, help="trigger_seconds of the latency run")
+    parser.add_argument("--driver-memory", default="3g")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark SQL setting for the run (repeatable)")
+    args = parser.parse_args(argv)
+
+    from cdc.dev.stack import read_env
+    from spark_sinks.session import local_session
+
+    env = read_env()
+    jars = env.get("SPARK_JARS")
+    spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else None,
+                          driver_memory=args.driver_memory)
+    for setting in args.conf:
+        key, _, value = setting.partition("=")
+        spark.conf.set(key, value)
+    work = tempfile.mkdtemp(prefix="bench-spark-merge-")
+    try:
+        data = f"{work}/changes.parquet"
+        print(f"generating {args.changes:,} changes over {args.keys:,} keys ...", flush=True)
+        make_changes(spark, data, args.changes, args.keys)
+
+        append_s = run_append(spark, data, f"{work}/append", args.changes, args.batch)
+        print(f"baseline  Delta append   {args.changes:>10,} rows in {append_s:7.1f}s  "
+              f"{args.changes / append_s:>10,.0f} rows/s", flush=True)
+        merge_s, per_batch = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
+        live = check(spark, data, f"{work}/lake/public/orders")
+        print(f"ours      MERGE          {args.changes:>10,} rows in {merge_s:7.1f}s  "
+              f"{args.changes / merge_s:>10,.0f} rows/s  ({merge_s / append_s:.1f}x the append's time; "
+              f"{live:,} live keys checked)", flush=True)
+        print(f"          per batch of {args.batch:,}: " + " ".join(f"{s:.1f}" for s in per_batch) + " s")
+
+        if args.latency_seconds > 0:
+            bootstrap = env.get("KAFKA_BOOTSTRAP")
+            if not bootstrap:
+                raise SystemExit("no KAFKA_BOOTSTRAP: run `.venv/bin/cdc dev up --only kafka`")
+            reports = run_latency(spark, bootstrap, f"{work}/latency", args.latency_seconds, args.rate, args.trigger)
+            oldest = [b.finished - b.oldest_ms / 1000 for b in reports]
+            newest = [b.finished - b.newest_ms / 1000 for b in reports]
+            durations = [b.seconds for b in reports]
+            print(f"latency   {len(reports)} micro-batches at {args.rate:,} changes/s, trigger {args.trigger:g}s, "
+                  f"{statistics.mean(b.records for b in reports):,.0f} records/batch")
+            print(f"          batch duration p50 {percentile(durations, .5):.1f}s  "
+                  f"p95 {percentile(durations, .95):.1f}s")
+            print(f"          commit -> visible in Delta, oldest change of a batch: p50 "
+                  f"{percentile(oldest, .5):.1f}s  p95 {percentile(oldest, .95):.1f}s  max {max(oldest):.1f}s; "
+                  f"newest: p50 {percentile(newest, .5):.1f}s")
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    main()

@@ -1,0 +1,104 @@
+"""The ``type: delta`` sink's settings.
+
+::
+
+    sinks:
+      - name: lake
+        type: delta
+        topics: ["cdc.public.*"]
+        path: ./lake                      # one Delta table per source table: <path>/<schema>/<table>
+        checkpoint: ./lake-checkpoint     # Spark's offsets and commits: the sink's position
+        trigger_seconds: 5
+        soft_delete: false
+        scd2: false
+        delete_retention_hours: 168
+        # kafka: {bootstrap_servers: "broker:9092"}   # default: the log's brokers
+        # spark: {master: "local[*]", conf: {spark.sql.shuffle.partitions: "8"}}
+
+``batch_size`` and ``batch_wait_ms`` of the base config do not apply: Spark sizes the batches
+(``trigger_seconds``, ``max_offsets_per_trigger``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from cdc.api import SinkConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeltaKafkaConfig(_Section):
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...] of the brokers")
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Kafka consumer settings for Spark's Kafka source, without the 'kafka.' "
+                    "prefix (security.protocol, sasl.mechanism ...)")
+
+
+class SparkSettings(_Section):
+    master: str = Field(default="local[*]", description="the Spark master when cdc run starts Spark "
+                                                        "itself (spark-submit sets its own)")
+    conf: dict[str, str] = Field(default_factory=dict, description="more Spark settings")
+    jars: list[str] | None = Field(default=None, description="the Kafka source and Delta jars; default: "
+                                                             "the ones `cdc dev up` resolved")
+    driver_memory: str = "2g"
+
+
+class DeltaSinkConfig(SinkConfig):
+    type: Literal["delta"] = "delta"
+    path: str = Field(description="root of the Delta tables (a directory or a URI: s3a://, abfss://); "
+                                  "table <schema>.<table> is <path>/<schema>/<table>")
+    checkpoint: str = Field(description="the streaming query's checkpoint (offsets and batch commits): "
+                                        "delete it together with the tables to start over")
+    trigger_seconds: float = Field(default=5.0, ge=0, description="seconds between micro-batches "
+                                                                  "(0: one right after another)")
+    available_now: bool = Field(default=False, description="process what the topics hold now, then stop")
+    soft_delete: bool = Field(default=False, description="keep deleted rows, marked __cdc_deleted = true")
+    scd2: bool = Field(default=False, description="keep history: one row per version, with "
+                                                  "__cdc_valid_from/__cdc_valid_to (SCD type 2)")
+    delete_retention_hours: float = Field(
+        default=168, gt=0, description="how long a deleted key's version is remembered (hard deletes), so "
+                                       "a late older insert cannot bring the row back; keep it above the "
+                                       "topics' delete.retention.ms")
+    schema_policy: Literal["fail", "rebuild"] = Field(
+        default="fail", description="a source change the table cannot follow (a type that does not fit, "
+                                    "a new key): stop, or rebuild the table from the compacted topic")
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        default="earliest", description="where a new checkpoint starts: earliest builds the tables from "
+                                        "the compacted topics (a bootstrap)")
+    max_offsets_per_trigger: int | None = Field(default=1_000_000, ge=1,
+                                                description="records per micro-batch at most")
+    fail_on_data_loss: bool = Field(
+        default=False, description="fail when offsets the checkpoint expects are gone; compaction "
+                                   "removes offsets by design, so the default is false")
+    table_properties: dict[str, str] = Field(
+        default_factory=lambda: {"delta.enableDeletionVectors": "true"},
+        description="properties of the tables created (deletion vectors: a MERGE marks rows instead "
+                    "of rewriting whole files)")
+    topic_prefix: str | None = Field(default=None, description="default: the log's topic_prefix")
+    kafka: DeltaKafkaConfig | None = Field(default=None, description="default: the log's brokers")
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+
+    @field_validator("path", "checkpoint", mode="after")
+    @classmethod
+    def _resolve(cls, value: str, info: ValidationInfo) -> str:
+        """A local relative path is relative to the config file's directory, like the embedded log."""
+        if "://" in value:
+            return value
+        path = Path(value).expanduser()
+        base_dir = (info.context or {}).get("base_dir")
+        if base_dir is not None and not path.is_absolute():
+            path = Path(base_dir) / path
+        return str(path.resolve()) if path.is_absolute() else str(path)
+
+    @model_validator(mode="after")
+    def _one_delete_mode(self) -> DeltaSinkConfig:
+        if self.scd2 and self.soft_delete:
+            raise ValueError("scd2 keeps deleted rows as closed history already; do not set soft_delete too")
+        return self

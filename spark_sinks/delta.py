@@ -1,0 +1,175 @@
+"""The ``type: delta`` sink: the compacted topics into Delta tables, by Spark Structured Streaming.
+
+Unlike the framework's other sinks it is not fed by the sink runtime: Spark reads Kafka itself and
+owns the position (the query's checkpoint), so the sink runs itself::
+
+    sink = DeltaSink(config)
+    sink.run(stop_event, log=app_config.log, report=report)  # returns when stop_event is set
+
+``runs_itself = True`` tells the runtime to call ``run`` instead of driving ``write``. ``run``
+starts the query (``start``), waits for it until ``stop_event`` is set (or the query ends: an
+``available_now`` sink ends when it caught up), then stops it after the batch in flight
+(``stop``). ``stop`` may be called from another thread. Errors are ``cdc.errors`` types: a query
+that failed on a ``SchemaChangeError`` or a poison record with ``on_poison: stop`` raises that
+(permanent); any other failure (brokers away, executors lost) raises ``RetriableError``, and a
+restart resumes from the checkpoint.
+
+On a cluster, the same config runs under ``spark-submit`` (see ``spark_sinks.submit``).
+The Kafka brokers are the sink's ``kafka.bootstrap_servers`` or else the log's; the embedded log
+has no brokers Spark could read, so a delta sink needs Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, ClassVar
+
+from cdc.api import Sink
+from cdc.errors import CdcError, ConfigError, PermanentError, RetriableError
+from cdc.runtime.stats import ConnectorStats
+from spark_sinks.config import DeltaSinkConfig
+
+log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 30.0   # how long stop() lets the batch in flight finish
+
+
+class DeltaSink(Sink):
+    config_model = DeltaSinkConfig
+    runs_itself: ClassVar[bool] = True
+
+    def __init__(self, config: DeltaSinkConfig, generation: int | None = None) -> None:
+        super().__init__(config, generation)
+        self.config: DeltaSinkConfig = config
+        self.log_config: Any = None   # the app config's ``log`` section (run() sets it, or the runtime)
+        self.session = None
+        self.job = None
+        self._own_session = False
+        self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> ConnectorStats:
+        return self.job.stats if self.job is not None else ConnectorStats(self.config.name, "sink")
+
+    # -- the Sink interface ----------------------------------------------------------------------
+    def start(self, session=None) -> None:
+        """Start the streaming query (on ``session``, else a session of its own)."""
+        from spark_sinks.job import DeltaJob
+
+        bootstrap, options, prefix, log_ = self._kafka()
+        with self._lock:
+            if session is None:
+                session, self._own_session = _session(self.config), True
+            try:
+                self.session = session.newSession()  # its own SQL settings, the same SparkContext
+                for name, value in self.config.spark.conf.items():
+                    self.session.conf.set(name, value)  # runtime settings; static: spark-submit --conf
+                self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
+                                    kafka_options=options)
+                self.job.start(self.session)
+            except BaseException:
+                log_.close()
+                if self._own_session:
+                    session.sparkContext.stop()
+                    self._own_session = False
+                raise
+
+    def write(self, events) -> None:
+        raise PermanentError(f"sink {self.config.name} (delta) reads its topics itself: run it with run()")
+
+    def stop(self) -> None:
+        """Stop the query once the batch in flight is written (at most STOP_WAIT_S); may be called
+        from any thread, and more than once. A batch cut short is re-run from the checkpoint at
+        the next start."""
+        with self._lock:
+            job = self.job
+            if job is None:
+                return
+            query = job.query
+            if query is not None and query.isActive:
+                deadline = time.monotonic() + STOP_WAIT_S
+                while query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                query.stop()
+            if job.log is not None:
+                job.log.close()
+            if self._own_session and self.session is not None:
+                self.session.sparkContext.stop()
+                self._own_session = False
+            self.session = None
+
+    # -- running itself --------------------------------------------------------------------------
+    def run(self, stop_event: threading.Event, *, log: Any = None,
+            report: Callable[[ConnectorStats], None] | None = None, session=None) -> None:
+        """Run until ``stop_event`` is set or the query ends; ``log`` is the app config's log
+        section (brokers and topic prefix; else ``log_config`` as set before); ``report`` gets the
+        stats about once a second."""
+        if log is not None:
+            self.log_config = log
+        self.start(session)
+        job = self.job
+        query = job.query
+        try:
+            while not stop_event.is_set():
+                try:
+                    if query.awaitTermination(1.0):
+                        break  # available_now: caught up
+                except Exception as err:  # noqa: BLE001 - StreamingQueryException and Py4J errors
+                    raise self._typed(job, err) from err
+                if report is not None:
+                    report(job.stats)
+            job.stats.phase = "stopped" if stop_event.is_set() else "finished"
+        except CdcError:
+            job.stats.phase = "failed"
+            raise
+        finally:
+            self.stop()
+            if report is not None:
+                report(job.stats)
+
+    @staticmethod
+    def _typed(job, err: BaseException) -> CdcError:
+        if isinstance(job.failure, CdcError):
+            return job.failure
+        return RetriableError(f"sink {job.name}: the streaming query failed: {_first_line(err)}")
+
+    def _kafka(self):
+        """(bootstrap servers, Kafka source options, topic prefix, a Log for the driver's reads)."""
+        from cdc.log.kafka import KafkaLog
+
+        kafka_log = getattr(self.log_config, "kafka", None)
+        prefix = self.config.topic_prefix or getattr(self.log_config, "topic_prefix", None) or "cdc"
+        if self.config.kafka is not None:
+            bootstrap = self.config.kafka.bootstrap_servers
+            same = kafka_log is not None and kafka_log.bootstrap_servers == bootstrap
+            log_ = KafkaLog(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
+                            consumer_config=dict(kafka_log.consumer) if same else None)
+            return bootstrap, dict(self.config.kafka.options), prefix, log_
+        if kafka_log is None:
+            raise ConfigError(f"sink {self.config.name} (delta) needs Kafka: give it kafka.bootstrap_servers, "
+                              f"or use a Kafka log (Spark cannot read the embedded log)")
+        log_ = KafkaLog(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
+                        consumer_config=dict(kafka_log.consumer))
+        return kafka_log.bootstrap_servers, {}, prefix, log_
+
+
+def _session(config: DeltaSinkConfig):
+    """Under spark-submit, the session it configured; otherwise a local one with the jars."""
+    from pyspark.sql import SparkSession
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("SPARK_SUBMIT"):
+        session = SparkSession.builder.appName(f"cdc-delta-{config.name}").getOrCreate()
+    else:
+        from spark_sinks.session import local_session
+
+        session = local_session(f"cdc-delta-{config.name}", jars=config.spark.jars,
+                                master=config.spark.master, driver_memory=config.spark.driver_memory)
+    return session
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,65 @@
+"""What a table must do to follow its source's shape: columns to add, types to widen, values to cast.
+
+The rules, in order, for each source column:
+
+* not in the table: added (nullable; older rows read NULL);
+* its values fit the column's type without loss (``types.fits``: the same type, anything into a
+  text column, a decimal into a wider one): kept, the values are cast;
+* the column can be widened in place (``types.widening``: a decimal that grows, a date to
+  timestamp_ntz): widened through Delta's type widening (a metadata change);
+* anything else (text to a number, a narrower decimal, a number to a date): incompatible.
+
+A table column the source no longer has stays, and new rows hold NULL in it. A different key is
+incompatible: the table's rows are keyed by the old key's JSON and could never be matched again.
+Incompatible changes follow the sink's ``schema_policy``: ``fail`` (``SchemaChangeError``) or
+``rebuild`` (the table is rebuilt from its compacted topic with the new shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import types as T
+
+from spark_sinks.parse import PREFIX
+from spark_sinks.schemas import TableShape
+from spark_sinks.types import fits, widening
+
+
+@dataclass
+class Plan:
+    add: list[T.StructField] = field(default_factory=list)
+    widen: list[tuple[str, T.DataType]] = field(default_factory=list)
+    casts: dict[str, T.DataType] = field(default_factory=dict)   # source column -> the table's type
+    incompatible: list[str] = field(default_factory=list)        # why, one entry per problem
+
+    @property
+    def changes_table(self) -> bool:
+        return bool(self.add or self.widen)
+
+
+def data_fields(schema: T.StructType) -> list[T.StructField]:
+    return [f for f in schema.fields if not f.name.startswith(PREFIX)]
+
+
+def plan(shape: TableShape, table_schema: T.StructType, table_key: tuple[str, ...] | None) -> Plan:
+    """How the table with ``table_schema`` (data and bookkeeping columns) and key ``table_key``
+    follows ``shape``."""
+    out = Plan()
+    existing = {f.name.lower(): f for f in data_fields(table_schema)}
+    if table_key is not None and tuple(k.lower() for k in table_key) != tuple(k.lower() for k in shape.key):
+        out.incompatible.append(f"the key changed from ({', '.join(table_key)}) to ({', '.join(shape.key)})")
+    for name, kind in shape.columns:
+        column = existing.get(name.lower())
+        if column is None:
+            out.add.append(T.StructField(name, kind, True))
+        elif column.dataType == kind:
+            continue
+        elif fits(kind, column.dataType):
+            out.casts[name] = column.dataType
+        elif widening(column.dataType, kind):
+            out.widen.append((column.name, kind))
+        else:
+            out.incompatible.append(f"column {name}: {kind.simpleString()} values do not fit the table's "
+                                    f"{column.dataType.simpleString()}")
+    return out

@@ -1,0 +1,371 @@
+"""The streaming query of one delta sink: Kafka source, ``foreachBatch``, a MERGE per table.
+
+Exactly-once rests on two things Spark and Delta keep, not on the framework's consumer groups:
+
+1. The query's checkpoint: Spark records a micro-batch's offsets before running it and marks it
+   done after ``foreachBatch`` returns. A restart re-runs an unfinished batch with the same id
+   and the same offsets.
+2. Delta's transaction ids: every commit of a batch carries ``txnAppId`` (the query's id and the
+   step) and ``txnVersion`` (the batch id), set through Delta's session settings. A commit whose
+   table already holds that app id at that version or later is skipped. So a batch that died
+   after writing some tables re-runs and writes only the others.
+
+Beyond that every write is version-guarded (``merge``, ``scd2``), so even a replay from the
+earliest offsets (a new checkpoint over existing tables) never regresses a row.
+
+Threading: ``foreachBatch`` runs on a Py4J callback thread of the driver; ``stats``, ``failure``
+and the caches here are only touched from it (one batch at a time) and read elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import orjson
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc.errors import PermanentError, SchemaChangeError
+from cdc.log.base import Log, TopicSettings
+from cdc.runtime.stats import ConnectorStats
+from spark_sinks import evolve, merge, scd2
+from spark_sinks.config import DeltaSinkConfig
+from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelopes, latest_per_key,
+                               row_changes, topic_pattern)
+from spark_sinks.schemas import SchemaRegistry, TableShape
+from spark_sinks.tables import TableTarget
+
+log = logging.getLogger(__name__)
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+PURGE_INTERVAL_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    batch_id: int
+    records: int
+    seconds: float             # wall time of foreachBatch
+    finished: float            # time.time() when its commits were done
+    oldest_ms: int | None      # the oldest and newest source commit time (ts_ms) in the batch
+    newest_ms: int | None
+
+
+class DeltaJob:
+    def __init__(self, config: DeltaSinkConfig, *, bootstrap_servers: str, prefix: str,
+                 log_: Log | None = None, kafka_options: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.name = config.name
+        self.prefix = prefix
+        self.bootstrap_servers = bootstrap_servers
+        self.kafka_options = dict(kafka_options or {})
+        self.log = log_
+        self.registry = SchemaRegistry(log_, prefix)
+        self.mode = "scd2" if config.scd2 else "soft" if config.soft_delete else "type1"
+        self.stats = ConnectorStats(config.name, "sink")
+        self.failure: BaseException | None = None   # what made the last batch fail, typed
+        self.batches: deque[BatchReport] = deque(maxlen=1000)  # the latest batches, for metrics
+        # Called after each table's MERGE with (batch id, table name): tests put a crash there.
+        self.after_table: Callable[[int, str], None] | None = None
+        self.query = None
+        self._query_id: str | None = None
+        self._started = threading.Event()
+        self._targets: dict[tuple[str, str], TableTarget] = {}
+
+    def _extra(self) -> dict:
+        return {"connector": self.name, "phase": self.stats.phase}
+
+    # -- the query -------------------------------------------------------------------------------
+    def source_options(self) -> dict[str, str]:
+        return {"kafka.bootstrap.servers": self.bootstrap_servers,
+                **{f"kafka.{k}": v for k, v in self.kafka_options.items()}}
+
+    def start(self, session: SparkSession):
+        """Start the streaming query on ``session``; returns the StreamingQuery."""
+        config = self.config
+        reader = (session.readStream.format("kafka").options(**self.source_options())
+                  .option("subscribePattern", topic_pattern(config.topics))
+                  .option("startingOffsets", config.starting_offsets)
+                  .option("failOnDataLoss", str(config.fail_on_data_loss).lower()))
+        if config.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+        writer = (reader.load().writeStream.foreachBatch(self._batch)
+                  .option("checkpointLocation", config.checkpoint).queryName(f"cdc-delta-{self.name}"))
+        if config.available_now:
+            writer = writer.trigger(availableNow=True)
+        elif config.trigger_seconds > 0:
+            writer = writer.trigger(processingTime=f"{int(config.trigger_seconds * 1000)} milliseconds")
+        self._started.clear()
+        self.failure = None
+        self.query = writer.start()
+        self.bind(self.query.id)  # kept in the checkpoint: the same across restarts
+        self.stats.phase = "streaming"
+        log.info("streaming %s into %s (%s), checkpoint %s", ", ".join(config.topics), config.path,
+                 self.mode, config.checkpoint, extra=self._extra())
+        return self.query
+
+    @property
+    def batch_seconds(self) -> list[float]:
+        return [b.seconds for b in self.batches]
+
+    def bind(self, query_id: str) -> None:
+        """Name the query whose batches ``apply`` writes (its id makes the Delta transaction ids).
+        ``start`` does it; a caller of ``apply`` without a streaming query gives its own."""
+        self._query_id = query_id
+        self._started.set()
+
+    def _batch(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self.apply(batch, batch_id)
+        except BaseException as err:
+            # Py4J turns the exception into text; keep the typed one for whoever awaits the query.
+            self.failure = err
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(err).__name__}: {err}"
+            log.error("batch %d failed: %s", batch_id, self.stats.last_error, extra=self._extra())
+            raise
+
+    # -- one micro-batch -------------------------------------------------------------------------
+    def apply(self, batch: DataFrame, batch_id: int) -> None:
+        """Write micro-batch ``batch_id`` (Kafka source rows) into the tables."""
+        self._started.wait(60)  # the first batch can come before start() has the query's id
+        if self._query_id is None:
+            raise PermanentError(f"sink {self.name}: a batch to write but no query id (call start or bind)")
+        began = time.monotonic()
+        session = batch.sparkSession
+        rows = envelopes(batch).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            summary = self.summarize(rows)
+            if any(s["poison"] for s in summary):
+                self._poison(rows)
+            for item in sorted(summary, key=lambda s: s["topic"]):
+                target = self._target(item["topic"])
+                self.apply_topic(session, rows.where(F.col("topic") == item["topic"]), item, batch_id, target)
+            self._purge(session, [self._target(s["topic"]) for s in summary])
+        finally:
+            rows.unpersist()
+        seconds = time.monotonic() - began
+        records = sum(s["records"] for s in summary)
+        newest = max((s["newest_ts"] for s in summary if s["newest_ts"] is not None), default=None)
+        oldest = min((s["oldest_ts"] for s in summary if s["oldest_ts"] is not None), default=None)
+        self.batches.append(BatchReport(batch_id, records, seconds, time.time(), oldest, newest))
+        self.stats.events += records
+        if newest is not None:
+            self.stats.lag_seconds = max(0.0, time.time() - newest / 1000)
+        log.debug("batch %d: %d records, %d tables, %.2fs", batch_id, records, len(summary), seconds,
+                  extra=self._extra())
+
+    @staticmethod
+    def summarize(rows: DataFrame) -> list[Row]:
+        """Per topic: records, the newest truncate, poison records, whether there are deletes, the
+        column names the rows have and the key's column names (one small aggregation)."""
+        clean = F.col("poison").isNull()
+        op = F.col("op")
+        return rows.groupBy("topic").agg(
+            F.count(F.lit(1)).alias("records"),
+            F.count(F.when(clean & op.isin("r", "c", "u", "d") | clean & op.isNull(), 1)).alias("changes"),
+            F.max(F.when(clean & (op == "t"), F.col("version"))).alias("truncated_at"),
+            F.count(F.when(~clean, 1)).alias("poison"),
+            F.max(F.when(clean & (op == "d"), 1)).isNotNull().alias("deletes"),
+            F.max(F.col("ts_ms")).alias("newest_ts"),
+            F.min(F.col("ts_ms")).alias("oldest_ts"),
+            F.array_distinct(F.flatten(F.collect_set(
+                F.when(clean & op.isin(*UPSERTS), F.json_object_keys("data"))))).alias("names"),
+            F.first(F.when(clean & (op != "t") | clean & op.isNull(), F.json_object_keys(KEY)),
+                    ignorenulls=True).alias("key_names"),
+        ).collect()
+
+    def _target(self, topic: str, area: str = "") -> TableTarget:
+        target = self._targets.get((topic, area))
+        if target is None:
+            target = self._targets[(topic, area)] = TableTarget(self.config.path, topic, self.prefix,
+                                                                self.mode, area=area)
+        return target
+
+    def _shape(self, session: SparkSession, item: Row, target: TableTarget) -> TableShape:
+        """The table's shape: its schema record's, else inferred from the rows' names. A column the
+        rows have and the shape lacks is added as text (after re-reading the schema records)."""
+        topic, seen = item["topic"], set(item["names"] or ())
+        existing = {f.name.lower(): f for f in evolve.data_fields(target.schema(session))} \
+            if target.exists(session) else {}
+        shape = self.registry.shape(topic)
+        if shape is None:
+            key = tuple(item["key_names"] or ())
+            inferred = TableShape.inferred(seen | set(key), key)
+            # Where the table already has a column, its type reads the value as well as text.
+            return TableShape(tuple((n, existing[n.lower()].dataType if n.lower() in existing else t)
+                                    for n, t in inferred.columns), key, False)
+        missing = shape.missing(seen)
+        if missing:
+            shape = self.registry.shape(topic)  # the record may have come after the rows
+            missing = shape.missing(seen)
+            if missing:
+                log.warning("table %s: column(s) %s are in the rows but not in the schema record; "
+                            "stored as text", target.name, ", ".join(missing), extra=self._extra())
+                shape = shape.with_text_columns(missing)
+        return shape
+
+    def apply_topic(self, session: SparkSession, rows: DataFrame, item: Row, batch_id: int,
+                    target: TableTarget, shape: TableShape | None = None) -> None:
+        """Write one table's records of the batch (``rows``: its envelopes)."""
+        if not item["changes"] and item["truncated_at"] is None:
+            return  # only poison records
+        shape = shape or self._shape(session, item, target)
+        plan = evolve.Plan()
+        if target.exists(session):
+            target.check_mode(session)
+            plan = evolve.plan(shape, target.schema(session), target.key(session))
+            if plan.incompatible:
+                problems = "; ".join(plan.incompatible)
+                if self.config.schema_policy == "fail":
+                    raise SchemaChangeError(f"sink {self.name}: table {target.name} cannot follow its source: "
+                                            f"{problems} (schema_policy: fail; set it to rebuild, or rebuild "
+                                            f"by deleting the table and the checkpoint)")
+                log.warning("table %s: %s; rebuilding it from %s", target.name, problems, target.topic,
+                            extra=self._extra())
+                self.rebuild(session, target, shape, batch_id)
+                return
+            target.evolve(session, plan)
+        else:
+            target.create(session, shape, self.config.table_properties)
+        if item["truncated_at"] is not None:
+            if self.mode == "scd2":
+                scd2.truncate(session, target, item["truncated_at"])
+            else:
+                merge.truncate(session, target, item["truncated_at"], self.mode == "soft")
+        if not item["changes"]:
+            return
+        changes = row_changes(rows)
+        watermark = target.truncated_at(session)
+        if watermark is not None:
+            changes = changes.where(F.col("version").isNull() | (F.col("version") > watermark))
+        table_fields = evolve.data_fields(target.schema(session))
+        data_columns = [f.name for f in table_fields]
+        known = {name.lower() for name in shape.names}
+        # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
+        extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
+        struct = T.StructType([*shape.struct().fields, *extra])
+        columns = columns_of(F.col("data"), struct, plan.casts)
+        if self.mode == "scd2":
+            fresh = scd2.newer_than_history(session, target, changes)
+            source = fresh.select(KEY, F.col("op").alias(OP), F.col("version").alias(VERSION),
+                                  F.col("ts_ms").alias(TS), *columns)
+            with self._txn(session, batch_id, "merge"):
+                scd2.merge(session, target, source, data_columns)
+        else:
+            latest = latest_per_key(changes)
+            if self.mode == "type1":
+                latest = merge.without_remembered_deletes(session, target, latest)
+            source = latest.select(*columns, KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
+                                   F.col("ts_ms").alias(TS))
+            remember = self.mode == "type1" and item["deletes"]
+            if remember:
+                source = source.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                with self._txn(session, batch_id, "merge"):
+                    merge.merge(session, target, source, data_columns, self.mode == "soft")
+                if remember:
+                    with self._txn(session, batch_id, "deletes"):
+                        merge.remember_deletes(session, target, source)
+            finally:
+                if remember:
+                    source.unpersist()
+        if self.after_table is not None:
+            self.after_table(batch_id, target.name)
+
+    @contextmanager
+    def _txn(self, session: SparkSession, batch_id: int, step: str) -> Iterator[None]:
+        """The Delta commit inside is skipped if its table already has this batch's ``step``."""
+        conf = session.conf
+        conf.set(TXN_APP_ID, f"cdc-delta-sink:{self._query_id}:{step}")
+        conf.set(TXN_VERSION, str(batch_id))
+        conf.set(USER_METADATA, orjson.dumps({"sink": self.name, "batch": batch_id, "step": step}).decode())
+        try:
+            yield
+        finally:
+            for name in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+                conf.unset(name)
+
+    def _purge(self, session: SparkSession, targets: list[TableTarget]) -> None:
+        if self.mode != "type1":
+            return
+        now = time.monotonic()
+        for target in targets:
+            if now - target.purged_at > PURGE_INTERVAL_S:
+                merge.purge_deletes(session, target, self.config.delete_retention_hours)
+                target.purged_at = now
+
+    # -- poison records --------------------------------------------------------------------------
+    def _poison(self, rows: DataFrame) -> None:
+        bad = rows.where(F.col("poison").isNotNull())
+        first = bad.select("topic", "partition", "offset", "poison").first()
+        where = f"{first['topic']}[{first['partition']}]@{first['offset']}"
+        self.stats.errors += 1
+        self.stats.last_error = f"poison record at {where}: {first['poison']}"
+        if self.config.on_poison == "stop":
+            raise PermanentError(f"sink {self.name}: the record at {where} is not a change event: "
+                                 f"{first['poison']}")
+        topic = self.config.dead_letter_topic or f"{self.prefix}.dead-letter.{self.name}"
+        if self.log is not None:
+            self.log.ensure_topic(topic, TopicSettings(partitions=1))
+        (bad.select(F.col(KEY).alias("key"), F.to_json(F.struct(
+            "topic", "partition", "offset", F.col("poison").alias("reason"), F.lit(self.name).alias("sink"),
+            F.col("raw").alias("value"))).alias("value"))
+         .write.format("kafka").options(**self.source_options()).option("topic", topic).save())
+        log.error("records that are not change events (the first at %s: %s) sent to %s", where,
+                  first["poison"], topic, extra=self._extra())
+
+    # -- rebuilds --------------------------------------------------------------------------------
+    def rebuild(self, session: SparkSession, target: TableTarget, shape: TableShape, batch_id: int) -> None:
+        """Rebuild ``target`` from its compacted topic with ``shape``: into a staging table through
+        the same path as every batch, then swapped in by one overwrite commit (readers see the old
+        table until then). The topic is read to its current end; later batches that repeat some of
+        it change nothing (version-guarded)."""
+        staging = self._target(target.topic, "_cdc_rebuild")
+        for path in (staging.path, staging.deletes_path):
+            _remove(session, path)
+        staging.forget()
+        full = (session.read.format("kafka").options(**self.source_options()).option("subscribe", target.topic)
+                .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+                .option("failOnDataLoss", "false").load())
+        rows = envelopes(full).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            [item] = self.summarize(rows)
+            self.apply_topic(session, rows, item, batch_id, staging, shape)
+        finally:
+            rows.unpersist()
+        (session.read.format("delta").load(staging.path).write.format("delta").mode("overwrite")
+         .option("overwriteSchema", "true").save(target.path))
+        target.forget()
+        properties = {k: v for k, v in staging.properties(session).items() if k.startswith("cdc.")}
+        target.set_properties(session, properties)
+        if staging.deletes_exist(session):
+            (session.read.format("delta").load(staging.deletes_path).write.format("delta")
+             .mode("overwrite").save(target.deletes_path))
+        elif target.deletes_exist(session):
+            from delta.tables import DeltaTable
+
+            DeltaTable.forPath(session, target.deletes_path).delete()
+        for path in (staging.path, staging.deletes_path):
+            _remove(session, path)
+        staging.forget()
+        target.forget()
+        log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
+
+
+def _remove(session: SparkSession, path: str) -> None:
+    """Delete a directory tree on whatever file system ``path`` names (Hadoop's FileSystem)."""
+    jvm = session.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
+

@@ -1,0 +1,111 @@
+"""Type 1 (latest row per key) writes: one MERGE per table and micro-batch, version-guarded.
+
+The MERGE source holds one row per key (``parse.latest_per_key``): its newest record in the batch.
+Against the table (``t``) and with ``s`` the source row:
+
+    matched, s is a delete and s.version > t.version (or s is a tombstone)  -> delete
+                                                      (soft: keep the row, __cdc_deleted = true)
+    matched, s is an upsert and s.version > t.version                      -> update every column
+    not matched, s is an upsert                                            -> insert
+    not matched, s is a delete (soft only)                                 -> insert a deleted marker
+
+so a replayed or late record never regresses a row. Hard deletes are remembered in a side table
+(key, version, when): before the MERGE, an upsert no newer than a remembered delete is dropped,
+so a late insert cannot bring a deleted key back; entries older than ``delete_retention_hours``
+are purged. The side table is appended to (a key may be there more than once; the newest
+version counts): an append costs a fraction of a second MERGE per batch. A soft-deleted row is
+its own memory (its ``__cdc_version`` is the delete's).
+
+A truncate at version V removes (soft: marks) every row older than V, forgets remembered deletes
+older than V, and records V in the table as a watermark: records older than V are dropped before
+any later MERGE.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_sinks.parse import DELETED, KEY, OP, TS, VERSION
+from spark_sinks.tables import DELETED_AT, TRUNCATED_PROPERTY, TableTarget, quote
+
+
+def _s(name: str) -> Column:
+    return F.col(f"s.{quote(name)}")
+
+
+def _t(name: str) -> Column:
+    return F.col(f"t.{quote(name)}")
+
+
+def without_remembered_deletes(session: SparkSession, target: TableTarget, latest: DataFrame) -> DataFrame:
+    """``latest`` (``parse.latest_per_key``) without the upserts that a remembered delete of the
+    same key outranks."""
+    if not target.deletes_exist(session):
+        return latest
+    memory = (DeltaTable.forPath(session, target.deletes_path).toDF()
+              .groupBy(KEY).agg(F.max(VERSION).alias("__remembered")))
+    joined = latest.join(memory, KEY, "left")
+    keep = F.col("__remembered").isNull() | (F.col("op") == "d") | (F.col("version") > F.col("__remembered"))
+    return joined.where(keep).drop("__remembered")
+
+
+def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_columns: list[str],
+          soft_delete: bool) -> None:
+    """MERGE ``source`` (data columns, __cdc_key, __cdc_version, __cdc_op, __cdc_ts_ms; one row
+    per key) into ``target``."""
+    table = DeltaTable.forPath(session, target.path).alias("t")
+    is_delete = _s(OP) == "d"
+    newer = _s(VERSION) > _t(VERSION)
+    row = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS)}
+    builder = table.merge(source.alias("s"), _t(KEY) == _s(KEY))
+    if soft_delete:
+        # A tombstone (no version) marks a live row deleted; a versioned delete also bumps the
+        # remembered version of a row already deleted.
+        builder = builder.whenMatchedUpdate(
+            condition=is_delete & ((_s(VERSION).isNull() & ~_t(DELETED)) | newer),
+            set={quote(DELETED): F.lit(True), quote(OP): F.lit("d"),
+                 quote(VERSION): F.coalesce(_s(VERSION), _t(VERSION)), quote(TS): F.coalesce(_s(TS), _t(TS))})
+        builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set={**row, quote(DELETED): F.lit(False)})
+        builder = builder.whenNotMatchedInsert(condition=~is_delete, values={**row, quote(DELETED): F.lit(False)})
+        builder = builder.whenNotMatchedInsert(condition=is_delete & _s(VERSION).isNotNull(),
+                                               values={**row, quote(DELETED): F.lit(True)})
+    else:
+        builder = builder.whenMatchedDelete(condition=is_delete & (_s(VERSION).isNull() | newer))
+        builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set=row)
+        builder = builder.whenNotMatchedInsert(condition=~is_delete, values=row)
+    builder.execute()
+
+
+def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFrame) -> None:
+    """Append the versioned deletes of ``latest`` to the side table: an append is a fraction of
+    a MERGE's cost, and readers of the memory take the newest version per key."""
+    deletes = (latest.where((F.col(OP) == "d") & F.col(VERSION).isNotNull())
+               .select(KEY, VERSION, F.current_timestamp().alias(DELETED_AT)))
+    deletes.write.format("delta").mode("append").save(target.deletes_path)
+    target.deletes_written()
+
+
+def purge_deletes(session: SparkSession, target: TableTarget, retention_hours: float) -> None:
+    if target.deletes_exist(session):
+        cutoff = F.current_timestamp() - F.expr(f"INTERVAL {int(retention_hours * 3600)} SECONDS")
+        DeltaTable.forPath(session, target.deletes_path).delete(F.col(DELETED_AT) < cutoff)
+
+
+def truncate(session: SparkSession, target: TableTarget, version: int, soft_delete: bool) -> None:
+    """Everything older than ``version`` goes; ``version`` becomes the table's watermark.
+
+    The watermark is recorded first: if the job dies in between, the replayed batch truncates
+    again (both steps are idempotent), and nothing older slipped in meanwhile."""
+    current = target.truncated_at(session)
+    if current is None or version > current:
+        target.set_properties(session, {TRUNCATED_PROPERTY: str(version)})
+    table = DeltaTable.forPath(session, target.path)
+    older = F.col(VERSION) < version
+    if soft_delete:
+        table.update(older & ~F.col(DELETED), {DELETED: F.lit(True), OP: F.lit("t")})
+    else:
+        table.delete(older)
+    if target.deletes_exist(session):
+        DeltaTable.forPath(session, target.deletes_path).delete(older)

@@ -1,0 +1,74 @@
+"""Run a delta sink of a config file on a Spark cluster: ``spark-submit`` this file.
+
+    python -m spark_sinks.submit CONFIG SINK          # locally (master from the sink's spark.master)
+
+    spark-submit --master yarn --deploy-mode client \\
+      --jars "$(python -c 'from cdc.dev.jars import spark_jars; print(",".join(spark_jars()))')" \\
+      --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \\
+      --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \\
+      "$(python -c 'import spark_sinks.submit as m; print(m.__file__)')" cdc.yaml lake
+
+``--jars`` are the Kafka source and Delta jars (``spark-sql-kafka-0-10``, ``kafka-clients``,
+``delta-spark``, ``delta-storage``, ``commons-pool2``) that ``cdc dev up`` resolved from Maven
+Central; ``--packages io.delta:delta-spark_2.13:4.0.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0``
+does the same where the cluster reaches Maven. The driver needs this project installed
+(``pip install 'cdc-framework[spark]'``: the config, the schema records); executors need only
+Spark, since everything runs as Spark SQL expressions (no Python UDFs). Use ``--deploy-mode
+client``, or ship the config file and a Python environment with ``--files``/``--archives``.
+
+The streaming query is the one ``cdc run`` starts: same checkpoint, same tables, so a sink can
+move between the two (never run both at once on one checkpoint). SIGTERM or SIGINT stops it after
+the batch in flight. Exit codes are the worker's: 0 stopped, 75 failed and worth a restart
+(resumes from the checkpoint), 2 failed for good (the message says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from cdc.errors import CdcError
+
+EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spark_sinks.submit",
+                                     description="Run a delta sink of a cdc config file on Spark.")
+    parser.add_argument("config", help="the cdc config file (YAML)")
+    parser.add_argument("sink", help="the name of a sink of type delta in it")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from cdc.config import load_config
+    from spark_sinks.delta import DeltaSink
+
+    try:
+        config = load_config(args.config)
+        sink_config = config.sink(args.sink)
+    except KeyError as err:
+        print(f"error: {err.args[0]} in {args.config}", file=sys.stderr)
+        return EXIT_PERMANENT
+    except CdcError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_PERMANENT
+    if sink_config.type != "delta":
+        print(f"error: sink {args.sink} is of type {sink_config.type}, not delta", file=sys.stderr)
+        return EXIT_PERMANENT
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        DeltaSink(sink_config).run(stop, log=config.log)
+    except CdcError as err:
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

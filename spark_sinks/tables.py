@@ -1,0 +1,159 @@
+"""The Delta tables of one source table: where they live, their bookkeeping, creating and evolving.
+
+``<root>/<schema>/<table>`` holds the rows; ``<root>/_cdc_deletes/<schema>/<table>`` remembers
+deleted keys with their versions (hard deletes only; a soft-deleted or SCD2-closed row remembers
+its own delete). Paths under ``_``-prefixed directories are skipped by Spark's file listing, so a
+reader of ``<root>`` never mistakes them for data.
+
+Table properties carry what the sink must know across restarts, in the table's own log:
+``cdc.key`` (the key columns, to notice a key change), ``cdc.mode`` (type1, soft, scd2: a table
+is never silently written in another mode) and ``cdc.truncated_at`` (the newest truncate's
+version: anything older is ignored afterwards).
+
+One writer per table (the sink's query); the driver caches what it read of a table's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from cdc.errors import PermanentError
+from spark_sinks.evolve import Plan
+from spark_sinks.parse import CURRENT, DELETED, KEY, OP, TS, VALID_FROM, VALID_TO, VERSION
+from spark_sinks.schemas import TableShape
+
+log = logging.getLogger(__name__)
+
+KEY_PROPERTY, MODE_PROPERTY, TRUNCATED_PROPERTY = "cdc.key", "cdc.mode", "cdc.truncated_at"
+DELETED_AT = "__cdc_deleted_at"
+
+
+def bookkeeping(mode: str) -> list[T.StructField]:
+    fields = [T.StructField(KEY, T.StringType(), False), T.StructField(VERSION, T.LongType(), True),
+              T.StructField(OP, T.StringType(), True), T.StructField(TS, T.LongType(), True)]
+    if mode == "soft":
+        fields.append(T.StructField(DELETED, T.BooleanType(), True))
+    elif mode == "scd2":
+        fields += [T.StructField(VALID_FROM, T.LongType(), True), T.StructField(VALID_TO, T.LongType(), True),
+                   T.StructField(CURRENT, T.BooleanType(), True)]
+    return fields
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_ref(path: str) -> str:
+    return f"delta.{quote(path)}"
+
+
+def split_topic(topic: str, prefix: str) -> tuple[str, str]:
+    """``<prefix>.<schema>.<table>`` -> (schema, table); another name -> ("_", topic)."""
+    rest = topic[len(prefix) + 1:] if topic.startswith(prefix + ".") else None
+    if rest and "." in rest:
+        namespace, table = rest.split(".", 1)
+        return namespace, table
+    return "_", topic
+
+
+class TableTarget:
+    def __init__(self, root: str, topic: str, prefix: str, mode: str, *, area: str = "") -> None:
+        namespace, table = split_topic(topic, prefix)
+        root = root.rstrip("/")
+        self.topic, self.mode = topic, mode
+        self.name = f"{namespace}.{table}"
+        self.path = f"{root}/{area + '/' if area else ''}{namespace}/{table}"
+        self.deletes_path = f"{root}/_cdc_deletes/{area + '/' if area else ''}{namespace}/{table}"
+        self.root = root
+        self._exists = False
+        self._deletes_exist = False
+        self._properties: dict[str, str] | None = None
+        # time.monotonic() of the last purge of the delete memory: a purge runs an hour after the
+        # job starts and hourly after, not in every restart's first batch.
+        self.purged_at = time.monotonic()
+
+    # -- metadata --------------------------------------------------------------------------------
+    def exists(self, session: SparkSession) -> bool:
+        if not self._exists:
+            self._exists = DeltaTable.isDeltaTable(session, self.path)
+        return self._exists
+
+    def deletes_exist(self, session: SparkSession) -> bool:
+        if not self._deletes_exist:
+            self._deletes_exist = DeltaTable.isDeltaTable(session, self.deletes_path)
+        return self._deletes_exist
+
+    def schema(self, session: SparkSession) -> T.StructType:
+        return DeltaTable.forPath(session, self.path).toDF().schema
+
+    def properties(self, session: SparkSession) -> dict[str, str]:
+        if self._properties is None:
+            rows = session.sql(f"SHOW TBLPROPERTIES {table_ref(self.path)}").collect()
+            self._properties = {row["key"]: row["value"] for row in rows}
+        return self._properties
+
+    def key(self, session: SparkSession) -> tuple[str, ...] | None:
+        value = self.properties(session).get(KEY_PROPERTY)
+        return tuple(value.split(",")) if value else None
+
+    def truncated_at(self, session: SparkSession) -> int | None:
+        if not self.exists(session):
+            return None
+        value = self.properties(session).get(TRUNCATED_PROPERTY)
+        return int(value) if value else None
+
+    def set_properties(self, session: SparkSession, properties: dict[str, str]) -> None:
+        pairs = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+        session.sql(f"ALTER TABLE {table_ref(self.path)} SET TBLPROPERTIES ({pairs})")
+        if self._properties is not None:
+            self._properties.update(properties)
+
+    def forget(self) -> None:
+        """Drop what was cached (the tables were replaced)."""
+        self._exists = self._deletes_exist = False
+        self._properties = None
+
+    # -- creating and evolving -------------------------------------------------------------------
+    def create(self, session: SparkSession, shape: TableShape, properties: dict[str, str]) -> None:
+        builder = DeltaTable.createIfNotExists(session).location(self.path)
+        builder = builder.addColumns(T.StructType([*shape.struct().fields, *bookkeeping(self.mode)]))
+        for name, value in {**properties, KEY_PROPERTY: ",".join(shape.key), MODE_PROPERTY: self.mode}.items():
+            builder = builder.property(name, value)
+        builder.execute()
+        self._exists = True
+        self._properties = None
+        log.info("created Delta table %s at %s (%s, key %s)", self.name, self.path, self.mode,
+                 ",".join(shape.key))
+
+    def check_mode(self, session: SparkSession) -> None:
+        mode = self.properties(session).get(MODE_PROPERTY)
+        if mode is not None and mode != self.mode:
+            raise PermanentError(f"table {self.name} at {self.path} was written as {mode}, the sink is "
+                                 f"configured for {self.mode}: use another path, or delete the table and "
+                                 f"the checkpoint to rebuild it")
+
+    def evolve(self, session: SparkSession, plan: Plan) -> None:
+        new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
+        if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
+            # A table created with such a column has the feature; one that gains it must ask.
+            if self.properties(session).get("delta.feature.timestampNtz") != "supported":
+                self.set_properties(session, {"delta.feature.timestampNtz": "supported"})
+        if plan.add:
+            columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in plan.add)
+            session.sql(f"ALTER TABLE {table_ref(self.path)} ADD COLUMNS ({columns})")
+            log.info("table %s: added column(s) %s", self.name, ", ".join(f.name for f in plan.add))
+        if plan.widen:
+            if self.properties(session).get("delta.enableTypeWidening") != "true":
+                self.set_properties(session, {"delta.enableTypeWidening": "true"})
+            for name, kind in plan.widen:
+                session.sql(f"ALTER TABLE {table_ref(self.path)} ALTER COLUMN {quote(name)} "
+                            f"TYPE {kind.simpleString()}")
+                log.info("table %s: column %s widened to %s", self.name, name, kind.simpleString())
+
+    def deletes_written(self) -> None:
+        self._deletes_exist = True  # the first append created the table
