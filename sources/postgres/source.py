@@ -328,22 +328,15 @@ class PostgresSource(Source):
                 if kind is pg.Relation:
                     builder.on_relation(message, data_start)
                 continue
-            if kind is pg.Insert:
-                events += builder.insert(message, data_start)
-            elif kind is pg.Update:
-                events += builder.update(message, data_start)
-            elif kind is pg.Delete:
-                events += builder.delete(message, data_start)
+            changes = self._changes(kind, message, data_start)
+            if changes is not None:
+                events += changes
             elif kind is pg.Begin:
                 builder.begin(message.xid, message.commit_time_us)
             elif kind is pg.Commit:
                 builder.end()
                 checkpoint = PgLsn(message.end_lsn)
                 self.last_commit_ms = pg.pg_time_to_unix_ms(message.commit_time_us)
-            elif kind is pg.Relation:
-                builder.on_relation(message, data_start)
-            elif kind is pg.Truncate:
-                events += builder.truncate(message, data_start)
             elif kind is pg.Message:
                 if not message.transactional and message.prefix == HEARTBEAT_PREFIX and builder.xid is None:
                     checkpoint = PgLsn(message.lsn)
@@ -376,6 +369,23 @@ class PostgresSource(Source):
             return Batch(events, checkpoint, changes)
         return None
 
+    def _changes(self, kind: type, message: Any, data_start: int) -> list | None:
+        """The events of a data message (Relation: none, after updating the table's shape);
+        None when ``message`` is not a data message."""
+        builder = self.builder
+        if kind is pg.Insert:
+            return builder.insert(message, data_start)
+        if kind is pg.Update:
+            return builder.update(message, data_start)
+        if kind is pg.Delete:
+            return builder.delete(message, data_start)
+        if kind is pg.Truncate:
+            return builder.truncate(message, data_start)
+        if kind is pg.Relation:
+            builder.on_relation(message, data_start)
+            return []
+        return None
+
     def _keep_within_budget(self) -> None:
         budget = self.cfg.memory_budget_mb << 20
         while sum(b.memory_bytes for b in self.buffers.values()) > budget:
@@ -396,17 +406,7 @@ class PostgresSource(Source):
                 message = decoder.decode(payload)
                 if getattr(message, "xid", None) in buffer.aborted_subxacts:  # Origin has no xid
                     continue
-                kind = type(message)
-                if kind is pg.Insert:
-                    events += builder.insert(message, data_start)
-                elif kind is pg.Update:
-                    events += builder.update(message, data_start)
-                elif kind is pg.Delete:
-                    events += builder.delete(message, data_start)
-                elif kind is pg.Truncate:
-                    events += builder.truncate(message, data_start)
-                elif kind is pg.Relation:
-                    builder.on_relation(message, data_start)
+                events += self._changes(type(message), message, data_start) or ()
                 if len(events) >= self.cfg.max_batch_events:
                     self.toast.flush()
                     yield Batch(events, None, builder.take_schema_changes())

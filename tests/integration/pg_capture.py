@@ -1,4 +1,7 @@
-"""Helpers for PostgreSQL source tests: run a capture in a thread, compare topics with tables."""
+"""Helpers for source tests: run a capture in a thread, compare topics with tables.
+
+``Capture`` runs any source plugin (chosen by its config's ``type``); the PostgreSQL helpers
+(``pg_config``, ``table_rows``, ``execute``) are here too, the MySQL ones in test_mysql_source.py."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.runtime.runner import SourceRunner
 from sources.postgres.config import PostgresConfig
-from sources.postgres.source import PostgresSource
 
 
 def pg_config(dsn: str, tmp_path, **overrides) -> PostgresConfig:
@@ -27,10 +29,12 @@ def pg_config(dsn: str, tmp_path, **overrides) -> PostgresConfig:
 class Capture:
     """A SourceRunner on a thread, against ``log``; ``stop()`` drains it like SIGTERM does."""
 
-    def __init__(self, config: PostgresConfig, log: Log, prefix: str) -> None:
+    def __init__(self, config, log: Log, prefix: str) -> None:
+        from cdc.plugins import source_plugin
+
         self.log, self.prefix, self.config = log, prefix, config
         self.offsets = OffsetStore(log, prefix)
-        self.source = PostgresSource(config, self.offsets.load(config.name))
+        self.source = source_plugin(config.type)(config, self.offsets.load(config.name))
         self.runner = SourceRunner(self.source, log, self.offsets, prefix, TopicSettings(partitions=2),
                                    offset_interval=0.2)
         self.stop_event = threading.Event()
@@ -56,7 +60,7 @@ class Capture:
 
 
 @contextmanager
-def capturing(config: PostgresConfig, log: Log, prefix: str):
+def capturing(config, log: Log, prefix: str):
     capture = Capture(config, log, prefix).start()
     try:
         yield capture

@@ -12,7 +12,6 @@ import threading
 from collections import Counter
 import time
 import uuid
-from contextlib import contextmanager
 from decimal import Decimal
 
 import orjson
@@ -20,15 +19,14 @@ import pytest
 
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import Op
-from cdc.log.base import Log, TopicSettings
+from cdc.log.base import Log
 from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.positions import MySqlPosition
-from cdc.runtime.runner import SourceRunner
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
-from tests.integration.pg_capture import topic_state, wait_until
+from tests.integration.pg_capture import Capture, capturing, topic_state, wait_until
 
 pytestmark = pytest.mark.mysql
 
@@ -40,46 +38,6 @@ def mysql_config(url: str, db: str, **overrides) -> MySqlConfig:
                     tables=[f"{db}.*"], heartbeat_interval=0.2)
     settings.update(overrides)
     return MySqlConfig.model_validate(settings)
-
-
-class Capture:
-    """A SourceRunner on a thread, against ``log``; ``stop()`` drains it like SIGTERM does."""
-
-    def __init__(self, config: MySqlConfig, log: Log, prefix: str) -> None:
-        self.log, self.prefix, self.config = log, prefix, config
-        self.offsets = OffsetStore(log, prefix)
-        self.source = MySqlSource(config, self.offsets.load(config.name))
-        self.runner = SourceRunner(self.source, log, self.offsets, prefix, TopicSettings(partitions=2),
-                                   offset_interval=0.2)
-        self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.runner.run(self.stop_event)
-        except BaseException as err:  # noqa: BLE001 - reported by stop()
-            self.error = err
-
-    def start(self) -> "Capture":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the capture did not stop within 60s"
-        if self.error is not None:
-            raise self.error
-
-
-@contextmanager
-def capturing(config: MySqlConfig, log: Log, prefix: str):
-    capture = Capture(config, log, prefix).start()
-    try:
-        yield capture
-    finally:
-        capture.stop()
 
 
 def execute(url: str, db: str | None, *statements: str) -> None:
