@@ -39,15 +39,18 @@ class StaleRows:
     def observe(self, events: list[ChangeEvent]) -> None:
         """Note the keys of the snapshot events in ``events``."""
         dumps = orjson.dumps
+        last_table, entry = None, None
         for event in events:
             if event.snapshot is SnapshotMarker.FALSE:
                 continue
-            topic = self.topic_of(event.table)
-            entry = self.tracked.get(topic, False)
-            if entry is False:
-                ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
-                entry = self.tracked[topic] = (_Tracked(event.table, ends, event.version)
-                                               if sum(ends.values()) else None)
+            if event.table is not last_table:  # by identity: a TableId hash runs Python code
+                last_table = event.table
+                topic = self.topic_of(event.table)
+                entry = self.tracked.get(topic, False)
+                if entry is False:
+                    ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
+                    entry = self.tracked[topic] = (_Tracked(event.table, ends, event.version)
+                                                   if sum(ends.values()) else None)
             if entry is not None:
                 entry.keys.add(dumps(event.key))
 
