@@ -1,7 +1,7 @@
 """The log on Apache Kafka, through confluent-kafka (librdkafka).
 
 Threading: a ``KafkaLog`` may be shared between threads (its admin client and metadata consumer are
-thread-safe librdkafka handles). A ``KafkaWriter`` is single-threaded: its delivery callbacks run
+thread-safe librdkafka handles). A ``KafkaWriter`` is single-threaded: its failure reports run
 inside ``poll``/``flush`` (and inside ``publish`` while it waits for room in the local queue) on the
 caller's thread, which is what lets ``DeliveryTracker`` go without locks. A ``KafkaReader`` is one
 ``Consumer``, used by one thread at a time.
@@ -43,7 +43,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
-from cdc.log.delivery import DeliveryTracker, Pending
+from cdc.log.delivery import DeliveryTracker
 from cdc.positions import Position
 from cdc.serde import Record
 
@@ -249,7 +249,7 @@ class KafkaLog(Log):
     # --- writers and readers --------------------------------------------------------------------
 
     def writer(self) -> KafkaWriter:
-        writer = KafkaWriter(self, Producer(self.producer_config))
+        writer = KafkaWriter(self, self.producer_config)
         self._open.add(writer)
         return writer
 
@@ -269,55 +269,52 @@ class KafkaLog(Log):
 
 
 class KafkaWriter(LogWriter):
+    """Publishes through one idempotent producer; acknowledgements are taken in bulk at drain
+    points (see ``cdc.log.delivery``), so librdkafka reports only failures back to Python."""
+
     close_timeout = 5.0  # seconds close() waits for records in flight
 
-    def __init__(self, log: KafkaLog, producer: Producer) -> None:
+    def __init__(self, log: KafkaLog, config: dict[str, Any], barrier_interval: float = 1.0) -> None:
         self._log = log
-        self._producer: Producer | None = producer
-        self._tracker: DeliveryTracker[Position] = DeliveryTracker()
+        self._tracker: DeliveryTracker[Position] = DeliveryTracker(barrier_interval)
+        self._producer: Producer | None = Producer(
+            {**config, "on_delivery": self._on_failure, "delivery.report.only.error": True})
+
+    def _on_failure(self, err: KafkaError, msg: Any) -> None:
+        self._tracker.failed(_delivery_error(err, msg.topic(), msg.partition()))
 
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
         """Produce ``records`` (any iterable: a generator lets each value be produced, and its
-        memory reused, right after it is encoded), counting them as they go."""
+        memory reused, right after it is encoded)."""
         producer = self._producer
         if producer is None:
             raise DeliveryError("publish on a closed writer", retriable=False)
-        tracker = self._tracker
-        entry = tracker.begin(0, checkpoint)
-        ack = tracker.ack
-
-        def on_delivery(err: KafkaError | None, msg: Any) -> None:
-            if err is None:  # DeliveryTracker.ack(entry), inlined: this runs once per record
-                entry.remaining -= 1
-            else:
-                ack(entry, _delivery_error(err, msg.topic(), msg.partition()))
-
         produce = producer.produce
         try:
             for record in records:
-                if record.to_all_partitions:
-                    self._produce_everywhere(record, entry, on_delivery)
-                    continue
-                # Counted before it is produced: its callback can only run in a later poll.
-                entry.remaining += 1
-                entry.total += 1
+                topic, key, value, everywhere = record
                 try:
+                    if everywhere:
+                        self._produce_everywhere(record)
+                        continue
                     try:
-                        produce(record.topic, record.value, record.key, -1, on_delivery)
+                        produce(topic, value, key)
                     except BufferError:
-                        self._produce_when_room(record.topic, record.value, record.key, -1, on_delivery)
+                        self._produce_when_room(topic, value, key)
+                except DeliveryError:
+                    raise
                 except Exception as exc:
                     # Refused: fail it, so that nothing past it is ever safe, and say so now.
-                    raise self._refuse(entry, exc, record, -1) from exc
+                    raise self._refuse(exc, record) from exc
         except DeliveryError:
             raise
         except Exception as exc:
             # The iterable failed (a value that cannot be encoded): the rest of the batch never
             # comes, so its checkpoint must never become safe.
-            self._adjust(entry, 1)
-            tracker.ack(entry, DeliveryError(f"a record could not be made: {type(exc).__name__}: {exc}",
-                                             retriable=False))
+            error = DeliveryError(f"a record could not be made: {type(exc).__name__}: {exc}", retriable=False)
+            self._tracker.failed(error)
             raise
+        self._tracker.published(checkpoint)
 
     def _produce_when_room(self, *args: Any) -> None:
         """The local queue is full: serve acknowledgements until it has room (the backpressure)."""
@@ -329,57 +326,57 @@ class KafkaWriter(LogWriter):
             except BufferError:
                 continue
 
-    def _produce_everywhere(self, record: Record, entry: Pending, on_delivery: Any) -> None:
-        """One copy of ``record`` to each partition (a truncate). A DeliveryError it raises is
-        already recorded in the tracker."""
+    def _produce_everywhere(self, record: Record) -> None:
+        """One copy of ``record`` to each partition (a truncate)."""
         try:
             count = self._log.partitions(record.topic)
         except CdcError as exc:
-            self._adjust(entry, 1)
             error = DeliveryError(f"delivery to {record.topic} failed: {exc}", retriable=exc.retriable)
-            self._tracker.ack(entry, error)
+            self._tracker.failed(error)
             raise error from exc
         for partition in range(count):
-            self._adjust(entry, 1)
             try:
-                try:
-                    self._producer.produce(record.topic, record.value, record.key, partition, on_delivery)
-                except BufferError:
-                    self._produce_when_room(record.topic, record.value, record.key, partition, on_delivery)
-            except Exception as exc:
-                raise self._refuse(entry, exc, record, partition) from exc
+                self._producer.produce(record.topic, record.value, record.key, partition)
+            except BufferError:
+                self._produce_when_room(record.topic, record.value, record.key, partition)
 
-    def _refuse(self, entry: Pending, exc: Exception, record: Record, partition: int) -> DeliveryError:
+    def _refuse(self, exc: Exception, record: Record) -> DeliveryError:
         """Record in the tracker that ``produce`` refused ``record``; the error to raise."""
         err = _kafka_error(exc)
         if err is not None:
-            error = _delivery_error(err, record.topic, partition)
+            error = _delivery_error(err, record.topic, None)
         else:
             error = DeliveryError(f"delivery to {record.topic} failed: {type(exc).__name__}: {exc}",
                                   retriable=False)
-        self._tracker.ack(entry, error)
+        self._tracker.failed(error)
         return error
 
-    def _adjust(self, entry: Pending, delta: int) -> None:
-        """``entry`` has ``delta`` more (or fewer) records to wait for than ``begin`` was told."""
-        entry.add(delta)
-
     def poll(self) -> Position | None:
-        if self._producer is not None:
-            self._producer.poll(0)
-        return self._tracker.safe()
+        """The safe checkpoint; a drain point when nothing is outstanding, and a forced one (a
+        flush) when the stream has not paused for ``barrier_interval`` seconds."""
+        producer, tracker = self._producer, self._tracker
+        if producer is not None:
+            producer.poll(0)
+            if len(producer) == 0:
+                tracker.drained()
+            elif tracker.barrier_due():
+                return self.flush()
+        return tracker.safe()
 
     def flush(self, timeout: float = 30.0) -> Position | None:
-        left = self._producer.flush(timeout) if self._producer is not None else 0
-        safe = self._tracker.safe()  # a failed delivery outranks the timeout
-        if left or self._tracker.outstanding:
-            raise DeliveryError(f"{self._tracker.outstanding} records not acknowledged within "
-                                f"{timeout:g}s (broker slow or unreachable?)", retriable=True)
+        producer, tracker = self._producer, self._tracker
+        left = producer.flush(timeout) if producer is not None else 0
+        if not left:
+            tracker.drained()
+        safe = tracker.safe()  # a failed delivery outranks the timeout
+        if left:
+            raise DeliveryError(f"{left} records not acknowledged within {timeout:g}s "
+                                f"(broker slow or unreachable?)", retriable=True)
         return safe
 
     @property
     def outstanding(self) -> int:
-        return self._tracker.outstanding
+        return len(self._producer) if self._producer is not None else 0
 
     def close(self) -> None:
         producer, self._producer = self._producer, None

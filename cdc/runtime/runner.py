@@ -4,7 +4,7 @@ The order of effects is the whole correctness argument:
 
 1. ``writer.publish(records, batch.checkpoint)``: records go to the log, nothing is stored yet.
 2. ``writer.poll()`` returns checkpoint C only once the log acknowledged every record published
-   before C's batch ended (``DeliveryTracker``).
+   before C's batch ended (``cdc.log.delivery``).
 3. ``offsets.save(C)`` returns once the offset record itself is acknowledged.
 4. ``source.commit(C)``: only now may the source advance the server (slot flush LSN, ...).
 
