@@ -71,6 +71,8 @@ class ChangeEvent(NamedTuple):
 
     ``key`` holds the primary-key columns in key order (for a keyless table, the configured key
     columns); it is ``None`` only for a truncate. ``after`` is always the complete row for r/c/u.
+    A source may hand ``after`` over already serialized, as an ``orjson.Fragment`` of the row's
+    JSON object (the PostgreSQL snapshot does: the server prints it); the encoder writes it as is.
     ``version`` strictly increases for successive changes of the same key within one source.
     ``source_fields`` carries the connector-specific part of the envelope's ``source`` block
     (PostgreSQL ``txId``/``lsn``; MySQL ``file``/``pos``/``row``/``gtid``).

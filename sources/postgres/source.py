@@ -241,7 +241,7 @@ class PostgresSource(Source):
         # Converters are made here, on this thread, before the readers need them.
         self._converters_for([c.type_oid for t in self.tables.values() for c in t.columns])
         rows = SnapshotRows(before.lsn, int(time.time() * 1000), self._converters_for, self.toast,
-                            batch=min(cfg.max_batch_events, 2048))
+                            batch=min(cfg.max_batch_events, 2048), types=self.types)
         self.snapshot = ParallelSnapshot(readers, chunks, rows.read, name=f"{cfg.name}-snapshot")
         self._phase = "snapshot"
         self._snapshot_rows = 0

@@ -315,3 +315,58 @@ def test_closing_early_cancels_a_slow_copy(pg_dsn):
             assert time.monotonic() - started < 10
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("family", ["core", "hstore"])
+def test_server_json_expressions_give_the_converters_values(pg_dsn, family):
+    """What the snapshot reads when PostgreSQL prints the row JSON (types/server_json.py) equals
+    what the converters make of the same rows' text, value for value, for every type that has an
+    expression; the types without one are exactly those the converters build structures for."""
+    from sources.postgres.snapshot import quote_ident
+    from sources.postgres.types.server_json import json_expression
+
+    conn = _connect(pg_dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        if family == "hstore":
+            if not _has_hstore(conn):
+                pytest.skip("the hstore extension is not installed on this server (postgresql-contrib)")
+            cur.execute("CREATE EXTENSION IF NOT EXISTS hstore")
+            columns = HSTORE_COLUMNS
+        else:
+            cur.execute(SETUP)
+            columns = COLUMNS
+        cur.execute("CREATE TABLE typed (id int4 PRIMARY KEY, "
+                    + ", ".join(f"{name} {sql_type}" for name, sql_type, *_ in columns) + ")")
+        names = ", ".join(["id"] + [c[0] for c in columns])
+        cur.execute(f"INSERT INTO typed ({names}) VALUES (1, {', '.join(c[2] for c in columns)})")
+        cur.execute(f"INSERT INTO typed ({names}) VALUES (2, {', '.join(c[4] for c in columns)})")
+        cur.execute("INSERT INTO typed (id) VALUES (3)")
+        cur.execute("SELECT attname, atttypid FROM pg_attribute WHERE attrelid = 'typed'::regclass "
+                    "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+        typed = cur.fetchall()
+    catalog = load_type_catalog(conn, [oid for _, oid in typed])
+    expressions = {name: json_expression(oid, catalog, "x." + quote_ident(name)) for name, oid in typed}
+    kinds = {name: catalog[oid].kind if oid in catalog else TypeKind.BASE for name, oid in typed}
+    structured = {name for name, kind in kinds.items()
+                  if kind in (TypeKind.ARRAY, TypeKind.RANGE, TypeKind.MULTIRANGE)}
+    without = {name for name, expression in expressions.items() if expression is None}
+    want_without = structured | {c[0] for c in columns if c[1] in ("json", "jsonb", "hstore")}
+    assert without == want_without
+    served = {name: e for name, e in expressions.items() if e is not None}
+    assert len(served) > (40 if family == "core" else 0)
+
+    converters = [(name, converter_for(oid, catalog)) for name, oid in typed]
+    select = ", ".join(f"{e} AS {quote_ident(n)}" for n, e in served.items())
+    with conn.cursor() as cur:
+        by_converters = [convert_row(converters, texts)
+                         for texts in iter_copy_rows(cur, "COPY (SELECT * FROM typed ORDER BY id) TO STDOUT")]
+        by_server = [orjson.loads(texts[0]) for texts in iter_copy_rows(
+            cur, f"COPY (SELECT row_to_json(j) FROM typed x CROSS JOIN LATERAL (SELECT {select}) j "
+                 f"ORDER BY x.id) TO STDOUT")]
+    conn.close()
+    for want, got in zip(by_converters, by_server, strict=True):
+        for name in served:
+            # Values as a JSON reader sees them: -0 and -0.0 are the same number.
+            assert got[name] == orjson.loads(orjson.dumps(want[name])), \
+                f"row {want['id']} column {name}: server {got[name]!r} != converters {want[name]!r}"
