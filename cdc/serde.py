@@ -130,6 +130,7 @@ class EnvelopeEncoder:
         last_table: TableId | None = None
         per_op: dict = {}
         last_tx_id, tx_id_json = None, b""
+        last_fields, fields_json = None, b""
         nbytes = 0
         try:
             for event in events:
@@ -147,8 +148,10 @@ class EnvelopeEncoder:
                 # One C-level format per value; the connector's fields close the source object.
                 if tx is None:
                     if fields:
+                        if fields is not last_fields:  # a snapshot's events share one dict
+                            last_fields, fields_json = fields, dumps(fields)[1:]
                         value = _VALUE_F % (b"null" if before is None else dumps(before), dumps(after),
-                                            middle[1], ts_ms, version, dumps(fields)[1:])
+                                            middle[1], ts_ms, version, fields_json)
                     else:
                         value = _VALUE % (b"null" if before is None else dumps(before), dumps(after),
                                           middle[1], ts_ms, version)
@@ -156,8 +159,10 @@ class EnvelopeEncoder:
                     if tx[0] is not last_tx_id:  # a transaction's events share its id
                         last_tx_id, tx_id_json = tx[0], dumps(tx[0])
                     if fields:
+                        if fields is not last_fields:
+                            last_fields, fields_json = fields, dumps(fields)[1:]
                         value = _VALUE_F_TX % (b"null" if before is None else dumps(before), dumps(after),
-                                               middle[1], ts_ms, version, dumps(fields)[1:],
+                                               middle[1], ts_ms, version, fields_json,
                                                tx_id_json, tx[1], tx[2])
                     else:
                         value = _VALUE_TX % (b"null" if before is None else dumps(before), dumps(after),

@@ -40,22 +40,28 @@ class StaleRows:
         """Note the keys of the snapshot events in ``events``."""
         dumps = orjson.dumps
         last_table, entry = None, None
+        not_snapshot = SnapshotMarker.FALSE
         for event in events:
-            if event.snapshot is SnapshotMarker.FALSE:
-                continue
-            if event.table is not last_table:  # by identity: a TableId hash runs Python code
-                last_table = event.table
-                topic = self.topic_of(event.table)
+            table = event.table
+            if table is not last_table:  # by identity: a TableId hash runs Python code
+                last_table = table
+                topic = self.topic_of(table)
                 entry = self.tracked.get(topic, False)
                 if entry is False:
                     ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
-                    entry = self.tracked[topic] = (_Tracked(event.table, ends, event.version)
+                    entry = self.tracked[topic] = (_Tracked(table, ends, event.version)
                                                    if sum(ends.values()) else None)
-            if entry is not None:
+            # None: the topic was empty when the snapshot began, nothing there can be stale.
+            if entry is not None and event.snapshot is not not_snapshot:
                 entry.keys.add(dumps(event.key))
 
     def snapshot_ends(self, events: list[ChangeEvent]) -> bool:
-        return any(e.snapshot is SnapshotMarker.LAST for e in events)
+        """Whether ``events`` hold a snapshot's last row. It is the last snapshot event, so only
+        streamed events can follow it: look from the end."""
+        for event in reversed(events):
+            if event.snapshot is not SnapshotMarker.FALSE:
+                return event.snapshot is SnapshotMarker.LAST
+        return False
 
     def deletes(self) -> list[ChangeEvent]:
         """Deletes for the rows the earlier snapshot or stream left that the new one lacks."""

@@ -131,7 +131,8 @@ def test_postgres_to_delta_under_a_live_workload(spark, pg_dsn, kafka_bootstrap,
     assert dict(actual.dtypes) == {"id": "bigint", "name": "string", "qty": "bigint", "price": "decimal(10,2)",
                                    "updated": "timestamp", "flag": "boolean", "note": "string"}
     expected = source_rows(spark, pg_dsn, actual.schema)
-    assert expected.count() > 200
+    # Inserts and deletes are equally likely over 400 keys: the table drifts towards 200 rows.
+    assert expected.count() > 100
     assert actual.where("note IS NOT NULL").count() > 0
     assertDataFrameEqual(actual, expected)
 
