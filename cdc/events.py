@@ -130,13 +130,24 @@ class SchemaChange:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotEnd:
+    """A snapshot's end: the tables it read (empty ones included) and its rows' version."""
+
+    tables: tuple[TableId, ...]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """Events in log order, and the position that is safe to store once they are all delivered.
 
     ``schema_changes`` are published before ``events``: a change of a table's shape comes before
-    the first event that carries it.
+    the first event that carries it. ``snapshot_end`` is set on the batch whose checkpoint ends a
+    snapshot (its events, if any, are the snapshot's last): the runner then deletes what an
+    earlier attempt left in the topics that this snapshot did not read (cdc/runtime/resnapshot.py).
     """
 
     events: list[ChangeEvent]
     checkpoint: Position | None = None
     schema_changes: tuple[SchemaChange, ...] = ()
+    snapshot_end: SnapshotEnd | None = None

@@ -7,7 +7,9 @@ will ever say it is gone. So while a snapshot runs into a topic that already had
 runner notes the keys the snapshot publishes; before the snapshot's last batch (whose checkpoint
 ends it) it reads the topic up to where it ended when the snapshot began, and publishes a delete
 (version: the snapshot's) for every key whose newest record there is a row the new snapshot did
-not have. Topics that were empty at the start cost nothing.
+not have. The source names every table the snapshot read (``Batch.snapshot_end``), so a table
+that became empty in between gets its deletes too. Topics that were empty at the start cost
+nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ class StaleRows:
             # None: the topic was empty when the snapshot began, nothing there can be stale.
             if entry is not None and event.snapshot is not not_snapshot:
                 entry.keys.add(dumps(event.key))
+
+    def cover(self, tables: tuple[TableId, ...], version: int) -> None:
+        """The snapshot that ends read ``tables``: a table it found empty left no event to note,
+        yet every row an earlier attempt left in its topic is stale. Nothing of this snapshot is
+        in such a topic, so its end offsets now are where the earlier records end."""
+        for table in tables:
+            topic = self.topic_of(table)
+            if topic in self.tracked:
+                continue
+            ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
+            self.tracked[topic] = _Tracked(table, ends, version) if sum(ends.values()) else None
 
     def snapshot_ends(self, events: list[ChangeEvent]) -> bool:
         """Whether ``events`` hold a snapshot's last row. It is the last snapshot event, so only

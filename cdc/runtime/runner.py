@@ -101,11 +101,15 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
-                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                    snapshot_rows = bool(batch.events) and batch.events[0].snapshot is not SnapshotMarker.FALSE
+                    if snapshot_rows:
                         self.stale.observe(batch.events)
-                        if self.stale.snapshot_ends(batch.events):
-                            # Before the batch whose checkpoint ends the snapshot: see resnapshot.py.
-                            writer.publish(self.encoder.iter_encode(self.stale.deletes()))
+                    end = batch.snapshot_end
+                    if end is not None or (snapshot_rows and self.stale.snapshot_ends(batch.events)):
+                        if end is not None:
+                            self.stale.cover(end.tables, end.version)
+                        # Before the batch whose checkpoint ends the snapshot: see resnapshot.py.
+                        writer.publish(self.encoder.iter_encode(self.stale.deletes()))
                     # Encoded while produced: see EnvelopeEncoder.iter_encode.
                     writer.publish(self.encoder.iter_encode(batch.events), batch.checkpoint)
                     stats.events += len(batch.events)

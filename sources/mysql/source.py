@@ -42,7 +42,7 @@ import time
 
 from cdc.api import SnapshotMode, Source
 from cdc.errors import CdcError, PermanentError, PositionLostError
-from cdc.events import Batch, SnapshotMarker
+from cdc.events import Batch, SnapshotEnd, SnapshotMarker
 from cdc.positions import MySqlPosition, Position, SnapshotProgress
 from snapshot.parallel import ParallelSnapshot
 from sources.mysql.binlog import BinlogConnection
@@ -78,6 +78,7 @@ class MySqlSource(Source):
         self._readers: list = []
         self._held = None                 # the newest snapshot event, held back to mark the last one
         self._pending_changes: tuple = ()  # schema records for the next batch
+        self._snapshot_end: SnapshotEnd | None = None
         self.acknowledged: Position | None = position
 
     def _extra(self) -> dict:
@@ -197,6 +198,7 @@ class MySqlSource(Source):
         rows = SnapshotRows(version, now, {"file": file, "pos": pos, "row": 0, "gtid": gtid},
                             batch=min(cfg.max_batch_events, 2048))
         self._pending_changes = tuple(s.change(version, now, None) for s in schemas.values())
+        self._snapshot_end = SnapshotEnd(tuple(s.id for s in schemas.values()), version)
         self.snapshot = ParallelSnapshot(readers, chunks, rows.read, name=f"{cfg.name}-snapshot")
         self._snapshot_rows = 0
         log.info("snapshot of %d tables in %d chunks, consistent at %s, %d readers (%s); streaming will start "
@@ -236,13 +238,13 @@ class MySqlSource(Source):
             self._phase, self._finished = "finished", True
         else:
             self._start_stream(self.stream_from)
-        return self._with_changes(Batch(events, self.stream_from))
+        return self._with_changes(Batch(events, self.stream_from, snapshot_end=self._snapshot_end))
 
     def _with_changes(self, batch: Batch) -> Batch:
         if not self._pending_changes:
             return batch
         changes, self._pending_changes = self._pending_changes + batch.schema_changes, ()
-        return Batch(batch.events, batch.checkpoint, changes)
+        return dataclasses.replace(batch, schema_changes=changes)
 
     # -- streaming -------------------------------------------------------------------------------
     def _start_stream(self, position: MySqlPosition) -> None:

@@ -20,11 +20,12 @@ readers are threads of their own (snapshot/parallel.py).
 
 from __future__ import annotations
 
-from collections import deque
 import logging
 import struct
 import threading
 import time
+from collections import deque
+from dataclasses import replace
 from typing import Any, Callable
 
 import psycopg2
@@ -32,7 +33,7 @@ import psycopg2.extras
 
 from cdc.api import SnapshotMode, Source
 from cdc.errors import PermanentError, PositionLostError, RetriableError
-from cdc.events import Batch, SnapshotMarker
+from cdc.events import Batch, Column, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import PgLsn, Position
 from snapshot.parallel import ParallelSnapshot
 from sources.postgres import pgoutput as pg
@@ -80,6 +81,8 @@ class PostgresSource(Source):
         self.replay = None  # an iterator of Batches replaying a committed streamed transaction
         self.inbox: deque = deque()  # messages read and not yet handled
         self._held = None   # the newest snapshot event, held back to mark the last one "last"
+        self._pending_changes: tuple = ()  # the tables' shapes, for the first snapshot batch
+        self._snapshot_end: SnapshotEnd | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -240,8 +243,16 @@ class PostgresSource(Source):
         self._readers = readers
         # Converters are made here, on this thread, before the readers need them.
         self._converters_for([c.type_oid for t in self.tables.values() for c in t.columns])
-        rows = SnapshotRows(before.lsn, int(time.time() * 1000), self._converters_for, self.toast,
+        now = int(time.time() * 1000)
+        rows = SnapshotRows(before.lsn, now, self._converters_for, self.toast,
                             batch=min(cfg.max_batch_events, 2048), types=self.types)
+        # Each table's shape goes out with the first snapshot batch: a sink that types its columns
+        # from the schema records (the Delta sink) must not wait for a table's first streamed change.
+        self._pending_changes = tuple(
+            SchemaChange(t.id, tuple(Column(c.name, c.type_name, c.name in t.key) for c in t.columns),
+                         before.lsn, now)
+            for t in self.tables.values())
+        self._snapshot_end = SnapshotEnd(tuple(t.id for t in self.tables.values()), before.lsn)
         self.snapshot = ParallelSnapshot(readers, chunks, rows.read, name=f"{cfg.name}-snapshot")
         self._phase = "snapshot"
         self._snapshot_rows = 0
@@ -262,7 +273,13 @@ class PostgresSource(Source):
         self._snapshot_rows += len(events)
         out = ([self._held] if self._held is not None else []) + events[:-1]
         self._held = events[-1]
-        return Batch(out) if out else None
+        return self._with_changes(Batch(out)) if out else None
+
+    def _with_changes(self, batch: Batch) -> Batch:
+        if not self._pending_changes:
+            return batch
+        changes, self._pending_changes = self._pending_changes, ()
+        return replace(batch, schema_changes=changes + batch.schema_changes)
 
     def _finish_snapshot(self) -> Batch:
         self.snapshot.close()
@@ -279,7 +296,7 @@ class PostgresSource(Source):
             self._phase, self._finished = "finished", True
         else:
             self._start_stream(self.consistent.lsn)
-        return Batch(events, self.consistent)
+        return self._with_changes(Batch(events, self.consistent, snapshot_end=self._snapshot_end))
 
     # -- streaming -------------------------------------------------------------------------------
     def _start_stream(self, lsn: int) -> None:

@@ -217,17 +217,40 @@ def test_a_lost_slot_stops_the_source_or_resnapshots_when_needed(pg_dsn, tmp_pat
 
 def test_a_snapshot_taken_again_deletes_rows_gone_in_between(pg_dsn, tmp_path, log):
     execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
-            "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 5) g")
+            "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 5) g",
+            "CREATE TABLE emptied (id int PRIMARY KEY)", "INSERT INTO emptied VALUES (1), (2)")
     config = pg_config(pg_dsn, tmp_path)
     with capturing(config, log, "rs") as capture:
         wait_until(lambda: len(topic_state(log, "rs.public.t")) == 5, capture=capture)
+        wait_until(lambda: len(topic_state(log, "rs.public.emptied")) == 2, capture=capture)
     # As if the first run had died before its snapshot's end was stored: no offset, and a row
     # deleted before the next run, which will take the snapshot again with a fresh slot.
     from cdc.offsets import OffsetStore
 
     OffsetStore(log, "rs").reset(config.name)
-    execute(pg_dsn, "DELETE FROM t WHERE id = 3")
+    execute(pg_dsn, "DELETE FROM t WHERE id = 3", "DELETE FROM emptied")
     with capturing(config, log, "rs") as capture:
         wait_until(lambda: capture.source.phase == "streaming", capture=capture)
         wait_until(lambda: set(topic_state(log, "rs.public.t")) == {f'{{"id":{i}}}' for i in (1, 2, 4, 5)},
                    what="key 3 deleted", capture=capture)
+        # A table the new snapshot found empty has no snapshot rows to compare: all of it goes.
+        wait_until(lambda: topic_state(log, "rs.public.emptied") == {}, what="the emptied table's rows deleted",
+                   capture=capture)
+
+
+def test_the_snapshot_publishes_each_tables_schema_before_its_rows(pg_dsn, tmp_path, log):
+    """A table only ever seen through the snapshot still has its schema record (a sink that types
+    its columns from them, like the Delta sink, would otherwise guess)."""
+    from cdc.serde import schema_changes_topic
+
+    execute(pg_dsn, "CREATE TABLE typed_s (id bigint PRIMARY KEY, price numeric(10,2), seen timestamptz)",
+            "INSERT INTO typed_s VALUES (1, 2.50, now())", "CREATE TABLE empty_s (k text PRIMARY KEY)")
+    with capturing(pg_config(pg_dsn, tmp_path, snapshot="initial_only"), log, "sch") as capture:
+        wait_until(lambda: capture.source.phase == "finished", capture=capture)
+    records = log.read_all(schema_changes_topic("sch"))
+    by_table = {orjson.loads(r.value)["table"]: orjson.loads(r.value) for r in records}
+    assert set(by_table) == {"typed_s", "empty_s"}
+    assert [(c["name"], c["type"], c["key"]) for c in by_table["typed_s"]["columns"]] == [
+        ("id", "bigint", True), ("price", "numeric(10,2)", False), ("seen", "timestamp with time zone", False)]
+    assert [(c["name"], c["type"], c["key"]) for c in by_table["empty_s"]["columns"]] == [("k", "text", True)]
+    assert set(topic_state(log, "sch.public.typed_s")) == {'{"id":1}'}
