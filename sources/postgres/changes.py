@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import orjson
 
-from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId, TransactionInfo
+from cdc.events import ChangeEvent, Column, Op, SchemaChange, SnapshotMarker, TableId, TransactionInfo
 from sources.postgres import pgoutput as pg
 from sources.postgres.catalog import TableMeta
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
@@ -28,6 +28,10 @@ from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, Toast
 log = logging.getLogger(__name__)
 
 UNCHANGED = pg.UNCHANGED_TOAST
+# Events are made with tuple.__new__ and module globals (an enum class attribute and the
+# NamedTuple's keyword constructor run Python code, once per change).
+_new = tuple.__new__
+_CREATE, _UPDATE, _DELETE, _STREAMED = Op.CREATE, Op.UPDATE, Op.DELETE, SnapshotMarker.FALSE
 
 
 @dataclass(slots=True)
@@ -158,8 +162,8 @@ class ChangeBuilder:
         self._remember_toastable(rel, None, new)
         unavailable: list[str] = []  # an insert sends every value: nothing is left unchanged
         after = self._row(rel, new, None, None, unavailable)
-        return [ChangeEvent(Op.CREATE, rel.table, key, None, after, lsn, self.commit_ms,
-                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel))]
+        return [_new(ChangeEvent, (_CREATE, rel.table, key, None, after, lsn, self.commit_ms, _STREAMED,
+                                   self._source(lsn, unavailable), self._tx(rel)))]
 
     def update(self, message: pg.Update, lsn: int) -> list[ChangeEvent]:
         rel = self.relations.get(message.relation_oid)
@@ -197,8 +201,8 @@ class ChangeBuilder:
             ]
         after = self._row(rel, new, old_text, key_json, unavailable)
         self._remember_toastable(rel, key_json, new)
-        return [ChangeEvent(Op.UPDATE, rel.table, key, before, after, lsn, self.commit_ms,
-                            source_fields=self._source(lsn, unavailable), transaction=self._tx(rel))]
+        return [_new(ChangeEvent, (_UPDATE, rel.table, key, before, after, lsn, self.commit_ms, _STREAMED,
+                                   self._source(lsn, unavailable), self._tx(rel)))]
 
     def delete(self, message: pg.Delete, lsn: int) -> list[ChangeEvent]:
         rel = self.relations.get(message.relation_oid)
@@ -211,8 +215,8 @@ class ChangeBuilder:
         else:
             before = dict(key)
         self.toast.forget_key(rel.qualified, orjson.dumps(key), list(rel.names))
-        return [ChangeEvent(Op.DELETE, rel.table, key, before, None, lsn, self.commit_ms,
-                            source_fields=self._source(lsn), transaction=self._tx(rel))]
+        return [_new(ChangeEvent, (_DELETE, rel.table, key, before, None, lsn, self.commit_ms, _STREAMED,
+                                   self._source(lsn), self._tx(rel)))]
 
     def truncate(self, message: pg.Truncate, lsn: int) -> list[ChangeEvent]:
         events = []

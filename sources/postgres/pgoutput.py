@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from cdc.errors import DecodeError
 
@@ -116,15 +116,18 @@ class Type:                        # 'Y': a non-built-in column type
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class Insert:                      # 'I'
+# The per-row messages are NamedTuples, made with tuple.__new__: one is decoded per change, and
+# a frozen dataclass cost about 1 µs to construct, a tuple about 0.1 µs.
+_new = tuple.__new__
+
+
+class Insert(NamedTuple):          # 'I'
     xid: int | None
     relation_oid: int
     new: TupleData
 
 
-@dataclass(frozen=True, slots=True)
-class Update:                      # 'U'
+class Update(NamedTuple):          # 'U'
     xid: int | None
     relation_oid: int
     old_kind: str | None           # None (no old values), 'K' (old key only) or 'O' (whole old row)
@@ -132,8 +135,7 @@ class Update:                      # 'U'
     new: TupleData
 
 
-@dataclass(frozen=True, slots=True)
-class Delete:                      # 'D'
+class Delete(NamedTuple):          # 'D'
     xid: int | None
     relation_oid: int
     old_kind: str                  # 'K' or 'O'
@@ -369,7 +371,7 @@ def _insert(p: bytes, pos: int, xid: int | None) -> Insert:
     new, end = _tuple(p, pos + 5, 73)
     if end != len(p):
         raise _trailing(73, p, end)
-    return Insert(xid, _U32.unpack_from(p, pos)[0], new)
+    return _new(Insert, (xid, _U32.unpack_from(p, pos)[0], new))
 
 
 def _update(p: bytes, pos: int, xid: int | None) -> Update:
@@ -391,7 +393,7 @@ def _update(p: bytes, pos: int, xid: int | None) -> Update:
     new, end = _tuple(p, end, 85)
     if end != len(p):
         raise _trailing(85, p, end)
-    return Update(xid, _U32.unpack_from(p, pos)[0], old_kind, old, new)
+    return _new(Update, (xid, _U32.unpack_from(p, pos)[0], old_kind, old, new))
 
 
 def _delete(p: bytes, pos: int, xid: int | None) -> Delete:
@@ -403,7 +405,7 @@ def _delete(p: bytes, pos: int, xid: int | None) -> Delete:
     old, end = _tuple(p, pos + 5, 68)
     if end != len(p):
         raise _trailing(68, p, end)
-    return Delete(xid, _U32.unpack_from(p, pos)[0], "K" if kind == 75 else "O", old)
+    return _new(Delete, (xid, _U32.unpack_from(p, pos)[0], "K" if kind == 75 else "O", old))
 
 
 def _relation(p: bytes, pos: int, xid: int | None) -> Relation:
