@@ -182,3 +182,36 @@ def test_kill_9_cycles_lose_no_change(pg_dsn, kafka_bootstrap, tmp_path):
         final.send_signal(signal.SIGTERM)
         assert final.wait(60) == 0
         log.close()
+
+
+def test_server_printed_snapshot_rows_equal_streamed_ones_with_escapes_in_keys_and_values(pg_dsn, tmp_path):
+    """The snapshot's server-JSON path splits COPY lines itself: keys and values with tabs,
+    newlines, backslashes, quotes and NULLs must come out as the stream has them."""
+    nasty = "tab\there\\back \"q\" new\nline \\N é"
+    execute(pg_dsn, "CREATE TABLE esc (k text PRIMARY KEY, v text, n numeric, t timestamptz, c char(4), b bytea)")
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO esc VALUES (%s, %s, 1.50, '2024-01-02 03:04:05+02', 'ab', '\\x5c09'), "
+                    "(%s, NULL, NULL, NULL, NULL, NULL)", ("s" + nasty, nasty, "s\\"))
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        with capturing(pg_config(pg_dsn, tmp_path), log, "esc") as capture:
+            wait_until(lambda: len(topic_state(log, "esc.public.esc")) == 2, capture=capture)
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO esc VALUES (%s, %s, 1.50, '2024-01-02 03:04:05+02', 'ab', '\\x5c09'), "
+                            "(%s, NULL, NULL, NULL, NULL, NULL)", ("t" + nasty, nasty, "t\\"))
+            wait_until(lambda: len(topic_state(log, "esc.public.esc")) == 4, capture=capture)
+        records = {orjson.loads(r.key)["k"]: (r.key, orjson.loads(r.value)) for r in log.read_all("esc.public.esc")}
+    finally:
+        log.close()
+        conn.close()
+    for snap_key, stream_key in (("s" + nasty, "t" + nasty), ("s\\", "t\\")):
+        (snap_raw_key, snap), (_, streamed) = records[snap_key], records[stream_key]
+        assert snap["op"] == "r" and streamed["op"] == "c"
+        assert snap_raw_key == orjson.dumps({"k": snap_key})  # the record key is the stream's bytes
+        a, b = dict(snap["after"]), dict(streamed["after"])
+        assert a.pop("k") == snap_key and b.pop("k") == stream_key
+        assert a == b
+    assert records["s" + nasty][1]["after"] == {"k": "s" + nasty, "v": nasty, "n": "1.50",
+                                               "t": "2024-01-02T01:04:05Z", "c": "ab  ", "b": "XAk="}
