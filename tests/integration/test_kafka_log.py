@@ -108,3 +108,26 @@ def test_topic_calls_with_the_broker_unreachable_raise_log_unavailable():
         dead.ensure_topic("t_unreachable")
     assert time.monotonic() - started < 10
     dead.close()
+
+
+def test_a_stream_that_never_pauses_still_gets_safe_checkpoints(log, kafka_topic):
+    """Acknowledgements are taken at drain points; a publisher that never lets the producer drain
+    gets one forced (a flush) after barrier_interval, so its checkpoint keeps moving."""
+    log.ensure_topic(kafka_topic, TopicSettings(partitions=3))
+    writer = log.writer()
+    writer._tracker.barrier_interval = 0.2
+    value = b'{"v":"' + b"x" * 200 + b'"}'
+    seen, seq = [], 0
+    started = time.monotonic()
+    while time.monotonic() - started < 2.0:
+        seq += 1
+        writer.publish([Record(kafka_topic, f'{{"id":{seq % 1000}}}'.encode(), value) for _ in range(200)],
+                       Counter(seq))
+        assert writer.outstanding > 0  # never drained by itself: the next publish follows at once
+        safe = writer.poll()
+        if safe is not None and (not seen or safe != seen[-1]):
+            seen.append(safe)
+    assert len(seen) >= 3, f"the safe checkpoint moved only {len(seen)} times in 2 s"
+    assert all(a.seq < b.seq for a, b in zip(seen, seen[1:]))
+    assert writer.flush(30) == Counter(seq)
+    writer.close()
