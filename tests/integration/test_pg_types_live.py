@@ -203,10 +203,9 @@ def _stream_inserts(dsn: str, slot: str, publication: str, count: int) -> list[l
         conn.close()
 
 
-@pytest.mark.parametrize("family", ["core", "hstore"])
-def test_copy_and_pgoutput_give_the_expected_and_identical_json(pg_dsn, family):
-    conn = _connect(pg_dsn)
-    conn.autocommit = True
+def _typed_table(conn, family: str, before_rows=None) -> list:
+    """Create ``typed`` with the family's columns (``before_rows(cur)`` runs before the three rows
+    go in) and fill it; the family's column list."""
     with conn.cursor() as cur:
         if family == "hstore":
             if not _has_hstore(conn):
@@ -218,13 +217,27 @@ def test_copy_and_pgoutput_give_the_expected_and_identical_json(pg_dsn, family):
             columns = COLUMNS
         cur.execute("CREATE TABLE typed (id int4 PRIMARY KEY, "
                     + ", ".join(f"{name} {sql_type}" for name, sql_type, *_ in columns) + ")")
-        cur.execute("CREATE PUBLICATION pub_typed FOR TABLE typed")
-        slot = f"slot_{uuid.uuid4().hex[:10]}"
-        cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        if before_rows is not None:
+            before_rows(cur)
         names = ", ".join(["id"] + [c[0] for c in columns])
         cur.execute(f"INSERT INTO typed ({names}) VALUES (1, {', '.join(c[2] for c in columns)})")
         cur.execute(f"INSERT INTO typed ({names}) VALUES (2, {', '.join(c[4] for c in columns)})")
         cur.execute("INSERT INTO typed (id) VALUES (3)")
+    return columns
+
+
+@pytest.mark.parametrize("family", ["core", "hstore"])
+def test_copy_and_pgoutput_give_the_expected_and_identical_json(pg_dsn, family):
+    conn = _connect(pg_dsn)
+    conn.autocommit = True
+    slot = f"slot_{uuid.uuid4().hex[:10]}"
+
+    def publish(cur) -> None:
+        cur.execute("CREATE PUBLICATION pub_typed FOR TABLE typed")
+        cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+    columns = _typed_table(conn, family, publish)
+    with conn.cursor() as cur:
         cur.execute("SELECT atttypid FROM pg_attribute WHERE attrelid = 'typed'::regclass AND attnum > 0 "
                     "AND NOT attisdropped ORDER BY attnum")
         type_oids = [row[0] for row in cur.fetchall()]
@@ -327,21 +340,8 @@ def test_server_json_expressions_give_the_converters_values(pg_dsn, family):
 
     conn = _connect(pg_dsn)
     conn.autocommit = True
+    columns = _typed_table(conn, family)
     with conn.cursor() as cur:
-        if family == "hstore":
-            if not _has_hstore(conn):
-                pytest.skip("the hstore extension is not installed on this server (postgresql-contrib)")
-            cur.execute("CREATE EXTENSION IF NOT EXISTS hstore")
-            columns = HSTORE_COLUMNS
-        else:
-            cur.execute(SETUP)
-            columns = COLUMNS
-        cur.execute("CREATE TABLE typed (id int4 PRIMARY KEY, "
-                    + ", ".join(f"{name} {sql_type}" for name, sql_type, *_ in columns) + ")")
-        names = ", ".join(["id"] + [c[0] for c in columns])
-        cur.execute(f"INSERT INTO typed ({names}) VALUES (1, {', '.join(c[2] for c in columns)})")
-        cur.execute(f"INSERT INTO typed ({names}) VALUES (2, {', '.join(c[4] for c in columns)})")
-        cur.execute("INSERT INTO typed (id) VALUES (3)")
         cur.execute("SELECT attname, atttypid FROM pg_attribute WHERE attrelid = 'typed'::regclass "
                     "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
         typed = cur.fetchall()
