@@ -21,7 +21,10 @@ class PostgresConfig(SourceConfig):
     manage_publication: bool = Field(default=True, description="create the publication / add tables to it")
     key_columns: dict[str, list[str]] = Field(
         default_factory=dict, description="event key for tables without a primary key: {schema.table: [cols]}")
-    snapshot_workers: int = Field(default=2, ge=1, le=32, description="parallel snapshot readers")
+    snapshot_workers: int = Field(default=1, ge=1, le=32, description=(
+        "parallel snapshot readers. One is usually fastest: the server prints the rows' JSON and this "
+        "process, the bottleneck, takes them from one reader with the least contention (bench/pg_snapshot.py); "
+        "more help where reading the table is slow (cold disks, very wide rows)"))
     snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
