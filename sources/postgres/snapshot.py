@@ -8,8 +8,11 @@
    snapshot (all of them before the exporting connection is released), so all readers see the
    database exactly as of the slot's consistent point.
 3. Tables are cut into ranges of heap pages (``ctid`` ranges, TID range scans) and read with
-   ``COPY (SELECT ...) TO STDOUT``: the same text output as pgoutput, through the same converters,
-   so a snapshot row and a streamed row with the same contents give the same JSON.
+   ``COPY (SELECT ...) TO STDOUT``. Where every column of a table has a server-side JSON
+   expression (``types/server_json.py``), the server prints each row's JSON and only the key
+   columns' text goes through the converters; otherwise every column's text does, the same text
+   pgoutput sends. Either way a snapshot row and a streamed row with the same contents give the
+   same JSON values, and the same key bytes.
 4. Streaming starts at the slot's consistent point: no gap, no overlap.
 """
 
