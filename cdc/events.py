@@ -13,7 +13,7 @@ nothing captured changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Mapping, NamedTuple
 
@@ -151,3 +151,7 @@ class Batch:
     checkpoint: Position | None = None
     schema_changes: tuple[SchemaChange, ...] = ()
     snapshot_end: SnapshotEnd | None = None
+
+    def with_schema_changes(self, changes: tuple[SchemaChange, ...]) -> "Batch":
+        """This batch with ``changes`` published before its own schema changes."""
+        return replace(self, schema_changes=changes + self.schema_changes) if changes else self

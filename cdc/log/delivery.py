@@ -52,7 +52,7 @@ class DeliveryTracker(Generic[P]):
 
     def barrier_due(self) -> bool:
         """The safe checkpoint has waited ``barrier_interval`` for a drain point."""
-        return (self._latest is not self._safe
+        return (self._latest != self._safe
                 and time.monotonic() - self._drained_at >= self.barrier_interval)
 
     def safe(self) -> P | None:

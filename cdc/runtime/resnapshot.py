@@ -50,9 +50,7 @@ class StaleRows:
                 topic = self.topic_of(table)
                 entry = self.tracked.get(topic, False)
                 if entry is False:
-                    ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
-                    entry = self.tracked[topic] = (_Tracked(table, ends, event.version)
-                                                   if sum(ends.values()) else None)
+                    entry = self._track(topic, table, event.version)
             # None: the topic was empty when the snapshot began, nothing there can be stale.
             if entry is not None and event.snapshot is not not_snapshot:
                 entry.keys.add(dumps(event.key))
@@ -63,10 +61,14 @@ class StaleRows:
         in such a topic, so its end offsets now are where the earlier records end."""
         for table in tables:
             topic = self.topic_of(table)
-            if topic in self.tracked:
-                continue
-            ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
-            self.tracked[topic] = _Tracked(table, ends, version) if sum(ends.values()) else None
+            if topic not in self.tracked:
+                self._track(topic, table, version)
+
+    def _track(self, topic: str, table: TableId, version: int) -> _Tracked | None:
+        """Start tracking ``topic`` from its end offsets now; None when it is empty."""
+        ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
+        entry = self.tracked[topic] = _Tracked(table, ends, version) if sum(ends.values()) else None
+        return entry
 
     def snapshot_ends(self, events: list[ChangeEvent]) -> bool:
         """Whether ``events`` hold a snapshot's last row. It is the last snapshot event, so only

@@ -241,10 +241,8 @@ class MySqlSource(Source):
         return self._with_changes(Batch(events, self.stream_from, snapshot_end=self._snapshot_end))
 
     def _with_changes(self, batch: Batch) -> Batch:
-        if not self._pending_changes:
-            return batch
-        changes, self._pending_changes = self._pending_changes + batch.schema_changes, ()
-        return dataclasses.replace(batch, schema_changes=changes)
+        changes, self._pending_changes = self._pending_changes, ()
+        return batch.with_schema_changes(changes)
 
     # -- streaming -------------------------------------------------------------------------------
     def _start_stream(self, position: MySqlPosition) -> None:

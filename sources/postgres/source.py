@@ -25,7 +25,6 @@ import struct
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Any, Callable
 
 import psycopg2
@@ -276,10 +275,8 @@ class PostgresSource(Source):
         return self._with_changes(Batch(out)) if out else None
 
     def _with_changes(self, batch: Batch) -> Batch:
-        if not self._pending_changes:
-            return batch
         changes, self._pending_changes = self._pending_changes, ()
-        return replace(batch, schema_changes=changes + batch.schema_changes)
+        return batch.with_schema_changes(changes)
 
     def _finish_snapshot(self) -> Batch:
         self.snapshot.close()
