@@ -71,10 +71,10 @@ def main() -> None:
                                          row, i + 1, 0))
                 final[key] = row
             if len(batch) == 5000:
-                writer.publish(encoder.iter_encode(batch), None)
+                writer.publish_events(encoder, batch, None)
                 writer.poll()
                 batch = []
-        writer.publish(encoder.iter_encode(batch), Counter(1))
+        writer.publish_events(encoder, batch, Counter(1))
         writer.flush(120)
         writer.close()
         rows = [r for r in final.values() if r is not None]

@@ -66,7 +66,7 @@ def run_ours(log, topic_prefix: str, events: list[ChangeEvent], total: int, batc
     writer = log.writer()
     began = time.perf_counter()
     for seq, batch in enumerate(batches(events, total, batch_size), 1):
-        writer.publish(encoder.iter_encode(batch), Counter(seq))  # as the runtime does
+        writer.publish_events(encoder, batch, Counter(seq))  # as the runtime does
         writer.poll()
     safe = writer.flush(120)
     elapsed = time.perf_counter() - began

@@ -11,13 +11,14 @@ truncate has no row key: it is keyed ``{}`` and written to every partition of th
 so each partition's consumer sees it in order with that partition's rows.
 
 The hot path is one ``orjson.dumps`` per row and key and one bytes format per value; topic names
-and the constant parts of the envelope are cached per table.
+and the constant parts of the envelope are cached per table; each record is handed to the log as
+it is made (``EnvelopeEncoder.emit``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
@@ -97,23 +98,41 @@ class EnvelopeEncoder:
 
     def encode(self, events: list[ChangeEvent], now_ms: int | None = None) -> list[Record]:
         """Records for ``events`` in order, a tombstone after each delete."""
-        return list(self.iter_encode(events, now_ms))
+        records: list[Record] = []
+        append, new = records.append, tuple.__new__
 
-    def iter_encode(self, events: list[ChangeEvent], now_ms: int | None = None) -> Iterator[Record]:
-        """``encode``, one record at a time: a writer that produces each record as it comes lets
-        its memory be reused at once (values are mostly over 512 bytes, past Python's small-object
-        allocator, and a batch of thousands kept alive costs more than its encoding).
+        def emit(topic: str, value: bytes | None, key: bytes) -> None:
+            append(new(Record, (topic, key, value, False)))
 
-        The hottest loop of a capture (bench/publish.py measures it): events are unpacked as
+        def everywhere(topic: str, value: bytes, key: bytes) -> None:
+            append(new(Record, (topic, key, value, True)))
+
+        self.emit(events, emit, emit, everywhere, now_ms)
+        return records
+
+    def emit(self, events: list[ChangeEvent], emit: Callable[[str, bytes | None, bytes], Any],
+             when_room: Callable[[str, bytes | None, bytes], Any],
+             everywhere: Callable[[str, bytes, bytes], Any], now_ms: int | None = None) -> None:
+        """Encode ``events`` in order and hand each record over as it is made:
+        ``emit(topic, value, key)`` (a tombstone's value is ``None``), or, for a truncate,
+        ``everywhere(topic, value, key)`` (one copy to every partition). ``emit`` may raise
+        ``BufferError`` (no room just now); the record then goes to ``when_room``, which must wait
+        for room and take it. Any other failure, of encoding or of ``emit``, is raised as an
+        ``EmitError`` naming the topic, with the failure as its cause.
+
+        The hottest loop of a capture (bench/publish.py measures it), so encoding and producing
+        are one loop: a Kafka writer passes its producer's ``produce`` as ``emit``, and no record
+        object, generator step or extra call stands between the two. Events are unpacked as
         tuples, the cached parts are found through the table's identity (a ``TableId`` hashes in
         Python code) and then ``(op, snapshot)`` (str-based enums hash in C), the table's lookup
-        is skipped while the table repeats, and the byte count is summed locally. Measured:
-        about 1.6 µs per event for a 10-column row with its transaction.
+        is skipped while the table repeats, and the byte count is summed locally. Each value is
+        made and handed over before the next, so its memory is reused at once (values are mostly
+        over 512 bytes, past Python's small-object allocator). Measured: about 1.6 µs per event
+        of encoding for a 10-column row with its transaction.
         """
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
         dumps = orjson.dumps
-        new = tuple.__new__  # a Record without the Python-level NamedTuple constructor
         # Per call, the part between the row and the event's own numbers, now_ms included:
         # id(table) -> {(op, snapshot): (topic, b',"op":"u","ts_ms":<now>,"source":{...,"ts_ms":')}.
         # The ids are safe as keys here: the events keep their tables alive for the call.
@@ -123,6 +142,7 @@ class EnvelopeEncoder:
         last_tx_id, tx_id_json = None, b""
         last_fields, fields_json = None, b""
         nbytes = 0
+        topic = None
         try:
             for event in events:
                 op, table, key, before, after, version, ts_ms, snapshot, fields, tx = event
@@ -159,14 +179,32 @@ class EnvelopeEncoder:
                                              middle[1], ts_ms, version, tx_id_json, tx[1], tx[2])
                 nbytes += len(value)
                 if op is _TRUNCATE:
-                    yield new(Record, (topic, TRUNCATE_KEY, value, True))
+                    everywhere(topic, value, TRUNCATE_KEY)
                     continue
                 key_json = dumps(key)
-                yield new(Record, (topic, key_json, value, False))
+                try:
+                    emit(topic, value, key_json)
+                except BufferError:
+                    when_room(topic, value, key_json)
                 if op is _DELETE:
-                    yield new(Record, (topic, key_json, None, False))
+                    try:
+                        emit(topic, None, key_json)
+                    except BufferError:
+                        when_room(topic, None, key_json)
+        except Exception as exc:
+            raise EmitError(topic, exc) from exc
         finally:
             self.value_bytes += nbytes
+
+
+class EmitError(Exception):
+    """A record of ``topic`` (``None``: before the first topic was known) could not be made or
+    handed over; the failure is the ``__cause__``."""
+
+    def __init__(self, topic: str | None, cause: BaseException) -> None:
+        super().__init__(f"a record for {topic or 'a topic'} failed: {type(cause).__name__}: {cause}")
+        self.topic = topic
+        self.cause = cause
 
 
 _TRUNCATE, _DELETE = Op.TRUNCATE, Op.DELETE  # module globals: an enum class attribute costs more

@@ -20,9 +20,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from cdc.errors import LogUnavailableError
+from cdc.errors import DeliveryError, LogUnavailableError
+from cdc.events import ChangeEvent
 from cdc.positions import Position
-from cdc.serde import Record
+from cdc.serde import EmitError, EnvelopeEncoder, Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,22 @@ class LogWriter(ABC):
 
     @abstractmethod
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None: ...
+
+    def publish_events(self, encoder: EnvelopeEncoder, events: list[ChangeEvent],
+                       checkpoint: Position | None = None) -> None:
+        """``publish`` the records of ``events`` as ``encoder`` makes them. A writer with a faster
+        way (producing each record as it is encoded) overrides this."""
+        try:
+            records = encoder.encode(events)
+        except EmitError as exc:
+            error = DeliveryError(f"{exc}: nothing of this batch was published", retriable=False)
+            self.fail(error)
+            raise error from exc.cause
+        self.publish(records, checkpoint)
+
+    @abstractmethod
+    def fail(self, error: DeliveryError) -> None:
+        """Record that a batch failed: no checkpoint is safe from now on (``poll``/``flush`` raise)."""
 
     @abstractmethod
     def poll(self) -> Position | None: ...

@@ -370,6 +370,10 @@ class EmbeddedWriter(LogWriter):
         raise DeliveryError(f"topic {name} does not exist in the embedded log (call ensure_topic "
                             "first); nothing of this batch was written", retriable=False)
 
+    def fail(self, error: DeliveryError) -> None:
+        if self._error is None:
+            self._error = error
+
     def poll(self) -> Position | None:
         if self._error is not None:
             raise self._error

@@ -45,7 +45,8 @@ from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentEr
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
 from cdc.log.delivery import DeliveryTracker
 from cdc.positions import Position
-from cdc.serde import Record
+from cdc.events import ChangeEvent
+from cdc.serde import EmitError, EnvelopeEncoder, Record
 
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger(__name__ + ".librdkafka")  # librdkafka's own log, not stderr
@@ -124,15 +125,29 @@ class KafkaLog(Log):
         if self._describe(topic) is None and self._create(topic, settings or self.defaults):
             self._checked.add(topic)
             return
-        resource = ConfigResource(ResourceType.TOPIC, topic)
-        with self._request(f"reading the configs of topic {topic}") as admin:
-            future = admin.describe_configs([resource], request_timeout=self.timeout)[resource]
-            policy = future.result(self.timeout)["cleanup.policy"].value or ""
+        policy = self._cleanup_policy(topic)
         if "compact" not in policy.split(","):
             raise TopicConfigError(
                 f"topic {topic} has cleanup.policy={policy}; the log needs compact (kafka-configs "
                 f"--alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact)")
         self._checked.add(topic)
+
+    def _cleanup_policy(self, topic: str) -> str:
+        """The topic's ``cleanup.policy``. A topic someone else just made may be in the metadata
+        before the broker answering for configs knows it (UNKNOWN_TOPIC_OR_PART): asked again."""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                with self._request(f"reading the configs of topic {topic}") as admin:
+                    future = admin.describe_configs([resource], request_timeout=self.timeout)[resource]
+                    return future.result(self.timeout)["cleanup.policy"].value or ""
+            except PermanentError as exc:
+                cause = _kafka_error(exc.__cause__) if exc.__cause__ is not None else None
+                if (cause is None or cause.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+                        or time.monotonic() > deadline):
+                    raise
+            time.sleep(0.1)
 
     def _create(self, topic: str, settings: TopicSettings) -> bool:
         """Create ``topic`` compacted; False when someone else created it meanwhile."""
@@ -295,7 +310,7 @@ class KafkaWriter(LogWriter):
                 topic, key, value, everywhere = record
                 try:
                     if everywhere:
-                        self._produce_everywhere(record)
+                        self._produce_everywhere(topic, value, key)
                         continue
                     try:
                         produce(topic, value, key)
@@ -316,6 +331,32 @@ class KafkaWriter(LogWriter):
             raise
         self._tracker.published(checkpoint)
 
+    def publish_events(self, encoder: EnvelopeEncoder, events: list[ChangeEvent],
+                       checkpoint: Position | None = None) -> None:
+        """Encode and produce in one loop: the encoder calls ``produce`` itself for each record
+        (see ``EnvelopeEncoder.emit``)."""
+        producer = self._producer
+        if producer is None:
+            raise DeliveryError("publish on a closed writer", retriable=False)
+        try:
+            encoder.emit(events, producer.produce, self._produce_when_room, self._produce_everywhere)
+        except EmitError as exc:
+            # Nothing past the failed record was produced, and nothing after it may become safe.
+            cause = exc.cause
+            if isinstance(cause, DeliveryError):
+                raise cause from cause.__cause__
+            err = _kafka_error(cause)
+            if err is not None:
+                error = _delivery_error(err, exc.topic or "?", None)
+            else:
+                error = DeliveryError(f"{exc}: the batch is not published", retriable=False)
+            self.fail(error)
+            raise error from cause
+        self._tracker.published(checkpoint)
+
+    def fail(self, error: DeliveryError) -> None:
+        self._tracker.failed(error)
+
     def _produce_when_room(self, *args: Any) -> None:
         """The local queue is full: serve acknowledgements until it has room (the backpressure)."""
         producer = self._producer
@@ -326,19 +367,19 @@ class KafkaWriter(LogWriter):
             except BufferError:
                 continue
 
-    def _produce_everywhere(self, record: Record) -> None:
-        """One copy of ``record`` to each partition (a truncate)."""
+    def _produce_everywhere(self, topic: str, value: bytes | None, key: bytes) -> None:
+        """One copy of a record to each partition of ``topic`` (a truncate)."""
         try:
-            count = self._log.partitions(record.topic)
+            count = self._log.partitions(topic)
         except CdcError as exc:
-            error = DeliveryError(f"delivery to {record.topic} failed: {exc}", retriable=exc.retriable)
+            error = DeliveryError(f"delivery to {topic} failed: {exc}", retriable=exc.retriable)
             self._tracker.failed(error)
             raise error from exc
         for partition in range(count):
             try:
-                self._producer.produce(record.topic, record.value, record.key, partition)
+                self._producer.produce(topic, value, key, partition)
             except BufferError:
-                self._produce_when_room(record.topic, record.value, record.key, partition)
+                self._produce_when_room(topic, value, key, partition)
 
     def _refuse(self, exc: Exception, record: Record) -> DeliveryError:
         """Record in the tracker that ``produce`` refused ``record``; the error to raise."""

@@ -109,9 +109,9 @@ class SourceRunner:
                         if end is not None:
                             self.stale.cover(end.tables, end.version)
                         # Before the batch whose checkpoint ends the snapshot: see resnapshot.py.
-                        writer.publish(self.encoder.iter_encode(self.stale.deletes()))
-                    # Encoded while produced: see EnvelopeEncoder.iter_encode.
-                    writer.publish(self.encoder.iter_encode(batch.events), batch.checkpoint)
+                        writer.publish_events(self.encoder, self.stale.deletes())
+                    # Encoded while produced: see EnvelopeEncoder.emit.
+                    writer.publish_events(self.encoder, batch.events, batch.checkpoint)
                     stats.events += len(batch.events)
                     stats.bytes = self.encoder.value_bytes
                 safe = writer.poll()

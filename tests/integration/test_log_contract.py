@@ -7,11 +7,12 @@ import uuid
 
 import pytest
 
-from cdc.errors import TopicConfigError
+from cdc.errors import DeliveryError, TopicConfigError
+from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import Log, TopicSettings
 from cdc.log.partitioner import partition_for
 from cdc.positions import Counter
-from cdc.serde import Record
+from cdc.serde import EnvelopeEncoder, Record
 
 
 def _fast_compaction() -> TopicSettings:
@@ -100,6 +101,72 @@ def test_a_record_for_all_partitions_lands_in_each(log, topic):
     assert writer.flush(30) == Counter(1)
     writer.close()
     assert sorted(r.partition for r in log.read_all(topic)) == [0, 1, 2]
+
+
+def _events(topic: str, rows: list) -> list[ChangeEvent]:
+    prefix, schema, table = topic.split(".")
+    table_id = TableId(prefix, schema, table)
+    out = []
+    for i, row in enumerate(rows):
+        op = Op.DELETE if i % 4 == 3 else Op.CREATE
+        out.append(ChangeEvent(op=op, table=table_id, key={"id": i % 3},
+                               before=row if op is Op.DELETE else None, after=None if op is Op.DELETE else row,
+                               version=i + 1, ts_ms=1))
+    return out
+
+
+def test_events_are_published_as_the_encoder_makes_them(log, topic):
+    """publish_events (encoding and producing in one loop) writes exactly ``encode``'s records:
+    tombstones after deletes, a truncate in every partition."""
+    log.ensure_topic(topic, TopicSettings(partitions=3))
+    events = _events(topic, [{"id": i % 3, "v": i} for i in range(10)])
+    events.append(events[0]._replace(op=Op.TRUNCATE, key={}, after=None, version=99))
+    writer = log.writer()
+    writer.publish_events(EnvelopeEncoder("test", "src", topic.split(".")[0]), events, Counter(1))
+    assert writer.flush(30) == Counter(1)
+    writer.close()
+
+    expected = EnvelopeEncoder("test", "src", topic.split(".")[0]).encode(events, now_ms=0)
+    assert sum(1 for r in expected if r.value is None) == 2  # two deletes, two tombstones
+    back = log.read_all(topic)
+    assert len(back) == len(expected) + 2  # the truncate once per partition
+    truncates = [r for r in back if r.key == b"{}"]
+    assert sorted(r.partition for r in truncates) == [0, 1, 2]
+
+    def strip(value):  # the envelope's own ts_ms is the time of encoding
+        return None if value is None else {k: v for k, v in decode(value).items() if k != "ts_ms"}
+
+    from cdc.serde import decode
+
+    got_by_key: dict[bytes, list] = {}
+    for r in back:
+        if r.key != b"{}":
+            got_by_key.setdefault(r.key, []).append(strip(r.value))
+    want_by_key: dict[bytes, list] = {}
+    for r in expected:
+        if not r.to_all_partitions:
+            want_by_key.setdefault(r.key, []).append(strip(r.value))
+    assert got_by_key == want_by_key
+    for r in back:
+        assert r.key == b"{}" or r.partition == partition_for(r.key, 3)
+
+
+def test_an_event_that_cannot_be_encoded_fails_its_batch_and_every_later_checkpoint(log, topic):
+    log.ensure_topic(topic, TopicSettings(partitions=2))
+    writer = log.writer()
+    writer.publish_events(EnvelopeEncoder("test", "src", topic.split(".")[0]),
+                          _events(topic, [{"v": 1}, {"v": 2}]), Counter(1))
+    assert writer.flush(30) == Counter(1)
+    bad = _events(topic, [{"v": 3}, {"v": object()}, {"v": 5}])  # the second row is no JSON
+    with pytest.raises(DeliveryError, match=topic) as raised:
+        writer.publish_events(EnvelopeEncoder("test", "src", topic.split(".")[0]), bad, Counter(2))
+    assert not raised.value.retriable
+    # Nothing after the failure is ever safe: not this batch, not a later one.
+    with pytest.raises(DeliveryError):
+        writer.publish_events(EnvelopeEncoder("test", "src", topic.split(".")[0]),
+                              _events(topic, [{"v": 6}]), Counter(3))
+        writer.flush(30)
+    writer.close()
 
 
 def test_the_safe_checkpoint_is_the_last_one_fully_acknowledged(log, topic):
