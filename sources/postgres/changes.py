@@ -15,6 +15,7 @@ message into events:
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ import orjson
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, SnapshotMarker, TableId, TransactionInfo
 from sources.postgres import pgoutput as pg
 from sources.postgres.catalog import TableMeta
+from sources.postgres.fastpath import RowPath, compile_row_paths
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,9 @@ class ChangeBuilder:
         self.converters_for = converters_for  # type oids -> converters
         self.toast = toast
         self.relations: dict[int, Relation | None] = {}
+        # The compiled paths of the captured relations' plain row messages (see fastpath.py), by
+        # the message's first five bytes (type byte and relation OID).
+        self.row_paths: dict[bytes, RowPath] = {}
         self.schema_changes: list[SchemaChange] = []
         # the open transaction
         self.xid: int | None = None
@@ -69,6 +74,9 @@ class ChangeBuilder:
     # -- relations -----------------------------------------------------------------------------
     def on_relation(self, message: pg.Relation, lsn: int) -> None:
         meta = self.lookup_table(message.oid)
+        oid_bytes = struct.pack("!I", message.oid)
+        for code in (b"I", b"U", b"D"):
+            self.row_paths.pop(code + oid_bytes, None)
         if meta is None:
             self.relations[message.oid] = None
             return
@@ -88,6 +96,20 @@ class ChangeBuilder:
                 meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
                 lsn, self.commit_ms or 0))
         self.relations[message.oid] = relation
+        self.row_paths.update(compile_row_paths(relation.oid, relation.table, relation.qualified, relation.names,
+                                                relation.converters, relation.key_index, relation.toastable))
+
+    def row_message(self, payload: bytes, lsn: int) -> list[ChangeEvent] | None:
+        """The events of a plain Insert/Update/Delete outside a stream block, through its
+        relation's compiled path; ``None`` when that path does not take it (then decode the
+        message and use ``insert``/``update``/``delete``, which handle every case)."""
+        path = self.row_paths.get(payload[:5])
+        if path is None:
+            return None
+        try:
+            return path(payload, lsn, self)
+        except Exception:  # noqa: BLE001 - anything unusual is the generic path's to judge
+            return None
 
     def take_schema_changes(self) -> tuple[SchemaChange, ...]:
         changes, self.schema_changes = tuple(self.schema_changes), []

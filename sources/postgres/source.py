@@ -333,8 +333,14 @@ class PostgresSource(Source):
         builder, decode = self.builder, self.decoder.decode
         events: list = []
         checkpoint: PgLsn | None = None
+        row_message = builder.row_message
         while inbox:
             data_start, payload = inbox.popleft()
+            if self.stream_xid is None:
+                changes = row_message(payload, data_start)  # the compiled path of plain row messages
+                if changes is not None:
+                    events += changes
+                    continue
             message = decode(payload)
             kind = type(message)
             if self.stream_xid is not None and kind not in (pg.StreamStop, pg.StreamStart):
