@@ -13,8 +13,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     dev = subparsers.add_parser("dev", help="the local stack of real servers (no Docker)")
     actions = dev.add_subparsers(dest="dev_action", required=True)
     up = actions.add_parser("up", help="start the servers (idempotent) and write dev.env")
-    up.add_argument("--only", nargs="+", metavar="SERVICE", choices=stack.ALL,
-                    help=f"start only these ({', '.join(stack.ALL)})")
+    up.add_argument("--only", nargs="+", metavar="SERVICE", type=_services,
+                    help=f"start only these ({', '.join(stack.ALL)}; spaces or commas between)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     actions.add_parser("down", help="stop every server and delete its data")
     actions.add_parser("status", help="show what runs and whether it answers")
@@ -23,10 +23,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     dev.set_defaults(handler=run)
 
 
+def _services(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in stack.ALL]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(stack.ALL)})")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     if args.dev_action == "up":
         began = time.monotonic()
-        env = stack.up(args.only, timeout=args.timeout)
+        only = [name for names in args.only for name in names] if args.only else None
+        env = stack.up(only, timeout=args.timeout)
         for key, value in sorted(env.items()):
             print(f"{key}={value}")
         print(f"# up in {time.monotonic() - began:.1f}s; settings in {env_file()}")
