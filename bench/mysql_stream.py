@@ -18,6 +18,7 @@ Steps, in one run on this machine:
   4. baseline 2: plain pymysqlreplication, ``BinLogStreamReader`` from ``start``, iterating
      ``event.rows`` of every row event until ``end``: its generic per-value decoding.
   5. ours, decode only: the source's ``poll`` loop from ``start`` until its checkpoint passes ``end``
+     (with the collector settings the runner uses, ``tune_gc``)
      (change events made, nothing encoded or sent).
   6. ours, end to end: a SourceRunner (this process, on a thread, as a worker runs it) from
      ``start`` into KafkaLog (acks=all, idempotent, the production producer settings), timed until
@@ -191,8 +192,11 @@ def source_config(url: str, db: str, **overrides):
 def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, int]:
     from sources.mysql.source import MySqlSource
 
+    from cdc.runtime.runner import tune_gc
+
     source = MySqlSource(config, start)
     source.start()
+    tune_gc()  # as the runner does once its source has started
     events = 0
     began = time.perf_counter()
     try:
