@@ -85,8 +85,10 @@ class _CopySink:
     of the 2.9 µs a row cost.
     """
 
-    def __init__(self, build: Callable[[bytes], ChangeEvent], emit: Callable[[list], None], batch: int) -> None:
+    def __init__(self, build: Callable[[bytes], ChangeEvent], emit: Callable[[list], None], batch: int,
+                 build_batch: Callable[[list[bytes], bytes], list[ChangeEvent] | None] | None = None) -> None:
         self.build = build
+        self.build_batch = build_batch  # a whole batch at once, or None to go line by line
         self.emit = emit
         self.batch_size = batch
         self.rest = b""
@@ -103,11 +105,13 @@ class _CopySink:
     def _cut(self, chunks: list[bytes]) -> None:
         if self.rest:
             chunks.insert(0, self.rest)
-        lines = b"".join(chunks).split(b"\n")
+        joined = b"".join(chunks)
+        lines = joined.split(b"\n")
         self.rest = lines.pop()
         if lines:
             self.rows += len(lines)
-            self.emit(list(map(self.build, lines)))
+            events = self.build_batch(lines, joined) if self.build_batch is not None else None
+            self.emit(events if events is not None else list(map(self.build, lines)))
 
     def close(self) -> None:
         if self.chunks:
@@ -219,6 +223,21 @@ class SnapshotRows:
                 return new(ChangeEvent, (read, table_id, key, None, fragment(values[nkey]), version, ts_ms,
                                          marker, source, None))
 
+            build_batch = None
+            if single_key is not None:
+                def build_batch(lines: list[bytes], joined: bytes) -> list[ChangeEvent] | None:
+                    # The common batch in C-level steps: no escapes anywhere in it and no line
+                    # long enough to hold a value the TOAST store must keep; else line by line.
+                    if b"\\" in joined or max(map(len, lines)) >= MIN_TOASTABLE_CHARS:
+                        return None
+                    if convert_key is int:
+                        return [new(ChangeEvent, (read, table_id, {single_key: int(k)}, None, fragment(j), version,
+                                                  ts_ms, marker, source, None))
+                                for k, j in (line.split(b"\t", 2)[:2] for line in lines)]
+                    return [new(ChangeEvent, (read, table_id, {single_key: convert_key(k.decode())}, None,
+                                              fragment(j), version, ts_ms, marker, source, None))
+                            for k, j in (line.split(b"\t", 2)[:2] for line in lines)]
+
             keys = ", ".join("x." + quote_ident(k) for k in key_names)
             json_columns = ", ".join(f"{e} AS {quote_ident(n)}" for e, n in zip(expressions, names))
             toast = "".join(
@@ -236,7 +255,7 @@ class SnapshotRows:
             toastable.clear()
             emit((events, qualified, batch_toast))
 
-        sink = _CopySink(build, emit_with_toast, self.batch)
+        sink = _CopySink(build, emit_with_toast, self.batch, build_batch if expressions is not None else None)
         began = time.monotonic()
         try:
             with reader.conn.cursor() as cur:

@@ -370,3 +370,60 @@ def test_server_json_expressions_give_the_converters_values(pg_dsn, family):
             # Values as a JSON reader sees them: -0 and -0.0 are the same number.
             assert got[name] == orjson.loads(orjson.dumps(want[name])), \
                 f"row {want['id']} column {name}: server {got[name]!r} != converters {want[name]!r}"
+
+
+@pytest.mark.parametrize("key_type", ["bigint", "text"])
+def test_snapshot_rows_server_json_and_converters_make_the_same_events(pg_dsn, key_type, tmp_path):
+    """SnapshotRows with the server printing the row JSON (whole batches at once where no line has
+    an escape or a long value, line by line where one does) against SnapshotRows with the
+    converters: the same keys and the same rows, event for event."""
+    from sources.postgres.catalog import table_meta
+    from sources.postgres.snapshot import Chunk, SnapshotReader, SnapshotRows
+    from sources.postgres.toast import ToastStore
+
+    conn = _connect(pg_dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE plain (id {key_type} PRIMARY KEY, name text, amount numeric(10,2), "
+                    "at timestamptz, note text)")
+        # Batches of plain rows; one batch with a backslash, one with a tab and a newline in a value,
+        # one with a long value: those go line by line.
+        cur.execute("INSERT INTO plain SELECT g::text::" + key_type + ", 'name ' || g, g * 1.25, "
+                    "timestamptz '2026-01-01 00:00:00+00' + g * interval '1 minute', "
+                    "CASE WHEN g % 3 = 0 THEN NULL WHEN g = 2500 THEN 'back\\slash' "
+                    "WHEN g = 3700 THEN E'tab\\there\\nnewline' WHEN g = 4100 THEN repeat('x', 900) "
+                    "ELSE 'note ' || g END FROM generate_series(1, 5000) g")
+        cur.execute("SELECT 'plain'::regclass::oid")
+        oid = cur.fetchone()[0]
+    meta = table_meta(conn, oid, "db", {})
+    catalog = load_type_catalog(conn, [c.type_oid for c in meta.columns])
+    exporter = _connect(pg_dsn)
+    with exporter.cursor() as cur:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT pg_export_snapshot()")
+        snapshot_name = cur.fetchone()[0]
+
+    def events(server_json: bool) -> list:
+        rows = SnapshotRows(7, 1, lambda oids: [converter_for(o, catalog) for o in oids],
+                            ToastStore(tmp_path / f"toast-{server_json}.db"), batch=1000, types=catalog,
+                            server_json=server_json)
+        reader = SnapshotReader(pg_dsn, session_options(), snapshot_name, "test")
+        batches: list = []
+        try:
+            rows.read(reader, Chunk(meta, None, None), batches.append)
+        finally:
+            reader.close()
+        return ([event for events, _, _ in batches for event in events],
+                [entry for _, _, toast in batches for entry in toast])
+
+    (by_server, server_toast), (by_converters, converter_toast) = events(True), events(False)
+    # The long value is handed to the TOAST store either way (a later update may leave it out).
+    assert server_toast == converter_toast and len(server_toast) == 1 and server_toast[0][2] == "x" * 900
+    exporter.close()
+    conn.close()
+    assert len(by_server) == len(by_converters) == 5000
+    assert any(isinstance(e.after, orjson.Fragment) for e in by_server)
+    for got, want in zip(by_server, by_converters, strict=True):
+        assert got.key == want.key
+        assert orjson.loads(orjson.dumps(got.after)) == orjson.loads(orjson.dumps(want.after)), got.key
+        assert got._replace(after=None) == want._replace(after=None)
