@@ -1,0 +1,357 @@
+/* The encoding loop of cdc.serde.EnvelopeEncoder.emit, in C.
+ *
+ * Optional: cdc/serde.py uses it when it was built (setup.py, `optional=True`) and otherwise
+ * runs its own Python loop, which stays the reference. Both make the same bytes
+ * (tests/unit/test_speedups.py compares them on generated events). Rows, keys and fields are
+ * still serialized by orjson.dumps; what moves to C is the per-event work around it: unpacking
+ * the event, the cache lookups, assembling the value from its pieces and calling `emit`.
+ *
+ * emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made
+ *   middle(table, op, snapshot, now_ms) -> (topic, b',"op":...,"ts_ms":'), cached per call.
+ *   On failure `where` (a list of two) is set to [topic or None, bytes made so far] and the
+ *   exception propagates; serde.py wraps it in an EmitError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *dumps = NULL;        /* orjson.dumps */
+static PyObject *op_truncate = NULL;  /* Op.TRUNCATE */
+static PyObject *op_delete = NULL;    /* Op.DELETE */
+static PyObject *truncate_key = NULL; /* b"{}" */
+
+static const char HEAD_BEFORE[] = "{\"before\":";
+static const char HEAD_AFTER[] = ",\"after\":";
+static const char VERSION[] = ",\"version\":";
+static const char TX_NULL[] = ",\"transaction\":null}";
+static const char TX_ID[] = ",\"transaction\":{\"id\":";
+static const char TX_TOTAL[] = ",\"total_order\":";
+static const char TX_DCO[] = ",\"data_collection_order\":";
+#define LIT(s) (sizeof(s) - 1)
+
+/* Decimal text of a Python int into buf (at least 24 bytes); its length, or -1 with an error. */
+static Py_ssize_t
+format_int(PyObject *value, char *buf, const char *what)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow) {
+        PyErr_Format(PyExc_OverflowError, "%s does not fit in 64 bits", what);
+        return -1;
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    Py_ssize_t len = 0;
+    if (v < 0)
+        buf[len++] = '-';
+    while (n)
+        buf[len++] = tmp[--n];
+    return len;
+}
+
+/* Call f(a, b, c); on BufferError call room(a, b, c) instead. A new reference or NULL. */
+static PyObject *
+call_with_room(PyObject *f, PyObject *room, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *args[3] = {a, b, c};
+    PyObject *r = PyObject_Vectorcall(f, args, 3, NULL);
+    if (r == NULL && PyErr_ExceptionMatches(PyExc_BufferError)) {
+        PyErr_Clear();
+        r = PyObject_Vectorcall(room, args, 3, NULL);
+    }
+    return r;
+}
+
+static PyObject *
+dump(PyObject *value)
+{
+    PyObject *out = PyObject_CallOneArg(dumps, value);
+    if (out != NULL && !PyBytes_Check(out)) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_TypeError, "orjson.dumps returned no bytes");
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *
+speedups_setup(PyObject *self, PyObject *args)
+{
+    PyObject *d, *t, *del, *k;
+    if (!PyArg_ParseTuple(args, "OOOO!", &d, &t, &del, &PyBytes_Type, &k))
+        return NULL;
+    Py_XSETREF(dumps, Py_NewRef(d));
+    Py_XSETREF(op_truncate, Py_NewRef(t));
+    Py_XSETREF(op_delete, Py_NewRef(del));
+    Py_XSETREF(truncate_key, Py_NewRef(k));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "emit takes 7 arguments");
+        return NULL;
+    }
+    if (dumps == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.setup was not called");
+        return NULL;
+    }
+    PyObject *middle_fn = args[0], *events = args[1], *emit = args[2], *room = args[3];
+    PyObject *everywhere = args[4], *now_ms = args[5], *where = args[6];
+    if (!PyList_Check(where) || PyList_GET_SIZE(where) != 2) {
+        PyErr_SetString(PyExc_TypeError, "where must be a list of two");
+        return NULL;
+    }
+    PyObject *iter = PyObject_GetIter(events);
+    if (iter == NULL)
+        return NULL;
+
+    PyObject *cache = PyDict_New();            /* (id(table), op, snapshot) -> (topic, middle) */
+    PyObject *last_table = NULL, *last_op = NULL, *last_snapshot = NULL;  /* borrowed */
+    PyObject *middle = NULL;                   /* borrowed from cache */
+    PyObject *last_tx_id = NULL, *tx_id_json = NULL;        /* borrowed, owned */
+    PyObject *last_fields = NULL, *fields_json = NULL;      /* borrowed, owned */
+    PyObject *topic = NULL;                    /* borrowed from middle */
+    long long nbytes = 0;
+    PyObject *event = NULL;
+    int failed = cache == NULL;
+
+    while (!failed && (event = PyIter_Next(iter)) != NULL) {
+        PyObject *before_json = NULL, *after_json = NULL, *key_json = NULL, *value = NULL, *r = NULL;
+        if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) != 10) {
+            PyErr_Format(PyExc_TypeError, "not a ChangeEvent: %.100s", Py_TYPE(event)->tp_name);
+            goto fail_event;
+        }
+        PyObject *op = PyTuple_GET_ITEM(event, 0), *table = PyTuple_GET_ITEM(event, 1);
+        PyObject *key = PyTuple_GET_ITEM(event, 2), *before = PyTuple_GET_ITEM(event, 3);
+        PyObject *after = PyTuple_GET_ITEM(event, 4), *version = PyTuple_GET_ITEM(event, 5);
+        PyObject *ts_ms = PyTuple_GET_ITEM(event, 6), *snapshot = PyTuple_GET_ITEM(event, 7);
+        PyObject *fields = PyTuple_GET_ITEM(event, 8), *tx = PyTuple_GET_ITEM(event, 9);
+
+        if (table != last_table || op != last_op || snapshot != last_snapshot) {
+            PyObject *id = PyLong_FromVoidPtr(table);
+            PyObject *ck = id ? PyTuple_Pack(3, id, op, snapshot) : NULL;
+            Py_XDECREF(id);
+            if (ck == NULL)
+                goto fail_event;
+            PyObject *found = PyDict_GetItemWithError(cache, ck);
+            if (found == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(ck);
+                    goto fail_event;
+                }
+                PyObject *margs[4] = {table, op, snapshot, now_ms};
+                found = PyObject_Vectorcall(middle_fn, margs, 4, NULL);
+                if (found == NULL || !PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2
+                        || !PyBytes_Check(PyTuple_GET_ITEM(found, 1))) {
+                    if (found != NULL)
+                        PyErr_SetString(PyExc_TypeError, "middle() must return (topic, bytes)");
+                    Py_XDECREF(found);
+                    Py_DECREF(ck);
+                    goto fail_event;
+                }
+                int set = PyDict_SetItem(cache, ck, found);
+                Py_DECREF(found);  /* the cache keeps it */
+                if (set < 0) {
+                    Py_DECREF(ck);
+                    goto fail_event;
+                }
+            }
+            Py_DECREF(ck);
+            middle = found;
+            last_table = table;
+            last_op = op;
+            last_snapshot = snapshot;
+        }
+        topic = PyTuple_GET_ITEM(middle, 0);
+
+        int has_fields = 0;
+        if (fields != Py_None) {
+            has_fields = PyObject_IsTrue(fields);
+            if (has_fields < 0)
+                goto fail_event;
+        }
+        if (has_fields && fields != last_fields) {
+            PyObject *j = dump(fields);
+            if (j == NULL)
+                goto fail_event;
+            if (PyBytes_GET_SIZE(j) < 2) {
+                Py_DECREF(j);
+                PyErr_SetString(PyExc_TypeError, "source fields must be a dict");
+                goto fail_event;
+            }
+            Py_XSETREF(fields_json, j);
+            last_fields = fields;
+        }
+        PyObject *tx_total = NULL, *tx_dco = NULL;
+        if (tx != Py_None) {
+            if (!PyTuple_Check(tx) || PyTuple_GET_SIZE(tx) != 3) {
+                PyErr_SetString(PyExc_TypeError, "transaction must be a TransactionInfo");
+                goto fail_event;
+            }
+            PyObject *tx_id = PyTuple_GET_ITEM(tx, 0);
+            if (tx_id != last_tx_id || tx_id_json == NULL) {
+                PyObject *j = dump(tx_id);
+                if (j == NULL)
+                    goto fail_event;
+                Py_XSETREF(tx_id_json, j);
+                last_tx_id = tx_id;
+            }
+            tx_total = PyTuple_GET_ITEM(tx, 1);
+            tx_dco = PyTuple_GET_ITEM(tx, 2);
+        }
+
+        if (before != Py_None && (before_json = dump(before)) == NULL)
+            goto fail_event;
+        if ((after_json = dump(after)) == NULL)
+            goto fail_event;
+
+        char ts_buf[24], version_buf[24], total_buf[24], dco_buf[24];
+        Py_ssize_t ts_len = format_int(ts_ms, ts_buf, "ts_ms");
+        if (ts_len < 0)
+            goto fail_event;
+        Py_ssize_t version_len = format_int(version, version_buf, "version");
+        if (version_len < 0)
+            goto fail_event;
+        Py_ssize_t total_len = 0, dco_len = 0;
+        if (tx_total != NULL) {
+            if ((total_len = format_int(tx_total, total_buf, "total_order")) < 0)
+                goto fail_event;
+            if ((dco_len = format_int(tx_dco, dco_buf, "data_collection_order")) < 0)
+                goto fail_event;
+        }
+
+        PyObject *mid = PyTuple_GET_ITEM(middle, 1);
+        Py_ssize_t before_len = before_json ? PyBytes_GET_SIZE(before_json) : 4;
+        Py_ssize_t size = LIT(HEAD_BEFORE) + before_len + LIT(HEAD_AFTER) + PyBytes_GET_SIZE(after_json)
+                          + PyBytes_GET_SIZE(mid) + ts_len + LIT(VERSION) + version_len;
+        /* The source object closes with the fields (",<fields JSON without its {>") or with "}". */
+        size += has_fields ? PyBytes_GET_SIZE(fields_json) : 1;
+        if (tx_total != NULL)
+            size += LIT(TX_ID) + PyBytes_GET_SIZE(tx_id_json) + LIT(TX_TOTAL) + total_len + LIT(TX_DCO)
+                    + dco_len + 2;
+        else
+            size += LIT(TX_NULL);
+        value = PyBytes_FromStringAndSize(NULL, size);
+        if (value == NULL)
+            goto fail_event;
+        char *w = PyBytes_AS_STRING(value);
+#define PUT(src, n) do { memcpy(w, (src), (size_t)(n)); w += (n); } while (0)
+        PUT(HEAD_BEFORE, LIT(HEAD_BEFORE));
+        if (before_json)
+            PUT(PyBytes_AS_STRING(before_json), before_len);
+        else
+            PUT("null", 4);
+        PUT(HEAD_AFTER, LIT(HEAD_AFTER));
+        PUT(PyBytes_AS_STRING(after_json), PyBytes_GET_SIZE(after_json));
+        PUT(PyBytes_AS_STRING(mid), PyBytes_GET_SIZE(mid));
+        PUT(ts_buf, ts_len);
+        PUT(VERSION, LIT(VERSION));
+        PUT(version_buf, version_len);
+        if (has_fields) {
+            PUT(",", 1);
+            PUT(PyBytes_AS_STRING(fields_json) + 1, PyBytes_GET_SIZE(fields_json) - 1);
+        } else {
+            PUT("}", 1);
+        }
+        if (tx_total != NULL) {
+            PUT(TX_ID, LIT(TX_ID));
+            PUT(PyBytes_AS_STRING(tx_id_json), PyBytes_GET_SIZE(tx_id_json));
+            PUT(TX_TOTAL, LIT(TX_TOTAL));
+            PUT(total_buf, total_len);
+            PUT(TX_DCO, LIT(TX_DCO));
+            PUT(dco_buf, dco_len);
+            PUT("}}", 2);
+        } else {
+            PUT(TX_NULL, LIT(TX_NULL));
+        }
+#undef PUT
+        if (w != PyBytes_AS_STRING(value) + size) {
+            PyErr_SetString(PyExc_SystemError, "cdc._speedups: value size miscounted");
+            goto fail_event;
+        }
+        nbytes += size;
+
+        if (op == op_truncate) {
+            PyObject *targs[3] = {topic, value, truncate_key};
+            r = PyObject_Vectorcall(everywhere, targs, 3, NULL);
+            if (r == NULL)
+                goto fail_event;
+        } else {
+            if ((key_json = dump(key)) == NULL)
+                goto fail_event;
+            if ((r = call_with_room(emit, room, topic, value, key_json)) == NULL)
+                goto fail_event;
+            if (op == op_delete) {
+                Py_DECREF(r);
+                if ((r = call_with_room(emit, room, topic, Py_None, key_json)) == NULL)
+                    goto fail_event;
+            }
+        }
+        Py_DECREF(r);
+        Py_XDECREF(before_json);
+        Py_DECREF(after_json);
+        Py_XDECREF(key_json);
+        Py_DECREF(value);
+        Py_DECREF(event);
+        continue;
+    fail_event:
+        Py_XDECREF(before_json);
+        Py_XDECREF(after_json);
+        Py_XDECREF(key_json);
+        Py_XDECREF(value);
+        Py_DECREF(event);
+        failed = 1;
+    }
+    if (!failed && PyErr_Occurred())  /* the iterator failed */
+        failed = 1;
+
+    PyObject *result = NULL;
+    if (failed) {
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyObject *made = PyLong_FromLongLong(nbytes);
+        if (made != NULL) {
+            PyList_SetItem(where, 0, Py_NewRef(topic ? topic : Py_None));
+            PyList_SetItem(where, 1, made);
+        } else {
+            PyErr_Clear();
+        }
+        PyErr_Restore(type, exc, tb);
+    } else {
+        result = PyLong_FromLongLong(nbytes);
+    }
+    Py_XDECREF(cache);  /* holds the middles (and so `topic`): released after `where` took it */
+    Py_XDECREF(tx_id_json);
+    Py_XDECREF(fields_json);
+    Py_DECREF(iter);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
+    {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
+     "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cdc._speedups", NULL, -1, methods};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

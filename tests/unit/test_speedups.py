@@ -1,0 +1,122 @@
+"""The C encoding loop (cdc/_speedups.c) against the Python loop of EnvelopeEncoder.emit.
+
+The Python loop is the reference: for any events, the C loop must hand over the same records in
+the same order (bytes for bytes), count the same bytes, call ``when_room`` for the same records,
+and fail at the same record with the same topic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdc import serde
+from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId, TransactionInfo
+from cdc.serde import EmitError, EnvelopeEncoder
+
+
+def test_the_c_loop_is_built():
+    """setup.py builds it wherever a C compiler is (every machine this project sets up has one);
+    CDC_ALLOW_NO_SPEEDUPS=1 says a build without it is expected."""
+    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1":
+        return
+    assert serde._speedups is not None, "cdc._speedups was not built: pip install -e . with a C compiler"
+
+
+needs_c = pytest.mark.skipif(serde._speedups is None, reason="cdc._speedups not built (see the test above)")
+
+TABLES = [TableId("shop", "public", "orders"), TableId("shop", None, "items"), TableId("db", "s", "t\"q")]
+text = st.text(max_size=12)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 64 - 1), text,
+                    st.floats(allow_nan=False, allow_infinity=False))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(text, inner, max_size=3)), max_leaves=8)
+rows = st.dictionaries(text, values, max_size=5)
+int64 = st.integers(-(2 ** 63), 2 ** 63 - 1)
+
+
+@st.composite
+def events(draw) -> ChangeEvent:
+    op = draw(st.sampled_from(list(Op)))
+    after = draw(st.one_of(st.none(), rows, rows.map(lambda r: orjson.Fragment(orjson.dumps(r)))))
+    tx = draw(st.one_of(st.none(), st.builds(TransactionInfo, st.sampled_from(["1", "2", "x\"y"]),
+                                             st.integers(0, 10 ** 6), st.integers(0, 10 ** 6))))
+    return ChangeEvent(op=op, table=draw(st.sampled_from(TABLES)), key=None if op is Op.TRUNCATE else draw(rows),
+                       before=draw(st.one_of(st.none(), rows)), after=after, version=draw(int64),
+                       ts_ms=draw(int64), snapshot=draw(st.sampled_from(list(SnapshotMarker))),
+                       source_fields=draw(st.one_of(st.none(), st.just({}), st.dictionaries(text, scalars, max_size=3))),
+                       transaction=tx)
+
+
+def run(events_: list, use_speedups: bool, full_every: int = 0):
+    """(calls made, value bytes, error topic or None) of one emit over ``events_``."""
+    encoder = EnvelopeEncoder("postgresql", "src", "p")
+    encoder.use_speedups = use_speedups
+    calls: list = []
+    count = [0]
+
+    def emit(topic, value, key):
+        count[0] += 1
+        if full_every and count[0] % full_every == 0:
+            raise BufferError("full")
+        calls.append(("emit", topic, value, key))
+
+    def when_room(topic, value, key):
+        calls.append(("room", topic, value, key))
+
+    def everywhere(topic, value, key):
+        calls.append(("all", topic, value, key))
+
+    error = None
+    try:
+        encoder.emit(events_, emit, when_room, everywhere, now_ms=1_700_000_000_000)
+    except EmitError as exc:
+        error = (exc.topic, type(exc.cause).__name__)
+    return calls, encoder.value_bytes, error
+
+
+@needs_c
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events(), max_size=20), st.sampled_from([0, 2, 3]))
+def test_the_c_loop_makes_the_python_loops_records(batch, full_every):
+    assert run(batch, True, full_every) == run(batch, False, full_every)
+
+
+@needs_c
+@given(st.lists(events(), min_size=1, max_size=6), st.integers(0, 5))
+@settings(max_examples=100, deadline=None)
+def test_a_row_that_cannot_be_encoded_fails_both_loops_at_the_same_record(batch, at):
+    at = min(at, len(batch) - 1)
+    broken = list(batch)
+    broken[at] = broken[at]._replace(after={"bad": object()})
+    c_calls, c_bytes, c_error = run(broken, True)
+    py_calls, py_bytes, py_error = run(broken, False)
+    assert c_error is not None and c_error == py_error
+    assert c_calls == py_calls and c_bytes == py_bytes
+
+
+@needs_c
+def test_a_failing_emit_names_the_topic_in_both_loops():
+    event = ChangeEvent(op=Op.CREATE, table=TABLES[0], key={"id": 1}, before=None, after={"id": 1},
+                        version=1, ts_ms=1)
+    for use in (True, False):
+        encoder = EnvelopeEncoder("postgresql", "src", "p")
+        encoder.use_speedups = use
+
+        def emit(topic, value, key):
+            raise RuntimeError("refused")
+
+        with pytest.raises(EmitError, match="p.public.orders") as raised:
+            encoder.emit([event], emit, emit, emit, now_ms=1)
+        assert isinstance(raised.value.cause, RuntimeError)
+
+
+@needs_c
+def test_a_thing_that_is_no_event_is_refused():
+    encoder = EnvelopeEncoder("postgresql", "src", "p")
+    with pytest.raises(EmitError, match="not a ChangeEvent"):
+        encoder.emit([("not", "an", "event")], print, print, print, now_ms=1)
