@@ -1,8 +1,12 @@
-"""The optional C part: cdc/_speedups.c (the encoding loop). Without a compiler the build goes on
-without it, and cdc.serde runs its Python loop (the same bytes, slower)."""
+"""The optional C parts: cdc/_speedups.c (the encoding loop) and sources/mysql/_rowdecode.c (binlog
+row images of the common column types). Without a compiler the build goes on without them, and
+the Python code they mirror runs instead (the same output, slower)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True,
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                                 "-Wno-missing-field-initializers"])])
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
+setup(ext_modules=[
+    Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
+])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from cdc.errors import DecodeError, PrerequisiteError
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId, TransactionInfo
@@ -375,6 +375,8 @@ class RowDecoder:
         self._pairs = namespace["pairs"]
         self._events = {WRITE: namespace["write_events"], DELETE_ROWS: namespace["delete_events"],
                         UPDATE_ROWS: namespace["update_events"]}
+        # The same decoding in C where it was built and the table's types allow (_rowdecode.c).
+        self.program = c_program(self.specs, self.names, index)
 
     def _run(self, fn, data: bytes, start: int, end: int, where: str, *context):
         try:
@@ -417,9 +419,88 @@ class RowDecoder:
         """The change events of a rows event (``kind``: WRITE, UPDATE_ROWS or DELETE_ROWS) and how
         many there are. A row's version is ``base + its offset in data``; transaction orders
         continue from ``order`` (in the transaction) and ``first`` (for this table)."""
+        program = self.program
+        if program is not None:
+            made = program.events(kind, data, start, end, tid, base, ts_ms, file, pos, gtid, tx_id, order, first)
+            if made is not None:
+                return made[0], made[2]
+            # Not taken (malformed, or a value the C code does not print): the Python decoder decides.
         out, _, count = self._run(self._events[kind], data, start, end, where, tid, base, ts_ms, file, pos, gtid,
                                   tx_id, order, first)
         return out, count
+
+
+try:  # the C row decoder (sources/mysql/_rowdecode.c), built by setup.py where a compiler is found
+    from sources.mysql import _rowdecode
+except ImportError:  # pragma: no cover - a build without a compiler
+    _rowdecode = None
+
+_INT_BYTES = {TINY: 1, SHORT: 2, INT24: 3, LONG: 4, LONGLONG: 8}
+
+
+def _c_string(s: ColumnSpec) -> Callable[[bytes], Any] | None:
+    """What the C decoder calls on a string column's bytes (None: UTF-8 in C); as
+    ``_Gen.convert_bytes`` writes it."""
+    if s.json:
+        return parse_json
+    if s.charset == "binary" or s.type == GEOMETRY:
+        if s.type == STRING and s.length:
+            width = s.length
+            return lambda raw: b64(raw.ljust(width, b"\0"))
+        return b64
+    codec = python_codec(s.charset) if s.charset is not None else None
+    if s.charset is None:
+        raise PrerequisiteError(f"column {s.name}: the table map has no character set for it")
+    if codec is None:
+        return _decode_mysql_latin1
+    if codec == "utf-8":
+        return None
+    return lambda raw: str(raw, codec)
+
+
+def c_program(specs: Sequence[ColumnSpec], names: Sequence[str], key_index: Sequence[int]) -> Any:
+    """The C decoder of this row shape, or None (not built, or a column type it does not take:
+    MySQL's binary JSON; those tables keep the Python decoder). TIME and the pre-5.6 temporal
+    types are decoded by their Python functions, called from C."""
+    if _rowdecode is None or not key_index:
+        return None
+    c = _rowdecode
+    ops = []
+    for s in specs:
+        t, nullable = s.type, int(s.nullable)
+        if t in _INT_BYTES:
+            ops.append((c.INT, nullable, _INT_BYTES[t], int(not s.unsigned), None))
+        elif t == FLOAT:
+            ops.append((c.FLOAT, nullable, 0, 0, shortest_float32))
+        elif t == DOUBLE:
+            ops.append((c.DOUBLE, nullable, 0, 0, None))
+        elif t == YEAR:
+            ops.append((c.YEAR, nullable, 0, 0, None))
+        elif t == NEWDECIMAL and 1 <= s.precision <= 65 and 0 <= s.scale <= min(30, s.precision):
+            ops.append((c.DECIMAL, nullable, s.precision, s.scale, None))
+        elif t == DATE:
+            ops.append((c.DATE, nullable, 0, 0, None))
+        elif t in (DATETIME2, TIMESTAMP2) and 0 <= s.fsp <= 6:
+            ops.append((c.DATETIME2 if t == DATETIME2 else c.TIMESTAMP2, nullable, s.fsp, 0, None))
+        elif t in (VARCHAR, VAR_STRING, STRING):
+            ops.append((c.STR, nullable, 2 if s.length > 255 else 1, 0, _c_string(s)))
+        elif t in (BLOB, GEOMETRY, TINY_BLOB, MEDIUM_BLOB, LONG_BLOB) and 1 <= s.length <= 4:
+            ops.append((c.STR, nullable, s.length, 0, _c_string(s)))
+        elif t == ENUM and s.length in (1, 2):
+            ops.append((c.ENUM, nullable, s.length, 0, ("",) + s.labels))
+        elif t == BIT and 1 <= (s.length + 7) // 8 <= 8:
+            ops.append((c.BIT, nullable, (s.length + 7) // 8, 0, None))
+        elif t == SET and 1 <= s.length <= 8:
+            ops.append((c.SET, nullable, s.length, 0, s.labels))
+        elif t == TIME2 and 0 <= s.fsp <= 6:
+            ops.append((c.PYFIXED, nullable, 3 + (s.fsp + 1) // 2, 0, make_time2(s.fsp)))
+        elif t in (TIME, DATETIME, TIMESTAMP):
+            decode, width = {TIME: (values.time, 3), DATETIME: (values.datetime, 8), TIMESTAMP: (values.timestamp, 4)}[t]
+            ops.append((c.PYFIXED, nullable, width, 0, decode))
+        else:
+            return None
+    return c.Program(tuple(ops), tuple(names), tuple(key_index),
+                     (ChangeEvent, TransactionInfo, Op.CREATE, Op.UPDATE, Op.DELETE, SnapshotMarker.FALSE))
 
 
 def specs_from_table_map(event: Any, dbms: str, json_columns: set[str]) -> list[ColumnSpec]:
