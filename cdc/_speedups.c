@@ -115,9 +115,16 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "where must be a list of two");
         return NULL;
     }
-    PyObject *iter = PyObject_GetIter(events);
-    if (iter == NULL)
+    /* A list of the events (the same list when given one): every event, and so every table,
+     * transaction id and fields dict compared by identity below, stays alive for the call. */
+    PyObject *seq = PySequence_Fast(events, "events must be iterable");
+    if (seq == NULL)
         return NULL;
+    PyObject *iter = PyObject_GetIter(seq);
+    if (iter == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
 
     PyObject *cache = PyDict_New();            /* (id(table), op, snapshot) -> (topic, middle) */
     PyObject *last_table = NULL, *last_op = NULL, *last_snapshot = NULL;  /* borrowed */
@@ -338,6 +345,7 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(tx_id_json);
     Py_XDECREF(fields_json);
     Py_DECREF(iter);
+    Py_DECREF(seq);
     return result;
 }
 

@@ -147,6 +147,8 @@ class EnvelopeEncoder:
                 raise EmitError(where[0], exc) from exc
             return
         dumps = orjson.dumps
+        if type(events) is not list:
+            events = list(events)  # alive for the call: the caches below compare by identity
         # Per call, the part between the row and the event's own numbers, now_ms included:
         # id(table) -> {(op, snapshot): (topic, b',"op":"u","ts_ms":<now>,"source":{...,"ts_ms":')}.
         # The ids are safe as keys here: the events keep their tables alive for the call.

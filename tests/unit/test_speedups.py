@@ -120,3 +120,21 @@ def test_a_thing_that_is_no_event_is_refused():
     encoder = EnvelopeEncoder("postgresql", "src", "p")
     with pytest.raises(EmitError, match="not a ChangeEvent"):
         encoder.emit([("not", "an", "event")], print, print, print, now_ms=1)
+
+
+@needs_c
+def test_events_from_a_generator_that_drops_them_as_it_goes():
+    """Tables made per event and freed after it: a cache keyed by identity must not hand one
+    table's topic to another that reuses its memory (both loops hold the events for the call)."""
+    def made():
+        for i in range(2000):
+            table = TableId("db", "s", f"t{i % 7}")
+            yield ChangeEvent(op=Op.CREATE, table=table, key={"id": i}, before=None, after={"id": i},
+                              version=i, ts_ms=1)
+
+    for use in (True, False):
+        encoder = EnvelopeEncoder("postgresql", "src", "p")
+        encoder.use_speedups = use
+        records: list = []
+        encoder.emit(made(), lambda t, v, k: records.append((t, k)), print, print, now_ms=1)
+        assert records == [(f"p.s.t{i % 7}", b'{"id":%d}' % i) for i in range(2000)]
