@@ -134,6 +134,16 @@ static PyObject *decimal(const unsigned char *src, int precision, int scale, int
     return PyUnicode_FromStringAndSize(w, len);
 }
 
+/* conv(value), taking the reference to value (NULL: an error is set). */
+static PyObject *convert(PyObject *conv, PyObject *value)
+{
+    if (value == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallOneArg(conv, value);
+    Py_DECREF(value);
+    return r;
+}
+
 /* One column at *pp (< end): a new reference, Py_None included, or NULL (not taken; an error
  * may be set, the caller clears it). */
 static PyObject *column(const Op *op, const unsigned char *data, Py_ssize_t *pp, Py_ssize_t end)
@@ -159,12 +169,7 @@ static PyObject *column(const Op *op, const unsigned char *data, Py_ssize_t *pp,
         float f;
         memcpy(&f, &u, 4);
         *pp = p + 4;
-        PyObject *x = PyFloat_FromDouble((double)f);
-        if (x == NULL)
-            return NULL;
-        PyObject *r = PyObject_CallOneArg(op->conv, x);
-        Py_DECREF(x);
-        return r;
+        return convert(op->conv, PyFloat_FromDouble((double)f));
     }
     case K_DOUBLE: {
         NEED(8);
@@ -243,12 +248,7 @@ static PyObject *column(const Op *op, const unsigned char *data, Py_ssize_t *pp,
         *pp = p + len;
         if (op->conv == Py_None)
             return PyUnicode_DecodeUTF8((const char *)data + p, len, "strict");
-        PyObject *raw = PyBytes_FromStringAndSize((const char *)data + p, len);
-        if (raw == NULL)
-            return NULL;
-        PyObject *r = PyObject_CallOneArg(op->conv, raw);
-        Py_DECREF(raw);
-        return r;
+        return convert(op->conv, PyBytes_FromStringAndSize((const char *)data + p, len));
     }
     case K_ENUM: {
         NEED(op->a);
@@ -656,19 +656,15 @@ PyMODINIT_FUNC PyInit__rowdecode(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyModule_AddIntConstant(m, "INT", K_INT);
-    PyModule_AddIntConstant(m, "FLOAT", K_FLOAT);
-    PyModule_AddIntConstant(m, "DOUBLE", K_DOUBLE);
-    PyModule_AddIntConstant(m, "YEAR", K_YEAR);
-    PyModule_AddIntConstant(m, "DECIMAL", K_DECIMAL);
-    PyModule_AddIntConstant(m, "DATE", K_DATE);
-    PyModule_AddIntConstant(m, "DATETIME2", K_DATETIME2);
-    PyModule_AddIntConstant(m, "TIMESTAMP2", K_TIMESTAMP2);
-    PyModule_AddIntConstant(m, "STR", K_STR);
-    PyModule_AddIntConstant(m, "ENUM", K_ENUM);
-    PyModule_AddIntConstant(m, "BIT", K_BIT);
-    PyModule_AddIntConstant(m, "SET", K_SET);
-    PyModule_AddIntConstant(m, "PYFIXED", K_PYFIXED);
+    static const struct { const char *name; int kind; } kinds[] = {
+        {"INT", K_INT}, {"FLOAT", K_FLOAT}, {"DOUBLE", K_DOUBLE}, {"YEAR", K_YEAR}, {"DECIMAL", K_DECIMAL},
+        {"DATE", K_DATE}, {"DATETIME2", K_DATETIME2}, {"TIMESTAMP2", K_TIMESTAMP2}, {"STR", K_STR},
+        {"ENUM", K_ENUM}, {"BIT", K_BIT}, {"SET", K_SET}, {"PYFIXED", K_PYFIXED}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].kind) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0) {
         Py_DECREF(m);
         return NULL;

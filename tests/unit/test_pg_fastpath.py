@@ -23,6 +23,7 @@ from sources.postgres.catalog import TableMeta
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.toast import ToastStore
 from sources.postgres.types.converters import converter_for
+from tests.damage import damage
 from tests.golden.capture_pgoutput import read_frames
 
 CAPTURES = ["v1", "v2", "v3"]
@@ -130,15 +131,7 @@ RELATIONS = {name: all_relations(name) for name in CAPTURES}
 @given(st.sampled_from(SAMPLES), st.data())
 def test_a_damaged_row_message_is_never_taken_unless_the_generic_path_agrees(tmp_path, sample, data):
     name, payload = sample
-    damage = data.draw(st.sampled_from(["cut", "flip", "splice"]))
-    if damage == "cut":
-        damaged = payload[:data.draw(st.integers(6, len(payload) - 1))]
-    elif damage == "flip":
-        at = data.draw(st.integers(5, len(payload) - 1))
-        damaged = payload[:at] + bytes([payload[at] ^ data.draw(st.integers(1, 255))]) + payload[at + 1:]
-    else:
-        at = data.draw(st.integers(6, len(payload)))
-        damaged = payload[:at] + data.draw(st.binary(min_size=1, max_size=8)) + payload[at:]
+    damaged = damage(data, payload, keep=5)  # the type byte and relation OID pick the path
     relations = RELATIONS[name]
     fast, slow = builder(tmp_path, relations, True), builder(tmp_path, relations, False)
     for made in (fast, slow):
