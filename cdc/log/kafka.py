@@ -299,8 +299,7 @@ class KafkaWriter(LogWriter):
         self._tracker.failed(_delivery_error(err, msg.topic(), msg.partition()))
 
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
-        """Produce ``records`` (any iterable: a generator lets each value be produced, and its
-        memory reused, right after it is encoded)."""
+        """Produce ``records`` (any iterable; change events go through ``publish_events``)."""
         producer = self._producer
         if producer is None:
             raise DeliveryError("publish on a closed writer", retriable=False)
@@ -320,7 +319,7 @@ class KafkaWriter(LogWriter):
                     raise
                 except Exception as exc:
                     # Refused: fail it, so that nothing past it is ever safe, and say so now.
-                    raise self._refuse(exc, record) from exc
+                    raise self._refuse(exc, topic) from exc
         except DeliveryError:
             raise
         except Exception as exc:
@@ -343,15 +342,9 @@ class KafkaWriter(LogWriter):
         except EmitError as exc:
             # Nothing past the failed record was produced, and nothing after it may become safe.
             cause = exc.cause
-            if isinstance(cause, DeliveryError):
+            if isinstance(cause, DeliveryError):  # already recorded (_produce_everywhere)
                 raise cause from cause.__cause__
-            err = _kafka_error(cause)
-            if err is not None:
-                error = _delivery_error(err, exc.topic or "?", None)
-            else:
-                error = DeliveryError(f"{exc}: the batch is not published", retriable=False)
-            self.fail(error)
-            raise error from cause
+            raise self._refuse(cause, exc.topic or "?") from cause
         self._tracker.published(checkpoint)
 
     def fail(self, error: DeliveryError) -> None:
@@ -381,15 +374,16 @@ class KafkaWriter(LogWriter):
             except BufferError:
                 self._produce_when_room(topic, value, key, partition)
 
-    def _refuse(self, exc: Exception, record: Record) -> DeliveryError:
-        """Record in the tracker that ``produce`` refused ``record``; the error to raise."""
+    def _refuse(self, exc: BaseException, topic: str) -> DeliveryError:
+        """Record in the tracker that a record for ``topic`` could not be made or was refused by
+        ``produce``; the error to raise."""
         err = _kafka_error(exc)
         if err is not None:
-            error = _delivery_error(err, record.topic, None)
+            error = _delivery_error(err, topic, None)
         else:
-            error = DeliveryError(f"delivery to {record.topic} failed: {type(exc).__name__}: {exc}",
-                                  retriable=False)
-        self._tracker.failed(error)
+            error = DeliveryError(f"a record for {topic} failed: {type(exc).__name__}: {exc}; the batch is not "
+                                  "published", retriable=False)
+        self.fail(error)
         return error
 
     def poll(self) -> Position | None:

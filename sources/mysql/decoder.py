@@ -110,8 +110,8 @@ class _Gen:
 
     def __init__(self, specs: Sequence[ColumnSpec]) -> None:
         self.specs = specs
-        self.env: dict[str, Any] = {"b64": b64, "f32": shortest_float32, "_date": values.date, "_time": values.time,
-                                    "_datetime": values.datetime, "_timestamp": values.timestamp, "_json": parse_json,
+        self.env: dict[str, Any] = {"f32": shortest_float32, "_date": values.date, "_time": values.time,
+                                    "_datetime": values.datetime, "_timestamp": values.timestamp,
                                     "DecodeError": DecodeError}
 
     def name(self, prefix: str, value: Any) -> str:
@@ -247,19 +247,26 @@ class _Gen:
                                 "mysql source" + (" (MySQL binary JSON)" if t == JSON else ""))
 
     def convert_bytes(self, s: ColumnSpec, raw: str) -> str:
-        if s.json:
-            return f"_json({raw})"
-        if s.charset == "binary" or s.type == GEOMETRY:
-            if s.type == STRING and s.length:  # BINARY(n): the binlog drops the trailing zero bytes
-                return f"b64({raw}.ljust({s.length}, b'\\0'))"
-            return f"b64({raw})"
-        if s.charset is None:
-            raise PrerequisiteError(f"column {s.name}: the table map has no character set for it "
-                                    "(binlog_row_metadata must be FULL)")
-        codec = python_codec(s.charset)
-        if codec is None:
-            return f"{self.name('D', _decode_mysql_latin1)}({raw})"
-        return f"str({raw}, {codec!r})"
+        convert = string_converter(s)
+        if isinstance(convert, str):
+            return f"str({raw}, {convert!r})"
+        return f"{self.name('D', convert)}({raw})"
+
+
+def string_converter(s: ColumnSpec) -> str | Callable[[bytes], Any]:
+    """How a string column's bytes become its value: a Python codec name (``str(raw, codec)``) or
+    a function of the bytes. The generated decoders and the C decoder both follow it."""
+    if s.json:
+        return parse_json
+    if s.charset == "binary" or s.type == GEOMETRY:
+        if s.type == STRING and s.length:  # BINARY(n): the binlog drops the trailing zero bytes
+            width = s.length
+            return lambda raw: b64(raw.ljust(width, b"\0"))
+        return b64
+    if s.charset is None:
+        raise PrerequisiteError(f"column {s.name}: the table map has no character set for it "
+                                "(binlog_row_metadata must be FULL)")
+    return python_codec(s.charset) or _decode_mysql_latin1
 
 
 _TEMPLATE = '''
@@ -439,23 +446,16 @@ _INT_BYTES = {TINY: 1, SHORT: 2, INT24: 3, LONG: 4, LONGLONG: 8}
 
 
 def _c_string(s: ColumnSpec) -> Callable[[bytes], Any] | None:
-    """What the C decoder calls on a string column's bytes (None: UTF-8 in C); as
-    ``_Gen.convert_bytes`` writes it."""
-    if s.json:
-        return parse_json
-    if s.charset == "binary" or s.type == GEOMETRY:
-        if s.type == STRING and s.length:
-            width = s.length
-            return lambda raw: b64(raw.ljust(width, b"\0"))
-        return b64
-    codec = python_codec(s.charset) if s.charset is not None else None
-    if s.charset is None:
-        raise PrerequisiteError(f"column {s.name}: the table map has no character set for it")
-    if codec is None:
-        return _decode_mysql_latin1
-    if codec == "utf-8":
+    """What the C decoder calls on a string column's bytes; None: it decodes UTF-8 itself."""
+    convert = string_converter(s)
+    if convert == "utf-8":
         return None
-    return lambda raw: str(raw, codec)
+    if isinstance(convert, str):
+        return lambda raw: str(raw, convert)
+    return convert
+
+
+_PY_FIXED = {TIME: (values.time, 3), DATETIME: (values.datetime, 8), TIMESTAMP: (values.timestamp, 4)}
 
 
 def c_program(specs: Sequence[ColumnSpec], names: Sequence[str], key_index: Sequence[int]) -> Any:
@@ -494,8 +494,8 @@ def c_program(specs: Sequence[ColumnSpec], names: Sequence[str], key_index: Sequ
             ops.append((c.SET, nullable, s.length, 0, s.labels))
         elif t == TIME2 and 0 <= s.fsp <= 6:
             ops.append((c.PYFIXED, nullable, 3 + (s.fsp + 1) // 2, 0, make_time2(s.fsp)))
-        elif t in (TIME, DATETIME, TIMESTAMP):
-            decode, width = {TIME: (values.time, 3), DATETIME: (values.datetime, 8), TIMESTAMP: (values.timestamp, 4)}[t]
+        elif t in _PY_FIXED:
+            decode, width = _PY_FIXED[t]
             ops.append((c.PYFIXED, nullable, width, 0, decode))
         else:
             return None
