@@ -135,27 +135,44 @@ class ChangeBuilder:
 
     # -- rows ------------------------------------------------------------------------------------
     def _row(self, rel: Relation, values: tuple, old: dict[str, Any] | None,
-             key_json: bytes | None, unavailable: list[str]) -> dict[str, Any]:
+             key_jsons: tuple[bytes, ...], unavailable: list[str]) -> dict[str, Any]:
+        """The row of ``values`` converted; each unchanged TOAST value is taken from ``old`` (a
+        full old tuple, REPLICA IDENTITY FULL) or else from the TOAST store under the first of
+        ``key_jsons`` that has it. A value found nowhere is left out and named in ``unavailable``."""
         if UNCHANGED not in values:  # the common case, in one comprehension
             return {name: None if value is None else convert(value)
                     for name, convert, value in zip(rel.names, rel.converters, values)}
         row: dict[str, Any] = {}
-        for name, convert, value in zip(rel.names, rel.converters, values):
+        for name, convert, value in zip(rel.names, rel.converters, self._unchanged_filled(rel, values, old, key_jsons)):
             if value is None:
                 row[name] = None
             elif value is pg.UNCHANGED_TOAST:
-                text = None
-                if old is not None and name in old and old[name] is not pg.UNCHANGED_TOAST:
-                    text = old[name]
-                elif key_json is not None:
-                    text = self.toast.recall(rel.qualified, key_json, name)
-                if text is None:
-                    unavailable.append(name)
-                    continue
-                row[name] = convert(text) if isinstance(text, str) else text
+                unavailable.append(name)
             else:
                 row[name] = convert(value)
         return row
+
+    def _unchanged_filled(self, rel: Relation, values: tuple, old: dict[str, Any] | None,
+                          key_jsons: tuple[bytes, ...]) -> tuple:
+        """``values`` with each unchanged TOAST value replaced by its text where ``old`` or the
+        store has it (see ``_row``); the ones found nowhere stay ``UNCHANGED``."""
+        if UNCHANGED not in values:
+            return values
+        filled = list(values)
+        for i, value in enumerate(values):
+            if value is not pg.UNCHANGED_TOAST:
+                continue
+            name = rel.names[i]
+            text = old.get(name) if old is not None else None
+            if text is None or text is pg.UNCHANGED_TOAST:
+                text = None
+                for key_json in key_jsons:
+                    text = self.toast.recall(rel.qualified, key_json, name)
+                    if text is not None:
+                        break
+            if text is not None:
+                filled[i] = text
+        return tuple(filled)
 
     def _remember_toastable(self, rel: Relation, key_json: bytes | None, values: tuple) -> None:
         for i in rel.toastable:
@@ -183,7 +200,7 @@ class ChangeBuilder:
         key = self._key(rel, new)
         self._remember_toastable(rel, None, new)
         unavailable: list[str] = []  # an insert sends every value: nothing is left unchanged
-        after = self._row(rel, new, None, None, unavailable)
+        after = self._row(rel, new, None, (), unavailable)
         return [_new(ChangeEvent, (_CREATE, rel.table, key, None, after, lsn, self.commit_ms, _STREAMED,
                                    self._source(lsn, unavailable), self._tx(rel)))]
 
@@ -194,34 +211,38 @@ class ChangeBuilder:
         new = message.new
         key = self._key(rel, new)
         old_values = message.old
-        old_text: dict[str, Any] | None = None
+        # Only a full old tuple (REPLICA IDENTITY FULL, kind 'O') has the other columns' values; a
+        # key tuple (kind 'K', sent when the key changed) has NULL for every non-key column, which
+        # says nothing about an unchanged TOAST value.
+        old_full: dict[str, Any] | None = None
         before = None
         old_key = key
         if old_values is not None:
-            old_text = dict(zip(rel.names, old_values))
             old_key = {name: rel.converters[i](old_values[i]) if old_values[i] is not None else None
                        for name, i in zip(rel.key_names, rel.key_index)}
             if message.old_kind == "O":
-                before = self._row(rel, old_values, None, None, [])
+                old_full = dict(zip(rel.names, old_values))
+                before = self._row(rel, old_values, None, (), [])
             else:
                 before = dict(old_key)
         key_json = orjson.dumps(key)
         unavailable: list[str] = []
         if old_key != key:
             old_json = orjson.dumps(old_key)
-            # The row moved to a new key: its unchanged TOAST values are the old key's.
-            after = self._row(rel, new, old_text, old_json, unavailable)
+            # The row moved to a new key: its unchanged TOAST values are the old key's. When a
+            # replay after a crash meets the move again, the old key's entries are already gone
+            # and the new key's hold them (see toast.py on replays).
+            filled = self._unchanged_filled(rel, new, old_full, (old_json, key_json))
+            after = self._row(rel, filled, None, (), unavailable)
             self.toast.forget_key(rel.qualified, old_json, list(rel.names))
-            self._remember_toastable(rel, key_json, tuple(
-                old_text.get(n) if v is pg.UNCHANGED_TOAST and old_text else v for n, v in zip(rel.names, new)))
-            source = self._source(lsn)
+            self._remember_toastable(rel, key_json, filled)
             return [
                 ChangeEvent(Op.DELETE, rel.table, old_key, before or dict(old_key), None, lsn, self.commit_ms,
-                            source_fields=source, transaction=self._tx(rel)),
+                            source_fields=self._source(lsn), transaction=self._tx(rel)),
                 ChangeEvent(Op.CREATE, rel.table, key, None, after, lsn, self.commit_ms,
                             source_fields=self._source(lsn, unavailable), transaction=self._tx(rel)),
             ]
-        after = self._row(rel, new, old_text, key_json, unavailable)
+        after = self._row(rel, new, old_full, (key_json,), unavailable)
         self._remember_toastable(rel, key_json, new)
         return [_new(ChangeEvent, (_UPDATE, rel.table, key, before, after, lsn, self.commit_ms, _STREAMED,
                                    self._source(lsn, unavailable), self._tx(rel)))]
@@ -233,7 +254,7 @@ class ChangeBuilder:
         old = message.old
         key = self._key(rel, old)
         if message.old_kind == "O":
-            before = self._row(rel, old, None, None, [])
+            before = self._row(rel, old, None, (), [])
         else:
             before = dict(key)
         self.toast.forget_key(rel.qualified, orjson.dumps(key), list(rel.names))

@@ -11,7 +11,10 @@ last written with that value): the column is left out of ``after`` and named in 
 ``source.unchanged_toast`` list, so a sink keeps its current value (a partial update) instead of
 writing a placeholder. After a crash the stream replays from the stored position; an event
 replayed before the next write of the column may then carry a newer value than it first had.
-The final state is the same.
+The final state is the same. An update that moves a row to a new key carries the value from the
+old key's entry to the new key's (pgoutput's old key tuple has NULL for every other column, which
+says nothing about the value); a replay of such a move, whose old entry is already forgotten, finds
+it under the new key.
 
 A SQLite file per source; writes are buffered and committed by ``flush`` (once per batch).
 """

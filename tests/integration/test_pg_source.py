@@ -107,6 +107,29 @@ def test_unchanged_toast_values_are_filled(pg_dsn, tmp_path, log):
     assert len(updates) == 2 and all("unchanged_toast" not in u["source"] for u in updates)
 
 
+def test_unchanged_toast_values_survive_primary_key_updates(pg_dsn, tmp_path, log):
+    # Incompressible values under the default storage: stored out of line, compressed or not.
+    rng = random.Random(2)
+    big = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12_000)) for _ in range(2)]
+    execute(pg_dsn, "CREATE TABLE docs (id int PRIMARY KEY, title text, body text)",
+            f"INSERT INTO docs VALUES (101, 'snapshot row', '{big[0]}')")
+    with capturing(pg_config(pg_dsn, tmp_path), log, "k") as capture:
+        wait_until(lambda: len(topic_state(log, "k.public.docs")) == 1, capture=capture)
+        execute(pg_dsn, f"INSERT INTO docs VALUES (201, 'streamed row', '{big[1]}')",
+                "UPDATE docs SET id = 102, title = 'touched' WHERE id = 101",
+                "UPDATE docs SET id = 202 WHERE id = 201",
+                "UPDATE docs SET id = 103 WHERE id = 102",   # a second move of the same row
+                "UPDATE docs SET title = 'after the moves' WHERE id = 202")
+        wait_until(lambda: set(topic_state(log, "k.public.docs")) == {'{"id":103}', '{"id":202}'}
+                   and topic_state(log, "k.public.docs")['{"id":202}']["title"] == "after the moves",
+                   capture=capture)
+    state = topic_state(log, "k.public.docs")
+    assert state['{"id":103}'] == {"id": 103, "title": "touched", "body": big[0]}
+    assert state['{"id":202}'] == {"id": 202, "title": "after the moves", "body": big[1]}
+    records = [orjson.loads(r.value) for r in log.read_all("k.public.docs") if r.value is not None]
+    assert not [r for r in records if "unchanged_toast" in r["source"]]
+
+
 def test_schema_changes_are_published_and_new_tables_captured(pg_dsn, tmp_path, log):
     execute(pg_dsn, "CREATE TABLE a (id int PRIMARY KEY, v text)", "INSERT INTO a VALUES (1, 'x')")
     with capturing(pg_config(pg_dsn, tmp_path), log, "s") as capture:
