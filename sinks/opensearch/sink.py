@@ -1,0 +1,193 @@
+"""``type: opensearch``: keep one OpenSearch index per table in sync with its topic.
+
+Threading: one thread calls ``start``, ``write``, the generation methods and ``stop``; they
+block on OpenSearch. ``write`` runs up to ``bulk_concurrency`` bulk requests at once on a pool of
+its own.
+
+A write (see cdc/sink_events.py for the semantics it implements):
+
+1. ``documents.reduce``: the newest action per (topic, _id).
+2. Per topic, its index (``indexes.IndexCatalog``): created on first sight with the mapping made
+   from the table's schema record, behind its alias; a newer schema record adds new fields live;
+   a change the mapping cannot follow, or a change of the user's mappings/settings, is handled
+   by ``schema_policy`` (``rebuild`` by default: ``RebuildRequired``, and the runtime rebuilds
+   into a new generation).
+3. A truncate clears the index of documents older than its version and remembers the version.
+4. Tombstone records without a delete in the batch are resolved against the index (mget).
+5. One bulk of versioned ``index`` items (bulk.py). It has returned once every item is written,
+   refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
+   only once it is in the translog, which is fsynced per request by default, so it is durable.
+   Documents refused for good make the write raise ``PermanentError`` naming them and the reason,
+   after the rest was written: the runtime splits the batch until each refused document is alone
+   and sends it to the dead letters (the others are 409 no-ops on the way).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from cdc.api import Sink
+from cdc.errors import CdcError, PermanentError
+from sinks.opensearch.bulk import BulkWriter, Item
+from sinks.opensearch.client import make_client
+from sinks.opensearch.config import OpenSearchSinkConfig
+from sinks.opensearch.documents import Delete, Tombstone, Upsert, reduce
+from sinks.opensearch.errors import translate
+from sinks.opensearch.generations import Generations
+from sinks.opensearch.indexes import IndexCatalog
+from sinks.opensearch.mapping import VERSION_FIELD
+from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
+
+log = logging.getLogger(__name__)
+
+
+class OpenSearchSink(Sink):
+    """See the module docstring. Generations: ``current_generation``, ``open_generation``,
+    ``switch_generation``, ``drop_generation`` (generations.py)."""
+
+    config_model = OpenSearchSinkConfig
+
+    def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
+        super().__init__(config, generation)
+        self.config: OpenSearchSinkConfig = config
+        self.client = None
+        self.counters = {"written": 0, "conflicts": 0, "refused": 0, "tombstones": 0}
+        self._next_maintenance = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config = self.config
+        with self._errors("start"):
+            self.client = make_client(config)
+            self.generations = Generations(self.client, config.name)
+            self.generations.load()
+            self.catalog = IndexCatalog(self.client, config, self.generations, lambda t: self.schema_for(t))
+            self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
+                                   concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}")
+        log.info("opensearch sink %s: started on %s, writing generation %s", config.name, ", ".join(config.hosts),
+                 self.generation if self.generation is not None else f"{self.generations.state.current} (current)")
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.bulk.close()
+            self.client.close()
+            self.client = None
+
+    def _started(self) -> None:
+        if self.client is None:
+            raise PermanentError(f"opensearch sink {self.config.name}: call start() first")
+
+    def _writing(self) -> int:
+        return self.generation if self.generation is not None else self.generations.state.current
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, events: list) -> None:
+        if not events:
+            return
+        self._started()
+        generation = self._writing()
+        with self._errors("write"):
+            items: list[Item] = []
+            for topic, changes in reduce(events).items():
+                target = self.catalog.prepare(topic, changes.first.source, generation,
+                                              following=self.generation is None)
+                if changes.truncate is not None:
+                    self.catalog.truncate(target, changes.truncate)
+                floor = target.truncated_before
+                tombstones = [a for a in changes.actions.values() if isinstance(a, Tombstone)]
+                live = live_versions(self.client, target.index, [t.doc_id for t in tombstones])
+                for action in changes.actions.values():
+                    if isinstance(action, Upsert):
+                        if floor is None or action.version >= floor:
+                            body = target.layout.body(action.row)
+                            items.append(Item(target.index, action.doc_id, action.version,
+                                              {**body, VERSION_FIELD: action.version}, action.event))
+                    elif isinstance(action, Delete):
+                        if floor is None or action.version >= floor:
+                            items.append(Item(target.index, action.doc_id, action.version,
+                                              tombstone_body(action.version), action.event))
+                    elif action.doc_id in live:
+                        version = max(live[action.doc_id], action.floor or 0)
+                        items.append(Item(target.index, action.doc_id, version, tombstone_body(version),
+                                          action.event, version_type="external_gte"))
+            outcome = self.bulk.send(items)
+        self.counters["written"] += outcome.written
+        self.counters["conflicts"] += outcome.conflicts
+        if outcome.refused:
+            self.counters["refused"] += len(outcome.refused)
+            self.catalog.check_refused({item.index for item, _ in outcome.refused})
+            item, reason = outcome.refused[0]
+            raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
+                                 f"{len(outcome.refused)} of {len(items)} documents; _id {item.doc_id}: {reason}")
+        self._maintain()
+
+    def _maintain(self) -> None:
+        """Drop retired generations when due; purge old tombstones (every tenth of their
+        retention, at most hourly)."""
+        now = time.monotonic()
+        if now < self._next_maintenance:
+            return
+        hours = self.config.tombstone_retention_hours
+        self._next_maintenance = now + min(3600.0, hours * 360.0, 60.0 if self.generations.state.retired else 3600)
+        with self._errors("maintenance"):
+            self.generations.drop_due()
+            if self.generation is None:
+                for index in self.catalog.current_indexes():
+                    if (purged := purge(self.client, index, hours)):
+                        log.info("opensearch sink %s: %s: purged %d tombstones older than %s h",
+                                 self.config.name, index, purged, hours)
+
+    # --- generations ----------------------------------------------------------------------------
+
+    def current_generation(self) -> int:
+        self._started()
+        with self._errors("current_generation"):
+            return self.generations.load().current
+
+    def open_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"open_generation({generation})"):
+            self.generations.open(generation)
+        self.catalog.forget()
+        self.generation = generation
+
+    def switch_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"switch_generation({generation})"):
+            self.generations.switch(generation, lambda alias, topic: self.catalog.create_empty(
+                alias, topic, generation))
+        self.catalog.forget()
+        self.generation = None  # from now on: follow the current generation (this one)
+
+    def drop_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"drop_generation({generation})"):
+            self.generations.drop(generation, self.config.drop_old_generation_after_s)
+        if self.generation == generation:
+            self.generation = None
+
+    # --- status ---------------------------------------------------------------------------------
+
+    def describe(self) -> list[dict]:
+        """Per index: alias, generation, concrete index, documents readers see, tombstones kept."""
+        self._started()
+        with self._errors("describe"):
+            return self.catalog.describe()
+
+    # --- errors ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CdcError:
+            raise
+        except Exception as err:  # noqa: BLE001 - opensearch-py's errors, classified by status and type
+            if type(err).__module__.startswith("opensearchpy"):
+                raise translate(err, f"opensearch sink {self.config.name}: {what}") from err
+            raise
