@@ -44,7 +44,7 @@ def live_versions(client, index: str, doc_ids: list[str]) -> dict[str, int]:
     if not doc_ids:
         return {}
     answer = client.mget(index=index, body={"ids": doc_ids},
-                         params={"_source_includes": DELETED_FIELD, "version": "true", "realtime": "true"})
+                         params={"_source_includes": DELETED_FIELD, "realtime": "true"})
     found = {}
     for doc in answer["docs"]:
         if doc.get("found") and not (doc.get("_source") or {}).get(DELETED_FIELD):
