@@ -9,7 +9,7 @@ import logging
 import sys
 import urllib.request
 
-from cdc.errors import ConfigError, LogUnavailableError
+from cdc.errors import CdcError, ConfigError, LogUnavailableError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -105,7 +105,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         for sink in config.sinks:
             wanted = [t for t in topics if any(fnmatch.fnmatchcase(t, g) for g in sink.topics)]
             rows.append({"kind": "sink", "name": sink.name, "phase": live.get(sink.name, {}).get("phase", "not running"),
-                         "consumer_lag": _consumer_lag(log_, sink.name, wanted)})
+                         "consumer_lag": _consumer_lag(log_, sink.name, wanted),
+                         "stores": _store_details(sink, log_)})
     finally:
         log_.close()
     if args.json:
@@ -117,7 +118,35 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"source {row['name']:<20} {row['phase']:<12} position={row['position'] or '-'} lag={lag}")
         else:
             print(f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={row['consumer_lag']}")
+            for store in row["stores"] or ():
+                print("       " + " ".join(f"{k}={v}" for k, v in store.items()))
     return 0
+
+
+def _store_details(sink_config, log_) -> list[dict] | None:
+    """What a sink that can ``describe()`` its store says (e.g. per OpenSearch index: alias,
+    generation, documents), each row with the consumer lag of its topic; None for other sinks."""
+    from cdc.plugins import sink_plugin
+
+    try:
+        plugin = sink_plugin(sink_config.type)
+    except CdcError as err:
+        return [{"error": str(err)}]
+    if not callable(getattr(plugin, "describe", None)):
+        return None
+    sink = plugin(sink_config)
+    try:
+        sink.start()
+        rows = sink.describe()
+    except CdcError as err:
+        return [{"error": f"{type(err).__name__}: {err}"}]
+    finally:
+        sink.stop()
+    topics = set(log_.topics())
+    for row in rows:
+        if row.get("topic") in topics:
+            row["lag"] = _consumer_lag(log_, sink_config.name, [row["topic"]])
+    return rows
 
 
 def _consumer_lag(log_, group: str, topics: list[str]) -> int:

@@ -300,3 +300,25 @@ def sink_describe(sink: OpenSearchSink) -> list[dict]:
         return sink.describe()
     finally:
         sink.stop()
+
+
+def test_cdc_status_shows_each_index(make_sink, log, client, opensearch_index, opensearch_url, tmp_path, capsys):
+    from cdc.cli import main
+
+    events, rows = _history(30, 2)
+    _publish(log, events)
+    _caught_up(make_sink(), log)
+    config = tmp_path / "cdc.yaml"
+    config.write_text(
+        f"log:\n  embedded: {{path: '{tmp_path / 'log'}', topic_prefix: p}}\n"
+        f"sinks:\n  - {{name: {opensearch_index}, type: opensearch, hosts: ['{opensearch_url}'], topics: ['p.*'], "
+        f"index_name: '{opensearch_index}.{{table}}'}}\nhttp: null\n")
+    capsys.readouterr()
+    assert main(["status", str(config), "--json"]) == 0
+    [row] = orjson.loads(capsys.readouterr().out)
+    [store] = row["stores"]
+    assert store["alias"] == f"{opensearch_index}.items" and store["index"] == f"{opensearch_index}.items__g1"
+    assert store["generation"] == 1 and store["documents"] == len(rows) and store["lag"] == 0
+    assert store["tombstones"] == 30 - len(rows)
+    assert main(["status", str(config)]) == 0
+    assert f"alias={opensearch_index}.items" in capsys.readouterr().out
