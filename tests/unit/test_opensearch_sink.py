@@ -160,3 +160,33 @@ def test_bulk_chunks_by_bytes():
     writer.send([Item("i", str(n), n, {"pad": "x" * 60}) for n in range(6)])
     writer.close()
     assert all(len(ids) <= 2 for ids in client.sent) and sum(map(len, client.sent)) == 6
+
+
+def test_the_example_and_secret_files_load(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from cdc.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    monkeypatch.setenv("PG_DSN", "postgresql://postgres@127.0.0.1/postgres")
+    monkeypatch.setenv("OPENSEARCH_URL", "https://search.example:9200")
+    [sink] = load_config(root / "examples" / "postgres-opensearch.yaml").sinks
+    assert isinstance(sink, OpenSearchSinkConfig) and sink.hosts == ["https://search.example:9200"]
+    (tmp_path / "key").write_text("s3cret")
+    (tmp_path / "cdc.yaml").write_text(
+        "sinks:\n  - {name: s, type: opensearch, topics: ['p.*'], hosts: ['https://h:9200'], "
+        "api_key_file: key, ca_file: ca.pem}\n")
+    [sink] = load_config(tmp_path / "cdc.yaml").sinks
+    assert sink.api_key.get_secret_value() == "s3cret" and "s3cret" not in repr(sink)
+
+
+def test_the_client_uses_tls_with_verification_and_the_api_key():
+    from sinks.opensearch.client import make_client
+
+    config = OpenSearchSinkConfig(name="s", topics=["p.*"], hosts=["https://h:9200"], api_key="k")
+    client = make_client(config)
+    [connection] = client.transport.connection_pool.connections
+    assert connection.use_ssl and connection.headers["authorization"] == "ApiKey k"
+    assert connection.pool.cert_reqs == "CERT_REQUIRED"
+    client.close()
