@@ -255,7 +255,12 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
                     default=None)
     stop = _interruptible()
     began = time.monotonic()
-    runner.run(stop, from_start=True, until_caught_up=True)
+    if getattr(type(runner.sink), "bootstrap_by_rebuild", False):
+        # Readers keep what they see (nothing, or the current generation) until the new
+        # generation has caught up; then they switch to it at once.
+        runner.rebuild(stop)
+    else:
+        runner.run(stop, from_start=True, until_caught_up=True)
     elapsed_ms = (time.monotonic() - began) * 1000
     print(f"bootstrap of {args.sink}: {runner.stats.events:,} events from {len(topics)} topics "
           f"in {elapsed_ms / 1000:.1f}s", file=sys.stderr)

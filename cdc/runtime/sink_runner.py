@@ -279,6 +279,7 @@ class SinkRunner:
             if events:
                 self._write(events)
             self.positions.update(ends)
+            self.stats.events += len(events)
             if self.progress:
                 self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
                               sum(targets.values()))

@@ -63,7 +63,7 @@ class IndexCatalog:
             target = self._open(topic, source, schema, generation)
             self._check_fingerprint(target, following)
             self._targets[(topic, generation)] = target
-        if schema is not None and schema.get("version") != target.meta.get("schema_version"):
+        if schema is not None and _newer(schema, target.meta):
             self._evolve(target, schema)
         return target
 
@@ -135,7 +135,7 @@ class IndexCatalog:
         the policy answers it), not the documents."""
         for target in list(self._targets.values()):
             if target.index in indexes and (schema := self.schema_for(target.topic)) is not None:
-                if schema.get("version") != target.meta.get("schema_version"):
+                if _newer(schema, target.meta):
                     self._evolve(target, schema)
 
     # -- truncates, empty indexes, status --------------------------------------------------------
@@ -171,6 +171,13 @@ class IndexCatalog:
             rows.append({"alias": alias, "topic": topic, "index": index, "generation": state.current,
                          "documents": documents, "tombstones": tombstones})
         return rows
+
+
+def _newer(schema: dict, meta: dict) -> bool:
+    """Only a newer shape changes an index: rows of an older one (a rebuild replaying the topic
+    from its start into an index made in the newest shape) are written as they are."""
+    known = meta.get("schema_version")
+    return known is None or (schema.get("version") or 0) > known
 
 
 def _merge(base: dict, over: dict) -> dict:

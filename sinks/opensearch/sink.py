@@ -49,6 +49,9 @@ class OpenSearchSink(Sink):
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
     config_model = OpenSearchSinkConfig
+    # `cdc bootstrap` fills a new generation and switches the aliases once it caught up, so
+    # readers never query a half-filled index.
+    bootstrap_by_rebuild = True
 
     def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)

@@ -322,3 +322,40 @@ def test_cdc_status_shows_each_index(make_sink, log, client, opensearch_index, o
     assert store["tombstones"] == 30 - len(rows)
     assert main(["status", str(config)]) == 0
     assert f"alias={opensearch_index}.items" in capsys.readouterr().out
+
+
+def test_bootstrap_fills_a_generation_readers_see_only_once_complete(make_sink, log, client, opensearch_index,
+                                                                      opensearch_url, tmp_path, capsys):
+    from opensearchpy.exceptions import NotFoundError
+
+    from cdc.cli import main
+
+    events, rows = _history(4000, 1)
+    _publish(log, events)
+    config = tmp_path / "cdc.yaml"
+    config.write_text(
+        f"log:\n  embedded: {{path: '{tmp_path / 'log'}', topic_prefix: p}}\n"
+        f"sinks:\n  - {{name: {opensearch_index}, type: opensearch, hosts: ['{opensearch_url}'], topics: ['p.*'], "
+        f"index_name: '{opensearch_index}.{{table}}', batch_size: 500, drop_old_generation_after_s: 0}}\n"
+        f"http: null\n")
+    alias = f"{opensearch_index}.items"
+    seen: list[int | None] = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                seen.append(client.count(index=alias)["count"])
+            except NotFoundError:
+                seen.append(None)  # no alias yet: readers see no index at all, not a partial one
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    try:
+        assert main(["bootstrap", str(config), opensearch_index, "--no-follow"]) == 0
+    finally:
+        stop.set()
+        watcher.join()
+    assert _documents(client, alias) == rows
+    partial = [n for n in seen if n is not None and n != len(rows)]
+    assert not partial and seen.count(None) > 0, f"readers saw partial counts {sorted(set(partial))[:5]}"
