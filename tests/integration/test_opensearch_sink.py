@@ -324,9 +324,22 @@ def test_cdc_status_shows_each_index(make_sink, log, client, opensearch_index, o
     assert f"alias={opensearch_index}.items" in capsys.readouterr().out
 
 
+READER = """
+import sys, urllib.request, urllib.error
+url = sys.argv[1]
+while True:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            print(answer.read().decode().split('"count":')[1].split(",")[0], flush=True)
+    except urllib.error.HTTPError as err:
+        print("missing" if err.code == 404 else f"error {err.code}", flush=True)
+"""
+
+
 def test_bootstrap_fills_a_generation_readers_see_only_once_complete(make_sink, log, client, opensearch_index,
-                                                                      opensearch_url, tmp_path, capsys):
-    from opensearchpy.exceptions import NotFoundError
+                                                                      opensearch_url, tmp_path):
+    import subprocess
+    import sys
 
     from cdc.cli import main
 
@@ -336,26 +349,17 @@ def test_bootstrap_fills_a_generation_readers_see_only_once_complete(make_sink, 
     config.write_text(
         f"log:\n  embedded: {{path: '{tmp_path / 'log'}', topic_prefix: p}}\n"
         f"sinks:\n  - {{name: {opensearch_index}, type: opensearch, hosts: ['{opensearch_url}'], topics: ['p.*'], "
-        f"index_name: '{opensearch_index}.{{table}}', batch_size: 500, drop_old_generation_after_s: 0}}\n"
+        f"index_name: '{opensearch_index}.{{table}}', batch_size: 200, drop_old_generation_after_s: 0}}\n"
         f"http: null\n")
     alias = f"{opensearch_index}.items"
-    seen: list[int | None] = []
-    stop = threading.Event()
-
-    def reader():
-        while not stop.is_set():
-            try:
-                seen.append(client.count(index=alias)["count"])
-            except NotFoundError:
-                seen.append(None)  # no alias yet: readers see no index at all, not a partial one
-
-    watcher = threading.Thread(target=reader)
-    watcher.start()
+    # A reader in a process of its own, counting through the alias as fast as it can.
+    reader = subprocess.Popen([sys.executable, "-c", READER, f"{opensearch_url}/{alias}/_count"],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert main(["bootstrap", str(config), opensearch_index, "--no-follow"]) == 0
     finally:
-        stop.set()
-        watcher.join()
+        reader.terminate()
+        seen = reader.communicate()[0].split()
     assert _documents(client, alias) == rows
-    partial = [n for n in seen if n is not None and n != len(rows)]
-    assert not partial and seen.count(None) > 0, f"readers saw partial counts {sorted(set(partial))[:5]}"
+    partial = sorted({n for n in seen if n != "missing" and int(n) != len(rows)})
+    assert not partial and "missing" in seen, f"readers saw partial counts {partial[:5]}"
