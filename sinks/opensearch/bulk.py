@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from cdc.errors import RetriableError
+from cdc.api import RetriableError
 from sinks.opensearch.errors import item_retriable, translate
 
 log = logging.getLogger(__name__)

@@ -56,9 +56,10 @@ class OpenSearchSinkConfig(SinkConfig):
         default="rebuild", description="a source schema change the mapping cannot follow (a column's type): "
                                        "stop, write on regardless (refused documents go to the dead letters), "
                                        "or rebuild the indexes into a new generation")
-    tombstone_retention_hours: float = Field(
-        default=24, gt=0, description="how long a delete is remembered (a hidden tombstone document): at "
-                                      "least the topics' delete.retention.ms (Kafka's default: 24 h)")
+    tombstone_retention_hours: float | None = Field(
+        default=None, gt=0, description="how long a delete is remembered (a hidden tombstone document); "
+                                        "default: the topic's delete.retention.ms (24 h if the log does not "
+                                        "say). Never shorter than that, or a replay can resurrect a row")
     drop_old_generation_after_s: float = Field(
         default=600, ge=0, description="after a rebuild switched readers, how long the old generation is "
                                        "kept (for readers still scrolling it) before it is dropped")

@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from cdc.events import Op
+from cdc.api import Op
 from sinks.opensearch.config import IndexOptions
 from sinks.opensearch.naming import document_id
 

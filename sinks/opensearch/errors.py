@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from cdc.errors import CdcError, PermanentError, RetriableError
+from cdc.api import CdcError, PermanentError, RetriableError
 
 RETRIABLE_ITEM_TYPES = frozenset({"es_rejected_execution_exception", "unavailable_shards_exception",
                                   "cluster_block_exception", "node_closed_exception",

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cdc.errors import PermanentError
+from cdc.api import PermanentError
 from sinks.opensearch.naming import generation_index, split_generation
 from sinks.opensearch.tombstones import ALIAS_FILTER
 

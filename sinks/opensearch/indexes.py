@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cdc.errors import RebuildRequired, SchemaChangeError
+from cdc.api import RebuildRequired, SchemaChangeError
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.documents import TableLayout
 from sinks.opensearch.generations import Generations
@@ -156,9 +156,10 @@ class IndexCatalog:
         target = self._open(topic, {}, schema, generation)
         self._targets[(topic, generation)] = target
 
-    def current_indexes(self) -> list[str]:
+    def current_indexes(self) -> list[tuple[str, str]]:
+        """(topic, index) of the generation readers see."""
         state = self.generations.state
-        return [generation_index(alias, state.current) for alias in sorted(state.aliases)]
+        return [(topic, generation_index(alias, state.current)) for alias, topic in sorted(state.aliases.items())]
 
     def describe(self) -> list[dict]:
         state = self.generations.state

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from cdc.errors import ConfigError
+from cdc.api import ConfigError
 
 GENERATION_SUFFIX = re.compile(r"^(?P<alias>.+)__g(?P<generation>[0-9]+)$")
 MAX_ID_BYTES = 512

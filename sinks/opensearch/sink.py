@@ -17,9 +17,9 @@ A write (see cdc/sink_events.py for the semantics it implements):
 5. One bulk of versioned ``index`` items (bulk.py). It has returned once every item is written,
    refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
    only once it is in the translog, which is fsynced per request by default, so it is durable.
-   Documents refused for good make the write raise ``PermanentError`` naming them and the reason,
-   after the rest was written: the runtime splits the batch until each refused document is alone
-   and sends it to the dead letters (the others are 409 no-ops on the way).
+   A document refused for good (a mapping error) goes to the dead-letter topic alone, with
+   OpenSearch's reason (``context.dead_letter``; the record's value is the event re-encoded);
+   the rest of the batch is written. With ``on_poison: stop`` the write raises instead.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from cdc.api import Sink
-from cdc.errors import CdcError, PermanentError
+import orjson
+
+from cdc.api import CdcError, PermanentError, RebuildableSink, Sink, SinkEvent
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -44,7 +45,13 @@ from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
 log = logging.getLogger(__name__)
 
 
-class OpenSearchSink(Sink):
+def _envelope(event: SinkEvent) -> bytes:
+    """The event as an envelope again, for the dead letters (the record's own bytes are not kept)."""
+    return orjson.dumps({"before": event.before, "after": event.after, "op": event.op, "ts_ms": event.ts_ms,
+                         "source": event.source})
+
+
+class OpenSearchSink(Sink, RebuildableSink):
     """See the module docstring. Generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
@@ -122,12 +129,28 @@ class OpenSearchSink(Sink):
         self.counters["written"] += outcome.written
         self.counters["conflicts"] += outcome.conflicts
         if outcome.refused:
-            self.counters["refused"] += len(outcome.refused)
-            self.catalog.check_refused({item.index for item, _ in outcome.refused})
-            item, reason = outcome.refused[0]
-            raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
-                                 f"{len(outcome.refused)} of {len(items)} documents; _id {item.doc_id}: {reason}")
+            self._set_aside(outcome.refused, len(items))
         self._maintain()
+
+    def _set_aside(self, refused: list, total: int) -> None:
+        """Documents OpenSearch refuses for good: unless the table's schema moved meanwhile (then
+        the policy answers, not the documents), each goes to the dead letters with the reason."""
+        self.counters["refused"] += len(refused)
+        self.catalog.check_refused({item.index for item, _ in refused})
+        if self.config.on_poison == "stop":
+            item, reason = refused[0]
+            raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
+                                 f"{len(refused)} of {total} documents; _id {item.doc_id}: {reason}")
+        stats = self.context.stats
+        for item, reason in refused:
+            event: SinkEvent = item.event
+            why = f"OpenSearch refused _id {item.doc_id} in {item.index}: {reason}"
+            log.error("opensearch sink %s: %s[%d]@%d: %s; sent to %s", self.config.name, event.topic,
+                      event.partition, event.offset, why, self.context.dead_letter_topic)
+            self.context.dead_letter(event.topic, event.partition, event.offset, why, orjson.dumps(event.key),
+                                     _envelope(event))
+            stats.errors += 1
+            stats.last_error = why
 
     def _maintain(self) -> None:
         """Drop retired generations when due; purge old tombstones (every tenth of their
@@ -135,15 +158,24 @@ class OpenSearchSink(Sink):
         now = time.monotonic()
         if now < self._next_maintenance:
             return
-        hours = self.config.tombstone_retention_hours
-        self._next_maintenance = now + min(3600.0, hours * 360.0, 60.0 if self.generations.state.retired else 3600)
+        self._next_maintenance = now + (60.0 if self.generations.state.retired else 3600.0)
         with self._errors("maintenance"):
             self.generations.drop_due()
             if self.generation is None:
-                for index in self.catalog.current_indexes():
+                for topic, index in self.catalog.current_indexes():
+                    hours = self._tombstone_hours(topic)
+                    self._next_maintenance = min(self._next_maintenance, now + hours * 360.0)
                     if (purged := purge(self.client, index, hours)):
                         log.info("opensearch sink %s: %s: purged %d tombstones older than %s h",
                                  self.config.name, index, purged, hours)
+
+    def _tombstone_hours(self, topic: str) -> float:
+        """How long deletes are remembered: the configured hours, else the topic's
+        delete.retention.ms (what the log can replay), else 24 h (Kafka's default)."""
+        if self.config.tombstone_retention_hours is not None:
+            return self.config.tombstone_retention_hours
+        retention_ms = self.context.delete_retention_ms(topic)
+        return retention_ms / 3_600_000 if retention_ms is not None else 24.0
 
     # --- generations ----------------------------------------------------------------------------
 
