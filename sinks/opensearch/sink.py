@@ -65,7 +65,8 @@ class OpenSearchSink(Sink, RebuildableSink):
         self.config: OpenSearchSinkConfig = config
         self.client = None
         self.counters = {"written": 0, "conflicts": 0, "refused": 0, "tombstones": 0}
-        self._next_maintenance = 0.0
+        self._next_drop_check = 0.0
+        self._next_purge = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -153,18 +154,18 @@ class OpenSearchSink(Sink, RebuildableSink):
             stats.last_error = why
 
     def _maintain(self) -> None:
-        """Drop retired generations when due; purge old tombstones (every tenth of their
-        retention, at most hourly)."""
+        """Drop retired generations when due (checked every minute while one waits); purge old
+        tombstones (every tenth of their retention, at most hourly)."""
         now = time.monotonic()
-        if now < self._next_maintenance:
-            return
-        self._next_maintenance = now + (60.0 if self.generations.state.retired else 3600.0)
         with self._errors("maintenance"):
-            self.generations.drop_due()
-            if self.generation is None:
+            if self.generations.state.retired and now >= self._next_drop_check:
+                self._next_drop_check = now + 60.0
+                self.generations.drop_due()
+            if self.generation is None and now >= self._next_purge:
+                self._next_purge = now + 3600.0
                 for topic, index in self.catalog.current_indexes():
                     hours = self._tombstone_hours(topic)
-                    self._next_maintenance = min(self._next_maintenance, now + hours * 360.0)
+                    self._next_purge = min(self._next_purge, now + hours * 360.0)
                     if (purged := purge(self.client, index, hours)):
                         log.info("opensearch sink %s: %s: purged %d tombstones older than %s h",
                                  self.config.name, index, purged, hours)

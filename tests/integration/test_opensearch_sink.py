@@ -292,6 +292,15 @@ def test_a_rebuild_never_shows_readers_a_partial_index(make_sink, log, client, o
     assert state["current"] == 2 and list(state["retired"]) == ["1"]
     described = {row["alias"]: row for row in sink_describe(make_sink())}
     assert described[alias]["generation"] == 2 and described[alias]["documents"] == expected
+    later = make_sink()  # once the delay has passed (moved into the past here), a write drops it
+    later.start()
+    try:
+        later.generations.state.retired[1] = 0.0
+        later.write([])
+        _write(later, [_upsert(0, 10**9, Op.CREATE)], _schema(1, COLUMNS))
+    finally:
+        later.stop()
+    assert not client.indices.exists(index=f"{alias}__g1")
 
 
 def sink_describe(sink: OpenSearchSink) -> list[dict]:
@@ -363,3 +372,17 @@ def test_bootstrap_fills_a_generation_readers_see_only_once_complete(make_sink, 
     assert _documents(client, alias) == rows
     partial = sorted({n for n in seen if n != "missing" and int(n) != len(rows)})
     assert not partial and "missing" in seen, f"readers saw partial counts {partial[:5]}"
+
+
+def test_tombstones_are_purged_after_their_retention(make_sink, log, client, opensearch_index):
+    events, rows = _history(30, 1)
+    _publish(log, events)
+    _caught_up(make_sink(), log)
+    alias = f"{opensearch_index}.items"
+    tombstones = {"query": {"term": {"__cdc_deleted": True}}}
+    client.indices.refresh(index=alias)
+    assert client.count(index=f"{alias}__g1", body=tombstones)["count"] == 30 - len(rows) > 0
+    _publish(log, [_upsert(1, 10**6)])
+    _caught_up(make_sink(tombstone_retention_hours=1e-9), log)  # every tombstone is older than that
+    assert client.count(index=f"{alias}__g1", body=tombstones)["count"] == 0
+    assert _documents(client, alias) == {**rows, 1: _row(1, 10**6)}
