@@ -322,6 +322,7 @@ def test_cdc_status_shows_each_index(make_sink, log, client, opensearch_index, o
         f"log:\n  embedded: {{path: '{tmp_path / 'log'}', topic_prefix: p}}\n"
         f"sinks:\n  - {{name: {opensearch_index}, type: opensearch, hosts: ['{opensearch_url}'], topics: ['p.*'], "
         f"index_name: '{opensearch_index}.{{table}}'}}\nhttp: null\n")
+    client.indices.refresh(index=f"{opensearch_index}.items")  # counts are as of the last refresh
     capsys.readouterr()
     assert main(["status", str(config), "--json"]) == 0
     [row] = orjson.loads(capsys.readouterr().out)
