@@ -9,8 +9,9 @@ Correctness rests on three rules:
    offsets stay where they are, so nothing is skipped. The reader does not advance meanwhile:
    that is the backpressure.
 3. Any other error splits the batch in halves until the event that fails alone is found: that
-   poison event goes to the dead-letter topic with the reason (``on_poison: dead_letter``), or
-   stops the sink (``stop``). The events around it are written.
+   poison event goes to the dead-letter topic with the reason (``on_poison: dead_letter``; a
+   letter always fits that topic, see ``dead_letters``), or stops the sink (``stop``). The events
+   around it are written.
 
 A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequired``) writes a new
 generation of the store from offset 0 while readers keep seeing the current one, and switches
@@ -30,9 +31,10 @@ import orjson
 
 from cdc.api import Sink
 from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
-from cdc.log.base import Log, LogRecord, TopicPartition, TopicSettings
+from cdc.log.base import Log, LogRecord, TopicPartition
+from cdc.runtime import dead_letters
 from cdc.runtime.stats import ConnectorStats
-from cdc.serde import Record, schema_changes_topic
+from cdc.serde import schema_changes_topic
 from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
 
 log = logging.getLogger(__name__)
@@ -165,15 +167,14 @@ class SinkRunner:
         log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
                   extra=self._extra())
         if self._dlq_writer is None:
-            self.log.ensure_topic(self.dead_letter_topic, TopicSettings(partitions=1))
+            self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
             self._dlq_writer = self.log.writer()
         if record is None:
             record = self._fetch(topic, partition, offset)
-        value = orjson.dumps({"topic": topic, "partition": partition, "offset": offset, "reason": reason,
-                              "sink": self.name, "value": None if record is None or record.value is None
-                              else record.value.decode("utf-8", "replace")})
-        self._dlq_writer.publish([Record(self.dead_letter_topic, record.key if record and record.key else b"{}",
-                                         value)])
+        # A letter always fits the topic (a large value is referenced, not copied): see dead_letters.
+        self._dlq_writer.publish([dead_letters.dead_letter(
+            self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
+            reason=reason, record=record)])
         self._dlq_writer.flush(30)
 
     def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
