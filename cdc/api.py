@@ -35,13 +35,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from enum import StrEnum
-from typing import Callable, ClassVar, Literal
+from pathlib import Path
+from typing import Annotated, Callable, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
 from cdc.events import Batch
 from cdc.sink_events import SinkEvent
 from cdc.positions import Position
+
+
+def resolve_config_path(path: Path, info: ValidationInfo) -> Path:
+    """A relative path in a config file is relative to that file's directory, never to the
+    directory the daemon happens to be started from. The loader passes the directory as
+    ``context={"base_dir": ...}``; without one (a config built in code) the path stays as written."""
+    path = Path(path).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    return path.resolve() if path.is_absolute() else path
+
+
+# The type of every local path field of a config model (plugins' too): resolved as above.
+ConfigPath = Annotated[Path, AfterValidator(resolve_config_path)]
 
 
 class SnapshotMode(StrEnum):

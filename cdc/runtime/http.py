@@ -11,6 +11,9 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from cdc.config.model import parse_http_address
+from cdc.errors import ConfigError
+
 PHASES = ("starting", "snapshot", "streaming", "finished", "stopped", "failed", "restarting")
 
 
@@ -45,8 +48,12 @@ def render_metrics(rows: list[dict]) -> str:
 
 
 def serve(supervisor, address: str) -> ThreadingHTTPServer:
-    """Start the server on ``host:port`` in a daemon thread; the caller shuts it down."""
-    host, _, port = address.rpartition(":")
+    """Start the server on ``host:port`` in a daemon thread; the caller shuts it down.
+
+    An address that cannot be served (the port is taken, the host is not this machine's) is a
+    ``ConfigError`` naming the ``http:`` setting: it is permanent until the config or the other
+    process changes."""
+    host, port = parse_http_address(address)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: str, content_type: str) -> None:
@@ -73,7 +80,12 @@ def serve(supervisor, address: str) -> ThreadingHTTPServer:
         def log_message(self, *args: object) -> None:  # quiet: scrapes every few seconds
             pass
 
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError(f"http: {address}: cannot serve the status server there: {reason}; set `http:` in "
+                          "the config file to a free host:port, or to null for no server") from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="cdc-http", daemon=True).start()
     return server
