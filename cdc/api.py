@@ -75,6 +75,9 @@ class PluginConfig(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique name of this connector")
     type: str
+    unhealthy_after: float = Field(
+        default=60.0, gt=0, description="seconds without progress (blocked, or retrying) after which "
+                                        "/healthz answers 503; progress clears it")
 
 
 class SourceConfig(PluginConfig):

@@ -45,6 +45,9 @@ class KafkaLogConfig(_Section):
                                                  description="extra librdkafka producer settings")
     consumer: dict[str, LibrdkafkaValue] = Field(default_factory=dict,
                                                  description="extra librdkafka consumer settings")
+    request_timeout: float = Field(default=15.0, gt=0, le=300,
+                                   description="seconds an admin or metadata request may take before the "
+                                               "brokers count as unreachable (and the connector retries)")
 
     @field_validator("topic_config", mode="before")
     @classmethod

@@ -113,17 +113,21 @@ class SinkRunner:
 
     def _write(self, events: list[SinkEvent]) -> None:
         backoff = BACKOFF_FIRST
+        phase = self.stats.phase if self.stats.phase != "retrying" else "streaming"
         while True:
             try:
                 self.sink.write(events)
+                if self.stats.phase == "retrying":
+                    self.stats.progressed(phase)  # recovered: the health shows it at once
+                    self.report(self.stats)
                 return
             except SchemaChangeError:  # not the event's fault: the whole table needs a decision
                 raise
             except CdcError as err:
                 if not err.retriable:
                     break
-                self.stats.errors += 1
-                self.stats.last_error = f"{type(err).__name__}: {err}"
+                self.stats.failed_attempt(err)  # phase "retrying", with the error, its time, the count
+                self.report(self.stats)
                 log.warning("write failed (%s); retrying in %.1fs", err, backoff, extra=self._extra())
                 if self._wait(backoff):
                     raise
@@ -162,6 +166,7 @@ class SinkRunner:
         where = f"{topic}[{partition}]@{offset}"
         self.stats.errors += 1
         self.stats.last_error = f"poison event at {where}: {reason}"
+        self.stats.last_error_at = time.time()
         if self.config.on_poison == "stop":
             raise PermanentError(f"sink {self.name}: the event at {where} fails even alone: {reason}")
         log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
@@ -209,6 +214,7 @@ class SinkRunner:
             reader.commit(ends)
             self.positions.update(ends)
             self.stats.events += len(events)
+        self.stats.progressed()  # written and committed, or caught up
         return len(events) + len(ends)
 
     def run(self, stop_event: threading.Event, *, from_start: bool = False,
