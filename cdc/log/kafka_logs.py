@@ -58,5 +58,10 @@ def on_error(err: KafkaError) -> None:
     """``error_cb``: a client-level error (all brokers down, authentication, a fatal error).
     librdkafka goes on retrying the transient ones by itself; the calls that wait on them fail
     with a typed error where they are made, so here it is only logged (through the filter)."""
-    level = logging.ERROR if err.fatal() else logging.WARNING
+    if err.fatal():
+        level = logging.ERROR
+    elif err.code() == KafkaError._TRANSPORT:
+        level = logging.DEBUG  # the same text as librdkafka's own log line about it
+    else:
+        level = logging.WARNING
     LOGGER.log(level, "kafka client: %s: %s", err.name(), err.str())

@@ -94,8 +94,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     line says so, after the daemon's own view of its connectors when it answers."""
     from cdc.config import load_config
 
+    from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
+
     config = load_config(args.file)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    if logging.getLogger().level > logging.DEBUG:  # (-v shows them) the one line below says it all
+        LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL + 1)
     try:
         rows = _status_rows(config, live)
     except LogUnavailableError as err:

@@ -85,3 +85,113 @@ def test_a_taken_http_port_is_one_clear_line_and_the_permanent_exit_code(tmp_pat
     assert "Traceback" not in result.stderr
     [line] = [l for l in result.stderr.splitlines() if l.startswith("cdc: error")]
     assert f"http: 127.0.0.1:{port}" in line and "in use" in line.lower()
+
+
+def _status_row(port: int, name: str) -> dict | None:
+    code, body = _get(port, "/status")
+    rows = {row["name"]: row for row in json.loads(body)} if code == 200 else {}
+    return rows.get(name)
+
+
+@pytest.mark.postgres
+def test_a_source_retrying_a_dead_database_says_so_everywhere(tmp_path, pg_dsn):
+    """The database refuses connections (a closed port): the connector is retrying, with the
+    error, its time and the attempts, in /status, /metrics and `cdc status`; /healthz is 503."""
+    dead = pg_dsn.replace(f":{pg_dsn.rsplit(':', 1)[1].split('/')[0]}/", f":{_closed_port()}/")
+    port = free_port()
+    (tmp_path / "cdc.yaml").write_text(
+        "log: {embedded: {path: ./data}}\n"
+        f"sources:\n  - {{name: pg, type: postgres, dsn: '{dead}', unhealthy_after: 1}}\n"
+        f'http: "127.0.0.1:{port}"\n')
+    process = _start(tmp_path / "cdc.yaml")
+    try:
+        row = _wait_for("a second failed attempt", lambda: (r := _status_row(port, "pg")) and
+                        r["attempts"] >= 2 and r, process)
+        assert row["phase"] == "retrying" and row["last_error"] and row["last_error_at"] > 0
+        _wait_for("/healthz 503", lambda: _get(port, "/healthz")[0] == 503, process)
+        assert "pg: retrying" in _get(port, "/healthz")[1]
+        metrics = _get(port, "/metrics")[1]
+        assert 'cdc_phase{connector="pg",kind="source",phase="retrying"} 1' in metrics
+        assert 'cdc_healthy{connector="pg",kind="source"} 0' in metrics
+        assert 'cdc_last_error_timestamp_seconds{connector="pg",kind="source"}' in metrics
+        status = _cdc("status", "cdc.yaml", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        [line] = [l for l in status.stdout.splitlines() if l.startswith("source pg ")]
+        assert "retrying" in line and "attempts=" in line and "last_error_at=" in line and "UNHEALTHY" in line
+    finally:
+        _stop(process)
+
+
+def _kafka_pid() -> int:
+    from cdc.dev import stack
+
+    [kafka] = [s for s in stack.status() if s.name == "kafka"]
+    assert kafka.running and kafka.pid
+    return kafka.pid
+
+
+@pytest.mark.kafka
+def test_a_frozen_kafka_turns_healthz_503_and_recovery_clears_it(tmp_path, kafka_bootstrap):
+    port = free_port()
+    prefix = f"t_{os.urandom(4).hex()}"
+    (tmp_path / "cdc.yaml").write_text(
+        f"log: {{kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}}}\n"
+        "sources:\n  - {name: gen, type: generator, keys: 100, rate: 500, unhealthy_after: 2}\n"
+        f'http: "127.0.0.1:{port}"\n')
+    process = _start(tmp_path / "cdc.yaml")
+    kafka = _kafka_pid()
+    frozen = False
+    try:
+        _wait_for("a stored position", lambda: (r := _status_row(port, "gen")) and r["position"], process)
+        assert _get(port, "/healthz")[0] == 200
+        os.killpg(kafka, signal.SIGSTOP)
+        frozen = True
+        _wait_for("/healthz 503 while Kafka is frozen", lambda: _get(port, "/healthz")[0] == 503, process, 90)
+        os.killpg(kafka, signal.SIGCONT)
+        frozen = False
+        row = _wait_for("healthy again", lambda: _get(port, "/healthz")[0] == 200 and
+                        (r := _status_row(port, "gen"))["phase"] == "streaming" and r, process)
+        assert row["attempts"] == 0 and row["last_error"] is None and row["last_error_at"] is None
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output[-3000:]
+    finally:
+        if frozen:
+            os.killpg(kafka, signal.SIGCONT)
+        _stop(process)
+
+
+def _unreachable_kafka_config(tmp_path: Path, port: int | None) -> Path:
+    http = f'"127.0.0.1:{port}"' if port else "null"
+    (tmp_path / "cdc.yaml").write_text(
+        f"log: {{kafka: {{bootstrap_servers: '127.0.0.1:{_closed_port()}', request_timeout: 30}}}}\n"
+        "sources:\n  - {name: gen, type: generator, keys: 10, rate: 100}\n"
+        f"http: {http}\n")
+    return tmp_path / "cdc.yaml"
+
+
+def test_with_kafka_unreachable_sigterm_is_honoured_and_the_log_is_not_flooded(tmp_path):
+    port = free_port()
+    process = _start(_unreachable_kafka_config(tmp_path, port))
+    try:
+        # The worker is up and inside its first metadata call to the closed port.
+        _wait_for("the worker started", lambda: (r := _status_row(port, "gen")) is not None and
+                  r["phase"] in ("starting", "retrying"), process)
+        time.sleep(0)  # (no sleep needed: the call blocks for request_timeout, 30 s)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        _stop(process)
+    assert "killing it" not in output, output[-3000:]
+    assert process.returncode in (0, 1), output[-3000:]
+    connect_lines = [l for l in output.splitlines() if "Connect to" in l and "failed" in l]
+    assert len(connect_lines) <= 3, "\n".join(connect_lines[:20])
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_with_kafka_unreachable_is_one_line_and_exit_69(tmp_path, as_json):
+    config = _unreachable_kafka_config(tmp_path, None)
+    result = _cdc("status", config.name, *(["--json"] if as_json else []), cwd=tmp_path)
+    assert result.returncode == 69, result.stderr[-3000:]
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "unreachable" in lines[0] and "Kafka at 127.0.0.1:" in lines[0], lines[:20]
