@@ -210,3 +210,32 @@ def test_status_with_kafka_unreachable_is_one_line_and_exit_69(tmp_path, as_json
     assert result.returncode == 69, result.stderr[-3000:]
     lines = [l for l in result.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "unreachable" in lines[0] and "Kafka at 127.0.0.1:" in lines[0], lines[:20]
+
+
+@pytest.mark.postgres
+def test_the_postgres_state_dir_is_next_to_the_config_file_wherever_the_daemon_starts(tmp_path, pg_dsn):
+    import psycopg2
+
+    with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, body text)")
+        cur.execute("INSERT INTO items VALUES (1, 'x')")
+    conn.close()
+    config_dir, cwd = tmp_path / "etc", tmp_path / "elsewhere"
+    config_dir.mkdir()
+    cwd.mkdir()
+    port = free_port()
+    (config_dir / "cdc.yaml").write_text(
+        "log: {embedded: {path: ./data}}\n"
+        f"sources:\n  - {{name: pg, type: postgres, dsn: '{pg_dsn}', state_dir: ./state}}\n"
+        f'http: "127.0.0.1:{port}"\n')
+    process = _start(config_dir / "cdc.yaml", cwd=cwd)
+    try:
+        _wait_for("streaming with a stored position", lambda: (r := _status_row(port, "pg")) and
+                  r["phase"] == "streaming" and r["position"], process)
+        assert (config_dir / "state" / "pg" / "toast.db").exists()
+        assert not (cwd / "state").exists()
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output[-3000:]
+    finally:
+        _stop(process)
