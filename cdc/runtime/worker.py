@@ -113,8 +113,8 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
     A signal handler runs only between bytecodes of the main thread, and a thread blocked in a
     client library's call (librdkafka waiting for a broker, a database connect) would not see it
     for as long as the call lasts. So on SIGTERM the main thread asks the connector to drain and
-    waits at most ``drain_timeout`` seconds (one second when it has not started streaming: nothing
-    of its own to drain); past that it exits without storing anything more. That is always safe:
+    waits at most ``drain_timeout`` seconds (one second when it has published or written nothing
+    yet: nothing of its own to drain); past that it exits without storing anything more. That is always safe:
     a position is stored only after the log acknowledged everything up to it (``runner``), so an
     exit at any point leaves the stored position at or behind the log, as a crash would.
     """
@@ -140,8 +140,9 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
     while thread.is_alive() and not stop.is_set():
         thread.join(0.2)  # wakes for signals
     if thread.is_alive():
-        streaming = bool(seen) and seen[0].phase not in ("starting", "retrying")
-        bound = drain_timeout if streaming else min(drain_timeout, 1.0)
+        # Something to drain only once it published or wrote (or made progress at all).
+        active = bool(seen) and (seen[0].events > 0 or seen[0].progress_at is not None)
+        bound = drain_timeout if active else min(drain_timeout, 1.0)
         thread.join(bound)
         if thread.is_alive():
             log.warning("did not drain within %.0fs (a server does not answer); exiting without storing "
