@@ -277,7 +277,7 @@ class SinkRunner:
         targets = self._ends()
         self.positions = {tp: 0 for tp in targets}
         reader.assign(dict(self.positions))
-        began = time.monotonic()
+        began = reported = time.monotonic()
         while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
             if stop_event.is_set():
                 raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
@@ -286,6 +286,10 @@ class SinkRunner:
             if events:
                 self._write(events)
             self.positions.update(ends)
+            self.stats.progressed()
+            if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                self.report(self.stats)
+                reported = time.monotonic()
             if self.progress:
                 self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
                               sum(targets.values()))
