@@ -34,7 +34,7 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()  # librdkafka may log from the threads that call poll
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kind = _DIGITS.sub("#", f"{record.levelno} {record.getMessage()}")
+        kind = f"{record.levelno} {_DIGITS.sub('#', record.getMessage())}"
         now = time.monotonic()
         with self._lock:
             passed, held = self._seen.get(kind, (None, 0))
