@@ -239,3 +239,35 @@ def test_the_postgres_state_dir_is_next_to_the_config_file_wherever_the_daemon_s
         assert process.returncode == 0, output[-3000:]
     finally:
         _stop(process)
+
+
+@pytest.mark.kafka
+def test_sigterm_with_kafka_frozen_mid_stream_exits_in_time_and_stores_nothing_ahead(tmp_path, kafka_bootstrap):
+    from tests.integration.test_daemon import _assert_offset_not_ahead, _open_log, _stored, _write_config
+
+    port = free_port()
+    config, _ = _write_config(tmp_path, "kafka", kafka_bootstrap, events=None, rate=2000, http_port=port)
+    process = _start(config)
+    kafka = _kafka_pid()
+    frozen = False
+    try:
+        _wait_for("a stored position", lambda: (r := _status_row(port, "gen")) and r["position"], process)
+        os.killpg(kafka, signal.SIGSTOP)
+        frozen = True
+        # Evidence of the stall: the source has published records the frozen broker cannot take.
+        _wait_for("a stall", lambda: (_status_row(port, "gen") or {}).get("seconds_since_progress", 0) >= 2,
+                  process)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=90)
+        assert "killing it" not in output, output[-3000:]
+        assert process.returncode == 0, output[-3000:]
+    finally:
+        if frozen:
+            os.killpg(kafka, signal.SIGCONT)
+        _stop(process)
+    log_, prefix = _open_log(config)
+    try:
+        offset, _ = _assert_offset_not_ahead(log_, prefix, _stored(log_, prefix) + 100_000)
+        assert offset > 0
+    finally:
+        log_.close()
