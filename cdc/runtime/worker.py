@@ -114,9 +114,10 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
     client library's call (librdkafka waiting for a broker, a database connect) would not see it
     for as long as the call lasts. So on SIGTERM the main thread asks the connector to drain and
     waits at most ``drain_timeout`` seconds (one second when it has published or written nothing
-    yet: nothing of its own to drain); past that it exits without storing anything more. That is always safe:
-    a position is stored only after the log acknowledged everything up to it (``runner``), so an
-    exit at any point leaves the stored position at or behind the log, as a crash would.
+    yet: nothing of its own to drain); past that it exits without storing anything more. That is
+    always safe: a position is stored only after the log acknowledged everything up to it
+    (``runner``), so an exit at any point leaves the stored position at or behind the log, as a
+    crash would.
     """
     from cdc import logs
 
