@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import orjson
 
-from cdc.log.base import LogRecord, TopicSettings
+from cdc.log.base import TopicSettings
 from cdc.serde import Record
 
 TOPIC_MAX_MESSAGE_BYTES = 1_048_576   # set on the dead-letter topic when it is created
@@ -51,14 +51,12 @@ def _capped(text: str, limit: int) -> str:
 
 
 def dead_letter(dead_letter_topic: str, *, sink: str, topic: str, partition: int, offset: int,
-                reason: str, record: LogRecord | None) -> Record:
-    """The record to publish to ``dead_letter_topic`` for the event at topic[partition]@offset,
-    which failed for ``reason``; ``record`` is the record read back (None when it is gone).
+                reason: str, key: bytes | None, value: bytes | None, missing: bool = False) -> Record:
+    """The record to publish to ``dead_letter_topic`` for the record (``key``, ``value``) at
+    topic[partition]@offset, which failed for ``reason``; ``missing``: it could not be read back.
 
     Its key and value together never exceed ``LETTER_LIMIT`` bytes: the value is copied only
     when the whole letter, JSON escaping included, stays within it."""
-    key = record.key if record is not None else None
-    value = record.value if record is not None else None
     location = orjson.dumps({"topic": topic, "partition": partition, "offset": offset})
     letter_key = key if key and len(key) <= KEY_LIMIT else location
     letter = {
@@ -66,7 +64,7 @@ def dead_letter(dead_letter_topic: str, *, sink: str, topic: str, partition: int
         "key": None if key is None else _capped(key.decode("utf-8", "replace"), KEY_LIMIT),
         "size": 0 if value is None else len(value),
         "reason": _capped(reason, REASON_LIMIT),
-        "value_stored": "missing" if record is None else "inline",
+        "value_stored": "missing" if missing else "inline",
         "value": None,
     }
     if value is not None and len(value) < LETTER_LIMIT:

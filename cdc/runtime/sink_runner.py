@@ -29,7 +29,7 @@ from typing import Callable
 
 import orjson
 
-from cdc.api import Sink
+from cdc.api import RebuildableSink, Sink, SinkContext
 from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
@@ -67,6 +67,13 @@ class SinkRunner:
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
+
+    def context(self) -> SinkContext:
+        """What the sink gets from the runtime (see cdc.api.SinkContext)."""
+        return SinkContext(self.name, self.prefix, stats=self.stats, schema_for=self.schema_for,
+                           delete_retention_ms=self.log.delete_retention_ms,
+                           dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
+                           log=self.log)
 
     # -- topics, schemas -------------------------------------------------------------------------
     def matching_topics(self) -> list[str]:
@@ -171,15 +178,22 @@ class SinkRunner:
             raise PermanentError(f"sink {self.name}: the event at {where} fails even alone: {reason}")
         log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
                   extra=self._extra())
+        if record is None:
+            record = self._fetch(topic, partition, offset)
+        self.dead_letter(topic, partition, offset, reason, record.key if record else None,
+                         record.value if record else None, missing=record is None)
+
+    def dead_letter(self, topic: str, partition: int, offset: int, reason: str,
+                    key: bytes | None = None, value: bytes | None = None, *, missing: bool = False) -> None:
+        """Set one record aside on the dead-letter topic, durably, with why (the sink's context
+        hands this to the sink as ``dead_letter``); ``missing``: the record could not be read back.
+        A letter always fits the topic (a large value is referenced, not copied): see dead_letters."""
         if self._dlq_writer is None:
             self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
             self._dlq_writer = self.log.writer()
-        if record is None:
-            record = self._fetch(topic, partition, offset)
-        # A letter always fits the topic (a large value is referenced, not copied): see dead_letters.
         self._dlq_writer.publish([dead_letters.dead_letter(
             self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
-            reason=reason, record=record)])
+            reason=reason, key=key, value=value, missing=missing)])
         self._dlq_writer.flush(30)
 
     def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
@@ -222,7 +236,7 @@ class SinkRunner:
         """Consume until ``stop_event``; ``from_start`` reads from offset 0 (a bootstrap);
         ``until_caught_up`` returns once the topics' ends as of the start are written."""
         self._stop = stop_event
-        self.sink.schema_for = self.schema_for
+        self.sink.attach(self.context())
         self.sink.start()
         reader = self.log.reader(self.group)
         try:
@@ -269,6 +283,9 @@ class SinkRunner:
     def _rebuild(self, reader, stop_event: threading.Event) -> None:
         """A new generation from offset 0; readers switch to it once it has caught up."""
         sink = self.sink
+        if not isinstance(sink, RebuildableSink):
+            raise PermanentError(f"sink {self.name} ({self.config.type}) cannot rebuild: its store has no "
+                                 f"generations")
         old = sink.current_generation()
         new = old + 1
         self.stats.phase = "rebuilding"
@@ -303,7 +320,7 @@ class SinkRunner:
     def rebuild(self, stop_event: threading.Event) -> None:
         """The foreground rebuild of ``cdc rebuild``."""
         self._stop = stop_event
-        self.sink.schema_for = self.schema_for
+        self.sink.attach(self.context())
         self.sink.start()
         reader = self.log.reader(self.group)
         try:

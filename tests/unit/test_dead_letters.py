@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import orjson
 
-from cdc.log.base import LogRecord
 from cdc.runtime import dead_letters
 
 
 def _letter(key: bytes | None, value: bytes | None, reason: str = "PermanentError: no"):
-    record = LogRecord("p.public.t", 2, 41, key, value, 0)
     return dead_letters.dead_letter("p.dead-letter.s", sink="s", topic="p.public.t", partition=2,
-                                    offset=41, reason=reason, record=record)
+                                    offset=41, reason=reason, key=key, value=value)
 
 
 def _size(letter) -> int:
@@ -44,7 +42,8 @@ def test_a_small_value_is_inline_and_keeps_its_key():
 
 
 def test_a_record_that_could_not_be_read_back_is_marked_missing():
-    letter = dead_letters.dead_letter("d", sink="s", topic="t", partition=0, offset=7, reason="r", record=None)
+    letter = dead_letters.dead_letter("d", sink="s", topic="t", partition=0, offset=7, reason="r",
+                                      key=None, value=None, missing=True)
     body = orjson.loads(letter.value)
     assert body["value_stored"] == "missing" and orjson.loads(letter.key) == {"topic": "t", "partition": 0,
                                                                                "offset": 7}
