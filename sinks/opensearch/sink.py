@@ -64,6 +64,7 @@ class OpenSearchSink(Sink, RebuildableSink):
         super().__init__(config, generation)
         self.config: OpenSearchSinkConfig = config
         self.client = None
+        self.generations: Generations | None = None
         self.counters = {"written": 0, "conflicts": 0, "refused": 0, "tombstones": 0}
         self._next_drop_check = 0.0
         self._next_purge = 0.0
@@ -181,6 +182,8 @@ class OpenSearchSink(Sink, RebuildableSink):
     # --- generations ----------------------------------------------------------------------------
 
     def current_generation(self) -> int:
+        if self.client is None and self.generations is not None:
+            return self.generations.state.current  # stopped: the last one known (cdc rebuild prints it)
         self._started()
         with self._errors("current_generation"):
             return self.generations.load().current

@@ -90,8 +90,10 @@ def _caught_up(sink: OpenSearchSink, log, *, from_start: bool = False, group: st
 
 def _documents(client, alias: str) -> dict[int, dict]:
     """What readers see: every document of the alias (tombstones are filtered out)."""
+    from opensearchpy.helpers import scan
+
     client.indices.refresh(index=alias)
-    hits = client.search(index=alias, body={"size": 10_000, "query": {"match_all": {}}})["hits"]["hits"]
+    hits = scan(client, index=alias, query={"query": {"match_all": {}}}, size=5000)
     return {h["_source"]["id"]: {k: v for k, v in h["_source"].items() if not k.startswith("__cdc")} for h in hits}
 
 
@@ -387,3 +389,49 @@ def test_tombstones_are_purged_after_their_retention(make_sink, log, client, ope
     _caught_up(make_sink(tombstone_retention_hours=1e-9), log)  # every tombstone is older than that
     assert client.count(index=f"{alias}__g1", body=tombstones)["count"] == 0
     assert _documents(client, alias) == {**rows, 1: _row(1, 10**6)}
+
+
+def test_a_rebuild_killed_half_way_leaves_readers_on_the_old_generation_and_starts_over(
+        make_sink, log, client, opensearch_index, opensearch_url, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.integration.pg_capture import wait_until
+
+    events, rows = _history(20_000, 1)
+    _publish(log, events)
+    _caught_up(make_sink(), log)
+    alias = f"{opensearch_index}.items"
+    assert _documents(client, alias) == rows
+    config = tmp_path / "cdc.yaml"
+    config.write_text(
+        f"log:\n  embedded: {{path: '{tmp_path / 'log'}', topic_prefix: p}}\n"
+        f"sinks:\n  - {{name: {opensearch_index}, type: opensearch, hosts: ['{opensearch_url}'], topics: ['p.*'], "
+        f"index_name: '{opensearch_index}.{{table}}', batch_size: 100, drop_old_generation_after_s: 0}}\n"
+        f"http: null\n")
+
+    def rebuild() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "cdc.cli", "rebuild", str(config), opensearch_index],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def filled(index: str) -> int:
+        if not client.indices.exists(index=index):
+            return 0
+        client.indices.refresh(index=index)
+        return client.count(index=index)["count"]
+
+    first = rebuild()
+    wait_until(lambda: filled(f"{alias}__g2") > 1000, timeout=120, what="the rebuild half way")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert filled(f"{alias}__g2") < len(rows)  # it was struck before the end
+    assert list(client.indices.get_alias(name=alias)) == [f"{alias}__g1"]
+    assert _documents(client, alias) == rows
+    second = subprocess.run([sys.executable, "-m", "cdc.cli", "rebuild", str(config), opensearch_index],
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert list(client.indices.get_alias(name=alias)) == [f"{alias}__g2"]
+    assert _documents(client, alias) == rows
+    assert not client.indices.exists(index=f"{alias}__g1")
