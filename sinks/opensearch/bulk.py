@@ -87,11 +87,13 @@ class BulkWriter:
                              f"({retry[0][1]}); the batch will be retried")
 
     def _send_once(self, items: list[Item], outcome: Outcome) -> list[tuple[Item, str]]:
-        chunks = list(self._chunks(items))
-        if self.pool is None or len(chunks) == 1:
-            results = [self._request(chunk) for chunk in chunks]
+        if self.pool is None:
+            results = [self._request(chunk) for chunk in self._chunks(items)]
         else:
-            results = list(self.pool.map(self._request, chunks))
+            # Each chunk is sent as soon as it is encoded: encoding the next overlaps the requests
+            # in flight.
+            futures = [self.pool.submit(self._request, chunk) for chunk in self._chunks(items)]
+            results = [future.result() for future in futures]
         retry: list[tuple[Item, str]] = []
         for chunk_items, answer in results:
             self._classify(chunk_items, answer, outcome, retry)
