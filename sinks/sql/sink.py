@@ -34,6 +34,7 @@ import sqlalchemy as sa
 
 from cdc.api import Sink
 from cdc.errors import CdcError, PermanentError, RetriableError, SchemaChangeError
+from cdc.servers import setting_of
 from cdc.sink_events import SinkEvent
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
@@ -125,7 +126,8 @@ class SqlSink(Sink):
                     where = failed.plan.tbl if failed.plan is not None else "staging the batch"
                     if failed.plan is not None and is_data_error(failed.error):
                         raise self._diagnose(failed.plan, failed.error) from failed.error
-                    raise translate(failed.error, f"sql sink {self.config.name}: {where}") from failed.error
+                    raise translate(failed.error, f"sql sink {self.config.name}: {where}",
+                                    setting=setting_of("sink", self.config.name, "url")) from failed.error
             else:
                 raise RetriableError(f"sql sink {self.config.name}: the current generation kept changing "
                                      f"during the write")
@@ -237,4 +239,13 @@ class SqlSink(Sink):
         except CdcError:
             raise
         except DRIVER_ERRORS as err:
-            raise translate(err, f"sql sink {self.config.name}: {what}") from err
+            url = self.config.url.get_secret_value()
+            raise translate(err, f"sql sink {self.config.name}: {what}", url=url, role=_user_of(url),
+                            setting=setting_of("sink", self.config.name, "url")) from err
+
+
+def _user_of(url: str) -> str | None:
+    try:
+        return sa.engine.make_url(url).username
+    except sa.exc.ArgumentError:
+        return None

@@ -34,9 +34,11 @@ from cdc.api import SnapshotMode, Source
 from cdc.errors import PermanentError, PositionLostError, RetriableError
 from cdc.events import Batch, Column, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import PgLsn, Position
+from cdc.servers import postgres as pg_server
+from cdc.servers import setting_of
 from snapshot.parallel import ParallelSnapshot
 from sources.postgres import pgoutput as pg
-from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slot, check_server,
+from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slot, check_readable, check_server,
                                       ensure_publication, matches, table_meta)
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
@@ -99,8 +101,10 @@ class PostgresSource(Source):
 
     def start(self) -> None:
         cfg = self.cfg
+        setting = setting_of("source", cfg.name, "dsn")
+        self.conn = pg_server.connect(self.dsn, what=f"source {cfg.name}: connecting", setting=setting,
+                                      options=self.options, application_name=self.app_name)
         try:
-            self.conn = psycopg2.connect(self.dsn, options=self.options, application_name=self.app_name)
             check_server(self.conn)
             with self.conn.cursor() as cur:
                 cur.execute("SELECT current_database(), current_setting('server_version_num')::int")
@@ -108,9 +112,10 @@ class PostgresSource(Source):
             self.conn.rollback()
             tables = captured_tables(self.conn, cfg.tables, self.database, cfg.key_columns)
             self.tables = {t.oid: t for t in tables}
+            check_readable(self.conn, tables)
             ensure_publication(self.conn, cfg.publication_name, cfg.tables, tables, cfg.manage_publication)
         except psycopg2.Error as err:
-            raise wrap(err, f"source {cfg.name}: preparing capture") from err
+            raise wrap(err, f"source {cfg.name}: preparing capture", setting=setting) from err
         self.protocol = cfg.protocol_version or (4 if version >= 160000 else 3 if version >= 150000
                                                  else 2 if version >= 140000 else 1)
         self.server_version = version
