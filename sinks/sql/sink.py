@@ -162,6 +162,12 @@ class SqlSink(Sink):
                                   f"column): {describe(error)}")
         key_json, event = upserts[0]
         key_names = {c.name for c in plan.key_columns}
+        missing = sorted(name for name in key_names if event.after.get(name) is None and event.key.get(name) is None)
+        if missing:  # every column would fail on the key's NOT NULL: name the key, not the first column
+            return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: key {key_json.decode()}: the row has "
+                                  f"no value for the table's key column{'s' if len(missing) > 1 else ''} "
+                                  f"{', '.join(missing)} (neither in the record's key nor in its after): "
+                                  f"{describe(error)}")
         for column in plan.columns:
             value = event.after.get(column.name)
             if column.key or column.skipped or value is None:
