@@ -29,6 +29,14 @@ Sink lifecycle::
 
 Errors are ``cdc.errors`` types; ``err.retriable`` tells the runtime whether to back off and try
 again or to stop the connector with the message.
+
+What a plugin may import from the framework: this module; ``cdc.errors`` (the error tree);
+``cdc.events``, ``cdc.positions`` and ``cdc.sink_events`` (what flows through sources and sinks);
+and ``cdc.servers`` with ``cdc.servers.postgres`` and ``cdc.servers.mysql``: a database error
+classified by its code (SQLSTATE, MySQL errno) into the error tree, with a message naming the
+setting or grant to change. A plugin that talks to PostgreSQL or MySQL/MariaDB classifies through
+them (``wrap(err, what, setting=setting_of("source", name, "dsn"))``; ``cdc.servers.postgres.connect``
+to open a connection), so a code means the same in every source and sink.
 """
 
 from __future__ import annotations

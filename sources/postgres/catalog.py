@@ -225,6 +225,8 @@ def ensure_publication(conn, name: str, globs: list[str], tables: list[TableMeta
                                             f"{_table_list(missing)}")
                 _check_owned(cur, name, role, missing)
                 cur.execute(f"ALTER PUBLICATION {_ident(name)} ADD TABLE {_table_list(missing)}")
+                log.warning("added %s to publication %s: they are streamed from now on; rows they got before "
+                            "are captured only by a snapshot", _table_list(missing), name)
     conn.commit()
 
 

@@ -205,8 +205,11 @@ class PostgresSource(Source):
         """Create the slot; with ``export``, keep its connection open and return (connection,
         consistent LSN, snapshot name): the snapshot lives as long as that connection is idle."""
         check_free_slot(self.conn)
-        repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                options=self.options, application_name=self.app_name)
+        try:
+            repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                    options=self.options, application_name=self.app_name)
+        except psycopg2.Error as err:
+            raise wrap(err, "opening a replication connection") from err
         cur = repl.cursor()
         if self.server_version >= 150000:
             how = "(SNAPSHOT 'export')" if export else "(SNAPSHOT 'nothing')"
