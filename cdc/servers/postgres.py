@@ -149,7 +149,10 @@ _PQPING = _pq_ping()
 def ping(dsn: str) -> Ping:
     if _PQPING is None:
         return Ping.UNKNOWN
-    options = psycopg2.extensions.parse_dsn(dsn)
+    try:
+        options = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        return Ping.NO_ATTEMPT
     if "connect_timeout" not in options:
         dsn = psycopg2.extensions.make_dsn(dsn, connect_timeout=10)
     return Ping(_PQPING(dsn.encode()))
@@ -162,7 +165,7 @@ def connect_failure(err: BaseException, dsn: str) -> tuple[Kind, str]:
         return classify_code(code), ""
     answer = ping(dsn)
     if answer is Ping.NO_RESPONSE:
-        sslmode = psycopg2.extensions.parse_dsn(dsn).get("sslmode")
+        sslmode = psycopg2.extensions.parse_dsn(dsn).get("sslmode")  # parsed by ping already
         if sslmode in _SSL_DEMANDED and ping(psycopg2.extensions.make_dsn(dsn, sslmode="disable")) is Ping.OK:
             return Kind.SETTING, (f"the server answers without SSL, but not with sslmode={sslmode} (it has no "
                                   "SSL, or the sslrootcert/sslcert settings do not fit it)")
