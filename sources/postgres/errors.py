@@ -20,3 +20,10 @@ def wrap(exc: BaseException, what: str, *, on_slot: bool = False, setting: str =
         return PositionLostError(f"{what}: {pg_errors.describe(exc)}; the slot's position is gone: drop it and "
                                  "take a new snapshot (snapshot: when_needed does this by itself)")
     return pg_errors.wrap(exc, what, setting=setting, role=role)
+
+
+def connect(dsn: str, what: str, *, setting: str = DEFAULT_SETTING, **kwargs):
+    """A connection of this source, its failure classified as ``cdc.servers.postgres.connect`` does
+    (a refused login or a missing replication line in pg_hba.conf is permanent; a server that is
+    down or restarting is retriable)."""
+    return pg_errors.connect(dsn, what=what, setting=setting, **kwargs)

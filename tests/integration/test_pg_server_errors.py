@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
 
 import psycopg2
+import psycopg2.extras
 import pytest
 from pydantic import SecretStr
 
@@ -64,12 +66,11 @@ def role(pg_admin_dsn):
     execute(pg_admin_dsn, f'DROP ROLE IF EXISTS "{name}"')
 
 
-@pytest.fixture
-def password_role(pg_admin_dsn, role):
-    """``role`` with a password that pg_hba.conf makes the server check (the stack trusts everyone
-    else): a line for this role alone goes first, and the file is put back afterwards."""
-    execute(pg_admin_dsn, f"ALTER ROLE \"{role}\" PASSWORD 'right-password'")
-    conn = psycopg2.connect(pg_admin_dsn)
+@contextmanager
+def hba_rules_first(admin_dsn: str, lines: list[str]):
+    """pg_hba.conf with ``lines`` before the stack's own rules, put back afterwards. The caller
+    waits for evidence that the server reloaded it."""
+    conn = psycopg2.connect(admin_dsn)
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("SELECT setting FROM pg_settings WHERE name = 'hba_file'")
@@ -78,29 +79,41 @@ def password_role(pg_admin_dsn, role):
         # COPY writes text format: keep the rules (no comments), with spaces for tabs.
         rules = [line.replace("\t", " ") for line in cur.fetchone()[0].splitlines()
                  if line.strip() and not line.lstrip().startswith("#")]
-    own = [f"host all {role} 127.0.0.1/32 scram-sha-256", f"host all {role} ::1/128 scram-sha-256"]
 
-    def write(lines: list[str]) -> None:
+    def write(content: list[str]) -> None:
         with conn.cursor() as cur:
             cur.execute(f"COPY (SELECT unnest(%s::text[])) TO {psycopg2.extensions.QuotedString(path).getquoted().decode()}",
-                        (lines,))
+                        (content,))
             cur.execute("SELECT pg_reload_conf()")
 
-    write(own + rules)
+    write(lines + rules)
     try:
-        wrong = _with(pg_admin_dsn, user=role, password="wrong-password")
-        deadline = time.monotonic() + 30
-        while True:  # evidence that the server reloaded the rules: the wrong password is refused
-            try:
-                psycopg2.connect(wrong).close()
-            except psycopg2.OperationalError:
-                break
-            assert time.monotonic() < deadline, "the server did not reload pg_hba.conf"
-            time.sleep(0.1)
-        yield role
+        yield
     finally:
         write(rules)
         conn.close()
+
+
+def wait_refused(dsn: str, **kwargs) -> None:
+    """Until a connection with ``dsn`` is refused: evidence that the server reloaded pg_hba.conf."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            psycopg2.connect(dsn, **kwargs).close()
+        except psycopg2.OperationalError:
+            return
+        assert time.monotonic() < deadline, "the server did not reload pg_hba.conf"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def password_role(pg_admin_dsn, role):
+    """``role`` with a password that the server checks (the stack trusts everyone else)."""
+    execute(pg_admin_dsn, f"ALTER ROLE \"{role}\" PASSWORD 'right-password'")
+    rules = [f"host all {role} 127.0.0.1/32 scram-sha-256", f"host all {role} ::1/128 scram-sha-256"]
+    with hba_rules_first(pg_admin_dsn, rules):
+        wait_refused(_with(pg_admin_dsn, user=role, password="wrong-password"))
+        yield role
 
 
 def test_a_wrong_password_is_a_config_error_naming_the_dsn(pg_dsn, password_role, tmp_path):
@@ -227,3 +240,38 @@ def test_a_role_that_cannot_create_the_publication_is_told_the_grant(pg_dsn, rol
     execute(_with(pg_dsn, user=role), "CREATE TABLE items (id int PRIMARY KEY)")
     with pytest.raises(PrerequisiteError, match=f'GRANT CREATE ON DATABASE "{database}" TO "{role}"'):
         _start(_with(pg_dsn, user=role), tmp_path)
+
+
+def test_a_slot_held_by_a_superusers_process_is_a_classified_error(pg_dsn, role, tmp_path):
+    """The source ends a leftover walsender of its own name; a role that may not end it gets an error
+    from the tree (here: the grant it lacks), not an unclassified driver error."""
+    database = pg_dsn.rsplit("/", 1)[1]
+    execute(pg_dsn, f'ALTER ROLE "{role}" REPLICATION', f'GRANT CREATE ON DATABASE "{database}" TO "{role}"',
+            f'GRANT CREATE ON SCHEMA public TO "{role}"')
+    dsn = _with(pg_dsn, user=role)
+    execute(dsn, "CREATE TABLE items (id int PRIMARY KEY)")
+    execute(pg_dsn, "CREATE PUBLICATION cdc_pg FOR TABLE items")
+    holder = psycopg2.connect(pg_dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                              application_name="cdc-pg")  # a superuser's walsender with the source's name
+    try:
+        cursor = holder.cursor()
+        cursor.create_replication_slot("cdc_pg", output_plugin="pgoutput")
+        cursor.start_replication(slot_name="cdc_pg", decode=False,
+                                 options={"proto_version": "1", "publication_names": "cdc_pg"})
+        conn = psycopg2.connect(pg_dsn)
+        try:
+            wait_until(lambda: _slot_active(conn), what="the slot held")
+        finally:
+            conn.close()
+        with pytest.raises(PrerequisiteError, match=f"42501.*grant the role {role} "):
+            _start(dsn, tmp_path)
+    finally:
+        holder.close()
+
+
+def _slot_active(conn) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'cdc_pg'")
+        row = cur.fetchone()
+    conn.rollback()
+    return bool(row and row[0])
