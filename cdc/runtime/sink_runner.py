@@ -28,7 +28,7 @@ from typing import Callable
 
 import orjson
 
-from cdc.api import Sink
+from cdc.api import RebuildableSink, Sink, SinkContext
 from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import Log, LogRecord, TopicPartition, TopicSettings
 from cdc.runtime.stats import ConnectorStats
@@ -65,6 +65,13 @@ class SinkRunner:
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
+
+    def context(self) -> SinkContext:
+        """What the sink gets from the runtime (see cdc.api.SinkContext)."""
+        return SinkContext(self.name, self.prefix, stats=self.stats, schema_for=self.schema_for,
+                           delete_retention_ms=self.log.delete_retention_ms,
+                           dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
+                           log=self.log)
 
     # -- topics, schemas -------------------------------------------------------------------------
     def matching_topics(self) -> list[str]:
@@ -164,16 +171,22 @@ class SinkRunner:
             raise PermanentError(f"sink {self.name}: the event at {where} fails even alone: {reason}")
         log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
                   extra=self._extra())
+        if record is None:
+            record = self._fetch(topic, partition, offset)
+        self.dead_letter(topic, partition, offset, reason, record.key if record else None,
+                         record.value if record else None)
+
+    def dead_letter(self, topic: str, partition: int, offset: int, reason: str,
+                    key: bytes | None = None, value: bytes | None = None) -> None:
+        """Set one record aside on the dead-letter topic, durably, with why (the sink's context
+        hands this to the sink as ``dead_letter``)."""
         if self._dlq_writer is None:
             self.log.ensure_topic(self.dead_letter_topic, TopicSettings(partitions=1))
             self._dlq_writer = self.log.writer()
-        if record is None:
-            record = self._fetch(topic, partition, offset)
-        value = orjson.dumps({"topic": topic, "partition": partition, "offset": offset, "reason": reason,
-                              "sink": self.name, "value": None if record is None or record.value is None
-                              else record.value.decode("utf-8", "replace")})
-        self._dlq_writer.publish([Record(self.dead_letter_topic, record.key if record and record.key else b"{}",
-                                         value)])
+        body = orjson.dumps({"topic": topic, "partition": partition, "offset": offset, "reason": reason,
+                             "sink": self.name, "value": None if value is None
+                             else value.decode("utf-8", "replace")})
+        self._dlq_writer.publish([Record(self.dead_letter_topic, key or b"{}", body)])
         self._dlq_writer.flush(30)
 
     def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
@@ -215,7 +228,7 @@ class SinkRunner:
         """Consume until ``stop_event``; ``from_start`` reads from offset 0 (a bootstrap);
         ``until_caught_up`` returns once the topics' ends as of the start are written."""
         self._stop = stop_event
-        self.sink.schema_for = self.schema_for
+        self.sink.attach(self.context())
         self.sink.start()
         reader = self.log.reader(self.group)
         try:
@@ -262,6 +275,9 @@ class SinkRunner:
     def _rebuild(self, reader, stop_event: threading.Event) -> None:
         """A new generation from offset 0; readers switch to it once it has caught up."""
         sink = self.sink
+        if not isinstance(sink, RebuildableSink):
+            raise PermanentError(f"sink {self.name} ({self.config.type}) cannot rebuild: its store has no "
+                                 f"generations")
         old = sink.current_generation()
         new = old + 1
         self.stats.phase = "rebuilding"
@@ -292,7 +308,7 @@ class SinkRunner:
     def rebuild(self, stop_event: threading.Event) -> None:
         """The foreground rebuild of ``cdc rebuild``."""
         self._stop = stop_event
-        self.sink.schema_for = self.schema_for
+        self.sink.attach(self.context())
         self.sink.start()
         reader = self.log.reader(self.group)
         try:

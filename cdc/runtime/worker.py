@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 def build_runner(config, name: str, report=None):
     """The runner for connector ``name`` of ``config``: a SourceRunner resumed from its stored
     position, or a SinkRunner resumed from its group's committed offsets."""
+    from cdc.api import SelfDrivenSink
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
     from cdc.plugins import sink_plugin, source_plugin
@@ -37,7 +38,7 @@ def build_runner(config, name: str, report=None):
     sinks = [s for s in config.sinks if s.name == name]
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
-        if getattr(sink, "runs_itself", False):  # e.g. a Spark job: it reads the topics itself
+        if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
             return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
@@ -54,15 +55,19 @@ class SelfRunningSink:
     offsets in its checkpoint): the worker only starts it, reports, and stops it on request."""
 
     def __init__(self, sink, report=None, log_config=None) -> None:
-        from cdc.runtime.stats import ConnectorStats
+        from cdc.api import SinkContext
 
         self.sink = sink
-        self.stats = getattr(sink, "stats", None) or ConnectorStats(sink.config.name, "sink")
+        # The sink takes the brokers and the topic prefix from the log section; no log client:
+        # it reads the topics itself.
+        sink.attach(SinkContext(sink.config.name, getattr(log_config, "topic_prefix", None) or "cdc",
+                                log_config=log_config))
+        self.stats = sink.context.stats
         self.report = report or (lambda stats: None)
-        self.log_config = log_config  # the sink takes the brokers and topic prefix from it
+        self.log_config = log_config
 
     def run(self, stop: threading.Event) -> None:
-        self.sink.run(stop, log=self.log_config, report=self.report)
+        self.sink.run(stop, report=self.report)
 
 
 def run_connector(config_path: str, name: str, stop: threading.Event, report=None) -> int:

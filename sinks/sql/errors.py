@@ -23,10 +23,10 @@ import sqlite3
 import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
-from cdc.errors import CdcError
-from cdc.servers import Kind, as_error
-from cdc.servers import mysql as mysql_errors
-from cdc.servers import postgres as pg_errors
+from cdc.api import CdcError, servers
+
+Kind, as_error = servers.Kind, servers.as_error
+mysql_errors, pg_errors = servers.mysql, servers.postgres
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError)
 for _module, _name in (("psycopg2", "Error"), ("pymysql", "Error"), ("duckdb", "Error")):

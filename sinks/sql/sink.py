@@ -32,10 +32,8 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from cdc.api import Sink
-from cdc.errors import CdcError, PermanentError, RetriableError, SchemaChangeError
-from cdc.servers import setting_of
-from cdc.sink_events import SinkEvent
+from cdc.api import (CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError, Sink, SinkEvent,
+                     servers)
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -49,7 +47,7 @@ from sinks.sql.target import Target
 
 log = logging.getLogger(__name__)
 
-class SqlSink(Sink):
+class SqlSink(Sink, RebuildableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
@@ -72,7 +70,7 @@ class SqlSink(Sink):
             try:
                 books = Bookkeeping(target, config.name)
                 target.run_ddl(books.create)
-                catalog = TableCatalog(target, books, config, lambda topic: self.schema_for(topic),
+                catalog = TableCatalog(target, books, config, lambda topic: self.context.schema_for(topic),
                                        lambda: self._current)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
@@ -127,7 +125,7 @@ class SqlSink(Sink):
                     if failed.plan is not None and is_data_error(failed.error):
                         raise self._diagnose(failed.plan, failed.error) from failed.error
                     raise translate(failed.error, f"sql sink {self.config.name}: {where}",
-                                    setting=setting_of("sink", self.config.name, "url")) from failed.error
+                                    setting=servers.setting_of("sink", self.config.name, "url")) from failed.error
             else:
                 raise RetriableError(f"sql sink {self.config.name}: the current generation kept changing "
                                      f"during the write")
@@ -247,7 +245,7 @@ class SqlSink(Sink):
         except DRIVER_ERRORS as err:
             url = self.config.url.get_secret_value()
             raise translate(err, f"sql sink {self.config.name}: {what}", url=url, role=_user_of(url),
-                            setting=setting_of("sink", self.config.name, "url")) from err
+                            setting=servers.setting_of("sink", self.config.name, "url")) from err
 
 
 def _user_of(url: str) -> str | None:

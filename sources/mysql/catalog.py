@@ -15,7 +15,7 @@ import pymysql
 
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import TableId
-from cdc.servers import setting_of
+from cdc.api import servers
 from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.ddl import ColumnDef, normalize_column_type
@@ -48,7 +48,7 @@ def connect(config: MySqlConfig, *, raw: bool = False, **extra) -> pymysql.conne
         return pymysql.connect(**kwargs)
     except pymysql.Error as err:
         raise wrap(err, f"source {config.name}: connecting to {settings['host']}:{settings['port']} as "
-                        f"{settings['user']}", setting=setting_of("source", config.name, "url"),
+                        f"{settings['user']}", setting=servers.setting_of("source", config.name, "url"),
                    role=settings["user"]) from err
 
 

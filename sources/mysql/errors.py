@@ -5,7 +5,7 @@ knows: a 1236 from the binlog dump before any event means the stored position is
 from __future__ import annotations
 
 from cdc.errors import CdcError, PositionLostError, RetriableError
-from cdc.servers import mysql as mysql_errors
+from cdc.api import servers
 
 ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
 DEFAULT_SETTING = "the source's url (or url_file)"
@@ -17,10 +17,10 @@ def wrap(exc: BaseException, what: str, *, reading_binlog: bool = False, setting
     means the requested position is not on the server any more."""
     if isinstance(exc, CdcError):
         return exc
-    if reading_binlog and mysql_errors.errno_of(exc) == ER_MASTER_FATAL_ERROR_READING_BINLOG:
-        return PositionLostError(f"{what}: {mysql_errors.describe(exc)}; the binlog the stored position needs is "
+    if reading_binlog and servers.mysql.errno_of(exc) == ER_MASTER_FATAL_ERROR_READING_BINLOG:
+        return PositionLostError(f"{what}: {servers.mysql.describe(exc)}; the binlog the stored position needs is "
                                  "gone (purged or reset). Recovery: take a new snapshot (snapshot: when_needed "
                                  "does this by itself)")
-    if mysql_errors.errno_of(exc) is None:  # a socket or packet failure under the client: the link broke
+    if servers.mysql.errno_of(exc) is None:  # a socket or packet failure under the client: the link broke
         return RetriableError(f"{what}: {type(exc).__name__}: {exc}")
-    return mysql_errors.wrap(exc, what, setting=setting, role=role)
+    return servers.mysql.wrap(exc, what, setting=setting, role=role)

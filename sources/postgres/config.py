@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from cdc.api import SourceConfig
-from cdc.servers.postgres import dsn_problem
+from cdc.api import SourceConfig, servers
 
 
 class PostgresConfig(SourceConfig):
@@ -41,7 +40,7 @@ class PostgresConfig(SourceConfig):
     def _libpq_dsn(cls, value: SecretStr) -> SecretStr:
         # Checked here too, so `cdc validate` names the option with the file's line; the message
         # names the option, never the DSN (it may hold the password).
-        problem = dsn_problem(value.get_secret_value())
+        problem = servers.postgres.dsn_problem(value.get_secret_value())
         if problem is not None:
             raise ValueError(problem)
         return value

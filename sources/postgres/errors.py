@@ -5,7 +5,7 @@ knows: a 55000 while reading the slot means the slot's position is gone."""
 from __future__ import annotations
 
 from cdc.errors import CdcError, PositionLostError
-from cdc.servers import postgres as pg_errors
+from cdc.api import servers
 
 _LOST = "55000"  # object_not_in_prerequisite_state: e.g. "can no longer get changes from slot"
 DEFAULT_SETTING = "the source's dsn (or dsn_file)"
@@ -16,14 +16,14 @@ def wrap(exc: BaseException, what: str, *, on_slot: bool = False, setting: str =
     """``on_slot``: the call read from the replication slot, so 55000 means its position is lost."""
     if isinstance(exc, CdcError):
         return exc
-    if on_slot and pg_errors.sqlstate(exc) == _LOST:
-        return PositionLostError(f"{what}: {pg_errors.describe(exc)}; the slot's position is gone: drop it and "
+    if on_slot and servers.postgres.sqlstate(exc) == _LOST:
+        return PositionLostError(f"{what}: {servers.postgres.describe(exc)}; the slot's position is gone: drop it and "
                                  "take a new snapshot (snapshot: when_needed does this by itself)")
-    return pg_errors.wrap(exc, what, setting=setting, role=role)
+    return servers.postgres.wrap(exc, what, setting=setting, role=role)
 
 
 def connect(dsn: str, what: str, *, setting: str = DEFAULT_SETTING, **kwargs):
     """A connection of this source, its failure classified as ``cdc.servers.postgres.connect`` does
     (a refused login or a missing replication line in pg_hba.conf is permanent; a server that is
     down or restarting is retriable)."""
-    return pg_errors.connect(dsn, what=what, setting=setting, **kwargs)
+    return servers.postgres.connect(dsn, what=what, setting=setting, **kwargs)

@@ -30,12 +30,10 @@ from typing import Any, Callable
 import psycopg2
 import psycopg2.extras
 
-from cdc.api import SnapshotMode, Source
+from cdc.api import SnapshotMode, Source, servers
 from cdc.errors import PermanentError, PositionLostError, RetriableError
 from cdc.events import Batch, Column, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import PgLsn, Position
-from cdc.servers import postgres as pg_server
-from cdc.servers import setting_of
 from snapshot.parallel import ParallelSnapshot
 from sources.postgres import pgoutput as pg
 from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slot, check_readable, check_server,
@@ -66,8 +64,8 @@ class PostgresSource(Source):
         self.dsn = config.dsn.get_secret_value()
         self.options = session_options()
         self.app_name = f"cdc-{config.name}"[:63]
-        self.setting = setting_of("source", config.name, "dsn")  # named by errors that a setting can fix
-        self.role: str | None = pg_server.role_of(self.dsn)     # the server's current_user once connected
+        self.setting = servers.setting_of("source", config.name, "dsn")  # named by errors that a setting can fix
+        self.role: str | None = servers.postgres.role_of(self.dsn)     # the server's current_user once connected
         self._phase = "starting"
         self._finished = False
         self._stopping = threading.Event()
@@ -104,7 +102,7 @@ class PostgresSource(Source):
     def start(self) -> None:
         cfg = self.cfg
         setting = self.setting
-        self.conn = pg_server.connect(self.dsn, what=f"source {cfg.name}: connecting", setting=setting,
+        self.conn = servers.postgres.connect(self.dsn, what=f"source {cfg.name}: connecting", setting=setting,
                                       options=self.options, application_name=self.app_name)
         try:
             check_server(self.conn)
@@ -211,7 +209,7 @@ class PostgresSource(Source):
         """Create the slot; with ``export``, keep its connection open and return (connection,
         consistent LSN, snapshot name): the snapshot lives as long as that connection is idle."""
         check_free_slot(self.conn)
-        repl = pg_server.connect(self.dsn, what=f"source {self.cfg.name}: opening a replication connection",
+        repl = servers.postgres.connect(self.dsn, what=f"source {self.cfg.name}: opening a replication connection",
                                  setting=self.setting, connection_factory=psycopg2.extras.LogicalReplicationConnection,
                                  options=self.options, application_name=self.app_name)
         cur = repl.cursor()

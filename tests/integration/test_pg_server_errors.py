@@ -82,8 +82,8 @@ def hba_rules_first(admin_dsn: str, lines: list[str]):
 
     def write(content: list[str]) -> None:
         with conn.cursor() as cur:
-            cur.execute(f"COPY (SELECT unnest(%s::text[])) TO {psycopg2.extensions.QuotedString(path).getquoted().decode()}",
-                        (content,))
+            target = psycopg2.extensions.QuotedString(path).getquoted().decode()
+            cur.execute(f"COPY (SELECT unnest(%s::text[])) TO {target}", (content,))
             cur.execute("SELECT pg_reload_conf()")
 
     write(lines + rules)

@@ -46,5 +46,6 @@ def test_a_wrong_password_on_a_mysql_target_is_a_config_error(mysql_url, mysql_d
 
 @pytest.mark.mysql
 def test_a_missing_mysql_database_is_a_config_error(mysql_url):
-    with pytest.raises(ConfigError, match=r"\[1049\].*the database named in the url \(or url_file\) of sink wh does not exist"):
+    with pytest.raises(ConfigError,
+                       match=r"\[1049\].*the database named in the url \(or url_file\) of sink wh does not exist"):
         _start(mysql_url + "/no_such_database")
