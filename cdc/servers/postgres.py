@@ -30,7 +30,6 @@ words so the operator sees which. On an open connection 53300 is retriable as us
 from __future__ import annotations
 
 import ctypes
-import logging
 from enum import IntEnum
 
 import psycopg2
@@ -38,8 +37,6 @@ import psycopg2.extensions
 
 from cdc.errors import CdcError
 from cdc.servers import Kind, as_error
-
-log = logging.getLogger(__name__)
 
 # SQLSTATE classes and codes: https://www.postgresql.org/docs/current/errcodes-appendix.html
 _RETRIABLE_CLASSES = {"08", "53", "57"}   # connection exception, insufficient resources, operator intervention
