@@ -75,9 +75,10 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Annotated, Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
 import cdc.servers.mysql
 import cdc.servers.postgres
@@ -92,7 +93,7 @@ from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
 
 __all__ = [
-    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "Source", "Sink", "RebuildableSink",
+    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
@@ -100,6 +101,21 @@ __all__ = [
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
     "load_sink_settings", "spark_jars",
 ]
+
+
+def resolve_config_path(path: Path, info: ValidationInfo) -> Path:
+    """A relative path in a config file is relative to that file's directory, never to the
+    directory the daemon happens to be started from. The loader passes the directory as
+    ``context={"base_dir": ...}``; without one (a config built in code) the path stays as written."""
+    path = Path(path).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    return path.resolve() if path.is_absolute() else path
+
+
+# The type of every local path field of a config model (plugins' too): resolved as above.
+ConfigPath = Annotated[Path, AfterValidator(resolve_config_path)]
 
 
 class SnapshotMode(StrEnum):
@@ -117,6 +133,9 @@ class PluginConfig(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique name of this connector")
     type: str
+    unhealthy_after: float = Field(
+        default=60.0, gt=0, description="seconds without progress (blocked, or retrying) after which "
+                                        "/healthz answers 503; progress clears it")
 
 
 class SourceConfig(PluginConfig):
