@@ -57,12 +57,17 @@ class IndexCatalog:
 
     # -- preparing a topic's index ---------------------------------------------------------------
     def prepare(self, topic: str, source: dict, generation: int, *, following: bool) -> Target:
+        """The index of ``topic`` in ``generation``, ready for rows of the shape ``source``
+        names; ``following``: the sink writes the generation readers see (not a rebuild's)."""
         target = self._targets.get((topic, generation))
-        schema = self.schema_for(topic)
-        if target is None:
-            target = self._open(topic, source, schema, generation)
+        if target is None:  # a new index takes the newest shape
+            target = self._open(topic, source, self.schema_for(topic), generation)
             self._check_fingerprint(target, following)
             self._targets[(topic, generation)] = target
+        # The shape this batch's rows were written under (the runtime hands one per topic and
+        # write); rows that name none (older sources) are taken in the newest shape.
+        version = source.get("schema_version")
+        schema = self.schema_for(topic, version) if version is not None else self.schema_for(topic)
         if schema is not None and _newer(schema, target.meta):
             self._evolve(target, schema)
         return target

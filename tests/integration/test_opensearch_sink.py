@@ -215,7 +215,7 @@ def test_truncate_clears_older_documents_and_keeps_later_ones(make_sink, log, cl
 
 def _write(sink: OpenSearchSink, events: list[ChangeEvent], schema: dict) -> None:
     from cdc.sink_events import decode_record
-    sink.schema_for = lambda topic: schema
+    sink.schema_for = lambda topic, version=None: schema
     records = EnvelopeEncoder("postgresql", "src", "p").encode(events)
     sink.write([decode_record(type("R", (), {"topic": r.topic, "partition": 0, "offset": n, "key": r.key,
                                               "value": r.value})) for n, r in enumerate(records)])
