@@ -63,9 +63,14 @@ class OpenSearchSink(Sink, RebuildableSink):
     def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
         self.config: OpenSearchSinkConfig = config
-        self.client = None
-        self.generations: Generations | None = None
-        self.counters = {"written": 0, "conflicts": 0, "refused": 0, "tombstones": 0}
+        # The parts do no I/O until start(): the client connects on its first request.
+        self.client = make_client(config)
+        self.generations = Generations(self.client, config.name)
+        self.catalog = IndexCatalog(self.client, config, self.generations, lambda *args: self.schema_for(*args))
+        self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
+                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}")
+        self.counters = {"written": 0, "conflicts": 0, "refused": 0}
+        self._running = False
         self._next_drop_check = 0.0
         self._next_purge = 0.0
 
@@ -74,31 +79,27 @@ class OpenSearchSink(Sink, RebuildableSink):
     def start(self) -> None:
         config = self.config
         with self._errors("start"):
-            self.client = make_client(config)
-            self.generations = Generations(self.client, config.name)
             self.generations.load()
-            self.catalog = IndexCatalog(self.client, config, self.generations, lambda t: self.schema_for(t))
-            self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
-                                   concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}")
+        self._running = True
         log.info("opensearch sink %s: started on %s, writing generation %s", config.name, ", ".join(config.hosts),
                  self.generation if self.generation is not None else f"{self.generations.state.current} (current)")
 
     def stop(self) -> None:
-        if self.client is not None:
+        if self._running:
+            self._running = False
             self.bulk.close()
             self.client.close()
-            self.client = None
 
     def _started(self) -> None:
-        if self.client is None:
-            raise PermanentError(f"opensearch sink {self.config.name}: call start() first")
+        if not self._running:
+            raise PermanentError(f"opensearch sink {self.config.name}: not running (call start() first)")
 
     def _writing(self) -> int:
         return self.generation if self.generation is not None else self.generations.state.current
 
     # --- writing --------------------------------------------------------------------------------
 
-    def write(self, events: list) -> None:
+    def write(self, events: list[SinkEvent]) -> None:
         if not events:
             return
         self._started()
@@ -182,9 +183,8 @@ class OpenSearchSink(Sink, RebuildableSink):
     # --- generations ----------------------------------------------------------------------------
 
     def current_generation(self) -> int:
-        if self.client is None and self.generations is not None:
+        if not self._running:
             return self.generations.state.current  # stopped: the last one known (cdc rebuild prints it)
-        self._started()
         with self._errors("current_generation"):
             return self.generations.load().current
 
