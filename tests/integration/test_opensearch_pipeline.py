@@ -116,7 +116,7 @@ class Writer:
         with conn.cursor() as cur:
             while not self.stop.is_set():
                 for _ in range(10):
-                    roll, some = self.rng.random(), self.rng.randrange(1, 1500)
+                    roll, some = self.rng.random(), self.rng.randrange(1, 1000)
                     if roll < 0.35:    # the TOASTed column is unchanged: the WAL omits it
                         cur.execute("UPDATE accounts SET balance = balance + 1, note = %s WHERE id = %s",
                                     (f"n{self.changes}", some))
@@ -180,7 +180,7 @@ def test_sink_killed_again_and_again_and_a_node_restart_ends_equal_to_the_source
         pg_dsn, kafka_bootstrap, opensearch_url, opensearch_index, tmp_path):
     prefix = opensearch_index
     alias = f"{prefix}.public.accounts"
-    _seed(pg_dsn, rows=1500)
+    _seed(pg_dsn, rows=1000)
     config = _config(tmp_path, pg_dsn, kafka_bootstrap, opensearch_url, prefix)
     client = OpenSearch(opensearch_url)
     source = _run(config, "src")
@@ -190,7 +190,7 @@ def test_sink_killed_again_and_again_and_a_node_restart_ends_equal_to_the_source
     began = time.monotonic()
     try:
         with Writer(pg_dsn, seed=4) as writer:
-            for cycle in range(22):
+            for cycle in range(21):
                 before = offsets.committed()
                 sink = _run(config, prefix)
                 wait_until(lambda: offsets.committed() > before, timeout=90, what=f"progress in cycle {cycle}")
