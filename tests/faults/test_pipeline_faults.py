@@ -16,7 +16,8 @@ What "noticed" means per fault, from what the daemon really prints:
 * source connection cut/reset, source server restart or kill -9: the worker's
   ``RetriableError: ... (retriable)`` and the supervisor's ``exited with 75; restarting``;
 * Kafka cut/reset/restart: librdkafka's ``Disconnected`` lines (``cdc.log.kafka.librdkafka``);
-  the client reconnects by itself, nothing restarts;
+  the client reconnects by itself, nothing restarts. Repeats of a line within 30 s are held back
+  (``cdc.log.kafka_logs``), so the evidence may instead be the new connections through the proxy;
 * target connection cut/reset: the sink runner's ``write failed (...); retrying`` when a write
   was in flight; when the connection was idle in the pool, SQLAlchemy's pre-ping replaces it
   without a word, and the evidence is the new connection through the proxy;
@@ -198,7 +199,7 @@ def test_postgres_source_through_cuts_stalls_restarts_and_kills(pg_admin, pg_adm
         Fault("restart postgres", lambda: dev("restart", "postgres"), detected=SOURCE_RETRIES),
         Fault("kill -9 postgres", lambda: (dev("kill", "postgres"), dev("start", "postgres")),
               detected=SOURCE_RETRIES),
-        Fault("restart kafka", lambda: dev("restart", "kafka"), detected=KAFKA_TROUBLE),
+        Fault("restart kafka", lambda: dev("restart", "kafka"), detected=KAFKA_TROUBLE, proxy=kafka_proxy),
         *[_daemon_kill(daemon) for _ in range(3)],
     ]
     daemon.start()
