@@ -29,7 +29,11 @@ from cdc.errors import RetriableError
 
 
 def with_connect_timeout(dsn: str, seconds: float) -> str:
-    if "connect_timeout" in psycopg2.extensions.parse_dsn(dsn):
+    try:
+        options = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        return dsn  # left as it is, for the connect to report what is wrong with it
+    if "connect_timeout" in options:
         return dsn
     return psycopg2.extensions.make_dsn(dsn, connect_timeout=max(1, round(seconds)))
 
