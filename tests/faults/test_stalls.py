@@ -1,6 +1,7 @@
-"""Stalls: a server that stops answering but keeps its connections open (a hung or SIGSTOPped
-server, a black-holed route). TCP does not notice (the peer's kernel, or here the proxy's, keeps
-acknowledging), so only the client's own timeouts can.
+"""Stalls and breaks of one connection at a time. A stall is a server that stops answering but
+keeps its connections open (a hung or SIGSTOPped server, a black-holed route). TCP does not
+notice (the peer's kernel, or here the proxy's, keeps acknowledging), so only the client's own
+timeouts can. A break (cut, RST) must be taken for what it is: retriable.
 
 The fault campaigns (test_pipeline_faults.py) hold each stall for a few seconds and check that
 the pipeline recovers when it ends. These tests ask the harder question, each on one connection:
@@ -131,3 +132,26 @@ def _wait_for_error(capture: Capture, seconds: float) -> CdcError | None:
     capture.thread.join(seconds)
     error = capture.error
     return error if isinstance(error, CdcError) else None
+
+
+@pytest.mark.parametrize("fault", ["cut", "reset"])
+def test_a_broken_replication_connection_is_retriable(pg_dsn, pg_admin_dsn, tmp_path, fault):
+    """A cut or RST of the replication connection surfaces from psycopg2 as a bare DatabaseError
+    without SQLSTATE ("error with status PGRES_COPY_BOTH and no message from the libpq"). Taken for
+    permanent, it stopped the source for good on a network blip (found by the fault campaign)."""
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a')")
+    with FaultProxy(_pg_address(pg_admin_dsn), name="pg-src") as proxy:
+        dsn = f"postgresql://postgres@{proxy.address}/{pg_dsn.rsplit('/', 1)[1]}"
+        config = pg_config(dsn, tmp_path, name="broken", slot=f"s_{uuid.uuid4().hex[:8]}")
+        log = EmbeddedLog(tmp_path / "log")
+        capture = Capture(config, log, "broken").start()
+        try:
+            wait_for(lambda: capture.source.stream is not None, timeout=60, what="streaming")
+            getattr(proxy, fault)()
+            error = _wait_for_error(capture, 60)
+        finally:
+            capture.stop_event.set()
+            capture.thread.join(60)
+            log.close()
+    assert error is not None, "the broken connection was not noticed"
+    assert error.retriable, f"a broken connection was taken for a permanent error: {error!r}"
