@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import TransportError
 
-from tests.integration import dev_node
+from cdc.dev import stack
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.opensearch]
@@ -199,7 +199,7 @@ def test_sink_killed_again_and_again_and_a_node_restart_ends_equal_to_the_source
                 strikes += 1
                 print(f"cycle {cycle}: struck at {time.monotonic() - began:.1f}s", file=sys.stderr)
                 if cycle == 10:
-                    dev_node.restart("opensearch")
+                    stack.restart("opensearch")
         assert strikes >= 20 and writer.changes > 1000
         sink = _run(config, prefix)
         try:

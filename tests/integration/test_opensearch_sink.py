@@ -23,7 +23,7 @@ from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, encode_schema_change
 from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 from sinks.opensearch.generations import STATE_INDEX
-from tests.integration import dev_node
+from cdc.dev import stack
 
 pytestmark = pytest.mark.opensearch
 
@@ -156,7 +156,7 @@ def test_deletes_stay_remembered_past_gc_deletes_and_a_node_restart(make_sink, l
             client.index(index=control, id=str(event.key["id"]), body=event.after, params=params)
 
     time.sleep(1.5)  # let index.gc_deletes pass (a precondition, not an assertion)
-    dev_node.restart("opensearch")
+    stack.restart("opensearch")
 
     replay = make_sink(settings={"index": {"gc_deletes": "1s"}})
     _caught_up(replay, log, from_start=True, group="replay")
