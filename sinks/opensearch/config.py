@@ -36,6 +36,9 @@ class IndexOptions(BaseModel):
 
 class OpenSearchSinkConfig(SinkConfig):
     type: Literal["opensearch"] = "opensearch"
+    # Larger than the base default: a batch is cut into several bulk requests that go in flight
+    # together (bulk_max_docs, bulk_concurrency).
+    batch_size: int = Field(default=8000, ge=1, description="events per write at most")
     hosts: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:9200"], min_length=1,
                              description="node URLs (http:// or https://)")
     username: str | None = Field(default=None, description="basic auth user")
