@@ -49,6 +49,8 @@ def split_generation(index: str) -> tuple[str, int] | None:
 def document_id(key: dict[str, Any]) -> str:
     if len(key) == 1:
         [value] = key.values()
+        if type(value) is int:  # the common case, and str(int) is what JSON prints
+            return str(value)
         text = value if isinstance(value, str) else orjson.dumps(value).decode()
     else:
         text = orjson.dumps(list(key.values())).decode()
