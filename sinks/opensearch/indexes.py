@@ -68,7 +68,7 @@ class IndexCatalog:
         # write); rows that name none (older sources) are taken in the newest shape.
         version = source.get("schema_version")
         schema = self.schema_for(topic, version) if version is not None else self.schema_for(topic)
-        if schema is not None and _newer(schema, target.meta):
+        if schema is not None and _changed(schema, target.meta, named=version is not None):
             self._evolve(target, schema)
         return target
 
@@ -93,7 +93,8 @@ class IndexCatalog:
         alias, layout = self._layout(topic, source, schema)
         shape = self._shape(layout, schema)
         meta = {"sink": self.config.name, "topic": topic, "fingerprint": self._fingerprint(layout),
-                "schema_version": schema.get("version") if schema is not None else None}
+                "schema_version": schema.get("version") if schema is not None else None,
+                "columns": columns_fingerprint(schema)}
         settings = _merge(self.config.settings, layout.options.settings)
         body = {"settings": settings, "mappings": {**shape.mappings, "_meta": {"cdc": meta}}}
         index = generation_index(alias, generation)
@@ -124,7 +125,7 @@ class IndexCatalog:
             log.warning("opensearch sink %s: %s: fields %s changed type in the source; schema_policy ignore: "
                         "documents the index refuses go to the dead letters", self.config.name, target.alias,
                         sorted(diff.changed))
-        target.meta = {**target.meta, "schema_version": schema.get("version")}
+        target.meta = {**target.meta, "schema_version": schema.get("version"), "columns": columns_fingerprint(schema)}
         body: dict[str, Any] = {"_meta": {"cdc": target.meta}}
         if diff.added:
             body["properties"] = diff.added
@@ -140,7 +141,7 @@ class IndexCatalog:
         the policy answers it), not the documents."""
         for target in list(self._targets.values()):
             if target.index in indexes and (schema := self.schema_for(target.topic)) is not None:
-                if _newer(schema, target.meta):
+                if _changed(schema, target.meta, named=False):
                     self._evolve(target, schema)
 
     # -- truncates, empty indexes, status --------------------------------------------------------
@@ -179,11 +180,20 @@ class IndexCatalog:
         return rows
 
 
-def _newer(schema: dict, meta: dict) -> bool:
-    """Only a newer shape changes an index: rows of an older one (a rebuild replaying the topic
-    from its start into an index made in the newest shape) are written as they are."""
-    known = meta.get("schema_version")
-    return known is None or (schema.get("version") or 0) > known
+def _changed(schema: dict, meta: dict, *, named: bool) -> bool:
+    """Whether ``schema`` may change the index. Rows that name their shape (``named``): only a
+    newer one does; rows of an older one (a rebuild replaying the topic from its start into an
+    index made in the newest shape) are written as they are. Rows that name none get the newest
+    shape, which changes the index when its columns differ from those it was made from (such
+    sources may publish shapes without increasing versions)."""
+    if named:
+        known = meta.get("schema_version")
+        return known is None or (schema.get("version") or 0) > known
+    return columns_fingerprint(schema) != meta.get("columns")
+
+
+def columns_fingerprint(schema: dict | None) -> str | None:
+    return fingerprint(schema.get("columns")) if schema is not None else None
 
 
 def _merge(base: dict, over: dict) -> dict:
