@@ -135,10 +135,12 @@ class Sink(ABC):
     def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config
         self.generation = generation  # None: whatever generation readers see now
-        # Set by the runtime before start(): topic -> the newest schema-change record of its table
-        # (a dict as written by cdc.serde.encode_schema_change), or None when the source publishes
-        # none (then a sink infers column types from the values).
-        self.schema_for: Callable[[str], dict | None] = lambda topic: None
+        # Set by the runtime before start(): (topic, version) -> the schema record (a dict as
+        # written by cdc.serde.encode_schema_change) of the shape a row names in
+        # ``source.schema_version``; version None: the newest shape of the topic. None when the
+        # source publishes no shapes (then, and only then, a sink infers column types from values).
+        # The runtime hands ``write`` batches in which each topic has one shape.
+        self.schema_for: Callable[..., dict | None] = lambda topic, version=None: None
 
     @abstractmethod
     def start(self) -> None: ...

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import orjson
@@ -65,6 +65,10 @@ class ChangeBuilder:
         # the message's first five bytes (type byte and relation OID).
         self.row_paths: dict[bytes, RowPath] = {}
         self.schema_changes: list[SchemaChange] = []
+        # Shapes whose version is not known yet: the server sends a Relation message with no LSN
+        # (walsender writes dataStart 0 for every message but the last of a change), so a shape
+        # takes the LSN of the next message that has one, which is the first change it governs.
+        self.unstamped: list[SchemaChange] = []
         # the open transaction
         self.xid: int | None = None
         self.commit_ms = 0
@@ -92,9 +96,9 @@ class ChangeBuilder:
             tuple(i for i, c in enumerate(message.columns) if c.type_oid not in FIXED_WIDTH_TYPES))
         previous = self.relations.get(message.oid)
         if previous is None or previous.names != relation.names or previous.type_names != relation.type_names:
-            self.schema_changes.append(SchemaChange(
-                meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
-                lsn, self.commit_ms or 0))
+            change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
+                                  lsn, self.commit_ms or 0)
+            (self.schema_changes if lsn else self.unstamped).append(change)
         self.relations[message.oid] = relation
         self.row_paths.update(compile_row_paths(relation.oid, relation.table, relation.qualified, relation.names,
                                                 relation.converters, relation.key_index, relation.toastable))
@@ -111,7 +115,15 @@ class ChangeBuilder:
         except Exception:  # noqa: BLE001 - anything unusual is the generic path's to judge
             return None
 
+    def stamp(self, lsn: int) -> None:
+        """Give the shapes waiting for a version ``lsn``: the LSN of the first message after
+        their Relation messages that has one (a change of the relation, so its rows' versions are
+        at least this). Called only while ``unstamped`` is not empty."""
+        self.schema_changes += [replace(change, version=lsn) for change in self.unstamped]
+        self.unstamped = []
+
     def take_schema_changes(self) -> tuple[SchemaChange, ...]:
+        """The shapes whose version is known (an unstamped one waits for the next batch)."""
         changes, self.schema_changes = tuple(self.schema_changes), []
         return changes
 
