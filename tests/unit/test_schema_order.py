@@ -170,11 +170,59 @@ def target_url(request, tmp_path) -> str:
     return f"duckdb:///{tmp_path}/target.duckdb"
 
 
-def sink_run(log, url: str, policy: str) -> SqlSink:
-    sink = SqlSink(SqlSinkConfig(name="wh", topics=["p.public.*"], url=url, schema_policy=policy,
-                                 batch_wait_ms=10))
-    SinkRunner(sink, log, "p").run(threading.Event(), until_caught_up=True)
-    return sink
+class LiveSink:
+    """A SQL sink running in a thread for the whole test, as under ``cdc run``."""
+
+    def __init__(self, log, url: str, policy: str) -> None:
+        self.url = url
+        sink = SqlSink(SqlSinkConfig(name="wh", topics=["p.public.*"], url=url, schema_policy=policy,
+                                     batch_wait_ms=10))
+        self.runner = SinkRunner(sink, log, "p")
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.runner.run(self.stop)
+        except BaseException as err:  # noqa: BLE001 - the test looks at it
+            self.error = err
+
+    def wait(self, sql: str, expected) -> None:
+        """Until ``sql`` reads ``expected`` (or the sink stopped)."""
+        for _ in range(400):
+            if self.error is not None or not self.thread.is_alive():
+                break
+            try:
+                if read(self.url, sql) == expected:
+                    return
+            except Exception:  # noqa: BLE001 - the table is not there yet
+                pass
+            self.stop.wait(0.05)
+        assert read(self.url, sql) == expected, f"sink error: {self.error!r}"
+
+    def stopped_with(self) -> BaseException:
+        self.thread.join(20)
+        assert not self.thread.is_alive(), "the sink kept running"
+        return self.error
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def live(log, target_url):
+    sinks: list[LiveSink] = []
+
+    def start(policy: str) -> LiveSink:
+        sinks.append(LiveSink(log, target_url, policy))
+        return sinks[-1]
+
+    yield start
+    for sink in sinks:
+        sink.close()
 
 
 def read(url: str, sql: str) -> list[tuple]:
@@ -187,44 +235,46 @@ def read(url: str, sql: str) -> list[tuple]:
         engine.dispose()
 
 
-def test_numeric_to_double_stops_before_its_first_row_and_rounds_nothing(log, capture, target_url):
+def test_numeric_to_double_stops_before_its_first_row_and_rounds_nothing(capture, live, target_url):
     """The issue's case: amount numeric(12,2) -> double precision while the sink runs. The rows
     of the old shape are written; the first row of the new shape stops the sink with the table,
     column, both types and the fixing command; nothing is rounded into numeric(12,2)."""
+    sink = live("fail")
     capture([Batch([row(ORDERS, 1, 10, "1.25")], Counter(1), (change(ORDERS, OLD, 10),))])
-    sink_run(log, target_url, "fail")
+    sink.wait("SELECT id FROM orders", [(1,)])
     capture([Batch([row(ORDERS, 2, 15, "2.50"), row(ORDERS, 3, 20, 560.846)], Counter(2),
-                        (change(ORDERS, NEW, 20),))])
-    with pytest.raises(SchemaChangeError) as raised:
-        sink_run(log, target_url, "fail")
-    message = str(raised.value)
+                   (change(ORDERS, NEW, 20),))])
+    error = sink.stopped_with()
+    assert isinstance(error, SchemaChangeError)
     for part in ("orders__g1", "column amount", "numeric(12,2) -> double precision", "cdc rebuild CONFIG wh"):
-        assert part in message
+        assert part in str(error)
     stored = {k: Decimal(str(v)) for k, v in read(target_url, "SELECT id, amount FROM orders")}
     assert stored == {1: Decimal("1.25"), 2: Decimal("2.50")}
 
 
-def test_evolve_widens_in_place_where_the_target_can(log, capture, target_url):
+def test_evolve_widens_in_place_where_the_target_can(capture, live, target_url):
+    sink = live("evolve")
     capture([Batch([row(ORDERS, 1, 10, "1.25")], Counter(1), (change(ORDERS, OLD, 10),))])
-    sink_run(log, target_url, "evolve")
+    sink.wait("SELECT id FROM orders", [(1,)])
     capture([Batch([row(ORDERS, 2, 20, "12345678.1234")], Counter(2), (change(ORDERS, WIDER, 20),))])
     if target_url.startswith("sqlite"):  # SQLite cannot change a column's type: evolve stops
-        with pytest.raises(SchemaChangeError, match="numeric\\(12,2\\) -> numeric\\(14,4\\)"):
-            sink_run(log, target_url, "evolve")
-        assert [r[0] for r in read(target_url, "SELECT id FROM orders")] == [1]
+        error = sink.stopped_with()
+        assert isinstance(error, SchemaChangeError) and "numeric(12,2) -> numeric(14,4)" in str(error)
+        assert read(target_url, "SELECT id FROM orders") == [(1,)]
         return
-    sink_run(log, target_url, "evolve")
+    sink.wait("SELECT id FROM orders ORDER BY id", [(1,), (2,)])
     stored = {k: Decimal(str(v)) for k, v in read(target_url, "SELECT id, amount FROM orders")}
     assert stored == {1: Decimal("1.25"), 2: Decimal("12345678.1234")}
 
 
-def test_a_new_column_takes_the_type_the_source_published(log, capture, target_url):
+def test_a_new_column_takes_the_type_the_source_published(capture, live, target_url):
+    sink = live("fail")
     capture([Batch([row(ORDERS, 1, 10, "1.25")], Counter(1), (change(ORDERS, OLD, 10),))])
-    sink_run(log, target_url, "fail")
+    sink.wait("SELECT id FROM orders", [(1,)])
     added = OLD + (Column("discount", "numeric(5,2)"),)
     event = ChangeEvent(Op.CREATE, ORDERS, {"id": 2}, None, {"id": 2, "amount": "2.00", "discount": "0.15"}, 20, 0)
     capture([Batch([event], Counter(2), (change(ORDERS, added, 20),))])
-    sink_run(log, target_url, "fail")
+    sink.wait("SELECT id FROM orders ORDER BY id", [(1,), (2,)])
     types = {r[1]: r[2].upper() for r in read(target_url, "PRAGMA table_info(orders__g1)")} \
         if target_url.startswith("sqlite") else \
         {r[0]: r[1].upper() for r in read(target_url, "SELECT column_name, data_type FROM information_schema.columns "
@@ -232,11 +282,10 @@ def test_a_new_column_takes_the_type_the_source_published(log, capture, target_u
     assert types["discount"].startswith(("NUMERIC(5", "DECIMAL(5")), types
 
 
-def test_a_rebuild_makes_tables_in_the_newest_shape_and_writes_older_rows_into_it(log, capture, target_url):
+def test_a_rebuild_makes_tables_in_the_newest_shape_and_writes_older_rows_into_it(capture, live, target_url):
+    sink = live("rebuild")
     capture([Batch([row(ORDERS, 1, 10, "1.25")], Counter(1), (change(ORDERS, OLD, 10),))])
-    sink_run(log, target_url, "rebuild")
+    sink.wait("SELECT id FROM orders", [(1,)])
     capture([Batch([row(ORDERS, 2, 20, 560.846)], Counter(2), (change(ORDERS, NEW, 20),))])
-    sink_run(log, target_url, "rebuild")  # RebuildRequired -> a new generation from offset 0
-    stored = dict(read(target_url, "SELECT id, amount FROM orders"))
-    assert stored == {1: 1.25, 2: 560.846}
+    sink.wait("SELECT id, amount FROM orders ORDER BY id", [(1, 1.25), (2, 560.846)])
     assert read(target_url, "SELECT id FROM orders__g2 ORDER BY id") == [(1,), (2,)]
