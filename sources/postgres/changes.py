@@ -69,6 +69,11 @@ class ChangeBuilder:
         # (walsender writes dataStart 0 for every message but the last of a change), so a shape
         # takes the LSN of the next message that has one, which is the first change it governs.
         self.unstamped: list[SchemaChange] = []
+        # A table dropped and created again comes back under a new OID: its old rows are gone,
+        # which the log never says (DROP TABLE writes no row changes). A truncate says it, before
+        # the new table's first row (``stamp``). Known within one streaming session only.
+        self.oids: dict[TableId, int] = {}
+        self.recreated: list[Relation] = []
         # the open transaction
         self.xid: int | None = None
         self.commit_ms = 0
@@ -99,6 +104,11 @@ class ChangeBuilder:
             change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
                                   lsn, self.commit_ms or 0)
             (self.schema_changes if lsn else self.unstamped).append(change)
+        if self.oids.get(meta.id, message.oid) != message.oid:
+            log.info("table %s was dropped and created again (OID %d -> %d): its old rows are truncated",
+                     meta.id, self.oids[meta.id], message.oid)
+            self.recreated.append(relation)  # a new OID is a new shape, so ``stamp`` comes
+        self.oids[meta.id] = message.oid
         self.relations[message.oid] = relation
         self.row_paths.update(compile_row_paths(relation.oid, relation.table, relation.qualified, relation.names,
                                                 relation.converters, relation.key_index, relation.toastable))
@@ -115,12 +125,20 @@ class ChangeBuilder:
         except Exception:  # noqa: BLE001 - anything unusual is the generic path's to judge
             return None
 
-    def stamp(self, lsn: int) -> None:
+    def stamp(self, lsn: int) -> list[ChangeEvent]:
         """Give the shapes waiting for a version ``lsn``: the LSN of the first message after
         their Relation messages that has one (a change of the relation, so its rows' versions are
-        at least this). Called only while ``unstamped`` is not empty."""
+        at least this). Called only while ``unstamped`` is not empty. Returns the truncates of
+        tables created again, at that version: before their new rows, which are not under it."""
         self.schema_changes += [replace(change, version=lsn) for change in self.unstamped]
         self.unstamped = []
+        for rel in self.recreated:
+            self.toast.forget_table(rel.qualified)
+        truncates = [ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,
+                                 source_fields=self._source(lsn), transaction=self._tx(rel))
+                     for rel in self.recreated]
+        self.recreated = []
+        return truncates
 
     def take_schema_changes(self) -> tuple[SchemaChange, ...]:
         """The shapes whose version is known (an unstamped one waits for the next batch)."""

@@ -337,7 +337,7 @@ class PostgresSource(Source):
         while inbox:
             data_start, payload = inbox.popleft()
             if builder.unstamped and data_start:
-                builder.stamp(data_start)
+                events += builder.stamp(data_start)
             if self.stream_xid is None:
                 changes = row_message(payload, data_start)  # the compiled path of plain row messages
                 if changes is not None:
@@ -426,7 +426,7 @@ class PostgresSource(Source):
         try:
             for data_start, payload in buffer:
                 if builder.unstamped and data_start:
-                    builder.stamp(data_start)
+                    events += builder.stamp(data_start)
                 message = decoder.decode(payload)
                 if getattr(message, "xid", None) in buffer.aborted_subxacts:  # Origin has no xid
                     continue
