@@ -222,7 +222,7 @@ def _config(tmp_path: Path, db, ev_url: str, kafka: str) -> tuple[Path, str]:
 
 
 def _run(config: Path, only: str) -> subprocess.Popen:
-    out = open(config.parent / f"{only}.log", "wb")
+    out = open(config.parent / f"{only}.log", "ab")  # a restart appends
     return subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config), "--only", only],
                             cwd=config.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -405,3 +405,67 @@ def test_a_ddl_script_under_a_live_writer_reaches_every_policy(source_and_ev_tar
             text[-2000:]
         newest_row = query(url, "SELECT max(__cdc_version) FROM orders__g1")[0][0]
         assert newest_row < shape_version(kafka_bootstrap, prefix, "orders", "amount", type_)
+
+
+@pytest.mark.postgres
+def test_sinks_killed_after_a_shape_changed_and_inside_a_rebuild_end_equal_to_the_source(
+        pg_dsn, pg_admin_dsn, kafka_bootstrap, tmp_path):
+    """kill -9 of the evolving sink once its table took the new shape (before or while it writes
+    the new rows), and of the rebuilding sink while its new generation is open: after a restart
+    both equal the source, and the rebuilt target's readers never saw a partial table."""
+    db = PgDb(pg_dsn)
+    db.execute("CREATE TABLE orders (id integer PRIMARY KEY, qty integer, amount numeric(12,2), note text, "
+               "t integer DEFAULT 0)")
+    db.execute("INSERT INTO orders SELECT g, g, g * 1.25, 'seed', 0 FROM generate_series(1, 20000) g")
+    target = f"target_{uuid.uuid4().hex[:8]}"
+    execute(pg_admin_dsn, f'CREATE DATABASE "{target}"')
+    ev_url = pg_admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg2://", 1) + "/" + target
+    source, rb_url = source_url(db), f"sqlite:///{tmp_path}/rb.db"
+    config, _ = _config(tmp_path, db, ev_url, kafka_bootstrap)
+    processes = {name: _run(config, name) for name in ("src", "rb", "ev")}
+    seen: list[int] = []
+    stop_reading = threading.Event()
+
+    def reader() -> None:
+        engine = sa.create_engine(rb_url)
+        while not stop_reading.is_set():
+            try:
+                with engine.connect() as conn:
+                    seen.append(conn.exec_driver_sql("SELECT count(*) FROM orders").scalar())
+            except sa.exc.DBAPIError:
+                seen.append(-1)
+            time.sleep(0.02)
+        engine.dispose()
+
+    watcher = threading.Thread(target=reader)
+    try:
+        columns = ["id", "qty", "amount", "t"]
+        for url in (rb_url, ev_url):
+            converge(url, source, "orders", columns, "the first fill", timeout=120)
+        watcher.start()
+        db.execute("ALTER TABLE orders ALTER COLUMN qty TYPE text")
+        db.execute("UPDATE orders SET t = t + 1")
+        # The evolving sink changed its column in place: kill it now, whatever it wrote since.
+        wait_until(lambda: target_types(ev_url, "orders").get("qty") == "text", timeout=90, what="ev: qty text")
+        os.killpg(processes["ev"].pid, signal.SIGKILL)
+        # The rebuilding sink opened generation 2 and has not switched to it: kill it there.
+        deadline = time.monotonic() + 90
+        while not query(rb_url, "SELECT 1 FROM cdc_sink_generations WHERE state = 'open'"):
+            assert time.monotonic() < deadline, "rb: no rebuild under way"
+            time.sleep(0.01)
+        os.killpg(processes["rb"].pid, signal.SIGKILL)
+        assert query(rb_url, "SELECT generation FROM cdc_sink_generations WHERE state = 'current'") == [(1,)]
+        for name in ("ev", "rb"):
+            processes[name].wait()
+            processes[name] = _run(config, name)
+        for url in (rb_url, ev_url):
+            converge(url, source, "orders", columns, "after the restart", timeout=120)
+        wait_until(lambda: target_types(rb_url, "orders")["qty"] == "TEXT", timeout=90, what="rb: qty TEXT")
+    finally:
+        stop_reading.set()
+        if watcher.is_alive():
+            watcher.join()
+        for process in processes.values():
+            _stop(process)
+        execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
+    assert seen and min(seen) == 20000, sorted(set(seen))[:10]
