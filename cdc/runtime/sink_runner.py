@@ -221,7 +221,7 @@ class SinkRunner:
                     self._step(reader)
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
                     log.warning("%s: rebuilding the store", err, extra=self._extra())
-                    self._rebuild(reader, stop_event)
+                    self._rebuild_until_done(reader, stop_event)
                 now = time.monotonic()
                 if now - refreshed > TOPIC_REFRESH_S:
                     self._assign(reader, self.matching_topics(), from_start)
@@ -280,6 +280,16 @@ class SinkRunner:
         self.stats.phase = "streaming"
         log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
                  time.monotonic() - began, old, extra=self._extra())
+
+    def _rebuild_until_done(self, reader, stop_event: threading.Event) -> None:
+        """``_rebuild``, begun again when a shape that also asks for one arrives meanwhile (the new
+        generation's tables were made in the shapes known when they were made)."""
+        while True:
+            try:
+                self._rebuild(reader, stop_event)
+                return
+            except RebuildRequired as err:
+                log.warning("%s: during the rebuild; beginning it again", err, extra=self._extra())
 
     def rebuild(self, stop_event: threading.Event) -> None:
         """The foreground rebuild of ``cdc rebuild``."""
