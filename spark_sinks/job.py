@@ -240,9 +240,10 @@ class DeltaJob:
             plan = evolve.plan(shape, target.schema(session), target.key(session))
             if plan.incompatible:
                 problems = "; ".join(plan.incompatible)
-                if self.config.schema_policy == "fail":
+                if self.config.schema_policy in ("fail", "evolve"):
                     raise SchemaChangeError(f"sink {self.name}: table {target.name} cannot follow its source: "
-                                            f"{problems} (schema_policy: fail; set it to rebuild, or rebuild "
+                                            f"{problems} (schema_policy: {self.config.schema_policy}; nothing "
+                                            f"of the new shape was written; set it to rebuild, or rebuild "
                                             f"by deleting the table and the checkpoint)")
                 log.warning("table %s: %s; rebuilding it from %s", target.name, problems, target.topic,
                             extra=self._extra())
