@@ -24,7 +24,7 @@ from typing import Any, Callable
 import orjson
 import sqlalchemy as sa
 
-from cdc.errors import PermanentError, RebuildRequired, SchemaChangeError
+from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.evolve import KEY, Incompatible, diff, infer_columns, record_columns, widens, with_key
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 class TableCatalog:
     def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
-                 schema_for: Callable[[str], dict | None], current: Callable[[], int]) -> None:
+                 schema_for: Callable[..., dict | None], current: Callable[[], int]) -> None:
         self.target = target
         self.books = books
         self.config = config
