@@ -31,7 +31,8 @@ from sinks.sql.evolve import KEY, Incompatible, diff, infer_columns, record_colu
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
-from sinks.sql.types import signature, target_type
+from sinks.sql.types import parse_type, signature, target_type
+from sinks.sql.values import converter
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +222,19 @@ class TableCatalog:
             log.info("sql sink %s: %s: changing in place (no value lost) %s", self.config.name, entry.physical,
                      "; ".join(str(c) for c in retyped))
         if merged != entry.columns or evolved.schema_version != entry.schema_version:
-            return self.sync(evolved, retype=[c.column for c in retyped])
+            # Rows the source had when it added a column got a value there without a logged
+            # change (ADD COLUMN ... DEFAULT): the shape says which; rows written before the shape
+            # (older versions) get it here too.
+            defaults = {c["name"]: c["default"] for c in record.get("columns") or ()
+                        if c.get("default") is not None and c["name"] in {a.name for a in added}}
+            return self.sync(evolved, retype=[c.column for c in retyped], fill=defaults,
+                             below=record.get("version"))
         return entry
 
     # --- DDL --------------------------------------------------------------------------------------
 
-    def sync(self, entry: TableEntry, retype: list[str] = ()) -> TableEntry:
+    def sync(self, entry: TableEntry, retype: list[str] = (), fill: dict[str, Any] | None = None,
+             below: int | None = None) -> TableEntry:
         """Make the physical table hold every column of ``entry`` (creating the table if needed),
         changing the types of the columns named in ``retype``, store the entry merged with what is
         stored, and refresh the view of the current generation."""
@@ -254,6 +262,12 @@ class TableCatalog:
                 for column_name in retype:
                     target.change_column_type(conn, physical, column_name, self._type(merged.columns[column_name]),
                                               merged.name if current else None)
+                if fill and isinstance(below, int):
+                    for column_name, value in fill.items():
+                        family = parse_type(merged.columns[column_name].type)[0]
+                        conn.execute(sa.text(f"UPDATE {target.qualified(physical)} SET {target.quote(column_name)} = :v "
+                                             f"WHERE {target.quote(VERSION)} < :below"),
+                                     {"v": converter(family, target.kind)(value), "below": below})
             self.books.save_entry(conn, merged)
             if merged.generation == self.current():
                 target.point_view(conn, merged.name, physical)

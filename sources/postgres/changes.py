@@ -54,8 +54,10 @@ class ChangeBuilder:
 
     def __init__(self, database: str, lookup_table: Callable[[int], TableMeta | None],
                  converters_for: Callable[[list[int]], list[Callable[[str], Any]]], toast: ToastStore,
-                 type_name: Callable[[int, int], str]) -> None:
+                 type_name: Callable[[int, int], str],
+                 filled: Callable[[int, list[str]], dict[str, Any]] = lambda oid, names: {}) -> None:
         self.database = database
+        self.filled = filled                  # (oid, new column names) -> the values existing rows got
         self.type_name = type_name            # (type oid, modifier) -> "numeric(10,2)"
         self.lookup_table = lookup_table      # oid -> TableMeta, or None when not captured
         self.converters_for = converters_for  # type oids -> converters
@@ -101,7 +103,11 @@ class ChangeBuilder:
             tuple(i for i, c in enumerate(message.columns) if c.type_oid not in FIXED_WIDTH_TYPES))
         previous = self.relations.get(message.oid)
         if previous is None or previous.names != relation.names or previous.type_names != relation.type_names:
-            change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
+            # Every column's, not only those new since the previous Relation message: after a
+            # snapshot or a restart there is none, and a sink fills only columns its table lacks.
+            filled = self.filled(message.oid, list(names))
+            change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key, default=filled.get(n))
+                                                 for n, t in zip(names, relation.type_names)),
                                   lsn, self.commit_ms or 0)
             (self.schema_changes if lsn else self.unstamped).append(change)
         if self.oids.get(meta.id, message.oid) != message.oid:

@@ -48,6 +48,23 @@ from sources.postgres.types import converter_for, load_type_catalog, session_opt
 
 log = logging.getLogger(__name__)
 
+
+def array_element(text: str) -> str | None:
+    """The one element of a PostgreSQL array's text (``{0}``, ``{"a, b"}``, ``{NULL}``), or None."""
+    inner = text[1:-1]
+    if inner == "NULL":
+        return None
+    if inner.startswith('"'):
+        out, escaped = [], False
+        for char in inner[1:-1]:
+            if escaped or char != "\\":
+                out.append(char)
+                escaped = False
+            else:
+                escaped = True
+        return "".join(out)
+    return inner
+
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 
 
@@ -119,7 +136,7 @@ class PostgresSource(Source):
         self.toast = ToastStore(state / "toast.db")
         self.decoder = pg.PgOutputDecoder(self.protocol)
         self.builder = ChangeBuilder(self.database, self._lookup_table, self._converters_for, self.toast,
-                                     self._type_name)
+                                     self._type_name, self._filled)
         self._type_names: dict[tuple[int, int], str] = {}
         self._decide()
 
@@ -456,6 +473,26 @@ class PostgresSource(Source):
                      extra={"connector": self.cfg.name, "phase": self._phase})
             meta = self.tables[oid] = candidate
         return meta
+
+    def _filled(self, oid: int, names: list[str]) -> dict[str, Any]:
+        """The values that rows existing before columns ``names`` were added got without being
+        logged: PostgreSQL keeps a constant default of ADD COLUMN as the column's "missing value"
+        (``attmissingval``) instead of rewriting the table. From the catalog as it is now, so a
+        later rewrite of the table (which clears it) loses it: then the sink is not told."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT attname, atttypid, attmissingval::text FROM pg_attribute WHERE attrelid = %s "
+                            "AND atthasmissing AND NOT attisdropped AND attname = ANY(%s)", (oid, names))
+                found = cur.fetchall()
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            raise wrap(err, f"reading the missing values of relation {oid}") from err
+        filled = {}
+        for name, type_oid, text in found:
+            element = array_element(text)
+            if element is not None:
+                filled[name] = self._converters_for([type_oid])[0](element)
+        return filled
 
     def _type_name(self, oid: int, modifier: int) -> str:
         name = self._type_names.get((oid, modifier))

@@ -469,3 +469,29 @@ def test_sinks_killed_after_a_shape_changed_and_inside_a_rebuild_end_equal_to_th
             _stop(process)
         execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
     assert seen and min(seen) == 20000, sorted(set(seen))[:10]
+
+
+@pytest.mark.postgres
+def test_a_new_columns_default_reaches_rows_the_source_never_logged(pg_dsn, pg_admin_dsn, kafka_bootstrap, tmp_path):
+    """ADD COLUMN ... DEFAULT gives the existing rows a value without writing them to the WAL: the
+    source publishes it with the shape (PostgreSQL's missing value), the sink sets it on the rows
+    it wrote before the shape. Nothing rewrites the old rows here."""
+    db = PgDb(pg_dsn)
+    db.seed()
+    target = f"target_{uuid.uuid4().hex[:8]}"
+    execute(pg_admin_dsn, f'CREATE DATABASE "{target}"')
+    ev_url = pg_admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg2://", 1) + "/" + target
+    source = source_url(db)
+    config, _ = _config(tmp_path, db, ev_url, kafka_bootstrap)
+    processes = {name: _run(config, name) for name in ("src", "ev")}
+    try:
+        converge(ev_url, source, "orders", ["id", "amount"], "the first fill", timeout=120)
+        db.execute("ALTER TABLE orders ADD COLUMN c2 integer NOT NULL DEFAULT 42, ADD COLUMN c4 text DEFAULT 'a, \"b\"'")
+        db.execute("INSERT INTO orders (id, c2) VALUES (1000, 7)")  # one row of the new shape
+        columns = ["id", "amount", "c2", "c4"]
+        converge(ev_url, source, "orders", columns, "the defaults in rows never logged")
+        assert len(rows_of(ev_url, "orders", columns)) == 31
+    finally:
+        for process in processes.values():
+            _stop(process)
+        execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')

@@ -289,3 +289,16 @@ def test_a_rebuild_makes_tables_in_the_newest_shape_and_writes_older_rows_into_i
     capture([Batch([row(ORDERS, 2, 20, 560.846)], Counter(2), (change(ORDERS, NEW, 20),))])
     sink.wait("SELECT id, amount FROM orders ORDER BY id", [(1, 1.25), (2, 560.846)])
     assert read(target_url, "SELECT id FROM orders__g2 ORDER BY id") == [(1,), (2,)]
+
+
+def test_rows_older_than_a_shape_get_the_value_its_new_column_gave_existing_rows(capture, live, target_url):
+    """ADD COLUMN c2 integer DEFAULT 0 gives existing rows 0 without logging them: the shape says
+    so ("default"), and the sink sets it on the rows written before the shape."""
+    sink = live("fail")
+    capture([Batch([row(ORDERS, 1, 10, "1.25"), row(ORDERS, 2, 11, "2.50")], Counter(1),
+                   (change(ORDERS, OLD, 10),))])
+    sink.wait("SELECT id FROM orders ORDER BY id", [(1,), (2,)])
+    added = OLD + (Column("c2", "integer", default=0), Column("c3", "text"))
+    event = ChangeEvent(Op.CREATE, ORDERS, {"id": 3}, None, {"id": 3, "amount": "3.00", "c2": 5, "c3": "x"}, 20, 0)
+    capture([Batch([event], Counter(2), (change(ORDERS, added, 20),))])
+    sink.wait("SELECT id, c2, c3 FROM orders ORDER BY id", [(1, 0, None), (2, 0, None), (3, 5, "x")])
