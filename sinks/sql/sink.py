@@ -73,7 +73,8 @@ class SqlSink(Sink, RebuildableSink):
             try:
                 books = Bookkeeping(target, config.name)
                 target.run_ddl(books.create)
-                catalog = TableCatalog(target, books, config, lambda topic: self.context.schema_for(topic),
+                catalog = TableCatalog(target, books, config,
+                                       lambda topic, version=None: self.context.schema_for(topic, version),
                                        lambda: self._current)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)

@@ -125,6 +125,24 @@ class Target:
         conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ADD COLUMN {self.quote(name)} "
                              f"{type_.compile(dialect=self.dialect)}")
 
+    def change_column_type(self, conn: Connection, table: str, name: str, type_: sa.types.TypeEngine,
+                           view: str | None) -> None:
+        """Change a (non-key) column's type in place, converting the values it holds (only asked
+        for widenings, see evolve.widens). PostgreSQL refuses while a view uses the column: the
+        view (``view``, when it shows this table) goes first, in the same transaction, and the
+        caller points it again; readers wait on the lock meanwhile and never miss it."""
+        column, sql_type = self.quote(name), type_.compile(dialect=self.dialect)
+        if self.kind == "mysql":
+            conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} MODIFY COLUMN {column} {sql_type} NULL")
+            return
+        if self.kind == "postgresql":
+            if view is not None:
+                conn.exec_driver_sql(f"DROP VIEW IF EXISTS {self.qualified(view)}")
+            conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ALTER COLUMN {column} TYPE {sql_type} "
+                                 f"USING {column}::{sql_type}")
+            return
+        conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ALTER COLUMN {column} TYPE {sql_type}")
+
     def drop_table(self, conn: Connection, table: str) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {self.qualified(table)}")
 

@@ -49,6 +49,23 @@ from sources.postgres.types import converter_for, load_type_catalog, session_opt
 
 log = logging.getLogger(__name__)
 
+
+def array_element(text: str) -> str | None:
+    """The one element of a PostgreSQL array's text (``{0}``, ``{"a, b"}``, ``{NULL}``), or None."""
+    inner = text[1:-1]
+    if inner == "NULL":
+        return None
+    if inner.startswith('"'):
+        out, escaped = [], False
+        for char in inner[1:-1]:
+            if escaped or char != "\\":
+                out.append(char)
+                escaped = False
+            else:
+                escaped = True
+        return "".join(out)
+    return inner
+
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 
 
@@ -126,7 +143,7 @@ class PostgresSource(Source):
         self.toast = ToastStore(state / "toast.db")
         self.decoder = pg.PgOutputDecoder(self.protocol)
         self.builder = ChangeBuilder(self.database, self._lookup_table, self._converters_for, self.toast,
-                                     self._type_name)
+                                     self._type_name, self._filled)
         self._type_names: dict[tuple[int, int], str] = {}
         try:
             self._decide()
@@ -350,6 +367,8 @@ class PostgresSource(Source):
         row_message = builder.row_message
         while inbox:
             data_start, payload = inbox.popleft()
+            if builder.unstamped and data_start:
+                events += builder.stamp(data_start)
             if self.stream_xid is None:
                 changes = row_message(payload, data_start)  # the compiled path of plain row messages
                 if changes is not None:
@@ -437,6 +456,8 @@ class PostgresSource(Source):
         events: list = []
         try:
             for data_start, payload in buffer:
+                if builder.unstamped and data_start:
+                    events += builder.stamp(data_start)
                 message = decoder.decode(payload)
                 if getattr(message, "xid", None) in buffer.aborted_subxacts:  # Origin has no xid
                     continue
@@ -466,6 +487,26 @@ class PostgresSource(Source):
                      extra={"connector": self.cfg.name, "phase": self._phase})
             meta = self.tables[oid] = candidate
         return meta
+
+    def _filled(self, oid: int, names: list[str]) -> dict[str, Any]:
+        """The values that rows existing before columns ``names`` were added got without being
+        logged: PostgreSQL keeps a constant default of ADD COLUMN as the column's "missing value"
+        (``attmissingval``) instead of rewriting the table. From the catalog as it is now, so a
+        later rewrite of the table (which clears it) loses it: then the sink is not told."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT attname, atttypid, attmissingval::text FROM pg_attribute WHERE attrelid = %s "
+                            "AND atthasmissing AND NOT attisdropped AND attname = ANY(%s)", (oid, names))
+                found = cur.fetchall()
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            raise wrap(err, f"reading the missing values of relation {oid}") from err
+        filled = {}
+        for name, type_oid, text in found:
+            element = array_element(text)
+            if element is not None:
+                filled[name] = self._converters_for([type_oid])[0](element)
+        return filled
 
     def _type_name(self, oid: int, modifier: int) -> str:
         name = self._type_names.get((oid, modifier))
