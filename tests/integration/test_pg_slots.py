@@ -18,7 +18,7 @@ from cdc.errors import PermanentError
 from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.http import render_metrics
 from sources.postgres.config import default_slot_name
-from tests.integration.pg_capture import Capture, capturing, execute, pg_config, slot_name, topic_state, wait_until
+from tests.integration.pg_capture import Capture, capturing, execute, pg_config, slot_name, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -142,7 +142,7 @@ def test_status_lists_every_slot_with_retained_wal_and_flags_orphans(pg_dsn, tmp
     assert owned["owner"] == "pg"
     assert main(["status", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "left_behind" in text and "ORPHAN" in text and " MB" in text
+    assert "left_behind" in text and "ORPHAN" in text and " MiB" in text
 
 
 def test_drop_removes_slot_publication_and_offset_then_a_restart_snapshots(pg_dsn, tmp_path, capsys):
@@ -235,3 +235,33 @@ def test_the_budget_is_validated(tmp_path):
     assert pg_config("postgresql://u@h/db", tmp_path, max_retained_wal="1GiB").max_retained_wal == 1 << 30
     with pytest.raises(ValidationError, match="max_retained_wal"):
         pg_config("postgresql://u@h/db", tmp_path, max_retained_wal="lots")
+
+
+def test_drop_refuses_while_a_process_streams_from_the_slot(pg_dsn, tmp_path, capsys):
+    from cdc.cli import main
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    path = _config_file(tmp_path, pg_dsn)
+    capture, log = _capture_from_file(path)
+    capture.start()
+    try:
+        wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+        wait_until(lambda: _active(pg_dsn, slot_name(capture.config, pg_dsn)), capture=capture, what="an active slot")
+        capsys.readouterr()
+        assert main(["drop", str(path), "pg", "--yes"]) == 2
+        assert "is active" in capsys.readouterr().err
+        assert slot_name(capture.config, pg_dsn) in _slots(pg_dsn)
+    finally:
+        capture.stop()
+        log.close()
+
+
+def _active(dsn: str, slot: str) -> bool:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            return bool(row and row[0])
+    finally:
+        conn.close()
