@@ -138,11 +138,11 @@ class RetainedWal:
         self.bytes: int | None = None
         self._due = 0.0  # the first poll measures
 
-    def check(self, conn, phase: str) -> None:
-        now = time.monotonic()
-        if now < self._due:
-            return
-        self._due = now + self.interval
+    def due(self) -> bool:
+        return time.monotonic() >= self._due
+
+    def measure(self, conn, phase: str) -> None:
+        self._due = time.monotonic() + self.interval
         with conn.cursor() as cur:
             cur.execute(RETAINED_SQL, (self.slot,))
             row = cur.fetchone()
