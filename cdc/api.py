@@ -185,6 +185,10 @@ class Source(ABC):
         """Seconds between now and the commit time of the newest change emitted (None: unknown)."""
         return None
 
+    def retained_log_bytes(self) -> int | None:
+        """Bytes of log the server keeps for this source (a PostgreSQL slot's retained WAL); None: unknown."""
+        return None
+
     @property
     def finished(self) -> bool:
         """True when the source has nothing more to emit, ever (``initial_only`` after its snapshot)."""

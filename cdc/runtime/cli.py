@@ -20,10 +20,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="seconds each connector gets to drain on SIGTERM (default 20)")
     run.set_defaults(handler=cmd_run)
 
-    status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag")
+    status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag; "
+                                                  "per replication slot: retained WAL, owner")
     status.add_argument("file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=cmd_status)
+
+    from cdc.runtime.slots_cli import add_drop_parser
+
+    add_drop_parser(subparsers)
 
     bootstrap = subparsers.add_parser(
         "bootstrap", help="fill a sink's store from the compacted topics (offset 0), then follow them")
@@ -96,25 +101,34 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
 
+    from cdc.runtime.slots_cli import slot_line, slot_rows
+
     config = load_config(args.file)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    slots, unreachable = slot_rows(config)  # from the servers themselves: shown even without the log
+    for problem in unreachable:
+        print(f"cdc status: {problem}", file=sys.stderr)
     if logging.getLogger().level > logging.DEBUG:  # (-v shows them) the one line below says it all
         LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL + 1)
     try:
         rows = _status_rows(config, live)
     except LogUnavailableError as err:
-        if live and not args.json:
+        if not args.json:
             for row in live.values():
                 print(_status_line({**row, "consumer_lag": None}))
+            for row in slots:
+                print(slot_line(row))
         where = (f"Kafka at {config.log.kafka.bootstrap_servers}" if config.log.kafka is not None
                  else f"the embedded log at {config.log.backend.path}")
         print(f"cdc status: {where} is unreachable ({err})", file=sys.stderr)
         return EXIT_LOG_UNREACHABLE
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + slots, indent=2))
         return 0
     for row in rows:
         print(_status_line(row))
+    for row in slots:
+        print(slot_line(row))
     return 0
 
 
@@ -243,10 +257,10 @@ def _sink_runner(config, name: str, progress=None):
                       config.log.topic_prefix, progress=progress)
 
 
-def _refuse_if_daemon_runs(config, name: str) -> None:
+def _refuse_if_daemon_runs(config, name: str, kind: str = "sink") -> None:
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
     if name in live and live[name].get("phase") not in (None, "stopped", "failed", "finished"):
-        raise ConfigError(f"the daemon at {config.http} runs sink {name}: stop it there first "
+        raise ConfigError(f"the daemon at {config.http} runs {kind} {name}: stop it there first "
                           f"(cdc run FILE --only <the others>), then run this again")
 
 

@@ -156,6 +156,7 @@ class SourceRunner:
                     last_store = now
                 if now - last_report >= 1.0:
                     stats.lag_seconds = source.lag()
+                    stats.retained_wal_bytes = source.retained_log_bytes()
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

@@ -35,6 +35,7 @@ class ConnectorStats:
     restarts: int = 0
     position: str | None = None    # the last stored position, as text
     lag_seconds: float | None = None
+    retained_wal_bytes: int | None = None  # WAL the source's slot holds back (PostgreSQL sources)
     last_error: str | None = None
     last_error_at: float | None = None  # Unix time of last_error
     attempts: int = 0              # consecutive failed attempts since the last progress
