@@ -50,6 +50,10 @@ def encode_component(value: Any) -> str:
 
 def encode_key(key: dict[str, Any]) -> str:
     """The record key (primary-key columns in key order) as one stable string."""
+    if len(key) == 1:
+        for value in key.values():
+            if type(value) is int:
+                return str(value)
     return ":".join(encode_component(value) for value in key.values())
 
 

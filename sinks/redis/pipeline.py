@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from cdc.api import PermanentError, RetriableError
 from sinks.redis import guard
 from sinks.redis.client import is_noscript, is_retriable
+from sinks.redis.resp import ClusterSender, SingleSender, pack_call
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +32,20 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    script: str          # "row" or "applied"
+    """One script call: ``script`` ("row" or "applied"), its keys (the first routes it in a
+    cluster) and its arguments; ``tail`` is the arguments already packed (plan.py packs them as
+    it builds them, see resp.py), then ``args`` is only for reading."""
+
+    script: str
     keys: tuple
-    args: tuple
+    args: tuple = ()
+    tail: tuple[int, bytes] | None = None
 
 
 class ScriptPipeline:
     def __init__(self, client, name: str, pipeline_size: int = 1000, max_retries: int = 6) -> None:
         self.client = client
+        self.sender = ClusterSender(client) if hasattr(client, "nodes_manager") else SingleSender(client)
         self.name = name
         self.pipeline_size = pipeline_size
         self.max_retries = max_retries
@@ -46,7 +53,11 @@ class ScriptPipeline:
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD on the server (every master of a cluster)."""
-        self.shas = {"row": self.client.script_load(guard.ROW), "applied": self.client.script_load(guard.APPLIED)}
+        def load(script: str) -> bytes:
+            sha = self.client.script_load(script)
+            return sha.encode() if isinstance(sha, str) else sha
+
+        self.shas = {"row": load(guard.ROW), "applied": load(guard.APPLIED)}
 
     def run(self, commands: list[Command]) -> list:
         """Each command's reply, in order. Raises RetriableError / PermanentError."""
@@ -87,13 +98,5 @@ class ScriptPipeline:
 
     def _send(self, chunk: list[Command]) -> list:
         shas = self.shas
-        pipe = self.client.pipeline(transaction=False)
-        for command in chunk:
-            # execute_command, not evalsha(): redis-py's cluster pipeline refuses the method but
-            # routes the command by its keys (all of one slot) like any other.
-            pipe.execute_command("EVALSHA", shas[command.script], len(command.keys), *command.keys, *command.args)
-        try:
-            return pipe.execute(raise_on_error=False)
-        finally:
-            pipe.reset()
-
+        packed = [pack_call(shas[c.script], c.keys, c.args, c.tail) for c in chunk]
+        return self.sender.send(packed, [c.keys[0] for c in chunk])

@@ -26,6 +26,7 @@ from cdc.api import Op, SinkEvent
 from sinks.redis.guard import OP_CODES
 from sinks.redis.keys import KeySpace, companion
 from sinks.redis.pipeline import Command
+from sinks.redis.resp import bulk
 from sinks.redis.values import hash_fields, json_value
 
 
@@ -72,6 +73,9 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
             tombstoned.pop(slot, None)
     upsert_code = OP_CODES[fmt]
     live, tomb = str(live_ttl_ms), str(tombstone_ms)
+    # An upsert's arguments are packed here, once (the pipeline's time goes to packing).
+    upsert_head = bulk(upsert_code)
+    ttls = bulk(live) + bulk(tomb)
     commands = plan.commands
     delete = Op.DELETE
     for slot, event in newest.items():
@@ -87,7 +91,8 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
         else:
             row_value = choose(event.after or {})
             payload = tuple(hash_fields(row_value)) if upsert_code == "h" else (json_value(row_value),)
-            commands.append(Command("row", keys, (upsert_code, version, live, tomb, *payload)))
+            tail = (4 + len(payload), b"".join([upsert_head, bulk(version), ttls, *[bulk(p) for p in payload]]))
+            commands.append(Command("row", keys, (upsert_code, version, live, tomb, *payload), tail))
     for slot, event in tombstoned.items():
         if slot in newest and newest[slot].op is delete:
             continue  # its delete is remembered already; the row key is gone
