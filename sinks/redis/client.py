@@ -74,3 +74,16 @@ def connect(config: RedisSinkConfig) -> redis.Redis | RedisCluster:
     if config.database is not None:
         options["db"] = config.database
     return redis.Redis.from_url(url, **options)
+
+
+def command_known(server: redis.Redis, name: str) -> bool:
+    """Whether the server has command ``name`` (``COMMAND INFO`` answers nil for an unknown one;
+    read raw: redis-py's reply callback for COMMAND cannot take a nil)."""
+    pool = server.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_command("COMMAND", "INFO", name)
+        reply = conn.read_response()
+    finally:
+        pool.release(conn)
+    return bool(reply) and reply[0] is not None

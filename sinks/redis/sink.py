@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
-from sinks.redis.client import connect, translate
+from sinks.redis.client import command_known, connect, translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.generations import Generations
 from sinks.redis.keys import KeySpace, companion, namespace, stats_key
@@ -91,15 +91,13 @@ class RedisSink(Sink, RebuildableSink):
                  self._keyspace.ns)
 
     def _require_redisjson(self, client) -> None:
-        try:
-            known = client.command_info("JSON.SET") if not self.config.cluster else client.execute_command(
-                "COMMAND", "INFO", "JSON.SET")
-        except Exception:  # noqa: BLE001 - some servers refuse COMMAND INFO: treat as unknown
-            known = None
-        if not known or (isinstance(known, list) and not any(known)):
+        servers = ([client.get_redis_connection(node) for node in client.get_primaries()]
+                   if self.config.cluster else [client])
+        missing = [server for server in servers if not command_known(server, "JSON.SET")]
+        if missing:
             raise PermanentError(f"redis sink {self.config.name}: format redisjson needs the RedisJSON module "
                                  f"(JSON.SET), which this server does not have; load it (Redis Stack, "
-                                 f"Redis 8) or use format: json")
+                                 f"Redis 8, valkey-json) or use format: json")
 
     def stop(self) -> None:
         if self._publisher is not None:
