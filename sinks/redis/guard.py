@@ -18,7 +18,8 @@ large MySQL version). Arguments: ``op version live_ttl_ms tombstone_ms payload..
 * ``t`` a log tombstone (no version): delete the row key; forget a live version (the writes that
   follow it in the log must apply again) but keep a delete's.
 
-Returns 0 when the change was older than what is stored (nothing done), 1 written, 2 deleted.
+Returns 0 when nothing was done (the change is not newer than what is stored; a tombstone found
+no row), 1 written, 2 deleted.
 
 ``APPLIED`` raises ``<namespace>:applied:<source>`` to a version, never lowers it.
 """
@@ -43,9 +44,10 @@ local op, version = ARGV[1], ARGV[2]
 local live_ttl, tomb_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local stored = redis.call('GET', comp)
 if op == 't' then
-  redis.call('DEL', row)
+  local removed = redis.call('DEL', row)
   if stored and string.sub(stored, 1, 1) ~= 'D' then redis.call('DEL', comp) end
-  return 2
+  if removed > 0 then return 2 end
+  return 0
 end
 if stored then
   if string.sub(stored, 1, 1) == 'D' then stored = string.sub(stored, 2) end
