@@ -20,28 +20,91 @@ in order, and only after the log acknowledged every event before them and the of
 the position. Resume follows the "after" rule: a source built with position P emits nothing that
 was at or before P, and everything after it.
 
-Sink lifecycle::
+Sink lifecycle (Kafka Connect's put/flush/preCommit folded into one call: ``write`` returns only
+once the batch is durable, and the runtime commits the consumer offsets right after)::
 
-    sink = SinkClass(config)
-    sink.start()
-    sink.write(records)      # durable when it returns; idempotent (records carry versions)
-    sink.stop()
+    sink = SinkClass(config)          # or SinkClass(config, generation): write into that generation
+    sink.attach(context)              # the runtime's services, see SinkContext; before start()
+    sink.start()                      # connect, create what is missing
+    sink.write(events)                # durable when it returns; idempotent (events carry versions)
+    sink.stop()                       # release connections; called once, after the last write
 
-Errors are ``cdc.errors`` types; ``err.retriable`` tells the runtime whether to back off and try
-again or to stop the connector with the message.
+Threading: ``start``, ``write``, the generation methods and ``stop`` are called from one thread,
+one at a time; a sink needs no locks of its own for them. Only a ``SelfDrivenSink``'s ``stop``
+may come from another thread (to end ``run``).
+
+Capabilities beyond ``write`` are declared by subclassing, and the runtime asks with
+``isinstance``:
+
+* ``RebuildableSink`` (a Protocol): the store has generations, so ``cdc rebuild`` and the ``rebuild`` schema
+  policy can fill a new one from offset 0 while readers keep seeing the current one.
+* ``SelfDrivenSink``: the sink consumes the topics with its own machinery (Spark Structured
+  Streaming keeps its offsets in its checkpoint); the runtime calls ``run`` instead of ``write``.
+
+The plugin boundary: a plugin imports ``cdc.api`` and nothing else of the framework (a unit
+test, tests/unit/test_plugin_boundary.py, checks the bundled sinks). What a plugin needs is
+here or on the ``SinkContext`` it is handed:
+
+* events: ``SinkEvent`` (the semantics are in its docstring), ``Op``;
+* errors: ``CdcError``, ``RetriableError``, ``PermanentError``, ``ConfigError``,
+  ``SchemaChangeError``, ``RebuildRequired``. ``err.retriable`` tells the runtime whether to back
+  off and try again or to stop the connector with the message. In ``write`` a ``RetriableError``
+  retries the same batch; any other error splits the batch to find the poison event; a
+  ``SchemaChangeError`` is never poison (the table needs a decision), and ``RebuildRequired``
+  starts a rebuild of a ``RebuildableSink``;
+* the context: stats counters, a logger that names the connector, the topic prefix, the schema
+  of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log;
+* for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
+  ``open_kafka_log``, ``schema_changes_topic``, ``ConnectorStats``; for a launcher that runs a
+  self-driven sink outside the daemon (spark-submit): ``load_sink_settings``; for a sink running
+  Spark locally: ``spark_jars``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import threading
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Callable, ClassVar, Literal
+from pathlib import Path
+from typing import Annotated, Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
-from cdc.events import Batch
-from cdc.sink_events import SinkEvent
+from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, RetriableError,
+                        SchemaChangeError)
+from cdc.events import Batch, Op
+from cdc.log.base import Log, TopicSettings
 from cdc.positions import Position
+from cdc.runtime.stats import ConnectorStats
+from cdc.serde import schema_changes_topic
+from cdc.sink_events import SinkEvent
+
+__all__ = [
+    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "Source", "Sink", "RebuildableSink",
+    "SelfDrivenSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
+    "SinkEvent", "Op", "Batch", "Position",
+    "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
+    "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
+    "load_sink_settings", "spark_jars",
+]
+
+
+def resolve_config_path(path: Path, info: ValidationInfo) -> Path:
+    """A relative path in a config file is relative to that file's directory, never to the
+    directory the daemon happens to be started from. The loader passes the directory as
+    ``context={"base_dir": ...}``; without one (a config built in code) the path stays as written."""
+    path = Path(path).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    return path.resolve() if path.is_absolute() else path
+
+
+# The type of every local path field of a config model (plugins' too): resolved as above.
+ConfigPath = Annotated[Path, AfterValidator(resolve_config_path)]
 
 
 class SnapshotMode(StrEnum):
@@ -59,6 +122,9 @@ class PluginConfig(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique name of this connector")
     type: str
+    unhealthy_after: float = Field(
+        default=60.0, gt=0, description="seconds without progress (blocked, or retrying) after which "
+                                        "/healthz answers 503; progress clears it")
 
 
 class SourceConfig(PluginConfig):
@@ -114,6 +180,82 @@ class Source(ABC):
         return False
 
 
+class ConnectorLogger(logging.LoggerAdapter):
+    """A logger whose records carry ``connector`` (and the current ``phase``) for the log format."""
+
+    def __init__(self, logger: logging.Logger, connector: str, stats: ConnectorStats | None = None) -> None:
+        super().__init__(logger, {"connector": connector})
+        self._stats = stats
+
+    def process(self, msg, kwargs):
+        extra = {"connector": self.extra["connector"]}
+        if self._stats is not None:
+            extra["phase"] = self._stats.phase
+        kwargs["extra"] = {**extra, **kwargs.get("extra", {})}
+        return msg, kwargs
+
+
+# (topic, partition, offset, reason, key, value): set one record aside on the dead-letter topic,
+# durably, with why. key and value are the record's bytes as read (None: unknown or a tombstone).
+DeadLetterWriter = Callable[[str, int, int, str, "bytes | None", "bytes | None"], None]
+
+
+def _no_dead_letter(name: str) -> DeadLetterWriter:
+    def refuse(topic: str, partition: int, offset: int, reason: str, key=None, value=None) -> None:
+        raise PermanentError(f"sink {name}: no dead-letter writer outside the runtime; the record at "
+                             f"{topic}[{partition}]@{offset} fails: {reason}")
+    return refuse
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What the runtime gives a sink besides its config: handed in by ``Sink.attach`` before
+    ``start``. Every callable here may be called from the sink's thread (the one calling
+    ``write``); ``stats`` is read by the runtime's reporting from that same thread.
+
+    ``schema_for(topic)`` is the newest schema record of the topic's table, a dict::
+
+        {"source": ..., "db": ..., "schema": ... or None, "table": ..., "version": ...,
+         "ts_ms": ..., "ddl": ..., "columns": [{"name": ..., "type": <the source's type>,
+                                                "key": bool, "nullable": bool}, ...]}
+
+    or None when the source publishes none (then a sink infers column types from the values).
+    It may read the log: call it when a topic's shape matters (at its first event, on a column
+    not seen before), not per event.
+
+    ``delete_retention_ms(topic)`` is the topic's ``delete.retention.ms`` (how long a tombstone
+    stays readable after compaction), or None when the log does not say: a sink that remembers
+    deletes may forget them after that long. ``dead_letter(...)`` sets a record aside (see
+    ``DeadLetterWriter``) on ``dead_letter_topic``; the runtime already does that for events that
+    fail alone, so a sink calls it only for records it decides to skip itself. ``log`` is the
+    framework's log client when the runtime drives the sink (None for a ``SelfDrivenSink``, which
+    reads the topics itself: ``log_config`` is the config file's ``log`` section to find them).
+    """
+
+    name: str
+    topic_prefix: str = "cdc"
+    stats: ConnectorStats | None = None
+    schema_for: Callable[[str], dict | None] = lambda topic: None
+    delete_retention_ms: Callable[[str], int | None] = lambda topic: None
+    dead_letter_topic: str = ""
+    dead_letter: DeadLetterWriter | None = None
+    log: Log | None = None
+    log_config: Any = None
+    logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        # Defaults that depend on the name: a context built with only a name is a usable one.
+        if self.stats is None:
+            object.__setattr__(self, "stats", ConnectorStats(self.name, "sink"))
+        if not self.dead_letter_topic:
+            object.__setattr__(self, "dead_letter_topic", f"{self.topic_prefix}.dead-letter.{self.name}")
+        if self.dead_letter is None:
+            object.__setattr__(self, "dead_letter", _no_dead_letter(self.name))
+        if self.logger is None:
+            object.__setattr__(self, "logger", ConnectorLogger(logging.getLogger(f"cdc.sink.{self.name}"),
+                                                               self.name, self.stats))
+
+
 class Sink(ABC):
     """A derived store kept in sync from topics. See the module docstring and cdc/sink_events.py.
 
@@ -123,11 +265,8 @@ class Sink(ABC):
     ``RetriableError`` makes the runtime retry the same batch after a backoff; any other error
     makes it split the batch to find the event that fails alone (a poison event).
 
-    Generations, for ``cdc rebuild``: a sink writes into generation ``generation`` of its store
-    (e.g. SQL tables ``<table>__g<N>`` behind a view ``<table>``). ``open_generation(n)`` makes an
-    empty generation n to write into while readers keep seeing the current one;
-    ``switch_generation(n)`` makes readers see n, atomically; ``drop_generation(m)`` retires one.
-    A sink that cannot rebuild leaves them raising NotImplementedError.
+    ``generation``: the generation of the store to write into (see ``RebuildableSink``); None:
+    whatever generation readers see now. A sink without generations ignores it.
     """
 
     config_model: ClassVar[type[SinkConfig]]
@@ -135,10 +274,22 @@ class Sink(ABC):
     def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config
         self.generation = generation  # None: whatever generation readers see now
-        # Set by the runtime before start(): topic -> the newest schema-change record of its table
-        # (a dict as written by cdc.serde.encode_schema_change), or None when the source publishes
-        # none (then a sink infers column types from the values).
-        self.schema_for: Callable[[str], dict | None] = lambda topic: None
+        # Until the runtime attaches its own: a context with no log and no schemas, so a sink
+        # built alone (tests, tools) works.
+        self.context = SinkContext(config.name)
+
+    def attach(self, context: SinkContext) -> None:
+        """Take the runtime's services; called once, before ``start``."""
+        self.context = context
+
+    @property
+    def schema_for(self) -> Callable[[str], dict | None]:
+        """Shorthand for ``context.schema_for``; assigning it replaces the context's (tools, tests)."""
+        return self.context.schema_for
+
+    @schema_for.setter
+    def schema_for(self, schema_for: Callable[[str], dict | None]) -> None:
+        self.context = dataclasses.replace(self.context, schema_for=schema_for)
 
     @abstractmethod
     def start(self) -> None: ...
@@ -149,14 +300,77 @@ class Sink(ABC):
     @abstractmethod
     def stop(self) -> None: ...
 
-    def current_generation(self) -> int:
-        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
 
-    def open_generation(self, generation: int) -> None:
-        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
+@runtime_checkable
+class RebuildableSink(Protocol):
+    """A sink whose store has generations, for ``cdc rebuild`` and the ``rebuild`` schema policy.
+    A sink declares it by naming it among its bases (``class SqlSink(Sink, RebuildableSink)``);
+    being a Protocol, ``isinstance`` also accepts a sink that has the four methods.
 
-    def switch_generation(self, generation: int) -> None:
-        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
+    A sink writes into generation ``generation`` of its store (e.g. SQL tables ``<table>__g<N>``
+    behind a view ``<table>``). ``current_generation()`` is the one readers see;
+    ``open_generation(n)`` makes an empty generation n and writes into it from then on, while
+    readers keep seeing the current one; ``switch_generation(n)`` makes readers see n, atomically;
+    ``drop_generation(m)`` retires one. The runtime calls them on the thread that calls ``write``:
+    open, write every event from offset 0 up to the topics' ends, switch, commit the offsets,
+    drop the old one. A rebuild stopped half way leaves readers on the old generation; the next
+    ``open_generation`` of the same number starts it empty again.
+    """
 
-    def drop_generation(self, generation: int) -> None:
-        raise NotImplementedError(f"{type(self).__name__} cannot rebuild")
+    @abstractmethod
+    def current_generation(self) -> int: ...
+
+    @abstractmethod
+    def open_generation(self, generation: int) -> None: ...
+
+    @abstractmethod
+    def switch_generation(self, generation: int) -> None: ...
+
+    @abstractmethod
+    def drop_generation(self, generation: int) -> None: ...
+
+
+class SelfDrivenSink(Sink):
+    """A sink that consumes the topics itself and owns its position (e.g. a Spark streaming query
+    and its checkpoint). The runtime attaches the context and calls ``run``, never ``write``.
+
+    ``run(stop_event, report)`` starts, runs until ``stop_event`` is set (or the sink has nothing
+    more to do), stops, and returns; ``report(stats)`` is to be called about once a second.
+    ``stop`` may be called from another thread. Errors as for ``write``: a ``RetriableError``
+    makes the runtime restart it after a backoff, any other ``CdcError`` stops the connector.
+    """
+
+    runs_itself: ClassVar[bool] = True  # the older spelling of isinstance(sink, SelfDrivenSink)
+
+    @abstractmethod
+    def run(self, stop_event: threading.Event, *,
+            report: Callable[[ConnectorStats], None] | None = None) -> None: ...
+
+    def write(self, events: list[SinkEvent]) -> None:
+        raise PermanentError(f"sink {self.config.name} ({self.config.type}) reads its topics itself: "
+                             f"run it with run()")
+
+
+def open_kafka_log(bootstrap_servers: str, *, producer_config: dict | None = None,
+                   consumer_config: dict | None = None) -> Log:
+    """A ``Log`` client on the Kafka brokers ``bootstrap_servers`` (for a self-driven sink that
+    reads Kafka with its own machinery but needs the framework's log client too). Close it."""
+    from cdc.log.kafka import KafkaLog
+
+    return KafkaLog(bootstrap_servers, producer_config=producer_config, consumer_config=consumer_config)
+
+
+def load_sink_settings(config_path: str, sink_name: str) -> tuple[SinkConfig, Any]:
+    """(the sink's config, the file's ``log`` section) from a config file, for a launcher that runs
+    a sink outside the daemon. Raises ``KeyError`` for an unknown sink, ``CdcError`` for a bad file."""
+    from cdc.config import load_config
+
+    config = load_config(config_path)
+    return config.sink(sink_name), config.log
+
+
+def spark_jars() -> list[str]:
+    """The Kafka source and Delta jars a local Spark session needs, resolved into the cache once."""
+    from cdc.dev.jars import spark_jars as resolve
+
+    return resolve()

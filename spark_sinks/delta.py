@@ -1,12 +1,13 @@
 """The ``type: delta`` sink: the compacted topics into Delta tables, by Spark Structured Streaming.
 
 Unlike the framework's other sinks it is not fed by the sink runtime: Spark reads Kafka itself and
-owns the position (the query's checkpoint), so the sink runs itself::
+owns the position (the query's checkpoint), so it is a ``SelfDrivenSink``::
 
     sink = DeltaSink(config)
-    sink.run(stop_event, log=app_config.log, report=report)  # returns when stop_event is set
+    sink.attach(context)                   # the runtime's; context.log_config: brokers, topic prefix
+    sink.run(stop_event, report=report)    # returns when stop_event is set
 
-``runs_itself = True`` tells the runtime to call ``run`` instead of driving ``write``. ``run``
+The runtime calls ``run`` instead of driving ``write``. ``run``
 starts the query (``start``), waits for it until ``stop_event`` is set (or the query ends: an
 ``available_now`` sink ends when it caught up), then stops it after the batch in flight
 (``stop``). ``stop`` may be called from another thread. Errors are ``cdc.errors`` types: a query
@@ -25,11 +26,9 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
-from cdc.api import Sink
-from cdc.errors import CdcError, ConfigError, PermanentError, RetriableError
-from cdc.runtime.stats import ConnectorStats
+from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, open_kafka_log
 from spark_sinks.config import DeltaSinkConfig
 
 log = logging.getLogger(__name__)
@@ -37,14 +36,14 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 30.0   # how long stop() lets the batch in flight finish
 
 
-class DeltaSink(Sink):
+class DeltaSink(SelfDrivenSink):
     config_model = DeltaSinkConfig
-    runs_itself: ClassVar[bool] = True
 
     def __init__(self, config: DeltaSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
         self.config: DeltaSinkConfig = config
-        self.log_config: Any = None   # the app config's ``log`` section (run() sets it, or the runtime)
+        # The app config's ``log`` section: run(log=...) sets it, else the context's is used.
+        self.log_config: Any = None
         self.session = None
         self.job = None
         self._own_session = False
@@ -52,7 +51,7 @@ class DeltaSink(Sink):
 
     @property
     def stats(self) -> ConnectorStats:
-        return self.job.stats if self.job is not None else ConnectorStats(self.config.name, "sink")
+        return self.job.stats if self.job is not None else self.context.stats
 
     # -- the Sink interface ----------------------------------------------------------------------
     def start(self, session=None) -> None:
@@ -68,7 +67,7 @@ class DeltaSink(Sink):
                 for name, value in self.config.spark.conf.items():
                     self.session.conf.set(name, value)  # runtime settings; static: spark-submit --conf
                 self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
-                                    kafka_options=options)
+                                    kafka_options=options, stats=self.context.stats)
                 self.job.start(self.session)
             except BaseException:
                 log_.close()
@@ -76,9 +75,6 @@ class DeltaSink(Sink):
                     session.sparkContext.stop()
                     self._own_session = False
                 raise
-
-    def write(self, events) -> None:
-        raise PermanentError(f"sink {self.config.name} (delta) reads its topics itself: run it with run()")
 
     def stop(self) -> None:
         """Stop the query once the batch in flight is written (at most STOP_WAIT_S); may be called
@@ -102,11 +98,11 @@ class DeltaSink(Sink):
             self.session = None
 
     # -- running itself --------------------------------------------------------------------------
-    def run(self, stop_event: threading.Event, *, log: Any = None,
-            report: Callable[[ConnectorStats], None] | None = None, session=None) -> None:
+    def run(self, stop_event: threading.Event, *, report: Callable[[ConnectorStats], None] | None = None,
+            log: Any = None, session=None) -> None:
         """Run until ``stop_event`` is set or the query ends; ``log`` is the app config's log
-        section (brokers and topic prefix; else ``log_config`` as set before); ``report`` gets the
-        stats about once a second."""
+        section (brokers and topic prefix; else ``log_config`` as set before, else the context's);
+        ``report`` gets the stats about once a second."""
         if log is not None:
             self.log_config = log
         self.start(session)
@@ -138,20 +134,19 @@ class DeltaSink(Sink):
 
     def _kafka(self):
         """(bootstrap servers, Kafka source options, topic prefix, a Log for the driver's reads)."""
-        from cdc.log.kafka import KafkaLog
-
-        kafka_log = getattr(self.log_config, "kafka", None)
-        prefix = self.config.topic_prefix or getattr(self.log_config, "topic_prefix", None) or "cdc"
+        log_config = self.log_config if self.log_config is not None else self.context.log_config
+        kafka_log = getattr(log_config, "kafka", None)
+        prefix = self.config.topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
         if self.config.kafka is not None:
             bootstrap = self.config.kafka.bootstrap_servers
             same = kafka_log is not None and kafka_log.bootstrap_servers == bootstrap
-            log_ = KafkaLog(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
+            log_ = open_kafka_log(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
                             consumer_config=dict(kafka_log.consumer) if same else None)
             return bootstrap, dict(self.config.kafka.options), prefix, log_
         if kafka_log is None:
             raise ConfigError(f"sink {self.config.name} (delta) needs Kafka: give it kafka.bootstrap_servers, "
                               f"or use a Kafka log (Spark cannot read the embedded log)")
-        log_ = KafkaLog(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
+        log_ = open_kafka_log(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
                         consumer_config=dict(kafka_log.consumer))
         return kafka_log.bootstrap_servers, {}, prefix, log_
 

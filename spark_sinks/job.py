@@ -33,9 +33,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.errors import PermanentError, SchemaChangeError
-from cdc.log.base import Log, TopicSettings
-from cdc.runtime.stats import ConnectorStats
+from cdc.api import ConnectorStats, Log, PermanentError, SchemaChangeError, TopicSettings
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelopes, latest_per_key,
@@ -63,7 +61,8 @@ class BatchReport:
 
 class DeltaJob:
     def __init__(self, config: DeltaSinkConfig, *, bootstrap_servers: str, prefix: str,
-                 log_: Log | None = None, kafka_options: dict[str, str] | None = None) -> None:
+                 log_: Log | None = None, kafka_options: dict[str, str] | None = None,
+                 stats: ConnectorStats | None = None) -> None:
         self.config = config
         self.name = config.name
         self.prefix = prefix
@@ -72,7 +71,7 @@ class DeltaJob:
         self.log = log_
         self.registry = SchemaRegistry(log_, prefix)
         self.mode = "scd2" if config.scd2 else "soft" if config.soft_delete else "type1"
-        self.stats = ConnectorStats(config.name, "sink")
+        self.stats = stats or ConnectorStats(config.name, "sink")
         self.failure: BaseException | None = None   # what made the last batch fail, typed
         self.batches: deque[BatchReport] = deque(maxlen=1000)  # the latest batches, for metrics
         # Called after each table's MERGE with (batch id, table name): tests put a crash there.

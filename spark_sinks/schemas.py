@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import orjson
 from pyspark.sql import types as T
 
-from cdc.log.base import Log
-from cdc.serde import schema_changes_topic
+from cdc.api import Log, schema_changes_topic
 from spark_sinks.types import spark_type
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """A Spark session with the Kafka source and Delta Lake configured.
 
 Spark's own ``spark.jars.packages`` resolver (Ivy) ignores Maven's mirror settings, so the jars are
-resolved by Maven into the project's cache (``cdc dev up`` / ``cdc.dev.jars.spark_jars``) and handed
+resolved by Maven into the project's cache (``cdc dev up`` / ``cdc.api.spark_jars``) and handed
 to Spark as plain files through ``spark.jars``.
 """
 
@@ -16,7 +16,7 @@ def local_session(app_name: str, *, jars: Sequence[str] | None = None, master: s
     from pyspark.sql import SparkSession
 
     if jars is None:
-        from cdc.dev.jars import spark_jars
+        from cdc.api import spark_jars
 
         jars = spark_jars()
     builder = (

@@ -3,7 +3,7 @@
     python -m spark_sinks.submit CONFIG SINK          # locally (master from the sink's spark.master)
 
     spark-submit --master yarn --deploy-mode client \\
-      --jars "$(python -c 'from cdc.dev.jars import spark_jars; print(",".join(spark_jars()))')" \\
+      --jars "$(python -c 'from cdc.api import spark_jars; print(",".join(spark_jars()))')" \\
       --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \\
       --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \\
       "$(python -c 'import spark_sinks.submit as m; print(m.__file__)')" cdc.yaml lake
@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 
-from cdc.errors import CdcError
+from cdc.api import CdcError, load_sink_settings
 
 EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
 
@@ -43,12 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from cdc.config import load_config
     from spark_sinks.delta import DeltaSink
 
     try:
-        config = load_config(args.config)
-        sink_config = config.sink(args.sink)
+        sink_config, log_config = load_sink_settings(args.config, args.sink)
     except KeyError as err:
         print(f"error: {err.args[0]} in {args.config}", file=sys.stderr)
         return EXIT_PERMANENT
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        DeltaSink(sink_config).run(stop, log=config.log)
+        DeltaSink(sink_config).run(stop, log=log_config)
     except CdcError as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT

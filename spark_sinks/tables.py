@@ -22,7 +22,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from cdc.errors import PermanentError
+from cdc.api import PermanentError
 from spark_sinks.evolve import Plan
 from spark_sinks.parse import CURRENT, DELETED, KEY, OP, TS, VALID_FROM, VALID_TO, VERSION
 from spark_sinks.schemas import TableShape

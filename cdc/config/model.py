@@ -4,8 +4,9 @@ Sources and sinks are typed as the plugin API's base configs here; the loader va
 against its plugin's own ``config_model`` (chosen by ``type``) and stores that instance, so
 ``config.sources[0]`` is, say, a ``GeneratorConfig`` with every field of that plugin.
 
-Relative paths (the embedded log's ``path``) are resolved against the directory of the config file,
-passed as ``context={"base_dir": ...}`` at validation; without one they stay as written.
+Relative paths (every ``ConfigPath`` field: the embedded log's ``path``, the PostgreSQL source's
+``state_dir``, ...) are resolved against the directory of the config file, passed as
+``context={"base_dir": ...}`` at validation; without one they stay as written.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo,
                       field_validator, model_validator)
 
-from cdc.api import SinkConfig, SourceConfig
+from cdc.api import ConfigPath, SinkConfig, SourceConfig
 from cdc.log.base import TopicSettings
 
 TOPIC_PREFIX = r"^[A-Za-z0-9._-]+$"  # the characters Kafka allows in a topic name
@@ -44,6 +45,9 @@ class KafkaLogConfig(_Section):
                                                  description="extra librdkafka producer settings")
     consumer: dict[str, LibrdkafkaValue] = Field(default_factory=dict,
                                                  description="extra librdkafka consumer settings")
+    request_timeout: float = Field(default=15.0, gt=0, le=300,
+                                   description="seconds an admin or metadata request may take before the "
+                                               "brokers count as unreachable (and the connector retries)")
 
     @field_validator("topic_config", mode="before")
     @classmethod
@@ -58,21 +62,13 @@ class KafkaLogConfig(_Section):
 class EmbeddedLogConfig(_Section):
     """The embedded log: files in a local directory, no broker."""
 
-    path: Path = Field(default=Path("./cdc-data"), validate_default=True,  # so it is resolved too
-                       description="directory of the log, relative to the config file's directory")
+    path: ConfigPath = Field(default=Path("./cdc-data"), validate_default=True,  # so it is resolved too
+                             description="directory of the log, relative to the config file's directory")
     topic_prefix: str = Field(default="cdc", pattern=TOPIC_PREFIX)
     partitions: int = Field(default=1, ge=1)
     delete_retention_ms: int = Field(default=86_400_000, ge=0)
     fsync: bool = Field(default=True, description="fsync each write before acknowledging it")
 
-    @field_validator("path", mode="after")
-    @classmethod
-    def _resolve(cls, path: Path, info: ValidationInfo) -> Path:
-        base_dir = (info.context or {}).get("base_dir")
-        path = path.expanduser()
-        if base_dir is not None and not path.is_absolute():
-            path = Path(base_dir) / path
-        return path.resolve() if path.is_absolute() else path
 
 
 class LogConfig(_Section):

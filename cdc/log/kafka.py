@@ -44,12 +44,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
 from cdc.log.delivery import DeliveryTracker
+from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 from cdc.positions import Position
 from cdc.events import ChangeEvent
 from cdc.serde import EmitError, EnvelopeEncoder, Record
 
 log = logging.getLogger(__name__)
-_librdkafka_log = logging.getLogger(__name__ + ".librdkafka")  # librdkafka's own log, not stderr
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random",
@@ -101,13 +101,18 @@ def _delivery_error(err: KafkaError, topic: str, partition: int | None) -> Deliv
 
 
 class KafkaLog(Log):
-    timeout = 30.0  # seconds for admin and metadata requests
+    """``timeout``: seconds an admin or metadata request may take (topic creation, listing, end
+    offsets, committed offsets). It bounds how long any call blocks when the brokers cannot be
+    reached, and so how long a worker can take to notice SIGTERM there."""
 
     def __init__(self, bootstrap_servers: str, defaults: TopicSettings | None = None, *,
-                 producer_config: dict | None = None, consumer_config: dict | None = None) -> None:
+                 producer_config: dict | None = None, consumer_config: dict | None = None,
+                 timeout: float = 15.0) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.defaults = defaults or TopicSettings()
-        common = {"bootstrap.servers": bootstrap_servers, "logger": _librdkafka_log}
+        self.timeout = timeout
+        # librdkafka's log and error events through Python logging, repeats held back (kafka_logs).
+        common = {"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER, "error_cb": on_error}
         self.producer_config = {**common, **PRODUCER_DEFAULTS, **(producer_config or {})}
         self.consumer_config = {**common, **CONSUMER_DEFAULTS, **(consumer_config or {})}
         self._admin = AdminClient({**common, "allow.auto.create.topics": False})

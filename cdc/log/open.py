@@ -13,7 +13,7 @@ def open_log(section) -> Log:
 
         kafka = section.kafka
         return KafkaLog(kafka.bootstrap_servers, settings, producer_config=dict(kafka.producer),
-                        consumer_config=dict(kafka.consumer))
+                        consumer_config=dict(kafka.consumer), timeout=kafka.request_timeout)
     from cdc.log.embedded import EmbeddedLog
 
     embedded = section.backend

@@ -70,7 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     level = logging.getLogger().level
     kinds = {s.name: "sink" for s in config.sinks}
-    return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds).run()
+    unhealthy_after = {c.name: c.unhealthy_after for c in [*config.sources, *config.sinks]}
+    return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds,
+                      unhealthy_after=unhealthy_after).run()
 
 
 def _daemon_status(http: str | None) -> list[dict] | None:
@@ -83,14 +85,47 @@ def _daemon_status(http: str | None) -> list[dict] | None:
         return None
 
 
+EXIT_LOG_UNREACHABLE = 69  # `cdc status`: the log cannot be reached (EX_UNAVAILABLE)
+STATUS_LOG_TIMEOUT = 5.0    # seconds `cdc status` waits for the brokers
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    """Exit codes: 0 shown; 2 the config is invalid; 69 the log (Kafka) cannot be reached: one
+    line says so, after the daemon's own view of its connectors when it answers."""
     from cdc.config import load_config
-    from cdc.log.open import open_log
-    from cdc.offsets import OffsetStore
+
+    from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
 
     config = load_config(args.file)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    if logging.getLogger().level > logging.DEBUG:  # (-v shows them) the one line below says it all
+        LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL + 1)
+    try:
+        rows = _status_rows(config, live)
+    except LogUnavailableError as err:
+        if live and not args.json:
+            for row in live.values():
+                print(_status_line({**row, "consumer_lag": None}))
+        where = (f"Kafka at {config.log.kafka.bootstrap_servers}" if config.log.kafka is not None
+                 else f"the embedded log at {config.log.backend.path}")
+        print(f"cdc status: {where} is unreachable ({err})", file=sys.stderr)
+        return EXIT_LOG_UNREACHABLE
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        print(_status_line(row))
+    return 0
+
+
+def _status_rows(config, live: dict[str, dict]) -> list[dict]:
+    from cdc.log.open import open_log
+    from cdc.offsets import OffsetStore
+
     log_ = open_log(config.log)
+    if hasattr(log_, "timeout"):
+        log_.timeout = min(log_.timeout, STATUS_LOG_TIMEOUT)  # a look, not a job: fail fast
+    health = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
     try:
         stored = OffsetStore(log_, config.log.topic_prefix).load_all()
         rows = []
@@ -100,24 +135,37 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows.append({"kind": "source", "name": source.name,
                          "phase": row.get("phase", "not running"),
                          "position": row.get("position") or (str(position) if position else None),
-                         "lag_seconds": row.get("lag_seconds"), "events": row.get("events")})
+                         "lag_seconds": row.get("lag_seconds"), "events": row.get("events"),
+                         **{k: row.get(k) for k in health}})
         topics = log_.topics()
         for sink in config.sinks:
+            row = live.get(sink.name, {})
             wanted = [t for t in topics if any(fnmatch.fnmatchcase(t, g) for g in sink.topics)]
-            rows.append({"kind": "sink", "name": sink.name, "phase": live.get(sink.name, {}).get("phase", "not running"),
-                         "consumer_lag": _consumer_lag(log_, sink.name, wanted)})
+            rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase", "not running"),
+                         "consumer_lag": _consumer_lag(log_, sink.name, wanted),
+                         **{k: row.get(k) for k in health}})
     finally:
         log_.close()
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    for row in rows:
-        if row["kind"] == "source":
-            lag = f"{row['lag_seconds']:.1f}s" if row["lag_seconds"] is not None else "-"
-            print(f"source {row['name']:<20} {row['phase']:<12} position={row['position'] or '-'} lag={lag}")
-        else:
-            print(f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={row['consumer_lag']}")
-    return 0
+    return rows
+
+
+def _status_line(row: dict) -> str:
+    """One line per connector; a retrying or unhealthy one says why, since when, how often."""
+    import time
+
+    if row["kind"] == "source":
+        lag = f"{row['lag_seconds']:.1f}s" if row.get("lag_seconds") is not None else "-"
+        line = f"source {row['name']:<20} {row['phase']:<12} position={row.get('position') or '-'} lag={lag}"
+    else:
+        lag = row.get("consumer_lag")
+        line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
+    if row.get("healthy") is False:
+        line += f" UNHEALTHY (no progress for {row.get('seconds_since_progress') or 0:.0f}s)"
+    if row.get("last_error"):
+        at = row.get("last_error_at")
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else "?"
+        line += f" attempts={row.get('attempts') or 0} last_error_at={when} last_error={row['last_error']}"
+    return line
 
 
 def _consumer_lag(log_, group: str, topics: list[str]) -> int:

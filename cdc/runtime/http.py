@@ -1,7 +1,8 @@
 """The daemon's HTTP face: ``/healthz``, Prometheus ``/metrics``, and ``/status`` (JSON).
 
-``/healthz`` answers 200 while no connector has failed permanently, 503 otherwise, so an
-orchestrator restarts or alerts. Metric names follow Prometheus conventions; every series is
+``/healthz`` answers 200 while every connector is healthy, 503 (naming the unhealthy ones) once
+one has failed permanently or made no progress for its ``unhealthy_after`` seconds (blocked, or
+retrying: see ``cdc.runtime.supervisor``), so an orchestrator restarts or alerts. Metric names follow Prometheus conventions; every series is
 labelled with the connector's name (and kind).
 """
 
@@ -11,7 +12,10 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PHASES = ("starting", "snapshot", "streaming", "finished", "stopped", "failed", "restarting")
+from cdc.config.model import parse_http_address
+from cdc.errors import ConfigError
+from cdc.runtime.stats import PHASES
+
 
 
 def _label(value: str) -> str:
@@ -41,12 +45,24 @@ def render_metrics(rows: list[dict]) -> str:
            [(l, r["lag_seconds"]) for l, r in ids if r["lag_seconds"] is not None])
     family("cdc_phase", "gauge", "1 for the phase the connector is in, 0 for the others.",
            [({**l, "phase": p}, int(r["phase"] == p)) for l, r in ids for p in PHASES])
+    family("cdc_healthy", "gauge", "1 while the connector is healthy (what /healthz checks), else 0.",
+           [(l, int(r.get("healthy", True))) for l, r in ids])
+    family("cdc_retry_attempts", "gauge", "Consecutive failed attempts since the last progress.",
+           [(l, r.get("attempts", 0)) for l, r in ids])
+    family("cdc_seconds_since_progress", "gauge", "Seconds since the connector last got work done.",
+           [(l, r["seconds_since_progress"]) for l, r in ids if r.get("seconds_since_progress") is not None])
+    family("cdc_last_error_timestamp_seconds", "gauge", "Unix time of the last error not yet cleared by progress.",
+           [(l, r["last_error_at"]) for l, r in ids if r.get("last_error_at") is not None])
     return "\n".join(out) + "\n"
 
 
 def serve(supervisor, address: str) -> ThreadingHTTPServer:
-    """Start the server on ``host:port`` in a daemon thread; the caller shuts it down."""
-    host, _, port = address.rpartition(":")
+    """Start the server on ``host:port`` in a daemon thread; the caller shuts it down.
+
+    An address that cannot be served (the port is taken, the host is not this machine's) is a
+    ``ConfigError`` naming the ``http:`` setting: it is permanent until the config or the other
+    process changes."""
+    host, port = parse_http_address(address)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: str, content_type: str) -> None:
@@ -60,8 +76,11 @@ def serve(supervisor, address: str) -> ThreadingHTTPServer:
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
-                ok = supervisor.healthy()
-                self._send(200 if ok else 503, "ok\n" if ok else "failed\n", "text/plain")
+                sick = [r for r in supervisor.snapshot() if not r["healthy"]]
+                body = "ok\n" if not sick else "".join(
+                    f"{r['name']}: {r['phase']}, no progress for {r['seconds_since_progress']:.0f}s"
+                    f"{'; ' + r['last_error'] if r.get('last_error') else ''}\n" for r in sick)
+                self._send(503 if sick else 200, body, "text/plain")
             elif path == "/metrics":
                 self._send(200, render_metrics(supervisor.snapshot()),
                            "text/plain; version=0.0.4; charset=utf-8")
@@ -73,7 +92,12 @@ def serve(supervisor, address: str) -> ThreadingHTTPServer:
         def log_message(self, *args: object) -> None:  # quiet: scrapes every few seconds
             pass
 
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError(f"http: {address}: cannot serve the status server there: {reason}; set `http:` in "
+                          "the config file to a free host:port, or to null for no server") from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="cdc-http", daemon=True).start()
     return server

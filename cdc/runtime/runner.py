@@ -108,6 +108,7 @@ class SourceRunner:
         source.start()
         tune_gc()
         last_store = last_report = time.monotonic()
+        last_safe = None
         try:
             while not stop_event.is_set() and not source.finished:
                 self._set_phase(source.phase)
@@ -129,6 +130,9 @@ class SourceRunner:
                     stats.events += len(batch.events)
                     stats.bytes = self.encoder.value_bytes
                 safe = writer.poll()
+                if safe != last_safe or not writer.outstanding:  # the log keeps up (health)
+                    stats.progressed()
+                    last_safe = safe
                 now = time.monotonic()
                 # Busy: store at most every offset_interval (each store waits for an ack). Idle
                 # (the source had nothing): store what became safe now, the wait costs nothing,

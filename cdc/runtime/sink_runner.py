@@ -9,8 +9,9 @@ Correctness rests on three rules:
    offsets stay where they are, so nothing is skipped. The reader does not advance meanwhile:
    that is the backpressure.
 3. Any other error splits the batch in halves until the event that fails alone is found: that
-   poison event goes to the dead-letter topic with the reason (``on_poison: dead_letter``), or
-   stops the sink (``stop``). The events around it are written.
+   poison event goes to the dead-letter topic with the reason (``on_poison: dead_letter``; a
+   letter always fits that topic, see ``dead_letters``), or stops the sink (``stop``). The events
+   around it are written.
 
 A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequired``) writes a new
 generation of the store from offset 0 while readers keep seeing the current one, and switches
@@ -28,11 +29,12 @@ from typing import Callable
 
 import orjson
 
-from cdc.api import Sink
+from cdc.api import RebuildableSink, Sink, SinkContext
 from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
-from cdc.log.base import Log, LogRecord, TopicPartition, TopicSettings
+from cdc.log.base import Log, LogRecord, TopicPartition
+from cdc.runtime import dead_letters
 from cdc.runtime.stats import ConnectorStats
-from cdc.serde import Record, schema_changes_topic
+from cdc.serde import schema_changes_topic
 from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,13 @@ class SinkRunner:
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
+
+    def context(self) -> SinkContext:
+        """What the sink gets from the runtime (see cdc.api.SinkContext)."""
+        return SinkContext(self.name, self.prefix, stats=self.stats, schema_for=self.schema_for,
+                           delete_retention_ms=self.log.delete_retention_ms,
+                           dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
+                           log=self.log)
 
     # -- topics, schemas -------------------------------------------------------------------------
     def matching_topics(self) -> list[str]:
@@ -111,17 +120,21 @@ class SinkRunner:
 
     def _write(self, events: list[SinkEvent]) -> None:
         backoff = BACKOFF_FIRST
+        phase = self.stats.phase if self.stats.phase != "retrying" else "streaming"
         while True:
             try:
                 self.sink.write(events)
+                if self.stats.phase == "retrying":
+                    self.stats.progressed(phase)  # recovered: the health shows it at once
+                    self.report(self.stats)
                 return
             except SchemaChangeError:  # not the event's fault: the whole table needs a decision
                 raise
             except CdcError as err:
                 if not err.retriable:
                     break
-                self.stats.errors += 1
-                self.stats.last_error = f"{type(err).__name__}: {err}"
+                self.stats.failed_attempt(err)  # phase "retrying", with the error, its time, the count
+                self.report(self.stats)
                 log.warning("write failed (%s); retrying in %.1fs", err, backoff, extra=self._extra())
                 if self._wait(backoff):
                     raise
@@ -160,20 +173,27 @@ class SinkRunner:
         where = f"{topic}[{partition}]@{offset}"
         self.stats.errors += 1
         self.stats.last_error = f"poison event at {where}: {reason}"
+        self.stats.last_error_at = time.time()
         if self.config.on_poison == "stop":
             raise PermanentError(f"sink {self.name}: the event at {where} fails even alone: {reason}")
         log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
                   extra=self._extra())
-        if self._dlq_writer is None:
-            self.log.ensure_topic(self.dead_letter_topic, TopicSettings(partitions=1))
-            self._dlq_writer = self.log.writer()
         if record is None:
             record = self._fetch(topic, partition, offset)
-        value = orjson.dumps({"topic": topic, "partition": partition, "offset": offset, "reason": reason,
-                              "sink": self.name, "value": None if record is None or record.value is None
-                              else record.value.decode("utf-8", "replace")})
-        self._dlq_writer.publish([Record(self.dead_letter_topic, record.key if record and record.key else b"{}",
-                                         value)])
+        self.dead_letter(topic, partition, offset, reason, record.key if record else None,
+                         record.value if record else None, missing=record is None)
+
+    def dead_letter(self, topic: str, partition: int, offset: int, reason: str,
+                    key: bytes | None = None, value: bytes | None = None, *, missing: bool = False) -> None:
+        """Set one record aside on the dead-letter topic, durably, with why (the sink's context
+        hands this to the sink as ``dead_letter``); ``missing``: the record could not be read back.
+        A letter always fits the topic (a large value is referenced, not copied): see dead_letters."""
+        if self._dlq_writer is None:
+            self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
+            self._dlq_writer = self.log.writer()
+        self._dlq_writer.publish([dead_letters.dead_letter(
+            self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
+            reason=reason, key=key, value=value, missing=missing)])
         self._dlq_writer.flush(30)
 
     def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
@@ -208,6 +228,7 @@ class SinkRunner:
             reader.commit(ends)
             self.positions.update(ends)
             self.stats.events += len(events)
+        self.stats.progressed()  # written and committed, or caught up
         return len(events) + len(ends)
 
     def run(self, stop_event: threading.Event, *, from_start: bool = False,
@@ -215,7 +236,7 @@ class SinkRunner:
         """Consume until ``stop_event``; ``from_start`` reads from offset 0 (a bootstrap);
         ``until_caught_up`` returns once the topics' ends as of the start are written."""
         self._stop = stop_event
-        self.sink.schema_for = self.schema_for
+        self.sink.attach(self.context())
         self.sink.start()
         reader = self.log.reader(self.group)
         try:
@@ -262,6 +283,9 @@ class SinkRunner:
     def _rebuild(self, reader, stop_event: threading.Event) -> None:
         """A new generation from offset 0; readers switch to it once it has caught up."""
         sink = self.sink
+        if not isinstance(sink, RebuildableSink):
+            raise PermanentError(f"sink {self.name} ({self.config.type}) cannot rebuild: its store has no "
+                                 f"generations")
         old = sink.current_generation()
         new = old + 1
         self.stats.phase = "rebuilding"
@@ -270,7 +294,7 @@ class SinkRunner:
         targets = self._ends()
         self.positions = {tp: 0 for tp in targets}
         reader.assign(dict(self.positions))
-        began = time.monotonic()
+        began = reported = time.monotonic()
         while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
             if stop_event.is_set():
                 raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
@@ -279,6 +303,10 @@ class SinkRunner:
             if events:
                 self._write(events)
             self.positions.update(ends)
+            self.stats.progressed()
+            if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                self.report(self.stats)
+                reported = time.monotonic()
             if self.progress:
                 self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
                               sum(targets.values()))
@@ -292,7 +320,7 @@ class SinkRunner:
     def rebuild(self, stop_event: threading.Event) -> None:
         """The foreground rebuild of ``cdc rebuild``."""
         self._stop = stop_event
-        self.sink.schema_for = self.schema_for
+        self.sink.attach(self.context())
         self.sink.start()
         reader = self.log.reader(self.group)
         try:

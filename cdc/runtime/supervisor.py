@@ -7,6 +7,13 @@ connector with its message; the others go on. SIGTERM/SIGINT asks every worker t
 the log, store the last position) and waits for them; a worker that does not exit within the
 grace period is killed, which is safe: its stored position is never ahead of the log.
 
+Health (``healthy``, served as /healthz): a connector is unhealthy when it failed permanently, or
+when it has made no progress (``ConnectorStats.progress_at``) for its ``unhealthy_after``
+seconds, whether it is blocked (a frozen broker, a hung database) or retrying. Progress is kept
+across the worker's restarts, so a connector that fails at every start stays unhealthy. While a
+worker waits to be restarted, and while its next process has not made progress yet, its phase is
+``retrying`` with the last error, its time and the count of attempts.
+
 Threading: ``run`` is the main loop on the main thread; the HTTP server reads ``stats`` from its
 own thread under ``lock``.
 """
@@ -21,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from cdc.runtime.stats import ConnectorStats
+from cdc.runtime.stats import DONE_PHASES, ConnectorStats
 from cdc.runtime.worker import EXIT_OK, EXIT_RETRIABLE, worker_main
 
 log = logging.getLogger(__name__)
@@ -40,36 +47,56 @@ class Worker:
     restart_at: float | None = None
     done: bool = False
     base_errors: int = 0  # errors of earlier processes of this connector
+    base_attempts: int = 0  # failed attempts (processes) since the connector's last progress
+    unhealthy_after: float = 60.0
+    last_progress: float = field(default_factory=time.time)  # kept across restarts
     exit_codes: list[int] = field(default_factory=list)
+
+    def unhealthy(self, now: float) -> bool:
+        phase = self.stats.phase
+        if phase == "failed":
+            return True
+        return phase not in DONE_PHASES and now - self.last_progress > self.unhealthy_after
 
 
 class Supervisor:
     def __init__(self, config_path: str, names: list[str], *, http: str | None = None,
-                 grace: float = 20.0, level: int = logging.INFO, kinds: dict[str, str] | None = None) -> None:
+                 grace: float = 20.0, level: int = logging.INFO, kinds: dict[str, str] | None = None,
+                 unhealthy_after: dict[str, float] | None = None) -> None:
         self.config_path = config_path
         self.grace = grace
+        # A worker stops waiting for its drain before the supervisor stops waiting for it.
+        self.drain_timeout = max(1.0, grace * 0.75)
         self.level = level
         self.http = http
         self.lock = threading.Lock()
         kinds = kinds or {}
         self.workers = {n: Worker(n, ConnectorStats(n, kinds.get(n, "source"))) for n in names}
+        for name, seconds in (unhealthy_after or {}).items():
+            if name in self.workers:
+                self.workers[name].unhealthy_after = seconds
         self.stopping = threading.Event()
         self._ctx = multiprocessing.get_context("spawn")
 
     # -- the view the HTTP server reads --------------------------------------------------------
     def snapshot(self) -> list[dict]:
+        now = time.time()
         with self.lock:
-            return [w.stats.snapshot() for w in self.workers.values()]
+            return [{**w.stats.snapshot(), "healthy": not w.unhealthy(now),
+                     "seconds_since_progress": round(now - w.last_progress, 1),
+                     "unhealthy_after": w.unhealthy_after} for w in self.workers.values()]
 
     def healthy(self) -> bool:
+        now = time.time()
         with self.lock:
-            return all(w.stats.phase != "failed" for w in self.workers.values())
+            return not any(w.unhealthy(now) for w in self.workers.values())
 
     # -- workers -------------------------------------------------------------------------------
     def _start(self, worker: Worker) -> None:
         parent, child = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(target=worker_main, name=f"cdc-{worker.name}",
-                                    args=(self.config_path, worker.name, child, self.level))
+                                    args=(self.config_path, worker.name, child, self.level,
+                                          self.drain_timeout))
         process.start()
         child.close()
         worker.process, worker.conn = process, parent
@@ -85,6 +112,17 @@ class Supervisor:
                 stats.kind = worker.stats.kind
                 stats.restarts = worker.stats.restarts
                 stats.errors += worker.base_errors
+                if stats.progress_at is not None and stats.progress_at > worker.last_progress:
+                    worker.last_progress = stats.progress_at
+                    worker.base_attempts = 0  # this process got work done: the retrying is over
+                elif worker.base_attempts:  # restarted, and not past the trouble yet
+                    stats.attempts += worker.base_attempts
+                    if stats.last_error is None:
+                        stats.last_error, stats.last_error_at = (worker.stats.last_error,
+                                                                 worker.stats.last_error_at)
+                    if stats.phase == "starting":
+                        stats.phase = "retrying"
+                stats.progress_at = worker.last_progress
                 with self.lock:
                     worker.stats = stats
         except (EOFError, OSError):
@@ -98,9 +136,9 @@ class Supervisor:
         code = process.exitcode
         worker.exit_codes.append(code)
         if code < 0 and not self.stopping.is_set():  # killed by a signal: no report said so
-            worker.stats.errors += 1
-            worker.stats.last_error = f"killed by signal {-code}"
+            worker.stats.failed_attempt(f"killed by signal {-code}")
         worker.base_errors = worker.stats.errors
+        worker.base_attempts = worker.stats.attempts
         worker.process = None
         if worker.conn is not None:
             worker.conn.close()
@@ -117,7 +155,7 @@ class Supervisor:
             log.warning("exited with %s; restarting in %.0fs", code, worker.backoff, extra=extra)
             with self.lock:
                 worker.stats.restarts += 1
-                worker.stats.phase = "restarting"
+                worker.stats.phase = "retrying"
             worker.backoff = min(worker.backoff * 2, BACKOFF_MAX)
             return
         worker.done = True

@@ -13,14 +13,17 @@ exit code tells the supervisor what to do next:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
 from cdc.errors import CdcError
 
 EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
+DRAIN_TIMEOUT = 10.0  # seconds a connector gets to drain on SIGTERM (the supervisor passes its own)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,7 @@ log = logging.getLogger(__name__)
 def build_runner(config, name: str, report=None):
     """The runner for connector ``name`` of ``config``: a SourceRunner resumed from its stored
     position, or a SinkRunner resumed from its group's committed offsets."""
+    from cdc.api import SelfDrivenSink
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
     from cdc.plugins import sink_plugin, source_plugin
@@ -37,7 +41,7 @@ def build_runner(config, name: str, report=None):
     sinks = [s for s in config.sinks if s.name == name]
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
-        if getattr(sink, "runs_itself", False):  # e.g. a Spark job: it reads the topics itself
+        if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
             return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
@@ -54,19 +58,31 @@ class SelfRunningSink:
     offsets in its checkpoint): the worker only starts it, reports, and stops it on request."""
 
     def __init__(self, sink, report=None, log_config=None) -> None:
-        from cdc.runtime.stats import ConnectorStats
+        from cdc.api import SinkContext
 
         self.sink = sink
-        self.stats = getattr(sink, "stats", None) or ConnectorStats(sink.config.name, "sink")
+        # The sink takes the brokers and the topic prefix from the log section; no log client:
+        # it reads the topics itself.
+        sink.attach(SinkContext(sink.config.name, getattr(log_config, "topic_prefix", None) or "cdc",
+                                log_config=log_config))
+        self.stats = sink.context.stats
         self.report = report or (lambda stats: None)
-        self.log_config = log_config  # the sink takes the brokers and topic prefix from it
+        self.log_config = log_config
 
     def run(self, stop: threading.Event) -> None:
-        self.sink.run(stop, log=self.log_config, report=self.report)
+        def report(stats) -> None:
+            # Its own machinery retries; each report it makes while running counts as progress.
+            if stats.phase not in ("failed", "retrying"):
+                stats.progress_at = time.time()
+            self.report(stats)
+
+        self.sink.run(stop, report=report)
 
 
-def run_connector(config_path: str, name: str, stop: threading.Event, report=None) -> int:
-    """Run one connector to completion in this process; returns the worker exit code."""
+def run_connector(config_path: str, name: str, stop: threading.Event, report=None,
+                  on_stats=None) -> int:
+    """Run one connector to completion in this process; returns the worker exit code.
+    ``on_stats(stats)`` is told the runner's stats once it exists (for ``worker_main``)."""
     from cdc.config import load_config
     from cdc.runtime.stats import ConnectorStats
 
@@ -74,20 +90,20 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
     try:
         runner = build_runner(load_config(config_path), name, report)
         stats = runner.stats
+        if on_stats is not None:
+            on_stats(stats)
         runner.run(stop)
         return EXIT_OK
     except CdcError as err:
-        stats.errors += 1
-        stats.last_error = f"{type(err).__name__}: {err}"
-        stats.phase = "failed"
+        stats.failed_attempt(err)  # the error, its time, one more attempt
+        stats.phase = "retrying" if err.retriable else "failed"
         log.error("%s (%s)", stats.last_error, "retriable" if err.retriable else "permanent",
                   extra={"connector": name, "phase": stats.phase})
         if report:
             report(stats)
         return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT
     except Exception as err:  # a bug or an unclassified library error: do not loop on it
-        stats.errors += 1
-        stats.last_error = f"{type(err).__name__}: {err}"
+        stats.failed_attempt(err)
         stats.phase = "failed"
         log.error("unexpected error:\n%s", traceback.format_exc(), extra={"connector": name, "phase": "failed"})
         if report:
@@ -95,7 +111,19 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
         return EXIT_PERMANENT
 
 
-def worker_main(config_path: str, name: str, conn: Connection, level: int) -> None:
+def worker_main(config_path: str, name: str, conn: Connection, level: int,
+                drain_timeout: float = DRAIN_TIMEOUT) -> None:
+    """The process's main thread only waits for a signal; the connector runs on another thread.
+
+    A signal handler runs only between bytecodes of the main thread, and a thread blocked in a
+    client library's call (librdkafka waiting for a broker, a database connect) would not see it
+    for as long as the call lasts. So on SIGTERM the main thread asks the connector to drain and
+    waits at most ``drain_timeout`` seconds (one second when it has published or written nothing
+    yet: nothing of its own to drain); past that it exits without storing anything more. That is
+    always safe: a position is stored only after the log acknowledged everything up to it
+    (``runner``), so an exit at any point leaves the stored position at or behind the log, as a
+    crash would.
+    """
     from cdc import logs
 
     logs.setup(level, connector=name)
@@ -109,6 +137,25 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int) -> No
         except (BrokenPipeError, OSError):
             stop.set()  # the supervisor is gone: drain and exit
 
-    code = run_connector(config_path, name, stop, report)
+    seen: list = []
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(run_connector(config_path, name, stop, report,
+                                                                        seen.append)),
+                              name=f"cdc-{name}", daemon=True)
+    thread.start()
+    while thread.is_alive() and not stop.is_set():
+        thread.join(0.2)  # wakes for signals
+    if thread.is_alive():
+        # Something to drain only once it published or wrote (or made progress at all).
+        active = bool(seen) and (seen[0].events > 0 or seen[0].progress_at is not None)
+        bound = drain_timeout if active else min(drain_timeout, 1.0)
+        thread.join(bound)
+        if thread.is_alive():
+            log.warning("did not drain within %.0fs (a server does not answer); exiting without storing "
+                        "more: the stored position stays at or behind what the log acknowledged", bound,
+                        extra={"connector": name, "phase": seen[0].phase if seen else "starting"})
+            logging.shutdown()
+            conn.close()
+            os._exit(EXIT_RETRIABLE)  # the connector thread is stuck in a call: do not wait for it
     conn.close()
-    raise SystemExit(code)
+    raise SystemExit(codes[0] if codes else EXIT_RETRIABLE)

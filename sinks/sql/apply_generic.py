@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from cdc.errors import PermanentError
+from cdc.api import PermanentError
 from sinks.sql.bookkeeping import Bookkeeping
 from sinks.sql.errors import DRIVER_ERRORS
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, key_values

@@ -5,11 +5,12 @@ from __future__ import annotations
 import string
 from typing import Literal
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from cdc.api import SinkConfig
+from cdc.api import SinkConfig, resolve_config_path
 
 TEMPLATE_FIELDS = frozenset({"schema", "db", "table"})
+FILE_DATABASES = frozenset({"sqlite", "duckdb"})  # URL schemes whose database is a local file
 
 
 class SqlSinkConfig(SinkConfig):
@@ -19,7 +20,8 @@ class SqlSinkConfig(SinkConfig):
 
     type: Literal["sql"] = "sql"
     url: SecretStr = Field(description="SQLAlchemy URL: postgresql+psycopg2://, mysql+pymysql://, "
-                                       "sqlite:///path, duckdb:///path (mysql:// means mysql+pymysql://)")
+                                       "sqlite:///path, duckdb:///path (mysql:// means mysql+pymysql://); a "
+                                       "relative file path is relative to the config file's directory")
     target_schema: str | None = Field(default=None, alias="schema",
                                       description="schema (MySQL: database) of the target tables; "
                                                   "created if missing. Not for SQLite.")
@@ -34,6 +36,21 @@ class SqlSinkConfig(SinkConfig):
     delete_memory_hours: float = Field(default=168, gt=0,
                                        description="how long a deleted key's version is remembered, so a "
                                                    "late older insert cannot bring the row back")
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _file_relative_to_config(cls, url: SecretStr, info: ValidationInfo) -> SecretStr:
+        """``sqlite:///data.db`` names a file relative to the config file, not to wherever the
+        daemon was started (SQLAlchemy would take it from the working directory)."""
+        text = url.get_secret_value()
+        scheme, sep, rest = text.partition(":///")
+        if not sep or scheme.split("+")[0] not in FILE_DATABASES:
+            return url
+        file, query_sep, query = rest.partition("?")
+        if not file or file.startswith("/") or file == ":memory:":
+            return url
+        resolved = resolve_config_path(file, info)
+        return SecretStr(f"{scheme}:///{resolved}{query_sep}{query}")
 
     @field_validator("table_name")
     @classmethod

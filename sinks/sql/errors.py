@@ -22,7 +22,7 @@ import sqlite3
 
 import sqlalchemy.exc
 
-from cdc.errors import CdcError, PermanentError, RetriableError
+from cdc.api import CdcError, PermanentError, RetriableError
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError)
 for _module, _name in (("psycopg2", "Error"), ("pymysql", "Error"), ("duckdb", "Error")):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from cdc.errors import PermanentError
+from cdc.api import PermanentError
 from sinks.sql.bookkeeping import CURRENT, OPEN, RETIRED, Bookkeeping, TableEntry, physical_name
 from sinks.sql.evolve import record_columns, with_key
 from sinks.sql.tables import TableCatalog

@@ -11,7 +11,7 @@ from typing import Any, Collection
 
 import sqlalchemy as sa
 
-from cdc.sink_events import SinkEvent
+from cdc.api import SinkEvent
 from sinks.sql.bookkeeping import TableEntry
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.types import Family, parse_type, target_type

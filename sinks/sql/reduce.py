@@ -24,8 +24,7 @@ from typing import Any
 
 import orjson
 
-from cdc.events import Op
-from cdc.sink_events import SinkEvent
+from cdc.api import Op, SinkEvent
 
 
 @dataclass(slots=True)

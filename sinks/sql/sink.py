@@ -32,9 +32,7 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from cdc.api import Sink
-from cdc.errors import CdcError, PermanentError, RetriableError, SchemaChangeError
-from cdc.sink_events import SinkEvent
+from cdc.api import CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError, Sink, SinkEvent
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -48,7 +46,7 @@ from sinks.sql.target import Target
 
 log = logging.getLogger(__name__)
 
-class SqlSink(Sink):
+class SqlSink(Sink, RebuildableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
@@ -71,7 +69,7 @@ class SqlSink(Sink):
             try:
                 books = Bookkeeping(target, config.name)
                 target.run_ddl(books.create)
-                catalog = TableCatalog(target, books, config, lambda topic: self.schema_for(topic),
+                catalog = TableCatalog(target, books, config, lambda topic: self.context.schema_for(topic),
                                        lambda: self._current)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import orjson
 import sqlalchemy as sa
 
-from cdc.errors import PermanentError, RebuildRequired, SchemaChangeError
+from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.evolve import KEY, diff, infer_columns, record_columns, with_key

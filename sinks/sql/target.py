@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, make_url
 
-from cdc.errors import ConfigError
+from cdc.api import ConfigError
 from sinks.sql.errors import DRIVER_ERRORS
 
 T = TypeVar("T")

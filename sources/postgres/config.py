@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from cdc.api import SourceConfig
+from cdc.api import ConfigPath, SourceConfig
 
 
 class PostgresConfig(SourceConfig):
@@ -30,8 +30,9 @@ class PostgresConfig(SourceConfig):
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
     memory_budget_mb: int = Field(default=64, ge=1,
                                   description="in-progress (streamed) transactions kept in memory before spilling to disk")
-    state_dir: Path = Field(default=Path("./cdc-state"),
-                            description="local state: unchanged-TOAST values, spilled transactions")
+    state_dir: ConfigPath = Field(default=Path("./cdc-state"), validate_default=True,  # resolved too
+                                  description="local state: unchanged-TOAST values, spilled transactions; "
+                                              "relative to the config file's directory")
     protocol_version: int | None = Field(default=None, ge=1, le=4,
                                          description="pgoutput protocol (default: the newest the server has)")
 

@@ -1,0 +1,102 @@
+"""Dead letters on Kafka: a poison record larger than the broker's default message size is set
+aside (as a reference to where it lies), and the sink goes on writing the records after it."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import orjson
+import pytest
+
+from cdc.events import ChangeEvent, Op
+from cdc.log.base import TopicSettings
+from cdc.log.kafka import KafkaLog
+from cdc.positions import Counter
+from cdc.runtime.sink_runner import SinkRunner
+from cdc.serde import EnvelopeEncoder
+from tests.integration.test_sink_runner import TABLE, RecordingSink, _config
+
+pytestmark = pytest.mark.kafka
+
+BIG = 3 * 1024 * 1024  # over the broker's ~1 MB default message size
+
+
+@pytest.fixture
+def log(kafka_bootstrap):
+    # The operator raised the producer's limit so that large rows can be published at all.
+    instance = KafkaLog(kafka_bootstrap, producer_config={"message.max.bytes": 8_000_000})
+    yield instance
+    instance.close()
+
+
+def test_an_oversized_poison_record_is_referenced_and_the_sink_goes_on(log, kafka_topic):
+    prefix = kafka_topic  # a fresh prefix per test: its own table topic and dead-letter topic
+    topic = TABLE.topic(prefix)
+    log.ensure_topic(topic, TopicSettings(extra={"max.message.bytes": str(8_000_000)}))
+    # Random text does not compress below the limit; id 13 is the poison, then valid records.
+    blob = os.urandom(BIG // 2).hex()
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None,
+                          {"id": i, "v": blob if i == 13 else "small"}, i + 1, 0) for i in range(20)]
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(60)
+    writer.close()
+    # The dead-letter topic as a broker with Kafka's default message.max.bytes (1048588) makes
+    # it (the dev broker allows 16 MB, which would hide the problem).
+    log.ensure_topic(f"{prefix}.dead-letter.rec", TopicSettings(extra={"max.message.bytes": "1048588"}))
+
+    config = _config().model_copy(update={"topics": [f"{prefix}.*"]})
+    sink = RecordingSink(config, poison_ids={13})
+    runner = SinkRunner(sink, log, prefix)
+    runner.run(threading.Event(), until_caught_up=True)
+
+    # Every valid record is written, and the group's offsets passed the poison record.
+    assert set(sink.generations[1]) == {orjson.dumps({"id": i}) for i in range(20) if i != 13}
+    ends = log.end_offsets(topic)
+    reader = log.reader("rec")
+    assert reader.committed(list(ends)) == ends
+    reader.close()
+    [letter] = [orjson.loads(r.value) for r in log.read_all(f"{prefix}.dead-letter.rec")]
+    assert letter["value_stored"] == "reference" and letter["value"] is None
+    assert letter["topic"] == topic and letter["size"] > BIG
+    assert orjson.loads(letter["key"]) == {"id": 13} and "cannot store id 13" in letter["reason"]
+    # The reference leads to the record itself.
+    [original] = [r for r in log.read_all(topic) if r.offset == letter["offset"]
+                  and r.partition == letter["partition"]]
+    assert orjson.loads(original.value)["after"]["id"] == 13
+
+
+def test_a_small_poison_record_is_copied_inline(log, kafka_topic):
+    prefix = kafka_topic
+    topic = TABLE.topic(prefix)
+    log.ensure_topic(topic)
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(5)]
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(30)
+    writer.close()
+    sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}), poison_ids={3})
+    SinkRunner(sink, log, prefix).run(threading.Event(), until_caught_up=True)
+    [letter] = [orjson.loads(r.value) for r in log.read_all(f"{prefix}.dead-letter.rec")]
+    assert letter["value_stored"] == "inline" and orjson.loads(letter["value"])["after"] == {"id": 3}
+
+
+def test_the_dead_letter_topic_is_created_with_a_size_limit_every_letter_fits(log, kafka_topic):
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    from cdc.runtime import dead_letters
+
+    prefix = kafka_topic
+    log.ensure_topic(TABLE.topic(prefix))
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(3)]
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(30)
+    writer.close()
+    sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}), poison_ids={1})
+    SinkRunner(sink, log, prefix).run(threading.Event(), until_caught_up=True)
+    resource = ConfigResource(ResourceType.TOPIC, f"{prefix}.dead-letter.rec")
+    admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert int(configs["max.message.bytes"].value) == dead_letters.TOPIC_MAX_MESSAGE_BYTES
