@@ -175,6 +175,9 @@ class RedisSink(Sink, RebuildableSink):
         self.counts["written"] += written
         self.counts["deleted"] += deleted
         self.counts["skipped"] += skipped
+        # For `cdc status`: keys written, deletes that left a tombstone, changes the guard refused.
+        self.context.stats.details.update(keys_written=self.counts["written"], tombstones=self.counts["deleted"],
+                                          stale_skipped=self.counts["skipped"])
         try:
             pipe = self.client.pipeline(transaction=False)
             key = stats_key(self._keyspace.ns)

@@ -63,6 +63,8 @@ def test_hash_format_with_chosen_columns_and_a_schema_change(target):
         sink.write([_event(1, Op.UPDATE, 11, {"id": 1, "balance": "13.00", "secret": "x", "note": None,
                                               "tags": ["a", "b"], "vip": True})])
         assert client.hgetall(_key(target)) == {b"id": b"1", b"bal": b"13.00", b"tags": b'["a","b"]', b"vip": b"true"}
+        sink.write([_event(0, Op.CREATE, 10, {"id": 1}), _event(2, Op.DELETE, 12, key_id=1)])
+        assert sink.context.stats.details == {"keys_written": 2, "tombstones": 1, "stale_skipped": 0}
     finally:
         sink.stop()
 

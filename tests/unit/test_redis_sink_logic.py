@@ -112,3 +112,11 @@ def test_checkpoints_become_versions_as_the_sources_build_them():
     assert checkpoint_version({"kind": "mysql", "file": "binlog.000003", "pos": 1234, "gtid_set": None}) == \
         (3 << 32) | 1234 == mysql_version("binlog.000003", 1234)
     assert checkpoint_version({"kind": "snapshot", "at": {}}) is None
+
+
+def test_status_shows_a_sinks_own_counters():
+    from cdc.runtime.cli import _status_line
+
+    line = _status_line({"kind": "sink", "name": "cache", "phase": "streaming", "consumer_lag": 3,
+                         "details": {"keys_written": 120, "tombstones": 4, "stale_skipped": 9}})
+    assert line.endswith("consumer_lag=3 keys_written=120 tombstones=4 stale_skipped=9")
