@@ -25,6 +25,7 @@ module is ``PermanentError`` naming the key's table.
 from __future__ import annotations
 
 import logging
+import time
 
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
 from sinks.redis.client import command_known, connect, translate
@@ -39,6 +40,7 @@ from sinks.redis.values import column_chooser
 log = logging.getLogger(__name__)
 
 DEFAULT_TOMBSTONE_MS = 24 * 3600 * 1000
+POINTER_CHECK_S = 1.0
 TRUNCATE_SCAN_COUNT = 1000
 
 
@@ -55,6 +57,7 @@ class RedisSink(Sink, RebuildableSink):
         self._known_tables: dict[str, tuple[str, str]] = {}
         self._current = 1
         self._publisher: AppliedPublisher | None = None
+        self._pointer_checked = time.monotonic()
         self.counts = {"written": 0, "deleted": 0, "skipped": 0}
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -121,6 +124,7 @@ class RedisSink(Sink, RebuildableSink):
         if not events:
             return
         self._started()
+        self._follow_generation()
         if self._tombstone_from_topics:
             self._tombstone_ms = self._retention(events[0].topic)
         plan = plan_batch(events, self._keyspace, self.config.format, self._choose, self._live_ms,
@@ -136,6 +140,22 @@ class RedisSink(Sink, RebuildableSink):
                 if event.offset + 1 > ends.get(tp, 0):
                     ends[tp] = event.offset + 1
             self._publisher.note_written(ends)
+
+    def _follow_generation(self) -> None:
+        """A sink writing the current generation moves with readers after a rebuild switched them
+        (read at most once a second)."""
+        now = time.monotonic()
+        if self.generation is not None or now < self._pointer_checked + POINTER_CHECK_S:
+            return
+        self._pointer_checked = now
+        try:
+            current = self.generations.current()
+        except Exception as err:  # noqa: BLE001 - classified
+            raise translate(err, f"redis sink {self.config.name}: reading the generation pointer") from err
+        if current != self._current:
+            log.info("redis sink %s: readers moved to generation %d; writing there", self.config.name, current)
+            self._current = current
+            self._retarget(use_committed=True, forget_positions=False)
 
     def _retention(self, topic: str) -> int:
         try:

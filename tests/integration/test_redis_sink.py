@@ -146,3 +146,20 @@ def test_an_unreachable_server_is_a_retriable_error():
     sink = RedisSink(RedisSinkConfig(name="cache", url=f"redis://127.0.0.1:{port}/0", topics=["shop.*"]))
     with pytest.raises(RetriableError):
         sink.start()
+
+
+def test_a_sink_on_the_current_generation_follows_a_switch(target, monkeypatch):
+    import sinks.redis.sink as sink_module
+
+    monkeypatch.setattr(sink_module, "POINTER_CHECK_S", 0.0)
+    client = target[2]
+    live, rebuild = _sink(target), _sink(target)
+    try:
+        rebuild.open_generation(2)
+        rebuild.write([_event(0, Op.CREATE, 10, {"id": 1, "v": "rebuilt"})])
+        rebuild.switch_generation(2)
+        live.write([_event(1, Op.UPDATE, 11, {"id": 1, "v": "live"})])
+        assert client.hget(_key(target), "v") == b"live"  # in generation 2, where readers are
+    finally:
+        live.stop()
+        rebuild.stop()
