@@ -5,9 +5,12 @@ pipelines. After a server restart or a failover the script cache is empty: the w
 NOSCRIPT, loads the scripts again and resends the pipeline (every call is idempotent).
 
 ``ROW`` takes two keys of one hash slot, the row key and its version companion (keys.py), so it
-is one atomic step on one server even in a cluster. Versions are signed 64-bit integers sent in
-decimal and compared as decimal strings (Lua numbers are doubles and would lose the low bits of a
-large MySQL version). Arguments: ``op version live_ttl_ms tombstone_ms payload...``:
+is one atomic step on one server even in a cluster; ``ROWS`` applies many rows in one call on a
+single server (a script call costs the server several times a plain SET; one call per row was
+most of the server's time). Versions are signed 64-bit integers sent in decimal and compared as
+decimal strings (Lua numbers are doubles and would lose the low bits of a large MySQL version).
+Per row: ``op version payload...``, with the live TTL and the tombstone retention (ms) once per
+call:
 
 * ``h`` hash, ``s`` string, ``j`` RedisJSON: if newer, replace the value (a hash is replaced, not
   merged, so a dropped column disappears) and store ``version`` in the companion; a live TTL, when
@@ -38,46 +41,64 @@ local function newer(a, b)
 end
 """
 
-ROW = _NEWER + """
-local row, comp = KEYS[1], KEYS[2]
-local op, version = ARGV[1], ARGV[2]
-local live_ttl, tomb_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-local stored = redis.call('GET', comp)
-if op == 't' then
-  local removed = redis.call('DEL', row)
-  if stored and string.sub(stored, 1, 1) ~= 'D' then redis.call('DEL', comp) end
-  if removed > 0 then return 2 end
-  return 0
-end
-if stored then
-  if string.sub(stored, 1, 1) == 'D' then stored = string.sub(stored, 2) end
-  if not newer(version, stored) then return 0 end
-end
-if op == 'd' then
-  redis.call('DEL', row)
-  redis.call('SET', comp, 'D' .. version, 'PX', tomb_ttl)
-  return 2
-end
-if op == 'x' then
-  redis.call('DEL', row)
-  redis.call('SET', comp, version, 'PX', tomb_ttl)
+_APPLY = """
+local function apply(row, comp, live_ttl, tomb_ttl, op, version, first, last)
+  local stored = redis.call('GET', comp)
+  if op == 't' then
+    local removed = redis.call('DEL', row)
+    if stored and string.sub(stored, 1, 1) ~= 'D' then redis.call('DEL', comp) end
+    if removed > 0 then return 2 end
+    return 0
+  end
+  if stored then
+    if string.sub(stored, 1, 1) == 'D' then stored = string.sub(stored, 2) end
+    if not newer(version, stored) then return 0 end
+  end
+  if op == 'd' then
+    redis.call('DEL', row)
+    redis.call('SET', comp, 'D' .. version, 'PX', tomb_ttl)
+    return 2
+  end
+  if op == 'x' then
+    redis.call('DEL', row)
+    redis.call('SET', comp, version, 'PX', tomb_ttl)
+    return 1
+  end
+  if op == 'h' then
+    redis.call('DEL', row)
+    if last >= first then redis.call('HSET', row, unpack(ARGV, first, last)) end
+  elseif op == 's' then
+    redis.call('SET', row, ARGV[first])
+  else
+    redis.call('JSON.SET', row, '$', ARGV[first])
+  end
+  if live_ttl > 0 then
+    redis.call('PEXPIRE', row, live_ttl)
+    redis.call('SET', comp, version, 'PX', live_ttl)
+  else
+    redis.call('SET', comp, version)
+  end
   return 1
 end
-if op == 'h' then
-  redis.call('DEL', row)
-  if #ARGV > 4 then redis.call('HSET', row, unpack(ARGV, 5)) end
-elseif op == 's' then
-  redis.call('SET', row, ARGV[5])
-else
-  redis.call('JSON.SET', row, '$', ARGV[5])
+"""
+
+# One row: KEYS row, companion; ARGV live_ttl_ms, tombstone_ms, op, version, payload...
+ROW = _NEWER + _APPLY + """
+return apply(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], 5, #ARGV)
+"""
+
+# Many rows of one server (not for a cluster: their keys are in many slots): KEYS row1, comp1,
+# row2, comp2, ...; ARGV live_ttl_ms, tombstone_ms, then per row: op, version, n, n payload values.
+ROWS = _NEWER + _APPLY + """
+local live, tomb = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+local at = 3
+for i = 1, #KEYS, 2 do
+  local n = tonumber(ARGV[at + 2])
+  out[#out + 1] = apply(KEYS[i], KEYS[i + 1], live, tomb, ARGV[at], ARGV[at + 1], at + 3, at + 2 + n)
+  at = at + 3 + n
 end
-if live_ttl > 0 then
-  redis.call('PEXPIRE', row, live_ttl)
-  redis.call('SET', comp, version, 'PX', live_ttl)
-else
-  redis.call('SET', comp, version)
-end
-return 1
+return out
 """
 
 APPLIED = _NEWER + """

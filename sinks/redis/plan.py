@@ -25,8 +25,7 @@ import orjson
 from cdc.api import Op, SinkEvent
 from sinks.redis.guard import OP_CODES
 from sinks.redis.keys import KeySpace, companion
-from sinks.redis.pipeline import Command
-from sinks.redis.resp import bulk
+from sinks.redis.pipeline import Command, row as row_change
 from sinks.redis.values import hash_fields, json_value
 
 
@@ -51,7 +50,7 @@ def table_of(event: SinkEvent, known: dict[str, tuple[str, str]]) -> tuple[str, 
 
 
 def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
-               choose: Callable[[dict[str, Any]], dict[str, Any]], live_ttl_ms: int, tombstone_ms: int,
+               choose: Callable[[dict[str, Any]], dict[str, Any]],
                known_tables: dict[str, tuple[str, str]]) -> Plan:
     plan = Plan()
     newest: dict[tuple[str, bytes], SinkEvent] = {}
@@ -72,10 +71,6 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
             newest[slot] = event
             tombstoned.pop(slot, None)
     upsert_code = OP_CODES[fmt]
-    live, tomb = str(live_ttl_ms), str(tombstone_ms)
-    # An upsert's arguments are packed here, once (the pipeline's time goes to packing).
-    upsert_head = bulk(upsert_code)
-    ttls = bulk(live) + bulk(tomb)
     commands = plan.commands
     delete = Op.DELETE
     for slot, event in newest.items():
@@ -83,19 +78,18 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
         keys = (row, companion(row))
         version = str(event.version)
         if event.op is delete:
-            commands.append(Command("row", keys, ("d", version, live, tomb)))
+            commands.append(row_change(keys, "d", version))
         elif slot in tombstoned:
             continue  # the log says the key's latest record is a delete: the tombstone below wins
         elif upsert_code == "x":
-            commands.append(Command("row", keys, ("x", version, live, tomb)))
+            commands.append(row_change(keys, "x", version))
         else:
             row_value = choose(event.after or {})
             payload = tuple(hash_fields(row_value)) if upsert_code == "h" else (json_value(row_value),)
-            tail = (4 + len(payload), b"".join([upsert_head, bulk(version), ttls, *[bulk(p) for p in payload]]))
-            commands.append(Command("row", keys, (upsert_code, version, live, tomb, *payload), tail))
+            commands.append(row_change(keys, upsert_code, version, payload))
     for slot, event in tombstoned.items():
         if slot in newest and newest[slot].op is delete:
             continue  # its delete is remembered already; the row key is gone
         row = keyspace.row_key(*table_of(event, known_tables), event.key)
-        commands.append(Command("row", (row, companion(row)), ("t", "0", live, tomb)))
+        commands.append(row_change((row, companion(row)), "t", "0"))
     return plan

@@ -28,17 +28,43 @@ def bulk(arg) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(arg), arg)
 
 
-def pack_args(args) -> tuple[int, bytes]:
-    """(how many, packed) for arguments packed ahead of their call."""
-    return len(args), b"".join([bulk(a) for a in args])
+def pack_args(args) -> bytes:
+    return b"".join([bulk(a) for a in args])
 
 
-def pack_call(sha: bytes, keys: tuple, args: tuple = (), tail: tuple[int, bytes] | None = None) -> bytes:
-    """``EVALSHA sha numkeys keys... args...`` as one RESP array; ``tail``: args packed already."""
-    count, packed = tail if tail is not None else pack_args(args)
-    head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$1\r\n%d\r\n" % (3 + len(keys) + count, len(sha), sha,
-                                                                         len(keys))
-    return head + b"".join([bulk(part) for part in keys]) + packed
+def _head(sha: bytes, numkeys: int, count: int) -> bytes:
+    """``*<count> EVALSHA <sha> <numkeys>``; ``count``: every element, EVALSHA included."""
+    keys = b"%d" % numkeys
+    return b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (count, len(sha), sha, len(keys), keys)
+
+
+def pack_call(sha: bytes, keys: tuple, args: tuple = ()) -> bytes:
+    """``EVALSHA sha numkeys keys... args...`` as one RESP array."""
+    return (_head(sha, len(keys), 3 + len(keys) + len(args)) + b"".join([bulk(k) for k in keys])
+            + b"".join([bulk(a) for a in args]))
+
+
+def pack_row(sha: bytes, keys: tuple, ttls: bytes, row: tuple[int, bytes, bytes]) -> bytes:
+    """guard.ROW for one row: ``row`` is (payload count, packed op+version, packed payload)."""
+    count, op_version, payload = row
+    return _head(sha, 2, 3 + 2 + 2 + 2 + count) + bulk(keys[0]) + bulk(keys[1]) + ttls + op_version + payload
+
+
+def pack_rows(sha: bytes, calls: list, ttls: bytes) -> bytes:
+    """guard.ROWS for many rows of one server: ``calls`` have ``keys`` and ``tail`` as for pack_row."""
+    parts = []
+    count = 3 + 2 * len(calls) + 2
+    for call in calls:
+        parts.append(bulk(call.keys[0]))
+        parts.append(bulk(call.keys[1]))
+    parts.append(ttls)
+    for call in calls:
+        n, op_version, payload = call.tail
+        parts.append(op_version)
+        parts.append(bulk(b"%d" % n))
+        parts.append(payload)
+        count += 3 + n
+    return _head(sha, 2 * len(calls), count) + b"".join(parts)
 
 
 def _exchange(pool, payload: bytes, replies: int) -> list:
@@ -65,6 +91,31 @@ class SingleSender:
 
     def send(self, packed: list[bytes], slot_keys: list) -> list:
         return _exchange(self.client.connection_pool, b"".join(packed), len(packed))
+
+    def send_overlapped(self, chunks: list[list[bytes]]) -> list:
+        """Each chunk's replies, or None for a chunk whose replies did not all arrive (the
+        connection failed): chunk k+1 is sent before chunk k's replies are read."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        outcomes: list = [None] * len(chunks)
+        try:
+            sent = 0
+            for index, chunk in enumerate(chunks):
+                while sent <= min(index + 1, len(chunks) - 1):
+                    conn.send_packed_command([b"".join(chunks[sent])])
+                    sent += 1
+                out = []
+                for _ in chunk:
+                    try:
+                        out.append(conn.read_response())
+                    except ResponseError as err:
+                        out.append(err)
+                outcomes[index] = out
+        except (ConnectionError, TimeoutError, OSError):
+            conn.disconnect()  # the chunks still None are retried one by one
+        finally:
+            pool.release(conn)
+        return outcomes
 
 
 class ClusterSender:

@@ -32,7 +32,7 @@ from sinks.redis.client import command_known, connect, translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.generations import Generations
 from sinks.redis.keys import KeySpace, companion, namespace, stats_key
-from sinks.redis.pipeline import Command, ScriptPipeline
+from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
 from sinks.redis.plan import plan_batch
 from sinks.redis.publisher import AppliedPublisher
 from sinks.redis.values import column_chooser
@@ -127,9 +127,8 @@ class RedisSink(Sink, RebuildableSink):
         self._follow_generation()
         if self._tombstone_from_topics:
             self._tombstone_ms = self._retention(events[0].topic)
-        plan = plan_batch(events, self._keyspace, self.config.format, self._choose, self._live_ms,
-                          self._tombstone_ms, self._known_tables)
-        replies = self.pipeline.run(plan.commands)
+        plan = plan_batch(events, self._keyspace, self.config.format, self._choose, self._known_tables)
+        replies = self.pipeline.run(plan.commands, (self._live_ms, self._tombstone_ms))
         for (schema, table), version in plan.truncates.items():
             replies.extend(self._truncate(schema, table, version))
         self._count(replies)
@@ -170,21 +169,21 @@ class RedisSink(Sink, RebuildableSink):
         pattern = self._keyspace.table_pattern(schema, table)
         commands: list[Command] = []
         replies: list = []
-        args = ("d", str(version), str(self._live_ms), str(self._tombstone_ms))
+        ttls = (self._live_ms, self._tombstone_ms)
         try:
             for key in self.client.scan_iter(match=pattern, count=TRUNCATE_SCAN_COUNT):
                 row = key.decode() if isinstance(key, bytes) else key
                 if "{" in row:
                     continue  # a version companion, not a row (row keys never hold a brace)
-                commands.append(Command("row", (row, companion(row)), args))
+                commands.append(row_change((row, companion(row)), "d", str(version)))
                 if len(commands) >= TRUNCATE_SCAN_COUNT:
-                    replies.extend(self.pipeline.run(commands))
+                    replies.extend(self.pipeline.run(commands, ttls))
                     commands = []
         except (RetriableError, PermanentError):
             raise
         except Exception as err:  # noqa: BLE001
             raise translate(err, f"redis sink {self.config.name}: truncating {schema}.{table}") from err
-        replies.extend(self.pipeline.run(commands))
+        replies.extend(self.pipeline.run(commands, ttls))
         log.info("redis sink %s: truncate of %s.%s at version %d", self.config.name, schema, table, version)
         return replies
 

@@ -11,7 +11,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from sinks.redis.keys import KeySpace, companion
-from sinks.redis.pipeline import Command, ScriptPipeline
+from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
 
 pytestmark = pytest.mark.redis
 
@@ -52,20 +52,20 @@ def test_no_regression_no_resurrection_and_tombstones_expire(client):
     pipeline = ScriptPipeline(client, "t")
     row, comp = _row(prefix, 1)
 
-    def call(*args):
-        return pipeline.run([Command("row", (row, comp), tuple(str(a) if isinstance(a, int) else a for a in args))])[0]
+    def call(op, version, *payload):
+        return pipeline.run([row_change((row, comp), op, str(version), payload)], (0, 60_000))[0]
 
-    assert call("h", 10, 0, 60_000, "id", "1", "v", "new") == 1
-    assert call("h", 9, 0, 60_000, "id", "1", "v", "old") == 0          # older: ignored
+    assert call("h", 10, "id", "1", "v", "new") == 1
+    assert call("h", 9, "id", "1", "v", "old") == 0          # older: ignored
     assert client.hgetall(row) == {b"id": b"1", b"v": b"new"}
-    assert call("h", 10, 0, 60_000, "id", "1", "v", "same version") == 0  # a replay: no-op
-    assert call("h", 11, 0, 60_000, "id", "1") == 1                     # a dropped column disappears
+    assert call("h", 10, "id", "1", "v", "same version") == 0  # a replay: no-op
+    assert call("h", 11, "id", "1") == 1                     # a dropped column disappears
     assert client.hgetall(row) == {b"id": b"1"}
-    assert call("d", 12, 0, 60_000) == 2
+    assert call("d", 12) == 2
     assert not client.exists(row) and client.get(comp) == b"D12" and 0 < client.pttl(comp) <= 60_000
-    assert call("h", 11, 0, 60_000, "id", "1", "v", "late") == 0        # never resurrect
+    assert call("h", 11, "id", "1", "v", "late") == 0        # never resurrect
     assert not client.exists(row)
-    assert call("s", 13, 0, 60_000, '{"id":1}') == 1                    # a newer insert comes back
+    assert call("s", 13, '{"id":1}') == 1                    # a newer insert comes back
     assert client.get(row) == b'{"id":1}' and client.get(comp) == b"13" and client.pttl(comp) == -1
 
 
@@ -73,13 +73,14 @@ def test_a_log_tombstone_deletes_whatever_the_version_and_keeps_a_delete(client)
     client, prefix = client
     pipeline = ScriptPipeline(client, "t")
     row, comp = _row(prefix, 2)
-    pipeline.run([Command("row", (row, comp), ("s", "50", "0", "60000", "v50"))])
-    assert pipeline.run([Command("row", (row, comp), ("t", "0", "0", "60000"))]) == [2]
+    ttls = (0, 60_000)
+    pipeline.run([row_change((row, comp), "s", "50", ("v50",))], ttls)
+    assert pipeline.run([row_change((row, comp), "t", "0")], ttls) == [2]
     # The live version is forgotten: the records after the tombstone in the log apply again.
     assert not client.exists(row) and not client.exists(comp)
-    assert pipeline.run([Command("row", (row, comp), ("s", "50", "0", "60000", "v50"))]) == [1]
-    pipeline.run([Command("row", (row, comp), ("d", "60", "0", "60000"))])
-    assert pipeline.run([Command("row", (row, comp), ("t", "0", "0", "60000"))]) == [0]  # nothing to do
+    assert pipeline.run([row_change((row, comp), "s", "50", ("v50",))], ttls) == [1]
+    pipeline.run([row_change((row, comp), "d", "60")], ttls)
+    assert pipeline.run([row_change((row, comp), "t", "0")], ttls) == [0]  # nothing to do
     assert client.get(comp) == b"D60"
 
 
@@ -87,11 +88,37 @@ def test_live_ttl_and_invalidate(client):
     client, prefix = client
     pipeline = ScriptPipeline(client, "t")
     row, comp = _row(prefix, 3)
-    pipeline.run([Command("row", (row, comp), ("s", "5", "30000", "60000", "v"))])
+    pipeline.run([row_change((row, comp), "s", "5", ("v",))], (30_000, 60_000))
     assert 0 < client.pttl(row) <= 30_000 and 0 < client.pttl(comp) <= 30_000
     client.set(row, "filled by the application")
-    assert pipeline.run([Command("row", (row, comp), ("x", "6", "0", "60000"))]) == [1]
+    assert pipeline.run([row_change((row, comp), "x", "6")], (0, 60_000)) == [1]
     assert not client.exists(row)
     client.set(row, "filled again")
-    assert pipeline.run([Command("row", (row, comp), ("x", "4", "0", "60000"))]) == [0]  # older: kept
+    assert pipeline.run([row_change((row, comp), "x", "4")], (0, 60_000)) == [0]  # older: kept
     assert client.get(row) == b"filled again"
+
+
+def test_many_rows_in_grouped_calls_and_pipelines_in_flight_keep_their_order_of_replies(client):
+    """A single server groups rows into one script call each (guard.ROWS) and keeps two pipelines
+    in flight; a cluster sends one call per row, per master. The replies come back per row, in
+    order, either way."""
+    client, prefix = client
+    pipeline = ScriptPipeline(client, "t", pipeline_size=50, rows_per_call=7)
+    ttls = (0, 60_000)
+    keys = [_row(prefix, i) for i in range(300)]
+    first = [row_change(k, "h", str(100 + i), ("id", str(i))) for i, k in enumerate(keys)]
+    assert pipeline.run(first, ttls) == [1] * 300
+    # Every third row older (refused), every third deleted, the rest written; one applied call among them.
+    second = []
+    for i, k in enumerate(keys):
+        second.append(row_change(k, "h", str(50), ("id", "old")) if i % 3 == 0 else
+                      row_change(k, "d", str(200 + i)) if i % 3 == 1 else
+                      row_change(k, "h", str(200 + i), ("id", str(i), "v", "new")))
+        if i == 150:
+            second.append(Command("applied", (f"{prefix}:applied:src",), ("7",)))
+    expected = [0 if i % 3 == 0 else 2 if i % 3 == 1 else 1 for i in range(300)]
+    expected.insert(151, 1)
+    assert pipeline.run(second, ttls) == expected
+    assert client.hgetall(keys[0][0]) == {b"id": b"0"}
+    assert not client.exists(keys[1][0]) and client.get(keys[1][1]) == b"D201"
+    assert client.hgetall(keys[2][0]) == {b"id": b"2", b"v": b"new"}

@@ -81,10 +81,10 @@ def test_a_batch_keeps_the_newest_change_per_key_and_tombstones_after_it():
               _event(6, {"id": 3}, None, None),
               _event(7, {"id": 4}, None, None),
               _event(8, {"id": 4}, Op.CREATE, 30, {"id": 4})]
-    plan = plan_batch(events, space, "json", lambda row: row, 0, 1000, {})
+    plan = plan_batch(events, space, "json", lambda row: row, {})
     by_key = {c.keys[0]: c.args for c in plan.commands}
-    assert by_key["n:public.t:1"] == ("s", "20", "0", "1000", b'{"id":1,"v":"b"}')
-    assert by_key["n:public.t:2"] == ("d", "21", "0", "1000")
+    assert by_key["n:public.t:1"] == ("s", "20", b'{"id":1,"v":"b"}')
+    assert by_key["n:public.t:2"] == ("d", "21")
     assert by_key["n:public.t:3"][0] == "t"           # the log says: deleted; whatever version
     assert by_key["n:public.t:4"][:2] == ("s", "30")  # written again after its tombstone
     assert len(plan.commands) == 4
@@ -93,7 +93,7 @@ def test_a_batch_keeps_the_newest_change_per_key_and_tombstones_after_it():
 def test_truncates_are_returned_per_table_with_their_newest_version():
     space = KeySpace("{prefix}:{schema}.{table}:{key}", "n")
     events = [_event(0, {}, Op.TRUNCATE, 5), _event(1, {}, Op.TRUNCATE, 9), _event(2, {}, Op.TRUNCATE, 7)]
-    assert plan_batch(events, space, "hash", lambda r: r, 0, 1, {}).truncates == {("public", "t"): 9}
+    assert plan_batch(events, space, "hash", lambda r: r, {}).truncates == {("public", "t"): 9}
 
 
 def test_applied_versions_wait_for_every_partition():
