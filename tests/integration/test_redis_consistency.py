@@ -87,3 +87,28 @@ def test_an_application_that_waits_reads_its_own_writes(pg_dsn, kafka_bootstrap,
         _stop(source)
         _clear(client, prefix)
         client.close()
+
+
+def test_cdc_rebuild_writes_a_new_generation_switches_readers_and_drops_the_old(pg_dsn, kafka_bootstrap,
+                                                                               redis_url, tmp_path):
+    _seed(pg_dsn, rows=500)
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"b{uuid.uuid4().hex[:8]}"
+    config = _config(tmp_path, pg_dsn, kafka_bootstrap, redis_url, False, prefix, f"t_{uuid.uuid4().hex[:8]}")
+    source = _cli(config, "run", "--only", "src")
+    sink = _cli(config, "run", "--only", "cache")
+    try:
+        wait_until(lambda: len(_cache_rows(client, prefix)) == 500, timeout=120, what="the first fill")
+        _stop(sink)
+        execute(pg_dsn, "DELETE FROM accounts WHERE id > 400", "UPDATE accounts SET note = 'after' WHERE id < 10")
+        rebuild = subprocess.run([sys.executable, "-m", "cdc.cli", "rebuild", str(config), "cache"],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert rebuild.returncode == 0, rebuild.stderr[-3000:]
+        assert client.get(f"{prefix}.generation") == b"2"
+        assert _cache_rows(client, f"{prefix}.g2") == _source_rows(pg_dsn)
+        assert list(client.scan_iter(match=f"{prefix}:*")) == []  # generation 1 is gone, keys and all
+    finally:
+        _stop(sink)
+        _stop(source)
+        _clear(client, prefix)
+        client.close()
