@@ -52,6 +52,13 @@ here or on the ``SinkContext`` it is handed:
   retries the same batch; any other error splits the batch to find the poison event; a
   ``SchemaChangeError`` is never poison (the table needs a decision), and ``RebuildRequired``
   starts a rebuild of a ``RebuildableSink``;
+* database errors: ``servers`` (the package cdc/servers): ``servers.postgres`` (SQLSTATE) and
+  ``servers.mysql`` (errno) classify a driver error by its code into the error tree, with a message
+  that names the setting or grant to change: ``servers.postgres.wrap(err, what,
+  setting=servers.setting_of("sink", name, "url"))``; ``servers.postgres.connect`` opens a
+  connection and classifies its failure (checking the DSN first and asking libpq whether the
+  server answers, since a failed connect has no SQLSTATE). The sources and the SQL sink classify
+  through them, so a code means the same in every plugin;
 * the context: stats counters, a logger that names the connector, the topic prefix, the schema
   of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log;
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
@@ -73,6 +80,9 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Protocol, runtim
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
+import cdc.servers.mysql
+import cdc.servers.postgres
+from cdc import servers
 from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, RetriableError,
                         SchemaChangeError)
 from cdc.events import Batch, Op
@@ -87,6 +97,7 @@ __all__ = [
     "SelfDrivenSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
+    "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
     "load_sink_settings", "spark_jars",
 ]

@@ -4,20 +4,25 @@
     ├── RetriableError              yes: network, broker or server unavailable, lock timeouts
     │   └── LogUnavailableError     the log (Kafka broker, embedded file) cannot be reached now
     ├── PermanentError              no: something must be changed first
-    │   ├── ConfigError             a config file is invalid; .problems lists each (file, line, path)
+    │   ├── ConfigError             a config file is invalid; .problems lists each (file, line, path);
+    │   │                           or a setting the server refuses (a login, a database name, a
+    │   │                           connection option): the message names the setting
     │   │   └── PluginNotFoundError a source/sink ``type`` that no installed plugin provides
     │   ├── TopicConfigError        an existing topic is not set up as the contract needs (not compacted)
     │   ├── SchemaChangeError       a sink's target cannot follow a source schema change (policy: fail)
     │   │   └── RebuildRequired     ... and the policy says rebuild it from the topic
     │   ├── DecodeError             bytes from a database log that cannot be decoded (names where)
-    │   ├── PrerequisiteError       the database is not set up for capture; the message says the fix
+    │   ├── PrerequisiteError       the database is not set up for capture, or the role lacks a
+    │   │                           grant; the message says the fix and names the role
     │   ├── PositionLostError       the stored position is gone from the server (slot lost, binlog
     │   │                           purged); the message names the recovery (a new snapshot)
     │   └── DevStackError           the local stack of servers could not be set up or started
     └── DeliveryError               the log refused or lost a record; retriable per its error code
 
 Code that catches errors decides on ``err.retriable``, never on message text. Server errors are
-classified by their code (SQLSTATE, MySQL errno, Kafka error code) where they are wrapped.
+classified by their code where they are wrapped: database errors by ``cdc.servers.postgres``
+(SQLSTATE) and ``cdc.servers.mysql`` (errno), one table per server kind shared by sources and sinks;
+Kafka errors by their error code in ``cdc.log``.
 """
 
 from __future__ import annotations

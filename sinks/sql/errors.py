@@ -1,18 +1,18 @@
 """Database errors to the framework's error tree, by error code and class, never by message text.
 
-Retriable (the same write may succeed later): the connection failed or was lost, the server is
-shutting down or out of connections, a deadlock, a serialization failure, a lock timeout, or
-(SQLite/DuckDB) the database file is busy or a concurrent transaction conflicted.
-Data errors (a value that does not fit its column, a constraint) are permanent; ``is_data_error``
-tells the sink to find the column and key before it reports one. Everything else is permanent too.
+PostgreSQL and MySQL/MariaDB codes are classified by ``cdc.servers.postgres`` and
+``cdc.servers.mysql``, the same modules the sources use, so a code means the same on both sides:
+connection and restart errors, deadlocks, serialization failures and lock timeouts are retriable;
+a refused login, a missing database or a bad connection option is a ``ConfigError`` naming the
+sink's ``url``; a missing grant is a ``PrerequisiteError``; data errors (a value that does not fit
+its column, a constraint) are permanent and ``is_data_error`` tells the sink to find the column and
+key before it reports one. A PostgreSQL connection that never opened carries no SQLSTATE: libpq's
+answer to a ping decides (see cdc/servers/postgres.py).
 
-    PostgreSQL  SQLSTATE classes 08 (connection), 53 (resources), 57 (operator intervention),
-                40001, 40P01, 55P03; no SQLSTATE on an OperationalError/InterfaceError means the
-                connection broke. Data: classes 22 and 23.
-    MySQL       errno 1040 1053 1205 1213 1412 1615 1684 1927 4031 and every client error
-                (2000-2999: 2002 2003 2006 2013 2055 ...). Data: 1048 1062 1264 1265 1292 1366 1406 1411 1452 3140 4025.
-    SQLite      SQLITE_BUSY, SQLITE_LOCKED (primary result codes). Data: constraint/mismatch.
-    DuckDB      TransactionException, IOException, ConnectionException, InterruptException.
+The embedded targets have no server and are classified here:
+
+    SQLite      retriable: SQLITE_BUSY, SQLITE_LOCKED (primary result codes). Data: constraint/mismatch.
+    DuckDB      retriable: TransactionException, IOException, ConnectionException, InterruptException.
                 Data: ConversionException, ConstraintException, OutOfRangeException.
 """
 
@@ -21,8 +21,12 @@ from __future__ import annotations
 import sqlite3
 
 import sqlalchemy.exc
+from sqlalchemy.engine import make_url
 
-from cdc.api import CdcError, PermanentError, RetriableError
+from cdc.api import CdcError, servers
+
+Kind, as_error = servers.Kind, servers.as_error
+mysql_errors, pg_errors = servers.mysql, servers.postgres
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError)
 for _module, _name in (("psycopg2", "Error"), ("pymysql", "Error"), ("duckdb", "Error")):
@@ -31,80 +35,79 @@ for _module, _name in (("psycopg2", "Error"), ("pymysql", "Error"), ("duckdb", "
     except ImportError:  # an optional driver that is not installed cannot raise either
         pass
 
-_PG_RETRIABLE_CLASSES = {"08", "53", "57"}
-_PG_RETRIABLE = {"40001", "40P01", "55P03"}
-_PG_DATA_CLASSES = {"22", "23"}
-# 1412 table definition changed, 1615 re-prepare, 1684 skipped in information_schema: concurrent DDL
-_MYSQL_RETRIABLE = {1040, 1053, 1205, 1213, 1412, 1615, 1684, 1927, 4031}
-_MYSQL_DATA = {1048, 1062, 1264, 1265, 1292, 1366, 1406, 1411, 1452, 3140, 4025}
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_DUCKDB_RETRIABLE = ("TransactionException", "IOException", "ConnectionException", "InterruptException")
+_DUCKDB_DATA = ("ConversionException", "ConstraintException", "OutOfRangeException")
 
 
 def _driver_error(err: BaseException) -> BaseException:
     return getattr(err, "orig", None) or err
 
 
-def _pg_code(err: BaseException) -> str | None:
-    return getattr(err, "pgcode", None)
-
-
-def _mysql_errno(err: BaseException) -> int | None:
-    if type(err).__module__.startswith("pymysql") and err.args and isinstance(err.args[0], int):
-        return err.args[0]
-    return None
+def _is_psycopg2(err: BaseException) -> bool:
+    return type(err).__module__.startswith("psycopg2")
 
 
 def _duckdb_kind(err: BaseException) -> str | None:
     return type(err).__name__ if type(err).__module__.lstrip("_").startswith("duckdb") else None
 
 
-def is_retriable(err: BaseException) -> bool:
+def _connecting(err: BaseException) -> bool:
+    """SQLAlchemy raised ``err`` while opening a connection (no statement was running)."""
+    return isinstance(err, sqlalchemy.exc.DBAPIError) and err.statement is None
+
+
+def _libpq_dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def classify(err: BaseException, url: str | None = None) -> tuple[Kind, str]:
+    """The kind of ``err`` and a note for its message. ``url``: the target's, to ask a PostgreSQL
+    server that refused a connection without a code whether it answers at all."""
     if isinstance(err, sqlalchemy.exc.DBAPIError) and err.connection_invalidated:
-        return True
+        return Kind.RETRIABLE, ""
     if isinstance(err, (sqlalchemy.exc.DisconnectionError, sqlalchemy.exc.TimeoutError, ConnectionError)):
-        return True
+        return Kind.RETRIABLE, ""
     orig = _driver_error(err)
-    if type(orig).__module__.startswith("psycopg2"):
-        code = _pg_code(orig)
-        if code is None:
-            return type(orig).__name__ in ("OperationalError", "InterfaceError")
-        return code[:2] in _PG_RETRIABLE_CLASSES or code in _PG_RETRIABLE
-    errno = _mysql_errno(orig)
-    if errno is not None:
-        return errno in _MYSQL_RETRIABLE or 2000 <= errno < 3000
+    if _is_psycopg2(orig):
+        if pg_errors.sqlstate(orig) is None and _connecting(err) and url is not None:
+            return pg_errors.connect_failure(orig, _libpq_dsn(url))
+        return pg_errors.classify(orig), ""
+    if mysql_errors.errno_of(orig) is not None:
+        return mysql_errors.classify(orig), ""
     if isinstance(orig, sqlite3.Error):
         code = getattr(orig, "sqlite_errorcode", None)
-        return code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+        if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+            return Kind.RETRIABLE, ""
+        return (Kind.DATA if isinstance(orig, (sqlite3.IntegrityError, sqlite3.DataError)) else Kind.PERMANENT), ""
     kind = _duckdb_kind(orig)
-    if kind is not None:
-        return kind in ("TransactionException", "IOException", "ConnectionException", "InterruptException")
-    return False
+    if kind in _DUCKDB_RETRIABLE:
+        return Kind.RETRIABLE, ""
+    if kind in _DUCKDB_DATA:
+        return Kind.DATA, ""
+    return Kind.PERMANENT, ""
+
+
+def is_retriable(err: BaseException) -> bool:
+    return classify(err)[0] is Kind.RETRIABLE
 
 
 def is_data_error(err: BaseException) -> bool:
-    orig = _driver_error(err)
-    code = _pg_code(orig)
-    if code is not None:
-        return code[:2] in _PG_DATA_CLASSES
-    errno = _mysql_errno(orig)
-    if errno is not None:
-        return errno in _MYSQL_DATA
-    if isinstance(orig, (sqlite3.IntegrityError, sqlite3.DataError)):
-        return True
-    return _duckdb_kind(orig) in ("ConversionException", "ConstraintException", "OutOfRangeException")
+    return classify(err)[0] is Kind.DATA
 
 
 def describe(err: BaseException) -> str:
     """The driver's error with its code, without SQLAlchemy's statement dump."""
     orig = _driver_error(err)
-    code = _pg_code(orig) or _mysql_errno(orig) or getattr(orig, "sqlite_errorname", None)
+    code = pg_errors.sqlstate(orig) or mysql_errors.errno_of(orig) or getattr(orig, "sqlite_errorname", None)
     text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
     return f"{type(orig).__name__}{f' [{code}]' if code else ''}: {text}"
 
 
-def translate(err: BaseException, what: str) -> CdcError:
-    """``err`` as a RetriableError or PermanentError that says what failed."""
+def translate(err: BaseException, what: str, *, setting: str = "the sink's url (or url_file)",
+              url: str | None = None, role: str | None = None) -> CdcError:
+    """``err`` as the error its code means, saying what failed and which setting to change."""
     if isinstance(err, CdcError):
         return err
-    cls = RetriableError if is_retriable(err) else PermanentError
-    return cls(f"{what}: {describe(err)}")
+    kind, note = classify(err, url)
+    return as_error(kind, f"{what}: {describe(err)}" + (f" ({note})" if note else ""), setting=setting, role=role)

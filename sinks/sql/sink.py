@@ -32,7 +32,8 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from cdc.api import CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError, Sink, SinkEvent
+from cdc.api import (CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError, Sink, SinkEvent,
+                     servers)
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -123,7 +124,8 @@ class SqlSink(Sink, RebuildableSink):
                     where = failed.plan.tbl if failed.plan is not None else "staging the batch"
                     if failed.plan is not None and is_data_error(failed.error):
                         raise self._diagnose(failed.plan, failed.error) from failed.error
-                    raise translate(failed.error, f"sql sink {self.config.name}: {where}") from failed.error
+                    raise translate(failed.error, f"sql sink {self.config.name}: {where}",
+                                    setting=servers.setting_of("sink", self.config.name, "url")) from failed.error
             else:
                 raise RetriableError(f"sql sink {self.config.name}: the current generation kept changing "
                                      f"during the write")
@@ -158,6 +160,12 @@ class SqlSink(Sink, RebuildableSink):
                                   f"column): {describe(error)}")
         key_json, event = upserts[0]
         key_names = {c.name for c in plan.key_columns}
+        missing = sorted(name for name in key_names if event.after.get(name) is None and event.key.get(name) is None)
+        if missing:  # every column would fail on the key's NOT NULL: name the key, not the first column
+            return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: key {key_json.decode()}: the row has "
+                                  f"no value for the table's key column{'s' if len(missing) > 1 else ''} "
+                                  f"{', '.join(missing)} (neither in the record's key nor in its after): "
+                                  f"{describe(error)}")
         for column in plan.columns:
             value = event.after.get(column.name)
             if column.key or column.skipped or value is None:
@@ -235,4 +243,13 @@ class SqlSink(Sink, RebuildableSink):
         except CdcError:
             raise
         except DRIVER_ERRORS as err:
-            raise translate(err, f"sql sink {self.config.name}: {what}") from err
+            url = self.config.url.get_secret_value()
+            raise translate(err, f"sql sink {self.config.name}: {what}", url=url, role=_user_of(url),
+                            setting=servers.setting_of("sink", self.config.name, "url")) from err
+
+
+def _user_of(url: str) -> str | None:
+    try:
+        return sa.engine.make_url(url).username
+    except sa.exc.ArgumentError:
+        return None

@@ -15,6 +15,7 @@ import pymysql
 
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import TableId
+from cdc.api import servers
 from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.ddl import ColumnDef, normalize_column_type
@@ -46,7 +47,9 @@ def connect(config: MySqlConfig, *, raw: bool = False, **extra) -> pymysql.conne
     try:
         return pymysql.connect(**kwargs)
     except pymysql.Error as err:
-        raise wrap(err, f"connecting to {settings['host']}:{settings['port']} as {settings['user']}") from err
+        raise wrap(err, f"source {config.name}: connecting to {settings['host']}:{settings['port']} as "
+                        f"{settings['user']}", setting=servers.setting_of("source", config.name, "url"),
+                   role=settings["user"]) from err
 
 
 def query(conn, sql: str, args: tuple | None = None, what: str | None = None) -> list[tuple]:

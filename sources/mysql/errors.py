@@ -1,38 +1,26 @@
-"""MySQL/MariaDB errors as the framework's typed errors, classified by errno, never by message."""
+"""MySQL/MariaDB errors of this source as the framework's typed errors: the classification by errno
+is ``cdc.servers.mysql`` (shared with the SQL sink); what is added here is what only the source
+knows: a 1236 from the binlog dump before any event means the stored position is gone."""
 
 from __future__ import annotations
 
-import pymysql
+from cdc.errors import CdcError, PositionLostError, RetriableError
+from cdc.api import servers
 
-from cdc.errors import CdcError, PermanentError, PositionLostError, PrerequisiteError, RetriableError
-
-# Client-side: the connection broke or never opened (CR_* codes), and server-side conditions
-# that pass: too many connections, lock wait timeout, deadlock, query interrupted, shutdown.
-_RETRIABLE = {2002, 2003, 2006, 2013, 2055, 1040, 1053, 1205, 1213, 1317, 1927, 1160, 1161}
-_DENIED = {1044, 1045, 1142, 1143, 1227, 1370}  # access denied (db, user, table, column, privilege)
 ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
+DEFAULT_SETTING = "the source's url (or url_file)"
 
 
-def errno_of(exc: BaseException) -> int | None:
-    args = getattr(exc, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
-def wrap(exc: BaseException, what: str, *, reading_binlog: bool = False) -> CdcError:
+def wrap(exc: BaseException, what: str, *, reading_binlog: bool = False, setting: str = DEFAULT_SETTING,
+         role: str | None = None) -> CdcError:
     """``reading_binlog``: the error came from the binlog dump before any event arrived, so 1236
     means the requested position is not on the server any more."""
     if isinstance(exc, CdcError):
         return exc
-    code = errno_of(exc)
-    detail = (str(exc.args[1]) if len(getattr(exc, "args", ())) > 1 else str(exc)) or type(exc).__name__
-    message = f"{what}: {detail}" + (f" (errno {code})" if code else "")
-    if code is None or code in _RETRIABLE or isinstance(exc, (ConnectionError, TimeoutError)):
-        return RetriableError(message)
-    if code in _DENIED:
-        return PrerequisiteError(message + "; grant the privilege named (GRANT ... ON *.* TO <user>)")
-    if code == ER_MASTER_FATAL_ERROR_READING_BINLOG and reading_binlog:
-        return PositionLostError(message + "; the binlog the stored position needs is gone (purged or reset). "
-                                 "Recovery: take a new snapshot (snapshot: when_needed does this by itself)")
-    if isinstance(exc, pymysql.err.OperationalError) and code >= 2000:
-        return RetriableError(message)
-    return PermanentError(message)
+    if reading_binlog and servers.mysql.errno_of(exc) == ER_MASTER_FATAL_ERROR_READING_BINLOG:
+        return PositionLostError(f"{what}: {servers.mysql.describe(exc)}; the binlog the stored position needs is "
+                                 "gone (purged or reset). Recovery: take a new snapshot (snapshot: when_needed "
+                                 "does this by itself)")
+    if servers.mysql.errno_of(exc) is None:  # a socket or packet failure under the client: the link broke
+        return RetriableError(f"{what}: {type(exc).__name__}: {exc}")
+    return servers.mysql.wrap(exc, what, setting=setting, role=role)

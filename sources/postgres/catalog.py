@@ -7,10 +7,13 @@ operator exactly what to change (wal_level, slots, privileges, keys).
 from __future__ import annotations
 
 import fnmatch
+import logging
 from dataclasses import dataclass, field
 
 from cdc.errors import PrerequisiteError
 from cdc.events import TableId
+
+log = logging.getLogger(__name__)
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 
@@ -60,9 +63,11 @@ def check_server(conn) -> None:
         if used_senders >= senders:
             raise PrerequisiteError(f"all {senders} WAL senders are in use (max_wal_senders): raise it "
                                     "(ALTER SYSTEM SET max_wal_senders = ...; restart)")
-        cur.execute("SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user")
-        if not cur.fetchone()[0]:
-            raise PrerequisiteError("the role has no REPLICATION privilege: ALTER ROLE <role> WITH REPLICATION")
+        cur.execute("SELECT current_user, rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user")
+        role, may_replicate = cur.fetchone()
+        if not may_replicate:
+            raise PrerequisiteError(f"the role {role} has no REPLICATION privilege: ALTER ROLE {_ident(role)} "
+                                    "WITH REPLICATION")
         encoding = _one(cur, "SHOW server_encoding")
         if encoding != "UTF8":
             raise PrerequisiteError(f"server_encoding is {encoding}; the source reads UTF8 text only")
@@ -151,24 +156,62 @@ def captured_tables(conn, globs: list[str], database: str,
             if matches(schema, name, globs)]
 
 
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _table_list(tables: list[TableMeta]) -> str:
+    return ", ".join(f"{_ident(t.id.schema)}.{_ident(t.id.table)}" for t in tables)
+
+
+def check_readable(conn, tables: list[TableMeta]) -> None:
+    """The snapshot reads every captured table: the role needs SELECT on each."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_user, array_agg(c.oid) FILTER (WHERE NOT has_table_privilege(c.oid, 'SELECT')) "
+                    "FROM pg_class c WHERE c.oid = ANY(%s::oid[])", ([t.oid for t in tables],))
+        role, unreadable = cur.fetchone()
+    conn.rollback()
+    if unreadable:
+        names = _table_list([t for t in tables if t.oid in set(unreadable)])
+        raise PrerequisiteError(f"the role {role} may not read {names}, which the snapshot needs: "
+                                f"GRANT SELECT ON {names} TO {_ident(role)}")
+
+
 def ensure_publication(conn, name: str, globs: list[str], tables: list[TableMeta], manage: bool) -> None:
-    """The publication exists and covers ``tables``; ``schema.*`` globs publish the whole schema,
-    so tables created later are captured too (PostgreSQL 15+)."""
+    """The publication exists and covers ``tables``.
+
+    ``schema.*`` globs (all of them) on PostgreSQL 15+ publish the whole schema, so tables created
+    later are captured too; but ``FOR TABLES IN SCHEMA`` needs a superuser. Any other role gets a
+    publication ``FOR TABLE`` the matching tables, which PostgreSQL allows to the owner of each table
+    with CREATE on the database; a table created later is added at the next start (its rows from
+    before that are not in the stream). A missing grant is named with the statement that fixes it.
+    """
     with conn.cursor() as cur:
         exists = _one(cur, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (name,))
         version = int(_one(cur, "SHOW server_version_num"))
+        cur.execute("SELECT current_user, rolsuper, has_database_privilege(current_database(), 'CREATE'), "
+                    "current_database() FROM pg_roles WHERE rolname = current_user")
+        role, superuser, may_create, database = cur.fetchone()
         schemas = sorted({g[:-2] for g in globs if g.endswith(".*") and "*" not in g[:-2]})
         whole_schemas = version >= 150000 and all(g.endswith(".*") and "*" not in g[:-2] for g in globs)
         if not exists:
             if not manage:
                 raise PrerequisiteError(f"publication {name} does not exist (manage_publication is off): "
-                                        f"CREATE PUBLICATION {name} FOR TABLE ...")
-            if whole_schemas:
-                cur.execute(f'CREATE PUBLICATION "{name}" FOR TABLES IN SCHEMA '
-                            + ", ".join(f'"{s}"' for s in schemas))
+                                        f"CREATE PUBLICATION {_ident(name)} FOR TABLE ...")
+            if not superuser and not may_create:
+                raise PrerequisiteError(
+                    f"the role {role} may not create the publication {name}: GRANT CREATE ON DATABASE "
+                    f"{_ident(database)} TO {_ident(role)}, or let a table owner create it (CREATE PUBLICATION "
+                    f"{_ident(name)} FOR TABLE ...) and set manage_publication: false")
+            if whole_schemas and superuser:
+                cur.execute(f"CREATE PUBLICATION {_ident(name)} FOR TABLES IN SCHEMA "
+                            + ", ".join(_ident(s) for s in schemas))
             elif tables:
-                cur.execute(f'CREATE PUBLICATION "{name}" FOR TABLE '
-                            + ", ".join(f'"{t.id.schema}"."{t.id.table}"' for t in tables))
+                _check_owned(cur, name, role, tables)
+                if whole_schemas:
+                    log.info("the role %s is not a superuser: publication %s lists the %d tables of %s; a table "
+                             "created later is added at the next start", role, name, len(tables), globs)
+                cur.execute(f"CREATE PUBLICATION {_ident(name)} FOR TABLE {_table_list(tables)}")
             else:
                 raise PrerequisiteError(f"no table matches {globs}: nothing to capture")
         else:
@@ -177,8 +220,25 @@ def ensure_publication(conn, name: str, globs: list[str], tables: list[TableMeta
             missing = [t for t in tables if (t.id.schema, t.id.table) not in published]
             if missing:
                 if not manage:
-                    raise PrerequisiteError(f"publication {name} lacks {[str(t.id) for t in missing]} "
-                                            "(manage_publication is off): ALTER PUBLICATION ... ADD TABLE ...")
-                cur.execute(f'ALTER PUBLICATION "{name}" ADD TABLE '
-                            + ", ".join(f'"{t.id.schema}"."{t.id.table}"' for t in missing))
+                    raise PrerequisiteError(f"publication {name} lacks {_table_list(missing)} (manage_publication "
+                                            f"is off): ALTER PUBLICATION {_ident(name)} ADD TABLE "
+                                            f"{_table_list(missing)}")
+                _check_owned(cur, name, role, missing)
+                cur.execute(f"ALTER PUBLICATION {_ident(name)} ADD TABLE {_table_list(missing)}")
+                log.warning("added %s to publication %s: they are streamed from now on; rows they got before "
+                            "are captured only by a snapshot", _table_list(missing), name)
     conn.commit()
+
+
+def _check_owned(cur, publication: str, role: str, tables: list[TableMeta]) -> None:
+    """PostgreSQL adds a table to a publication only for its owner (or a member of the owning role)."""
+    cur.execute("SELECT array_agg(c.oid) FILTER (WHERE NOT pg_has_role(c.relowner, 'USAGE')) "
+                "FROM pg_class c WHERE c.oid = ANY(%s::oid[])", ([t.oid for t in tables],))
+    foreign = set(cur.fetchone()[0] or ())
+    if foreign:
+        names = _table_list([t for t in tables if t.oid in foreign])
+        raise PrerequisiteError(
+            f"the role {role} does not own {names}, and only a table's owner may add it to publication "
+            f"{publication}: ALTER TABLE ... OWNER TO {_ident(role)} for each (or GRANT the owning role to "
+            f"{_ident(role)}), or let the owner run CREATE PUBLICATION {_ident(publication)} FOR TABLE {names} "
+            "(ALTER PUBLICATION ... ADD TABLE for a new one) and set manage_publication: false")

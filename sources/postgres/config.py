@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from cdc.api import ConfigPath, SourceConfig
+from cdc.api import ConfigPath, SourceConfig, servers
 
 
 class PostgresConfig(SourceConfig):
@@ -35,6 +35,16 @@ class PostgresConfig(SourceConfig):
                                               "relative to the config file's directory")
     protocol_version: int | None = Field(default=None, ge=1, le=4,
                                          description="pgoutput protocol (default: the newest the server has)")
+
+    @field_validator("dsn")
+    @classmethod
+    def _libpq_dsn(cls, value: SecretStr) -> SecretStr:
+        # Checked here too, so `cdc validate` names the option with the file's line; the message
+        # names the option, never the DSN (it may hold the password).
+        problem = servers.postgres.dsn_problem(value.get_secret_value())
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @property
     def slot_name(self) -> str:

@@ -1,27 +1,29 @@
-"""PostgreSQL errors as the framework's typed errors, classified by SQLSTATE, never by message."""
+"""PostgreSQL errors of this source as the framework's typed errors: the classification by SQLSTATE
+is ``cdc.servers.postgres`` (shared with the SQL sink); what is added here is what only the source
+knows: a 55000 while reading the slot means the slot's position is gone."""
 
 from __future__ import annotations
 
-import psycopg2
+from cdc.errors import CdcError, PositionLostError
+from cdc.api import servers
 
-from cdc.errors import CdcError, PermanentError, PositionLostError, RetriableError
-
-# SQLSTATE classes and codes after which the same call may succeed.
-_RETRIABLE_CLASSES = ("08", "53", "57", "58")  # connection, resources, operator intervention, system
-_RETRIABLE_CODES = {"40001", "40P01", "55P03", "55006"}  # serialization, deadlock, lock, object in use
-_LOST_CODES = {"55000"}  # object_not_in_prerequisite_state: e.g. "can no longer get changes from slot"
+_LOST = "55000"  # object_not_in_prerequisite_state: e.g. "can no longer get changes from slot"
+DEFAULT_SETTING = "the source's dsn (or dsn_file)"
 
 
-def wrap(exc: psycopg2.Error, what: str, *, on_slot: bool = False) -> CdcError:
+def wrap(exc: BaseException, what: str, *, on_slot: bool = False, setting: str = DEFAULT_SETTING,
+         role: str | None = None) -> CdcError:
     """``on_slot``: the call read from the replication slot, so 55000 means its position is lost."""
-    code = getattr(exc, "pgcode", None)
-    detail = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-    message = f"{what}: {detail}" + (f" (SQLSTATE {code})" if code else "")
-    if code is None:  # no answer from a server: the connection broke or never opened
-        return RetriableError(message)
-    if code in _RETRIABLE_CODES or code[:2] in _RETRIABLE_CLASSES:
-        return RetriableError(message)
-    if code in _LOST_CODES and on_slot:
-        return PositionLostError(message + "; the slot's position is gone: drop it and take a new snapshot "
-                                 "(snapshot: when_needed does this by itself)")
-    return PermanentError(message)
+    if isinstance(exc, CdcError):
+        return exc
+    if on_slot and servers.postgres.sqlstate(exc) == _LOST:
+        return PositionLostError(f"{what}: {servers.postgres.describe(exc)}; the slot's position is gone: drop it and "
+                                 "take a new snapshot (snapshot: when_needed does this by itself)")
+    return servers.postgres.wrap(exc, what, setting=setting, role=role)
+
+
+def connect(dsn: str, what: str, *, setting: str = DEFAULT_SETTING, **kwargs):
+    """A connection of this source, its failure classified as ``cdc.servers.postgres.connect`` does
+    (a refused login or a missing replication line in pg_hba.conf is permanent; a server that is
+    down or restarting is retriable)."""
+    return servers.postgres.connect(dsn, what=what, setting=setting, **kwargs)

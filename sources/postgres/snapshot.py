@@ -28,7 +28,7 @@ import psycopg2
 
 from cdc.events import ChangeEvent, Op, SnapshotMarker
 from sources.postgres.catalog import TableMeta
-from sources.postgres.errors import wrap
+from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 from sources.postgres.types import TypeInfo, parse_copy_text_line
 from sources.postgres.types.server_json import json_expression
@@ -124,9 +124,11 @@ class _CopySink:
 class SnapshotReader:
     """One reader connection inside the exported snapshot."""
 
-    def __init__(self, dsn: str, options: str, snapshot_name: str, application_name: str) -> None:
+    def __init__(self, dsn: str, options: str, snapshot_name: str, application_name: str,
+                 setting: str = DEFAULT_SETTING) -> None:
+        self.conn = connect(dsn, "opening a snapshot reader", setting=setting, options=options,
+                            application_name=application_name)
         try:
-            self.conn = psycopg2.connect(dsn, options=options, application_name=application_name)
             with self.conn.cursor() as cur:
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))

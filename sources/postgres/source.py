@@ -30,13 +30,13 @@ from typing import Any, Callable
 import psycopg2
 import psycopg2.extras
 
-from cdc.api import SnapshotMode, Source
+from cdc.api import SnapshotMode, Source, servers
 from cdc.errors import PermanentError, PositionLostError, RetriableError
 from cdc.events import Batch, Column, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import PgLsn, Position
 from snapshot.parallel import ParallelSnapshot
 from sources.postgres import pgoutput as pg
-from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slot, check_server,
+from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slot, check_readable, check_server,
                                       ensure_publication, matches, table_meta)
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
@@ -64,6 +64,8 @@ class PostgresSource(Source):
         self.dsn = config.dsn.get_secret_value()
         self.options = session_options()
         self.app_name = f"cdc-{config.name}"[:63]
+        self.setting = servers.setting_of("source", config.name, "dsn")  # named by errors that a setting can fix
+        self.role: str | None = servers.postgres.role_of(self.dsn)     # the server's current_user once connected
         self._phase = "starting"
         self._finished = False
         self._stopping = threading.Event()
@@ -99,18 +101,21 @@ class PostgresSource(Source):
 
     def start(self) -> None:
         cfg = self.cfg
+        setting = self.setting
+        self.conn = servers.postgres.connect(self.dsn, what=f"source {cfg.name}: connecting", setting=setting,
+                                      options=self.options, application_name=self.app_name)
         try:
-            self.conn = psycopg2.connect(self.dsn, options=self.options, application_name=self.app_name)
             check_server(self.conn)
             with self.conn.cursor() as cur:
-                cur.execute("SELECT current_database(), current_setting('server_version_num')::int")
-                self.database, version = cur.fetchone()
+                cur.execute("SELECT current_database(), current_setting('server_version_num')::int, current_user")
+                self.database, version, self.role = cur.fetchone()
             self.conn.rollback()
             tables = captured_tables(self.conn, cfg.tables, self.database, cfg.key_columns)
             self.tables = {t.oid: t for t in tables}
+            check_readable(self.conn, tables)
             ensure_publication(self.conn, cfg.publication_name, cfg.tables, tables, cfg.manage_publication)
         except psycopg2.Error as err:
-            raise wrap(err, f"source {cfg.name}: preparing capture") from err
+            raise wrap(err, f"source {cfg.name}: preparing capture", setting=setting, role=self.role) from err
         self.protocol = cfg.protocol_version or (4 if version >= 160000 else 3 if version >= 150000
                                                  else 2 if version >= 140000 else 1)
         self.server_version = version
@@ -121,7 +126,11 @@ class PostgresSource(Source):
         self.builder = ChangeBuilder(self.database, self._lookup_table, self._converters_for, self.toast,
                                      self._type_name)
         self._type_names: dict[tuple[int, int], str] = {}
-        self._decide()
+        try:
+            self._decide()
+        except psycopg2.Error as err:  # e.g. the server restarting while the slot is looked up
+            raise wrap(err, f"source {cfg.name}: deciding between snapshot and stream", setting=setting,
+                       role=self.role) from err
 
     def _decide(self) -> None:
         cfg, position, mode = self.cfg, self.start_position, self.cfg.snapshot
@@ -200,8 +209,9 @@ class PostgresSource(Source):
         """Create the slot; with ``export``, keep its connection open and return (connection,
         consistent LSN, snapshot name): the snapshot lives as long as that connection is idle."""
         check_free_slot(self.conn)
-        repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                options=self.options, application_name=self.app_name)
+        repl = servers.postgres.connect(self.dsn, what=f"source {self.cfg.name}: opening a replication connection",
+                                 setting=self.setting, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                 options=self.options, application_name=self.app_name)
         cur = repl.cursor()
         if self.server_version >= 150000:
             how = "(SNAPSHOT 'export')" if export else "(SNAPSHOT 'nothing')"
@@ -229,7 +239,7 @@ class PostgresSource(Source):
         self.conn.rollback()
         repl, consistent, snapshot_name = self._create_slot(export=True)
         try:
-            readers = [SnapshotReader(self.dsn, self.options, snapshot_name, self.app_name)
+            readers = [SnapshotReader(self.dsn, self.options, snapshot_name, self.app_name, self.setting)
                        for _ in range(cfg.snapshot_workers)]
             with self.conn.cursor() as cur:
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -299,7 +309,7 @@ class PostgresSource(Source):
     def _start_stream(self, lsn: int) -> None:
         cfg = self.cfg
         self.stream = ReplicationStream(self.dsn, self.options, cfg.slot_name, cfg.publication_name,
-                                        self.protocol, lsn, cfg.status_interval, self.app_name)
+                                        self.protocol, lsn, cfg.status_interval, self.app_name, self.setting)
         self._phase = "streaming"
         self.last_activity = time.monotonic()
         log.info("streaming from %s (pgoutput protocol %d)", PgLsn(lsn), self.protocol,

@@ -27,17 +27,19 @@ from typing import Iterator
 import psycopg2
 import psycopg2.extras
 
-from sources.postgres.errors import wrap
+from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 
 log = logging.getLogger(__name__)
 
 
 class ReplicationStream:
     def __init__(self, dsn: str, options: str, slot: str, publication: str, protocol: int,
-                 start_lsn: int, status_interval: float, application_name: str) -> None:
+                 start_lsn: int, status_interval: float, application_name: str,
+                 setting: str = DEFAULT_SETTING) -> None:
+        self.conn = connect(dsn, f"opening the replication connection for slot {slot}", setting=setting,
+                            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                            options=options, application_name=application_name)
         try:
-            self.conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                         options=options, application_name=application_name)
             self.cursor = self.conn.cursor()
             plugin_options = {"proto_version": str(protocol), "publication_names": publication,
                               "messages": "true"}

@@ -25,6 +25,7 @@ from cdc.dev.services import free_port
 from cdc.offsets import OffsetStore
 from cdc.positions import Counter
 from sources.generator import GeneratorConfig, GeneratorSource
+from tests.integration.pg_capture import wait_until
 
 TOPIC_SUFFIX = "public.items"
 
@@ -173,17 +174,23 @@ def test_sigterm_drains_and_http_answers(tmp_path):
 
 @pytest.mark.slow
 def test_kill_9_cycles_lose_nothing_and_never_store_ahead(tmp_path, log_kind):
-    total = 60_000
+    total = 120_000
     config, _ = _write_config(tmp_path, *log_kind, events=total, rate=3000)
     rng = random.Random(1)
     log_, prefix = _open_log(config)
     offsets_seen = []
     try:
         for cycle in range(8):
+            before = _stored(log_, prefix)
             process = _start(config)
-            time.sleep(rng.uniform(1.5, 4.0))  # a worker takes ~1 s to start (more on a busy machine)
-            os.killpg(process.pid, signal.SIGKILL)  # the supervisor and its worker, mid-flight
-            process.wait()
+            try:
+                # Strike once this run stored an offset of its own (a blind sleep lands in start-up
+                # on a busy machine), then at a random moment of the stream.
+                wait_until(lambda: _stored(log_, prefix) > before, timeout=120, what="this run to store an offset")
+                time.sleep(rng.uniform(0.0, 1.0))
+            finally:
+                os.killpg(process.pid, signal.SIGKILL)  # the supervisor and its worker, mid-flight
+                process.wait()
             offset, _ = _assert_offset_not_ahead(log_, prefix, total)
             offsets_seen.append(offset)
         assert offsets_seen == sorted(offsets_seen), f"the stored offset went backwards: {offsets_seen}"

@@ -154,21 +154,29 @@ def test_kill_9_cycles_lose_no_change(pg_dsn, kafka_bootstrap, tmp_path):
         return subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
 
+    from cdc.log.kafka import KafkaLog
+    from cdc.offsets import OffsetStore
+
+    log = KafkaLog(kafka_bootstrap)
     thread = threading.Thread(target=writer)
     thread.start()
     rng = random.Random(11)
     try:
         for _ in range(20):
+            before = OffsetStore(log, prefix).load("pg")
             process = run()
-            time.sleep(rng.uniform(1.0, 3.5))
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            try:
+                # Strike only after this run stored a position of its own: a blind sleep lands in
+                # start-up on a busy machine. Then at a random moment of the stream.
+                wait_until(lambda: (lambda p: p is not None and p != before)(OffsetStore(log, prefix).load("pg")),
+                           timeout=120, what="this run to store a position")
+                time.sleep(rng.uniform(0.0, 1.5))
+            finally:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     finally:
         stop.set()
         thread.join()
-    from cdc.log.kafka import KafkaLog
-
-    log = KafkaLog(kafka_bootstrap)
     final = run()
     try:
         ledger = table_rows(pg_dsn, "ledger")

@@ -133,10 +133,16 @@ def test_sink_killed_at_random_points_ends_equal_to_the_source(pg_dsn, target_ds
     try:
         with Writer(pg_dsn) as writer:
             for _ in range(8):
+                before = _rows(target_dsn)
                 sink = _run(config, "wh")
-                time.sleep(rng.uniform(1.0, 3.0))
-                os.killpg(sink.pid, signal.SIGKILL)
-                sink.wait()
+                try:
+                    # Strike only once this run wrote to the target (a blind sleep lands in start-up
+                    # on a busy machine), then at a random moment of its stream.
+                    wait_until(lambda: _rows(target_dsn) != before, timeout=120, what="this run to write")
+                    time.sleep(rng.uniform(0.0, 1.5))
+                finally:
+                    os.killpg(sink.pid, signal.SIGKILL)
+                    sink.wait()
         assert writer.changes > 500
         sink = _run(config, "wh")
         try:
