@@ -103,13 +103,14 @@ class RedisSink(Sink, RebuildableSink):
                                  f"Redis 8, valkey-json) or use format: json")
 
     def stop(self) -> None:
+        """Stop the publisher, finish background drops, close the connections. The client stays:
+        a later call (``current_generation``, as ``cdc rebuild`` reports) connects again."""
         if self._publisher is not None:
             self._publisher.stop()
             self._publisher = None
         if self.client is not None:
             self.generations.wait()
             self.client.close()
-            self.client = None
 
     def _started(self) -> None:
         if self.client is None:
