@@ -9,7 +9,9 @@ tombstones; the applied position of each source is published for read-your-write
     values.py       column choice; hash fields, JSON strings, RedisJSON documents
     guard.py        the Lua scripts: guarded write/delete/tombstone, the applied version
     plan.py         a batch -> the newest change per key -> script calls
-    pipeline.py     bounded pipelines of EVALSHA calls, retries, NOSCRIPT reloads
+    pipeline.py     bounded pipelines of EVALSHA calls (rows grouped per call on a single server),
+                    retries, NOSCRIPT reloads
+    resp.py         script calls packed as RESP, sent per server or per cluster master (MOVED/ASK)
     client.py       connections (URL, password secret, TLS, database, cluster); error codes
     applied.py      why the applied version is a sound read-your-writes signal; the tracker
     publisher.py    the thread that publishes applied versions from stored checkpoints

@@ -90,30 +90,29 @@ class KeySpace:
     def __init__(self, template: str, ns: str) -> None:
         self.template = template
         self.ns = ns
-        self._tables: dict[tuple[str, str], str] = {}
+        self._tables: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def _parts(self, schema: str, table: str) -> tuple[str, str]:
+        """The template around ``{key}`` for one table, formatted once."""
+        parts = self._tables.get((schema, table))
+        if parts is None:
+            head, tail = self.template.split("{key}", 1)
+            names = {"prefix": self.ns, "schema": encode_component(schema), "table": encode_component(table)}
+            parts = self._tables[(schema, table)] = (head.format(**names), tail.format(**names))
+        return parts
 
     def table_prefix(self, schema: str, table: str) -> str:
         """Everything of a row key before the encoded primary key (the template up to ``{key}``)."""
-        cached = self._tables.get((schema, table))
-        if cached is None:
-            head = self.template.split("{key}", 1)[0]
-            cached = head.format(prefix=self.ns, schema=encode_component(schema),
-                                 table=encode_component(table))
-            self._tables[(schema, table)] = cached
-        return cached
+        return self._parts(schema, table)[0]
 
     def row_key(self, schema: str, table: str, key: dict[str, Any]) -> str:
-        head = self.table_prefix(schema, table)
-        tail = self.template.split("{key}", 1)[1]
-        if tail:
-            tail = tail.format(prefix=self.ns, schema=encode_component(schema), table=encode_component(table))
+        head, tail = self._parts(schema, table)
         return head + encode_key(key) + tail
 
     def table_pattern(self, schema: str, table: str) -> str:
         """A SCAN pattern matching the row keys of one table (and nothing else of the template)."""
-        tail = self.template.split("{key}", 1)[1]
-        tail = tail.format(prefix=self.ns, schema=encode_component(schema), table=encode_component(table))
-        return _glob_escape(self.table_prefix(schema, table)) + "*" + _glob_escape(tail)
+        head, tail = self._parts(schema, table)
+        return _glob_escape(head) + "*" + _glob_escape(tail)
 
     def namespace_pattern(self) -> str:
         return _glob_escape(self.ns) + ":*"

@@ -7,9 +7,10 @@ runtime's rule). Two threads of the sink's own run beside it: the applied publis
 
 A write (see cdc.api.SinkEvent for the semantics it implements):
 
-1. ``plan_batch``: the newest change per key -> one guarded script call per key (plan.py).
-2. ``ScriptPipeline.run``: pipelines of ``pipeline_size`` calls, retried as a whole (pipeline.py);
-   every call applies only if its version is newer than the key's (guard.py).
+1. ``plan_batch``: the newest change per key -> one guarded change per key (plan.py).
+2. ``ScriptPipeline.run``: pipelines of ``pipeline_size`` changes, on a single server grouped into
+   script calls of many rows, in a cluster one call per row, retried as a whole (pipeline.py);
+   every change applies only if its version is newer than the key's (guard.py).
 3. Truncates: the table's keys are found with SCAN and deleted with the truncate's version (so
    keys written after it stay).
 4. Counters (``<namespace>:stats``: written, deleted, skipped) and the written positions handed to
@@ -85,8 +86,10 @@ class RedisSink(Sink, RebuildableSink):
         self._tombstone_from_topics = config.tombstone_retention_ms is None
         context = self.context
         if context.log is not None:
+            # A pipeline of its own: the publisher runs in its own thread (ScriptPipeline is not shared).
+            own = ScriptPipeline(self.client, config.name, config.pipeline_size, config.max_retries)
             self._publisher = AppliedPublisher(context.log, context.topic_prefix, list(config.topics),
-                                               config.name, pipeline, self._keyspace.ns,
+                                               config.name, own, self._keyspace.ns,
                                                use_committed=self.generation is None)
             self._publisher.start()
         log.info("redis sink %s: started (%s, format %s), writing generation %d under %s:", config.name,
