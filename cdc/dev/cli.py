@@ -1,4 +1,5 @@
-"""``cdc dev up|down|status|env``: the local stack from the command line."""
+"""``cdc dev up|down|status|env|fetch`` and, one service at a time,
+``cdc dev stop|kill|freeze|thaw|start|restart SERVICE``: the local stack from the command line."""
 
 from __future__ import annotations
 
@@ -20,7 +21,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     actions.add_parser("status", help="show what runs and whether it answers")
     actions.add_parser("env", help="print the connection settings (shell syntax)")
     actions.add_parser("fetch", help="resolve the Kafka, OpenSearch and Spark jars into the cache")
+    servers = [name for name in stack.ALL if name != "spark"]
+    for action, text in ONE_SERVICE.items():
+        one = actions.add_parser(action, help=text)
+        one.add_argument("service", choices=servers)
+        if action in ("start", "restart"):
+            one.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     dev.set_defaults(handler=run)
+
+
+ONE_SERVICE = {
+    "stop": "stop one server cleanly, keeping its data and port",
+    "kill": "SIGKILL one server's process group (a crash), keeping its data and port",
+    "freeze": "SIGSTOP one server's process group (it hangs with its connections open)",
+    "thaw": "SIGCONT a frozen server",
+    "start": "start a stopped or crashed server again on its data and port",
+    "restart": "stop, then start, one server on its data and port",
+}
 
 
 def _services(text: str) -> list[str]:
@@ -48,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
         rows = stack.status()
         print(f"{'service':<11} {'state':<10} {'pid':>7}  ports")
         for row in rows:
-            state = "up" if row.answering else ("starting" if row.running else "down")
+            state = ("frozen" if row.frozen else "up" if row.answering else
+                     "starting" if row.running else "down")
             ports = " ".join(f"{k}={v}" for k, v in row.ports.items())
             print(f"{row.name:<11} {state:<10} {row.pid or '-':>7}  {ports}")
-        return 0 if all(r.answering for r in rows if r.running) else 1
+        return 0 if all(r.answering for r in rows if r.running and not r.frozen) else 1
     if args.dev_action == "env":
         for key, value in sorted(stack.read_env().items()):
             print(f"{key}={value}")
@@ -59,5 +77,14 @@ def run(args: argparse.Namespace) -> int:
     if args.dev_action == "fetch":
         for component in jars.COMPONENTS:
             print(f"{component}: {jars.ensure_jars(component)}")
+        return 0
+    if args.dev_action in ONE_SERVICE:
+        began = time.monotonic()
+        action = getattr(stack, args.dev_action)
+        if args.dev_action in ("start", "restart"):
+            action(args.service, timeout=args.timeout)
+        else:
+            action(args.service)
+        print(f"{args.service}: {args.dev_action} done in {time.monotonic() - began:.1f}s")
         return 0
     raise AssertionError(args.dev_action)

@@ -1,8 +1,13 @@
 """One class per server of the local stack: how to initialise, start, probe and stop it.
 
 A service is built from its data directory and its ports alone, so the same object can be made
-again from the state file by a later ``cdc dev status`` or ``down``. ``prepare`` and ``launch`` run
-once; ``probe`` makes one connection attempt and says whether the server answers.
+again from the state file by a later ``cdc dev status``, ``restart`` or ``down``. ``prepare`` runs
+once per data directory; ``launch`` runs again on every restart, with the same data and ports.
+
+``probe`` makes one connection attempt and says whether *this stack's* server answers: a port can
+be answered by another stack's server (two checkouts, a port freed by a stopped server and taken by
+another), so every probe also checks an identity only our server has (its data directory, its
+Kafka cluster id, its OpenSearch cluster name, a connection id seen on both sides).
 
 PostgreSQL and MariaDB refuse to run as root: when we are root they run as their system users
 (``postgres``, ``mysql``), which then own the data directory.
@@ -13,8 +18,10 @@ from __future__ import annotations
 import base64
 import glob
 import json
+import logging
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -29,10 +36,33 @@ from cdc.errors import DevStackError
 
 LOOPBACK = "127.0.0.1"
 
+log = logging.getLogger(__name__)
+
+
+def _same_path(a: str | Path, b: str | Path) -> bool:
+    return os.path.realpath(str(a).rstrip("/")) == os.path.realpath(str(b).rstrip("/"))
+
+
+def _foreign(service: "Service", what: str) -> bool:
+    """Log (once per process and port) that another server answers our port; always False."""
+    key = (service.name, service.port)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s: port %d is answered by a server that is not this stack's (%s)",
+                    service.name, service.port, what)
+    return False
+
+
+_warned: set[tuple[str, int]] = set()
+
 
 def free_port(low: int | None = None, high: int | None = None) -> int:
-    """A TCP port on loopback that nothing listens on now (in [low, high] when given)."""
-    candidates = [0] if low is None else range(low, (high or low) + 1)
+    """A TCP port on loopback that nothing listens on now (in [low, high] when given).
+
+    A range is tried in random order: two stacks starting at once would otherwise both pick its
+    first port before either server binds it.
+    """
+    candidates = [0] if low is None else random.sample(range(low, (high or low) + 1), (high or low) - low + 1)
     for candidate in candidates:
         with socket.socket() as s:
             try:
@@ -206,15 +236,40 @@ class Postgres(Service):
         import psycopg2
 
         try:
-            psycopg2.connect(host=LOOPBACK, port=self.port, user="postgres", dbname="postgres",
-                             connect_timeout=2).close()
-            return True
+            conn = psycopg2.connect(host=LOOPBACK, port=self.port, user="postgres", dbname="postgres",
+                                    connect_timeout=2)
         except psycopg2.OperationalError:
             return False
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW data_directory")
+                directory = cur.fetchone()[0]
+        except psycopg2.Error:
+            return False
+        finally:
+            conn.close()
+        return _same_path(directory, self.data) or _foreign(self, f"data directory {directory}")
 
     def settings(self) -> dict[str, str]:
         return {"PG_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
                 "PG_BINDIR": self.bindir()}
+
+
+def _mysql_greeting_connection_id(sock: socket.socket) -> int:
+    """The connection id in a MySQL/MariaDB server's initial handshake (protocol version 10):
+    https://dev.mysql.com/doc/dev/mysql-server/latest/page_protocol_connection_phase_packets_protocol_handshake_v10.html
+    """
+    data = b""
+    while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:3], "little"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ValueError("the server closed the connection before its greeting")
+        data += chunk
+    payload = data[4:]
+    if payload[0] != 10:
+        raise ValueError(f"not a protocol-10 greeting (first byte {payload[0]})")
+    end = payload.index(b"\0", 1)  # after the NUL-terminated server version
+    return int.from_bytes(payload[end + 1:end + 5], "little")
 
 
 class MariaDB(Service):
@@ -253,13 +308,30 @@ class MariaDB(Service):
         return pymysql.connect(unix_socket=self.socket_path, user="root", connect_timeout=2)
 
     def probe(self) -> bool:
+        """Our server answers on its socket, and the TCP port is that server too.
+
+        The socket lives in our data directory, so it can only be ours. The TCP port is proved
+        ours by its greeting: the server greets every connection with its connection id, before
+        any login; our server (over the socket) must list a connection of that id.
+        """
         import pymysql
 
         try:
-            self._connect().close()
-            return True
+            conn = self._connect()
         except pymysql.err.OperationalError:
             return False
+        try:
+            with socket.create_connection((LOOPBACK, self.port), timeout=2) as tcp:
+                connection_id = _mysql_greeting_connection_id(tcp)
+                with conn.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                (connection_id,))
+                    ours = cur.fetchone()[0] == 1
+        except (OSError, ValueError, pymysql.err.Error):
+            return False
+        finally:
+            conn.close()
+        return ours or _foreign(self, f"connection id {connection_id} is not one of our server's")
 
     def after_ready(self) -> None:
         # With --skip-name-resolve a TCP client from loopback is 'root'@'127.0.0.1', not localhost.
@@ -276,8 +348,17 @@ class MariaDB(Service):
 
 
 class Kafka(Service):
+    """One KRaft broker+controller.
+
+    Besides its ``PLAINTEXT`` listener the broker has a ``FAULTS`` listener on ``fault_port`` that
+    advertises ``fault_proxy_port``, a port where nothing listens until a test's fault proxy binds
+    it and forwards to ``fault_port``. A client bootstrapped at the proxy is told the proxy's
+    address in every metadata response, so all its connections (not just the first) pass the
+    proxy, which can then cut, stall or slow them (``tests/faults``).
+    """
+
     name = "kafka"
-    port_names = ("port", "controller_port")
+    port_names = ("port", "controller_port", "fault_port", "fault_proxy_port")
 
     def _java_cmd(self, main: str, *args: str, heap: str = "256m") -> list[str]:
         return [_java(), "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
@@ -290,10 +371,12 @@ class Kafka(Service):
         props = {
             "process.roles": "broker,controller", "node.id": 1,
             "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{self.ports['controller_port']}",
-            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.ports['controller_port']}",
-            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.ports['controller_port']},"
+                         f"FAULTS://{LOOPBACK}:{self.ports['fault_port']}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},"
+                                    f"FAULTS://{LOOPBACK}:{self.ports['fault_proxy_port']}",
             "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,FAULTS:PLAINTEXT",
             "log.dirs": str(self.dir / "data"), "num.partitions": 1,
             "offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1,
             "transaction.state.log.min.isr": 1, "share.coordinator.state.topic.replication.factor": 1,
@@ -322,12 +405,31 @@ class Kafka(Service):
 
         admin = AdminClient({"bootstrap.servers": f"{LOOPBACK}:{self.port}", "log_level": 0})
         try:
-            return len(admin.list_topics(timeout=3).brokers) > 0
+            metadata = admin.list_topics(timeout=3)
         except KafkaException:
             return False
+        if not metadata.brokers:
+            return False
+        ours = self.cluster_id()
+        return metadata.cluster_id == ours or _foreign(self, f"cluster id {metadata.cluster_id}, ours {ours}")
+
+    def cluster_id(self) -> str | None:
+        """The cluster id the storage was formatted with (``meta.properties`` of the log dir)."""
+        try:
+            text = (self.dir / "data" / "meta.properties").read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("cluster.id="):
+                return line.split("=", 1)[1].strip()
+        return None
 
     def settings(self) -> dict[str, str]:
-        return {"KAFKA_BOOTSTRAP": f"{LOOPBACK}:{self.port}"}
+        settings = {"KAFKA_BOOTSTRAP": f"{LOOPBACK}:{self.port}"}
+        if "fault_port" in self.ports:  # stacks made before the FAULTS listener have none
+            settings["KAFKA_FAULT_LISTENER"] = f"{LOOPBACK}:{self.ports['fault_port']}"
+            settings["KAFKA_FAULT_PROXY"] = f"{LOOPBACK}:{self.ports['fault_proxy_port']}"
+        return settings
 
 
 class Redis(Service):
@@ -339,12 +441,22 @@ class Redis(Service):
                 "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"]
 
     def probe(self) -> bool:
+        # CONFIG GET dir: our server's working directory is our data directory.
         try:
             with socket.create_connection((LOOPBACK, self.port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                s.sendall(b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$3\r\ndir\r\n")
+                reply = b""
+                while not reply.endswith(b"\r\n") or reply.count(b"\r\n") < 5:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    reply += chunk
         except OSError:
             return False
+        if not reply.startswith(b"*2"):
+            return False
+        directory = reply.split(b"\r\n")[4].decode(errors="replace")
+        return _same_path(directory, self.dir) or _foreign(self, f"its dir is {directory}")
 
     def settings(self) -> dict[str, str]:
         return {"REDIS_URL": f"redis://{LOOPBACK}:{self.port}/0"}
@@ -399,8 +511,9 @@ class RedisCluster(Service):
             for port in self.node_ports:
                 node = self._node(port)
                 try:
-                    if node.config_get("dir").get("dir") != str(self.dir / str(port)):
-                        return False
+                    directory = node.config_get("dir").get("dir", "")
+                    if not _same_path(directory, self.dir / str(port)):
+                        return _foreign(self, f"node {port}'s dir is {directory}")
                 finally:
                     node.close()
         except (redis.RedisError, OSError):
@@ -457,15 +570,23 @@ class OpenSearch(Service):
         return [_java(), "-Xms512m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
                 "-cp", jars.classpath("opensearch"), "org.codelibs.opensearch.runner.OpenSearchRunner",
                 "-basePath", str(self.dir), "-numOfNode", "1", "-baseHttpPort", str(self.port - 1),
-                "-clusterName", "cdc-dev"]
+                "-clusterName", self.cluster_name]
+
+    @property
+    def cluster_name(self) -> str:
+        # The stack's root directory's name is unique (mkdtemp, "cdc-dev-..."): so is the cluster's.
+        return self.dir.parent.name
 
     def probe(self) -> bool:
         url = f"http://{LOOPBACK}:{self.port}/_cluster/health?wait_for_status=yellow&timeout=1s"
         try:
             with urllib.request.urlopen(url, timeout=3) as response:
-                return json.load(response).get("status") in ("yellow", "green")
+                health = json.load(response)
         except (OSError, ValueError):
             return False
+        if health.get("cluster_name") != self.cluster_name:
+            return _foreign(self, f"cluster {health.get('cluster_name')!r}, ours {self.cluster_name!r}")
+        return health.get("status") in ("yellow", "green")
 
     def settings(self) -> dict[str, str]:
         return {"OPENSEARCH_URL": f"http://{LOOPBACK}:{self.port}"}

@@ -1,9 +1,16 @@
 """Bring the local stack up, down, and report on it.
 
-State lives in ``<dev home>/dev.json`` (the throwaway root directory, and per service its pid and
-ports) and the connection settings in ``<dev home>/dev.env``. ``up`` is idempotent: services that
-are running and answer are kept, dead ones are cleaned away and started again. A file lock makes
-concurrent ``up``/``down`` calls (two test sessions, say) take turns.
+State lives in ``<dev home>/dev.json`` (the throwaway root directory, and per service its pid,
+ports and whether it was stopped or frozen on purpose) and the connection settings in
+``<dev home>/dev.env``. ``up`` is idempotent: services that are running and answer are kept; a
+frozen one is thawed; a dead one is started again on its data directory and its ports, so its
+data survives a crash (only if that fails, say its port was taken meanwhile, is it started afresh
+on new ports). A file lock makes concurrent calls (two test sessions, say) take turns.
+
+One service at a time, for fault tests and by hand (``cdc dev stop|kill|freeze|thaw|start|restart
+SERVICE``): ``stop`` is a clean shutdown, ``kill`` a SIGKILL of the whole process group (a crash),
+``freeze``/``thaw`` SIGSTOP/SIGCONT of the group (a server that hangs with its sockets open),
+``start`` launches it again on the same data and ports, ``restart`` is ``stop`` then ``start``.
 
 Every server is started in a session of its own, so ``down`` can signal its whole process group
 and wait until no process of it is left.
@@ -43,6 +50,7 @@ class Status:
     ports: dict[str, int]
     running: bool
     answering: bool
+    frozen: bool = False
 
 
 def _check_names(names: list[str] | tuple[str, ...] | None) -> list[str]:
@@ -85,15 +93,15 @@ def _service(root: str, name: str, entry: dict | None = None) -> Service:
     return SERVICES[name](Path(root), entry["ports"] if entry else None)
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
+def _group_members(pgid: int, *, zombies: bool = False) -> list[int]:
+    """Live (by default non-zombie) processes whose process group is ``pgid``."""
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        if (zombies or fields[0] != "Z") and int(fields[2]) == pgid:
             members.append(int(stat.parent.name))
     return members
 
@@ -107,6 +115,12 @@ def _stop_group(pgid: int, sig: int, grace: float = 30.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
             grace, deadline = 0.0, time.monotonic() + 10
+        _reap()
+        time.sleep(0.05)
+    # Until its parent reaps it, a dead server's pid still exists (a zombie), and a server started
+    # again at once on the same data may refuse it (PostgreSQL: "Is another postmaster running?").
+    deadline = time.monotonic() + 10
+    while _group_members(pgid, zombies=True) and time.monotonic() < deadline:
         _reap()
         time.sleep(0.05)
 
@@ -138,6 +152,25 @@ def _wait_ready(services: dict[str, tuple[Service, object]], timeout: float) -> 
             time.sleep(0.2)
 
 
+def _alive(entry: dict) -> bool:
+    return entry.get("pid") is not None and bool(_group_members(entry["pid"]))
+
+
+def _relaunch(state: dict, name: str, timeout: float) -> None:
+    """Start a service that is not running again on its data directory and ports; wait for it."""
+    entry = state["services"][name]
+    service = _service(state["root"], name, entry)
+    if not service.dir.is_dir():
+        raise DevStackError(f"{name}: its data directory {service.dir} is gone; run `cdc dev up`")
+    process = service.launch()
+    try:
+        _wait_ready({name: (service, process)}, timeout)
+    except BaseException:
+        _stop_group(process.pid, signal.SIGKILL)
+        raise
+    entry.update(pid=process.pid, stopped=False, frozen=False)
+
+
 def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180.0) -> dict[str, str]:
     """Start the named services (all by default) unless they already run; return dev.env's settings."""
     chosen = _check_names(names)
@@ -146,10 +179,21 @@ def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180
         for name, entry in list(state["services"].items()):
             if name == "spark":
                 continue
+            if entry.get("frozen") and _alive(entry):
+                log.warning("%s (pid %s) was frozen; thawing it", name, entry["pid"])
+                _signal_group(entry, signal.SIGCONT)
+                entry["frozen"] = False
             service = _service(state["root"], name, entry)
-            if not _group_members(entry["pid"]) or not service.probe():
-                log.warning("%s (pid %s) is no longer answering; starting it again", name, entry["pid"])
+            if _alive(entry) and service.probe():
+                continue
+            log.warning("%s (pid %s) is not answering; starting it again on its data and port %d",
+                        name, entry.get("pid"), service.port)
+            if entry.get("pid") is not None:
                 _stop_group(entry["pid"], signal.SIGKILL)
+            try:
+                _relaunch(state, name, timeout)
+            except DevStackError as err:
+                log.warning("%s could not start on its data (%s); starting it afresh", name, err)
                 shutil.rmtree(service.dir, ignore_errors=True)
                 del state["services"][name]
         if not state["root"] or not os.path.isdir(state["root"]):
@@ -192,8 +236,10 @@ def down() -> list[str]:
         state = _load()
         stopped = []
         for name, entry in state["services"].items():
-            if name == "spark" or entry["pid"] is None:
+            if name == "spark" or not _alive(entry):
                 continue
+            if entry.get("frozen"):
+                _signal_group(entry, signal.SIGCONT)
             _stop_group(entry["pid"], SERVICES[name].stop_signal)
             stopped.append(name)
         if state["root"]:
@@ -201,6 +247,87 @@ def down() -> list[str]:
         for path in (state_file(), env_file()):
             path.unlink(missing_ok=True)
         return stopped
+
+
+def _entry(state: dict, name: str) -> dict:
+    _check_names([name])
+    entry = state["services"].get(name)
+    if entry is None or name == "spark":
+        raise DevStackError(f"{name} is not part of the stack (has no server); start it with `cdc dev up`")
+    return entry
+
+
+def _signal_group(entry: dict, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(entry["pid"], sig)
+
+
+def stop(name: str) -> None:
+    """Shut one service down cleanly, keeping its data directory and ports."""
+    with _locked():
+        state = _load()
+        entry = _entry(state, name)
+        if _alive(entry):
+            if entry.get("frozen"):  # a stopped process cannot act on SIGTERM
+                _signal_group(entry, signal.SIGCONT)
+            _stop_group(entry["pid"], SERVICES[name].stop_signal)
+        entry.update(pid=None, stopped=True, frozen=False)
+        _save(state)
+
+
+def kill(name: str) -> None:
+    """SIGKILL one service's whole process group (a crash); its data directory stays."""
+    with _locked():
+        state = _load()
+        entry = _entry(state, name)
+        if _alive(entry):
+            _stop_group(entry["pid"], signal.SIGKILL, grace=0.0)
+        entry.update(pid=None, stopped=True, frozen=False)
+        _save(state)
+
+
+def freeze(name: str) -> None:
+    """SIGSTOP one service's process group: it keeps its sockets open and answers nothing."""
+    _set_frozen(name, True)
+
+
+def thaw(name: str) -> None:
+    """SIGCONT a frozen service."""
+    _set_frozen(name, False)
+
+
+def _set_frozen(name: str, frozen: bool) -> None:
+    with _locked():
+        state = _load()
+        entry = _entry(state, name)
+        if not _alive(entry):
+            raise DevStackError(f"{name} is not running")
+        _signal_group(entry, signal.SIGSTOP if frozen else signal.SIGCONT)
+        entry["frozen"] = frozen
+        _save(state)
+
+
+def start(name: str, *, timeout: float = 180.0) -> None:
+    """Start a stopped (or crashed) service on its data directory and ports; no-op if it answers."""
+    with _locked():
+        state = _load()
+        entry = _entry(state, name)
+        if entry.get("frozen") and _alive(entry):
+            _signal_group(entry, signal.SIGCONT)
+            entry["frozen"] = False
+        if _alive(entry) and _service(state["root"], name, entry).probe():
+            _save(state)
+            return
+        if entry.get("pid") is not None:
+            _stop_group(entry["pid"], signal.SIGKILL)  # what is left of a hung or crashed server
+        _relaunch(state, name, timeout)
+        _save(state)
+
+
+def restart(name: str, *, timeout: float = 180.0) -> None:
+    """``stop`` then ``start``: a clean restart on the same data and ports."""
+    stop(name)
+    start(name, timeout=timeout)
 
 
 def status() -> list[Status]:
@@ -213,9 +340,10 @@ def status() -> list[Status]:
         elif name == "spark":
             rows.append(Status(name, None, {}, True, bool(entry["settings"].get("SPARK_JARS"))))
         else:
-            running = bool(_group_members(entry["pid"]))
-            answering = running and _service(state["root"], name, entry).probe()
-            rows.append(Status(name, entry["pid"], entry["ports"], running, answering))
+            running = _alive(entry)
+            frozen = running and bool(entry.get("frozen"))
+            answering = running and not frozen and _service(state["root"], name, entry).probe()
+            rows.append(Status(name, entry["pid"], entry["ports"], running, answering, frozen))
     return rows
 
 

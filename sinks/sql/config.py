@@ -33,6 +33,12 @@ class SqlSinkConfig(SinkConfig):
     schema_policy: Literal["fail", "ignore", "rebuild"] = Field(
         default="fail", description="an incompatible source schema change (a column's type or the key "
                                     "changes): stop, write the columns that still fit, or ask for a rebuild")
+    write_timeout: float | None = Field(
+        default=60, gt=0, description="seconds a write may wait for the target's answers (PostgreSQL, MySQL); "
+                                      "past that its connections are closed and the batch is retried on new "
+                                      "ones (a hung server or a network that drops packets). null: no limit")
+    connect_timeout: int = Field(default=15, gt=0, description="seconds to open a connection to the target "
+                                                               "(PostgreSQL, MySQL)")
     delete_memory_hours: float = Field(default=168, gt=0,
                                        description="how long a deleted key's version is remembered, so a "
                                                    "late older insert cannot bring the row back")

@@ -48,7 +48,7 @@ def normalize_url(url: str) -> sa.engine.URL:
 class Target:
     """The engine and SQL of one target; thread-safe as SQLAlchemy engines are."""
 
-    def __init__(self, url: str, schema: str | None, application_name: str) -> None:
+    def __init__(self, url: str, schema: str | None, application_name: str, connect_timeout: int = 15) -> None:
         parsed = normalize_url(url)
         kind = KINDS.get(parsed.get_backend_name())
         if kind is None:
@@ -60,7 +60,7 @@ class Target:
             raise ConfigError("sql sink: name the MySQL database in the URL or in `schema`")
         self.kind = kind
         self.schema = schema
-        self.engine = _engine(parsed, kind, application_name)
+        self.engine = _engine(parsed, kind, application_name, connect_timeout)
         self.dialect = self.engine.dialect
         # Always quoted: a source column may be a reserved word of some dialect (DuckDB's "at").
         self.quote = self.dialect.identifier_preparer.quote_identifier
@@ -202,13 +202,19 @@ class Target:
         return f"{head}AS x ({names}) VALUES ({values}) ON CONFLICT ({conflict}) DO UPDATE SET {sets}{where}"
 
 
-def _engine(url: sa.engine.URL, kind: str, application_name: str) -> sa.engine.Engine:
+def _engine(url: sa.engine.URL, kind: str, application_name: str, connect_timeout: int) -> sa.engine.Engine:
+    # A connect timeout unless the URL sets one: a server that accepts and never answers must not
+    # hold a (re)connect for ever (see deadline.py for the writes themselves).
     if kind == "postgresql":
-        return sa.create_engine(url, pool_pre_ping=True,
-                                connect_args={"application_name": application_name[:63]})
+        args: dict = {"application_name": application_name[:63]}
+        if "connect_timeout" not in url.query:
+            args["connect_timeout"] = connect_timeout
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=args)
     if kind == "mysql":
-        engine = sa.create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED",
-                                  connect_args={"charset": "utf8mb4"})
+        args = {"charset": "utf8mb4"}
+        if "connect_timeout" not in url.query:
+            args["connect_timeout"] = connect_timeout
+        engine = sa.create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED", connect_args=args)
 
         @event.listens_for(engine, "connect")
         def _session(dbapi_connection, _record):

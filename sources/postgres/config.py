@@ -28,6 +28,10 @@ class PostgresConfig(SourceConfig):
     snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
+    server_timeout: float = Field(default=30.0, gt=0, description=(
+        "seconds without an answer from the server (a streamed message, a reply to a keepalive request, "
+        "a heartbeat's result) before its connection counts as hung and the source reconnects; also the "
+        "connect timeout unless the DSN sets connect_timeout"))
     memory_budget_mb: int = Field(default=64, ge=1,
                                   description="in-progress (streamed) transactions kept in memory before spilling to disk")
     state_dir: ConfigPath = Field(default=Path("./cdc-state"), validate_default=True,  # resolved too

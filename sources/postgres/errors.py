@@ -1,10 +1,14 @@
 """PostgreSQL errors of this source as the framework's typed errors: the classification by SQLSTATE
 is ``cdc.servers.postgres`` (shared with the SQL sink); what is added here is what only the source
-knows: a 55000 while reading the slot means the slot's position is gone."""
+knows: a 55000 while reading the slot means the slot's position is gone, and an error without a
+SQLSTATE on the replication connection means that connection broke (the server says nothing
+when the network cuts it: psycopg2 then raises a bare ``DatabaseError`` such as "error with
+status PGRES_COPY_BOTH and no message from the libpq", or "no COPY in progress"), which a new
+connection may not meet again."""
 
 from __future__ import annotations
 
-from cdc.errors import CdcError, PositionLostError
+from cdc.errors import CdcError, PositionLostError, RetriableError
 from cdc.api import servers
 
 _LOST = "55000"  # object_not_in_prerequisite_state: e.g. "can no longer get changes from slot"
@@ -16,9 +20,12 @@ def wrap(exc: BaseException, what: str, *, on_slot: bool = False, setting: str =
     """``on_slot``: the call read from the replication slot, so 55000 means its position is lost."""
     if isinstance(exc, CdcError):
         return exc
-    if on_slot and servers.postgres.sqlstate(exc) == _LOST:
+    code = servers.postgres.sqlstate(exc)
+    if on_slot and code == _LOST:
         return PositionLostError(f"{what}: {servers.postgres.describe(exc)}; the slot's position is gone: drop it and "
                                  "take a new snapshot (snapshot: when_needed does this by itself)")
+    if on_slot and code is None:
+        return RetriableError(f"{what}: {servers.postgres.describe(exc)}; the replication connection broke")
     return servers.postgres.wrap(exc, what, setting=setting, role=role)
 
 

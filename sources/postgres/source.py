@@ -44,6 +44,7 @@ from sources.postgres.errors import wrap
 from sources.postgres.snapshot import SnapshotReader, SnapshotRows, plan_chunks
 from sources.postgres.stream import ReplicationStream, TransactionBuffer
 from sources.postgres.toast import ToastStore
+from sources.postgres.deadline import answer_within, with_connect_timeout
 from sources.postgres.types import converter_for, load_type_catalog, session_options
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class PostgresSource(Source):
             raise PermanentError(f"source {config.name}: stored position {position} is not a PostgreSQL LSN "
                                  "(was the source's type changed? reset its offset)")
         self.cfg = config
-        self.dsn = config.dsn.get_secret_value()
+        # A server that hangs must not hang the connect either (see deadline.py).
+        self.dsn = with_connect_timeout(config.dsn.get_secret_value(), config.server_timeout)
         self.options = session_options()
         self.app_name = f"cdc-{config.name}"[:63]
         self.setting = servers.setting_of("source", config.name, "dsn")  # named by errors that a setting can fix
@@ -309,7 +311,8 @@ class PostgresSource(Source):
     def _start_stream(self, lsn: int) -> None:
         cfg = self.cfg
         self.stream = ReplicationStream(self.dsn, self.options, cfg.slot_name, cfg.publication_name,
-                                        self.protocol, lsn, cfg.status_interval, self.app_name, self.setting)
+                                        self.protocol, lsn, cfg.status_interval, self.app_name, self.setting,
+                                        server_timeout=cfg.server_timeout)
         self._phase = "streaming"
         self.last_activity = time.monotonic()
         log.info("streaming from %s (pgoutput protocol %d)", PgLsn(lsn), self.protocol,
@@ -319,9 +322,10 @@ class PostgresSource(Source):
         """Make a little WAL that the slot sends back, so its position moves while nothing captured
         changes (and retained WAL stays small)."""
         try:
-            with self.conn.cursor() as cur:
-                cur.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
-            self.conn.commit()
+            with answer_within(self.conn, self.cfg.server_timeout, "emitting a heartbeat"):
+                with self.conn.cursor() as cur:
+                    cur.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+                self.conn.commit()
         except psycopg2.Error as err:
             raise wrap(err, "emitting a heartbeat") from err
         self.last_activity = time.monotonic()

@@ -4,6 +4,11 @@
 the stored LSN, reads raw messages without blocking for longer than asked, and sends the flush
 LSN only when told (``confirm``), forced, so the server learns of it at once.
 
+A server that stops answering with the connection open (hung, SIGSTOPped, packets dropped) is
+noticed by ``Silence``: after ``status_interval`` without a message the stream asks the server for
+a keepalive reply, and after ``server_timeout`` without any sign of life ``read`` raises a
+``RetriableError`` (the source reconnects) instead of waiting for ever.
+
 psycopg2 answers the server's keepalives by itself; when everything received has been confirmed,
 it also moves the flush LSN up to the keepalive's WAL end. That is safe here: the server's WAL end
 in a keepalive never passes the commit record of a transaction it has not finished sending, and a
@@ -27,6 +32,7 @@ from typing import Iterator
 import psycopg2
 import psycopg2.extras
 
+from sources.postgres.deadline import Silence
 from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 
 log = logging.getLogger(__name__)
@@ -35,7 +41,7 @@ log = logging.getLogger(__name__)
 class ReplicationStream:
     def __init__(self, dsn: str, options: str, slot: str, publication: str, protocol: int,
                  start_lsn: int, status_interval: float, application_name: str,
-                 setting: str = DEFAULT_SETTING) -> None:
+                 setting: str = DEFAULT_SETTING, server_timeout: float = 30.0) -> None:
         self.conn = connect(dsn, f"opening the replication connection for slot {slot}", setting=setting,
                             connection_factory=psycopg2.extras.LogicalReplicationConnection,
                             options=options, application_name=application_name)
@@ -50,24 +56,36 @@ class ReplicationStream:
         except psycopg2.Error as err:
             raise wrap(err, f"starting replication from slot {slot}", on_slot=True) from err
         self.slot = slot
+        self.silence = Silence(server_timeout, min(status_interval, server_timeout / 3),
+                               f"reading from slot {slot}")
 
     def read(self, max_messages: int, timeout: float) -> list[tuple[int, bytes]]:
         """Up to ``max_messages`` (data_start LSN, payload) pairs; waits up to ``timeout`` for the first."""
-        cursor = self.cursor
+        cursor, silence = self.cursor, self.silence
         out: list[tuple[int, bytes]] = []
         append = out.append
         try:
+            # Bytes waiting now are a sign of life even if they are only a keepalive, which
+            # read_message consumes without returning anything.
+            if select.select([self.conn], [], [], 0)[0]:
+                silence.heard()
             while len(out) < max_messages:
                 message = cursor.read_message()
                 if message is None:
                     if out or timeout <= 0:
                         break
-                    select.select([self.conn], [], [], timeout)
+                    if select.select([self.conn], [], [], timeout)[0]:
+                        silence.heard()
                     timeout = 0
                     continue
                 append((message.data_start, message.payload))
+            if out:
+                silence.heard()
+            elif silence.should_ask():
+                cursor.send_feedback(reply=True)  # the server answers with a keepalive at once
         except psycopg2.Error as err:
             raise wrap(err, f"reading from slot {self.slot}", on_slot=True) from err
+        silence.check()
         return out
 
     @property

@@ -62,6 +62,134 @@ def test_free_port_in_range_skips_taken_ports():
         assert free_port(low, low + 50) != low
 
 
+# --- one service at a time: its data and its port survive -------------------------------------
+
+def _pg_rows(env: dict[str, str]) -> list[tuple]:
+    import psycopg2
+
+    conn = psycopg2.connect(env["PG_DSN"], connect_timeout=5)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id, note FROM kept ORDER BY id")
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def _row(name: str) -> stack.Status:
+    [row] = [r for r in stack.status() if r.name == name]
+    return row
+
+
+@pytest.mark.postgres
+def test_kill_stop_freeze_and_restart_keep_a_servers_data_and_port(private_home):
+    import psycopg2
+
+    env = stack.up(["postgres"])
+    conn = psycopg2.connect(env["PG_DSN"])
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE kept (id int PRIMARY KEY, note text)")
+        cur.execute("INSERT INTO kept VALUES (1, 'survives')")
+    conn.close()
+    port = _row("postgres").ports["port"]
+
+    stack.kill("postgres")  # a crash: SIGKILL of the whole group
+    assert not _row("postgres").running
+    # `up` after a crash restarts the server on its data and its port: nothing is wiped.
+    assert stack.up(["postgres"]) == env
+    assert _row("postgres").ports["port"] == port and _row("postgres").answering
+    assert _pg_rows(env) == [(1, "survives")]
+
+    stack.freeze("postgres")
+    row = _row("postgres")
+    assert row.running and row.frozen and not row.answering
+    stack.thaw("postgres")
+    assert _row("postgres").answering
+
+    stack.stop("postgres")
+    assert not _row("postgres").running
+    stack.start("postgres")
+    stack.restart("postgres")
+    row = _row("postgres")
+    assert row.answering and row.ports["port"] == port
+    assert _pg_rows(env) == [(1, "survives")]
+
+
+def test_one_service_commands_refuse_a_service_not_in_the_stack(private_home):
+    with pytest.raises(DevStackError, match="not part of the stack"):
+        stack.kill("postgres")
+
+
+# --- the server answering a port must be this stack's own -------------------------------------
+
+def _stranger(name: str, ports: dict[str, int], tmp_path):
+    """The service object another stack (another root directory) would have on the same ports."""
+    from cdc.dev.services import SERVICES
+
+    return SERVICES[name](tmp_path / "another-stack", ports)
+
+
+@pytest.mark.postgres
+@pytest.mark.mysql
+@pytest.mark.kafka
+@pytest.mark.parametrize("name", ["postgres", "mysql", "kafka"])
+def test_a_probe_does_not_take_another_stacks_server_for_its_own(name, dev_env_for, tmp_path):
+    dev_env_for(name)
+    state = stack._load()
+    entry = state["services"][name]
+    ours = stack._service(state["root"], name, entry)
+    assert ours.probe()
+    (tmp_path / "another-stack" / name / "data").mkdir(parents=True)
+    assert not _stranger(name, entry["ports"], tmp_path).probe()
+
+
+def test_opensearch_probe_checks_the_cluster_name(tmp_path):
+    """Two stacks once both got port 9201 and one's OPENSEARCH_URL reached the other's node."""
+    import http.server
+    import json
+    import threading
+
+    from cdc.dev.services import OpenSearch
+
+    class OtherStacksNode(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"cluster_name": "cdc-dev-someone-else", "status": "green"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), OtherStacksNode)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert not OpenSearch(tmp_path / "cdc-dev-mine", {"port": port}).probe()
+        # The same answer with our own cluster name is ours.
+        mine = OpenSearch(tmp_path / "cdc-dev-someone-else", {"port": port})
+        assert mine.probe()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.mysql
+@pytest.mark.postgres
+def test_mariadb_probe_checks_that_its_tcp_port_is_its_own_server(dev_env_for):
+    """Our MariaDB answers on its socket (in our directory), but its TCP port is another server's."""
+    dev_env_for("mysql")
+    dev_env_for("postgres")
+    state = stack._load()
+    ours = stack._service(state["root"], "mysql", state["services"]["mysql"])
+    assert ours.probe()
+    elsewhere = stack._service(state["root"], "mysql", {"ports": state["services"]["postgres"]["ports"]})
+    assert not elsewhere.probe()
+
+
 @pytest.mark.redis
 def test_redis_cluster_forms_keeps_a_killed_node_with_its_data_and_stops_whole(private_home):
     import redis as redis_py
