@@ -157,7 +157,7 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
             wanted = [t for t in topics if any(fnmatch.fnmatchcase(t, g) for g in sink.topics)]
             rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase", "not running"),
                          "consumer_lag": _consumer_lag(log_, sink.name, wanted),
-                         **{k: row.get(k) for k in health}})
+                         "details": row.get("details") or {}, **{k: row.get(k) for k in health}})
     finally:
         log_.close()
     return rows
@@ -173,6 +173,7 @@ def _status_line(row: dict) -> str:
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
+        line += "".join(f" {name}={value}" for name, value in (row.get("details") or {}).items())
     if row.get("healthy") is False:
         line += f" UNHEALTHY (no progress for {row.get('seconds_since_progress') or 0:.0f}s)"
     if row.get("last_error"):

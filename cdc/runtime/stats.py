@@ -40,6 +40,7 @@ class ConnectorStats:
     last_error_at: float | None = None  # Unix time of last_error
     attempts: int = 0              # consecutive failed attempts since the last progress
     progress_at: float | None = None    # Unix time of the last progress (None: none yet)
+    details: dict = field(default_factory=dict)  # a plugin's own counters (e.g. keys written), shown by status
     updated: float = field(default_factory=time.time)
 
     def snapshot(self) -> dict:
