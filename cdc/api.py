@@ -185,6 +185,10 @@ class Source(ABC):
         """Seconds between now and the commit time of the newest change emitted (None: unknown)."""
         return None
 
+    def retained_log_bytes(self) -> int | None:
+        """Bytes of log the server keeps for this source (a PostgreSQL slot's retained WAL); None: unknown."""
+        return None
+
     @property
     def finished(self) -> bool:
         """True when the source has nothing more to emit, ever (``initial_only`` after its snapshot)."""
@@ -224,15 +228,19 @@ class SinkContext:
     ``start``. Every callable here may be called from the sink's thread (the one calling
     ``write``); ``stats`` is read by the runtime's reporting from that same thread.
 
-    ``schema_for(topic)`` is the newest schema record of the topic's table, a dict::
+    ``schema_for(topic, version=None)`` is the schema record of the shape that rows name in
+    ``source.schema_version`` (``version``; None: the newest shape of the topic), a dict::
 
         {"source": ..., "db": ..., "schema": ... or None, "table": ..., "version": ...,
          "ts_ms": ..., "ddl": ..., "columns": [{"name": ..., "type": <the source's type>,
                                                 "key": bool, "nullable": bool}, ...]}
 
-    or None when the source publishes none (then a sink infers column types from the values).
-    It may read the log: call it when a topic's shape matters (at its first event, on a column
-    not seen before), not per event.
+    or None when the source publishes none (then, and only then, a sink infers column types from
+    the values). A version the schema topic does not hold yet raises ``RetriableError`` (the
+    source publishes a shape before its rows; the same batch comes again). The runtime hands
+    ``write`` batches in which each topic has one shape, so a sink changes a table between
+    writes, before the first row of a new shape (docs/architecture.md, "Schema changes"). It may
+    read the log: call it when a topic's shape matters (once per write and topic), not per event.
 
     ``delete_retention_ms(topic)`` is the topic's ``delete.retention.ms`` (how long a tombstone
     stays readable after compaction), or None when the log does not say: a sink that remembers
@@ -246,7 +254,7 @@ class SinkContext:
     name: str
     topic_prefix: str = "cdc"
     stats: ConnectorStats | None = None
-    schema_for: Callable[[str], dict | None] = lambda topic: None
+    schema_for: Callable[..., dict | None] = lambda topic, version=None: None
     delete_retention_ms: Callable[[str], int | None] = lambda topic: None
     dead_letter_topic: str = ""
     dead_letter: DeadLetterWriter | None = None
@@ -294,12 +302,12 @@ class Sink(ABC):
         self.context = context
 
     @property
-    def schema_for(self) -> Callable[[str], dict | None]:
+    def schema_for(self) -> Callable[..., dict | None]:
         """Shorthand for ``context.schema_for``; assigning it replaces the context's (tools, tests)."""
         return self.context.schema_for
 
     @schema_for.setter
-    def schema_for(self, schema_for: Callable[[str], dict | None]) -> None:
+    def schema_for(self, schema_for: Callable[..., dict | None]) -> None:
         self.context = dataclasses.replace(self.context, schema_for=schema_for)
 
     @abstractmethod

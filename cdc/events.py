@@ -115,6 +115,10 @@ class Column:
     type: str                 # the database's type name, e.g. "numeric(10,2)", "int4", "varchar"
     key: bool = False         # part of the event key
     nullable: bool = True
+    # For a column new in this shape: the value (contract JSON) that rows existing before it got
+    # without being written to the log (PostgreSQL's ADD COLUMN ... DEFAULT <constant>); None when
+    # there is none or the source cannot tell.
+    default: Any = None
 
 
 @dataclass(frozen=True, slots=True)

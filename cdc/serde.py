@@ -4,7 +4,10 @@ Key: the primary-key columns as a JSON object (``{"id": 42}``), in key-column or
 Value: the envelope without the Connect ``schema`` wrapper::
 
     {"before", "after", "op", "ts_ms", "source": {connector, name, db, schema?, table, snapshot,
-     ts_ms, <connector fields>, version}, "transaction"}
+     schema_version?, ts_ms, <connector fields>, version}, "transaction"}
+
+``source.schema_version`` names the schema record (``<prefix>.schema-changes``, keyed by table
+and version) whose shape the row has; it is absent for a table whose source published no shape.
 
 A delete is followed by a tombstone (same key, null value) so compaction can drop the key. A
 truncate has no row key: it is keyed ``{}`` and written to every partition of the table's topic,
@@ -46,7 +49,8 @@ class EnvelopeEncoder:
     readers and tests.
     """
 
-    __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics", "use_speedups")
+    __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics", "use_speedups",
+                 "schema_versions")
 
     def __init__(self, connector: str, name: str, topic_prefix: str,
                  on_new_topic: Callable[[str], None] | None = None) -> None:
@@ -57,6 +61,10 @@ class EnvelopeEncoder:
         self.value_bytes = 0              # bytes of values encoded so far (for metrics)
         self.use_speedups = True          # the C loop where it was built (tests turn it off to compare)
         self._topics: dict[TableId, str] = {}
+        # table -> the version of the schema record its events are written under (``source.
+        # schema_version``). Part of the per-table constant head of ``source``, so it costs
+        # nothing per event; the runner sets it between ``emit`` calls (see cdc/schema_order.py).
+        self.schema_versions: dict[TableId, int] = {}
 
     def topic(self, table: TableId) -> str:
         topic = self._topics.get(table)
@@ -73,6 +81,9 @@ class EnvelopeEncoder:
             source["schema"] = table.schema
         source["table"] = table.table
         source["snapshot"] = snapshot
+        schema_version = self.schema_versions.get(table)
+        if schema_version is not None:
+            source["schema_version"] = schema_version
         return source
 
     def envelope(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
@@ -249,14 +260,16 @@ def schema_changes_topic(prefix: str) -> str:
 
 
 def encode_schema_change(change: SchemaChange, source_name: str, prefix: str) -> Record:
-    """The record of a table's new shape: keyed by table, so compaction keeps the newest."""
+    """The record of a table's shape as of ``change.version``: keyed by table *and* version, so
+    compaction keeps every shape an envelope may name in ``source.schema_version``."""
     table = change.table
-    key = orjson.dumps({"source": source_name, "db": table.db, "schema": table.schema, "table": table.table})
+    key = orjson.dumps({"source": source_name, "db": table.db, "schema": table.schema, "table": table.table,
+                        "version": change.version})
     value = orjson.dumps({
         "source": source_name, "db": table.db, "schema": table.schema, "table": table.table,
         "version": change.version, "ts_ms": change.ts_ms, "ddl": change.ddl,
         "columns": [{"name": c.name, "type": c.type, "key": c.key, "nullable": c.nullable}
-                    for c in change.columns]})
+                    | ({} if c.default is None else {"default": c.default}) for c in change.columns]})
     return Record(schema_changes_topic(prefix), key, value)
 
 

@@ -66,9 +66,11 @@ class DeltaSinkConfig(SinkConfig):
         default=168, gt=0, description="how long a deleted key's version is remembered (hard deletes), so "
                                        "a late older insert cannot bring the row back; keep it above the "
                                        "topics' delete.retention.ms")
-    schema_policy: Literal["fail", "rebuild"] = Field(
+    schema_policy: Literal["fail", "evolve", "rebuild"] = Field(
         default="fail", description="a source change the table cannot follow (a type that does not fit, "
-                                    "a new key): stop, or rebuild the table from the compacted topic")
+                                    "a new key): stop (fail, evolve: the same here, since every change the "
+                                    "table makes, it makes without losing a value), or rebuild the table "
+                                    "from the compacted topic")
     starting_offsets: Literal["earliest", "latest"] = Field(
         default="earliest", description="where a new checkpoint starts: earliest builds the tables from "
                                         "the compacted topics (a bootstrap)")

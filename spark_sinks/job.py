@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import ConnectorStats, Log, PermanentError, SchemaChangeError, TopicSettings
+from cdc.api import ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelopes, latest_per_key,
@@ -177,6 +177,7 @@ class DeltaJob:
             F.count(F.when(~clean, 1)).alias("poison"),
             F.max(F.when(clean & (op == "d"), 1)).isNotNull().alias("deletes"),
             F.max(F.col("ts_ms")).alias("newest_ts"),
+            F.max(F.when(clean, F.col("schema_version"))).alias("newest_shape"),
             F.min(F.col("ts_ms")).alias("oldest_ts"),
             F.array_distinct(F.flatten(F.collect_set(
                 F.when(clean & op.isin(*UPSERTS), F.json_object_keys("data"))))).alias("names"),
@@ -197,7 +198,7 @@ class DeltaJob:
         topic, seen = item["topic"], set(item["names"] or ())
         existing = {f.name.lower(): f for f in evolve.data_fields(target.schema(session))} \
             if target.exists(session) else {}
-        shape = self.registry.shape(topic)
+        shape = self._newest_shape(topic, item["newest_shape"])
         if shape is None:
             key = tuple(item["key_names"] or ())
             inferred = TableShape.inferred(seen | set(key), key)
@@ -214,6 +215,18 @@ class DeltaJob:
                 shape = shape.with_text_columns(missing)
         return shape
 
+    def _newest_shape(self, topic: str, named: int | None) -> TableShape | None:
+        """The table's newest shape, at least as new as the newest one the batch's rows name: the
+        whole batch is written in it, so no row of a new shape goes into an old one (rows of an
+        older shape are cast into it where their values fit, see evolve.py). The source publishes
+        a shape before its rows, on another topic: a moment's lag is retried."""
+        record = self.registry.record(topic)
+        if named is not None and (record is None or not isinstance(record.get("version"), int)
+                                  or record["version"] < named):
+            raise RetriableError(f"sink {self.name}: rows of {topic} name shape {named}, which "
+                                 f"{self.registry.topic} does not hold yet")
+        return TableShape.from_record(record) if record is not None else None
+
     def apply_topic(self, session: SparkSession, rows: DataFrame, item: Row, batch_id: int,
                     target: TableTarget, shape: TableShape | None = None) -> None:
         """Write one table's records of the batch (``rows``: its envelopes)."""
@@ -226,9 +239,10 @@ class DeltaJob:
             plan = evolve.plan(shape, target.schema(session), target.key(session))
             if plan.incompatible:
                 problems = "; ".join(plan.incompatible)
-                if self.config.schema_policy == "fail":
+                if self.config.schema_policy in ("fail", "evolve"):
                     raise SchemaChangeError(f"sink {self.name}: table {target.name} cannot follow its source: "
-                                            f"{problems} (schema_policy: fail; set it to rebuild, or rebuild "
+                                            f"{problems} (schema_policy: {self.config.schema_policy}; nothing "
+                                            f"of the new shape was written; set it to rebuild, or rebuild "
                                             f"by deleting the table and the checkpoint)")
                 log.warning("table %s: %s; rebuilding it from %s", target.name, problems, target.topic,
                             extra=self._extra())

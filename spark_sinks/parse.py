@@ -33,6 +33,7 @@ ENVELOPE = T.StructType([
     T.StructField("source", T.StructType([
         T.StructField("version", T.LongType()),
         T.StructField("ts_ms", T.LongType()),
+        T.StructField("schema_version", T.LongType()),   # the shape the row names (docs/architecture.md)
     ])),
     # Spark's PERMISSIVE parsing puts the text of a record it cannot read (not JSON, or a field of
     # the wrong type) here and leaves the other fields NULL.
@@ -89,6 +90,7 @@ def envelopes(raw: DataFrame) -> DataFrame:
     return parsed.select(
         "topic", "partition", "offset", KEY, op.alias("op"), version.alias("version"),
         env.getField("source").getField("ts_ms").alias("ts_ms"),
+        env.getField("source").getField("schema_version").alias("schema_version"),
         F.coalesce(env.getField("after"), env.getField("before"), key).alias("data"),
         poison.alias("poison"),
         F.when(poison.isNotNull(), value).alias("raw"),   # kept only for the dead-letter topic

@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(items):
     # the per-service suites in CI stay truthful.
     needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "mysql_url": "mysql",
              "mysql_db": "mysql", "kafka_bootstrap": "kafka", "kafka_topic": "kafka",
-             "redis_url": "redis", "redis_prefix": "redis", "opensearch_url": "opensearch",
+             "redis_url": "redis", "redis_prefix": "redis", "redis_cluster_url": "redis", "opensearch_url": "opensearch",
              "opensearch_index": "opensearch", "spark": "spark"}
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -170,6 +170,12 @@ def redis_prefix(redis_url):
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(dev_env_for) -> str:
+    """Any node of the stack's three-master Redis Cluster (service ``redis-cluster``)."""
+    return dev_env_for("redis-cluster")["REDIS_CLUSTER_URL"]
 
 
 # --- OpenSearch -------------------------------------------------------------------------------

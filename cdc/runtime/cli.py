@@ -20,10 +20,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="seconds each connector gets to drain on SIGTERM (default 20)")
     run.set_defaults(handler=cmd_run)
 
-    status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag")
+    status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag; "
+                                                  "per replication slot: retained WAL, owner")
     status.add_argument("file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=cmd_status)
+
+    from cdc.runtime.slots_cli import add_drop_parser
+
+    add_drop_parser(subparsers)
 
     bootstrap = subparsers.add_parser(
         "bootstrap", help="fill a sink's store from the compacted topics (offset 0), then follow them")
@@ -96,27 +101,36 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
 
+    from cdc.runtime.slots_cli import slot_line, slot_rows
+
     config = load_config(args.file)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    slots, unreachable = slot_rows(config)  # from the servers themselves: shown even without the log
+    for problem in unreachable:
+        print(f"cdc status: {problem}", file=sys.stderr)
     if logging.getLogger().level > logging.DEBUG:  # (-v shows them) the one line below says it all
         LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL + 1)
     try:
         rows = _status_rows(config, live)
     except LogUnavailableError as err:
-        if live and not args.json:
+        if not args.json:
             for row in live.values():
                 print(_status_line({**row, "consumer_lag": None}))
+            for row in slots:
+                print(slot_line(row))
         where = (f"Kafka at {config.log.kafka.bootstrap_servers}" if config.log.kafka is not None
                  else f"the embedded log at {config.log.backend.path}")
         print(f"cdc status: {where} is unreachable ({err})", file=sys.stderr)
         return EXIT_LOG_UNREACHABLE
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + slots, indent=2))
         return 0
     for row in rows:
         print(_status_line(row))
         for store in row.get("stores") or ():
             print("       " + " ".join(f"{k}={v}" for k, v in store.items()))
+    for row in slots:
+        print(slot_line(row))
     return 0
 
 
@@ -146,7 +160,7 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
             rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase", "not running"),
                          "consumer_lag": _consumer_lag(log_, sink.name, wanted),
                          "stores": _store_details(sink, log_),
-                         **{k: row.get(k) for k in health}})
+                         "details": row.get("details") or {}, **{k: row.get(k) for k in health}})
     finally:
         log_.close()
     return rows
@@ -162,6 +176,7 @@ def _status_line(row: dict) -> str:
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
+        line += "".join(f" {name}={value}" for name, value in (row.get("details") or {}).items())
     if row.get("healthy") is False:
         line += f" UNHEALTHY (no progress for {row.get('seconds_since_progress') or 0:.0f}s)"
     if row.get("last_error"):
@@ -272,10 +287,10 @@ def _sink_runner(config, name: str, progress=None):
                       config.log.topic_prefix, progress=progress)
 
 
-def _refuse_if_daemon_runs(config, name: str) -> None:
+def _refuse_if_daemon_runs(config, name: str, kind: str = "sink") -> None:
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
     if name in live and live[name].get("phase") not in (None, "stopped", "failed", "finished"):
-        raise ConfigError(f"the daemon at {config.http} runs sink {name}: stop it there first "
+        raise ConfigError(f"the daemon at {config.http} runs {kind} {name}: stop it there first "
                           f"(cdc run FILE --only <the others>), then run this again")
 
 

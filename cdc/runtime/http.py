@@ -43,6 +43,9 @@ def render_metrics(rows: list[dict]) -> str:
            [(l, r["restarts"]) for l, r in ids])
     family("cdc_lag_seconds", "gauge", "Now minus the commit time of the newest change handled.",
            [(l, r["lag_seconds"]) for l, r in ids if r["lag_seconds"] is not None])
+    family("cdc_retained_wal_bytes", "gauge", "WAL the source's replication slot keeps on the server.",
+           [({"connector": r["name"]}, r["retained_wal_bytes"]) for r in rows
+            if r.get("retained_wal_bytes") is not None])
     family("cdc_phase", "gauge", "1 for the phase the connector is in, 0 for the others.",
            [({**l, "phase": p}, int(r["phase"] == p)) for l, r in ids for p in PHASES])
     family("cdc_healthy", "gauge", "1 while the connector is healthy (what /healthz checks), else 0.",

@@ -30,6 +30,7 @@ from cdc.offsets import OffsetStore
 from cdc.positions import Position
 from cdc.events import SnapshotMarker
 from cdc.runtime.resnapshot import StaleRows
+from cdc.schema_order import segments
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 
@@ -101,6 +102,16 @@ class SourceRunner:
                      extra=self._extra())
         writer.publish([encode_schema_change(c, self.name, self.encoder.prefix) for c in changes])
 
+    def _publish_in_shape(self, writer, batch) -> None:
+        """The batch's rows, each naming the shape it was written under (cdc/schema_order.py);
+        the checkpoint goes with the last part."""
+        parts = list(segments(batch.events, batch.schema_changes))
+        for index, (shapes, events) in enumerate(parts):
+            self.encoder.schema_versions.update(shapes)
+            last = index == len(parts) - 1
+            if events or last:
+                writer.publish_events(self.encoder, events, batch.checkpoint if last else None)
+
     def run(self, stop_event: threading.Event) -> None:
         source, stats = self.source, self.stats
         writer = self.log.writer()
@@ -126,7 +137,10 @@ class SourceRunner:
                         # Before the batch whose checkpoint ends the snapshot: see resnapshot.py.
                         writer.publish_events(self.encoder, self.stale.deletes())
                     # Encoded while produced: see EnvelopeEncoder.emit.
-                    writer.publish_events(self.encoder, batch.events, batch.checkpoint)
+                    if batch.schema_changes:
+                        self._publish_in_shape(writer, batch)
+                    else:
+                        writer.publish_events(self.encoder, batch.events, batch.checkpoint)
                     stats.events += len(batch.events)
                     stats.bytes = self.encoder.value_bytes
                 safe = writer.poll()
@@ -142,6 +156,7 @@ class SourceRunner:
                     last_store = now
                 if now - last_report >= 1.0:
                     stats.lag_seconds = source.lag()
+                    stats.retained_wal_bytes = source.retained_log_bytes()
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

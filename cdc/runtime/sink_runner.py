@@ -27,14 +27,14 @@ import threading
 import time
 from typing import Callable
 
-import orjson
 
 from cdc.api import RebuildableSink, Sink, SinkContext
 from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
+from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.stats import ConnectorStats
-from cdc.serde import schema_changes_topic
+from cdc.schema_order import split_by_schema
 from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ class SinkRunner:
         self.progress = progress
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
-        self._schemas: dict[str, dict] = {}
-        self._schemas_read_at = 0.0
+        self.schemas = SchemaBook(log_, topic_prefix)
         self._dlq_writer = None
         self._stop: threading.Event | None = None
 
@@ -82,23 +81,8 @@ class SinkRunner:
                       if any(fnmatch.fnmatchcase(t, g) for g in self.config.topics)
                       and not t.endswith(internal) and ".dead-letter." not in t)
 
-    def schema_for(self, topic: str) -> dict | None:
-        schema = self._schemas.get(topic)
-        if schema is None and time.monotonic() - self._schemas_read_at > 1.0:
-            self._read_schemas()
-            schema = self._schemas.get(topic)
-        return schema
-
-    def _read_schemas(self) -> None:
-        self._schemas_read_at = time.monotonic()
-        topic = schema_changes_topic(self.prefix)
-        if topic not in self.log.topics():
-            return
-        for record in self.log.read_all(topic):
-            if record.value is not None:
-                value = orjson.loads(record.value)
-                name = f"{self.prefix}.{value['schema'] or value['db']}.{value['table']}"
-                self._schemas[name] = value
+    def schema_for(self, topic: str, version: int | None = None) -> dict | None:
+        return self.schemas.schema_for(topic, version)
 
     def _assign(self, reader, topics: list[str], from_start: bool) -> None:
         new = []
@@ -220,10 +204,16 @@ class SinkRunner:
                 self._poison(record.topic, record.partition, record.offset, str(err), record)
         return events, ends
 
+    def _write_in_shape(self, events: list[SinkEvent]) -> None:
+        """One write per run of events with one shape per topic (cdc/schema_order.py)."""
+        for part in split_by_schema(events):
+            if part:
+                self._write(part)
+
     def _step(self, reader) -> int:
         events, ends = self._batch(reader)
         if events:
-            self._write(events)
+            self._write_in_shape(events)
         if ends:
             reader.commit(ends)
             self.positions.update(ends)
@@ -250,7 +240,7 @@ class SinkRunner:
                     self._step(reader)
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
                     log.warning("%s: rebuilding the store", err, extra=self._extra())
-                    self._rebuild(reader, stop_event)
+                    self._rebuild_until_done(reader, stop_event)
                 now = time.monotonic()
                 if now - refreshed > TOPIC_REFRESH_S:
                     self._assign(reader, self.matching_topics(), from_start)
@@ -301,7 +291,7 @@ class SinkRunner:
                                      f"incomplete and readers still see {old}; start again to redo it")
             events, ends = self._batch(reader)
             if events:
-                self._write(events)
+                self._write_in_shape(events)
             self.positions.update(ends)
             self.stats.events += len(events)
             self.stats.progressed()
@@ -317,6 +307,16 @@ class SinkRunner:
         self.stats.phase = "streaming"
         log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
                  time.monotonic() - began, old, extra=self._extra())
+
+    def _rebuild_until_done(self, reader, stop_event: threading.Event) -> None:
+        """``_rebuild``, begun again when a shape that also asks for one arrives meanwhile (the new
+        generation's tables were made in the shapes known when they were made)."""
+        while True:
+            try:
+                self._rebuild(reader, stop_event)
+                return
+            except RebuildRequired as err:
+                log.warning("%s: during the rebuild; beginning it again", err, extra=self._extra())
 
     def rebuild(self, stop_event: threading.Event) -> None:
         """The foreground rebuild of ``cdc rebuild``."""

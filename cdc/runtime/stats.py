@@ -35,10 +35,12 @@ class ConnectorStats:
     restarts: int = 0
     position: str | None = None    # the last stored position, as text
     lag_seconds: float | None = None
+    retained_wal_bytes: int | None = None  # WAL the source's slot holds back (PostgreSQL sources)
     last_error: str | None = None
     last_error_at: float | None = None  # Unix time of last_error
     attempts: int = 0              # consecutive failed attempts since the last progress
     progress_at: float | None = None    # Unix time of the last progress (None: none yet)
+    details: dict = field(default_factory=dict)  # a plugin's own counters (e.g. keys written), shown by status
     updated: float = field(default_factory=time.time)
 
     def snapshot(self) -> dict:

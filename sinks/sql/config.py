@@ -30,9 +30,18 @@ class SqlSinkConfig(SinkConfig):
                                         "{schema}, {db} and {table}")
     soft_delete: bool = Field(default=False,
                               description="mark deleted rows (__cdc_deleted = true) instead of removing them")
-    schema_policy: Literal["fail", "ignore", "rebuild"] = Field(
-        default="fail", description="an incompatible source schema change (a column's type or the key "
-                                    "changes): stop, write the columns that still fit, or ask for a rebuild")
+    schema_policy: Literal["fail", "evolve", "ignore", "rebuild"] = Field(
+        default="fail", description="a source change of a column's type or of the key: stop; change the "
+                                    "column in place where no value can be lost, else stop (evolve); write "
+                                    "NULL into the columns that no longer fit (ignore); or rebuild into a new "
+                                    "generation while readers keep the old one (rebuild). New columns are "
+                                    "added under every policy")
+    write_timeout: float | None = Field(
+        default=60, gt=0, description="seconds a write may wait for the target's answers (PostgreSQL, MySQL); "
+                                      "past that its connections are closed and the batch is retried on new "
+                                      "ones (a hung server or a network that drops packets). null: no limit")
+    connect_timeout: int = Field(default=15, gt=0, description="seconds to open a connection to the target "
+                                                               "(PostgreSQL, MySQL)")
     delete_memory_hours: float = Field(default=168, gt=0,
                                        description="how long a deleted key's version is remembered, so a "
                                                    "late older insert cannot bring the row back")

@@ -1,14 +1,16 @@
 """Schema evolution: what a table needs when its source's columns change.
 
-Compared are the source columns a table was made for (``cdc_sink_tables``) and the newest schema
-record of its topic, or the values themselves when no record says:
+Compared are the source columns a table was made for (``cdc_sink_tables``) and the schema record
+the rows name (``source.schema_version``); only when the source publishes no shape at all, the
+values themselves:
 
 * a column the table lacks -> added (nullable); from a record with the record's type, from a value
   with the type inferred from it;
 * a column the source dropped -> nothing: it stays, NULL from then on (the values lack it);
-* a column whose *target* type would now differ, or a different set of key columns ->
-  incompatible, for ``schema_policy`` to decide. Types are compared after mapping
-  (``types.signature``), so varchar(10) -> varchar(20) or int -> bigint is no change here.
+* a column whose *target* type would now differ, or a different set of key columns -> a type
+  change, for ``schema_policy`` to decide. Types are compared after mapping (``types.signature``),
+  so varchar(10) -> varchar(20) or int -> bigint is no change here. ``widens`` says which type
+  changes the target can make in place without losing a value (``evolve`` makes those).
 
 A column that was only inferred from values (no record had named it) takes the record's word
 without a comparison: nothing changed in the source, only our guess was rougher.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from sinks.sql.bookkeeping import SourceColumn, TableEntry
-from sinks.sql.types import infer_type
+from sinks.sql.types import Family, infer_type, parse_type, target_type
 
 KEY = "(primary key)"
 
@@ -80,3 +82,29 @@ def infer_columns(rows: Iterable[dict[str, Any]], known: set[str], key_names: It
             if found.get(name) is None:
                 found[name] = infer_type(value)
     return [SourceColumn(name, type_ or "text", name in keys, inferred=True) for name, type_ in found.items()]
+
+
+def widens(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool:
+    """True when the target (``kind``) can change a non-key column from source type ``old`` to
+    ``new`` in place and every value it holds keeps its exact meaning: a numeric with no fewer
+    integer and fractional digits, an integer into such a numeric, an integer, numeric or string
+    into text. SQLite cannot change a column's type; floats and dates are never converted (their
+    text and rounding differ between databases)."""
+    if kind == "sqlite":
+        return False
+    old_family, _, _ = parse_type(old)
+    new_family, _, _ = parse_type(new)
+    if new_family is Family.TEXT:
+        return old_family in (Family.INTEGER, Family.NUMERIC, Family.TEXT)
+    if new_family is not Family.NUMERIC or old_family not in (Family.INTEGER, Family.NUMERIC):
+        return False
+    new_type = target_type(new, kind, key=False, mariadb=mariadb)
+    if new_type.precision is None:  # PostgreSQL's unbounded numeric holds every value
+        return True
+    new_int, new_scale = new_type.precision - (new_type.scale or 0), new_type.scale or 0
+    if old_family is Family.INTEGER:
+        return new_int >= 20  # every integer is BIGINT here: 19 digits and a sign
+    old_type = target_type(old, kind, key=False, mariadb=mariadb)
+    if old_type.precision is None:
+        return False
+    return new_scale >= (old_type.scale or 0) and new_int >= old_type.precision - (old_type.scale or 0)

@@ -38,6 +38,7 @@ from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
 from sinks.sql.config import SqlSinkConfig
+from sinks.sql.deadline import WriteDeadline
 from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
 from sinks.sql.generations import Generations
 from sinks.sql.plan import PlanFailed, TablePlan
@@ -66,11 +67,14 @@ class SqlSink(Sink, RebuildableSink):
     def start(self) -> None:
         config = self.config
         with self._errors("start"):
-            target = Target(config.url.get_secret_value(), config.target_schema, f"cdc-sink-{config.name}")
+            target = Target(config.url.get_secret_value(), config.target_schema, f"cdc-sink-{config.name}",
+                            config.connect_timeout)
+            deadline = WriteDeadline(target.engine, target.kind, config.write_timeout)  # before any connection
             try:
                 books = Bookkeeping(target, config.name)
                 target.run_ddl(books.create)
-                catalog = TableCatalog(target, books, config, lambda topic: self.context.schema_for(topic),
+                catalog = TableCatalog(target, books, config,
+                                       lambda topic, version=None: self.context.schema_for(topic, version),
                                        lambda: self._current)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
@@ -78,6 +82,7 @@ class SqlSink(Sink, RebuildableSink):
                 target.engine.dispose()
                 raise
         self.target, self.books, self.catalog, self.generations = target, books, catalog, generations
+        self.deadline = deadline
         applier_class = StagedApplier if target.kind in ("postgresql", "duckdb") else GenericApplier
         self.applier = applier_class(target, books, config.soft_delete)
         log.info("sql sink %s: started on %s (%s), writing generation %s", config.name, target.kind,
@@ -105,7 +110,8 @@ class SqlSink(Sink, RebuildableSink):
             return
         self._started()
         changes = reduce_events(events)
-        with self._errors("write"):
+        # The deadline inside: a write it cut short is retriable, with no diagnosis of the server.
+        with self._errors("write"), self.deadline.watch(f"sql sink {self.config.name}: write"):
             for _ in range(5):
                 generation = self.generation if self.generation is not None else self._current
                 try:

@@ -27,18 +27,19 @@ import sqlalchemy as sa
 from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.evolve import KEY, diff, infer_columns, record_columns, with_key
+from sinks.sql.evolve import KEY, Incompatible, diff, infer_columns, record_columns, widens, with_key
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
-from sinks.sql.types import signature, target_type
+from sinks.sql.types import parse_type, signature, target_type
+from sinks.sql.values import converter
 
 log = logging.getLogger(__name__)
 
 
 class TableCatalog:
     def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
-                 schema_for: Callable[[str], dict | None], current: Callable[[], int]) -> None:
+                 schema_for: Callable[..., dict | None], current: Callable[[], int]) -> None:
         self.target = target
         self.books = books
         self.config = config
@@ -85,7 +86,12 @@ class TableCatalog:
     # --- the plan of a write ----------------------------------------------------------------------
 
     def prepare(self, changes: TopicChanges, generation: int) -> TablePlan:
-        """The plan for ``changes`` in ``generation``, after creating or altering its table."""
+        """The plan for ``changes`` in ``generation``, after creating or altering its table.
+
+        ``changes`` has one shape (the runtime cuts batches where a topic's shape changes): the
+        schema record its rows name. A new table is made in the topic's newest shape (a bootstrap
+        or a rebuild writes older rows into it); an existing one follows a newer shape before its
+        first row is written (``_follow``), and never goes back to an older one."""
         name = self.table_name(changes)
         physical = physical_name(name, generation)
         self._check_name(physical)
@@ -93,32 +99,36 @@ class TableCatalog:
         entry = self._entries.get(cache_key)
         if entry is None:
             entry = self._load(generation, name)
-        record = self.schema_for(changes.topic)
+        record = self._shape_of(changes)
         rows = [event.after for event in changes.upserts.values()]
         key_names = _key_names(changes)
         if entry is None:
             if not rows and record is None:
                 return TablePlan(changes, physical, None)
-            columns = with_key(record_columns(record), key_names) if record else []
-            columns += infer_columns(rows, {c.name for c in columns}, key_names)
+            shape = self._newest(changes.topic, record)
+            columns = with_key(record_columns(shape), key_names) if shape else []
+            if shape is None:  # the source publishes no shapes: only then types come from values
+                columns += infer_columns(rows, set(), key_names)
             if not any(c.key for c in columns):
                 if not rows:  # e.g. only a truncate so far: the table can wait for a keyed event
                     return TablePlan(changes, physical, None)
                 raise PermanentError(f"{physical}: no key columns (the events of {changes.topic} have no key)")
             entry = self.sync(TableEntry(name, generation, changes.topic, {c.name: c for c in columns},
-                                         record.get("version") if record else None))
-            if record is not None:
-                self._records[cache_key] = _fingerprint(record)
-        else:
-            if record is not None:
+                                         shape.get("version") if shape else None))
+            if shape is not None:
+                self._records[cache_key] = _fingerprint(shape)
+        elif record is not None:
+            if not _older(record, entry):
                 fingerprint = _fingerprint(record)
                 if self._records.get(cache_key) != fingerprint:
                     entry = self._follow(entry, record, key_names)
                     self._records[cache_key] = fingerprint
+            entry = self._older_columns(entry, rows, record, changes.topic)
+        else:
             unknown = infer_columns(rows, set(entry.columns), ())
             if unknown:
-                log.info("sql sink %s: %s: new column(s) %s inferred from values", self.config.name,
-                         physical, ", ".join(f"{c.name} {c.type}" for c in unknown))
+                log.info("sql sink %s: %s: new column(s) %s inferred from values (the source publishes no "
+                         "shape)", self.config.name, physical, ", ".join(f"{c.name} {c.type}" for c in unknown))
                 entry = self.sync(TableEntry(name, generation, entry.topic, {**entry.columns,
                                              **{c.name: c for c in unknown}}, entry.schema_version))
         plans = self._plans.get(cache_key)
@@ -126,6 +136,36 @@ class TableCatalog:
             plans = self._plans[cache_key] = column_plans(entry, self.target.dialect, self.target.kind,
                                                           self.target.mariadb, self._skipped.get(cache_key, set()))
         return TablePlan(changes, physical, entry, plans)
+
+    def _shape_of(self, changes: TopicChanges) -> dict[str, Any] | None:
+        """The schema record the rows of ``changes`` name (the newest of the topic when they name none)."""
+        source = changes.first.source
+        return self.schema_for(changes.topic, source.get("schema_version") if source else None)
+
+    def _newest(self, topic: str, record: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The shape a new table is made in: the newest the topic has, or the rows' own when it
+        is newer (a dropped table's shape, with no columns, does not count)."""
+        shapes = [r for r in (record, self.schema_for(topic, None)) if r is not None and r.get("columns")]
+        if not shapes:
+            return None
+        return max(shapes, key=lambda r: r["version"] if isinstance(r.get("version"), int) else -1)
+
+    def _older_columns(self, entry: TableEntry, rows: list[dict[str, Any]], record: dict[str, Any],
+                       topic: str) -> TableEntry:
+        """Columns of rows written under an older shape that the (newer) table lacks, typed by
+        that shape: a column dropped before the table was made in the newest shape."""
+        missing = {name for row in rows for name in row if name not in entry.columns}
+        if not missing:
+            return entry
+        typed = [SourceColumn(c.name, c.type, False) for c in record_columns(record) if c.name in missing]
+        unnamed = missing - {c.name for c in typed}
+        if unnamed:
+            raise PermanentError(f"{entry.physical} (topic {topic}): rows carry column(s) {sorted(unnamed)} that "
+                                 f"their schema record (version {record.get('version')}) does not name")
+        log.info("sql sink %s: %s: adding column(s) %s of an older shape", self.config.name, entry.physical,
+                 ", ".join(f"{c.name} {c.type}" for c in typed))
+        return self.sync(TableEntry(entry.name, entry.generation, entry.topic,
+                                    {**entry.columns, **{c.name: c for c in typed}}, entry.schema_version))
 
     def _load(self, generation: int, name: str) -> TableEntry | None:
         with self.target.engine.begin() as conn:
@@ -138,20 +178,30 @@ class TableCatalog:
         """Evolve ``entry`` to the source columns of ``record`` (see evolve.py), or raise."""
         cache_key = (entry.generation, entry.name)
         columns = with_key(record_columns(record), key_names or entry.key)
-        added, incompatible = diff(entry, columns, self.signature)
-        if incompatible:
-            message = (f"{entry.physical} (topic {entry.topic}): incompatible source schema change: "
-                       + "; ".join(str(change) for change in incompatible))
-            policy = self.config.schema_policy
-            if policy == "fail":
-                raise SchemaChangeError(f"{message}. schema_policy is 'fail': stop; rebuild the table "
-                                        f"(cdc rebuild) or set schema_policy to 'ignore' or 'rebuild'")
+        added, changed = diff(entry, columns, self.signature)
+        policy = self.config.schema_policy
+        retyped: list[Incompatible] = []
+        if changed and policy == "evolve":
+            retyped = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
+                       and widens(c.old, c.new, self.target.kind, mariadb=self.target.mariadb)]
+            changed = [c for c in changed if c not in retyped]
+        if changed:
+            described = "; ".join(str(change) for change in changed)
+            where = f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic})"
+            if policy in ("fail", "evolve"):
+                why = ("the target cannot change it in place without losing values" if policy == "evolve"
+                       else "schema_policy is 'fail'")
+                raise SchemaChangeError(
+                    f"{where}: source schema change {described} ({why}); nothing of the new shape was written. "
+                    f"Fix: cdc rebuild CONFIG {self.config.name} (a new generation in the new shape, readers "
+                    f"keep the old one until it is complete), or set schema_policy: rebuild")
             if policy == "rebuild":
-                raise RebuildRequired(f"{message}. schema_policy is 'rebuild': rebuild from the topic")
-            skipped = {change.column for change in incompatible if change.column != KEY}
+                raise RebuildRequired(f"{where}: source schema change {described}; schema_policy is 'rebuild': "
+                                      f"rebuilding from the topic")
+            skipped = {change.column for change in changed if change.column != KEY}
             if skipped != self._skipped.get(cache_key):
-                log.warning("sql sink %s: %s; schema_policy 'ignore': writing NULL to %s from now on",
-                            self.config.name, message, ", ".join(sorted(skipped)) or "no column")
+                log.warning("%s: %s; schema_policy 'ignore': writing NULL to %s from now on", where, described,
+                            ", ".join(sorted(skipped)) or "no column")
             self._skipped[cache_key] = skipped
         else:
             self._skipped.pop(cache_key, None)
@@ -161,20 +211,33 @@ class TableCatalog:
             old = merged.get(column.name)
             if old is not None and old.inferred and self.signature(old.type, old.key) == self.signature(column.type, old.key):
                 merged[column.name] = SourceColumn(column.name, column.type, old.key)
+        for change in retyped:
+            merged[change.column] = SourceColumn(change.column, change.new, False)
         merged.update({c.name: c for c in added})
         evolved = TableEntry(entry.name, entry.generation, entry.topic, merged, record.get("version"))
         if added:
             log.info("sql sink %s: %s: adding column(s) %s", self.config.name, entry.physical,
                      ", ".join(f"{c.name} {c.type}" for c in added))
+        if retyped:
+            log.info("sql sink %s: %s: changing in place (no value lost) %s", self.config.name, entry.physical,
+                     "; ".join(str(c) for c in retyped))
         if merged != entry.columns or evolved.schema_version != entry.schema_version:
-            return self.sync(evolved)
+            # Rows the source had when it added a column got a value there without a logged
+            # change (ADD COLUMN ... DEFAULT): the shape says which; rows written before the shape
+            # (older versions) get it here too.
+            defaults = {c["name"]: c["default"] for c in record.get("columns") or ()
+                        if c.get("default") is not None and c["name"] in {a.name for a in added}}
+            return self.sync(evolved, retype=[c.column for c in retyped], fill=defaults,
+                             below=record.get("version"))
         return entry
 
     # --- DDL --------------------------------------------------------------------------------------
 
-    def sync(self, entry: TableEntry) -> TableEntry:
+    def sync(self, entry: TableEntry, retype: list[str] = (), fill: dict[str, Any] | None = None,
+             below: int | None = None) -> TableEntry:
         """Make the physical table hold every column of ``entry`` (creating the table if needed),
-        store the entry merged with what is stored, and refresh the view of the current generation."""
+        changing the types of the columns named in ``retype``, store the entry merged with what is
+        stored, and refresh the view of the current generation."""
         target, physical = self.target, entry.physical
 
         def work(conn: sa.engine.Connection) -> TableEntry:
@@ -195,6 +258,16 @@ class TableCatalog:
                 for column_name, type_ in wanted + extra:
                     if column_name not in existing:
                         target.add_column(conn, physical, column_name, type_)
+                current = merged.generation == self.current()
+                for column_name in retype:
+                    target.change_column_type(conn, physical, column_name, self._type(merged.columns[column_name]),
+                                              merged.name if current else None)
+                if fill and isinstance(below, int):
+                    for column_name, value in fill.items():
+                        family = parse_type(merged.columns[column_name].type)[0]
+                        conn.execute(sa.text(f"UPDATE {target.qualified(physical)} SET {target.quote(column_name)} = :v "
+                                             f"WHERE {target.quote(VERSION)} < :below"),
+                                     {"v": converter(family, target.kind)(value), "below": below})
             self.books.save_entry(conn, merged)
             if merged.generation == self.current():
                 target.point_view(conn, merged.name, physical)
@@ -221,6 +294,12 @@ def _key_names(changes: TopicChanges) -> list[str]:
     for key in changes.tombstones.values():
         return list(key)
     return []
+
+
+def _older(record: dict[str, Any], entry: TableEntry) -> bool:
+    """True when ``record`` is a shape older than the one ``entry`` follows."""
+    version, followed = record.get("version"), entry.schema_version
+    return isinstance(version, int) and isinstance(followed, int) and version < followed
 
 
 def _fingerprint(record: dict[str, Any]) -> bytes:

@@ -48,7 +48,7 @@ def normalize_url(url: str) -> sa.engine.URL:
 class Target:
     """The engine and SQL of one target; thread-safe as SQLAlchemy engines are."""
 
-    def __init__(self, url: str, schema: str | None, application_name: str) -> None:
+    def __init__(self, url: str, schema: str | None, application_name: str, connect_timeout: int = 15) -> None:
         parsed = normalize_url(url)
         kind = KINDS.get(parsed.get_backend_name())
         if kind is None:
@@ -60,7 +60,7 @@ class Target:
             raise ConfigError("sql sink: name the MySQL database in the URL or in `schema`")
         self.kind = kind
         self.schema = schema
-        self.engine = _engine(parsed, kind, application_name)
+        self.engine = _engine(parsed, kind, application_name, connect_timeout)
         self.dialect = self.engine.dialect
         # Always quoted: a source column may be a reserved word of some dialect (DuckDB's "at").
         self.quote = self.dialect.identifier_preparer.quote_identifier
@@ -124,6 +124,24 @@ class Target:
     def add_column(self, conn: Connection, table: str, name: str, type_: sa.types.TypeEngine) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ADD COLUMN {self.quote(name)} "
                              f"{type_.compile(dialect=self.dialect)}")
+
+    def change_column_type(self, conn: Connection, table: str, name: str, type_: sa.types.TypeEngine,
+                           view: str | None) -> None:
+        """Change a (non-key) column's type in place, converting the values it holds (only asked
+        for widenings, see evolve.widens). PostgreSQL refuses while a view uses the column: the
+        view (``view``, when it shows this table) goes first, in the same transaction, and the
+        caller points it again; readers wait on the lock meanwhile and never miss it."""
+        column, sql_type = self.quote(name), type_.compile(dialect=self.dialect)
+        if self.kind == "mysql":
+            conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} MODIFY COLUMN {column} {sql_type} NULL")
+            return
+        if self.kind == "postgresql":
+            if view is not None:
+                conn.exec_driver_sql(f"DROP VIEW IF EXISTS {self.qualified(view)}")
+            conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ALTER COLUMN {column} TYPE {sql_type} "
+                                 f"USING {column}::{sql_type}")
+            return
+        conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ALTER COLUMN {column} TYPE {sql_type}")
 
     def drop_table(self, conn: Connection, table: str) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {self.qualified(table)}")
@@ -202,13 +220,19 @@ class Target:
         return f"{head}AS x ({names}) VALUES ({values}) ON CONFLICT ({conflict}) DO UPDATE SET {sets}{where}"
 
 
-def _engine(url: sa.engine.URL, kind: str, application_name: str) -> sa.engine.Engine:
+def _engine(url: sa.engine.URL, kind: str, application_name: str, connect_timeout: int) -> sa.engine.Engine:
+    # A connect timeout unless the URL sets one: a server that accepts and never answers must not
+    # hold a (re)connect for ever (see deadline.py for the writes themselves).
     if kind == "postgresql":
-        return sa.create_engine(url, pool_pre_ping=True,
-                                connect_args={"application_name": application_name[:63]})
+        args: dict = {"application_name": application_name[:63]}
+        if "connect_timeout" not in url.query:
+            args["connect_timeout"] = connect_timeout
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=args)
     if kind == "mysql":
-        engine = sa.create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED",
-                                  connect_args={"charset": "utf8mb4"})
+        args = {"charset": "utf8mb4"}
+        if "connect_timeout" not in url.query:
+            args["connect_timeout"] = connect_timeout
+        engine = sa.create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED", connect_args=args)
 
         @event.listens_for(engine, "connect")
         def _session(dbapi_connection, _record):

@@ -150,6 +150,11 @@ class MySqlSource(Source):
                         extra=self._extra())
             self._start_snapshot(since=None)
             return
+        # Every row names its shape (cdc/schema_order.py): the shapes as of the resume point go
+        # out first, with its version, below every row the stream sends from there. They are the
+        # catalog's (as the decoder's are) until the stream reaches a DDL, which publishes its own.
+        version, now = version_of(position.file_index, position.pos), int(time.time() * 1000)
+        self._pending_changes = tuple(s.change(version, now, None) for s in self.tracker.tables.values())
         self._start_stream(self._with_gtid(position))
 
     def _with_gtid(self, position: MySqlPosition) -> MySqlPosition:

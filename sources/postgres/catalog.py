@@ -177,11 +177,17 @@ def check_readable(conn, tables: list[TableMeta]) -> None:
                                 f"GRANT SELECT ON {names} TO {_ident(role)}")
 
 
-def ensure_publication(conn, name: str, globs: list[str], tables: list[TableMeta], manage: bool) -> None:
+# The comment a publication this project created carries: `cdc drop` drops only those.
+PUBLICATION_COMMENT = "created by cdc source {source}"
+
+
+def ensure_publication(conn, name: str, globs: list[str], tables: list[TableMeta], manage: bool,
+                       created_by: str | None = None) -> None:
     """The publication exists and covers ``tables``.
 
     ``schema.*`` globs (all of them) on PostgreSQL 15+ publish the whole schema, so tables created
-    later are captured too; but ``FOR TABLES IN SCHEMA`` needs a superuser. Any other role gets a
+    later are captured too; but ``FOR TABLES IN SCHEMA`` needs a superuser. A publication made here
+    gets the comment ``PUBLICATION_COMMENT`` naming ``created_by``, so ``cdc drop`` knows it is ours. Any other role gets a
     publication ``FOR TABLE`` the matching tables, which PostgreSQL allows to the owner of each table
     with CREATE on the database; a table created later is added at the next start (its rows from
     before that are not in the stream). A missing grant is named with the statement that fixes it.
@@ -214,6 +220,9 @@ def ensure_publication(conn, name: str, globs: list[str], tables: list[TableMeta
                 cur.execute(f"CREATE PUBLICATION {_ident(name)} FOR TABLE {_table_list(tables)}")
             else:
                 raise PrerequisiteError(f"no table matches {globs}: nothing to capture")
+            if created_by is not None:
+                cur.execute(f"COMMENT ON PUBLICATION {_ident(name)} IS %s",
+                            (PUBLICATION_COMMENT.format(source=created_by),))
         else:
             cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,))
             published = {(s, t) for s, t in cur.fetchall()}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import orjson
@@ -54,8 +54,10 @@ class ChangeBuilder:
 
     def __init__(self, database: str, lookup_table: Callable[[int], TableMeta | None],
                  converters_for: Callable[[list[int]], list[Callable[[str], Any]]], toast: ToastStore,
-                 type_name: Callable[[int, int], str]) -> None:
+                 type_name: Callable[[int, int], str],
+                 filled: Callable[[int, list[str]], dict[str, Any]] = lambda oid, names: {}) -> None:
         self.database = database
+        self.filled = filled                  # (oid, new column names) -> the values existing rows got
         self.type_name = type_name            # (type oid, modifier) -> "numeric(10,2)"
         self.lookup_table = lookup_table      # oid -> TableMeta, or None when not captured
         self.converters_for = converters_for  # type oids -> converters
@@ -65,6 +67,15 @@ class ChangeBuilder:
         # the message's first five bytes (type byte and relation OID).
         self.row_paths: dict[bytes, RowPath] = {}
         self.schema_changes: list[SchemaChange] = []
+        # Shapes whose version is not known yet: the server sends a Relation message with no LSN
+        # (walsender writes dataStart 0 for every message but the last of a change), so a shape
+        # takes the LSN of the next message that has one, which is the first change it governs.
+        self.unstamped: list[SchemaChange] = []
+        # A table dropped and created again comes back under a new OID: its old rows are gone,
+        # which the log never says (DROP TABLE writes no row changes). A truncate says it, before
+        # the new table's first row (``stamp``). Known within one streaming session only.
+        self.oids: dict[TableId, int] = {}
+        self.recreated: list[Relation] = []
         # the open transaction
         self.xid: int | None = None
         self.commit_ms = 0
@@ -92,9 +103,18 @@ class ChangeBuilder:
             tuple(i for i, c in enumerate(message.columns) if c.type_oid not in FIXED_WIDTH_TYPES))
         previous = self.relations.get(message.oid)
         if previous is None or previous.names != relation.names or previous.type_names != relation.type_names:
-            self.schema_changes.append(SchemaChange(
-                meta.id, tuple(Column(n, t, n in meta.key) for n, t in zip(names, relation.type_names)),
-                lsn, self.commit_ms or 0))
+            # Every column's, not only those new since the previous Relation message: after a
+            # snapshot or a restart there is none, and a sink fills only columns its table lacks.
+            filled = self.filled(message.oid, list(names))
+            change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key, default=filled.get(n))
+                                                 for n, t in zip(names, relation.type_names)),
+                                  lsn, self.commit_ms or 0)
+            (self.schema_changes if lsn else self.unstamped).append(change)
+        if self.oids.get(meta.id, message.oid) != message.oid:
+            log.info("table %s was dropped and created again (OID %d -> %d): its old rows are truncated",
+                     meta.id, self.oids[meta.id], message.oid)
+            self.recreated.append(relation)  # a new OID is a new shape, so ``stamp`` comes
+        self.oids[meta.id] = message.oid
         self.relations[message.oid] = relation
         self.row_paths.update(compile_row_paths(relation.oid, relation.table, relation.qualified, relation.names,
                                                 relation.converters, relation.key_index, relation.toastable))
@@ -111,7 +131,23 @@ class ChangeBuilder:
         except Exception:  # noqa: BLE001 - anything unusual is the generic path's to judge
             return None
 
+    def stamp(self, lsn: int) -> list[ChangeEvent]:
+        """Give the shapes waiting for a version ``lsn``: the LSN of the first message after
+        their Relation messages that has one (a change of the relation, so its rows' versions are
+        at least this). Called only while ``unstamped`` is not empty. Returns the truncates of
+        tables created again, at that version: before their new rows, which are not under it."""
+        self.schema_changes += [replace(change, version=lsn) for change in self.unstamped]
+        self.unstamped = []
+        for rel in self.recreated:
+            self.toast.forget_table(rel.qualified)
+        truncates = [ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,
+                                 source_fields=self._source(lsn), transaction=self._tx(rel))
+                     for rel in self.recreated]
+        self.recreated = []
+        return truncates
+
     def take_schema_changes(self) -> tuple[SchemaChange, ...]:
+        """The shapes whose version is known (an unstamped one waits for the next batch)."""
         changes, self.schema_changes = tuple(self.schema_changes), []
         return changes
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import ByteSize, Field, SecretStr, field_validator
 
 from cdc.api import ConfigPath, SourceConfig, servers
 
@@ -14,7 +16,9 @@ class PostgresConfig(SourceConfig):
     type: Literal["postgres"] = "postgres"
     dsn: SecretStr = Field(description="libpq URI or key=value string; the role needs REPLICATION")
     slot: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$",
-                             description="logical replication slot (default: cdc_<name>)")
+                             description="logical replication slot (default: cdc_<database>_<name>, see "
+                                         "default_slot_name; a slot named by the old default cdc_<name> in "
+                                         "this source's database is kept)")
     publication: str | None = Field(default=None, description="publication (default: cdc_<name>)")
     tables: list[str] = Field(default_factory=lambda: ["public.*"],
                               description="schema.table globs; 'schema.*' also captures tables created later")
@@ -37,6 +41,11 @@ class PostgresConfig(SourceConfig):
     state_dir: ConfigPath = Field(default=Path("./cdc-state"), validate_default=True,  # resolved too
                                   description="local state: unchanged-TOAST values, spilled transactions; "
                                               "relative to the config file's directory")
+    max_retained_wal: ByteSize | None = Field(default=None, description=(
+        "warn when the slot holds back more WAL than this ('1GB', '512MiB'); also shown as "
+        "cdc_retained_wal_bytes in /metrics (measured every wal_check_interval either way)"))
+    wal_check_interval: float = Field(default=60.0, gt=0,
+                                      description="seconds between two measures of the slot's retained WAL")
     protocol_version: int | None = Field(default=None, ge=1, le=4,
                                          description="pgoutput protocol (default: the newest the server has)")
 
@@ -50,10 +59,33 @@ class PostgresConfig(SourceConfig):
             raise ValueError(problem)
         return value
 
+    def slot_in(self, database: str) -> str:
+        """The slot this source uses in ``database``: the ``slot`` setting, else the default."""
+        return self.slot or default_slot_name(database, self.name)
+
     @property
-    def slot_name(self) -> str:
-        return self.slot or f"cdc_{self.name.lower().replace('-', '_').replace('.', '_')}"
+    def legacy_slot_name(self) -> str:
+        """The default before it named the database: kept where such a slot already exists in the
+        source's own database, so an upgrade does not strand it (see PostgresSource._choose_slot)."""
+        return f"cdc_{self.name.lower().replace('-', '_').replace('.', '_')}"
 
     @property
     def publication_name(self) -> str:
         return self.publication or f"cdc_{self.name.lower().replace('-', '_').replace('.', '_')}"
+
+
+SLOT_NAME_MAX = 63  # NAMEDATALEN - 1
+_NOT_SLOT_CHARS = re.compile(r"[^a-z0-9_]")
+
+
+def default_slot_name(database: str, source: str) -> str:
+    """``cdc_<database>_<source>`` in PostgreSQL's slot alphabet ``[a-z0-9_]``, at most 63 chars.
+
+    The database is in it because slots are per server while source names repeat across
+    databases (two ``shop`` sources on one server). A name too long is cut and ends with eight hex
+    digits of a hash of the whole, so two long names differing only at the end do not collide."""
+    name = _NOT_SLOT_CHARS.sub("_", f"cdc_{database}_{source}".lower())
+    if len(name) <= SLOT_NAME_MAX:
+        return name
+    digest = hashlib.sha1(f"{database}\0{source}".encode()).hexdigest()[:8]
+    return f"{name[:SLOT_NAME_MAX - 9]}_{digest}"

@@ -41,6 +41,7 @@ from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slo
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
 from sources.postgres.errors import wrap
+from sources.postgres.slots import RetainedWal
 from sources.postgres.snapshot import SnapshotReader, SnapshotRows, plan_chunks
 from sources.postgres.stream import ReplicationStream, TransactionBuffer
 from sources.postgres.toast import ToastStore
@@ -48,6 +49,23 @@ from sources.postgres.deadline import answer_within, with_connect_timeout
 from sources.postgres.types import converter_for, load_type_catalog, session_options
 
 log = logging.getLogger(__name__)
+
+
+def array_element(text: str) -> str | None:
+    """The one element of a PostgreSQL array's text (``{0}``, ``{"a, b"}``, ``{NULL}``), or None."""
+    inner = text[1:-1]
+    if inner == "NULL":
+        return None
+    if inner.startswith('"'):
+        out, escaped = [], False
+        for char in inner[1:-1]:
+            if escaped or char != "\\":
+                out.append(char)
+                escaped = False
+            else:
+                escaped = True
+        return "".join(out)
+    return inner
 
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 
@@ -86,6 +104,8 @@ class PostgresSource(Source):
         self._held = None   # the newest snapshot event, held back to mark the last one "last"
         self._pending_changes: tuple = ()  # the tables' shapes, for the first snapshot batch
         self._snapshot_end: SnapshotEnd | None = None
+        self.slot_name = config.slot  # the default needs the database's name: settled in start()
+        self.wal_watch: RetainedWal | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -115,7 +135,9 @@ class PostgresSource(Source):
             tables = captured_tables(self.conn, cfg.tables, self.database, cfg.key_columns)
             self.tables = {t.oid: t for t in tables}
             check_readable(self.conn, tables)
-            ensure_publication(self.conn, cfg.publication_name, cfg.tables, tables, cfg.manage_publication)
+            ensure_publication(self.conn, cfg.publication_name, cfg.tables, tables, cfg.manage_publication,
+                               created_by=cfg.name)
+            self.slot_name = self._choose_slot()
         except psycopg2.Error as err:
             raise wrap(err, f"source {cfg.name}: preparing capture", setting=setting, role=self.role) from err
         self.protocol = cfg.protocol_version or (4 if version >= 160000 else 3 if version >= 150000
@@ -126,7 +148,7 @@ class PostgresSource(Source):
         self.toast = ToastStore(state / "toast.db")
         self.decoder = pg.PgOutputDecoder(self.protocol)
         self.builder = ChangeBuilder(self.database, self._lookup_table, self._converters_for, self.toast,
-                                     self._type_name)
+                                     self._type_name, self._filled)
         self._type_names: dict[tuple[int, int], str] = {}
         try:
             self._decide()
@@ -142,7 +164,7 @@ class PostgresSource(Source):
         if mode is SnapshotMode.ALWAYS or (position is None and mode is not SnapshotMode.NEVER):
             if slot is not None:
                 log.warning("slot %s exists but no position was stored (or snapshot: always): taking the "
-                            "snapshot again with a fresh slot", cfg.slot_name,
+                            "snapshot again with a fresh slot", self.slot_name,
                             extra={"connector": cfg.name, "phase": "starting"})
             self._start_snapshot(drop_slot=slot is not None)
             return
@@ -158,26 +180,47 @@ class PostgresSource(Source):
         if lost:
             what = "is missing" if slot is None else "has lost the WAL it needs (wal_status=lost)"
             if mode is SnapshotMode.WHEN_NEEDED:
-                log.warning("slot %s %s: taking a new snapshot", cfg.slot_name, what,
+                log.warning("slot %s %s: taking a new snapshot", self.slot_name, what,
                             extra={"connector": cfg.name, "phase": "starting"})
                 self._start_snapshot(drop_slot=slot is not None)
                 return
             raise PositionLostError(
-                f"source {cfg.name}: replication slot {cfg.slot_name} {what}; changes after {position} "
+                f"source {cfg.name}: replication slot {self.slot_name} {what}; changes after {position} "
                 "cannot be read. Recovery: take a new snapshot (set snapshot: when_needed, or reset the "
                 f"source's offset with a tombstone for {{\"source\": \"{cfg.name}\"}} in the offsets topic)")
         self._start_stream(position.lsn)
+
+    def _choose_slot(self) -> str:
+        """The ``slot`` setting; else the default named after database and source, unless only a
+        slot of the old default name (``cdc_<name>``) exists in this database: that one is this
+        source's from before the upgrade, and keeping it keeps its position."""
+        cfg = self.cfg
+        if cfg.slot is not None:
+            return cfg.slot
+        new, legacy = cfg.slot_in(self.database), cfg.legacy_slot_name
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name IN (%s, %s) "
+                        "AND database = current_database() AND plugin = 'pgoutput'", (new, legacy))
+            found = {row[0] for row in cur.fetchall()}
+        self.conn.rollback()
+        if legacy in found and new not in found:
+            log.info("keeping slot %s, named by the old default; a new source here would get %s", legacy, new,
+                     extra={"connector": cfg.name, "phase": "starting"})
+            return legacy
+        return new
 
     def _slot_state(self) -> dict | None:
         with self.conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
             cur.execute("SELECT s.database, s.plugin, s.active_pid, s.wal_status, a.application_name "
                         "FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid "
-                        "WHERE s.slot_name = %s", (self.cfg.slot_name,))
+                        "WHERE s.slot_name = %s", (self.slot_name,))
             row = cur.fetchone()
         self.conn.rollback()
         if row is not None and (row["database"] != self.database or row["plugin"] != "pgoutput"):
-            raise PermanentError(f"slot {self.cfg.slot_name} belongs to database {row['database']} with "
-                                 f"plugin {row['plugin']}; choose another slot name")
+            raise PermanentError(f"source {self.cfg.name}: replication slot {self.slot_name} belongs to "
+                                 f"database {row['database']} with plugin {row['plugin']}, not to "
+                                 f"{self.database} with pgoutput: set the source's `slot:` to another name "
+                                 "(a-z, 0-9, _)")
         return row
 
     def _release_own_stale_slot(self, slot: dict) -> None:
@@ -187,15 +230,15 @@ class PostgresSource(Source):
         if pid is None:
             return
         if slot["application_name"] != self.app_name:
-            raise RetriableError(f"slot {self.cfg.slot_name} is in use by another process (pid {pid}, "
+            raise RetriableError(f"slot {self.slot_name} is in use by another process (pid {pid}, "
                                  f"application {slot['application_name']!r})")
-        log.warning("slot %s is held by pid %d, a leftover of an earlier run: ending it", self.cfg.slot_name, pid,
+        log.warning("slot %s is held by pid %d, a leftover of an earlier run: ending it", self.slot_name, pid,
                     extra={"connector": self.cfg.name, "phase": "starting"})
         with self.conn.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (self.cfg.slot_name,))
+                cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,))
                 row = cur.fetchone()
                 if row is None or row[0] is None:
                     break
@@ -204,7 +247,7 @@ class PostgresSource(Source):
 
     def _drop_slot(self) -> None:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(%s)", (self.cfg.slot_name,))
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (self.slot_name,))
         self.conn.commit()
 
     def _create_slot(self, export: bool):
@@ -220,11 +263,11 @@ class PostgresSource(Source):
         else:
             how = "EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"
         try:
-            cur.execute(f'CREATE_REPLICATION_SLOT "{self.cfg.slot_name}" LOGICAL pgoutput {how}')
+            cur.execute(f'CREATE_REPLICATION_SLOT "{self.slot_name}" LOGICAL pgoutput {how}')
             _, consistent, snapshot_name, _ = cur.fetchone()
         except psycopg2.Error as err:
             repl.close()
-            raise wrap(err, f"creating replication slot {self.cfg.slot_name}") from err
+            raise wrap(err, f"creating replication slot {self.slot_name}") from err
         if not export:
             repl.close()
             return None
@@ -310,11 +353,12 @@ class PostgresSource(Source):
     # -- streaming -------------------------------------------------------------------------------
     def _start_stream(self, lsn: int) -> None:
         cfg = self.cfg
-        self.stream = ReplicationStream(self.dsn, self.options, cfg.slot_name, cfg.publication_name,
+        self.stream = ReplicationStream(self.dsn, self.options, self.slot_name, cfg.publication_name,
                                         self.protocol, lsn, cfg.status_interval, self.app_name, self.setting,
                                         server_timeout=cfg.server_timeout)
         self._phase = "streaming"
         self.last_activity = time.monotonic()
+        self.wal_watch = RetainedWal(cfg.name, self.slot_name, cfg.max_retained_wal, cfg.wal_check_interval)
         log.info("streaming from %s (pgoutput protocol %d)", PgLsn(lsn), self.protocol,
                  extra={"connector": cfg.name, "phase": "streaming"})
 
@@ -330,7 +374,17 @@ class PostgresSource(Source):
             raise wrap(err, "emitting a heartbeat") from err
         self.last_activity = time.monotonic()
 
+    def retained_log_bytes(self) -> int | None:
+        return None if self.wal_watch is None else self.wal_watch.bytes
+
     def _poll_stream(self, timeout: float) -> Batch | None:
+        if self.wal_watch.due():
+            what = f"measuring the WAL slot {self.slot_name} retains"
+            try:
+                with answer_within(self.conn, self.cfg.server_timeout, what):
+                    self.wal_watch.measure(self.conn, self._phase)
+            except psycopg2.Error as err:
+                raise wrap(err, what) from err
         if self.replay is not None:
             batch = next(self.replay, None)
             if batch is not None:
@@ -350,6 +404,8 @@ class PostgresSource(Source):
         row_message = builder.row_message
         while inbox:
             data_start, payload = inbox.popleft()
+            if builder.unstamped and data_start:
+                events += builder.stamp(data_start)
             if self.stream_xid is None:
                 changes = row_message(payload, data_start)  # the compiled path of plain row messages
                 if changes is not None:
@@ -437,6 +493,8 @@ class PostgresSource(Source):
         events: list = []
         try:
             for data_start, payload in buffer:
+                if builder.unstamped and data_start:
+                    events += builder.stamp(data_start)
                 message = decoder.decode(payload)
                 if getattr(message, "xid", None) in buffer.aborted_subxacts:  # Origin has no xid
                     continue
@@ -466,6 +524,26 @@ class PostgresSource(Source):
                      extra={"connector": self.cfg.name, "phase": self._phase})
             meta = self.tables[oid] = candidate
         return meta
+
+    def _filled(self, oid: int, names: list[str]) -> dict[str, Any]:
+        """The values that rows existing before columns ``names`` were added got without being
+        logged: PostgreSQL keeps a constant default of ADD COLUMN as the column's "missing value"
+        (``attmissingval``) instead of rewriting the table. From the catalog as it is now, so a
+        later rewrite of the table (which clears it) loses it: then the sink is not told."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT attname, atttypid, attmissingval::text FROM pg_attribute WHERE attrelid = %s "
+                            "AND atthasmissing AND NOT attisdropped AND attname = ANY(%s)", (oid, names))
+                found = cur.fetchall()
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            raise wrap(err, f"reading the missing values of relation {oid}") from err
+        filled = {}
+        for name, type_oid, text in found:
+            element = array_element(text)
+            if element is not None:
+                filled[name] = self._converters_for([type_oid])[0](element)
+        return filled
 
     def _type_name(self, oid: int, modifier: int) -> str:
         name = self._type_names.get((oid, modifier))

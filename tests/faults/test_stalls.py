@@ -7,8 +7,8 @@ The fault campaigns (test_pipeline_faults.py) hold each stall for a few seconds 
 the pipeline recovers when it ends. These tests ask the harder question, each on one connection:
 is a stall that does not end noticed? The PostgreSQL source's is (``server_timeout``: keepalive
 requests on the replication stream, a deadline on the heartbeat, a connect timeout); the SQL
-sink's is not yet, and hangs the sink for good: it is marked ``xfail(strict=True)`` so that the
-fix turns it into a failure to un-mark.
+sink's too (``write_timeout``: the sockets of a write that gets no answer are shut down, and the
+batch is retried on new connections).
 """
 
 from __future__ import annotations
@@ -60,10 +60,6 @@ def test_a_stalled_postgres_source_connection_is_noticed(pg_dsn, pg_admin_dsn, t
     assert noticed is not None and noticed.retriable, f"the stall was not noticed within {NOTICE_WITHIN:.0f}s"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HANG: the SQL sink's writes have no deadline. A write on a stalled target connection blocks in "
-    "the driver forever (pool_pre_ping only checks a connection when it is taken from the pool); the "
-    "sink runner never retries, its consumer never commits, the daemon shows nothing"))
 def test_a_stalled_sql_target_connection_is_noticed(pg_admin_dsn, tmp_path):
     from sinks.sql.config import SqlSinkConfig
     from sinks.sql.sink import SqlSink
@@ -74,7 +70,7 @@ def test_a_stalled_sql_target_connection_is_noticed(pg_admin_dsn, tmp_path):
     try:
         with FaultProxy(_pg_address(pg_admin_dsn), name="pg-tgt") as proxy:
             url = f"postgresql+psycopg2://postgres@{proxy.address}/{name}"
-            sink = SqlSink(SqlSinkConfig(name="stalled", topics=["*"], url=url))
+            sink = SqlSink(SqlSinkConfig(name="stalled", topics=["*"], url=url, write_timeout=5, connect_timeout=5))
             sink.start()
             writer: threading.Thread | None = None
             outcome: dict[str, BaseException | None] = {}

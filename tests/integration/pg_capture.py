@@ -26,6 +26,11 @@ def pg_config(dsn: str, tmp_path, **overrides) -> PostgresConfig:
     return PostgresConfig.model_validate(settings)
 
 
+def slot_name(config: PostgresConfig, dsn: str) -> str:
+    """The slot the source of ``config`` uses in the (fresh) database of ``dsn``."""
+    return config.slot_in(dsn.rsplit("/", 1)[1])
+
+
 class Capture:
     """A SourceRunner on a thread, against ``log``; ``stop()`` drains it like SIGTERM does."""
 

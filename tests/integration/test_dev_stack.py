@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -187,3 +188,37 @@ def test_mariadb_probe_checks_that_its_tcp_port_is_its_own_server(dev_env_for):
     assert ours.probe()
     elsewhere = stack._service(state["root"], "mysql", {"ports": state["services"]["postgres"]["ports"]})
     assert not elsewhere.probe()
+
+
+@pytest.mark.redis
+def test_redis_cluster_forms_keeps_a_killed_node_with_its_data_and_stops_whole(private_home):
+    import redis as redis_py
+    from redis.cluster import RedisCluster
+
+    env = stack.up(["redis-cluster"])
+    client = RedisCluster.from_url(env["REDIS_CLUSTER_URL"])
+    try:
+        assert len(client.get_primaries()) == 3
+        client.set("k", "v")
+        node = client.get_node_from_key("k")
+        pid = client.get_redis_connection(node).info("server")["process_id"]
+        os.kill(pid, signal.SIGKILL)
+        single = redis_py.Redis(host=node.host, port=node.port)
+
+        def back() -> bool:
+            try:
+                return single.info("server")["process_id"] != pid and single.cluster("info")["cluster_state"] == "ok"
+            except redis_py.RedisError:
+                return False
+
+        deadline = time.monotonic() + 60
+        while not back():
+            assert time.monotonic() < deadline, "the killed node did not come back"
+            time.sleep(0.2)
+        assert single.get("k") == b"v"  # its AOF, fsynced at every write
+        single.close()
+    finally:
+        client.close()
+    [row] = [r for r in stack.status() if r.name == "redis-cluster"]
+    assert stack.down() == ["redis-cluster"]
+    assert stack._group_members(row.pid) == []

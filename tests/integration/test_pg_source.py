@@ -13,7 +13,7 @@ import pytest
 
 from cdc.errors import PrerequisiteError
 from cdc.log.embedded import EmbeddedLog
-from tests.integration.pg_capture import (capturing, execute, pg_config, table_rows, topic_state,
+from tests.integration.pg_capture import (capturing, execute, pg_config, slot_name, table_rows, topic_state,
                                           wait_until)
 
 pytestmark = pytest.mark.postgres
@@ -180,7 +180,7 @@ def test_heartbeats_advance_the_slot_while_other_tables_change(pg_dsn, tmp_path,
         conn = psycopg2.connect(pg_dsn)
         with conn.cursor() as cur:
             cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                        (config.slot_name,))
+                        (slot_name(config, pg_dsn),))
             row = cur.fetchone()
         conn.close()
         return int(row[0]) if row and row[0] is not None else 0
@@ -206,7 +206,7 @@ def test_a_slot_held_by_another_process_is_reported_as_retriable(pg_dsn, tmp_pat
     other = psycopg2.connect(pg_dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
                              application_name="someone-else")
     cur = other.cursor()
-    cur.start_replication(slot_name=config.slot_name, decode=False,
+    cur.start_replication(slot_name=slot_name(config, pg_dsn), decode=False,
                           options={"proto_version": "1", "publication_names": config.publication_name})
     source = PostgresSource(config, None)
     try:
@@ -225,7 +225,7 @@ def test_a_lost_slot_stops_the_source_or_resnapshots_when_needed(pg_dsn, tmp_pat
     with capturing(config, log, "lost") as capture:
         wait_until(lambda: topic_state(log, "lost.public.t"), capture=capture)
         wait_until(lambda: capture.runner.stored is not None, capture=capture)
-    execute(pg_dsn, f"SELECT pg_drop_replication_slot('{config.slot_name}')", "INSERT INTO t VALUES (2)")
+    execute(pg_dsn, f"SELECT pg_drop_replication_slot('{slot_name(config, pg_dsn)}')", "INSERT INTO t VALUES (2)")
     from tests.integration.pg_capture import Capture
 
     failing = Capture(config, log, "lost").start()

@@ -22,7 +22,7 @@ TABLE = TableId("db", "public", "items")
 class RecordingSink(Sink):
     """Generations of dicts: key -> (version, row); counts writes; fails on demand."""
 
-    def __init__(self, config, fail_retriable=0, poison_ids=(), rebuild_once_at=None):
+    def __init__(self, config, fail_retriable=0, poison_ids=(), rebuild_once_at=None, rebuild_again_at=None):
         super().__init__(config)
         self.generations = {1: {}}
         self.current = 1
@@ -31,6 +31,7 @@ class RecordingSink(Sink):
         self.fail_retriable = fail_retriable
         self.poison_ids = set(poison_ids)
         self.rebuild_once_at = rebuild_once_at
+        self.rebuild_again_at = rebuild_again_at  # then once more, during the rebuild
         self.switched = []
 
     def start(self):
@@ -47,7 +48,8 @@ class RecordingSink(Sink):
         if any(e.key.get("id") in self.poison_ids for e in events):
             raise PermanentError("cannot store id 13")
         if self.rebuild_once_at is not None and any(e.key.get("id") == self.rebuild_once_at for e in events):
-            self.rebuild_once_at = None
+            self.rebuild_once_at = self.rebuild_again_at
+            self.rebuild_again_at = None
             raise RebuildRequired("a column changed type")
         store = self.generations[self.writing]
         for e in events:
@@ -162,5 +164,17 @@ def test_rebuild_required_builds_a_new_generation_and_switches(log):
     runner = SinkRunner(sink, log, "p")
     _run_until_caught_up(runner)
     assert sink.switched == [2] and set(sink.generations) == {2}
+    assert {k: v[1]["v"] for k, v in sink.generations[2].items()} == \
+        {orjson.dumps({"id": i}): 270 + i for i in range(30)}
+
+
+def test_a_rebuild_asked_for_again_during_a_rebuild_begins_again_and_completes(log):
+    _publish(log, 300, keys=30)
+    sink = RecordingSink(_config(), rebuild_once_at=7, rebuild_again_at=20)
+    opened = []
+    open_generation = sink.open_generation
+    sink.open_generation = lambda generation: (opened.append(generation), open_generation(generation))
+    _run_until_caught_up(SinkRunner(sink, log, "p"))
+    assert opened == [2, 2] and sink.switched == [2] and set(sink.generations) == {2}
     assert {k: v[1]["v"] for k, v in sink.generations[2].items()} == \
         {orjson.dumps({"id": i}): 270 + i for i in range(30)}

@@ -14,7 +14,7 @@ import json
 import pytest
 from delta.tables import DeltaTable
 
-from cdc.errors import SchemaChangeError
+from cdc.errors import RetriableError, SchemaChangeError
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
@@ -268,3 +268,29 @@ def test_a_type_change_the_table_cannot_follow_fails_or_rebuilds_by_policy(spark
     assert rows(spark, table, "id", "name", "qty", "__cdc_version") == [(1, "a", "1", 10), (2, "b", "many", 21)]
     operations = [h.operation for h in spark.sql(f"DESCRIBE HISTORY delta.`{table}`").orderBy("version").collect()]
     assert "WRITE" in operations[-3:]  # the swap: one overwrite commit
+
+
+def test_rows_of_a_shape_the_sink_has_not_read_yet_wait_for_it(spark, topics, tmp_path):
+    """Each row names its shape (source.schema_version). A micro-batch whose rows name a shape
+    the schema topic does not show yet is retried, never written with an older shape: qty 2.5
+    of the new double shape would not fit the table's bigint."""
+    topics.schema(ITEMS, ITEM_COLUMNS, 1)
+    topics.encoder.schema_versions[ITEMS] = 1
+    topics.publish(upsert(1, 10, op=Op.CREATE, name="a", qty=1))
+    config = sink_config(topics, tmp_path, schema_policy="rebuild")
+    table = f"{config.path}/public/items"
+    catch_up(spark, config)
+
+    topics.encoder.schema_versions[ITEMS] = 20  # the new shape's record is not there yet
+    topics.publish(upsert(2, 21, op=Op.CREATE, name="b", qty=2.5))
+    sink = DeltaSink(config)
+    sink.start(session=spark)
+    with pytest.raises(Exception):
+        sink.job.query.processAllAvailable()
+    assert isinstance(sink.job.failure, RetriableError) and "shape 20" in str(sink.job.failure)
+    sink.stop()
+    assert rows(spark, table, "id", "qty") == [(1, 1)]
+
+    topics.schema(ITEMS, (*ITEM_COLUMNS[:2], Column("qty", "double precision")), 20)
+    catch_up(spark, config)
+    assert rows(spark, table, "id", "name", "qty") == [(1, "a", 1.0), (2, "b", 2.5)]

@@ -81,15 +81,15 @@ def _real(group: str = "cdc.sources") -> set[str]:
 def test_a_plugin_that_fails_to_import_does_not_hide_the_others(monkeypatch):
     missing = ModuleNotFoundError("No module named 'redis'", name="redis")
     install(monkeypatch,
-            FakeEntryPoint("redis", "sinks.redis:RedisSink", "cdc.sinks", error=missing, dist=FakeDist()),
+            FakeEntryPoint("cache", "sinks.cache:CacheSink", "cdc.sinks", error=missing, dist=FakeDist()),
             FakeEntryPoint("broken", "sources.broken:Broken", "cdc.sources", error=SyntaxError("bad")))
 
     assert set(plugins.source_plugins()) == _real()
     assert set(plugins.sink_plugins()) == _real("cdc.sinks")  # the broken one is left out
     with pytest.raises(PluginNotFoundError) as caught:
-        plugins.sink_plugin("redis")
+        plugins.sink_plugin("cache")
     message = str(caught.value)
-    assert "sink type 'redis' is installed but cannot be loaded" in message
+    assert "sink type 'cache' is installed but cannot be loaded" in message
     assert "No module named 'redis'" in message
     assert "pip install 'cdc-framework[redis]'" in message
     with pytest.raises(PluginNotFoundError, match="SyntaxError: bad"):

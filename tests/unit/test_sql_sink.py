@@ -89,11 +89,17 @@ class Sinks:
         self.url = url
         self.started: list[SqlSink] = []
         self.records: dict[str, dict] = {}  # topic -> schema record, shared by every sink made here
+        self.shapes: dict[tuple[str, int], dict] = {}  # (topic, version) -> the record rows name
+
+    def schema_for(self, topic: str, version: int | None = None) -> dict | None:
+        if version is not None and (topic, version) in self.shapes:
+            return self.shapes[(topic, version)]
+        return self.records.get(topic)
 
     def __call__(self, generation: int | None = None, **config: Any) -> SqlSink:
         config.setdefault("name", "s1")
         sink = SqlSink(SqlSinkConfig(topics=["*"], url=self.url, **config), generation)
-        sink.schema_for = self.records.get
+        sink.schema_for = self.schema_for
         sink.start()
         self.started.append(sink)
         return sink

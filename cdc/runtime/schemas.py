@@ -1,0 +1,66 @@
+"""The shapes of a sink's topics, from ``<prefix>.schema-changes``, as the rows name them.
+
+Every envelope names the shape it was written under (``source.schema_version``; see
+cdc/schema_order.py). ``SchemaBook.schema_for(topic, version)`` returns that shape's record, and
+re-reads the schema topic when it does not know the version yet: the capture side publishes a
+shape before the first row that names it, so it is there (on Kafka, possibly a moment later: then
+``RetriableError``, and the runner retries the same batch). With no version (a row of a source
+that publishes no shapes, or written before shapes had versions) it returns the newest shape
+of the topic, read again at most every ``REFRESH_S`` seconds, never "the first one seen".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+
+from cdc.errors import RetriableError
+from cdc.log.base import Log
+from cdc.serde import schema_changes_topic
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 1.0
+
+
+class SchemaBook:
+    """Used from the sink runner's thread only."""
+
+    def __init__(self, log_: Log, prefix: str) -> None:
+        self.log = log_
+        self.prefix = prefix
+        self.topic = schema_changes_topic(prefix)
+        self._shapes: dict[str, dict[int, dict]] = {}   # topic -> version -> record
+        self._newest: dict[str, dict] = {}
+        self._read_at = float("-inf")
+
+    def schema_for(self, topic: str, version: int | None = None) -> dict | None:
+        """The schema record of ``topic`` at ``version`` (None: the newest one known, or None)."""
+        if version is None:
+            if time.monotonic() - self._read_at > REFRESH_S:
+                self.refresh()
+            return self._newest.get(topic)
+        shape = self._shapes.get(topic, {}).get(version)
+        if shape is None:
+            self.refresh()
+            shape = self._shapes.get(topic, {}).get(version)
+            if shape is None:
+                raise RetriableError(f"{topic}: its rows name shape {version}, which {self.topic} does "
+                                     f"not hold yet")
+        return shape
+
+    def refresh(self) -> None:
+        self._read_at = time.monotonic()
+        if self.topic not in self.log.topics():
+            return
+        for record in self.log.read_all(self.topic):
+            if record.value is None:
+                continue
+            value = orjson.loads(record.value)
+            topic = f"{self.prefix}.{value['schema'] or value['db']}.{value['table']}"
+            version = value.get("version")
+            if isinstance(version, int):
+                self._shapes.setdefault(topic, {})[version] = value
+            self._newest[topic] = value  # the latest published (shapes before versions were keyed by table)

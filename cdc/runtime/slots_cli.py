@@ -1,0 +1,145 @@
+"""The replication slots part of ``cdc status``, and ``cdc drop FILE SOURCE``.
+
+Slots outlive the sources that made them: a source removed from the file leaves its slot holding
+WAL on the server. ``cdc status`` lists every logical slot of each PostgreSQL server a source of
+the file captures (one query per server) and flags the ones no source owns; ``cdc drop`` removes
+a source's slot, its publication when this project created it, and its stored offset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cdc.errors import ConfigError, PermanentError
+
+CONNECT_TIMEOUT = 5  # seconds: `cdc status` is a look, not a job
+
+
+def _postgres_sources(config) -> list:
+    return [s for s in config.sources if s.type == "postgres"]
+
+
+def slot_rows(config) -> tuple[list[dict], list[str]]:
+    """(a row per slot, a message per server that could not be asked)."""
+    if not _postgres_sources(config):
+        return [], []
+    import psycopg2
+
+    from sources.postgres.slots import list_slots, server_of
+
+    by_server: dict[str, list] = {}
+    for source in _postgres_sources(config):
+        by_server.setdefault(server_of(source.dsn.get_secret_value()), []).append(source)
+    rows, problems = [], []
+    for server, sources in by_server.items():
+        try:
+            conn = psycopg2.connect(sources[0].dsn.get_secret_value(), connect_timeout=CONNECT_TIMEOUT,
+                                    application_name="cdc-status")
+        except psycopg2.Error as err:
+            problems.append(f"PostgreSQL at {server} (source {sources[0].name}) is unreachable: "
+                            f"{str(err).strip().splitlines()[0]}")
+            continue
+        try:
+            rows += [slot.as_row() for slot in list_slots(conn, server, sources)]
+        except psycopg2.Error as err:
+            problems.append(f"PostgreSQL at {server}: cannot list its slots: {str(err).strip().splitlines()[0]}")
+        finally:
+            conn.close()
+    return rows, problems
+
+
+def slot_line(row: dict) -> str:
+    from sources.postgres.slots import human_bytes
+
+    owner = f"source {row['owner']}" if row["owner"] else "ORPHAN (no source in this file uses it)"
+    state = f"active pid {row['active_pid']}" if row["active"] else "inactive"
+    return (f"slot   {row['name']:<20} {row['server']}/{row['database']} {state} "
+            f"retained_wal={human_bytes(row['retained_wal_bytes'])} wal_status={row['wal_status'] or '-'} "
+            f"{owner}")
+
+
+def add_drop_parser(subparsers: argparse._SubParsersAction) -> None:
+    drop = subparsers.add_parser(
+        "drop", help="remove a PostgreSQL source's slot, its publication (if cdc created it) and stored offset")
+    drop.add_argument("file")
+    drop.add_argument("source")
+    drop.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    drop.set_defaults(handler=cmd_drop)
+
+
+def _confirm(question: str, yes: bool) -> bool:
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise ConfigError("cdc drop: no terminal to ask for confirmation on; pass --yes to drop without asking")
+    answer = input(f"{question} [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    """Order: the checks (daemon, active slot), the question, then the stored offset, the slot,
+    the publication. The offset goes first: should the rest fail, the next start finds no
+    position and takes a fresh snapshot (dropping a leftover slot), rather than a position
+    whose slot is gone."""
+    import psycopg2
+
+    from cdc.config import load_config
+    from cdc.log.open import open_log
+    from cdc.offsets import OffsetStore
+    from cdc.runtime.cli import _refuse_if_daemon_runs
+    from sources.postgres.slots import drop_publication, drop_slot, publication_is_ours, slot_of
+
+    config = load_config(args.file)
+    sources = {s.name: s for s in config.sources}
+    source = sources.get(args.source)
+    if source is None:
+        raise ConfigError(f"no source named {args.source!r}; the file declares: {', '.join(sources) or 'no sources'}")
+    if source.type != "postgres":
+        raise ConfigError(f"cdc drop handles PostgreSQL sources; {source.name} is of type {source.type}")
+    _refuse_if_daemon_runs(config, source.name, kind="source")
+    dsn = source.dsn.get_secret_value()
+    try:
+        conn = psycopg2.connect(dsn, connect_timeout=CONNECT_TIMEOUT, application_name="cdc-drop")
+    except psycopg2.Error as err:
+        raise PermanentError(f"cdc drop: cannot connect for source {source.name}: "
+                             f"{str(err).strip().splitlines()[0]}") from None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_database()")
+            database = cur.fetchone()[0]
+            cur.execute("SELECT database, slot_name, active_pid FROM pg_replication_slots "
+                        "WHERE database = current_database()")
+            slots = {(db, name): pid for db, name, pid in cur.fetchall()}
+        conn.rollback()
+        slot = slot_of(source, database, set(slots))
+        if slots.get((database, slot)) is not None:
+            raise ConfigError(f"slot {slot} of source {source.name} is active (pid {slots[(database, slot)]}): "
+                              "a process streams from it; stop it first")
+        ours = publication_is_ours(conn, source.publication_name)
+        plan = [f"the stored offset of source {source.name}"]
+        plan.append(f"replication slot {slot} in database {database}" if (database, slot) in slots
+                    else f"(no slot {slot} exists)")
+        plan.append({None: f"(no publication {source.publication_name} exists)",
+                     True: f"publication {source.publication_name}",
+                     False: f"(publication {source.publication_name} is kept: cdc did not create it)"}[ours])
+        if not _confirm("cdc drop will remove:\n  " + "\n  ".join(plan) + "\nGo on?", args.yes):
+            print("nothing dropped", file=sys.stderr)
+            return 1
+        log_ = open_log(config.log)
+        try:
+            store = OffsetStore(log_, config.log.topic_prefix)
+            store.reset(source.name)
+            store.close()
+        finally:
+            log_.close()
+        if (database, slot) in slots:
+            drop_slot(conn, slot)
+        if ours:
+            drop_publication(conn, source.publication_name)
+    except psycopg2.Error as err:
+        raise PermanentError(f"cdc drop of source {source.name}: {str(err).strip().splitlines()[0]}") from None
+    finally:
+        conn.close()
+    print("dropped: " + "; ".join(p for p in plan if not p.startswith("(")), file=sys.stderr)
+    return 0

@@ -1,0 +1,75 @@
+"""The ``type: redis`` sink's settings."""
+
+from __future__ import annotations
+
+import string
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from cdc.api import SinkConfig
+
+TEMPLATE_FIELDS = frozenset({"prefix", "schema", "table", "key"})
+DEFAULT_KEY_TEMPLATE = "{prefix}:{schema}.{table}:{key}"
+
+
+class RedisSinkConfig(SinkConfig):
+    type: Literal["redis"] = "redis"
+    url: SecretStr = Field(description="redis://[user@]host:port/db, rediss:// for TLS; for a cluster, "
+                                       "any node's address with cluster: true")
+    password: SecretStr | None = Field(default=None, description="the password (or password_file: path)")
+    database: int | None = Field(default=None, ge=0,
+                                 description="database number (default: the URL's, else 0; a cluster has only 0)")
+    cluster: bool = Field(default=False, description="Redis Cluster: keys hashed to slots across masters")
+    tls_ca_file: str | None = Field(default=None, description="CA bundle that signs the server's certificate")
+    tls_verify: bool = Field(default=True, description="check the server's certificate (rediss:// only)")
+    key_prefix: str | None = Field(default=None, pattern=r"^[^{}:*?\[\]\s]+$",
+                                   description="first part of every key (default: the sink's name)")
+    key_template: str = Field(default=DEFAULT_KEY_TEMPLATE,
+                              description="key of a row: {prefix} first, then any of {schema} {table} {key}")
+    format: Literal["hash", "json", "redisjson", "invalidate"] = Field(
+        default="hash", description="a hash (field per column), a JSON string, a RedisJSON document, or "
+                                    "invalidate: delete the key on every change (cache-aside)")
+    include: list[str] | None = Field(default=None, description="columns to keep (default: all)")
+    exclude: list[str] = Field(default_factory=list, description="columns to leave out")
+    rename: dict[str, str] = Field(default_factory=dict, description="column -> field name in the value")
+    ttl_seconds: float | None = Field(default=None, gt=0, description="expire live keys after this long")
+    tombstone_retention_ms: int | None = Field(
+        default=None, gt=0, description="how long a delete's version is kept (default: the topics' "
+                                        "delete.retention.ms, else 24 h)")
+    pipeline_size: int = Field(default=1000, ge=1, le=100_000,
+                               description="commands per pipeline round trip (one in flight at a time)")
+    max_retries: int = Field(default=6, ge=0, description="retries of a failed pipeline inside one write")
+
+    @field_validator("key_template")
+    @classmethod
+    def _template(cls, template: str) -> str:
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as err:
+            raise ValueError(f"not a valid template: {err}") from None
+        fields = [name for _, name, _, _ in parsed if name is not None]
+        unknown = set(fields) - TEMPLATE_FIELDS
+        if unknown or "" in fields:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{prefix}} {{schema}} {{table}} {{key}}")
+        if not template.startswith("{prefix}:"):
+            raise ValueError("must start with '{prefix}:' (a generation's keys are found by that prefix)")
+        if "key" not in fields:
+            raise ValueError("must contain {key}: one key per row")
+        literal = "".join(text for text, *_ in parsed)
+        if any(c in literal for c in "{}*?[]"):
+            raise ValueError("literal braces and glob characters are not allowed (they change hash slots "
+                             "and SCAN patterns)")
+        return template
+
+    @model_validator(mode="after")
+    def _columns(self) -> "RedisSinkConfig":
+        if self.include is not None and set(self.include) & set(self.exclude):
+            raise ValueError(f"columns both included and excluded: {sorted(set(self.include) & set(self.exclude))}")
+        if self.cluster and self.database not in (None, 0):
+            raise ValueError("a Redis Cluster has only database 0")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return self.key_prefix or self.name

@@ -1,0 +1,177 @@
+"""Version-guarded script calls sent in pipelines: bounded, retried, safe to resend.
+
+A write is a list of ``Command`` (a row change, or a raise of an applied version). They go out
+in pipelines of ``pipeline_size`` rows, so memory on both sides stays bounded whatever the batch
+size. On a single server the rows of a pipeline are grouped ``rows_per_call`` to a script call
+(guard.ROWS) and the next pipeline is sent before the previous one's replies are read (two in
+flight: the server works while the client packs and parses); in a cluster every row is a call of
+its own (guard.ROW: its two keys share a slot) and each pipeline is split per master (resp.py).
+
+The rows of one ``run`` are distinct keys (plan.py keeps one change per key), so pipelines may
+apply in any order, and every call is idempotent under the version guard: when a pipeline fails
+part way (a connection drops, the server answers OOM/BUSY/LOADING/TRYAGAIN, a master fails over)
+the whole pipeline is sent again after a backoff (0.2 s doubling to 5 s, ``max_retries`` times),
+then the error goes to the runtime as ``RetriableError`` (it retries the batch with its own,
+longer backoff). NOSCRIPT (a restarted or failed-over server lost its script cache) loads the
+scripts again and resends.
+
+Threading: one thread at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from cdc.api import PermanentError, RetriableError
+from sinks.redis import guard
+from sinks.redis.client import is_noscript, is_retriable
+from sinks.redis.resp import ClusterSender, SingleSender, bulk, pack_args, pack_call, pack_row, pack_rows
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
+ROWS_PER_CALL = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One change: ``script`` "row" (keys: row key, companion; ``args``: op, version, payload...;
+    ``tail``: the same packed once by plan.py, see ``row_tail``) or "applied" (keys: the applied
+    key; args: the version)."""
+
+    script: str
+    keys: tuple
+    args: tuple = ()
+    tail: tuple[int, bytes, bytes] | None = None
+
+
+def row_tail(op: str, version: str, payload: tuple = ()) -> tuple[int, bytes, bytes]:
+    """A row change's arguments packed: (payload count, op + version, payload)."""
+    return len(payload), bulk(op) + bulk(version), pack_args(payload)
+
+
+def row(keys: tuple, op: str, version: str, payload: tuple = ()) -> Command:
+    return Command("row", keys, (op, version, *payload), row_tail(op, version, payload))
+
+
+class ScriptPipeline:
+    def __init__(self, client, name: str, pipeline_size: int = 1000, max_retries: int = 6,
+                 rows_per_call: int = ROWS_PER_CALL) -> None:
+        self.client = client
+        self.name = name
+        self.pipeline_size = pipeline_size
+        self.max_retries = max_retries
+        self.single = not hasattr(client, "nodes_manager")
+        self.sender = SingleSender(client) if self.single else ClusterSender(client)
+        self.rows_per_call = rows_per_call if self.single else 1
+        self.shas: dict[str, bytes] = {}
+
+    def load_scripts(self) -> None:
+        """SCRIPT LOAD on the server (every master of a cluster)."""
+        def load(script: str) -> bytes:
+            sha = self.client.script_load(script)
+            return sha.encode() if isinstance(sha, str) else sha
+
+        self.shas = {"row": load(guard.ROW), "rows": load(guard.ROWS), "applied": load(guard.APPLIED)}
+
+    def run(self, commands: list[Command], ttls: tuple[int, int] = (0, 0)) -> list:
+        """Each command's reply, in order. ``ttls``: (live TTL, tombstone retention) in ms for the
+        row changes. Raises RetriableError / PermanentError."""
+        packed_ttls = bulk(str(ttls[0])) + bulk(str(ttls[1]))
+        size = self.pipeline_size
+        chunks = [commands[start:start + size] for start in range(0, len(commands), size)]
+        if not self.shas or len(chunks) < 2 or not self.single:
+            return [reply for chunk in chunks for reply in self._run_chunk(chunk, packed_ttls)]
+        packed = [self._pack(chunk, packed_ttls) for chunk in chunks]
+        outcomes = self.sender.send_overlapped([calls for calls, _ in packed])
+        replies: list = []
+        for chunk, (_, sizes), outcome in zip(chunks, packed, outcomes):
+            flat = None if outcome is None else _expand(outcome, sizes)
+            if flat is not None and not any(isinstance(r, Exception) for r in flat):
+                replies.extend(flat)
+            else:
+                replies.extend(self._run_chunk(chunk, packed_ttls))
+        return replies
+
+    def _pack(self, chunk: list[Command], ttls: bytes) -> tuple[list[bytes], list[int]]:
+        """The calls of one pipeline and, per call, how many rows it carries (0: one plain reply)."""
+        shas = self.shas
+        calls: list[bytes] = []
+        sizes: list[int] = []
+        group: list[Command] = []
+        per_call = self.rows_per_call
+
+        def flush() -> None:
+            if len(group) == 1:
+                calls.append(pack_row(shas["row"], group[0].keys, ttls, group[0].tail))
+                sizes.append(0)
+            elif group:
+                calls.append(pack_rows(shas["rows"], group, ttls))
+                sizes.append(len(group))
+            group.clear()
+
+        for command in chunk:
+            if command.script == "row":
+                group.append(command)
+                if len(group) >= per_call:
+                    flush()
+            else:
+                flush()
+                calls.append(pack_call(shas[command.script], command.keys, command.args))
+                sizes.append(0)
+        flush()
+        return calls, sizes
+
+    def _run_chunk(self, chunk: list[Command], ttls: bytes) -> list:
+        backoff = BACKOFF_FIRST
+        attempt = 0
+        while True:
+            try:
+                if not self.shas:
+                    self.load_scripts()
+                calls, sizes = self._pack(chunk, ttls)
+                replies = _expand(self.sender.send(calls, _slot_keys(chunk, sizes)), sizes)
+                failure = next((r for r in replies if isinstance(r, Exception)), None)
+                if failure is None:
+                    return replies
+                raise failure
+            except Exception as err:  # noqa: BLE001 - classified below
+                if is_noscript(err):
+                    log.info("redis sink %s: the server lost its scripts (restart or failover): loading "
+                             "them again", self.name)
+                    self.shas = {}
+                elif not is_retriable(err):
+                    raise PermanentError(f"redis sink {self.name}: {type(err).__name__}: {err}") from err
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise RetriableError(f"redis sink {self.name}: {type(err).__name__}: {err} "
+                                         f"({self.max_retries} retries)") from err
+                if not is_noscript(err):
+                    log.warning("redis sink %s: %s: %s; retrying in %.1fs", self.name, type(err).__name__,
+                                err, backoff)
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def _slot_keys(chunk: list[Command], sizes: list[int]) -> list:
+    """The key that routes each call (a cluster's calls carry one row each)."""
+    keys, at = [], 0
+    for size in sizes:
+        keys.append(chunk[at].keys[0])
+        at += max(size, 1)
+    return keys
+
+
+def _expand(replies: list, sizes: list[int]) -> list:
+    """Per call replies -> per row replies (a grouped call answers a list, or one error for all)."""
+    flat: list = []
+    for reply, size in zip(replies, sizes):
+        if size == 0:
+            flat.append(reply)
+        elif isinstance(reply, Exception):
+            flat.extend([reply] * size)
+        else:
+            flat.extend(reply)
+    return flat

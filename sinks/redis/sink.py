@@ -1,0 +1,244 @@
+"""``type: redis``: keep Redis keys (hashes, JSON strings, RedisJSON documents) in sync with topics,
+or invalidate them on every change.
+
+Threading: one thread calls ``start``, ``write``, the generation methods and ``stop`` (the
+runtime's rule). Two threads of the sink's own run beside it: the applied publisher
+(publisher.py) and, after a rebuild, the deletion of the old generation (generations.py).
+
+A write (see cdc.api.SinkEvent for the semantics it implements):
+
+1. ``plan_batch``: the newest change per key -> one guarded change per key (plan.py).
+2. ``ScriptPipeline.run``: pipelines of ``pipeline_size`` changes, on a single server grouped into
+   script calls of many rows, in a cluster one call per row, retried as a whole (pipeline.py);
+   every change applies only if its version is newer than the key's (guard.py).
+3. Truncates: the table's keys are found with SCAN and deleted with the truncate's version (so
+   keys written after it stay).
+4. Counters (``<namespace>:stats``: written, deleted, skipped) and the written positions handed to
+   the applied publisher. Durable when ``write`` returns as far as Redis is: with ``appendfsync
+   always`` (or a replica and ``WAIT``) nothing acknowledged is lost; with less, a server crash
+   may lose the last second, which the consumer offsets already passed (see README.md).
+
+Errors: connection trouble, OOM, BUSY, LOADING, TRYAGAIN, CLUSTERDOWN and failovers are
+``RetriableError`` (after the pipeline's own retries); a wrong type under a key or a missing
+module is ``PermanentError`` naming the key's table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
+from sinks.redis.client import command_known, connect, translate
+from sinks.redis.config import RedisSinkConfig
+from sinks.redis.generations import Generations
+from sinks.redis.keys import KeySpace, companion, namespace, stats_key
+from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
+from sinks.redis.plan import plan_batch
+from sinks.redis.publisher import AppliedPublisher
+from sinks.redis.values import column_chooser
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOMBSTONE_MS = 24 * 3600 * 1000
+POINTER_CHECK_S = 1.0
+TRUNCATE_SCAN_COUNT = 1000
+
+
+class RedisSink(Sink, RebuildableSink):
+    """See the module docstring."""
+
+    config_model = RedisSinkConfig
+
+    def __init__(self, config: RedisSinkConfig, generation: int | None = None) -> None:
+        super().__init__(config, generation)
+        self.config: RedisSinkConfig = config
+        self.client = None
+        self._choose = column_chooser(config)
+        self._known_tables: dict[str, tuple[str, str]] = {}
+        self._current = 1
+        self._publisher: AppliedPublisher | None = None
+        self._pointer_checked = time.monotonic()
+        self.counts = {"written": 0, "deleted": 0, "skipped": 0}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config = self.config
+        try:
+            client = connect(config)
+            client.ping()
+            if config.format == "redisjson":
+                self._require_redisjson(client)
+            pipeline = ScriptPipeline(client, config.name, config.pipeline_size, config.max_retries)
+            pipeline.load_scripts()
+            generations = Generations(client, config.prefix, config.name)
+            self._current = generations.current()
+            generations.resume_drops()
+        except PermanentError:
+            raise
+        except Exception as err:  # noqa: BLE001 - classified
+            raise translate(err, f"redis sink {config.name}: connecting") from err
+        self.client, self.pipeline, self.generations = client, pipeline, generations
+        self._keyspace = KeySpace(config.key_template, namespace(config.prefix, self._writing()))
+        self._live_ms = int(config.ttl_seconds * 1000) if config.ttl_seconds else 0
+        self._tombstone_ms = config.tombstone_retention_ms or DEFAULT_TOMBSTONE_MS
+        self._tombstone_from_topics = config.tombstone_retention_ms is None
+        context = self.context
+        if context.log is not None:
+            # A pipeline of its own: the publisher runs in its own thread (ScriptPipeline is not shared).
+            own = ScriptPipeline(self.client, config.name, config.pipeline_size, config.max_retries)
+            self._publisher = AppliedPublisher(context.log, context.topic_prefix, list(config.topics),
+                                               config.name, own, self._keyspace.ns,
+                                               use_committed=self.generation is None)
+            self._publisher.start()
+        log.info("redis sink %s: started (%s, format %s), writing generation %d under %s:", config.name,
+                 "cluster" if config.cluster else "single server", config.format, self._writing(),
+                 self._keyspace.ns)
+
+    def _require_redisjson(self, client) -> None:
+        servers = ([client.get_redis_connection(node) for node in client.get_primaries()]
+                   if self.config.cluster else [client])
+        missing = [server for server in servers if not command_known(server, "JSON.SET")]
+        if missing:
+            raise PermanentError(f"redis sink {self.config.name}: format redisjson needs the RedisJSON module "
+                                 f"(JSON.SET), which this server does not have; load it (Redis Stack, "
+                                 f"Redis 8, valkey-json) or use format: json")
+
+    def stop(self) -> None:
+        """Stop the publisher, finish background drops, close the connections. The client stays:
+        a later call (``current_generation``, as ``cdc rebuild`` reports) connects again."""
+        if self._publisher is not None:
+            self._publisher.stop()
+            self._publisher = None
+        if self.client is not None:
+            self.generations.wait()
+            self.client.close()
+
+    def _started(self) -> None:
+        if self.client is None:
+            raise PermanentError(f"redis sink {self.config.name}: call start() first")
+
+    def _writing(self) -> int:
+        return self.generation if self.generation is not None else self._current
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, events: list[SinkEvent]) -> None:
+        if not events:
+            return
+        self._started()
+        self._follow_generation()
+        if self._tombstone_from_topics:
+            self._tombstone_ms = self._retention(events[0].topic)
+        plan = plan_batch(events, self._keyspace, self.config.format, self._choose, self._known_tables)
+        replies = self.pipeline.run(plan.commands, (self._live_ms, self._tombstone_ms))
+        for (schema, table), version in plan.truncates.items():
+            replies.extend(self._truncate(schema, table, version))
+        self._count(replies)
+        if self._publisher is not None:
+            ends: dict = {}
+            for event in events:
+                tp = (event.topic, event.partition)
+                if event.offset + 1 > ends.get(tp, 0):
+                    ends[tp] = event.offset + 1
+            self._publisher.note_written(ends)
+
+    def _follow_generation(self) -> None:
+        """A sink writing the current generation moves with readers after a rebuild switched them
+        (read at most once a second)."""
+        now = time.monotonic()
+        if self.generation is not None or now < self._pointer_checked + POINTER_CHECK_S:
+            return
+        self._pointer_checked = now
+        try:
+            current = self.generations.current()
+        except Exception as err:  # noqa: BLE001 - classified
+            raise translate(err, f"redis sink {self.config.name}: reading the generation pointer") from err
+        if current != self._current:
+            log.info("redis sink %s: readers moved to generation %d; writing there", self.config.name, current)
+            self._current = current
+            self._retarget(use_committed=True, forget_positions=False)
+
+    def _retention(self, topic: str) -> int:
+        try:
+            found = self.context.delete_retention_ms(topic)
+        except Exception:  # noqa: BLE001 - the log may not say; keep the default
+            found = None
+        self._tombstone_from_topics = False
+        return found or DEFAULT_TOMBSTONE_MS
+
+    def _truncate(self, schema: str, table: str, version: int) -> list:
+        """Delete the table's keys older than ``version`` (SCAN; the version guard keeps newer ones)."""
+        pattern = self._keyspace.table_pattern(schema, table)
+        commands: list[Command] = []
+        replies: list = []
+        ttls = (self._live_ms, self._tombstone_ms)
+        try:
+            for key in self.client.scan_iter(match=pattern, count=TRUNCATE_SCAN_COUNT):
+                row = key.decode() if isinstance(key, bytes) else key
+                if "{" in row:
+                    continue  # a version companion, not a row (row keys never hold a brace)
+                commands.append(row_change((row, companion(row)), "d", str(version)))
+                if len(commands) >= TRUNCATE_SCAN_COUNT:
+                    replies.extend(self.pipeline.run(commands, ttls))
+                    commands = []
+        except (RetriableError, PermanentError):
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise translate(err, f"redis sink {self.config.name}: truncating {schema}.{table}") from err
+        replies.extend(self.pipeline.run(commands, ttls))
+        log.info("redis sink %s: truncate of %s.%s at version %d", self.config.name, schema, table, version)
+        return replies
+
+    def _count(self, replies: list) -> None:
+        written = sum(1 for r in replies if r == 1)
+        deleted = sum(1 for r in replies if r == 2)
+        skipped = len(replies) - written - deleted
+        self.counts["written"] += written
+        self.counts["deleted"] += deleted
+        self.counts["skipped"] += skipped
+        # For `cdc status`: keys written, deletes that left a tombstone, changes the guard refused.
+        self.context.stats.details.update(keys_written=self.counts["written"], tombstones=self.counts["deleted"],
+                                          stale_skipped=self.counts["skipped"])
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            key = stats_key(self._keyspace.ns)
+            pipe.hincrby(key, "written", written)
+            pipe.hincrby(key, "deleted", deleted)
+            pipe.hincrby(key, "skipped", skipped)
+            pipe.execute()
+        except Exception as err:  # noqa: BLE001 - counters only; the data is written
+            log.warning("redis sink %s: counters not updated: %s", self.config.name, err)
+
+    # --- generations ----------------------------------------------------------------------------
+
+    def current_generation(self) -> int:
+        self._started()
+        self._current = self.generations.current()
+        return self._current
+
+    def open_generation(self, generation: int) -> None:
+        self._started()
+        self.generations.open(generation)
+        self.generation = generation
+        self._retarget(use_committed=False, forget_positions=True)
+
+    def switch_generation(self, generation: int) -> None:
+        self._started()
+        self.generations.switch(generation)
+        self._current = generation
+        self.generation = None
+        self._retarget(use_committed=True, forget_positions=False)
+
+    def drop_generation(self, generation: int) -> None:
+        self._started()
+        if generation == self._writing():
+            raise PermanentError(f"redis sink {self.config.name}: generation {generation} is the one being "
+                                 f"written; it cannot be dropped")
+        self.generations.drop(generation)
+
+    def _retarget(self, use_committed: bool, forget_positions: bool) -> None:
+        self._keyspace = KeySpace(self.config.key_template, namespace(self.config.prefix, self._writing()))
+        if self._publisher is not None:
+            self._publisher.set_namespace(self._keyspace.ns, use_committed, forget_positions=forget_positions)

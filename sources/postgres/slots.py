@@ -1,0 +1,156 @@
+"""Replication slots seen from outside the stream: what each one holds back, who owns it, and
+how a source's slot and publication are removed.
+
+A slot keeps every WAL segment from its ``restart_lsn`` on, whatever the tables it serves, until
+its consumer confirms a later position; a slot nobody reads (its source removed, renamed, moved to
+another database) keeps WAL until the disk fills. ``cdc status`` lists them all with what they
+hold (one query per server), ``cdc drop`` removes a source's, and a running source measures its
+own (``RetainedWal``) against ``max_retained_wal``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from psycopg2.extensions import parse_dsn
+
+from sources.postgres.catalog import PUBLICATION_COMMENT, _ident
+from sources.postgres.config import PostgresConfig
+
+log = logging.getLogger(__name__)
+
+# Every logical slot of the server, whatever its database; retained_bytes is NULL for a slot whose
+# restart_lsn is unset (being created) and on a standby (no current WAL position there).
+SLOTS_SQL = """
+SELECT slot_name, database, active, active_pid, wal_status,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn() - restart_lsn END::bigint
+FROM pg_replication_slots WHERE slot_type = 'logical' ORDER BY database, slot_name
+"""
+
+RETAINED_SQL = ("SELECT (pg_current_wal_lsn() - restart_lsn)::bigint FROM pg_replication_slots "
+                "WHERE slot_name = %s")
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    server: str              # host:port
+    name: str
+    database: str
+    active: bool
+    active_pid: int | None
+    wal_status: str | None   # reserved / extended / unreserved / lost (PostgreSQL 13+)
+    retained_bytes: int | None
+    owner: str | None = None  # the configured source that uses it; None: an orphan
+
+    def as_row(self) -> dict:
+        return {"kind": "slot", "server": self.server, "name": self.name, "database": self.database,
+                "active": self.active, "active_pid": self.active_pid, "wal_status": self.wal_status,
+                "retained_wal_bytes": self.retained_bytes, "owner": self.owner}
+
+
+def human_bytes(count: int | None) -> str:
+    if count is None:
+        return "-"
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def server_of(dsn: str) -> str:
+    params = parse_dsn(dsn)
+    host = params.get("host") or os.environ.get("PGHOST") or "localhost"
+    return f"{host}:{params.get('port') or os.environ.get('PGPORT') or 5432}"
+
+
+def database_of(dsn: str) -> str:
+    """The database a DSN names, by libpq's defaults: dbname, else PGDATABASE, else the user name."""
+    params = parse_dsn(dsn)
+    user = params.get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    return params.get("dbname") or os.environ.get("PGDATABASE") or user
+
+
+def slot_of(config: PostgresConfig, database: str, existing: set[tuple[str, str]]) -> str:
+    """The slot ``config`` uses in ``database``, given the (database, slot) pairs that exist: the
+    same choice as the source's (an existing slot of the old default name is kept)."""
+    if config.slot is not None:
+        return config.slot
+    new = config.slot_in(database)
+    legacy = config.legacy_slot_name
+    if (database, legacy) in existing and (database, new) not in existing:
+        return legacy
+    return new
+
+
+def list_slots(conn, server: str, sources: list[PostgresConfig]) -> list[SlotInfo]:
+    """Every logical slot on the server behind ``conn``, each with the source among ``sources``
+    (those on this server) that owns it."""
+    with conn.cursor() as cur:
+        cur.execute(SLOTS_SQL)
+        rows = cur.fetchall()
+    conn.rollback()
+    existing = {(database, name) for name, database, *_ in rows}
+    owned = {}
+    for source in sources:
+        database = database_of(source.dsn.get_secret_value())
+        owned[(database, slot_of(source, database, existing))] = source.name
+    return [SlotInfo(server, name, database, active, pid, wal_status, retained, owned.get((database, name)))
+            for name, database, active, pid, wal_status, retained in rows]
+
+
+def publication_is_ours(conn, publication: str) -> bool | None:
+    """True when the publication carries the comment this project gives the ones it creates;
+    None when there is no such publication."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
+                    (publication,))
+        row = cur.fetchone()
+    conn.rollback()
+    if row is None:
+        return None
+    return (row[0] or "").startswith(PUBLICATION_COMMENT.format(source=""))
+
+
+def drop_slot(conn, slot: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    conn.commit()
+
+
+def drop_publication(conn, publication: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(f"DROP PUBLICATION {_ident(publication)}")
+    conn.commit()
+
+
+class RetainedWal:
+    """The WAL the source's own slot holds back, measured every ``interval`` seconds; a warning
+    each time it is above ``budget`` bytes (None: measured, never warned about)."""
+
+    def __init__(self, connector: str, slot: str, budget: int | None, interval: float) -> None:
+        self.connector, self.slot, self.budget, self.interval = connector, slot, budget, interval
+        self.bytes: int | None = None
+        self._due = 0.0  # the first poll measures
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._due
+
+    def measure(self, conn, phase: str) -> None:
+        self._due = time.monotonic() + self.interval
+        with conn.cursor() as cur:
+            cur.execute(RETAINED_SQL, (self.slot,))
+            row = cur.fetchone()
+        conn.rollback()
+        self.bytes = None if row is None or row[0] is None else int(row[0])
+        if self.budget is not None and self.bytes is not None and self.bytes > self.budget:
+            log.warning("slot %s retains %s of WAL, above max_retained_wal (%s): the server keeps it until "
+                        "this source confirms a later position (is the source stalled, or does the server "
+                        "write much WAL outside the captured tables while heartbeats are rare?)", self.slot,
+                        human_bytes(self.bytes), human_bytes(self.budget),
+                        extra={"connector": self.connector, "phase": phase})

@@ -1,0 +1,267 @@
+"""Replication slots over their whole life, against a real server: names that do not collide
+across databases, `cdc status` listing every slot (orphans flagged), `cdc drop`, and the
+retained-WAL budget with its metric."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import orjson
+import psycopg2
+import pytest
+
+from cdc.errors import PermanentError
+from cdc.log.embedded import EmbeddedLog
+from cdc.runtime.http import render_metrics
+from sources.postgres.config import default_slot_name
+from tests.integration.pg_capture import Capture, capturing, execute, pg_config, slot_name, wait_until
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def second_db(pg_admin_dsn):
+    """Another fresh database on the same server, dropped with its slots afterwards."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
+    yield pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
+    execute(pg_admin_dsn,
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
+            f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' "
+            "AND NOT active")
+    execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _slots(dsn: str) -> dict[str, str]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT slot_name, database FROM pg_replication_slots")
+            return dict(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def test_default_slot_names_are_valid_and_unique_when_cut():
+    long_db = "d" * 60
+    a, b = default_slot_name(long_db, "orders-A"), default_slot_name(long_db, "orders-B")
+    assert len(a) == len(b) == 63 and a != b
+    assert default_slot_name("Shop.Demo", "shop-pg") == "cdc_shop_demo_shop_pg"
+    assert all(c.isdigit() or c.islower() or c == "_" for c in a)
+
+
+def test_sources_of_the_same_name_in_two_databases_get_their_own_slots(pg_dsn, second_db, tmp_path):
+    for dsn in (pg_dsn, second_db):
+        execute(dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    logs = [EmbeddedLog(tmp_path / f"log{i}", fsync=False) for i in range(2)]
+    try:
+        with capturing(pg_config(pg_dsn, tmp_path / "a", name="shop_pg"), logs[0], "a") as first, \
+                capturing(pg_config(second_db, tmp_path / "b", name="shop_pg"), logs[1], "b") as second:
+            for capture, log in ((first, logs[0]), (second, logs[1])):
+                wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+        slots = _slots(pg_dsn)
+        config = pg_config(pg_dsn, tmp_path, name="shop_pg")
+        assert slots[slot_name(config, pg_dsn)] == pg_dsn.rsplit("/", 1)[1]
+        assert slots[slot_name(config, second_db)] == second_db.rsplit("/", 1)[1]
+    finally:
+        for log in logs:
+            log.close()
+
+
+def test_a_slot_of_the_old_default_name_in_the_sources_database_is_kept(pg_dsn, tmp_path):
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)",
+            "SELECT pg_create_logical_replication_slot('cdc_pg', 'pgoutput')")
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        with capturing(pg_config(pg_dsn, tmp_path), log, "old") as capture:
+            wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+            assert capture.source.slot_name == "cdc_pg"
+        assert "cdc_pg" in _slots(pg_dsn)
+        assert slot_name(pg_config(pg_dsn, tmp_path), pg_dsn) not in _slots(pg_dsn)
+    finally:
+        log.close()
+
+
+def test_a_slot_name_taken_in_another_database_names_the_slot_setting(pg_dsn, second_db, tmp_path):
+    execute(second_db, "SELECT pg_create_logical_replication_slot('taken', 'pgoutput')")
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        failing = Capture(pg_config(pg_dsn, tmp_path, slot="taken"), log, "x").start()
+        failing.thread.join(60)
+        assert isinstance(failing.error, PermanentError)
+        assert "`slot:`" in str(failing.error) and "taken" in str(failing.error)
+    finally:
+        log.close()
+
+
+# --- cdc status / cdc drop -----------------------------------------------------------------------
+
+def _config_file(tmp_path: Path, dsn: str, **settings) -> Path:
+    source = {"name": "pg", "type": "postgres", "dsn": dsn, "tables": ["public.*"],
+              "heartbeat_interval": 1.0, "status_interval": 1.0, **settings}
+    path = tmp_path / "cdc.yaml"
+    path.write_text("log:\n  embedded: {path: ./data, topic_prefix: lc}\n"
+                    f"sources:\n  - {orjson.dumps(source).decode()}\nhttp: null\n")
+    return path
+
+
+def _capture_from_file(path: Path):
+    from cdc.config import load_config
+    from cdc.log.open import open_log
+
+    config = load_config(str(path))
+    log = open_log(config.log)
+    return Capture(config.sources[0], log, config.log.topic_prefix), log
+
+
+def test_status_lists_every_slot_with_retained_wal_and_flags_orphans(pg_dsn, tmp_path, capsys):
+    from cdc.cli import main
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)",
+            "SELECT pg_create_logical_replication_slot('left_behind', 'pgoutput')",
+            "CREATE SCHEMA other", "CREATE TABLE other.pad (x text)",
+            "INSERT INTO other.pad SELECT repeat('x', 1000) FROM generate_series(1, 2000)")
+    path = _config_file(tmp_path, pg_dsn)
+    capture, log = _capture_from_file(path)
+    capture.start()
+    wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+    capture.stop()
+    log.close()
+    capsys.readouterr()
+    assert main(["status", str(path), "--json"]) == 0
+    rows = {r["name"]: r for r in orjson.loads(capsys.readouterr().out) if r["kind"] == "slot"}
+    database = pg_dsn.rsplit("/", 1)[1]
+    orphan, owned = rows["left_behind"], rows[slot_name(capture.config, pg_dsn)]
+    assert orphan["owner"] is None and orphan["database"] == database and orphan["active"] is False
+    assert orphan["retained_wal_bytes"] > 2000 * 1000 and orphan["wal_status"] in ("reserved", "extended")
+    assert owned["owner"] == "pg"
+    assert main(["status", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "left_behind" in text and "ORPHAN" in text and " MiB" in text
+
+
+def test_drop_removes_slot_publication_and_offset_then_a_restart_snapshots(pg_dsn, tmp_path, capsys):
+    from cdc.cli import main
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    path = _config_file(tmp_path, pg_dsn)
+    capture, log = _capture_from_file(path)
+    capture.start()
+    wait_until(lambda: capture.runner.stored is not None, capture=capture, what="a stored offset")
+    capture.stop()
+    slot = slot_name(capture.config, pg_dsn)
+    assert slot in _slots(pg_dsn)
+    log.close()
+
+    # No terminal, no --yes: refused, nothing dropped.
+    refused = subprocess.run([sys.executable, "-m", "cdc.cli", "drop", str(path), "pg"], cwd=tmp_path,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert slot in _slots(pg_dsn)
+
+    assert main(["drop", str(path), "pg", "--yes"]) == 0
+    assert slot not in _slots(pg_dsn)
+    conn = psycopg2.connect(pg_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s", (capture.config.publication_name,))
+        assert cur.fetchone()[0] == 0
+    conn.close()
+
+    again, log = _capture_from_file(path)
+    assert again.source.start_position is None  # the stored offset is gone
+    try:
+        again.start()
+        wait_until(lambda: again.runner.stored is not None, capture=again, what="a stored offset")
+        again.stop()
+        snapshots = [orjson.loads(r.value)["op"] for r in log.read_all("lc.public.t")]
+        assert snapshots.count("r") == 2  # once per run: the second run took the snapshot again
+    finally:
+        log.close()
+
+
+def test_drop_keeps_a_publication_cdc_did_not_create(pg_dsn, tmp_path, capsys):
+    from cdc.cli import main
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE PUBLICATION theirs FOR TABLE t")
+    path = _config_file(tmp_path, pg_dsn, publication="theirs")
+    capture, log = _capture_from_file(path)
+    capture.start()
+    wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+    capture.stop()
+    log.close()
+    assert main(["drop", str(path), "pg", "--yes"]) == 0
+    conn = psycopg2.connect(pg_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_publication WHERE pubname = 'theirs'")
+        assert cur.fetchone()[0] == 1
+    conn.close()
+    assert slot_name(capture.config, pg_dsn) not in _slots(pg_dsn)
+
+
+# --- the retained-WAL budget --------------------------------------------------------------------
+
+def test_retained_wal_above_the_budget_is_warned_about_and_exported(pg_dsn, tmp_path, caplog):
+    execute(pg_dsn, "CREATE TABLE captured (id int PRIMARY KEY)", "CREATE SCHEMA other",
+            "CREATE TABLE other.busy (id serial PRIMARY KEY, pad text)")
+    # No heartbeat during the test: nothing moves the slot while only uncaptured tables change.
+    config = pg_config(pg_dsn, tmp_path, tables=["public.*"], heartbeat_interval=3600, max_retained_wal="1MB",
+                       wal_check_interval=0.2)
+    assert config.max_retained_wal == 1_000_000
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sources.postgres.slots"), \
+                capturing(config, log, "wal") as capture:
+            wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+            execute(pg_dsn, "INSERT INTO other.busy (pad) SELECT repeat('x', 1000) FROM generate_series(1, 5000)")
+            wait_until(lambda: (capture.runner.stats.retained_wal_bytes or 0) > 5000 * 1000, capture=capture,
+                       what="the retained WAL in the connector's stats")
+            wait_until(lambda: any("above max_retained_wal" in r.getMessage() for r in caplog.records),
+                       capture=capture, what="the budget warning")
+            metrics = render_metrics([{**capture.runner.stats.snapshot(), "healthy": True}])
+        line = next(l for l in metrics.splitlines() if l.startswith('cdc_retained_wal_bytes{connector="pg"}'))
+        assert int(line.split()[-1]) > 5000 * 1000
+    finally:
+        log.close()
+
+
+def test_the_budget_is_validated(tmp_path):
+    from pydantic import ValidationError
+
+    assert pg_config("postgresql://u@h/db", tmp_path, max_retained_wal="1GiB").max_retained_wal == 1 << 30
+    with pytest.raises(ValidationError, match="max_retained_wal"):
+        pg_config("postgresql://u@h/db", tmp_path, max_retained_wal="lots")
+
+
+def test_drop_refuses_while_a_process_streams_from_the_slot(pg_dsn, tmp_path, capsys):
+    from cdc.cli import main
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    path = _config_file(tmp_path, pg_dsn)
+    capture, log = _capture_from_file(path)
+    capture.start()
+    try:
+        wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+        wait_until(lambda: _active(pg_dsn, slot_name(capture.config, pg_dsn)), capture=capture, what="an active slot")
+        capsys.readouterr()
+        assert main(["drop", str(path), "pg", "--yes"]) == 2
+        assert "is active" in capsys.readouterr().err
+        assert slot_name(capture.config, pg_dsn) in _slots(pg_dsn)
+    finally:
+        capture.stop()
+        log.close()
+
+
+def _active(dsn: str, slot: str) -> bool:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            return bool(row and row[0])
+    finally:
+        conn.close()
