@@ -258,13 +258,7 @@ class TypeChangeWriter(Writer):
         conn.close()
 
 
-LIVE_SHAPES = pytest.mark.xfail(
-    strict=True, reason="a running sink learns of a new shape only from rows that name it "
-                        "(source.schema_version, the live schema-change contract); until then only a sink "
-                        "start reads the newest shape. Remove this mark when that contract is on main.")
-
-
-@pytest.mark.parametrize("restart_sink", [pytest.param(False, id="live", marks=LIVE_SHAPES),
+@pytest.mark.parametrize("restart_sink", [pytest.param(False, id="live"),
                                           pytest.param(True, id="on-restart")])
 def test_a_type_change_the_mapping_cannot_follow_rebuilds_while_readers_keep_a_full_index(
         pg_dsn, kafka_bootstrap, opensearch_url, opensearch_index, tmp_path, restart_sink):
