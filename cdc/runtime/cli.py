@@ -9,7 +9,7 @@ import logging
 import sys
 import urllib.request
 
-from cdc.errors import ConfigError, LogUnavailableError
+from cdc.errors import CdcError, ConfigError, LogUnavailableError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -127,6 +127,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         print(_status_line(row))
+        for store in row.get("stores") or ():
+            print("       " + " ".join(f"{k}={v}" for k, v in store.items()))
     for row in slots:
         print(slot_line(row))
     return 0
@@ -157,6 +159,7 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
             wanted = [t for t in topics if any(fnmatch.fnmatchcase(t, g) for g in sink.topics)]
             rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase", "not running"),
                          "consumer_lag": _consumer_lag(log_, sink.name, wanted),
+                         "stores": _store_details(sink, log_),
                          "details": row.get("details") or {}, **{k: row.get(k) for k in health}})
     finally:
         log_.close()
@@ -181,6 +184,32 @@ def _status_line(row: dict) -> str:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else "?"
         line += f" attempts={row.get('attempts') or 0} last_error_at={when} last_error={row['last_error']}"
     return line
+
+
+def _store_details(sink_config, log_) -> list[dict] | None:
+    """What a sink that can ``describe()`` its store says (e.g. per OpenSearch index: alias,
+    generation, documents), each row with the consumer lag of its topic; None for other sinks."""
+    from cdc.plugins import sink_plugin
+
+    try:
+        plugin = sink_plugin(sink_config.type)
+    except CdcError as err:
+        return [{"error": str(err)}]
+    if not callable(getattr(plugin, "describe", None)):
+        return None
+    sink = plugin(sink_config)
+    try:
+        sink.start()
+        rows = sink.describe()
+    except CdcError as err:
+        return [{"error": f"{type(err).__name__}: {err}"}]
+    finally:
+        sink.stop()
+    topics = set(log_.topics())
+    for row in rows:
+        if row.get("topic") in topics:
+            row["lag"] = _consumer_lag(log_, sink_config.name, [row["topic"]])
+    return rows
 
 
 def _consumer_lag(log_, group: str, topics: list[str]) -> int:
@@ -289,7 +318,12 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
                     default=None)
     stop = _interruptible()
     began = time.monotonic()
-    runner.run(stop, from_start=True, until_caught_up=True)
+    if getattr(type(runner.sink), "bootstrap_by_rebuild", False):
+        # Readers keep what they see (nothing, or the current generation) until the new
+        # generation has caught up; then they switch to it at once.
+        runner.rebuild(stop)
+    else:
+        runner.run(stop, from_start=True, until_caught_up=True)
     elapsed_ms = (time.monotonic() - began) * 1000
     print(f"bootstrap of {args.sink}: {runner.stats.events:,} events from {len(topics)} topics "
           f"in {elapsed_ms / 1000:.1f}s", file=sys.stderr)

@@ -293,6 +293,7 @@ class SinkRunner:
             if events:
                 self._write_in_shape(events)
             self.positions.update(ends)
+            self.stats.events += len(events)
             self.stats.progressed()
             if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
                 self.report(self.stats)

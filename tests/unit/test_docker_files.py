@@ -23,6 +23,7 @@ def test_compose_declares_the_stack_with_capture_settings():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
     assert services["cdc"]["build"]["dockerfile"] == "docker/Dockerfile"
+    assert services["cdc"]["environment"]["OPENSEARCH_URL"] == "http://opensearch:9200"
 
 
 def test_dockerfile_copies_every_import_package():

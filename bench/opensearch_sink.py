@@ -1,0 +1,195 @@
+"""OpenSearch sink throughput: the whole sink path beside a raw opensearch-py bulk, same node, same run.
+
+    .venv/bin/cdc dev up --only kafka,opensearch
+    .venv/bin/python -m bench.opensearch_sink [--events 200000] [--rounds 3] [--concurrency 2]
+
+Steps:
+  1. events: ``--events`` inserts of distinct keys of an ``orders`` table (bigint key, int, text,
+     numeric(10,2), two timestamptz, a mostly-NULL note), published once to a Kafka topic of 3
+     partitions, with the table's schema record. The raw baseline's documents are the same rows,
+     encoded to bulk NDJSON (orjson) before any clock runs.
+  2. per round, alternating, each into a fresh index with the same mapping and settings:
+     raw   ``client.bulk`` of the prepared NDJSON in requests of ``bulk_max_docs`` documents,
+           ``--concurrency`` requests in flight (threads): what this node takes from this client.
+     ours  what ``cdc bootstrap`` does: a SinkRunner reads the topic from offset 0 to its end,
+           decodes each record, and the OpenSearch sink reduces, maps and bulk-writes them with
+           external versions behind an alias (``bulk_concurrency`` = ``--concurrency``).
+Prints documents/s of both per round (with the CPU time this process spent: the rest of the wall
+time is the node's), the ratio, and the medians. Target: ours >= 70% of raw.
+``--versioned-raw`` gives the raw bulk the same external versions, to isolate what the node's
+version checks cost from what the sink path costs.
+Checks that the alias counts every document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+
+TARGET = 0.70
+COLUMNS = [("id", "bigint", True), ("customer_id", "integer", False), ("status", "text", False),
+           ("total", "numeric(10,2)", False), ("created_at", "timestamp with time zone", False),
+           ("updated_at", "timestamp with time zone", False), ("note", "text", False)]
+STATUSES = ["new", "paid", "packed", "shipped", "delivered", "cancelled"]
+
+
+def make_rows(count: int, seed: int = 7) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for key in range(1, count + 1):
+        second = key % 86400
+        rows.append({"id": key, "customer_id": (key * 7919) % 50000 + 1, "status": rng.choice(STATUSES),
+                     "total": f"{rng.randrange(100, 100000) / 100:.2f}",
+                     "created_at": f"2024-03-01T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}.{key % 1000:03d}Z",
+                     "updated_at": f"2024-03-02T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}Z",
+                     "note": f"gift wrap, leave at door {key}" if key % 7 == 0 else None})
+    return rows
+
+
+def publish(kafka, prefix: str, rows: list[dict]) -> str:
+    from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
+    from cdc.log.base import TopicSettings
+    from cdc.positions import Counter
+    from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
+
+    table = TableId("shop", "public", "orders")
+    topic = table.topic(prefix)
+    kafka.ensure_topic(topic, TopicSettings(partitions=3))
+    kafka.ensure_topic(schema_changes_topic(prefix), TopicSettings(partitions=1))
+    writer = kafka.writer()
+    columns = tuple(Column(n, t, key=k) for n, t, k in COLUMNS)
+    writer.publish([encode_schema_change(SchemaChange(table, columns, 1, 0), "bench", prefix)])
+    encoder = EnvelopeEncoder("postgresql", "bench", prefix)
+    for start in range(0, len(rows), 5000):
+        events = [ChangeEvent(Op.CREATE, table, {"id": r["id"]}, None, r, 16 * r["id"], 0)
+                  for r in rows[start:start + 5000]]
+        writer.publish_events(encoder, events, None)
+        writer.poll()
+    writer.publish([], Counter(1))
+    writer.flush(120)
+    writer.close()
+    return topic
+
+
+def ndjson_chunks(index: str, rows: list[dict], per_request: int, versioned: bool) -> list[bytes]:
+    chunks = []
+    for start in range(0, len(rows), per_request):
+        parts = []
+        for row in rows[start:start + per_request]:
+            head = {"_index": index, "_id": str(row["id"])}
+            if versioned:
+                head.update(version=16 * row["id"], version_type="external")
+            parts.append(orjson.dumps({"index": head}))
+            parts.append(orjson.dumps(row))
+        chunks.append(b"\n".join(parts) + b"\n")
+    return chunks
+
+
+def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: int) -> float:
+    client.indices.create(index=index, body=body)
+
+    def send(chunk: bytes) -> None:
+        answer = client.bulk(body=chunk, params={"filter_path": "errors"})
+        if answer.get("errors"):
+            raise SystemExit(f"raw bulk into {index} had errors")
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(send, chunks))
+    return time.perf_counter() - began
+
+
+def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_request: int,
+             batch: int) -> tuple[float, object]:
+    from cdc.runtime.sink_runner import SinkRunner
+    from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
+
+    config = OpenSearchSinkConfig(name=name, hosts=[url], topics=[f"{prefix}.*"], index_name=f"{name}.{{table}}",
+                                  batch_size=batch, bulk_max_docs=per_request,
+                                  bulk_concurrency=concurrency, drop_old_generation_after_s=0)
+    runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name)
+    began = time.perf_counter()
+    runner.run(threading.Event(), from_start=True, until_caught_up=True)
+    return time.perf_counter() - began, runner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=2, help="bulk requests in flight, both sides")
+    parser.add_argument("--per-request", type=int, default=2000, help="documents per bulk request, both sides")
+    parser.add_argument("--batch", type=int, default=10_000, help="events per sink write (the runner's batch_size)")
+    parser.add_argument("--versioned-raw", action="store_true",
+                        help="the raw bulk carries the same external versions (isolates the node's cost of them)")
+    args = parser.parse_args()
+
+    from opensearchpy import OpenSearch
+
+    from cdc.dev.stack import read_env
+    from cdc.log.kafka import KafkaLog
+    from sinks.opensearch.generations import STATE_INDEX
+    from sinks.opensearch.mapping import shape_of
+
+    env = read_env()
+    url = env["OPENSEARCH_URL"]
+    run_id = uuid.uuid4().hex[:8]
+    prefix = f"bench_{run_id}"
+    kafka = KafkaLog(env["KAFKA_BOOTSTRAP"])
+    client = OpenSearch(url, timeout=120, pool_maxsize=8)
+    rows = make_rows(args.events)
+    columns = [{"name": n, "type": t, "key": k} for n, t, k in COLUMNS]
+    body = {"mappings": shape_of(columns, {n: n for n, _, _ in COLUMNS}, {}).mappings}
+    raw_figures, ours_figures = [], []
+    try:
+        publish(kafka, prefix, rows)
+        gc.collect()
+        gc.freeze()
+        print(f"{len(rows):,} documents (one insert per key), requests of {args.per_request:,}, "
+              f"{args.concurrency} in flight; load before: {os.getloadavg()[0]:.2f}")
+        for round_ in range(1, args.rounds + 1):
+            chunks = ndjson_chunks(f"{prefix}-raw{round_}", rows, args.per_request, args.versioned_raw)
+            cpu = time.process_time()
+            raw_s = run_raw(client, f"{prefix}-raw{round_}", body, chunks, args.concurrency)
+            raw_cpu, cpu = time.process_time() - cpu, time.process_time()
+            del chunks
+            name = f"{prefix}-ours{round_}"
+            ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch)
+            ours_cpu = time.process_time() - cpu
+            alias = f"{name}.orders"
+            client.indices.refresh(index=alias)
+            landed = client.count(index=alias)["count"]
+            if landed != len(rows):
+                raise SystemExit(f"the alias {alias} counts {landed} documents, not {len(rows)}")
+            raw_rate, ours_rate = len(rows) / raw_s, len(rows) / ours_s
+            raw_figures.append(raw_rate)
+            ours_figures.append(ours_rate)
+            print(f"round {round_}: raw bulk {raw_rate:>10,.0f} docs/s ({raw_s:6.2f}s, client cpu {raw_cpu:5.2f}s)   "
+                  f"sink path {ours_rate:>10,.0f} docs/s ({ours_s:6.2f}s, client cpu {ours_cpu:5.2f}s)   "
+                  f"ratio {ours_rate / raw_rate:.2f}")
+            client.indices.delete(index=f"{prefix}-raw{round_},{name}.*")
+            client.delete(index=STATE_INDEX, id=name, params={"ignore": 404})
+        raw_median, ours_median = statistics.median(raw_figures), statistics.median(ours_figures)
+        ratio = ours_median / raw_median
+        print(f"median:  raw bulk {raw_median:>10,.0f} docs/s   sink path {ours_median:>10,.0f} docs/s   "
+              f"ratio {ratio:.2f} (target {TARGET:.0%}: {'met' if ratio >= TARGET else 'NOT met'}); "
+              f"load after: {os.getloadavg()[0]:.2f}")
+    finally:
+        client.indices.delete(index=f"{prefix}-*", params={"ignore_unavailable": "true"})
+        client.close()
+        kafka.delete_topic(f"{prefix}.public.orders")
+        kafka.delete_topic(f"{prefix}.schema-changes")
+        kafka.close()
+
+
+if __name__ == "__main__":
+    main()

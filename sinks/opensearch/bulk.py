@@ -1,0 +1,145 @@
+"""Versioned bulk writes: NDJSON requests sized in documents and bytes, several in flight.
+
+Every item is an ``index`` with ``version_type=external`` (or ``external_gte`` for a tombstone
+that takes over a document's own version, see tombstones.py): OpenSearch applies it only if the
+version is higher than the document's, so a replay never moves a document backwards and an equal
+version is a no-op. Such a refusal is a 409 ``version_conflict_engine_exception``: expected on
+replays, counted as ``conflicts``, not an error.
+
+Items refused for a retriable reason (429 / ``es_rejected_execution_exception``: the node's write
+queue is full; 5xx) are sent again after a backoff (0.2 s doubling, a few times), then the call
+raises ``RetriableError`` and the runtime retries the batch (versions make that safe). Items
+refused for good (a mapping error) are returned in ``refused`` with OpenSearch's reason; the rest
+of the batch is written.
+
+Threading: ``send`` may run several requests at once on its own pool (``concurrency``); the
+client is thread-safe. One caller thread at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from cdc.api import RetriableError
+from sinks.opensearch.errors import item_retriable, translate
+
+log = logging.getLogger(__name__)
+
+RETRIES, FIRST_BACKOFF_S = 5, 0.2
+_FILTER = "errors,items.*.status,items.*.error.type,items.*.error.reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    index: str
+    doc_id: str
+    version: int
+    body: dict[str, Any]
+    event: Any = None                 # the SinkEvent it comes from (for the dead letters)
+    version_type: str = "external"
+
+    def encode(self) -> bytes:
+        # The action line by hand (names and ids escaped by orjson): the hot path of a bulk.
+        head = b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}\n' % (
+            orjson.dumps(self.index), orjson.dumps(self.doc_id), self.version, self.version_type.encode())
+        return head + orjson.dumps(self.body, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+
+
+@dataclass(slots=True)
+class Outcome:
+    written: int = 0
+    conflicts: int = 0
+    refused: list[tuple[Item, str]] = field(default_factory=list)
+
+
+class BulkWriter:
+    def __init__(self, client, *, max_docs: int, max_bytes: int, concurrency: int, what: str) -> None:
+        self.client = client
+        self.max_docs, self.max_bytes = max_docs, max_bytes
+        self.what = what
+        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="bulk") if concurrency > 1 else None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    def send(self, items: list[Item]) -> Outcome:
+        outcome = Outcome()
+        pending = items
+        backoff = FIRST_BACKOFF_S
+        for attempt in range(RETRIES + 1):
+            retry = self._send_once(pending, outcome)
+            if not retry:
+                return outcome
+            if attempt == RETRIES:
+                break
+            log.warning("%s: %d of %d documents refused for now (%s); sending them again in %.1fs", self.what,
+                        len(retry), len(pending), retry[0][1], backoff)
+            time.sleep(backoff)
+            backoff *= 2
+            pending = [item for item, _ in retry]
+        raise RetriableError(f"{self.what}: OpenSearch kept refusing {len(pending)} documents for now "
+                             f"({retry[0][1]}); the batch will be retried")
+
+    def _send_once(self, items: list[Item], outcome: Outcome) -> list[tuple[Item, str]]:
+        if self.pool is None:
+            results = [self._request(chunk) for chunk in self._chunks(items)]
+        else:
+            # Each chunk is sent as soon as it is encoded: encoding the next overlaps the requests
+            # in flight.
+            futures = [self.pool.submit(self._request, chunk) for chunk in self._chunks(items)]
+            results = [future.result() for future in futures]
+        retry: list[tuple[Item, str]] = []
+        for chunk_items, answer in results:
+            self._classify(chunk_items, answer, outcome, retry)
+        return retry
+
+    def _chunks(self, items: list[Item]):
+        chunk: list[Item] = []
+        parts: list[bytes] = []
+        size = 0
+        for item in items:
+            data = item.encode()
+            if chunk and (len(chunk) >= self.max_docs or size + len(data) > self.max_bytes):
+                yield chunk, b"".join(parts)
+                chunk, parts, size = [], [], 0
+            chunk.append(item)
+            parts.append(data)
+            size += len(data)
+        if chunk:
+            yield chunk, b"".join(parts)
+
+    def _request(self, chunk: tuple[list[Item], bytes]) -> tuple[list[Item], dict]:
+        chunk_items, payload = chunk
+        try:
+            answer = self.client.bulk(body=payload, params={"filter_path": _FILTER})
+        except Exception as err:  # noqa: BLE001 - classified by translate
+            raise translate(err, self.what) from err
+        return chunk_items, answer
+
+    @staticmethod
+    def _classify(items: list[Item], answer: dict, outcome: Outcome, retry: list) -> None:
+        if not answer.get("errors"):
+            outcome.written += len(items)
+            return
+        for item, result in zip(items, answer["items"], strict=True):
+            (result,) = result.values()
+            status = result.get("status", 0)
+            if status < 300:
+                outcome.written += 1
+                continue
+            error = result.get("error") or {}
+            error_type = error.get("type")
+            reason = f"{status} {error_type}: {error.get('reason')}"
+            if status == 409 and error_type == "version_conflict_engine_exception":
+                outcome.conflicts += 1
+            elif item_retriable(status, error_type):
+                retry.append((item, reason))
+            else:
+                outcome.refused.append((item, reason))

@@ -1,0 +1,91 @@
+"""The ``type: opensearch`` sink's settings."""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from cdc.api import SinkConfig
+
+TEMPLATE_FIELDS = frozenset({"topic", "schema", "db", "table"})
+
+
+class IndexOptions(BaseModel):
+    """What one table's index holds, and how it is set up. Keyed in ``tables:`` by ``schema.table``
+    (MySQL: ``db.table``) or a glob of it; the first matching entry applies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    include: list[str] | None = Field(default=None, description="only these columns (default: all)")
+    exclude: list[str] = Field(default_factory=list, description="columns left out of the document")
+    rename: dict[str, str] = Field(default_factory=dict, description="column -> field name in the document")
+    mappings: dict[str, Any] = Field(default_factory=dict,
+                                     description="field -> OpenSearch mapping, over the one made from the "
+                                                 "source type (by field name, after renames)")
+    settings: dict[str, Any] = Field(default_factory=dict,
+                                     description="index settings (analysis, shards, ...) over the sink's `settings`")
+
+    @model_validator(mode="after")
+    def _no_overlap(self) -> "IndexOptions":
+        if self.include is not None and set(self.include) & set(self.exclude):
+            raise ValueError(f"columns both included and excluded: {sorted(set(self.include) & set(self.exclude))}")
+        return self
+
+
+class OpenSearchSinkConfig(SinkConfig):
+    type: Literal["opensearch"] = "opensearch"
+    # Larger than the base default: a batch is cut into several bulk requests that go in flight
+    # together (bulk_max_docs, bulk_concurrency).
+    batch_size: int = Field(default=8000, ge=1, description="events per write at most")
+    hosts: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:9200"], min_length=1,
+                             description="node URLs (http:// or https://)")
+    username: str | None = Field(default=None, description="basic auth user")
+    password: SecretStr | None = Field(default=None, description="basic auth password (password_file: a path)")
+    api_key: SecretStr | None = Field(default=None,
+                                      description="API key, sent as 'Authorization: ApiKey <key>' (api_key_file)")
+    ca_file: str | None = Field(default=None, description="CA bundle (PEM) that signs the nodes' certificates")
+    verify_certs: bool = Field(default=True, description="check the nodes' TLS certificates (keep it on)")
+    request_timeout_s: float = Field(default=60, gt=0)
+    index_name: str = Field(default="{topic}",
+                            description="the alias readers query, per table: a template of {topic}, {schema}, "
+                                        "{db}, {table}; lowercased. Generations are <name>__g<N>")
+    tables: dict[str, IndexOptions] = Field(default_factory=dict,
+                                            description="per table (schema.table or a glob): columns, renames, "
+                                                        "mappings, settings")
+    settings: dict[str, Any] = Field(default_factory=dict, description="index settings for every index")
+    schema_policy: Literal["fail", "ignore", "rebuild"] = Field(
+        default="rebuild", description="a source schema change the mapping cannot follow (a column's type): "
+                                       "stop, write on regardless (refused documents go to the dead letters), "
+                                       "or rebuild the indexes into a new generation")
+    tombstone_retention_hours: float | None = Field(
+        default=None, gt=0, description="how long a delete is remembered (a hidden tombstone document); "
+                                        "default: the topic's delete.retention.ms (24 h if the log does not "
+                                        "say). Never shorter than that, or a replay can resurrect a row")
+    drop_old_generation_after_s: float = Field(
+        default=600, ge=0, description="after a rebuild switched readers, how long the old generation is "
+                                       "kept (for readers still scrolling it) before it is dropped")
+    bulk_max_docs: int = Field(default=2000, ge=1, description="documents per bulk request at most")
+    bulk_max_bytes: int = Field(default=5_000_000, ge=1024, description="bytes per bulk request at most")
+    bulk_concurrency: int = Field(default=2, ge=1, le=16, description="bulk requests in flight at once")
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> "OpenSearchSinkConfig":
+        if self.api_key is not None and (self.username or self.password):
+            raise ValueError("set either api_key or username/password, not both")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("basic auth needs both username and password")
+        return self
+
+    @field_validator("index_name")
+    @classmethod
+    def _known_fields(cls, template: str) -> str:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as err:
+            raise ValueError(f"not a valid template: {err}") from None
+        unknown = fields - TEMPLATE_FIELDS
+        if unknown or "" in fields:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{topic}}, {{schema}}, {{db}}, {{table}}")
+        return template

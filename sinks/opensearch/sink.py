@@ -1,0 +1,232 @@
+"""``type: opensearch``: keep one OpenSearch index per table in sync with its topic.
+
+Threading: one thread calls ``start``, ``write``, the generation methods and ``stop``; they
+block on OpenSearch. ``write`` runs up to ``bulk_concurrency`` bulk requests at once on a pool of
+its own.
+
+A write (see cdc/sink_events.py for the semantics it implements):
+
+1. ``documents.reduce``: the newest action per (topic, _id).
+2. Per topic, its index (``indexes.IndexCatalog``): created on first sight with the mapping made
+   from the table's schema record, behind its alias; a newer schema record adds new fields live;
+   a change the mapping cannot follow, or a change of the user's mappings/settings, is handled
+   by ``schema_policy`` (``rebuild`` by default: ``RebuildRequired``, and the runtime rebuilds
+   into a new generation).
+3. A truncate clears the index of documents older than its version and remembers the version.
+4. Tombstone records without a delete in the batch are resolved against the index (mget).
+5. One bulk of versioned ``index`` items (bulk.py). It has returned once every item is written,
+   refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
+   only once it is in the translog, which is fsynced per request by default, so it is durable.
+   A document refused for good (a mapping error) goes to the dead-letter topic alone, with
+   OpenSearch's reason (``context.dead_letter``; the record's value is the event re-encoded);
+   the rest of the batch is written. With ``on_poison: stop`` the write raises instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import orjson
+
+from cdc.api import CdcError, PermanentError, RebuildableSink, Sink, SinkEvent
+from sinks.opensearch.bulk import BulkWriter, Item
+from sinks.opensearch.client import make_client
+from sinks.opensearch.config import OpenSearchSinkConfig
+from sinks.opensearch.documents import Delete, Tombstone, Upsert, reduce
+from sinks.opensearch.errors import translate
+from sinks.opensearch.generations import Generations
+from sinks.opensearch.indexes import IndexCatalog
+from sinks.opensearch.mapping import VERSION_FIELD
+from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
+
+log = logging.getLogger(__name__)
+
+
+def _envelope(event: SinkEvent) -> bytes:
+    """The event as an envelope again, for the dead letters (the record's own bytes are not kept)."""
+    return orjson.dumps({"before": event.before, "after": event.after, "op": event.op, "ts_ms": event.ts_ms,
+                         "source": event.source})
+
+
+class OpenSearchSink(Sink, RebuildableSink):
+    """See the module docstring. Generations: ``current_generation``, ``open_generation``,
+    ``switch_generation``, ``drop_generation`` (generations.py)."""
+
+    config_model = OpenSearchSinkConfig
+    # `cdc bootstrap` fills a new generation and switches the aliases once it caught up, so
+    # readers never query a half-filled index.
+    bootstrap_by_rebuild = True
+
+    def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
+        super().__init__(config, generation)
+        self.config: OpenSearchSinkConfig = config
+        # The parts do no I/O until start(): the client connects on its first request.
+        self.client = make_client(config)
+        self.generations = Generations(self.client, config.name)
+        self.catalog = IndexCatalog(self.client, config, self.generations, lambda *args: self.schema_for(*args))
+        self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
+                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}")
+        self.counters = {"written": 0, "conflicts": 0, "refused": 0}
+        self._running = False
+        self._next_drop_check = 0.0
+        self._next_purge = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config = self.config
+        with self._errors("start"):
+            self.generations.load()
+        self._running = True
+        log.info("opensearch sink %s: started on %s, writing generation %s", config.name, ", ".join(config.hosts),
+                 self.generation if self.generation is not None else f"{self.generations.state.current} (current)")
+
+    def stop(self) -> None:
+        if self._running:
+            self._running = False
+            self.bulk.close()
+            self.client.close()
+
+    def _started(self) -> None:
+        if not self._running:
+            raise PermanentError(f"opensearch sink {self.config.name}: not running (call start() first)")
+
+    def _writing(self) -> int:
+        return self.generation if self.generation is not None else self.generations.state.current
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, events: list[SinkEvent]) -> None:
+        if not events:
+            return
+        self._started()
+        generation = self._writing()
+        with self._errors("write"):
+            items: list[Item] = []
+            for topic, changes in reduce(events).items():
+                target = self.catalog.prepare(topic, changes.first.source, generation,
+                                              following=self.generation is None)
+                if changes.truncate is not None:
+                    self.catalog.truncate(target, changes.truncate)
+                floor = target.truncated_before
+                tombstones = [a for a in changes.actions.values() if isinstance(a, Tombstone)]
+                live = live_versions(self.client, target.index, [t.doc_id for t in tombstones])
+                for action in changes.actions.values():
+                    if isinstance(action, Upsert):
+                        if floor is None or action.version >= floor:
+                            body = target.layout.body(action.row)
+                            items.append(Item(target.index, action.doc_id, action.version,
+                                              {**body, VERSION_FIELD: action.version}, action.event))
+                    elif isinstance(action, Delete):
+                        if floor is None or action.version >= floor:
+                            items.append(Item(target.index, action.doc_id, action.version,
+                                              tombstone_body(action.version), action.event))
+                    elif action.doc_id in live:
+                        version = max(live[action.doc_id], action.floor or 0)
+                        items.append(Item(target.index, action.doc_id, version, tombstone_body(version),
+                                          action.event, version_type="external_gte"))
+            outcome = self.bulk.send(items)
+        self.counters["written"] += outcome.written
+        self.counters["conflicts"] += outcome.conflicts
+        if outcome.refused:
+            self._set_aside(outcome.refused, len(items))
+        self._maintain()
+
+    def _set_aside(self, refused: list, total: int) -> None:
+        """Documents OpenSearch refuses for good: unless the table's schema moved meanwhile (then
+        the policy answers, not the documents), each goes to the dead letters with the reason."""
+        self.counters["refused"] += len(refused)
+        self.catalog.check_refused({item.index for item, _ in refused})
+        if self.config.on_poison == "stop":
+            item, reason = refused[0]
+            raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
+                                 f"{len(refused)} of {total} documents; _id {item.doc_id}: {reason}")
+        stats = self.context.stats
+        for item, reason in refused:
+            event: SinkEvent = item.event
+            why = f"OpenSearch refused _id {item.doc_id} in {item.index}: {reason}"
+            log.error("opensearch sink %s: %s[%d]@%d: %s; sent to %s", self.config.name, event.topic,
+                      event.partition, event.offset, why, self.context.dead_letter_topic)
+            self.context.dead_letter(event.topic, event.partition, event.offset, why, orjson.dumps(event.key),
+                                     _envelope(event))
+            stats.errors += 1
+            stats.last_error = why
+
+    def _maintain(self) -> None:
+        """Drop retired generations when due (checked every minute while one waits); purge old
+        tombstones (every tenth of their retention, at most hourly)."""
+        now = time.monotonic()
+        with self._errors("maintenance"):
+            if self.generations.state.retired and now >= self._next_drop_check:
+                self._next_drop_check = now + 60.0
+                self.generations.drop_due()
+            if self.generation is None and now >= self._next_purge:
+                self._next_purge = now + 3600.0
+                for topic, index in self.catalog.current_indexes():
+                    hours = self._tombstone_hours(topic)
+                    self._next_purge = min(self._next_purge, now + hours * 360.0)
+                    if (purged := purge(self.client, index, hours)):
+                        log.info("opensearch sink %s: %s: purged %d tombstones older than %s h",
+                                 self.config.name, index, purged, hours)
+
+    def _tombstone_hours(self, topic: str) -> float:
+        """How long deletes are remembered: the configured hours, else the topic's
+        delete.retention.ms (what the log can replay), else 24 h (Kafka's default)."""
+        if self.config.tombstone_retention_hours is not None:
+            return self.config.tombstone_retention_hours
+        retention_ms = self.context.delete_retention_ms(topic)
+        return retention_ms / 3_600_000 if retention_ms is not None else 24.0
+
+    # --- generations ----------------------------------------------------------------------------
+
+    def current_generation(self) -> int:
+        if not self._running:
+            return self.generations.state.current  # stopped: the last one known (cdc rebuild prints it)
+        with self._errors("current_generation"):
+            return self.generations.load().current
+
+    def open_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"open_generation({generation})"):
+            self.generations.open(generation)
+        self.catalog.forget()
+        self.generation = generation
+
+    def switch_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"switch_generation({generation})"):
+            self.generations.switch(generation, lambda alias, topic: self.catalog.create_empty(
+                alias, topic, generation))
+        self.catalog.forget()
+        self.generation = None  # from now on: follow the current generation (this one)
+
+    def drop_generation(self, generation: int) -> None:
+        self._started()
+        with self._errors(f"drop_generation({generation})"):
+            self.generations.drop(generation, self.config.drop_old_generation_after_s)
+        if self.generation == generation:
+            self.generation = None
+
+    # --- status ---------------------------------------------------------------------------------
+
+    def describe(self) -> list[dict]:
+        """Per index: alias, generation, concrete index, documents readers see, tombstones kept."""
+        self._started()
+        with self._errors("describe"):
+            return self.catalog.describe()
+
+    # --- errors ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CdcError:
+            raise
+        except Exception as err:  # noqa: BLE001 - opensearch-py's errors, classified by status and type
+            if type(err).__module__.startswith("opensearchpy"):
+                raise translate(err, f"opensearch sink {self.config.name}: {what}") from err
+            raise
