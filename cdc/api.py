@@ -94,7 +94,7 @@ from cdc.sink_events import SinkEvent
 
 __all__ = [
     "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "Source", "Sink", "RebuildableSink",
-    "SelfDrivenSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
+    "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
     "servers",
@@ -289,6 +289,10 @@ class Sink(ABC):
     """
 
     config_model: ClassVar[type[SinkConfig]]
+    #: ``cdc bootstrap`` fills a new generation and switches readers to it once it caught up,
+    #: instead of writing into the one readers see (for a ``RebuildableSink`` whose readers must
+    #: never see a partly filled store, e.g. a search index).
+    bootstrap_by_rebuild: ClassVar[bool] = False
 
     def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config
@@ -347,6 +351,17 @@ class RebuildableSink(Protocol):
 
     @abstractmethod
     def drop_generation(self, generation: int) -> None: ...
+
+
+@runtime_checkable
+class DescribedSink(Protocol):
+    """A sink that can say what its store holds, for ``cdc status``: ``describe()`` on a started
+    sink returns one dict per store object (e.g. per OpenSearch index: its ``topic``, alias,
+    generation, documents); the runtime adds each topic's consumer lag. Declared by naming it
+    among the sink's bases."""
+
+    @abstractmethod
+    def describe(self) -> list[dict]: ...
 
 
 class SelfDrivenSink(Sink):

@@ -189,13 +189,14 @@ def _status_line(row: dict) -> str:
 def _store_details(sink_config, log_) -> list[dict] | None:
     """What a sink that can ``describe()`` its store says (e.g. per OpenSearch index: alias,
     generation, documents), each row with the consumer lag of its topic; None for other sinks."""
+    from cdc.api import DescribedSink
     from cdc.plugins import sink_plugin
 
     try:
         plugin = sink_plugin(sink_config.type)
     except CdcError as err:
         return [{"error": str(err)}]
-    if not callable(getattr(plugin, "describe", None)):
+    if not issubclass(plugin, DescribedSink):
         return None
     sink = plugin(sink_config)
     try:
@@ -318,7 +319,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
                     default=None)
     stop = _interruptible()
     began = time.monotonic()
-    if getattr(type(runner.sink), "bootstrap_by_rebuild", False):
+    if runner.sink.bootstrap_by_rebuild:
         # Readers keep what they see (nothing, or the current generation) until the new
         # generation has caught up; then they switch to it at once.
         runner.rebuild(stop)

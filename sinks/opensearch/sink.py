@@ -31,7 +31,7 @@ from typing import Iterator
 
 import orjson
 
-from cdc.api import CdcError, PermanentError, RebuildableSink, Sink, SinkEvent
+from cdc.api import CdcError, DescribedSink, PermanentError, RebuildableSink, Sink, SinkEvent
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -51,7 +51,7 @@ def _envelope(event: SinkEvent) -> bytes:
                          "source": event.source})
 
 
-class OpenSearchSink(Sink, RebuildableSink):
+class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
     """See the module docstring. Generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
