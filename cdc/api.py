@@ -76,7 +76,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Literal, Protocol, runtime_checkable
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
@@ -93,7 +93,7 @@ from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
 
 __all__ = [
-    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "Source", "Sink", "RebuildableSink",
+    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
@@ -101,6 +101,24 @@ __all__ = [
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
     "load_sink_settings", "spark_jars",
 ]
+
+
+def template_fields(template: str, allowed: Iterable[str]) -> list[str]:
+    """The placeholders of a name template (``"{schema}.{table}"``) in order, for a config
+    validator; ``ValueError`` if it does not parse, or names one outside ``allowed``."""
+    import string
+
+    allowed = list(allowed)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ValueError(f"not a valid template: {err}") from None
+    fields = [name for _, name, _, _ in parsed if name is not None]
+    unknown = set(fields) - set(allowed)
+    if unknown or "" in fields:
+        raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use "
+                         + ", ".join(f"{{{name}}}" for name in allowed))
+    return fields
 
 
 def resolve_config_path(path: Path, info: ValidationInfo) -> Path:

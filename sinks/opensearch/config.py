@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import string
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdc.api import SinkConfig
+from cdc.api import SinkConfig, template_fields
 
-TEMPLATE_FIELDS = frozenset({"topic", "schema", "db", "table"})
+TEMPLATE_FIELDS = ("topic", "schema", "db", "table")
 
 
 class IndexOptions(BaseModel):
@@ -81,11 +80,5 @@ class OpenSearchSinkConfig(SinkConfig):
     @field_validator("index_name")
     @classmethod
     def _known_fields(cls, template: str) -> str:
-        try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-        except ValueError as err:
-            raise ValueError(f"not a valid template: {err}") from None
-        unknown = fields - TEMPLATE_FIELDS
-        if unknown or "" in fields:
-            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{topic}}, {{schema}}, {{db}}, {{table}}")
+        template_fields(template, TEMPLATE_FIELDS)
         return template

@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from cdc.api import SinkConfig
+from cdc.api import SinkConfig, template_fields
 
-TEMPLATE_FIELDS = frozenset({"prefix", "schema", "table", "key"})
+TEMPLATE_FIELDS = ("prefix", "schema", "table", "key")
 DEFAULT_KEY_TEMPLATE = "{prefix}:{schema}.{table}:{key}"
 
 
@@ -44,19 +44,12 @@ class RedisSinkConfig(SinkConfig):
     @field_validator("key_template")
     @classmethod
     def _template(cls, template: str) -> str:
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as err:
-            raise ValueError(f"not a valid template: {err}") from None
-        fields = [name for _, name, _, _ in parsed if name is not None]
-        unknown = set(fields) - TEMPLATE_FIELDS
-        if unknown or "" in fields:
-            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{prefix}} {{schema}} {{table}} {{key}}")
+        fields = template_fields(template, TEMPLATE_FIELDS)
         if not template.startswith("{prefix}:"):
             raise ValueError("must start with '{prefix}:' (a generation's keys are found by that prefix)")
         if "key" not in fields:
             raise ValueError("must contain {key}: one key per row")
-        literal = "".join(text for text, *_ in parsed)
+        literal = "".join(text for text, *_ in string.Formatter().parse(template))
         if any(c in literal for c in "{}*?[]"):
             raise ValueError("literal braces and glob characters are not allowed (they change hash slots "
                              "and SCAN patterns)")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import string
 from typing import Literal
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from cdc.api import SinkConfig, resolve_config_path
+from cdc.api import SinkConfig, resolve_config_path, template_fields
 
-TEMPLATE_FIELDS = frozenset({"schema", "db", "table"})
+TEMPLATE_FIELDS = ("schema", "db", "table")
 FILE_DATABASES = frozenset({"sqlite", "duckdb"})  # URL schemes whose database is a local file
 
 
@@ -64,11 +63,5 @@ class SqlSinkConfig(SinkConfig):
     @field_validator("table_name")
     @classmethod
     def _known_fields(cls, template: str) -> str:
-        try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-        except ValueError as err:
-            raise ValueError(f"not a valid template: {err}") from None
-        unknown = fields - TEMPLATE_FIELDS
-        if unknown or "" in fields:
-            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{schema}}, {{db}}, {{table}}")
+        template_fields(template, TEMPLATE_FIELDS)
         return template
