@@ -390,7 +390,7 @@ class Kafka(Service):
             "appender.out.type = Console\nappender.out.name = OUT\n"
             "appender.out.layout.type = PatternLayout\n"
             "appender.out.layout.pattern = [%d] %p %m (%c)%n\n")
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _kafka_cluster_id()
         self.run(self._java_cmd("kafka.tools.StorageTool", "format", "--standalone",
                                 "-t", cluster_id, "-c", str(self.dir / "server.properties")))
 
@@ -595,3 +595,15 @@ class OpenSearch(Service):
 SERVICES: dict[str, type[Service]] = {
     cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch)
 }
+
+
+def _kafka_cluster_id() -> str:
+    """A random cluster id in Kafka's form (22 URL-safe base64 characters).
+
+    One in 64 such ids begins with ``-``, which ``kafka-storage format -t`` reads as an option and
+    fails on; Kafka's own ``random-uuid`` draws again in that case, and so do we.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
