@@ -99,7 +99,7 @@ def run_sink(dsn: str, events: list[SinkEvent], batch: int, profile: cProfile.Pr
 
     sink = SqlSink(SqlSinkConfig(name="bench", topics=[TOPIC], url=dsn))
     record = schema_record()
-    sink.schema_for = lambda topic: record
+    sink.schema_for = lambda topic, version=None: record
     sink.start()
     sink.write(events[:1])  # the table and view exist before the clock starts
     try:
