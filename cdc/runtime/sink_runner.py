@@ -52,7 +52,7 @@ class SinkRunner:
 
     def __init__(self, sink: Sink, log_: Log, topic_prefix: str, *, group: str | None = None,
                  stats: ConnectorStats | None = None, report: Callable[[ConnectorStats], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, read_ahead: bool = True) -> None:
         self.sink = sink
         self.log = log_
         self.prefix = topic_prefix
@@ -68,6 +68,7 @@ class SinkRunner:
                 report_to(stats)
         self.report = locked_report
         self.progress = progress
+        self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
         self.schemas = SchemaBook(log_, topic_prefix)
@@ -242,7 +243,11 @@ class SinkRunner:
         if pending is not None:
             self._finish(reader, pending)
         if events:
-            return PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
+            write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
+            if self.read_ahead:
+                return write
+            self._finish(reader, write)
+            return None
         if ends:  # only poison records, set aside already
             self._commit(reader, ends, 0)
         else:
