@@ -289,13 +289,13 @@ class SinkRunner:
             while not stop_event.is_set():
                 try:
                     pending = self._step(reader, pending)
+                    if targets is not None and pending is not None and self._covers(pending, targets):
+                        self._finish(reader, pending)  # the last batch: no need to read past the ends
+                        pending = None
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
                     pending = None
                     log.warning("%s: rebuilding the store", err, extra=self._extra())
                     self._rebuild_until_done(reader, stop_event)
-                if targets is not None and pending is not None and self._covers(pending, targets):
-                    self._finish(reader, pending)  # the last batch: no need to read past the ends
-                    pending = None
                 now = time.monotonic()
                 if now - refreshed > TOPIC_REFRESH_S:
                     self._assign(reader, self.matching_topics(), from_start)
@@ -311,7 +311,10 @@ class SinkRunner:
                     self.report(self.stats)
                     last_report = now
             if pending is not None:  # stopping: the write in flight is finished and committed
-                self._finish(reader, pending)
+                try:
+                    self._finish(reader, pending)
+                except RebuildRequired as err:  # not now: the next start meets the batch again
+                    log.warning("%s: stopping; the store is rebuilt at the next start", err, extra=self._extra())
                 pending = None
             self.stats.phase = "stopped"
         finally:

@@ -21,7 +21,12 @@ class ReadSignals:
 
     def __init__(self, log: EmbeddedLog) -> None:
         self._log = log
-        self.polled = threading.Event()
+        self.batches = 0  # polls that returned records
+        self.changed = threading.Condition()
+
+    def wait_for_batches(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.batches >= count, timeout)
 
     def __getattr__(self, name):
         return getattr(self._log, name)
@@ -33,19 +38,23 @@ class ReadSignals:
         def signalling_poll(*args, **kwargs):
             records = poll(*args, **kwargs)
             if records:
-                signals.polled.set()
+                with signals.changed:
+                    signals.batches += 1
+                    signals.changed.notify_all()
             return records
         reader.poll = signalling_poll
         return reader
 
 
 class FailsAfterReadAhead(RecordingSink):
-    """Writes batches; the write that holds ``fail_at`` waits until the runner has read another
-    batch meanwhile (the overlap), then fails with ``error``."""
+    """Writes batches; the ``fail_at``-th batch (1 = the first; 0: none) waits until the runner has
+    read another batch meanwhile (the overlap), then fails with ``error``, as does every write of
+    its events after (the halves the runner tries)."""
 
     def __init__(self, config, signals: ReadSignals, fail_at: int, error: Exception) -> None:
         super().__init__(config)
         self.signals, self.fail_at, self.error = signals, fail_at, error
+        self.batches = 0
         self.written: set[tuple[int, int]] = set()  # (partition, offset) of events written
         self.failed: list[tuple[int, int]] = []
         self.read_ahead = False
@@ -59,11 +68,13 @@ class FailsAfterReadAhead(RecordingSink):
 
     def write(self, events):
         self.threads.add(threading.get_ident())
-        if any(e.key.get("id") == self.fail_at for e in events):
-            if not self.failed:  # the batch's first write (not the halves the runner tries after)
-                self.signals.polled.clear()
-                self.read_ahead = self.signals.polled.wait(WAIT)
+        if not self.failed:
+            self.batches += 1
+            if self.batches == self.fail_at:  # the batch after this one read before it is written?
+                self.read_ahead = self.signals.wait_for_batches(self.fail_at + 1, WAIT)
                 self.failed = [(e.partition, e.offset) for e in events]
+                raise self.error
+        elif {(e.partition, e.offset) for e in events} & set(self.failed):
             raise self.error
         super().write(events)
         self.written.update((e.partition, e.offset) for e in events)
@@ -82,12 +93,12 @@ def log(tmp_path):
 def test_a_failed_write_commits_nothing_of_its_batch_nor_of_the_batch_read_ahead(log, error):
     _publish(log, 400, keys=400)
     signals = ReadSignals(log)
-    sink = FailsAfterReadAhead(_config(on_poison="stop"), signals, fail_at=150, error=error)
+    sink = FailsAfterReadAhead(_config(on_poison="stop"), signals, fail_at=2, error=error)
     runner = SinkRunner(sink, signals, "p")
     with pytest.raises(type(error)):
         runner.run(threading.Event(), until_caught_up=True)
     assert sink.read_ahead, "the runner did not read the next batch while the sink was writing"
-    assert sink.failed
+    assert sink.failed and sink.written  # the first batch was written, the second failed
     ends = log.end_offsets("p.public.items")
     reader = log.reader("rec")
     committed = reader.committed(list(ends))
@@ -107,7 +118,7 @@ def test_a_failed_write_commits_nothing_of_its_batch_nor_of_the_batch_read_ahead
 def test_every_call_on_the_sink_comes_from_one_thread_and_all_is_written(log):
     _publish(log, 500, keys=40)
     signals = ReadSignals(log)
-    sink = FailsAfterReadAhead(_config(), signals, fail_at=-1, error=RuntimeError())
+    sink = FailsAfterReadAhead(_config(), signals, fail_at=0, error=RuntimeError())
     runner = SinkRunner(sink, signals, "p")
     runner.run(threading.Event(), until_caught_up=True)
     assert len(sink.threads) == 1 and threading.get_ident() not in sink.threads
@@ -117,3 +128,14 @@ def test_every_call_on_the_sink_comes_from_one_thread_and_all_is_written(log):
     reader = log.reader("rec")
     assert reader.committed(list(ends)) == ends
     reader.close()
+
+
+def test_a_rebuild_asked_for_by_the_last_batch_is_done(log):
+    """The write of the batch that reaches the topics' ends asks for a rebuild: the runner rebuilds
+    (the batch is not committed before the rebuild's own commit)."""
+    _publish(log, 100, keys=100)
+    sink = RecordingSink(_config(), rebuild_once_at=99)
+    runner = SinkRunner(sink, log, "p")
+    runner.run(threading.Event(), until_caught_up=True)
+    assert sink.switched == [2] and set(sink.generations) == {2}
+    assert len(sink.generations[2]) == 100
