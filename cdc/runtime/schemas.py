@@ -26,7 +26,7 @@ REFRESH_S = 1.0
 
 
 class SchemaBook:
-    """Used from the sink runner's thread only."""
+    """Used from one thread only: the sink's (the sink calls it in ``write``; cdc/runtime/sink_thread.py)."""
 
     def __init__(self, log_: Log, prefix: str) -> None:
         self.log = log_
