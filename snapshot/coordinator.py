@@ -28,6 +28,14 @@ earlier point replays the changes in between with versions below the snapshot's 
 a row the new snapshot no longer has. Where the earlier point is gone, rows deleted meanwhile are
 removed by the runtime's stale-row deletes (``snapshot/stale.py``), and the log says so.
 
+Backfill: at start the coordinator compares the captured tables with the ones its topics are
+complete for (``snapshot/tables.py``, stored with the offsets). Tables new since then are read
+alone (``open_snapshot(only=...)``), under a marker naming them, and streaming resumes at the
+stored position; the source gives the backfill's rows a version between the changes it saw and
+those it did not, so the changes streamed from the stored position never lose to it. The record
+of complete tables is written at the first position stored after a snapshot or backfill ends
+(``commit``), so a crash before that reads the new tables again rather than never.
+
 Snapshot rows: the newest one is held back until the next batch, so the last row of the snapshot
 goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends the snapshot and
 whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
@@ -41,7 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Protocol
 
 from cdc.api import Source
@@ -50,6 +58,7 @@ from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import Position, SnapshotProgress
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
+from snapshot.tables import TableBook
 
 
 def close_quietly(resource) -> None:
@@ -114,6 +123,10 @@ class SnapshotThenStream(Source):
         self._progress_sent = False
         self._snapshot_rows = 0
         self.stream_from: Position | None = None
+        self._backfilling = False
+        self.table_book: TableBook | None = None  # given by the runtime (snapshot/tables.py)
+        self._record_tables: frozenset[str] | None = None  # to record at the next position stored
+        self._tables_at_end: frozenset[str] | None = None  # to record once the snapshot's end is stored
 
     # -- what a source supplies ----------------------------------------------------------------
     @abstractmethod
@@ -123,10 +136,19 @@ class SnapshotThenStream(Source):
     def resume_point(self, position: Position) -> Position: ...
 
     @abstractmethod
-    def open_snapshot(self) -> OpenedSnapshot: ...
+    def captured_names(self) -> frozenset[str]:
+        """The captured tables, as ``namespace.table`` (str of their TableId)."""
 
     @abstractmethod
-    def open_stream(self, position: Position | None, after_snapshot: bool) -> Stream: ...
+    def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
+        """A snapshot of every captured table, or (a backfill) of the tables named ``only``, whose
+        rows must then not overwrite changes streamed from before it: their version is above every
+        change the snapshot saw and below every change it did not."""
+
+    @abstractmethod
+    def open_stream(self, position: Position | None, after_snapshot: bool) -> Stream:
+        """``after_snapshot``: a snapshot just published every captured table's shape; if not,
+        the stream announces the shapes it resumes with where its log does not (MySQL)."""
 
     @abstractmethod
     def release(self) -> None: ...
@@ -145,21 +167,29 @@ class SnapshotThenStream(Source):
 
     def start(self) -> None:
         self.prepare()
-        plan = self.policy.on_start(self.start_position)
-        if plan.step is Step.STREAM and plan.position is not None:
+        current = self.captured_names()
+        known = self.table_book.load() if self.table_book is not None else None
+        if known != current:
+            self._record_tables = current  # at the first position stored (see commit)
+        plan = self.policy.on_start(self.start_position, current - known if known is not None else frozenset())
+        if plan.step in (Step.STREAM, Step.BACKFILL) and plan.position is not None:
             try:
                 position = self.resume_point(plan.position)
             except PositionLostError as lost:
                 plan = self.policy.on_lost(lost)
                 self.log.warning("%s: taking a new snapshot", lost, extra=self._extra())
             else:
-                self._start_stream(position, after_snapshot=False)
-                return
+                if plan.step is Step.STREAM:
+                    self._start_stream(position, after_snapshot=False)
+                    return
+                plan = replace(plan, position=position)
         if plan.step is Step.STREAM:
             self._start_stream(None, after_snapshot=False)
         elif plan.step is Step.FINISH:
             self._phase, self._finished = "finished", True
         else:
+            # Not before the snapshot's end is stored: the topics are complete only then.
+            self._record_tables, self._tables_at_end = None, current
             self._start_snapshot(plan)
 
     def poll(self, timeout: float) -> Batch | None:
@@ -180,6 +210,9 @@ class SnapshotThenStream(Source):
         if isinstance(position, SnapshotProgress):
             self._progress_stored = self._progress_stored or position == self._progress
             return
+        if self._record_tables is not None and self.table_book is not None:
+            self.table_book.save(self._record_tables)
+            self._record_tables = None
         if self.stream is not None:
             self.stream.commit(position)
 
@@ -192,9 +225,12 @@ class SnapshotThenStream(Source):
     # -- snapshot ----------------------------------------------------------------------------------
     def _start_snapshot(self, plan: Plan) -> None:
         since = plan.position
-        self.log.info("taking a snapshot: %s", plan.why, extra=self._extra())
+        backfill = self._backfilling = plan.step is Step.BACKFILL
+        self.log.info("taking a %s: %s", "backfill" if backfill else "snapshot", plan.why, extra=self._extra())
         self._phase = "snapshot"
-        if since is not None and self.keeps_log_before_snapshot:
+        if backfill:
+            pass  # start() checked that the stream can go on from there after the backfill
+        elif since is not None and self.keeps_log_before_snapshot:
             try:
                 since = self.resume_point(since)
             except PositionLostError as err:
@@ -203,10 +239,11 @@ class SnapshotThenStream(Source):
                 since = None
         elif not self.keeps_log_before_snapshot:
             since = None
-        opened = self._opened = self.open_snapshot()
+        opened = self._opened = self.open_snapshot(plan.tables if backfill else None)
         self.stream_from = since or opened.consistent
         # Stored before any row goes out (``_poll_snapshot`` waits for its commit).
-        self._progress = SnapshotProgress(self.stream_from)
+        self._progress = SnapshotProgress(self.stream_from,
+                                          extra={"backfill": sorted(plan.tables)} if backfill else {})
         self._progress_stored = self.start_position == self._progress
         self._progress_sent = False
         self._pending_changes = opened.schema_changes
@@ -245,8 +282,10 @@ class SnapshotThenStream(Source):
             self._held = None
         self.log.info("snapshot done: %d rows; streaming from %s", self._snapshot_rows, self.stream_from,
                  extra=self._extra())
+        self._record_tables = self._tables_at_end
         if self.policy.streams_after_snapshot:
-            self._start_stream(self.stream_from, after_snapshot=True)
+            # A backfill published only its own tables' shapes: the stream announces them all.
+            self._start_stream(self.stream_from, after_snapshot=not self._backfilling)
         else:
             self._phase, self._finished = "finished", True
         return self._with_changes(Batch(events, self.stream_from, snapshot_end=opened.end))

@@ -12,6 +12,11 @@ replication slot, a purged binlog) the policy says whether a new snapshot heals 
                           finished)
   unfinished snapshot     snapshot again             snapshot again     snapshot     stream from its point
   position lost           PositionLostError          snapshot           -            PositionLostError
+  a position, and tables  backfill the new tables    backfill           snapshot     stream
+  new to the config       (initial_only: finished)
+  unfinished backfill     backfill them again        backfill again     snapshot     stream from its point
+
+A backfill is a snapshot of the new tables only; streaming then resumes at the stored position.
 
 Pure logic, no I/O: tests/unit/test_snapshot_policy.py covers the table above.
 """
@@ -27,6 +32,7 @@ from cdc.positions import Position, SnapshotProgress
 
 class Step(Enum):
     SNAPSHOT = "snapshot"
+    BACKFILL = "backfill"   # a snapshot of ``tables`` only, then streaming from ``position``
     STREAM = "stream"
     FINISH = "finish"
 
@@ -39,6 +45,7 @@ class Plan:
     step: Step
     position: Position | None
     why: str
+    tables: frozenset[str] = frozenset()  # BACKFILL: the tables to read
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +64,17 @@ class SnapshotPolicy:
     def streams_after_snapshot(self) -> bool:
         return self.mode is not SnapshotMode.INITIAL_ONLY
 
-    def on_start(self, stored: Position | None) -> Plan:
+    def on_start(self, stored: Position | None, new_tables: frozenset[str] = frozenset()) -> Plan:
+        """``new_tables``: captured tables the topics are not known to be complete for."""
         mode = self.mode
         if isinstance(stored, SnapshotProgress):
             # Its marker was stored before any of its rows went out: the topics may hold some.
             if mode is SnapshotMode.NEVER:
                 return Plan(Step.STREAM, stored.at, "an unfinished snapshot's point (snapshot: never)")
+            backfill = frozenset(stored.extra.get("backfill", ()))
+            if backfill and mode is not SnapshotMode.ALWAYS:
+                return Plan(Step.BACKFILL, stored.at, f"the backfill of {', '.join(sorted(backfill))} did not "
+                            "finish", backfill | new_tables)
             return Plan(Step.SNAPSHOT, stored.at, f"the snapshot consistent at {stored.at} did not finish")
         if mode is SnapshotMode.ALWAYS:
             return Plan(Step.SNAPSHOT, stored, "snapshot: always")
@@ -72,6 +84,9 @@ class SnapshotPolicy:
             return Plan(Step.SNAPSHOT, None, "no stored position")
         if mode is SnapshotMode.INITIAL_ONLY:
             return Plan(Step.FINISH, stored, "the initial snapshot is done (snapshot: initial_only)")
+        if new_tables and mode is not SnapshotMode.NEVER:
+            return Plan(Step.BACKFILL, stored, f"tables new to the source: {', '.join(sorted(new_tables))}",
+                        new_tables)
         return Plan(Step.STREAM, stored, "a stored position")
 
     def on_lost(self, lost: Exception) -> Plan:

@@ -30,7 +30,9 @@ from cdc.offsets import OffsetStore
 from cdc.positions import Position
 from cdc.schema_order import segments
 from cdc.runtime.stats import ConnectorStats
+from snapshot.coordinator import SnapshotThenStream
 from snapshot.stale import StaleRows
+from snapshot.tables import TableBook
 from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class SourceRunner:
         self.stored: Position | None = source.start_position
         self._schema_topic: set[str] = set()
         self.stale = StaleRows(log_, self.encoder.topic)
+        if isinstance(source, SnapshotThenStream):  # it records its tables with the offsets
+            source.table_book = TableBook(offsets, self.name)
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}

@@ -112,7 +112,10 @@ class MySqlSource(SnapshotThenStream):
     def _by_gtid(self, position: MySqlPosition) -> bool:
         return self.cfg.gtid and self.dbms == "mariadb" and bool(position.gtid_set)
 
-    def open_snapshot(self) -> OpenedSnapshot:
+    def captured_names(self) -> frozenset[str]:
+        return frozenset(str(s.id) for s in self.tracker.tables.values())
+
+    def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
         cfg = self.cfg
         readers, (file, pos), method = open_readers(cfg, cfg.snapshot_workers, self._extra())
         try:
@@ -121,6 +124,8 @@ class MySqlSource(SnapshotThenStream):
             # The definitions read after the snapshot opened (a DDL in between is not covered).
             schemas = load_schemas(self.conn, captured_tables(self.conn, cfg.tables), cfg.key_columns)
             self.tracker = SchemaTracker(self._captured, schemas)
+            if only is not None:  # a backfill: the other tables' topics are complete
+                schemas = {name: s for name, s in schemas.items() if str(s.id) in only}
             chunks = plan_chunks(readers[0], list(schemas.values()), cfg.snapshot_chunk_rows)
         except BaseException:
             for reader in readers:

@@ -115,10 +115,13 @@ class ReplicationSlot:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (self.name,))
         self.conn.commit()
 
-    def create(self, export: bool):
+    def create(self, export: bool, temporary: bool = False):
         """Create the slot; with ``export``, keep its connection open and return (connection,
-        consistent LSN, snapshot name): the snapshot lives as long as that connection is idle."""
+        consistent LSN, snapshot name): the snapshot lives as long as that connection is idle.
+        ``temporary``: a slot of another name that goes with its connection, only for the
+        exported snapshot (a backfill's: the source's own slot keeps its position)."""
         check_free_slot(self.conn)
+        name = f"{self.name[:54]}_backfill" if temporary else self.name
         repl = servers.postgres.connect(self.dsn, what=f"source {self.cfg.name}: opening a replication connection",
                                         setting=self.setting,
                                         connection_factory=psycopg2.extras.LogicalReplicationConnection,
@@ -129,11 +132,12 @@ class ReplicationSlot:
         else:
             how = "EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"
         try:
-            cur.execute(f'CREATE_REPLICATION_SLOT "{self.name}" LOGICAL pgoutput {how}')
+            kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+            cur.execute(f'CREATE_REPLICATION_SLOT "{name}" {kind} pgoutput {how}')
             _, consistent, snapshot_name, _ = cur.fetchone()
         except psycopg2.Error as err:
             repl.close()
-            raise wrap(err, f"creating replication slot {self.name}") from err
+            raise wrap(err, f"creating replication slot {name}") from err
         if not export:
             repl.close()
             return None

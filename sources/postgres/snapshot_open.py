@@ -2,7 +2,13 @@
 inside it, the chunks to read (``snapshot.py`` reads them).
 
 Snapshot rows carry ``pg_current_wal_lsn()`` taken before the slot was created as their version:
-below every LSN the new slot will send, so a snapshot row never overwrites a streamed change.
+every transaction the snapshot does not see began after the slot's snapshot builder reached its
+full point, so its changes have higher LSNs, and a snapshot row never overwrites such a change.
+
+A backfill (tables new to the source) exports its snapshot from a temporary slot instead: the
+source's own slot keeps its position and streams from there afterwards; the same argument orders
+the backfill's rows against the changes it streams (the tables are in the publication before the
+temporary slot is created, so every change they get after the snapshot is sent).
 
 Threading: the source's thread; the readers then run on the snapshot's threads.
 """
@@ -23,13 +29,14 @@ from sources.postgres.toast import ToastStore
 
 
 def open_snapshot(config: PostgresConfig, conn, slot: ReplicationSlot, tables: list[TableMeta],
-                  lookup: CatalogLookup, toast: ToastStore) -> OpenedSnapshot:
-    slot.drop_if_present()
+                  lookup: CatalogLookup, toast: ToastStore, backfill: bool = False) -> OpenedSnapshot:
+    if not backfill:
+        slot.drop_if_present()
     with conn.cursor() as cur:
         cur.execute("SELECT pg_current_wal_lsn()")
         before = PgLsn.parse(cur.fetchone()[0])  # below every LSN the new slot will send
     conn.rollback()
-    repl, consistent, snapshot_name = slot.create(export=True)
+    repl, consistent, snapshot_name = slot.create(export=True, temporary=backfill)
     try:
         readers = [SnapshotReader(slot.dsn, slot.options, snapshot_name, slot.app_name, slot.setting)
                    for _ in range(config.snapshot_workers)]

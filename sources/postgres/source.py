@@ -119,10 +119,14 @@ class PostgresSource(SnapshotThenStream):
             raise wrap(err, f"source {self.cfg.name}: looking up slot {self.slot.name}", setting=self.setting,
                        role=self.role) from err
 
-    def open_snapshot(self) -> OpenedSnapshot:
+    def captured_names(self) -> frozenset[str]:
+        return frozenset(str(t.id) for t in self.tables.values())
+
+    def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
+        tables = [t for t in self.tables.values() if only is None or str(t.id) in only]
         try:
-            return open_snapshot(self.cfg, self.conn, self.slot, list(self.tables.values()), self.lookup,
-                                 self.toast)
+            return open_snapshot(self.cfg, self.conn, self.slot, tables, self.lookup, self.toast,
+                                 backfill=only is not None)
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: opening the snapshot", setting=self.setting,
                        role=self.role) from err

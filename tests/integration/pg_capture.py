@@ -12,11 +12,21 @@ from typing import Any, Callable
 
 import orjson
 import psycopg2
+import pytest
 
 from cdc.log.base import Log, TopicSettings
+from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.runtime.runner import SourceRunner
 from sources.postgres.config import PostgresConfig
+
+
+@pytest.fixture(name="log")
+def embedded_log(tmp_path):
+    """An embedded log in the test's directory; import it into a test module to use it as ``log``."""
+    instance = EmbeddedLog(tmp_path / "log", fsync=False)
+    yield instance
+    instance.close()
 
 
 def pg_config(dsn: str, tmp_path, **overrides) -> PostgresConfig:

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.positions import PgLsn, SnapshotProgress
-from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, execute, pg_config, slot_name, table_rows,
-                                          topic_state, wait_until)
+from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, execute, pg_config, slot_name,
+                                          table_rows, topic_state, wait_until)
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 def test_a_snapshot_cut_short_after_a_lost_slot_is_taken_again(pg_dsn, tmp_path, log, monkeypatch):

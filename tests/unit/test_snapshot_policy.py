@@ -51,3 +51,23 @@ def test_when_needed_heals_a_lost_position_with_a_snapshot():
 
 def test_only_initial_only_stops_after_the_snapshot():
     assert [m for m in M if not policy_for(m).streams_after_snapshot] == [M.INITIAL_ONLY]
+
+
+NEW = frozenset({"public.b"})
+
+
+@pytest.mark.parametrize("mode, step", [(M.INITIAL, Step.BACKFILL), (M.WHEN_NEEDED, Step.BACKFILL),
+                                        (M.ALWAYS, Step.SNAPSHOT), (M.NEVER, Step.STREAM),
+                                        (M.INITIAL_ONLY, Step.FINISH)])
+def test_tables_new_to_the_config_are_backfilled_per_the_mode(mode, step):
+    plan = policy_for(mode).on_start(AT, NEW)
+    assert (plan.step, plan.position) == (step, AT)
+    assert plan.tables == (NEW if step is Step.BACKFILL else frozenset())
+
+
+def test_an_unfinished_backfill_is_taken_again_with_what_is_new_since():
+    unfinished = SnapshotProgress(AT, extra={"backfill": ["public.b"]})
+    plan = policy_for(M.INITIAL).on_start(unfinished, frozenset({"public.c"}))
+    assert (plan.step, plan.position, plan.tables) == (Step.BACKFILL, AT, frozenset({"public.b", "public.c"}))
+    assert policy_for(M.ALWAYS).on_start(unfinished).step is Step.SNAPSHOT
+    assert policy_for(M.NEVER).on_start(unfinished).step is Step.STREAM
