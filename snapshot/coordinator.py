@@ -5,7 +5,8 @@ A source (``SnapshotThenStream``) supplies the database's halves:
 * ``prepare()``: connect, check the server, resolve the captured tables;
 * ``resume_point(position)``: the position to stream from, or ``PositionLostError`` when the
   server no longer has the log after it;
-* ``open_snapshot()``: read connections inside one consistent snapshot, the chunks to read and
+* ``captured_names()``: the captured tables by name (``namespace.table``);
+* ``open_snapshot(only)``: read connections inside one consistent snapshot, the chunks to read and
   how (an ``OpenedSnapshot``), and ``consistent``: the position the snapshot matches;
 * ``open_stream(position, after_snapshot)``: a ``Stream`` from ``position`` (None: the server's
   current position);
