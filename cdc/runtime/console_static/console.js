@@ -25,9 +25,15 @@ function fmt(value, digits) {
   return String(value);
 }
 
-// A line chart of one figure over the history's time span (the last hour at most).
+// The time the charts span: the history's (the last hour at most), so a young daemon's charts
+// are not a sliver at the right edge.
+function spanOf(history, now) {
+  return history.length ? Math.min(3600, Math.max(60, now - history[0].t)) : 3600;
+}
+
+// A line chart of one figure over the history's time span.
 function lineChart(history, field, label, now) {
-  const width = 240, height = 48, span = 3600;
+  const width = 240, height = 48, span = spanOf(history, now);
   const chart = svg("svg", {class: "chart", width, height, "data-field": field, role: "img"});
   const title = svg("title"); title.textContent = label; chart.append(title);
   const points = history.filter(s => s[field] !== null && s[field] !== undefined);
@@ -42,7 +48,7 @@ function lineChart(history, field, label, now) {
 
 // A strip coloured by phase over the last hour.
 function phaseStrip(history, now) {
-  const width = 240, height = 12, span = 3600;
+  const width = 240, height = 12, span = spanOf(history, now);
   const strip = svg("svg", {class: "chart phases", width, height});
   history.forEach((s, i) => {
     const next = i + 1 < history.length ? history[i + 1].t : now;
