@@ -60,12 +60,16 @@ function phaseStrip(history, now) {
   return strip;
 }
 
+// Snapshot progress: whatever the connector reports about its snapshot (a field or a detail
+// whose name says "snapshot"), and while in the snapshot phase, the rows published so far.
 function snapshotProgress(row) {
-  const details = row.details || {};
-  const parts = Object.entries(details).filter(([k]) => k.toLowerCase().includes("snapshot"))
-    .map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : fmt(v)}`);
-  if (row.phase === "snapshot") parts.unshift(`${fmt(row.events, 0)} rows so far`);
-  return parts.length ? parts.join("; ") : (row.kind === "source" && row.phase === "streaming" ? "done" : "–");
+  const show = v => (typeof v === "object" ? JSON.stringify(v) : fmt(v));
+  const fields = [...Object.entries(row), ...Object.entries(row.details || {})]
+    .filter(([k, v]) => k.toLowerCase().includes("snapshot") && v !== null && v !== undefined)
+    .map(([k, v]) => `${k}: ${show(v)}`);
+  if (row.phase === "snapshot") fields.unshift(`${fmt(row.events, 0)} rows so far`);
+  if (fields.length) return fields.join("; ");
+  return row.kind === "source" && row.phase === "streaming" ? "done" : "–";
 }
 
 function renderConnectors(data) {
