@@ -313,6 +313,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
         # The stores first hold the snapshot, so the search index is made for the first shape
         # (tier integer) and the schema change below is one it must rebuild for.
         _wait("the snapshot in every store", lambda: not shop_.check(), daemon, log_file, args.timeout)
+        at_snapshot = {table: len(rows) for table, rows in shop_.sources().items()}
         print("   every store holds the snapshot; live changes start now")
 
         rng = random.Random()
@@ -347,7 +348,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
         problems = {name: stores.differences(source, rows) for name, rows in held.items()}
         print("5. every store equals its source:")
         for table in ALIASES:
-            print(f"     {table:<10} source {len(source[table]):>4} rows  ==  " + "  ".join(
+            print(f"     {table:<10} source {len(source[table]):>4} rows ({at_snapshot[table]} at the snapshot)  ==  " + "  ".join(
                 f"{name} {len(held[name].get(table, {})):>4}" for name in SINKS))
         if any(problems.values()):
             raise Failed(f"a store moved away from its source: {problems}")
@@ -356,7 +357,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
         stop_daemon(home)
         raise
     print(f"\nconsole:  http://{http}/       (also /status, /metrics, /healthz)")
-    print(f"poke:     sqlite3 {home / 'warehouse.db'} 'SELECT * FROM customers LIMIT 5'")
+    print(f"poke:     the warehouse: {home / 'warehouse.db'} (SQLite: customers, orders, products)")
     print(f"          curl '{env['OPENSEARCH_URL']}/{ALIASES['customers']}/_search?size=3&pretty'")
     print(f"          redis-cli -u {env['REDIS_URL']} HGETALL {CACHE_PREFIX}:public.customers:1")
     if args.then_stop:
