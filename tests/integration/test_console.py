@@ -101,7 +101,7 @@ def test_the_console_shows_connectors_dead_letters_and_schema_history(pg_dsn, tm
     assert set(rows) == {"src", "wh"}
     assert {name: r.attrs["data-phase"] for name, r in rows.items()} == {"src": "streaming", "wh": "streaming"}
     assert rows["src"].find("events").text == str(ROWS + 2)  # 25 snapshot rows and 2 live inserts
-    assert rows["src"].find("snapshot").text == "done"
+    assert rows["src"].find("snapshot").text not in ("", "–")  # "done", or the figures the source reports
     for row in rows.values():  # the phase strip and both charts are drawn
         assert len(row.find_all("chart", tag="svg")) == 3
 
