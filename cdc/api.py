@@ -47,7 +47,8 @@ here or on the ``SinkContext`` it is handed:
 
 * events: ``SinkEvent`` (the semantics are in its docstring), ``Op``;
 * errors: ``CdcError``, ``RetriableError``, ``PermanentError``, ``ConfigError``,
-  ``SchemaChangeError``, ``RebuildRequired``. ``err.retriable`` tells the runtime whether to back
+  ``SchemaChangeError``, ``RebuildRequired``, ``ShapeMissingError`` (and ``ShapeNotYetPublished``,
+  see ``Sink.shape_of``). ``err.retriable`` tells the runtime whether to back
   off and try again or to stop the connector with the message. In ``write`` a ``RetriableError``
   retries the same batch; any other error splits the batch to find the poison event; a
   ``SchemaChangeError`` is never poison (the table needs a decision), and ``RebuildRequired``
@@ -84,7 +85,7 @@ import cdc.servers.mysql
 import cdc.servers.postgres
 from cdc import servers
 from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, RetriableError,
-                        SchemaChangeError)
+                        SchemaChangeError, ShapeMissingError, ShapeNotYetPublished)
 from cdc.events import Batch, Op
 from cdc.log.base import Log, TopicSettings
 from cdc.positions import Position
@@ -97,6 +98,7 @@ __all__ = [
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
+    "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
     "load_sink_settings", "spark_jars",
@@ -170,6 +172,9 @@ class SinkConfig(PluginConfig):
     on_poison: Literal["dead_letter", "stop"] = Field(
         default="dead_letter", description="a record that fails even alone: set aside, or stop the sink")
     dead_letter_topic: str | None = Field(default=None, description="default: <prefix>.dead-letter.<name>")
+    schema_wait: float = Field(
+        default=300.0, gt=0, description="seconds to wait for a schema version that rows name and the "
+                                         "schema topic does not hold; then the sink stops at that row")
 
 
 class Source(ABC):
@@ -254,8 +259,9 @@ class SinkContext:
                                                 "key": bool, "nullable": bool}, ...]}
 
     or None when the source publishes none (then, and only then, a sink infers column types from
-    the values). A version the schema topic does not hold yet raises ``RetriableError`` (the
-    source publishes a shape before its rows; the same batch comes again). The runtime hands
+    the values). A version the schema topic does not hold yet raises ``ShapeNotYetPublished``, a
+    ``RetriableError`` (the source publishes a shape before its rows; the same batch comes
+    again); a sink asks through ``Sink.shape_of(event)``, which bounds that wait. The runtime hands
     ``write`` batches in which each topic has one shape, so a sink changes a table between
     writes, before the first row of a new shape (docs/architecture.md, "Schema changes"). It may
     read the log: call it when a topic's shape matters (once per write and topic), not per event.
@@ -331,6 +337,32 @@ class Sink(ABC):
     @schema_for.setter
     def schema_for(self, schema_for: Callable[..., dict | None]) -> None:
         self.context = dataclasses.replace(self.context, schema_for=schema_for)
+
+    def shape_of(self, event: SinkEvent) -> dict | None:
+        """The schema record ``event`` names in ``source.schema_version`` (the topic's newest when
+        it names none; None when the source publishes no shapes). Call it with the first event of a
+        topic in a write (a write has one shape per topic).
+
+        A named version the schema topic does not hold raises ``ShapeNotYetPublished`` (retriable:
+        the runtime retries the batch) until it has been missing for ``config.schema_wait``
+        seconds, then ``ShapeMissingError`` naming the event's topic, partition, offset, table and
+        the version: the sink stops there and its offset is never committed past the row."""
+        version = event.source.get("schema_version") if event.source else None
+        try:
+            return self.context.schema_for(event.topic, version)
+        except ShapeNotYetPublished as err:
+            if err.waited < self.config.schema_wait:
+                raise
+            where = f"{event.topic}[{event.partition}]@{event.offset}"
+            table = ".".join(p for p in (event.source.get("db"), event.source.get("schema"),
+                                         event.source.get("table")) if p)
+            raise ShapeMissingError(
+                f"sink {self.config.name}: the row at {where} (table {table}) names schema version "
+                f"{version}, which {schema_changes_topic(self.context.topic_prefix)} has not delivered in "
+                f"{err.waited:.0f}s (schema_wait); the sink stopped before it and committed nothing past "
+                f"it. Check that the capture daemon publishing these rows writes its shapes to that topic "
+                f"(the same topic_prefix), then start the sink again", topic=event.topic,
+                partition=event.partition, offset=event.offset, table=table, version=version) from err
 
     @abstractmethod
     def start(self) -> None: ...

@@ -39,11 +39,15 @@ log = logging.getLogger(__name__)
 
 class TableCatalog:
     def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
-                 schema_for: Callable[..., dict | None], current: Callable[[], int]) -> None:
+                 schema_for: Callable[..., dict | None], current: Callable[[], int],
+                 shape_of: Callable[[Any], dict | None] | None = None) -> None:
         self.target = target
         self.books = books
         self.config = config
         self.schema_for = schema_for
+        # The shape an event names, with the runtime's bound on waiting for it (cdc.api.Sink.shape_of).
+        self.shape_of = shape_of or (lambda event: schema_for(
+            event.topic, event.source.get("schema_version") if event.source else None))
         self.current = current            # the generation readers see, as last known
         self._entries: dict[tuple[int, str], TableEntry] = {}
         self._plans: dict[tuple[int, str], list[ColumnPlan]] = {}
@@ -139,8 +143,7 @@ class TableCatalog:
 
     def _shape_of(self, changes: TopicChanges) -> dict[str, Any] | None:
         """The schema record the rows of ``changes`` name (the newest of the topic when they name none)."""
-        source = changes.first.source
-        return self.schema_for(changes.topic, source.get("schema_version") if source else None)
+        return self.shape_of(changes.first)
 
     def _newest(self, topic: str, record: dict[str, Any] | None) -> dict[str, Any] | None:
         """The shape a new table is made in: the newest the topic has, or the rows' own when it
