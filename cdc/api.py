@@ -61,7 +61,9 @@ here or on the ``SinkContext`` it is handed:
   server answers, since a failed connect has no SQLSTATE). The sources and the SQL sink classify
   through them, so a code means the same in every plugin;
 * the context: stats counters, a logger that names the connector, the topic prefix, the schema
-  of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log;
+  of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log, the
+  data topics matching the sink's globs, and the sources' stored checkpoints
+  (``checkpoint_feed``: for a sink that tells readers how far each source is applied);
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``ConnectorStats``; for a launcher that runs a
   self-driven sink outside the daemon (spark-submit): ``load_sink_settings``; for a sink running
@@ -71,6 +73,7 @@ here or on the ``SinkContext`` it is handed:
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -88,6 +91,7 @@ from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, 
                         SchemaChangeError, ShapeMissingError, ShapeNotYetPublished)
 from cdc.events import Batch, Op
 from cdc.log.base import Log, TopicSettings
+from cdc.offsets import CheckpointFeed
 from cdc.positions import Position
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import schema_changes_topic
@@ -96,7 +100,8 @@ from cdc.sink_events import SinkEvent
 __all__ = [
     "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
-    "SinkEvent", "Op", "Batch", "Position",
+    "SinkEvent", "Op", "Batch", "Position", "CheckpointFeed", "internal_topic", "INTERNAL_TOPICS_LOOKAHEAD",
+    "dead_letter_topic",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
     "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
@@ -238,6 +243,21 @@ class ConnectorLogger(logging.LoggerAdapter):
 DeadLetterWriter = Callable[[str, int, int, str, "bytes | None", "bytes | None"], None]
 
 
+def internal_topic(topic: str) -> bool:
+    """A topic of the framework's own (offsets, schema changes, dead letters), never a table's."""
+    return topic.endswith((".offsets", ".schema-changes")) or ".dead-letter." in topic
+
+
+# The same rule as a regex prefix (Java and Python syntax) for a subscription pattern: put it
+# before the alternatives of table topics so that none of the framework's own topics matches.
+INTERNAL_TOPICS_LOOKAHEAD = r"(?!.*\.offsets$)(?!.*\.schema-changes$)(?!.*\.dead-letter\.)"
+
+
+def dead_letter_topic(topic_prefix: str, sink_name: str) -> str:
+    """The default dead-letter topic of a sink (its ``dead_letter_topic`` setting overrides it)."""
+    return f"{topic_prefix}.dead-letter.{sink_name}"
+
+
 def _no_dead_letter(name: str) -> DeadLetterWriter:
     def refuse(topic: str, partition: int, offset: int, reason: str, key=None, value=None) -> None:
         raise PermanentError(f"sink {name}: no dead-letter writer outside the runtime; the record at "
@@ -273,6 +293,14 @@ class SinkContext:
     fail alone, so a sink calls it only for records it decides to skip itself. ``log`` is the
     framework's log client when the runtime drives the sink (None for a ``SelfDrivenSink``, which
     reads the topics itself: ``log_config`` is the config file's ``log`` section to find them).
+
+    ``topics_matching(globs)`` lists the log's table topics that match ``globs`` (the framework's
+    own topics left out), as the runtime consumes them. ``checkpoint_feed()`` opens a
+    ``CheckpointFeed`` over the sources' stored checkpoints (None without a log): its ``poll()``
+    answers ``{source name: version}`` for each source whose stored checkpoint rose since the last
+    poll, a transaction boundary every event before which the log had acknowledged when it was
+    stored. With the end offsets of the sink's topics read after it, that tells when everything of
+    a source up to that version is applied (sinks/redis/applied.py). Use it from one thread.
     """
 
     name: str
@@ -291,12 +319,22 @@ class SinkContext:
         if self.stats is None:
             object.__setattr__(self, "stats", ConnectorStats(self.name, "sink"))
         if not self.dead_letter_topic:
-            object.__setattr__(self, "dead_letter_topic", f"{self.topic_prefix}.dead-letter.{self.name}")
+            object.__setattr__(self, "dead_letter_topic", dead_letter_topic(self.topic_prefix, self.name))
         if self.dead_letter is None:
             object.__setattr__(self, "dead_letter", _no_dead_letter(self.name))
         if self.logger is None:
             object.__setattr__(self, "logger", ConnectorLogger(logging.getLogger(f"cdc.sink.{self.name}"),
                                                                self.name, self.stats))
+
+    def topics_matching(self, globs: Iterable[str]) -> list[str]:
+        if self.log is None:
+            return []
+        globs = list(globs)
+        return sorted(t for t in self.log.topics()
+                      if any(fnmatch.fnmatchcase(t, g) for g in globs) and not internal_topic(t))
+
+    def checkpoint_feed(self) -> CheckpointFeed | None:
+        return None if self.log is None else CheckpointFeed(self.log, self.topic_prefix)
 
 
 class Sink(ABC):

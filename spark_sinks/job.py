@@ -33,7 +33,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings
+from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings,
+                     dead_letter_topic)
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelopes, latest_per_key,
@@ -328,7 +329,7 @@ class DeltaJob:
         if self.config.on_poison == "stop":
             raise PermanentError(f"sink {self.name}: the record at {where} is not a change event: "
                                  f"{first['poison']}")
-        topic = self.config.dead_letter_topic or f"{self.prefix}.dead-letter.{self.name}"
+        topic = self.config.dead_letter_topic or dead_letter_topic(self.prefix, self.name)
         if self.log is not None:
             self.log.ensure_topic(topic, TopicSettings(partitions=1))
         (bad.select(F.col(KEY).alias("key"), F.to_json(F.struct(

@@ -88,8 +88,7 @@ class RedisSink(Sink, RebuildableSink):
         if context.log is not None:
             # A pipeline of its own: the publisher runs in its own thread (ScriptPipeline is not shared).
             own = ScriptPipeline(self.client, config.name, config.pipeline_size, config.max_retries)
-            self._publisher = AppliedPublisher(context.log, context.topic_prefix, list(config.topics),
-                                               config.name, own, self._keyspace.ns,
+            self._publisher = AppliedPublisher(context, list(config.topics), config.name, own, self._keyspace.ns,
                                                use_committed=self.generation is None)
             self._publisher.start()
         log.info("redis sink %s: started (%s, format %s), writing generation %d under %s:", config.name,

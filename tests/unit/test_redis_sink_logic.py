@@ -11,7 +11,6 @@ from sinks.redis.applied import AppliedTracker
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import KeySpace, companion, encode_key, namespace
 from sinks.redis.plan import plan_batch
-from sinks.redis.publisher import checkpoint_version
 from sinks.redis.values import column_chooser, hash_fields
 from sinks.redis.wait import mysql_version, pg_version
 
@@ -108,10 +107,14 @@ def test_applied_versions_wait_for_every_partition():
 
 
 def test_checkpoints_become_versions_as_the_sources_build_them():
-    assert checkpoint_version({"kind": "pg_lsn", "lsn": "1/A0"}) == (1 << 32) | 0xA0 == pg_version("1/A0")
-    assert checkpoint_version({"kind": "mysql", "file": "binlog.000003", "pos": 1234, "gtid_set": None}) == \
-        (3 << 32) | 1234 == mysql_version("binlog.000003", 1234)
-    assert checkpoint_version({"kind": "snapshot", "at": {}}) is None
+    from cdc.offsets import checkpoint_version
+    from cdc.positions import Counter, MySqlPosition, PgLsn
+    from sources.mysql.changes import version_of
+
+    assert checkpoint_version(PgLsn.parse("1/A0")) == (1 << 32) | 0xA0 == pg_version("1/A0")
+    assert checkpoint_version(MySqlPosition("binlog.000003", 1234)) == version_of(3, 1234) == \
+        mysql_version("binlog.000003", 1234)
+    assert checkpoint_version(Counter(5)) is None and checkpoint_version(None) is None
 
 
 def test_status_shows_a_sinks_own_counters():
