@@ -51,7 +51,10 @@ def table_of(event: SinkEvent, known: dict[str, tuple[str, str]]) -> tuple[str, 
 
 def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
                choose: Callable[[dict[str, Any]], dict[str, Any]],
-               known_tables: dict[str, tuple[str, str]]) -> Plan:
+               known_tables: dict[str, tuple[str, str]],
+               keep: dict[str, frozenset[str]] | None = None) -> Plan:
+    """``keep``: per topic, the columns to keep of its rows (rows of a shape older than the one the
+    generation follows; shapes.py)."""
     plan = Plan()
     newest: dict[tuple[str, bytes], SinkEvent] = {}
     tombstoned: dict[tuple[str, bytes], SinkEvent] = {}
@@ -84,7 +87,11 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
         elif upsert_code == "x":
             commands.append(row_change(keys, "x", version))
         else:
-            row_value = choose(event.after or {})
+            after = event.after or {}
+            if keep and event.topic in keep:
+                columns = keep[event.topic]
+                after = {name: value for name, value in after.items() if name in columns}
+            row_value = choose(after)
             payload = tuple(hash_fields(row_value)) if upsert_code == "h" else (json_value(row_value),)
             commands.append(row_change(keys, upsert_code, version, payload))
     for slot, event in tombstoned.items():

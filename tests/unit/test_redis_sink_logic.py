@@ -123,3 +123,50 @@ def test_status_shows_a_sinks_own_counters():
     line = _status_line({"kind": "sink", "name": "cache", "phase": "streaming", "consumer_lag": 3,
                          "details": {"keys_written": 120, "tombstones": 4, "stale_skipped": 9}})
     assert line.endswith("consumer_lag=3 keys_written=120 tombstones=4 stale_skipped=9")
+
+
+def _shape(version, *columns, key=("id",)):
+    return {"db": "shop", "schema": "public", "table": "t", "version": version,
+            "columns": [{"name": n, "type": t, "key": n in key} for n, t in columns]}
+
+
+def _follower(policy, shapes):
+    from sinks.redis.shapes import ShapeFollower
+
+    store: dict = {}
+    return ShapeFollower("cache", policy, lambda event: shapes[event.source["schema_version"]],
+                         lambda topic: None, store.get, store.__setitem__), store
+
+
+def _named(version):
+    return SinkEvent("p.public.t", 0, 0, {"id": 1}, Op.UPDATE, None, {"id": 1}, version,
+                     {"schema": "public", "table": "t", "schema_version": version})
+
+
+def test_a_cache_shape_change_matters_only_when_values_change_kind():
+    from sinks.redis.shapes import value_kind
+
+    assert value_kind("int4") == value_kind("bigint") == value_kind("int(11) unsigned") == "integer"
+    assert value_kind("varchar(10)") == value_kind("text") == value_kind("timestamptz") == "text"
+    assert value_kind("numeric(12,2)") == "decimal" != value_kind("double precision")
+    assert value_kind("_int4") == value_kind("text[]") == "array"
+    shapes = {1: _shape(1, ("id", "int4"), ("v", "varchar(10)")), 2: _shape(2, ("id", "int8"), ("v", "text"))}
+    follower, store = _follower("fail", shapes)
+    assert follower.follow("ns", _named(1)) is None
+    assert follower.follow("ns", _named(2)) is None  # widened, same kinds: no stop under fail
+    assert b'"version":2' in store["ns:shape:p.public.t"]
+
+
+def test_a_new_primary_key_stops_evolve_and_rebuilds_rebuild():
+    from cdc.api import RebuildRequired, SchemaChangeError
+
+    shapes = {1: _shape(1, ("id", "int4"), ("k", "int4")), 2: _shape(2, ("id", "int4"), ("k", "int4"), key=("id", "k"))}
+    for policy, error in (("evolve", SchemaChangeError), ("fail", SchemaChangeError), ("rebuild", RebuildRequired)):
+        follower, _ = _follower(policy, shapes)
+        follower.follow("ns", _named(1))
+        with pytest.raises(error, match=r"primary key \(id\) -> \(id, k\)"):
+            follower.follow("ns", _named(2))
+    # Rows of an older shape than the one followed keep only the followed shape's columns.
+    follower, _ = _follower("evolve", {1: _shape(1, ("id", "int4"), ("gone", "text")), 2: _shape(2, ("id", "int4"))})
+    follower.follow("ns", _named(2))
+    assert follower.follow("ns", _named(1)) == frozenset({"id"})
