@@ -228,6 +228,17 @@ class DeltaJob:
                                  f"{self.registry.topic} does not hold yet")
         return TableShape.from_record(record) if record is not None else None
 
+    def _refuse_widening(self, target: TableTarget, plan: evolve.Plan, table_schema) -> None:
+        """``fail`` stops at a type change even where Delta could widen the column losslessly: the
+        user asked to decide each change of a column's type."""
+        existing = {f.name.lower(): f for f in evolve.data_fields(table_schema)}
+        changes = ", ".join(f"column {name}: {existing[name.lower()].dataType.simpleString()} -> "
+                            f"{kind.simpleString()}" for name, kind in plan.widen)
+        raise SchemaChangeError(f"sink {self.name}: table {target.name}: source schema change {changes} "
+                                f"(schema_policy: fail; nothing of the new shape was written). Fix: "
+                                f"schema_policy: evolve (widened in place, every value kept) or rebuild, "
+                                f"then start the sink again")
+
     def apply_topic(self, session: SparkSession, rows: DataFrame, item: Row, batch_id: int,
                     target: TableTarget, shape: TableShape | None = None) -> None:
         """Write one table's records of the batch (``rows``: its envelopes)."""
@@ -249,6 +260,8 @@ class DeltaJob:
                             extra=self._extra())
                 self.rebuild(session, target, shape, batch_id)
                 return
+            if plan.widen and self.config.schema_policy == "fail":
+                self._refuse_widening(target, plan, target.schema(session))
             target.evolve(session, plan)
         else:
             target.create(session, shape, self.config.table_properties)
