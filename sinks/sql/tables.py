@@ -121,13 +121,16 @@ class TableCatalog:
                                          shape.get("version") if shape else None))
             if shape is not None:
                 self._records[cache_key] = _fingerprint(shape)
+            if record is not None and self.config.schema_policy != "rebuild":
+                entry = self._older_columns(entry, rows, record, changes.topic)
         elif record is not None:
             if not _older(record, entry):
                 fingerprint = _fingerprint(record)
                 if self._records.get(cache_key) != fingerprint:
                     entry = self._follow(entry, record, key_names)
                     self._records[cache_key] = fingerprint
-            entry = self._older_columns(entry, rows, record, changes.topic)
+            if self.config.schema_policy != "rebuild":  # rebuild: tables hold the newest shape only
+                entry = self._older_columns(entry, rows, record, changes.topic)
         else:
             unknown = infer_columns(rows, set(entry.columns), ())
             if unknown:
@@ -156,7 +159,9 @@ class TableCatalog:
     def _older_columns(self, entry: TableEntry, rows: list[dict[str, Any]], record: dict[str, Any],
                        topic: str) -> TableEntry:
         """Columns of rows written under an older shape that the (newer) table lacks, typed by
-        that shape: a column dropped before the table was made in the newest shape."""
+        that shape: a column dropped before the table was made in the newest shape. Kept (with
+        the values those rows had) under every policy but ``rebuild``, whose tables hold the
+        newest shape only, so a bootstrap ends like a live sink that saw the drop."""
         missing = {name for row in rows for name in row if name not in entry.columns}
         if not missing:
             return entry
@@ -183,6 +188,11 @@ class TableCatalog:
         columns = with_key(record_columns(record), key_names or entry.key)
         added, changed = diff(entry, columns, self.signature)
         policy = self.config.schema_policy
+        dropped = sorted(set(entry.columns) - {c.name for c in columns})
+        if dropped and policy == "rebuild":  # the new generation is made without them
+            raise RebuildRequired(f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic}): "
+                                  f"source schema change column(s) {', '.join(dropped)} dropped; schema_policy "
+                                  f"is 'rebuild': rebuilding from the topic")
         retyped: list[Incompatible] = []
         if changed and policy == "evolve":
             retyped = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
