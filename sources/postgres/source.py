@@ -32,14 +32,15 @@ import psycopg2.extras
 
 from cdc.api import SnapshotMode, Source, servers
 from cdc.errors import PermanentError, PositionLostError, RetriableError
-from cdc.events import Batch, Column, SchemaChange, SnapshotEnd, SnapshotMarker
+from cdc.events import Batch, Column, SchemaChange, SnapshotEnd, SnapshotMarker, TableId
 from cdc.positions import PgLsn, Position
 from snapshot.parallel import ParallelSnapshot
 from sources.postgres import pgoutput as pg
-from sources.postgres.catalog import (TableMeta, captured_tables, check_free_slot, check_readable, check_server,
-                                      ensure_publication, matches, table_meta)
+from sources.postgres.catalog import (ColumnMeta, TableMeta, captured_tables, check_free_slot, check_readable,
+                                      check_server, ensure_publication, matches, table_meta)
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
+from sources.postgres.relations import RelationMemory
 from sources.postgres.errors import wrap
 from sources.postgres.slots import RetainedWal
 from sources.postgres.snapshot import SnapshotReader, SnapshotRows, plan_chunks
@@ -149,6 +150,11 @@ class PostgresSource(Source):
         self.decoder = pg.PgOutputDecoder(self.protocol)
         self.builder = ChangeBuilder(self.database, self._lookup_table, self._converters_for, self.toast,
                                      self._type_name, self._filled)
+        # Which OID each table was, across restarts (a drop and re-create while down; relations.py).
+        self.relation_memory = RelationMemory(state / "relations.json", self.database)
+        self.builder.oids.update(self.relation_memory.known())
+        self.builder.on_oid = self.relation_memory.seen
+        self.builder.gone_table = self._gone_table
         self._type_names: dict[tuple[int, int], str] = {}
         try:
             self._decide()
@@ -342,6 +348,8 @@ class PostgresSource(Source):
         if self._held is not None:
             events.append(self._held._replace(snapshot=SnapshotMarker.LAST))
             self._held = None
+        for oid, meta in self.tables.items():  # the snapshot read these relations at its version
+            self.relation_memory.seen(meta.id, oid, self.consistent.lsn)
         log.info("snapshot done: %d rows; streaming from %s", self._snapshot_rows, self.consistent,
                  extra={"connector": self.cfg.name, "phase": "snapshot"})
         if self.cfg.snapshot is SnapshotMode.INITIAL_ONLY:
@@ -525,6 +533,26 @@ class PostgresSource(Source):
             meta = self.tables[oid] = candidate
         return meta
 
+    def _gone_table(self, message) -> TableMeta | None:
+        """A captured table dropped since the changes being streamed were written: its meta from
+        the Relation message itself (its key: the replica identity's columns), so its last changes
+        are captured in their own shape rather than stopping the source."""
+        if not matches(message.namespace, message.name, self.cfg.tables):
+            return None
+        columns = tuple(ColumnMeta(c.name, c.type_oid, self._type_name(c.type_oid, c.type_modifier), False)
+                        for c in message.columns)
+        key = tuple(c.name for c in message.columns if c.is_key)
+        configured = self.cfg.key_columns.get(f"{message.namespace}.{message.name}")
+        if configured:
+            key = tuple(configured)
+        log.info("table %s.%s (oid %d) was dropped after changes still to stream; they are read in its last "
+                 "shape", message.namespace, message.name, message.oid,
+                 extra={"connector": self.cfg.name, "phase": self._phase})
+        meta = TableMeta(message.oid, TableId(self.database, message.namespace, message.name), columns, key,
+                         message.replica_identity)
+        self.tables[message.oid] = meta
+        return meta
+
     def _filled(self, oid: int, names: list[str]) -> dict[str, Any]:
         """The values that rows existing before columns ``names`` were added got without being
         logged: PostgreSQL keeps a constant default of ADD COLUMN as the column's "missing value"
@@ -581,6 +609,7 @@ class PostgresSource(Source):
 
     def commit(self, position: Position) -> None:
         assert isinstance(position, PgLsn)
+        self.relation_memory.committed(position.lsn)
         if self.stream is not None:
             self.stream.confirm(position.lsn)
 
