@@ -10,6 +10,7 @@ from cdc.api import Op, SinkEvent
 from sinks.redis.applied import AppliedTracker
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import KeySpace, companion, encode_key, namespace
+from sinks.redis.pipeline import row_tail
 from sinks.redis.plan import plan_batch
 from sinks.redis.values import column_chooser, hash_fields
 from sinks.redis.wait import mysql_version, pg_version
@@ -80,13 +81,15 @@ def test_a_batch_keeps_the_newest_change_per_key_and_tombstones_after_it():
               _event(6, {"id": 3}, None, None),
               _event(7, {"id": 4}, None, None),
               _event(8, {"id": 4}, Op.CREATE, 30, {"id": 4})]
-    plan = plan_batch(events, space, "json", lambda row: row, {})
-    by_key = {c.keys[0]: c.args for c in plan.commands}
-    assert by_key["n:public.t:1"] == ("s", "20", b'{"id":1,"v":"b"}')
-    assert by_key["n:public.t:2"] == ("d", "21")
-    assert by_key["n:public.t:3"][0] == "t"           # the log says: deleted; whatever version
-    assert by_key["n:public.t:4"][:2] == ("s", "30")  # written again after its tombstone
-    assert len(plan.commands) == 4
+    commands = list(plan_batch(events, space, "json", lambda row: row, {}).commands)
+    by_key = {c.keys[0]: c.tail for c in commands}
+    assert by_key["n:public.t:1"] == row_tail(("n:public.t:1", "n:v:{n:public.t:1}"), "s", "20",
+                                              (b'{"id":1,"v":"b"}',))
+    assert by_key["n:public.t:2"] == row_tail(("n:public.t:2", "n:v:{n:public.t:2}"), "d", "21")
+    assert by_key["n:public.t:3"][2].startswith(b"$1\r\nt\r\n")  # the log says: deleted; whatever version
+    assert by_key["n:public.t:4"][2] == b"$1\r\ns\r\n$2\r\n30\r\n"  # written again after its tombstone
+    assert all(c.keys[1] == companion(c.keys[0]) for c in commands)
+    assert len(commands) == 4
 
 
 def test_truncates_are_returned_per_table_with_their_newest_version():
