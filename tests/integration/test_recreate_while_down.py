@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.pg_capture import wait_until
-from tests.integration.test_schema_live import MyDb, PgDb, _run, _stop, converge, query, source_url
+from tests.daemon import run_daemon, stop_daemon
+from tests.integration.test_schema_live import MyDb, PgDb, converge, query, source_url
 
 pytestmark = [pytest.mark.kafka]
 
@@ -55,17 +56,17 @@ def test_a_table_dropped_and_created_again_while_the_source_is_down(db, kafka_bo
     db.execute("INSERT INTO items VALUES " + ", ".join(f"({i}, 'old{i}', {i}.5)" for i in range(1, 11)))
     config = _config(tmp_path, db, kafka_bootstrap)
     target = f"sqlite:///{tmp_path}/ev.db"
-    source, sink = _run(config, "src"), _run(config, "ev")
+    source, sink = run_daemon(config, "src", log="src.log"), run_daemon(config, "ev", log="ev.log")
     try:
         converge(target, source_url(db), "items", ["id", "label", "weight"], "before the restart")
-        _stop(source)
+        stop_daemon(source)
         # While the source is down: more changes of the old table, then a new table of a new shape.
         if pending:
             db.execute("UPDATE items SET label = 'changed' WHERE id <= 3")
         db.execute("DROP TABLE items")
         db.execute(NEW[db.kind])
         db.execute("INSERT INTO items VALUES " + ", ".join(f"({i}, 'new{i}', {i * 100})" for i in range(5, 9)))
-        source = _run(config, "src")
+        source = run_daemon(config, "src", log="src.log")
         # The target ends equal to the new table: its rows in its columns, none of the old rows.
         converge(target, source_url(db), "items", ["id", "label", "extra"], "after the restart")
         wait_until(lambda: sorted(r[0] for r in query(target, "SELECT id FROM items") or []) == [5, 6, 7, 8],
@@ -73,8 +74,8 @@ def test_a_table_dropped_and_created_again_while_the_source_is_down(db, kafka_bo
         assert query(target, "SELECT id, label, extra FROM items ORDER BY id") == \
             [(i, f"new{i}", i * 100) for i in range(5, 9)]
     finally:
-        _stop(source)
-        _stop(sink)
+        stop_daemon(source)
+        stop_daemon(sink)
     for name in ("src", "ev"):
         log_text = (tmp_path / f"{name}.log").read_text(errors="replace")
         assert "Traceback" not in log_text and "permanent" not in log_text, log_text[-3000:]
