@@ -32,9 +32,8 @@ def _name(table: TableId) -> str:
 class RelationMemory:
     """Used from the source's thread only."""
 
-    def __init__(self, path: Path, database: str) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.database = database
         self.stored: dict[str, int] = {}
         if path.exists():
             try:
@@ -44,12 +43,12 @@ class RelationMemory:
                             "be noticed this time", path, err)
         self._seen: dict[str, tuple[int, int]] = {}   # table -> (oid, lsn first seen), not yet stored
 
-    def known(self) -> dict[TableId, int]:
+    def known(self, database: str) -> dict[TableId, int]:
         """The OIDs covered by the stored position, to seed the change builder's."""
         out = {}
         for name, oid in self.stored.items():
             schema, _, table = name.partition(".")
-            out[TableId(self.database, schema, table)] = oid
+            out[TableId(database, schema, table)] = oid
         return out
 
     def seen(self, table: TableId, oid: int, lsn: int) -> None:

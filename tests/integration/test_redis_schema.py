@@ -10,15 +10,13 @@ import pytest
 import redis
 
 from cdc.errors import SchemaChangeError
-from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-from cdc.log.base import TopicSettings
+from cdc.events import Column, TableId
 from cdc.log.kafka import KafkaLog
-from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
-from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 from sinks.redis import row_key
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.sink import RedisSink
+from tests.shapes import ShapedTopics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -43,26 +41,6 @@ def cache(redis_url):
     client.close()
 
 
-class Source:
-    """Publishes shapes and rows as a capture daemon does: a shape before the rows that name it."""
-
-    def __init__(self, log: KafkaLog, prefix: str) -> None:
-        self.log, self.prefix = log, prefix
-        self.encoder = EnvelopeEncoder("postgresql", "pg", prefix)
-        log.ensure_topic(schema_changes_topic(prefix))
-        log.ensure_topic(TABLE.topic(prefix), TopicSettings(partitions=2))
-
-    def publish(self, version: int, columns, rows: list[dict]) -> None:
-        self.encoder.schema_versions[TABLE] = version
-        records = [encode_schema_change(SchemaChange(TABLE, columns, version, 0), "pg", self.prefix)]
-        records += self.encoder.encode([ChangeEvent(Op.CREATE, TABLE, {"id": row["id"]}, None, row, version + i, 0)
-                                        for i, row in enumerate(rows)])
-        writer = self.log.writer()
-        writer.publish(records, Counter(1))
-        writer.flush(30)
-        writer.close()
-
-
 def _run(log, prefix, redis_url, policy) -> RedisSink:
     config = RedisSinkConfig(name=f"{prefix}-cache", url=redis_url, topics=[f"{prefix}.public.*"],
                              key_prefix=prefix, schema_policy=policy, batch_wait_ms=50)
@@ -76,16 +54,16 @@ def _row(cache, prefix, key_id) -> dict:
                                                                       {"id": key_id})).items()}
 
 
-def _first_rows(source: Source) -> None:
-    source.publish(V1, SHAPE_1, [{"id": i, "amount": 10 * i, "note": f"n{i}"} for i in (1, 2, 3)])
+def _first_rows(source: ShapedTopics) -> None:
+    source.publish(TABLE, V1, SHAPE_1, [{"id": i, "amount": 10 * i, "note": f"n{i}"} for i in (1, 2, 3)])
 
 
 def test_evolve_gives_each_key_the_new_shape_at_its_next_change(log, kafka_topic, redis_url, cache):
     prefix = kafka_topic
-    source = Source(log, prefix)
+    source = ShapedTopics(log, prefix, partitions=2)
     _first_rows(source)
     _run(log, prefix, redis_url, "evolve")
-    source.publish(V2, SHAPE_2, [{"id": 1, "amount": "ten", "extra": "x"}, {"id": 4, "amount": "four", "extra": None}])
+    source.publish(TABLE, V2, SHAPE_2, [{"id": 1, "amount": "ten", "extra": "x"}, {"id": 4, "amount": "four", "extra": None}])
     _run(log, prefix, redis_url, "evolve")
 
     assert _row(cache, prefix, 1) == {"id": "1", "amount": "ten", "extra": "x"}   # note gone with the rewrite
@@ -96,10 +74,10 @@ def test_evolve_gives_each_key_the_new_shape_at_its_next_change(log, kafka_topic
 def test_fail_stops_before_the_first_row_of_a_changed_type_and_again_after_a_restart(
         log, kafka_topic, redis_url, cache):
     prefix = kafka_topic
-    source = Source(log, prefix)
+    source = ShapedTopics(log, prefix, partitions=2)
     _first_rows(source)
     _run(log, prefix, redis_url, "fail")
-    source.publish(V2, SHAPE_2, [{"id": 1, "amount": "ten", "extra": "x"}, {"id": 4, "amount": "four", "extra": None}])
+    source.publish(TABLE, V2, SHAPE_2, [{"id": 1, "amount": "ten", "extra": "x"}, {"id": 4, "amount": "four", "extra": None}])
     topic = TABLE.topic(prefix)
     ends_before = {tp: end for tp, end in log.end_offsets(topic).items()}
 
@@ -124,11 +102,11 @@ def test_fail_stops_before_the_first_row_of_a_changed_type_and_again_after_a_res
 
 def test_rebuild_switches_readers_to_a_generation_in_the_new_shape(log, kafka_topic, redis_url, cache):
     prefix = kafka_topic
-    source = Source(log, prefix)
+    source = ShapedTopics(log, prefix, partitions=2)
     _first_rows(source)
     _run(log, prefix, redis_url, "rebuild")
     assert cache.get(f"{prefix}.generation") is None  # generation 1
-    source.publish(V2, SHAPE_2, [{"id": 1, "amount": "ten", "extra": "x"}])
+    source.publish(TABLE, V2, SHAPE_2, [{"id": 1, "amount": "ten", "extra": "x"}])
     _run(log, prefix, redis_url, "rebuild")
 
     assert cache.get(f"{prefix}.generation") == b"2"

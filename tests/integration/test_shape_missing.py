@@ -10,14 +10,12 @@ import pytest
 import sqlalchemy as sa
 
 from cdc.errors import ShapeMissingError
-from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-from cdc.log.base import TopicSettings
+from cdc.events import Column, TableId
 from cdc.log.kafka import KafkaLog
-from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
-from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
+from tests.shapes import ShapedTopics
 
 pytestmark = pytest.mark.kafka
 
@@ -33,23 +31,11 @@ def log(kafka_bootstrap):
 
 
 def _publish(log: KafkaLog, prefix: str) -> None:
-    log.ensure_topic(schema_changes_topic(prefix))
-    log.ensure_topic(TABLE.topic(prefix), TopicSettings(partitions=1))
-    shape = SchemaChange(TABLE, (Column("id", "int4", key=True, nullable=False), Column("v", "text")), KNOWN, 0)
-    encoder = EnvelopeEncoder("postgresql", "src", prefix)
-    known = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i, "v": "old"}, KNOWN + i, 0)
-             for i in range(5)]
-    encoder.schema_versions[TABLE] = KNOWN
-    records = [encode_schema_change(shape, "src", prefix), *encoder.encode(known)]
+    topics = ShapedTopics(log, prefix)
+    columns = (Column("id", "int4", key=True, nullable=False), Column("v", "text"))
+    topics.publish(TABLE, KNOWN, columns, [{"id": i, "v": "old"} for i in range(5)])
     # Rows of a shape whose record never reaches the schema topic.
-    encoder.schema_versions[TABLE] = NEVER
-    unknown = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i, "v": "new", "w": 1}, NEVER + i, 0)
-               for i in range(5, 8)]
-    records += encoder.encode(unknown)
-    writer = log.writer()
-    writer.publish(records, Counter(1))
-    writer.flush(30)
-    writer.close()
+    topics.publish(TABLE, NEVER, None, [{"id": i, "v": "new", "w": 1} for i in range(5, 8)])
 
 
 def test_a_shape_that_never_arrives_stops_the_sink_at_its_first_row(log, kafka_topic, tmp_path):

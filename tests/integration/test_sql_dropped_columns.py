@@ -9,14 +9,12 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-from cdc.log.base import TopicSettings
+from cdc.events import Column, Op, TableId
 from cdc.log.kafka import KafkaLog
-from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
-from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
+from tests.shapes import ShapedTopics
 
 pytestmark = pytest.mark.kafka
 
@@ -30,18 +28,6 @@ def log(kafka_bootstrap):
     instance = KafkaLog(kafka_bootstrap)
     yield instance
     instance.close()
-
-
-def _publish(log, prefix, version, columns, rows) -> None:
-    encoder = EnvelopeEncoder("postgresql", "pg", prefix)
-    encoder.schema_versions[TABLE] = version
-    records = [encode_schema_change(SchemaChange(TABLE, columns, version, 0), "pg", prefix)]
-    records += encoder.encode([ChangeEvent(Op.UPDATE, TABLE, {"id": r["id"]}, None, r, version + i, 0)
-                               for i, r in enumerate(rows)])
-    writer = log.writer()
-    writer.publish(records, Counter(1))
-    writer.flush(30)
-    writer.close()
 
 
 def _catch_up(log, prefix, url, policy, name="wh") -> None:
@@ -60,12 +46,11 @@ def _read(url) -> tuple[list[str], list[tuple]]:
 @pytest.mark.parametrize("policy", ["fail", "evolve", "rebuild"])
 def test_a_dropped_column_per_policy(log, kafka_topic, tmp_path, policy):
     prefix = kafka_topic
-    log.ensure_topic(schema_changes_topic(prefix))
-    log.ensure_topic(TABLE.topic(prefix), TopicSettings(partitions=1))
+    topics = ShapedTopics(log, prefix)
     url = f"sqlite:///{tmp_path / 'wh.db'}"
-    _publish(log, prefix, 100, WITH_NOTE, [{"id": 1, "qty": 1, "note": "a"}, {"id": 2, "qty": 2, "note": "b"}])
+    topics.publish(TABLE, 100, WITH_NOTE, [{"id": 1, "qty": 1, "note": "a"}, {"id": 2, "qty": 2, "note": "b"}])
     _catch_up(log, prefix, url, policy)
-    _publish(log, prefix, 200, WITHOUT_NOTE, [{"id": 2, "qty": 20}, {"id": 3, "qty": 30}])
+    topics.publish(TABLE, 200, WITHOUT_NOTE, [{"id": 2, "qty": 20}, {"id": 3, "qty": 30}], op=Op.UPDATE)
     _catch_up(log, prefix, url, policy)
 
     columns, rows = _read(url)
