@@ -50,7 +50,8 @@ def build_runner(config, name: str, report=None):
     settings = config.log.topic_settings()
     offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
     source = plugin(source_config, offsets.load(name))
-    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report)
+    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report,
+                        log_format=config.log.format, format_options=config.log.debezium.options())
 
 
 class SelfRunningSink:
