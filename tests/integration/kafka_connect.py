@@ -1,0 +1,98 @@
+"""A Kafka Connect standalone worker for tests: Apache Kafka's own Connect runtime with the
+Debezium JDBC sink connector, both from Maven Central (``cdc.dev.jars``, component ``connect``).
+
+One worker runs every connector given to it (one properties file each), in a session of its own
+so that ``stop`` ends it whole. Its log goes to ``<dir>/connect.log``; ``log_tail`` shows the end
+of it when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from cdc.dev.jars import ensure_jars
+
+LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d %p [%t] %c: %m%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = warn
+logger.connect.name = org.apache.kafka.connect.runtime.WorkerSinkTask
+logger.connect.level = info
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _properties(path: Path, settings: dict[str, str]) -> Path:
+    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    return path
+
+
+class ConnectStandalone:
+    def __init__(self, directory: Path, bootstrap: str) -> None:
+        self.directory = directory
+        self.bootstrap = bootstrap
+        self.log = directory / "connect.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, connectors: dict[str, dict[str, str]]) -> None:
+        java = shutil.which("java")
+        if java is None:
+            raise RuntimeError("java is not installed; run scripts/setup")
+        jars = ensure_jars("connect")
+        worker = _properties(self.directory / "worker.properties", {
+            "bootstrap.servers": self.bootstrap,
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable": "true",
+            "value.converter.schemas.enable": "true",
+            "offset.storage.file.filename": str(self.directory / "offsets"),
+            "offset.flush.interval.ms": "1000",
+            "listeners": f"http://127.0.0.1:{_free_port()}",
+            "plugin.discovery": "only_scan",
+        })
+        files = [str(_properties(self.directory / f"{name}.properties", {"name": name, **settings}))
+                 for name, settings in connectors.items()]
+        config = self.directory / "log4j2.properties"
+        config.write_text(LOG4J2.format(log=self.log))
+        env = {**os.environ, "KAFKA_HEAP_OPTS": "-Xmx512m"}
+        self.process = subprocess.Popen(
+            [java, "-Xmx512m", f"-Dlog4j2.configurationFile={config}", "-cp", f"{jars}/*",
+             "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), *files],
+            cwd=self.directory, stdout=open(self.directory / "connect.out", "wb"), stderr=subprocess.STDOUT,
+            start_new_session=True, env=env)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = ""
+        for path in (self.log, self.directory / "connect.out"):
+            if path.exists():
+                text += "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+        return text
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
