@@ -75,7 +75,7 @@ _TRANSACTION = {"type": "struct", "fields": [
 class TableFormat:
     """One (table, shape): the cached key and value schemas and the row converter."""
 
-    __slots__ = ("key_schema", "value_schema", "names", "converters", "key_names")
+    __slots__ = ("key_schema", "value_schema", "names", "converters", "key_names", "key_prefix", "value_prefix")
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
                  options: DebeziumOptions) -> None:
@@ -105,6 +105,8 @@ class TableFormat:
                        {"type": "int64", "optional": True, "field": "ts_ms"},
                        {"type": "int64", "optional": True, "field": "ts_us"},
                        {"type": "int64", "optional": True, "field": "ts_ns"}]})
+        self.key_prefix = b'{"schema":%b,"payload":' % self.key_schema
+        self.value_prefix = b'{"schema":%b,"payload":' % self.value_schema
 
     def row(self, values: Any, fill: bool = False) -> dict | None:
         """A row in Debezium's encodings; ``fill``: every column, null where ``values`` has none."""
@@ -174,31 +176,37 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                                                              self.options)
         return made
 
-    def _source(self, event: ChangeEvent) -> dict[str, Any]:
-        table = event.table
-        ts_ms = event.ts_ms
-        source: dict[str, Any] = {"version": VERSION_TEXT, "connector": self.connector, "name": self.name,
-                                  "ts_ms": ts_ms, "snapshot": event.snapshot.value, "db": table.db,
-                                  "sequence": None, "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000}
+    def _source_head(self, table: TableId, snapshot: str) -> dict[str, Any]:
+        """The source block's fields that are the same for every event of a table and snapshot
+        flag, in Debezium's order; the per-event ones are filled in by ``_source``."""
+        head: dict[str, Any] = {"version": VERSION_TEXT, "connector": self.connector, "name": self.name,
+                                "ts_ms": 0, "snapshot": snapshot, "db": table.db, "sequence": None,
+                                "ts_us": 0, "ts_ns": 0}
         if self.connector == "mysql":
-            source["table"] = table.table
-            source["server_id"] = 0
-            fields = event.source_fields or {}
-            source.update({"gtid": fields.get("gtid"), "file": fields.get("file", ""),
-                           "pos": fields.get("pos", 0), "row": fields.get("row", 0),
-                           "thread": None, "query": None})
+            head.update({"table": table.table, "server_id": 0, "gtid": None, "file": "", "pos": 0, "row": 0,
+                         "thread": None, "query": None})
         else:
-            source["schema"] = table.schema if table.schema is not None else table.db
-            source["table"] = table.table
-            fields = event.source_fields or {}
-            source.update({"txId": fields.get("txId"), "lsn": fields.get("lsn"), "xmin": None})
+            head.update({"schema": table.schema if table.schema is not None else table.db, "table": table.table,
+                         "txId": None, "lsn": None, "xmin": None})
+        head["cdc_version"] = 0
+        head["cdc_schema_version"] = self.schema_versions.get(table)
+        return head
+
+    def _source(self, event: ChangeEvent, head: dict[str, Any]) -> dict[str, Any]:
+        source = head.copy()
+        ts_ms = event.ts_ms
+        source["ts_ms"] = ts_ms
+        source["ts_us"] = ts_ms * 1000
+        source["ts_ns"] = ts_ms * 1_000_000
+        fields = event.source_fields
+        if fields:
+            for name in _SOURCE_EVENT_FIELDS:
+                if name in fields:
+                    source[name] = fields[name]
         source["cdc_version"] = event.version
-        source["cdc_schema_version"] = self.schema_versions.get(table)
         return source
 
-    def envelope(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
-        """The payload of ``event``'s value (what ``emit`` writes inside ``{"schema", "payload"}``)."""
-        fmt = self._format(event)
+    def _payload(self, event: ChangeEvent, fmt: TableFormat, head: dict[str, Any], now_ms: int) -> dict[str, Any]:
         tx = event.transaction
         transaction = None
         if tx is not None:
@@ -207,39 +215,58 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
             transaction = {"id": tx_id, "total_order": tx.total_order,
                            "data_collection_order": tx.data_collection_order}
         return {"before": fmt.row(event.before, fill=event.op is Op.DELETE), "after": fmt.row(event.after),
-                "source": self._source(event), "transaction": transaction, "op": event.op.value,
+                "source": self._source(event, head), "transaction": transaction, "op": event.op.value,
                 "ts_ms": now_ms, "ts_us": now_ms * 1000, "ts_ns": now_ms * 1_000_000}
 
-    def key(self, event: ChangeEvent) -> bytes:
-        fmt = self._format(event)
-        payload = fmt.row({k: event.key[k] for k in fmt.key_names if k in event.key}) if event.key else {}
-        return b'{"schema":%b,"payload":%b}' % (fmt.key_schema, orjson.dumps(payload))
+    def envelope(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
+        """The payload of ``event``'s value (what ``emit`` writes inside ``{"schema", "payload"}``)."""
+        return self._payload(event, self._format(event), self._source_head(event.table, event.snapshot.value),
+                             now_ms)
+
+    def _key(self, event: ChangeEvent, fmt: TableFormat) -> bytes:
+        key = event.key
+        payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) if key else {}
+        return fmt.key_prefix + orjson.dumps(payload) + b"}"
 
     def emit(self, events: list[ChangeEvent], emit: Callable[[str, bytes | None, bytes], Any],
              when_room: Callable[[str, bytes | None, bytes], Any],
              everywhere: Callable[[str, bytes, bytes], Any], now_ms: int | None = None) -> None:
         """As ``EnvelopeEncoder.emit`` (same order, tombstones, truncates, errors), in this format.
-        Python only: bench/publish.py measures what it costs beside the ``json`` format."""
+        Python only: bench/publish.py measures what it costs beside the ``json`` format. The
+        table's format, topic and source head are looked up once per table, op and snapshot
+        flag within a call (``schema_versions`` changes only between calls)."""
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
         dumps = orjson.dumps
         topic = None
         nbytes = 0
+        per_table: dict[int, tuple] = {}
+        last_table: TableId | None = None
+        last = None
         try:
             for event in events:
-                topic = self.topic(event.table)
-                value = b'{"schema":%b,"payload":%b}' % (self._format(event).value_schema,
-                                                         dumps(self.envelope(event, now_ms)))
+                table = event.table
+                if table is not last_table:
+                    last = per_table.get(id(table))
+                    if last is None:
+                        fmt = self._format(event)
+                        last = per_table[id(table)] = (fmt, self.topic(table), {})
+                    last_table = table
+                fmt, topic, heads = last
+                head = heads.get(event.snapshot)
+                if head is None:
+                    head = heads[event.snapshot] = self._source_head(table, event.snapshot.value)
+                value = fmt.value_prefix + dumps(self._payload(event, fmt, head, now_ms)) + b"}"
                 nbytes += len(value)
-                if event.op is Op.TRUNCATE:
+                if event.op is _TRUNCATE:
                     everywhere(topic, value, None)  # Debezium: a truncate has no key
                     continue
-                key = self.key(event)
+                key = self._key(event, fmt)
                 try:
                     emit(topic, value, key)
                 except BufferError:
                     when_room(topic, value, key)
-                if event.op is Op.DELETE:
+                if event.op is _DELETE:
                     try:
                         emit(topic, None, key)
                     except BufferError:
@@ -248,3 +275,8 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
             raise EmitError(topic, exc) from exc
         finally:
             self.value_bytes += nbytes
+
+
+_TRUNCATE, _DELETE = Op.TRUNCATE, Op.DELETE
+# The connector's fields of an event that go into Debezium's source block (the rest are ours).
+_SOURCE_EVENT_FIELDS = ("txId", "lsn", "gtid", "file", "pos", "row")
