@@ -384,6 +384,9 @@ def mysql_type(type_name: str, options: DebeziumOptions) -> FieldType:
     unsigned = "unsigned" in base.split()
     word = base.split()[0] if base else base
     mode = options.time_mode("mysql")
+    if word == "bigint" and unsigned:
+        # bigint.unsigned.handling.mode=long: Java's long, so values past 2^63-1 wrap to negative
+        return FieldType({"type": "int64"}, lambda v: v - (1 << 64) if v >= 1 << 63 else v)
     if word in _MYSQL_INTS:
         return _plain(_MYSQL_INTS[word][1 if unsigned else 0])
     if word in ("decimal", "numeric", "dec", "fixed"):
