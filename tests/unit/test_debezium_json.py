@@ -213,3 +213,26 @@ def test_a_truncate_has_no_key_in_debezium_json():
 def test_decimal_strings_round_trip_exactly():
     assert Decimal(decode_record(_record(_encoder("postgresql", PG, PG_COLUMNS).encode(
         [_event(PG, PG_ROW | {"n": "-0.000001"})], now_ms=0)[0])).after["n"]) == Decimal("-0.000001")
+
+
+def test_cdc_tail_prints_both_formats_alike():
+    from cdc.runtime.cli import format_record
+
+    row = {k: v for k, v in PG_ROW.items() if k not in ("iv", "m")}  # see test_interval_and_money_read_back
+    events = [_event(PG, row), _event(PG, {"id": 7}, Op.DELETE, before={"id": 7})]
+    plain = EnvelopeEncoder("postgresql", "src", "p")
+    as_json = [format_record(_record(r, i)) for i, r in enumerate(plain.encode(events, now_ms=5))]
+    as_debezium = [format_record(_record(r, i)) for i, r in
+                   enumerate(_encoder("postgresql", PG, PG_COLUMNS).encode(events, now_ms=5))]
+    assert as_json[0].splitlines()[0] == 'p.public.items[0]@0 c {"id":7} version=123'
+    assert as_debezium[:1] == as_json[:1]
+    # a delete's before: every column in debezium-json (nulls for those the source did not send)
+    assert as_debezium[1].splitlines()[0] == as_json[1].splitlines()[0]
+    assert as_debezium[2] == as_json[2] == 'p.public.items[0]@2 {"id":7} <tombstone>'
+
+
+def test_interval_and_money_read_back_as_the_same_amounts():
+    [record] = _encoder("postgresql", PG, PG_COLUMNS).encode([_event(PG, PG_ROW)], now_ms=0)
+    after = decode_record(_record(record)).after
+    assert after["iv"] == "PT93600S"    # P1DT2H: the same length, in seconds
+    assert after["m"] == "1234.50"      # $1,234.50: the amount without the currency's symbol
