@@ -223,6 +223,9 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         return self._payload(event, self._format(event), self._source_head(event.table, event.snapshot.value),
                              now_ms)
 
+    def record_key(self, event: ChangeEvent) -> bytes:
+        return self._key(event, self._format(event))
+
     def _key(self, event: ChangeEvent, fmt: TableFormat) -> bytes:
         key = event.key
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) if key else {}

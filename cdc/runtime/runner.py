@@ -79,7 +79,7 @@ class SourceRunner:
         self.poll_timeout = poll_timeout
         self.stored: Position | None = source.start_position
         self._schema_topic: set[str] = set()
-        self.stale = StaleRows(log_, self.encoder.topic)
+        self.stale = StaleRows(log_, self.encoder.topic, self.encoder.record_key)
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
