@@ -236,3 +236,20 @@ def test_interval_and_money_read_back_as_the_same_amounts():
     after = decode_record(_record(record)).after
     assert after["iv"] == "PT93600S"    # P1DT2H: the same length, in seconds
     assert after["m"] == "1234.50"      # $1,234.50: the amount without the currency's symbol
+
+
+def test_a_sink_that_reads_the_topics_itself_refuses_debezium_json(tmp_path):
+    """The Spark Delta sink parses Kafka records in Spark, past the runtime's decoding: with a
+    format it cannot read it would dead-letter every record, so it refuses to start instead."""
+    from cdc.config.model import AppConfig
+    from cdc.errors import ConfigError
+    from cdc.plugins import sink_plugin
+    from cdc.runtime.worker import build_runner
+
+    lake = sink_plugin("delta").config_model.model_validate(
+        {"name": "lake", "type": "delta", "topics": ["p.*"], "path": str(tmp_path / "d"),
+         "checkpoint": str(tmp_path / "c")})
+    app = AppConfig.model_validate({"log": {"embedded": {"path": str(tmp_path / "log")}, "format": "debezium-json"},
+                                    "sinks": [lake], "http": None})
+    with pytest.raises(ConfigError, match="json format only; log.format is debezium-json"):
+        build_runner(app, "lake")
