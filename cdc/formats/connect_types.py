@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
 
-import orjson
 
 Convert = Callable[[Any], Any]
 
@@ -115,7 +115,8 @@ def decimal_converter(scale: int, mode: str, money: bool = False) -> Convert:
         return None if unscaled is None else _b64(java_big_integer_bytes(unscaled))
 
     def as_string(value: Any) -> Any:
-        return _money_text(value) if money else str(value)
+        # Debezium reads money as a double: its string is the double's (1234.5, 1000.0)
+        return repr(float(_money_text(value))) if money else str(value)
 
     def as_double(value: Any) -> Any:
         number = float(_money_text(value) if money else value)
@@ -202,7 +203,25 @@ def duration_micros(value: str) -> int | None:
 
 
 def json_text(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    """JSON text spaced as PostgreSQL prints jsonb (``{"a": [1, 2]}``), which is also how most
+    json and MariaDB JSON input is written: Debezium passes the server's text on."""
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def zoned_timestamp(digits: int | None) -> Convert:
+    """``...05.5Z`` with the fraction as Debezium prints it: PostgreSQL's connector pads it to the
+    column's precision (``digits``), the MariaDB connector trims trailing zeros (``None``)."""
+    def convert(value: str) -> str:
+        if not value.endswith("Z"):
+            return value  # infinity, BC: as the json format has them
+        body = value[:-1]
+        whole, dot, fraction = body.partition(".")
+        if digits is None:
+            fraction = fraction.rstrip("0")
+        else:
+            fraction = (fraction + "0" * digits)[:digits]
+        return whole + ("." + fraction if fraction else "") + "Z"
+    return convert
 
 
 def binary_converter(mode: str) -> Convert | None:
@@ -338,7 +357,7 @@ def postgres_type(type_name: str, options: DebeziumOptions) -> FieldType:
     if base in ("timestamp without time zone", "timestamp"):
         return timestamp_type(_int_arg(args, 0, 6), mode)
     if base in ("timestamp with time zone", "timestamptz"):
-        return _named("string", ZONED_TIMESTAMP)
+        return _named("string", ZONED_TIMESTAMP, zoned_timestamp(_int_arg(args, 0, 6)))
     if base in ("time with time zone", "timetz"):
         return _named("string", ZONED_TIME, zoned_time)
     if base == "interval":
@@ -407,7 +426,7 @@ def mysql_type(type_name: str, options: DebeziumOptions) -> FieldType:
     if word == "datetime":
         return timestamp_type(_int_arg(args, 0, 0), mode)
     if word == "timestamp":
-        return _named("string", ZONED_TIMESTAMP)
+        return _named("string", ZONED_TIMESTAMP, zoned_timestamp(None))
     if word == "time":
         return time_type(_int_arg(args, 0, 0), mode)
     if word == "year":

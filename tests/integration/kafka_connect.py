@@ -96,3 +96,27 @@ class ConnectStandalone:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def first_value(bootstrap: str, topic: str, worker: ConnectStandalone, timeout: float = 180) -> dict:
+    """The first non-tombstone value of ``topic`` (Connect JSON, decoded), waiting while the
+    worker runs; the worker's log is in the error when nothing comes."""
+    import time
+    import uuid
+
+    import orjson
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and worker.alive():
+            message = consumer.poll(1.0)
+            if message is None or message.error() is not None or message.value() is None:
+                continue
+            return orjson.loads(message.value())
+    finally:
+        consumer.close()
+    raise AssertionError(f"no record on {topic} (worker alive: {worker.alive()}):\n{worker.log_tail()}")

@@ -1,6 +1,8 @@
 """docs/wire-formats.md's type tables, made from real rows: a PostgreSQL and a MariaDB table with a
 column per common type, captured by the real sources, each value shown in the ``json`` format and
-in ``debezium-json`` (Debezium's default modes) with its Connect schema.
+in ``debezium-json`` (Debezium's default modes) with its Connect schema, beside the value that
+Debezium's own connector (PostgreSQL, MariaDB; 3.5.0.Final in Kafka Connect standalone) writes for
+the same row, with its defaults and with ``decimal.handling.mode=string``.
 
 The test fails when the tables in the docs differ from what the sources and encoders produce now;
 ``CDC_WRITE_DOCS=1`` writes them instead (then commit docs/wire-formats.md).
@@ -9,8 +11,11 @@ The test fails when the tables in the docs differ from what the sources and enco
 from __future__ import annotations
 
 import os
+import random
 import re
+import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 import orjson
 import pytest
@@ -20,6 +25,8 @@ from cdc.formats.debezium_json import DebeziumJsonEncoder
 from cdc.formats.shapes import known_shapes
 from cdc.log.base import TopicSettings
 from cdc.log.embedded import EmbeddedLog
+from cdc.formats.connect_types import DebeziumOptions
+from tests.integration.kafka_connect import ConnectStandalone, first_value
 from tests.integration.pg_capture import capturing, execute, pg_config, wait_until
 from tests.integration.test_mysql_source import execute as my_execute, mysql_config
 
@@ -66,31 +73,82 @@ def _schema_text(field: dict) -> str:
     return text.replace("|", "\\|")
 
 
-def _table(types: list[tuple[str, str]], after: dict, debezium_after: dict, fields: dict) -> str:
-    lines = ["| column type | value written | `json` | `debezium-json` | Connect schema (debezium-json) |",
-             "|---|---|---|---|---|"]
+def _table(types: list[tuple[str, str]], ours: dict, theirs: dict) -> str:
+    """``ours``/``theirs``: {"json": after, "default": after, "string": after, "fields": {column: schema}}
+    (``theirs`` without "json"). Debezium's values are shown where they differ from ours ("=" where
+    they are the same); the string mode only where it differs from the default."""
+    lines = ["| column type | value written | `json` | `debezium-json` | Debezium's connector | "
+             "Connect schema (ours; Debezium's where different) | `decimal.handling.mode=string`: ours, Debezium's |",
+             "|---|---|---|---|---|---|---|"]
     for index, (type_name, literal) in enumerate(types):
         column = f"c{index}"
-        lines.append(f"| {type_name} | `{literal.replace('|', chr(92) + '|')}` | {_cell(after[column])} | "
-                     f"{_cell(debezium_after[column])} | {_schema_text(fields[column])} |")
+        mine, their = ours["default"][column], theirs["default"][column]
+        schema, their_schema = _schema_text(ours["fields"][column]), _schema_text(theirs["fields"][column])
+        if their_schema != schema:
+            schema += f"; Debezium: {their_schema}"
+        string_mode = ""
+        if ours["string"][column] != mine or theirs["string"][column] != their:
+            string_mode = _cell(ours["string"][column]) + (
+                ", =" if theirs["string"][column] == ours["string"][column] else f", {_cell(theirs['string'][column])}")
+        lines.append(f"| {type_name} | `{literal.replace('|', chr(92) + '|')}` | {_cell(ours['json'][column])} | "
+                     f"{_cell(mine)} | {'=' if their == mine else _cell(their)} | {schema} | {string_mode} |")
     return "\n".join(lines) + "\n"
 
 
-def _debezium(log, prefix: str, source: str, connector: str, topic: str) -> tuple[dict, dict, dict]:
-    """(json after, debezium-json after, after's field schemas) of the one row of ``topic``."""
+def _ours(log, prefix: str, source: str, connector: str, topic: str) -> dict:
+    """Our values for the one row of ``topic``: json, debezium-json with the defaults and with
+    decimal_handling_mode string, and the after struct's field schemas."""
     [record] = [r for r in log.read_all(topic) if r.value is not None]
     envelope = orjson.loads(record.value)
-    encoder = DebeziumJsonEncoder(connector, source, prefix)
     shapes = known_shapes(log, prefix, source)
-    encoder.learn(shapes)
     [shape] = [s for s in shapes if s.table.topic(prefix) == topic]
-    encoder.schema_versions[shape.table] = shape.version
     event = ChangeEvent(Op(envelope["op"]), shape.table, orjson.loads(record.key), None, envelope["after"],
                         envelope["source"]["version"], envelope["source"]["ts_ms"], SnapshotMarker.TRUE)
-    [encoded] = encoder.encode([event], now_ms=0)
-    value = orjson.loads(encoded.value)
-    after_schema = next(f for f in value["schema"]["fields"] if f["field"] == "after")
-    return envelope["after"], value["payload"]["after"], {f["field"]: f for f in after_schema["fields"]}
+    out = {"json": envelope["after"]}
+    for mode in ("precise", "string"):
+        encoder = DebeziumJsonEncoder(connector, source, prefix, options=DebeziumOptions(decimal_handling_mode=mode))
+        encoder.learn(shapes)
+        encoder.schema_versions[shape.table] = shape.version
+        [encoded] = encoder.encode([event], now_ms=0)
+        value = orjson.loads(encoded.value)
+        out["default" if mode == "precise" else "string"] = value["payload"]["after"]
+        if mode == "precise":
+            out["fields"] = _after_fields(value)
+    return out
+
+
+def _after_fields(value: dict) -> dict:
+    after = next(f for f in value["schema"]["fields"] if f["field"] == "after")
+    return {f["field"]: f for f in after["fields"]}
+
+
+def _theirs(tmp_path: Path, bootstrap: str, connector: dict[str, str], table_topic: str) -> dict:
+    """Debezium's own connector on the same table, with its defaults and decimal.handling.mode=string
+    (two connectors in one worker): the after struct of the row's snapshot record, and its schemas."""
+    tag = uuid.uuid4().hex[:8]
+    worker = ConnectStandalone(tmp_path, bootstrap)
+    prefixes = {"default": f"dbzd{tag}", "string": f"dbzs{tag}"}
+    connectors = {}
+    for mode, prefix in prefixes.items():
+        settings = {k: v.replace("{tag}", f"{mode[0]}{tag}") for k, v in connector.items()}
+        settings.update({"topic.prefix": prefix, "snapshot.mode": "initial", "tasks.max": "1",
+                         # the dev broker creates no topics on its own: Connect does, with these
+                         "topic.creation.default.replication.factor": "1",
+                         "topic.creation.default.partitions": "1"})
+        if mode == "string":
+            settings["decimal.handling.mode"] = "string"
+        connectors[f"dbz-{mode}"] = settings
+    worker.start(connectors)
+    try:
+        out = {}
+        for mode, prefix in prefixes.items():
+            value = first_value(bootstrap, f"{prefix}.{table_topic}", worker)
+            out[mode] = value["payload"]["after"]
+            if mode == "default":
+                out["fields"] = _after_fields(value)
+        return out
+    finally:
+        worker.stop()
 
 
 def _write_or_check(section: str, table: str) -> None:
@@ -105,7 +163,8 @@ def _write_or_check(section: str, table: str) -> None:
 
 
 @pytest.mark.postgres
-def test_postgres_type_table(pg_dsn, tmp_path):
+@pytest.mark.kafka
+def test_postgres_type_table(pg_dsn, tmp_path, kafka_bootstrap):
     columns = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(POSTGRES))
     values = ", ".join(v for _, v in POSTGRES)
     execute(pg_dsn, f"CREATE TABLE typed (id int PRIMARY KEY, {columns})",
@@ -114,12 +173,20 @@ def test_postgres_type_table(pg_dsn, tmp_path):
     with capturing(pg_config(pg_dsn, tmp_path, tables=["public.typed"]), log, "docs") as capture:
         wait_until(lambda: "docs.public.typed" in log.topics() and log.read_all("docs.public.typed"),
                    what="the snapshot row", capture=capture)
-    after, debezium_after, fields = _debezium(log, "docs", "pg", "postgresql", "docs.public.typed")
-    _write_or_check("postgres", _table(POSTGRES, after, debezium_after, fields))
+    ours = _ours(log, "docs", "pg", "postgresql", "docs.public.typed")
+    dsn = urlparse(pg_dsn)
+    theirs = _theirs(tmp_path, kafka_bootstrap, {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": dsn.hostname, "database.port": str(dsn.port), "database.user": dsn.username or "postgres",
+        "database.password": dsn.password or "", "database.dbname": dsn.path.lstrip("/"), "plugin.name": "pgoutput",
+        "slot.name": "dbz_{tag}", "publication.name": "dbz_{tag}", "publication.autocreate.mode": "filtered",
+        "table.include.list": "public.typed"}, "public.typed")
+    _write_or_check("postgres", _table(POSTGRES, ours, theirs))
 
 
 @pytest.mark.mysql
-def test_mysql_type_table(mysql_url, mysql_db, tmp_path):
+@pytest.mark.kafka
+def test_mysql_type_table(mysql_url, mysql_db, tmp_path, kafka_bootstrap):
     columns = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(MYSQL))
     values = ", ".join(v for _, v in MYSQL)
     my_execute(mysql_url, mysql_db, f"CREATE TABLE typed (id INT PRIMARY KEY, {columns})",
@@ -128,5 +195,14 @@ def test_mysql_type_table(mysql_url, mysql_db, tmp_path):
     topic = f"docs.{mysql_db}.typed"
     with capturing(mysql_config(mysql_url, mysql_db), log, "docs") as capture:
         wait_until(lambda: topic in log.topics() and log.read_all(topic), what="the snapshot row", capture=capture)
-    after, debezium_after, fields = _debezium(log, "docs", "my", "mysql", topic)
-    _write_or_check("mysql", re.sub(re.escape(mysql_db), "shop", _table(MYSQL, after, debezium_after, fields)))
+    ours = _ours(log, "docs", "my", "mysql", topic)
+    url = urlparse(mysql_url)
+    theirs = _theirs(tmp_path, kafka_bootstrap, {
+        "connector.class": "io.debezium.connector.mariadb.MariaDbConnector",
+        "database.hostname": url.hostname, "database.port": str(url.port), "database.user": url.username or "root",
+        "database.password": url.password or "", "database.server.id": str(random.randrange(10_000, 2**31)),
+        "database.include.list": mysql_db, "table.include.list": f"{mysql_db}.typed",
+        "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
+        "schema.history.internal.file.filename": str(tmp_path / "history-{tag}.dat"),
+        "database.ssl.mode": "disable"}, f"{mysql_db}.typed")
+    _write_or_check("mysql", re.sub(re.escape(mysql_db), "shop", _table(MYSQL, ours, theirs)))
