@@ -111,7 +111,15 @@ def _money_text(text: str) -> str:
 
 def decimal_converter(scale: int, mode: str, money: bool = False) -> Convert:
     def precise(value: Any) -> Any:
-        unscaled = _unscaled(_money_text(value) if money else str(value), scale)
+        text = _money_text(value) if money else str(value)
+        # The common case without Decimal: the json format prints exactly the column's scale.
+        whole, dot, fraction = text.partition(".")
+        if len(fraction) == scale and (dot or not scale) and "e" not in text and "N" not in text:
+            try:
+                return _b64(java_big_integer_bytes(int(whole + fraction)))
+            except ValueError:
+                pass
+        unscaled = _unscaled(text, scale)
         return None if unscaled is None else _b64(java_big_integer_bytes(unscaled))
 
     def as_string(value: Any) -> Any:
@@ -212,6 +220,8 @@ def zoned_timestamp(digits: int | None) -> Convert:
     """``...05.5Z`` with the fraction as Debezium prints it: PostgreSQL's connector pads it to the
     column's precision (``digits``), the MariaDB connector trims trailing zeros (``None``)."""
     def convert(value: str) -> str:
+        if digits == 6 and len(value) == 27 and value[19] == ".":
+            return value  # the common case: YYYY-MM-DDTHH:MM:SS.ffffffZ already
         if not value.endswith("Z"):
             return value  # infinity, BC: as the json format has them
         body = value[:-1]

@@ -75,7 +75,8 @@ _TRANSACTION = {"type": "struct", "fields": [
 class TableFormat:
     """One (table, shape): the cached key and value schemas and the row converter."""
 
-    __slots__ = ("key_schema", "value_schema", "names", "converters", "key_names", "key_prefix", "value_prefix")
+    __slots__ = ("key_schema", "value_schema", "names", "converters", "key_names", "key_prefix", "value_prefix",
+                 "key_as_is")
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
                  options: DebeziumOptions) -> None:
@@ -94,6 +95,9 @@ class TableFormat:
         self.names = names
         self.converters = converters
         self.key_names = [k for k in key_names if k in key_fields] or list(key_fields)
+        # keys whose columns need no conversion and come in key order are dumped as they are
+        converted = {name for name, _ in converters}
+        self.key_as_is = self.key_names == key_names and not converted.intersection(self.key_names)
         row = {"type": "struct", "fields": fields, "optional": True, "name": f"{topic}.Value"}
         self.key_schema = orjson.dumps({"type": "struct", "fields": [key_fields[k] for k in self.key_names],
                                         "optional": False, "name": f"{topic}.Key"})
@@ -228,6 +232,8 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
 
     def _key(self, event: ChangeEvent, fmt: TableFormat) -> bytes:
         key = event.key
+        if fmt.key_as_is and key:
+            return fmt.key_prefix + orjson.dumps(key) + b"}"
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) if key else {}
         return fmt.key_prefix + orjson.dumps(payload) + b"}"
 
