@@ -71,8 +71,6 @@ class SourceRunner:
         self.encoder = make_encoder(log_format, source.connector, self.name, topic_prefix,
                                     lambda topic: log_.ensure_topic(topic, topic_settings), format_options)
         self._learn = getattr(self.encoder, "learn", None)  # formats whose schemas come from the shapes
-        if self._learn is not None:
-            self._learn(known_shapes(log_, topic_prefix, self.name))
         self.stats = stats or ConnectorStats(self.name, "source")
         self.report = report or (lambda stats: None)
         self.offset_interval = offset_interval
@@ -123,6 +121,8 @@ class SourceRunner:
     def run(self, stop_event: threading.Event) -> None:
         source, stats = self.source, self.stats
         writer = self.log.writer()
+        if self._learn is not None:  # the shapes published before this run (cdc/formats/shapes.py)
+            self._learn(known_shapes(self.log, self.encoder.prefix, self.name))
         log.info("starting from %s", self.stored or "the beginning", extra=self._extra())
         source.start()
         tune_gc()
