@@ -11,7 +11,8 @@ import pytest
 
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, SnapshotMarker, TableId, TransactionInfo
 from cdc.formats import make_encoder
-from cdc.formats.connect_types import DebeziumOptions, java_big_integer_bytes
+from cdc.formats.connect_types import DebeziumOptions
+from cdc.formats.connect_values import java_big_integer_bytes
 from cdc.log.base import LogRecord
 from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import decode_record
