@@ -49,6 +49,7 @@ class ConnectStandalone:
         self.bootstrap = bootstrap
         self.log = directory / "connect.log"
         self.process: subprocess.Popen | None = None
+        self._output = None
 
     def start(self, connectors: dict[str, dict[str, str]]) -> None:
         java = shutil.which("java")
@@ -70,12 +71,11 @@ class ConnectStandalone:
                  for name, settings in connectors.items()]
         config = self.directory / "log4j2.properties"
         config.write_text(LOG4J2.format(log=self.log))
-        env = {**os.environ, "KAFKA_HEAP_OPTS": "-Xmx512m"}
+        self._output = open(self.directory / "connect.out", "wb")
         self.process = subprocess.Popen(
             [java, "-Xmx512m", f"-Dlog4j2.configurationFile={config}", "-cp", f"{jars}/*",
              "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), *files],
-            cwd=self.directory, stdout=open(self.directory / "connect.out", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True, env=env)
+            cwd=self.directory, stdout=self._output, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -88,14 +88,16 @@ class ConnectStandalone:
         return text
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self._output is not None:
+            self._output.close()
+            self._output = None
 
 
 def first_value(bootstrap: str, topic: str, worker: ConnectStandalone, timeout: float = 180) -> dict:
