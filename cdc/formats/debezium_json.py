@@ -56,8 +56,8 @@ def _source_schema(connector: str) -> dict:
         {"type": "int64", "optional": True, "field": "ts_us"},
         {"type": "int64", "optional": True, "field": "ts_ns"},
     ]
-    for name, kind, optional in _SOURCE_FIELDS.get(connector, [("schema", "string", True),
-                                                                ("table", "string", True)]):
+    # other connectors (the generator) write PostgreSQL's fields: see _source_head
+    for name, kind, optional in _SOURCE_FIELDS.get(connector, _SOURCE_FIELDS["postgresql"]):
         fields.append({"type": kind, "optional": optional, "field": name})
     fields.append({"type": "int64", "optional": False, "field": "cdc_version"})
     fields.append({"type": "int64", "optional": True, "field": "cdc_schema_version"})
@@ -157,6 +157,7 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
             newest = self._newest.get(change.table)
             if newest is None or newest.version <= change.version:
                 self._newest[change.table] = change
+                self._formats.pop((change.table, None), None)  # rows naming no shape take the newest
 
     def _format(self, event: ChangeEvent) -> TableFormat:
         table = event.table

@@ -307,3 +307,26 @@ def test_a_truncate_in_debezium_json_goes_through_the_embedded_log_to_a_sink_eve
     truncates = [e for e in events if e.op is Op.TRUNCATE]
     assert len(truncates) == 2 and all(e.key == {} and e.version == 200 for e in truncates)  # one per partition
     log.close()
+
+
+def test_every_source_field_written_is_in_the_source_schema():
+    """JsonConverter reads a struct by its schema: a field of the payload that the schema lacks
+    would be dropped, one the payload lacks would fail a required field."""
+    for connector, table, columns, row in (("postgresql", PG, PG_COLUMNS, PG_ROW), ("mysql", MY, MY_COLUMNS, MY_ROW),
+                                           ("generator", PG, PG_COLUMNS, PG_ROW)):
+        [record] = _encoder(connector, table, columns).encode([_event(table, row)], now_ms=0)
+        value = orjson.loads(record.value)
+        schema = _fields(value["schema"])["source"]
+        assert [f["field"] for f in schema["fields"]] == list(value["payload"]["source"]), connector
+        assert schema["name"] == f"io.debezium.connector.{connector}.Source"
+
+
+def test_rows_naming_no_shape_take_the_newest_learned():
+    encoder = make_encoder("debezium-json", "postgresql", "src", "p")
+    encoder.learn([SchemaChange(PG, (Column("id", "integer", True, False), Column("a", "text")), 1, 0)])
+    event = ChangeEvent(Op.CREATE, PG, {"id": 1}, None, {"id": 1, "a": "x", "d": "2024-01-01"}, 5, 0)
+    encoder.encode([event], now_ms=0)
+    encoder.learn([SchemaChange(PG, (Column("id", "integer", True, False), Column("a", "text"),
+                                     Column("d", "date")), 2, 0)])
+    [record] = encoder.encode([event], now_ms=0)
+    assert orjson.loads(record.value)["payload"]["after"]["d"] == 19723
