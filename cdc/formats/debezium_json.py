@@ -216,7 +216,8 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         transaction = None
         if tx is not None:
             fields = event.source_fields or {}
-            tx_id = f"{fields['txId']}:{fields['lsn']}" if fields.get("txId") is not None else tx.id
+            tx_number, lsn = fields.get("txId"), fields.get("lsn")
+            tx_id = f"{tx_number}:{lsn}" if tx_number is not None and lsn is not None else tx.id
             transaction = {"id": tx_id, "total_order": tx.total_order,
                            "data_collection_order": tx.data_collection_order}
         return {"before": fmt.row(event.before, fill=event.op is Op.DELETE), "after": fmt.row(event.after),

@@ -330,3 +330,17 @@ def test_rows_naming_no_shape_take_the_newest_learned():
                                      Column("d", "date")), 2, 0)])
     [record] = encoder.encode([event], now_ms=0)
     assert orjson.loads(record.value)["payload"]["after"]["d"] == 19723
+
+
+def test_the_generator_runs_in_debezium_json():
+    """Its events carry a transaction and a txId but no LSN: the id stays the source's own."""
+    from sources.generator import GeneratorConfig, GeneratorSource
+
+    source = GeneratorSource(GeneratorConfig(name="gen", type="generator", table="orders", events=5), None)
+    source.start()
+    batch = source.poll(1.0)
+    source.stop()
+    records = make_encoder("debezium-json", "generator", "gen", "p").encode(batch.events, now_ms=0)
+    events = [decode_record(_record(r, i)) for i, r in enumerate(records)]
+    assert events and all(e.op is not None for e in events)
+    assert orjson.loads(records[0].value)["payload"]["transaction"]["id"] == batch.events[0].transaction.id
