@@ -12,7 +12,7 @@ Relative paths (every ``ConfigPath`` field: the embedded log's ``path``, the Pos
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo,
                       field_validator, model_validator)
@@ -71,6 +71,23 @@ class EmbeddedLogConfig(_Section):
 
 
 
+class DebeziumFormatConfig(_Section):
+    """Debezium's type-mode options for ``format: debezium-json`` (Debezium's defaults)."""
+
+    decimal_handling_mode: Literal["precise", "string", "double"] = Field(
+        default="precise", description="numeric/decimal as Connect Decimal bytes, as a string, or as a double")
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] | None = Field(
+        default=None, description="temporal encodings; unset: each connector's default (PostgreSQL adaptive, "
+                                  "MySQL adaptive_time_microseconds)")
+    binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = Field(
+        default="bytes", description="binary columns as Connect bytes or as strings in this encoding")
+
+    def options(self):
+        from cdc.formats.connect_types import DebeziumOptions
+
+        return DebeziumOptions(self.decimal_handling_mode, self.time_precision_mode, self.binary_handling_mode)
+
+
 class LogConfig(_Section):
     """Exactly one of ``kafka`` or ``embedded``; neither means the embedded log with its defaults."""
 
@@ -78,6 +95,11 @@ class LogConfig(_Section):
 
     kafka: KafkaLogConfig | None = None
     embedded: EmbeddedLogConfig | None = None
+    format: Literal["json", "debezium-json"] = Field(
+        default="json", description="how sources write records: json (schemaless, readable) or debezium-json "
+                                    "(Kafka Connect JSON with schemas and Debezium's encodings); sinks read both")
+    debezium: DebeziumFormatConfig = Field(default_factory=DebeziumFormatConfig,
+                                           description="type modes of the debezium-json format")
 
     @model_validator(mode="before")
     @classmethod

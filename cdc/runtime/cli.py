@@ -227,13 +227,19 @@ def _consumer_lag(log_, group: str, topics: list[str]) -> int:
 
 
 def format_record(record) -> str:
-    from cdc.serde import decode
+    """One record, in either format (a debezium-json record shown as its json envelope)."""
+    from cdc.sink_events import decode_key, decode_value
 
     key = record.key.decode(errors="replace") if record.key is not None else "null"
+    if key.startswith('{"schema"'):  # a Connect JSON key: its payload
+        try:
+            key = json.dumps(decode_key(record.key), ensure_ascii=False, separators=(",", ":"))
+        except (ValueError, KeyError, TypeError):
+            pass
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     if record.value is None:
         return f"{where} {key} <tombstone>"
-    value = decode(record.value)
+    value = decode_value(record.value)
     if not isinstance(value, dict) or "op" not in value:
         return f"{where} {key} {json.dumps(value)}"
     source = value.get("source") or {}

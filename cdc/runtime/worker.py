@@ -42,6 +42,11 @@ def build_runner(config, name: str, report=None):
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
         if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
+            if config.log.format != "json":  # ...so the runtime's decoding (cdc/formats/) is not in its path
+                from cdc.errors import ConfigError
+
+                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and understands the json "
+                                  f"format only; log.format is {config.log.format}")
             return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
@@ -50,7 +55,8 @@ def build_runner(config, name: str, report=None):
     settings = config.log.topic_settings()
     offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
     source = plugin(source_config, offsets.load(name))
-    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report)
+    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report,
+                        log_format=config.log.format, format_options=config.log.debezium.options())
 
 
 class SelfRunningSink:
