@@ -38,10 +38,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bootstrap.set_defaults(handler=cmd_bootstrap)
 
     rebuild = subparsers.add_parser(
-        "rebuild", help="build a sink's store again into a new generation, then switch readers to it")
+        "rebuild", help="build a sink's store again into a new generation, then switch readers to it "
+                        "(through the daemon when it runs the sink)")
     rebuild.add_argument("file")
     rebuild.add_argument("sink")
     rebuild.set_defaults(handler=cmd_rebuild)
+
+    for action, text in (("restart", "stop one connector of the running daemon (it drains) and start it again"),
+                         ("pause", "stop one connector of the running daemon (it drains) until `cdc resume`"),
+                         ("resume", "start a paused connector of the running daemon again")):
+        command = subparsers.add_parser(action, help=text)
+        command.add_argument("file")
+        command.add_argument("name", help="the source or sink, as named in the file")
+        command.set_defaults(handler=cmd_control, action=action)
 
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
     tail.add_argument("file")
@@ -76,8 +85,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     level = logging.getLogger().level
     kinds = {s.name: "sink" for s in config.sinks}
     unhealthy_after = {c.name: c.unhealthy_after for c in [*config.sources, *config.sinks]}
+    retry_failed = {c.name: c.retry_failed for c in [*config.sources, *config.sinks]}
     return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds,
-                      unhealthy_after=unhealthy_after).run()
+                      unhealthy_after=unhealthy_after, retry_failed=retry_failed, token=config.token()).run()
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """``cdc restart|pause|resume FILE NAME``: the daemon does it; the others keep running."""
+    from cdc.config import load_config
+    from cdc.runtime.control import post_command
+
+    answer = post_command(load_config(args.file), args.name, args.action)
+    print(answer.get("message", answer), file=sys.stderr)
+    return 0
 
 
 def _daemon_status(http: str | None) -> list[dict] | None:
@@ -341,12 +361,41 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rebuild_through_daemon(config, name: str, row: dict) -> int:
+    """The daemon stops the sink (it drains), rebuilds its store, and streams again; this waits
+    for the rebuild to finish and says so."""
+    import time
+
+    from cdc.runtime.control import post_command
+
+    before = row.get("rebuilt_at")
+    print(post_command(config, name, "rebuild").get("message"), file=sys.stderr)
+    stop = _interruptible()
+    shown = 0.0
+    while not stop.wait(0.5):
+        now = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(name)
+        if now is None:
+            raise LogUnavailableError(f"the daemon at {config.http} stopped answering during the rebuild")
+        if now.get("rebuilt_at") not in (None, before):
+            print(f"rebuilt {name} in the daemon; it streams again", file=sys.stderr)
+            return 0
+        if now.get("phase") == "failed":
+            raise ConfigError(f"the rebuild of {name} failed in the daemon: {now.get('last_error')}")
+        if time.monotonic() - shown > 5:
+            print(f"{name}: {now.get('phase')}, {now.get('events') or 0:,} events written", file=sys.stderr)
+            shown = time.monotonic()
+    print(f"stopped waiting; the daemon goes on rebuilding {name}", file=sys.stderr)
+    return 130
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.sink_runner import ProgressBar
 
     config = load_config(args.file)
-    _refuse_if_daemon_runs(config, args.sink)
+    row = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(args.sink)
+    if row is not None and row.get("phase") not in ("stopped", "finished"):
+        return _rebuild_through_daemon(config, args.sink, row)
     runner = _sink_runner(config, args.sink, progress=ProgressBar(f"rebuild {args.sink}"))
     runner.rebuild(_interruptible())
     print(f"rebuilt {args.sink}: readers now see generation {runner.sink.current_generation()}", file=sys.stderr)

@@ -3,7 +3,8 @@
 ``/healthz`` answers 200 while every connector is healthy, 503 (naming the unhealthy ones) once
 one has failed permanently or made no progress for its ``unhealthy_after`` seconds (blocked, or
 retrying: see ``cdc.runtime.supervisor``), so an orchestrator restarts or alerts. Metric names follow Prometheus conventions; every series is
-labelled with the connector's name (and kind).
+labelled with the connector's name (and kind). ``POST /connectors/<name>/<action>`` (restart,
+pause, resume, rebuild) commands the supervisor, guarded as ``cdc.runtime.control`` says.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def render_metrics(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def serve(supervisor, address: str) -> ThreadingHTTPServer:
+def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPServer:
     """Start the server on ``host:port`` in a daemon thread; the caller shuts it down.
 
     An address that cannot be served (the port is taken, the host is not this machine's) is a
@@ -91,6 +92,20 @@ def serve(supervisor, address: str) -> ThreadingHTTPServer:
                 self._send(200, json.dumps(supervisor.snapshot(), indent=2) + "\n", "application/json")
             else:
                 self._send(404, "not found: try /healthz, /metrics or /status\n", "text/plain")
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            from cdc.runtime import control
+
+            command = control.parse_command_path(self.path.split("?", 1)[0])
+            if command is None:
+                self._send(404, "not found: POST /connectors/<name>/<action>\n", "text/plain")
+                return
+            refused = control.authorize(host, token, self.headers.get("Authorization"))
+            if refused is not None:
+                self._send(*refused, "text/plain")
+                return
+            code, message = supervisor.control(command[1], command[0])
+            self._send(code, json.dumps({"message": message}) + "\n", "application/json")
 
         def log_message(self, *args: object) -> None:  # quiet: scrapes every few seconds
             pass

@@ -19,8 +19,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 # Phases, for status and metrics. "retrying": waiting to try again after a retriable error (a
-# sink's write, a restart of the worker); "rebuilding": a sink writing a new generation.
-PHASES = ("starting", "snapshot", "streaming", "rebuilding", "retrying", "finished", "stopped", "failed")
+# sink's write, a restart of the worker); "rebuilding": a sink writing a new generation;
+# "paused": stopped on request (``cdc pause``) until ``cdc resume``.
+PHASES = ("starting", "snapshot", "streaming", "rebuilding", "retrying", "paused", "finished", "stopped",
+          "failed")
 DONE_PHASES = frozenset({"finished", "stopped", "failed"})
 
 

@@ -20,7 +20,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, PermanentError
 
 EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
 DRAIN_TIMEOUT = 10.0  # seconds a connector gets to drain on SIGTERM (the supervisor passes its own)
@@ -80,9 +80,10 @@ class SelfRunningSink:
 
 
 def run_connector(config_path: str, name: str, stop: threading.Event, report=None,
-                  on_stats=None) -> int:
+                  on_stats=None, mode: str = "run") -> int:
     """Run one connector to completion in this process; returns the worker exit code.
-    ``on_stats(stats)`` is told the runner's stats once it exists (for ``worker_main``)."""
+    ``on_stats(stats)`` is told the runner's stats once it exists (for ``worker_main``).
+    ``mode="rebuild"``: a sink rebuilds its store into a new generation first, then streams."""
     from cdc.config import load_config
     from cdc.runtime.stats import ConnectorStats
 
@@ -92,6 +93,12 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
         stats = runner.stats
         if on_stats is not None:
             on_stats(stats)
+        if mode == "rebuild":
+            rebuild = getattr(runner, "rebuild", None)
+            if rebuild is None:
+                raise PermanentError(f"{name} cannot rebuild: only a sink the daemon drives has generations")
+            rebuild(stop)
+            report and report(stats)  # phase "streaming": the supervisor sees the rebuild done
         runner.run(stop)
         return EXIT_OK
     except CdcError as err:
@@ -112,7 +119,7 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
 
 
 def worker_main(config_path: str, name: str, conn: Connection, level: int,
-                drain_timeout: float = DRAIN_TIMEOUT) -> None:
+                drain_timeout: float = DRAIN_TIMEOUT, mode: str = "run") -> None:
     """The process's main thread only waits for a signal; the connector runs on another thread.
 
     A signal handler runs only between bytecodes of the main thread, and a thread blocked in a
@@ -140,7 +147,7 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
     seen: list = []
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(run_connector(config_path, name, stop, report,
-                                                                        seen.append)),
+                                                                        seen.append, mode)),
                               name=f"cdc-{name}", daemon=True)
     thread.start()
     while thread.is_alive() and not stop.is_set():
