@@ -192,3 +192,34 @@ def test_a_sink_failed_by_a_missing_database_comes_back_by_policy(tmp_path, pg_a
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def test_rebuild_goes_through_the_running_daemon(tmp_path):
+    """`cdc rebuild` while the daemon runs the sink: the daemon drains it, rebuilds its store into
+    a new generation and streams again; the source never stops."""
+    import sqlite3
+
+    port = free_port()
+    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n"
+                      "sources:\n  - {name: gen, type: generator, keys: 50, rate: 200}\n"
+                      f"sinks:\n  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', topics: ['{prefix}.*']}}\n"
+                      f"http: \"127.0.0.1:{port}\"\n")
+    process = _start(config)
+    try:
+        first = _wait("the sink writes", lambda: (rows := _rows(port)) and (rows.get("warehouse") or {}).get("events")
+                      and _position(rows["gen"]) > 0 and rows, process)
+        result = _cdc("rebuild", str(config), "warehouse", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "rebuilt warehouse in the daemon" in result.stderr
+        rows = _rows(port)
+        assert rows["warehouse"]["rebuilt_at"] is not None and rows["warehouse"]["phase"] == "streaming"
+        assert rows["gen"]["pid"] == first["gen"]["pid"] and _position(rows["gen"]) > _position(first["gen"])
+        with sqlite3.connect(tmp_path / "target.db") as db:
+            states = dict(db.execute("SELECT generation, state FROM cdc_sink_generations").fetchall())
+            assert states == {2: "current"}, states  # generation 1 was rebuilt into 2, then dropped
+            assert db.execute("SELECT count(*) FROM items").fetchone()[0] > 0
+    finally:
+        output = _stop(process)
+    assert "rebuild requested" in output
