@@ -80,6 +80,8 @@ class MySqlSource(Source):
         self._pending_changes: tuple = ()  # schema records for the next batch
         self._snapshot_end: SnapshotEnd | None = None
         self.acknowledged: Position | None = position
+        self._idle = False  # the stream's last poll brought nothing (lag: see _caught_up)
+        self._server_at: tuple[str, int] | None = None  # SHOW MASTER STATUS at the previous look
 
     def _extra(self) -> dict:
         return {"connector": self.cfg.name, "phase": self._phase}
@@ -94,9 +96,29 @@ class MySqlSource(Source):
         return self._finished
 
     def lag(self) -> float | None:
+        """0 when caught up with the server (see ``_caught_up``); else now minus the commit time
+        of the newest change handled. Called on the thread that polls, about once a second."""
+        if self._caught_up():
+            return 0.0
         if self.stream is None or self.stream.last_commit_ms is None:
             return None
         return max(0.0, time.time() - self.stream.last_commit_ms / 1000)
+
+    def _caught_up(self) -> bool:
+        """The stream's last poll brought nothing and it has read the binlog up to where the
+        server's was at the previous look (SHOW MASTER STATUS, a second ago): an idle source is
+        not behind, however old its newest commit."""
+        if self.stream is None or self.snapshot is not None or not self._idle:
+            self._server_at = None
+            return False
+        before = self._server_at
+        try:
+            self.conn.ping(reconnect=True)  # the control connection may have idled past wait_timeout
+        except Exception as err:  # noqa: BLE001 - classified by wrap
+            raise wrap(err, "reconnecting to read the binlog position") from err
+        self._server_at = current_position(self.conn)
+        read_to = self.stream.read_to
+        return before is not None and read_to is not None and _binlog_key(read_to) >= _binlog_key(before)
 
     def _captured(self, db: str, table: str) -> bool:
         return matches(db, table, self.cfg.tables)
@@ -277,7 +299,9 @@ class MySqlSource(Source):
         if self._pending_changes:
             return self._with_changes(Batch([]))
         try:
-            return self.stream.poll(self.cfg.max_batch_events, timeout)
+            batch = self.stream.poll(self.cfg.max_batch_events, timeout)
+            self._idle = batch is None
+            return batch
         except CdcError:
             if self._stopping.is_set():
                 return None
@@ -302,3 +326,9 @@ class MySqlSource(Source):
                 self.conn.close()
             except Exception:  # noqa: BLE001 - closing on the way out
                 pass
+
+
+def _binlog_key(at: tuple[str, int]) -> tuple[int, int]:
+    """(binlog file, position) in the server's order: the file's numeric suffix, then the position."""
+    file, pos = at
+    return int(file.rsplit(".", 1)[-1]), pos

@@ -68,6 +68,7 @@ class BinlogStream:
         self.tx_gtid: tuple[int, int, int] | None = None
         self.carry: tuple[list, list, MySqlPosition | None] | None = None
         self.last_commit_ms: int | None = None
+        self.read_to: tuple[str, int] | None = None  # (file, end position) of the last event read
         self._warned_statements = False
 
     def close(self) -> None:
@@ -112,6 +113,8 @@ class BinlogStream:
                     checkpoint = commit
             if monotonic() >= deadline and (events or changes or checkpoint is not None):
                 break
+        if event.packet.log_pos:  # how far the server has sent its binlog (a heartbeat says it too)
+            self.read_to = (self.file, event.packet.log_pos)
         if events or changes or checkpoint is not None:
             return Batch(events, checkpoint, tuple(changes))
         return None

@@ -106,6 +106,8 @@ class PostgresSource(Source):
         self._snapshot_end: SnapshotEnd | None = None
         self.slot_name = config.slot  # the default needs the database's name: settled in start()
         self.wal_watch: RetainedWal | None = None
+        self._idle = False  # the stream's last read brought nothing (lag: see _caught_up)
+        self._server_lsn: int | None = None  # pg_current_wal_lsn() at the previous look
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -117,9 +119,35 @@ class PostgresSource(Source):
         return self._finished
 
     def lag(self) -> float | None:
+        """0 when caught up with the server (see ``_caught_up``); else now minus the commit time
+        of the newest change handled. Called on the thread that polls, about once a second."""
+        if self._caught_up():
+            return 0.0
         if self.last_commit_ms is None:
             return None
         return max(0.0, time.time() - self.last_commit_ms / 1000)
+
+    def _caught_up(self) -> bool:
+        """Nothing waits here, the stream read nothing last time, and the server has sent us its
+        WAL up to where it was at the previous look (``pg_current_wal_lsn()``, a second ago): an
+        idle source is not behind, however old its newest commit. A large write to a table not
+        captured keeps the server ahead of what it sent, so that is lag, rightly."""
+        if self.stream is None or self._phase != "streaming":
+            return False
+        idle = self._idle and not self.inbox and self.replay is None and not self.buffers
+        if not idle:
+            self._server_lsn = None
+            return False
+        before = self._server_lsn
+        try:
+            with answer_within(self.conn, self.cfg.server_timeout, "reading the server's WAL position"):
+                with self.conn.cursor() as cur:
+                    cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+                    self._server_lsn = int(cur.fetchone()[0])
+                self.conn.commit()
+        except psycopg2.Error as err:
+            raise wrap(err, "reading the server's WAL position") from err
+        return before is not None and self.stream.wal_end >= before
 
     def start(self) -> None:
         cfg = self.cfg
@@ -393,6 +421,7 @@ class PostgresSource(Source):
         inbox = self.inbox
         if not inbox:
             inbox.extend(self.stream.read(self.cfg.max_batch_events, timeout))
+            self._idle = not inbox
             if not inbox:
                 if time.monotonic() - self.last_activity >= self.cfg.heartbeat_interval:
                     self._heartbeat()

