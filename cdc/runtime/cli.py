@@ -22,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag; "
                                                   "per replication slot: retained WAL, owner")
-    status.add_argument("file")
+    status.add_argument("file", help="the config file")
+    status.add_argument("names", nargs="*", metavar="NAME",
+                        help="only these connectors (the others' settings are not even read)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=cmd_status)
 
@@ -77,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.supervisor import Supervisor
 
-    config = load_config(args.file)
+    config = load_config(args.file, only=args.only)
     names = _connector_names(config, args.only)
     if not names:
         print("nothing to run: the file declares no sources or sinks", file=sys.stderr)
@@ -95,7 +97,7 @@ def cmd_control(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.control import post_command
 
-    answer = post_command(load_config(args.file), args.name, args.action)
+    answer = post_command(load_config(args.file, only=[args.name]), args.name, args.action)
     print(answer.get("message", answer), file=sys.stderr)
     return 0
 
@@ -123,7 +125,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from cdc.runtime.slots_cli import slot_line, slot_rows
 
-    config = load_config(args.file)
+    config = load_config(args.file, only=args.names or None)
+    _check_names(config, args.names)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
     slots, unreachable = slot_rows(config)  # from the servers themselves: shown even without the log
     for problem in unreachable:
@@ -154,14 +157,53 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_names(config, names: list[str] | None) -> None:
+    declared = {c.name for c in [*config.sources, *config.sinks]}
+    unknown = sorted(set(names or ()) - declared)
+    if unknown:
+        raise ConfigError(f"the file declares no connector named {', '.join(unknown)}")
+
+
+HEALTH = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
+
+
+def _daemon_rows(config, live: dict[str, dict]) -> list[dict] | None:
+    """The rows from the daemon's own figures alone (no log, no server asked: fast); None unless
+    the daemon runs every connector shown and the sinks' stores need no describing."""
+    from cdc.api import DescribedSink
+    from cdc.plugins import sink_plugin
+
+    connectors = [*config.sources, *config.sinks]
+    if not connectors or any(c.name not in live for c in connectors):
+        return None
+    if any(issubclass(sink_plugin(s.type), DescribedSink) for s in config.sinks):
+        return None
+    rows = []
+    for source in config.sources:
+        row = live[source.name]
+        rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
+                     "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
+                     "events": row.get("events"), **{k: row.get(k) for k in HEALTH}})
+    for sink in config.sinks:
+        row = live[sink.name]
+        rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
+                     "consumer_lag": row.get("consumer_lag"), "lag_seconds": row.get("lag_seconds"),
+                     "topics": row.get("topics"), "stores": None, "details": row.get("details") or {},
+                     **{k: row.get(k) for k in HEALTH}})
+    return rows
+
+
 def _status_rows(config, live: dict[str, dict]) -> list[dict]:
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
 
+    rows = _daemon_rows(config, live)
+    if rows is not None:
+        return rows
     log_ = open_log(config.log)
     if hasattr(log_, "timeout"):
         log_.timeout = min(log_.timeout, STATUS_LOG_TIMEOUT)  # a look, not a job: fail fast
-    health = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
+    health = HEALTH
     try:
         stored = OffsetStore(log_, config.log.topic_prefix).load_all()
         rows = []
@@ -196,6 +238,8 @@ def _status_line(row: dict) -> str:
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
+        if row.get("lag_seconds") is not None:
+            line += f" lag={row['lag_seconds']:.1f}s"
         line += "".join(f" {name}={value}" for name, value in (row.get("details") or {}).items())
     if row.get("healthy") is False:
         line += f" UNHEALTHY (no progress for {row.get('seconds_since_progress') or 0:.0f}s)"
@@ -392,7 +436,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.sink_runner import ProgressBar
 
-    config = load_config(args.file)
+    config = load_config(args.file, only=[args.sink])
     row = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(args.sink)
     if row is not None and row.get("phase") not in ("stopped", "finished"):
         return _rebuild_through_daemon(config, args.sink, row)

@@ -42,8 +42,16 @@ def render_metrics(rows: list[dict]) -> str:
            [(l, r["errors"]) for l, r in ids])
     family("cdc_restarts_total", "counter", "Worker restarts after retriable errors.",
            [(l, r["restarts"]) for l, r in ids])
-    family("cdc_lag_seconds", "gauge", "Now minus the commit time of the newest change handled.",
+    family("cdc_lag_seconds", "gauge", "Sources: 0 when caught up with the server, else now minus the commit "
+                                       "time of the newest change handled; sinks: the largest topic lag.",
            [(l, r["lag_seconds"]) for l, r in ids if r["lag_seconds"] is not None])
+    family("cdc_sink_lag_records", "gauge", "Records of the topic the sink has not written yet.",
+           [({"connector": r["name"], "topic": t}, f["records"]) for r in rows
+            for t, f in (r.get("topics") or {}).items()])
+    family("cdc_sink_lag_seconds", "gauge", "Age of the oldest record of the topic the sink has not written "
+                                            "yet (0: caught up).",
+           [({"connector": r["name"], "topic": t}, f["seconds"]) for r in rows
+            for t, f in (r.get("topics") or {}).items()])
     family("cdc_retained_wal_bytes", "gauge", "WAL the source's replication slot keeps on the server.",
            [({"connector": r["name"]}, r["retained_wal_bytes"]) for r in rows
             if r.get("retained_wal_bytes") is not None])

@@ -72,6 +72,8 @@ class SourceRunner:
         self.offset_interval = offset_interval
         self.poll_timeout = poll_timeout
         self.stored: Position | None = source.start_position
+        if self.stored is not None:  # shown from the start, not only after the first store
+            self.stats.position = str(self.stored)
         self._schema_topic: set[str] = set()
         self.stale = StaleRows(log_, self.encoder.topic)
 

@@ -60,6 +60,7 @@ class SinkRunner:
         self.progress = progress
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
+        self._batch_bytes = 0  # bytes of record values of the batch read last (cdc_bytes_total)
         self.schemas = SchemaBook(log_, topic_prefix)
         self._dlq_writer = None
         self._stop: threading.Event | None = None
@@ -196,6 +197,7 @@ class SinkRunner:
         records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
         events: list[SinkEvent] = []
         ends: dict[TopicPartition, int] = {}
+        self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
         for record in records:
             ends[(record.topic, record.partition)] = record.offset + 1
             try:
@@ -218,6 +220,7 @@ class SinkRunner:
             reader.commit(ends)
             self.positions.update(ends)
             self.stats.events += len(events)
+            self.stats.bytes += self._batch_bytes
         self.stats.progressed()  # written and committed, or caught up
         return len(events) + len(ends)
 
@@ -294,6 +297,7 @@ class SinkRunner:
                 self._write_in_shape(events)
             self.positions.update(ends)
             self.stats.events += len(events)
+            self.stats.bytes += self._batch_bytes
             self.stats.progressed()
             if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
                 self.report(self.stats)

@@ -104,14 +104,20 @@ class Supervisor:
             if name in self.workers:
                 self.workers[name].retry_failed = policy
         self.commands: queue.Queue = queue.Queue()
+        from cdc.runtime.sink_lag import SinkLagMonitor
+
+        sinks = [n for n in names if kinds.get(n) == "sink"]
+        self.sink_lag = SinkLagMonitor(config_path, sinks) if sinks else None
         self.stopping = threading.Event()
         self._ctx = multiprocessing.get_context("spawn")
 
     # -- the view the HTTP server reads --------------------------------------------------------
     def snapshot(self) -> list[dict]:
         now = time.time()
+        lag = self.sink_lag.figures() if self.sink_lag is not None else {}
         with self.lock:
-            return [{**w.stats.snapshot(), "healthy": not w.unhealthy(now),
+            return [{**w.stats.snapshot(), **_sink_lag_fields(lag.get(w.name), w.stats.kind),
+                     "healthy": not w.unhealthy(now),
                      "seconds_since_progress": round(now - w.last_progress, 1),
                      "unhealthy_after": w.unhealthy_after,
                      "pid": w.process.pid if w.process is not None else None,
@@ -301,6 +307,8 @@ class Supervisor:
             from cdc.runtime.http import serve
 
             server = serve(self, self.http, self.token)
+        if self.sink_lag is not None:
+            self.sink_lag.start()
         try:
             for worker in self.workers.values():
                 self._start(worker)
@@ -317,6 +325,8 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.sink_lag is not None:
+                self.sink_lag.stop()
             if server is not None:
                 server.shutdown()
                 server.server_close()
@@ -335,3 +345,13 @@ class Supervisor:
                 worker.process.kill()
                 worker.process.join()
             self._reap(worker)
+
+
+def _sink_lag_fields(topics: dict | None, kind: str) -> dict:
+    """A sink's row: its lag per topic (records, seconds) and in total, as last measured."""
+    if kind != "sink":
+        return {}
+    if topics is None:
+        return {"consumer_lag": None, "topics": None}
+    return {"consumer_lag": sum(t["records"] for t in topics.values()), "topics": topics,
+            "lag_seconds": max((t["seconds"] for t in topics.values()), default=0.0)}

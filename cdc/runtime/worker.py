@@ -89,7 +89,7 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
 
     stats = ConnectorStats(name, "source")  # the supervisor knows the real kind
     try:
-        runner = build_runner(load_config(config_path), name, report)
+        runner = build_runner(load_config(config_path, only=[name]), name, report)
         stats = runner.stats
         if on_stats is not None:
             on_stats(stats)

@@ -73,3 +73,55 @@ def test_an_idle_caught_up_mysql_source_has_lag_zero(tmp_path, mysql_url, mysql_
                                     write, "the MySQL source")
     finally:
         conn.close()
+
+
+def test_a_paused_sink_shows_its_lag_per_topic_and_status_comes_from_the_daemon(tmp_path, monkeypatch, capsys):
+    import json
+    import subprocess
+    import sys
+
+    port = free_port()
+    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}.public.items"
+    config = tmp_path / "cdc.yaml"
+    # `other` needs a variable nobody set: the daemon runs the rest (--only), and `cdc status` of
+    # the connectors it shows never reads other's settings.
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n"
+                      "sources:\n  - {name: gen, type: generator, keys: 50, events: 1500, rate: 150}\n"
+                      "sinks:\n"
+                      f"  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', topics: ['{prefix}.*']}}\n"
+                      "  - {name: other, type: sql, url: '${CDC_TEST_NEVER_SET}', topics: ['x']}\n"
+                      f"http: \"127.0.0.1:{port}\"\n")
+    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config), "--only", "gen", "warehouse"],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait("the sink writes", lambda: (_rows(port).get("warehouse") or {}).get("events", 0) > 0, process)
+        assert _metric(port, "cdc_bytes_total", connector="warehouse") > 0
+        assert _cdc("pause", str(config), "warehouse", cwd=tmp_path).returncode == 0
+        _wait("the paused sink's lag shows in records and seconds",
+              lambda: (_metric(port, "cdc_sink_lag_records", connector="warehouse", topic=topic) or 0) > 0
+              and (_metric(port, "cdc_sink_lag_seconds", connector="warehouse", topic=topic) or 0) > 0, process)
+
+        # `cdc status` answers from the daemon: it does not even open the log.
+        import cdc.log.open
+        from cdc.cli import main
+
+        def no_log(*_):
+            raise AssertionError("cdc status opened the log although the daemon answered")
+
+        monkeypatch.setattr(cdc.log.open, "open_log", no_log)
+        capsys.readouterr()
+        assert main(["status", str(config), "gen", "warehouse", "--json"]) == 0
+        rows = {row["name"]: row for row in json.loads(capsys.readouterr().out) if "name" in row}
+        assert set(rows) == {"gen", "warehouse"}
+        assert rows["warehouse"]["phase"] == "paused" and rows["warehouse"]["consumer_lag"] > 0
+        assert rows["warehouse"]["topics"][topic]["seconds"] > 0
+        monkeypatch.undo()
+
+        assert _cdc("resume", str(config), "warehouse", cwd=tmp_path).returncode == 0
+        _wait("the sink catches up once the source is done: lag 0 in records and seconds",
+              lambda: (_rows(port).get("gen") or {}).get("phase") == "finished"
+              and _metric(port, "cdc_sink_lag_records", connector="warehouse", topic=topic) == 0
+              and _metric(port, "cdc_sink_lag_seconds", connector="warehouse", topic=topic) == 0, process)
+    finally:
+        _stop(process)
