@@ -226,6 +226,11 @@ class Source(ABC):
         """Bytes of log the server keeps for this source (a PostgreSQL slot's retained WAL); None: unknown."""
         return None
 
+    def snapshot_chunks(self) -> tuple[int, int] | None:
+        """(chunks done, chunks in all) of the snapshot under way; None when none is. The runtime
+        adds the rows and an ETA for status and metrics."""
+        return None
+
     @property
     def finished(self) -> bool:
         """True when the source has nothing more to emit, ever (``initial_only`` after its snapshot)."""

@@ -183,7 +183,8 @@ def _daemon_rows(config, live: dict[str, dict]) -> list[dict] | None:
         row = live[source.name]
         rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
                      "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
-                     "events": row.get("events"), **{k: row.get(k) for k in HEALTH}})
+                     "events": row.get("events"), "snapshot_progress": row.get("snapshot_progress"),
+                     **{k: row.get(k) for k in HEALTH}})
     for sink in config.sinks:
         row = live[sink.name]
         rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
@@ -214,7 +215,7 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
                          "phase": row.get("phase", "not running"),
                          "position": row.get("position") or (str(position) if position else None),
                          "lag_seconds": row.get("lag_seconds"), "events": row.get("events"),
-                         **{k: row.get(k) for k in health}})
+                         "snapshot_progress": row.get("snapshot_progress"), **{k: row.get(k) for k in health}})
         topics = log_.topics()
         for sink in config.sinks:
             row = live.get(sink.name, {})
@@ -235,6 +236,11 @@ def _status_line(row: dict) -> str:
     if row["kind"] == "source":
         lag = f"{row['lag_seconds']:.1f}s" if row.get("lag_seconds") is not None else "-"
         line = f"source {row['name']:<20} {row['phase']:<12} position={row.get('position') or '-'} lag={lag}"
+        snapshot = row.get("snapshot_progress")
+        if snapshot:
+            eta = snapshot.get("eta_seconds")
+            line += (f" snapshot rows={snapshot['rows']:,} chunks={snapshot['chunks_done']}/{snapshot['chunks_total']}"
+                     f" eta={'-' if eta is None else f'{eta:.0f}s'}")
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"

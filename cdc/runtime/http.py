@@ -55,6 +55,15 @@ def render_metrics(rows: list[dict]) -> str:
     family("cdc_retained_wal_bytes", "gauge", "WAL the source's replication slot keeps on the server.",
            [({"connector": r["name"]}, r["retained_wal_bytes"]) for r in rows
             if r.get("retained_wal_bytes") is not None])
+    snapshots = [(l, r["snapshot_progress"]) for l, r in ids if r.get("snapshot_progress")]
+    family("cdc_snapshot_rows", "gauge", "Rows the snapshot under way has published.",
+           [(l, s["rows"]) for l, s in snapshots])
+    family("cdc_snapshot_chunks_done", "gauge", "Chunks of the snapshot under way that are read.",
+           [(l, s["chunks_done"]) for l, s in snapshots])
+    family("cdc_snapshot_chunks_total", "gauge", "Chunks of the snapshot under way in all.",
+           [(l, s["chunks_total"]) for l, s in snapshots])
+    family("cdc_snapshot_eta_seconds", "gauge", "Estimated seconds until the snapshot under way is read.",
+           [(l, s["eta_seconds"]) for l, s in snapshots if s["eta_seconds"] is not None])
     family("cdc_phase", "gauge", "1 for the phase the connector is in, 0 for the others.",
            [({**l, "phase": p}, int(r["phase"] == p)) for l, r in ids for p in PHASES])
     family("cdc_healthy", "gauge", "1 while the connector is healthy (what /healthz checks), else 0.",

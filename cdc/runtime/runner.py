@@ -30,6 +30,7 @@ from cdc.offsets import OffsetStore
 from cdc.positions import Position
 from cdc.events import SnapshotMarker
 from cdc.runtime.resnapshot import StaleRows
+from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.schema_order import segments
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
@@ -76,6 +77,7 @@ class SourceRunner:
             self.stats.position = str(self.stored)
         self._schema_topic: set[str] = set()
         self.stale = StaleRows(log_, self.encoder.topic)
+        self.progress = SnapshotProgressMeter()
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -132,6 +134,7 @@ class SourceRunner:
                     snapshot_rows = bool(batch.events) and batch.events[0].snapshot is not SnapshotMarker.FALSE
                     if snapshot_rows:
                         self.stale.observe(batch.events)
+                        self.progress.rows += len(batch.events)
                     end = batch.snapshot_end
                     if end is not None or (snapshot_rows and self.stale.snapshot_ends(batch.events)):
                         if end is not None:
@@ -159,6 +162,7 @@ class SourceRunner:
                 if now - last_report >= 1.0:
                     stats.lag_seconds = source.lag()
                     stats.retained_wal_bytes = source.retained_log_bytes()
+                    stats.snapshot_progress = self.progress.figures(source.snapshot_chunks())
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

@@ -38,6 +38,7 @@ class ConnectorStats:
     position: str | None = None    # the last stored position, as text
     lag_seconds: float | None = None
     retained_wal_bytes: int | None = None  # WAL the source's slot holds back (PostgreSQL sources)
+    snapshot_progress: dict | None = None  # a snapshot under way: rows, chunks_done, chunks_total, eta_seconds
     last_error: str | None = None
     last_error_at: float | None = None  # Unix time of last_error
     attempts: int = 0              # consecutive failed attempts since the last progress

@@ -118,6 +118,10 @@ class PostgresSource(Source):
     def finished(self) -> bool:
         return self._finished
 
+    def snapshot_chunks(self) -> tuple[int, int] | None:
+        snapshot = self.snapshot
+        return None if snapshot is None else (snapshot.tasks_done, snapshot.tasks_total)
+
     def lag(self) -> float | None:
         """0 when caught up with the server (see ``_caught_up``); else now minus the commit time
         of the newest change handled. Called on the thread that polls, about once a second."""

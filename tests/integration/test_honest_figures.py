@@ -125,3 +125,37 @@ def test_a_paused_sink_shows_its_lag_per_topic_and_status_comes_from_the_daemon(
               and _metric(port, "cdc_sink_lag_seconds", connector="warehouse", topic=topic) == 0, process)
     finally:
         _stop(process)
+
+
+@pytest.mark.mysql
+def test_a_snapshot_shows_rows_chunks_and_an_eta(tmp_path, mysql_url, mysql_db):
+    conn = mysql_connect(mysql_url, mysql_db)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, name varchar(40))")
+        cur.execute("INSERT INTO items SELECT seq, concat('item ', seq) FROM seq_1_to_300000")
+    conn.close()
+    port = free_port()
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: t_{uuid.uuid4().hex[:8]}, fsync: false}}\n"
+                      f"sources:\n  - {{name: src, type: mysql, url: '{mysql_url}', server_id: "
+                      f"{random.randrange(10_000, 2**31)}, tables: ['{mysql_db}.*'], snapshot_chunk_rows: 2000}}\n"
+                      f"http: \"127.0.0.1:{port}\"\n")
+    process = _start(config)
+    try:
+        row = _wait("the snapshot reports its progress midway",
+                    lambda: (row := _rows(port).get("src")) and (s := row.get("snapshot_progress"))
+                    and 0 < s["chunks_done"] < s["chunks_total"] and row, process)
+        snapshot = row["snapshot_progress"]
+        total = snapshot["chunks_total"]
+        assert total >= 300_000 // 2000 and 0 < snapshot["rows"] <= 300_000  # chunks of 2000 rows at most
+        assert _metric(port, "cdc_snapshot_chunks_total", connector="src") == total
+        row = _wait("an ETA", lambda: (row := _rows(port).get("src")) and (s := row.get("snapshot_progress"))
+                    and s["eta_seconds"] is not None and row, process)
+        assert row["snapshot_progress"]["eta_seconds"] >= 0
+        status = _cdc("status", str(config), cwd=tmp_path)
+        assert "snapshot rows=" in status.stdout and f"/{total} eta=" in status.stdout, status.stdout
+        _wait("the snapshot ends and its progress goes away",
+              lambda: (row := _rows(port).get("src")) and row["phase"] == "streaming" and row["snapshot_progress"] is None,
+              process, limit=300)
+    finally:
+        _stop(process)
