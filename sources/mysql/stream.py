@@ -180,8 +180,10 @@ class BinlogStream:
                                                     event.timestamp * 1000)
             events = [self.builder.truncate(table, pos, event.timestamp * 1000) for table in truncated]
             self.map_cache.clear()  # a cached table map may now resolve differently
-            log.info("DDL at %s:%d: %s", self.file, pos, text[:300],
-                     extra={"connector": self.name, "phase": "streaming"})
+            # Only statements about captured tables are news here; the binlog carries every
+            # database's DDL, and the others' are noise at INFO.
+            log.log(logging.INFO if changes or events else logging.DEBUG, "DDL at %s:%d: %s", self.file, pos,
+                    text[:300], extra={"connector": self.name, "phase": "streaming"})
         elif head.startswith(_DML) and not self._warned_statements:
             self._warned_statements = True
             log.error("statement-based change at %s:%d is not captured (a session set binlog_format=STATEMENT?): "
