@@ -14,9 +14,10 @@ across the worker's restarts, so a connector that fails at every start stays unh
 worker waits to be restarted, and while its next process has not made progress yet, its phase is
 ``retrying`` with the last error, its time and the count of attempts.
 
-A permanent error stops that connector, and its ``retry_failed`` policy (``cdc.api.RetryFailed``)
-starts it again after a backoff, up to ``max_attempts`` times in a row (progress resets the count):
-a grant given, a database created or a lock freed heals it without a restart of the daemon. The
+A permanent error stops that connector, and when the error may heal (``CdcError.heals``) its
+``retry_failed`` policy (``cdc.api.RetryFailed``) starts it again after a backoff, up to
+``max_attempts`` times in a row (progress resets the count): a grant given, a database created or
+a lock freed heals it without a restart of the daemon. The
 phase stays ``failed`` (and /healthz 503) while it waits; ``next_attempt_at`` says when.
 
 Control (``control``, from the HTTP thread; ``cdc restart|pause|resume|rebuild``): a command is
@@ -43,7 +44,7 @@ from multiprocessing.connection import Connection
 
 from cdc.api import RetryFailed
 from cdc.runtime.stats import DONE_PHASES, ConnectorStats
-from cdc.runtime.worker import EXIT_OK, EXIT_RETRIABLE, worker_main
+from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class Supervisor:
         with self.lock:
             worker.stats.phase = "failed"
         policy = worker.retry_failed
-        if worker.failed_starts < policy.max_attempts:
+        if code != EXIT_FINAL and worker.failed_starts < policy.max_attempts:
             worker.failed_starts += 1
             delay = policy.delay(worker.failed_starts)
             worker.restart_at = time.monotonic() + delay

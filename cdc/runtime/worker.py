@@ -7,7 +7,10 @@ exit code tells the supervisor what to do next:
 
     0   finished, or stopped on request: do not restart
     75  failed with a retriable error: restart after a backoff
-    2   failed with a permanent error (the message is in the last report): do not restart
+    2   failed with a permanent error that may heal (the message is in the last report): restart
+        only as the connector's ``retry_failed`` policy says
+    3   failed with a permanent error that does not heal by itself (``CdcError.heals``), or a bug:
+        do not restart
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from multiprocessing.connection import Connection
 
 from cdc.errors import CdcError, PermanentError
 
-EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
+EXIT_OK, EXIT_PERMANENT, EXIT_FINAL, EXIT_RETRIABLE = 0, 2, 3, 75
 DRAIN_TIMEOUT = 10.0  # seconds a connector gets to drain on SIGTERM (the supervisor passes its own)
 
 log = logging.getLogger(__name__)
@@ -108,14 +111,14 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
                   extra={"connector": name, "phase": stats.phase})
         if report:
             report(stats)
-        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT
+        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT if err.heals else EXIT_FINAL
     except Exception as err:  # a bug or an unclassified library error: do not loop on it
         stats.failed_attempt(err)
         stats.phase = "failed"
         log.error("unexpected error:\n%s", traceback.format_exc(), extra={"connector": name, "phase": "failed"})
         if report:
             report(stats)
-        return EXIT_PERMANENT
+        return EXIT_FINAL
 
 
 def worker_main(config_path: str, name: str, conn: Connection, level: int,

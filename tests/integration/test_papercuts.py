@@ -34,3 +34,44 @@ def test_the_mysql_source_logs_ddl_of_captured_databases_only(tmp_path, mysql_ur
     ddl = [r.getMessage() for r in caplog.records if r.getMessage().startswith("DDL at")]
     assert any("ADD COLUMN extra" in m for m in ddl), ddl
     assert not any("noise" in m for m in ddl), ddl
+
+
+@pytest.mark.mysql
+def test_mysql_to_mysql_keeps_varchar_and_enum_and_grows_them_in_place(mysql_url, mysql_db):
+    from cdc.errors import SchemaChangeError
+    from tests.unit.test_sql_sink import TOPIC, Sinks, column_types, rows, schema_record, upsert
+
+    sinks = Sinks(f"{mysql_url}/{mysql_db}")
+    try:
+        sinks.records[TOPIC] = schema_record([("id", "int"), ("name", "varchar(40)"), ("size", "enum('S','M','it''s')"),
+                                              ("note", "text"), ("code", "varchar(5000)")])
+        sink = sinks()  # schema_policy: fail
+        sink.write([upsert(1, 10, name="Ann", size="it's", note="n", code="c")])
+        types = column_types(sink, "orders__g1", full=True)
+        assert types["name"] == "VARCHAR(40)" and types["size"] == "ENUM('S','M','IT''S')"
+        assert types["note"] == types["code"] == "LONGTEXT"  # text, and a varchar too long to keep
+        # Grown in the source: changed in place even under `fail`, nothing lost.
+        sinks.records[TOPIC] = schema_record([("id", "int"), ("name", "varchar(99)"), ("size", "enum('S','M','it''s','L')"),
+                                              ("note", "text"), ("code", "varchar(5000)")], version=2)
+        sink.write([upsert(2, 11, name="B" * 99, size="L", note="m", code="d")])
+        types = column_types(sink, "orders__g1", full=True)
+        assert types["name"] == "VARCHAR(99)" and types["size"] == "ENUM('S','M','IT''S','L')"
+        assert rows(sink, "id, name, size") == [(1, "Ann", "it's"), (2, "B" * 99, "L")]
+        # Shrunk: that loses values, so it is a decision for the policy (here: fail).
+        sinks.records[TOPIC] = schema_record([("id", "int"), ("name", "varchar(10)"), ("size", "enum('S','M','it''s','L')"),
+                                              ("note", "text"), ("code", "varchar(5000)")], version=3)
+        with pytest.raises(SchemaChangeError, match="name: varchar.99. -> varchar.10."):
+            sink.write([upsert(3, 12, name="C", size="S", note="o", code="e")])
+    finally:
+        sinks.stop()
+
+
+def test_grows_only_when_every_value_fits():
+    from sinks.sql.types import grows
+
+    assert grows("varchar(10)", "varchar(20)", "mysql") and not grows("varchar(20)", "varchar(10)", "mysql")
+    assert grows("enum('a','b')", "enum('a','b','c')", "mysql")
+    assert not grows("enum('a','b')", "enum('b','a')", "mysql")  # reordered: stored numbers change meaning
+    assert grows("enum('a','bbb')", "varchar(3)", "mysql") and not grows("enum('a','bbb')", "varchar(2)", "mysql")
+    assert grows("varchar(10)", "text", "mysql") and not grows("text", "varchar(10)", "mysql")
+    assert not grows("varchar(10)", "varchar(20)", "postgresql")  # no string length there to grow
