@@ -34,29 +34,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     bootstrap = subparsers.add_parser(
         "bootstrap", help="fill a sink's store from the compacted topics (offset 0), then follow them")
-    bootstrap.add_argument("file")
-    bootstrap.add_argument("sink")
+    bootstrap.add_argument("file", help="the config file")
+    bootstrap.add_argument("sink", help="the sink to fill, as named in the file")
     bootstrap.add_argument("--no-follow", action="store_true", help="exit once caught up with the topics' ends")
     bootstrap.set_defaults(handler=cmd_bootstrap)
 
     rebuild = subparsers.add_parser(
         "rebuild", help="build a sink's store again into a new generation, then switch readers to it "
                         "(through the daemon when it runs the sink)")
-    rebuild.add_argument("file")
-    rebuild.add_argument("sink")
+    rebuild.add_argument("file", help="the config file")
+    rebuild.add_argument("sink", help="the sink to rebuild, as named in the file")
     rebuild.set_defaults(handler=cmd_rebuild)
 
     for action, text in (("restart", "stop one connector of the running daemon (it drains) and start it again"),
                          ("pause", "stop one connector of the running daemon (it drains) until `cdc resume`"),
                          ("resume", "start a paused connector of the running daemon again")):
         command = subparsers.add_parser(action, help=text)
-        command.add_argument("file")
+        command.add_argument("file", help="the config file of the running daemon")
         command.add_argument("name", help="the source or sink, as named in the file")
         command.set_defaults(handler=cmd_control, action=action)
 
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
-    tail.add_argument("file")
-    tail.add_argument("topic")
+    tail.add_argument("file", help="the config file (for the log to read)")
+    tail.add_argument("topic", help="the topic, e.g. <prefix>.public.orders (cdc status lists what runs)")
     tail.add_argument("--from-beginning", action="store_true", help="start at offset 0, not at the end")
     tail.add_argument("--max", type=int, default=None, help="stop after this many records")
     tail.add_argument("--idle-exit", type=float, default=None,

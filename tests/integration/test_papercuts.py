@@ -75,3 +75,23 @@ def test_grows_only_when_every_value_fits():
     assert grows("enum('a','bbb')", "varchar(3)", "mysql") and not grows("enum('a','bbb')", "varchar(2)", "mysql")
     assert grows("varchar(10)", "text", "mysql") and not grows("text", "varchar(10)", "mysql")
     assert not grows("varchar(10)", "varchar(20)", "postgresql")  # no string length there to grow
+
+
+def test_tail_into_head_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "cdc.yaml"
+    config.write_text("log:\n  embedded: {path: ./data, topic_prefix: p}\n"
+                      "sources:\n  - {name: gen, type: generator, keys: 50, events: 3000}\nhttp: null\n")
+    run = subprocess.run([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path, capture_output=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    tail = subprocess.Popen([sys.executable, "-m", "cdc.cli", "tail", str(config), "p.public.items",
+                             "--from-beginning"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = tail.stdout.readline()  # what `head -1` reads; then it goes away
+    tail.stdout.close()
+    _, stderr = tail.communicate(timeout=60)
+    assert first.startswith(b"p.public.items[")
+    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr, stderr.decode()[-2000:]
+    assert tail.returncode == 0
