@@ -136,7 +136,8 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
     """
     from cdc import logs
 
-    logs.setup(level, connector=name)
+    seen: list = []  # the runner's stats, once it exists
+    logs.setup(level, connector=name, phase=lambda: seen[0].phase if seen else "starting")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -147,7 +148,6 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
         except (BrokenPipeError, OSError):
             stop.set()  # the supervisor is gone: drain and exit
 
-    seen: list = []
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(run_connector(config_path, name, stop, report,
                                                                         seen.append, mode)),

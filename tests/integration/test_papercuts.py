@@ -95,3 +95,30 @@ def test_tail_into_head_ends_quietly(tmp_path):
     assert first.startswith(b"p.public.items[")
     assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr, stderr.decode()[-2000:]
     assert tail.returncode == 0
+
+
+def test_a_sinks_log_lines_name_its_phase_and_no_negative_counts(tmp_path):
+    """A plugin's own records carry the worker's phase (not `[wh/-]`), and DuckDB's unknown
+    row count (-1) is not logged as `forgot -1 deletes`."""
+    import subprocess
+    import sys
+
+    from cdc.dev.services import free_port
+    from tests.integration.test_daemon_control import _rows, _stop, _wait
+
+    port = free_port()
+    config = tmp_path / "cdc.yaml"
+    # Small batches and a tiny delete memory: the sink prunes its remembered deletes at every write.
+    config.write_text("log:\n  embedded: {path: ./data, topic_prefix: p}\n"
+                      "sources:\n  - {name: gen, type: generator, keys: 50, events: 300, delete_every: 5}\n"
+                      "sinks:\n  - {name: wh, type: sql, url: 'duckdb:///target.db', topics: ['p.*'], "
+                      f"batch_size: 20, delete_memory_hours: 0.0001}}\nhttp: '127.0.0.1:{port}'\n")
+    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait("the sink wrote everything", lambda: (_rows(port).get("wh") or {}).get("events", 0) >= 300, process)
+    finally:
+        output = _stop(process)
+    assert "sql sink wh: started on duckdb" in output
+    assert "[wh/-]" not in output, output
+    assert "forgot -1" not in output, output
