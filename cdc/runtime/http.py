@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from cdc.config.model import parse_http_address
 from cdc.errors import ConfigError
+from cdc.runtime.console import Console
 from cdc.runtime.stats import PHASES
 
 
@@ -84,10 +85,11 @@ def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPSe
     ``ConfigError`` naming the ``http:`` setting: it is permanent until the config or the other
     process changes."""
     host, port = parse_http_address(address)
+    console = Console(supervisor)  # the web page and its JSON: cdc/runtime/console.py
 
     class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, body: str, content_type: str) -> None:
-            data = body.encode()
+        def _send(self, code: int, body: str | bytes, content_type: str) -> None:
+            data = body.encode() if isinstance(body, str) else body
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
@@ -107,8 +109,11 @@ def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPSe
                            "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/status":
                 self._send(200, json.dumps(supervisor.snapshot(), indent=2) + "\n", "application/json")
+            elif (answer := console.route(path)) is not None:
+                code, data, content_type = answer
+                self._send(code, data, content_type)
             else:
-                self._send(404, "not found: try /healthz, /metrics or /status\n", "text/plain")
+                self._send(404, "not found: try /, /healthz, /metrics or /status\n", "text/plain")
 
         def do_POST(self) -> None:  # noqa: N802 - the http.server API
             from cdc.runtime import control
@@ -134,5 +139,6 @@ def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPSe
         raise ConfigError(f"http: {address}: cannot serve the status server there: {reason}; set `http:` in "
                           "the config file to a free host:port, or to null for no server") from None
     server.daemon_threads = True
+    console.start()
     threading.Thread(target=server.serve_forever, name="cdc-http", daemon=True).start()
     return server

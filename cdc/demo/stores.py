@@ -1,0 +1,120 @@
+"""Read each table as its source and each derived store hold it, and compare them.
+
+Every reader returns ``{table: {key: {column: value}}}`` over the columns the demo compares
+(``COLUMNS``), each value in a canonical text form (``canonical``), so that a value is equal
+wherever it lives: PostgreSQL's numeric ``12.30``, the event's ``"12.30"``, SQLite's ``12.3``
+and Redis's hash field ``"12.30"`` all read ``12.3``; an integer column that became text in a
+schema change reads ``1`` before and ``"1"`` after in the topics, and ``1`` either way here.
+A NULL is ``None`` (Redis hashes have no field for it).
+
+``differences`` says, per table, which keys are missing, extra, or different: empty when the
+store equals its source.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any, Iterable
+
+# table (as the demo names it) -> (where it lives in its source, key column, compared columns)
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "customers": ("id", "name", "email", "tier"),
+    "orders": ("id", "customer_id", "total", "status"),
+    "products": ("id", "sku", "name", "stock", "price"),
+}
+PG_TABLES = ("customers", "orders")
+MARIA_TABLES = ("products",)
+
+Rows = dict[str, dict[str, dict[str, str | None]]]
+
+
+def canonical(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode()
+    text = str(value)
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return text
+    if not number.is_finite():
+        return text
+    return format(number.normalize(), "f")
+
+
+def _row(columns: Iterable[str], values: Iterable[Any]) -> dict[str, str | None]:
+    return {c: canonical(v) for c, v in zip(columns, values)}
+
+
+def _by_key(table: str, rows: Iterable[dict]) -> dict[str, dict[str, str | None]]:
+    columns = COLUMNS[table]
+    return {canonical(row.get("id")): {c: canonical(row.get(c)) for c in columns} for row in rows}
+
+
+# -- the sources -------------------------------------------------------------------------------
+
+def sql_rows(cursor, tables: Iterable[str]) -> Rows:
+    """Any DB-API cursor (psycopg2, pymysql, sqlite3): the tables as they are now."""
+    out: Rows = {}
+    for table in tables:
+        columns = COLUMNS[table]
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table}")
+        out[table] = {canonical(row[0]): _row(columns, row) for row in cursor.fetchall()}
+    return out
+
+
+# -- the stores --------------------------------------------------------------------------------
+
+def opensearch_rows(client, aliases: dict[str, str]) -> Rows:
+    """``aliases``: table -> the alias readers query. Tombstone documents are hidden by the alias."""
+    out: Rows = {}
+    for table, alias in aliases.items():
+        if not client.indices.exists_alias(name=alias):
+            out[table] = {}
+            continue
+        client.indices.refresh(index=alias)
+        docs = []
+        answer = client.search(index=alias, body={"size": 5000, "sort": ["_doc"]}, params={"scroll": "1m"})
+        while answer["hits"]["hits"]:
+            docs.extend(hit["_source"] for hit in answer["hits"]["hits"])
+            answer = client.scroll(scroll_id=answer["_scroll_id"], params={"scroll": "1m"})
+        client.clear_scroll(scroll_id=answer["_scroll_id"])
+        out[table] = _by_key(table, docs)
+    return out
+
+
+def redis_rows(client, prefix: str, tables: dict[str, str]) -> Rows:
+    """``tables``: table -> ``schema.table`` as the sink's keys name it. Reads the generation
+    readers use (``sinks.redis``), every row key of the table in it."""
+    from sinks.redis import current_namespace
+
+    namespace = current_namespace(client, prefix)
+    out: Rows = {}
+    for table, qualified in tables.items():
+        rows = []
+        for key in client.scan_iter(match=f"{namespace}:{qualified}:*", count=1000):
+            fields = client.hgetall(key)
+            rows.append({k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()})
+        out[table] = _by_key(table, rows)
+    return out
+
+
+# -- the comparison ----------------------------------------------------------------------------
+
+def differences(source: Rows, store: Rows) -> dict[str, str]:
+    """table -> what differs (only tables that differ); a few keys of each kind are named."""
+    out = {}
+    for table, expected in source.items():
+        held = store.get(table, {})
+        missing = sorted(set(expected) - set(held), key=str)
+        extra = sorted(set(held) - set(expected), key=str)
+        changed = sorted((k for k in set(expected) & set(held) if expected[k] != held[k]), key=str)
+        if missing or extra or changed:
+            parts = [f"{what} {len(keys)} (e.g. {', '.join(map(str, keys[:3]))})"
+                     for what, keys in (("missing", missing), ("extra", extra), ("different", changed)) if keys]
+            if changed:
+                k = changed[0]
+                parts.append(f"key {k}: source {expected[k]} != store {held[k]}")
+            out[table] = "; ".join(parts)
+    return out
