@@ -38,6 +38,7 @@ from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topi
 log = logging.getLogger(__name__)
 
 
+ANNOUNCED = frozenset({"snapshot", "streaming"})  # phases sources log themselves
 IDLE_STORE_INTERVAL = 0.05  # seconds between stores while the source has nothing new
 
 
@@ -93,7 +94,9 @@ class SourceRunner:
     def _set_phase(self, phase: str) -> None:
         if phase != self.stats.phase:
             self.stats.phase = phase
-            log.info("phase %s", phase, extra=self._extra())
+            # Sources announce their snapshot and their streaming themselves, with the position:
+            # a second line saying only "phase streaming" is noise there.
+            log.log(logging.DEBUG if phase in ANNOUNCED else logging.INFO, "phase %s", phase, extra=self._extra())
             self.report(self.stats)
 
     def _publish_schema_changes(self, writer, changes) -> None:

@@ -122,3 +122,31 @@ def test_a_sinks_log_lines_name_its_phase_and_no_negative_counts(tmp_path):
     assert "sql sink wh: started on duckdb" in output
     assert "[wh/-]" not in output, output
     assert "forgot -1" not in output, output
+
+
+@pytest.mark.postgres
+def test_streaming_is_announced_once(tmp_path, pg_dsn):
+    """The source says it streams, with the position; the runner does not say it again."""
+    import subprocess
+    import sys
+
+    import psycopg2
+
+    from cdc.dev.services import free_port
+    from tests.integration.test_daemon_control import _rows, _stop, _wait
+
+    with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items VALUES (1)")
+    port = free_port()
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: p}}\n"
+                      f"sources:\n  - {{name: pg, type: postgres, dsn: '{pg_dsn}', tables: [public.items]}}\n"
+                      f"http: '127.0.0.1:{port}'\n")
+    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait("the source streams", lambda: (_rows(port).get("pg") or {}).get("phase") == "streaming", process)
+    finally:
+        output = _stop(process)
+    assert "sources.postgres.source: streaming from" in output
+    assert "phase streaming" not in output, output
