@@ -75,18 +75,29 @@ def test_an_idle_caught_up_mysql_source_has_lag_zero(tmp_path, mysql_url, mysql_
         conn.close()
 
 
-def test_a_paused_sink_shows_its_lag_per_topic_and_status_comes_from_the_daemon(tmp_path, monkeypatch, capsys):
+@pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+def log_yaml(request):
+    """The log section for a fresh topic prefix: (yaml, prefix)."""
+    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    if request.param == "kafka":
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        return f"log:\n  kafka: {{bootstrap_servers: '{bootstrap}', topic_prefix: {prefix}, partitions: 2}}\n", prefix
+    return f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n", prefix
+
+
+def test_a_paused_sink_shows_its_lag_per_topic_and_status_comes_from_the_daemon(tmp_path, monkeypatch, capsys,
+                                                                                 log_yaml):
     import json
     import subprocess
     import sys
 
     port = free_port()
-    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    log_section, prefix = log_yaml
     topic = f"{prefix}.public.items"
     config = tmp_path / "cdc.yaml"
     # `other` needs a variable nobody set: the daemon runs the rest (--only), and `cdc status` of
     # the connectors it shows never reads other's settings.
-    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n"
+    config.write_text(log_section +
                       "sources:\n  - {name: gen, type: generator, keys: 50, events: 1500, rate: 150}\n"
                       "sinks:\n"
                       f"  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', topics: ['{prefix}.*']}}\n"
