@@ -1,6 +1,8 @@
 """Source offsets, stored in the log itself: the compacted topic ``<prefix>.offsets``.
 
-One record per source, keyed ``{"source": "<name>"}``, valued with the typed position's JSON.
+One record per source, keyed ``{"source": "<name>"}``, valued with the typed position's JSON; and
+per source the tables its topics are complete for (``{"source": "<name>", "record": "tables"}``,
+see snapshot/tables.py), so a table added to the config later is known as new.
 Compaction keeps the newest per source. The runtime saves a position only after the log has
 acknowledged every event up to it (``LogWriter`` reports it safe), and waits for the offset
 record itself to be acknowledged before it tells the source (``Source.commit``). So after any
@@ -39,7 +41,10 @@ class OffsetStore:
         latest: dict[str, Position | None] = {}
         for record in self.log.read_all(self.topic):
             try:
-                name = orjson.loads(record.key)["source"]
+                key = orjson.loads(record.key)
+                if "record" in key:  # not a position: the source's tables (load_tables)
+                    continue
+                name = key["source"]
                 latest[name] = None if record.value is None else position_from_json(record.value)
             except (ValueError, KeyError, TypeError) as err:
                 raise DecodeError(f"{self.topic} partition {record.partition} offset {record.offset}: "
@@ -57,6 +62,24 @@ class OffsetStore:
     def reset(self, source: str, timeout: float = 30.0) -> None:
         """Forget ``source``'s position (a tombstone): its next start begins afresh."""
         self._writer.publish([Record(self.topic, self._key(source), None)])
+        self._writer.flush(timeout)
+
+    @staticmethod
+    def _tables_key(source: str) -> bytes:
+        return orjson.dumps({"source": source, "record": "tables"})
+
+    def load_tables(self, source: str) -> frozenset[str] | None:
+        """The tables stored by ``save_tables`` for ``source``; None when none were stored."""
+        key, tables = self._tables_key(source), None
+        for record in self.log.read_all(self.topic):
+            if record.key == key:
+                tables = None if record.value is None else frozenset(orjson.loads(record.value)["tables"])
+        return tables
+
+    def save_tables(self, source: str, tables: frozenset[str], timeout: float = 30.0) -> None:
+        """Store the tables ``source``'s topics are complete for; returns once acknowledged."""
+        value = orjson.dumps({"tables": sorted(tables)})
+        self._writer.publish([Record(self.topic, self._tables_key(source), value)])
         self._writer.flush(timeout)
 
     def close(self) -> None:
