@@ -109,6 +109,7 @@ def test_a_paused_sink_shows_its_lag_per_topic_and_status_comes_from_the_daemon(
         _wait("the sink writes", lambda: (_rows(port).get("warehouse") or {}).get("events", 0) > 0, process)
         assert _metric(port, "cdc_bytes_total", connector="warehouse") > 0
         assert _cdc("pause", str(config), "warehouse", cwd=tmp_path).returncode == 0
+        _wait("the sink paused", lambda: (_rows(port).get("warehouse") or {}).get("phase") == "paused", process)
         _wait("the paused sink's lag shows in records and seconds",
               lambda: (_metric(port, "cdc_sink_lag_records", connector="warehouse", topic=topic) or 0) > 0
               and (_metric(port, "cdc_sink_lag_seconds", connector="warehouse", topic=topic) or 0) > 0, process)
