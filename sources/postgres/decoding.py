@@ -41,8 +41,10 @@ HEARTBEAT_PREFIX = "cdc-heartbeat"
 
 class LogicalStream:
     def __init__(self, config: PostgresConfig, transport: ReplicationStream, conn, builder: ChangeBuilder,
-                 lookup: CatalogLookup, toast: ToastStore, protocol: int, slot: str, spill_dir: Path) -> None:
+                 lookup: CatalogLookup, toast: ToastStore, protocol: int, slot: str, spill_dir: Path,
+                 on_commit: Callable[[int], None] = lambda lsn: None) -> None:
         self.cfg, self.transport, self.conn, self.builder = config, transport, conn, builder
+        self.on_commit = on_commit  # told each LSN stored, before the server is (relations.py)
         self.lookup, self.toast, self.protocol, self.slot, self.spill_dir = lookup, toast, protocol, slot, spill_dir
         self.decoder = pg.PgOutputDecoder(protocol)
         self.wal_watch = RetainedWal(config.name, slot, config.max_retained_wal, config.wal_check_interval)
@@ -129,6 +131,7 @@ class LogicalStream:
 
     def commit(self, position: Position) -> None:
         assert isinstance(position, PgLsn)
+        self.on_commit(position.lsn)
         self.transport.confirm(position.lsn)
 
     def close(self) -> None:

@@ -100,3 +100,32 @@ def test_the_dead_letter_topic_is_created_with_a_size_limit_every_letter_fits(lo
     admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
     configs = admin.describe_configs([resource])[resource].result(30)
     assert int(configs["max.message.bytes"].value) == dead_letters.TOPIC_MAX_MESSAGE_BYTES
+
+
+def test_a_dead_letter_the_broker_refuses_stops_the_sink_before_its_offset_is_committed(log, kafka_topic):
+    """The offset past a poison record is committed only once its letter is acknowledged: a
+    letter the broker refuses (here: a dead-letter topic someone made with a tiny message limit)
+    stops the sink with the delivery error, and the group stays before the poison record."""
+    from cdc.errors import DeliveryError
+
+    prefix = kafka_topic
+    topic = TABLE.topic(prefix)
+    log.ensure_topic(topic)
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(6)]
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(30)
+    writer.close()
+    log.ensure_topic(f"{prefix}.dead-letter.rec", TopicSettings(partitions=1, extra={"max.message.bytes": "64"}))
+    poison = next(r.offset for r in log.read_all(topic) if orjson.loads(r.value)["after"]["id"] == 3)
+
+    sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}), poison_ids={3})
+    with pytest.raises(DeliveryError) as raised:
+        SinkRunner(sink, log, prefix).run(threading.Event(), until_caught_up=True)
+
+    assert "MSG_SIZE_TOO_LARGE" in str(raised.value) and not raised.value.retriable
+    reader = log.reader("rec")
+    committed = reader.committed([(topic, 0)]).get((topic, 0))
+    reader.close()
+    assert committed is None or committed <= poison
+    assert log.read_all(f"{prefix}.dead-letter.rec") == []
