@@ -194,10 +194,20 @@ class SinkRunner:
             if self._dlq_writer is None:
                 self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
                 self._dlq_writer = self.log.writer()
-            self._dlq_writer.publish([dead_letters.dead_letter(
-                self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
-                reason=reason, key=key, value=value, missing=missing)])
-            self._dlq_writer.flush(30)
+            try:
+                self._dlq_writer.publish([dead_letters.dead_letter(
+                    self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
+                    reason=reason, key=key, value=value, missing=missing)])
+                self._dlq_writer.flush(30)
+            except BaseException:
+                # A writer keeps its first delivery error for good; a sink that retries the letter
+                # (the broker was away a moment) needs a fresh one, or it fails forever.
+                writer, self._dlq_writer = self._dlq_writer, None
+                try:
+                    writer.close()
+                except Exception:  # noqa: BLE001 - the delivery error is the one worth raising
+                    log.debug("closing the failed dead-letter writer", exc_info=True)
+                raise
 
     def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
         reader = self.log.reader()

@@ -129,3 +129,28 @@ def test_a_dead_letter_the_broker_refuses_stops_the_sink_before_its_offset_is_co
     reader.close()
     assert committed is None or committed <= poison
     assert log.read_all(f"{prefix}.dead-letter.rec") == []
+
+
+def test_a_dead_letter_refused_once_is_delivered_when_retried_after_the_cause_is_fixed(log, kafka_topic):
+    """A sink that sets records aside itself retries a letter the broker refused a moment ago;
+    the runner's letter writer must not keep that first failure for good."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    from cdc.errors import DeliveryError
+
+    prefix = kafka_topic
+    dlq = f"{prefix}.dead-letter.rec"
+    log.ensure_topic(dlq, TopicSettings(partitions=1, extra={"max.message.bytes": "64"}))
+    sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}))
+    runner = SinkRunner(sink, log, prefix)
+    with pytest.raises(DeliveryError, match="MSG_SIZE_TOO_LARGE"):
+        runner.dead_letter(TABLE.topic(prefix), 0, 7, "PermanentError: refused", b'{"id": 7}', b"{}")
+
+    resource = ConfigResource(ResourceType.TOPIC, dlq, incremental_configs=[
+        ConfigEntry("max.message.bytes", "1048588", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+    runner.dead_letter(TABLE.topic(prefix), 0, 7, "PermanentError: refused", b'{"id": 7}', b"{}")
+    [letter] = [orjson.loads(r.value) for r in log.read_all(dlq)]
+    assert letter["offset"] == 7 and letter["reason"] == "PermanentError: refused"
