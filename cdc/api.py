@@ -98,7 +98,7 @@ from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
 
 __all__ = [
-    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
+    "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position", "CheckpointFeed", "internal_topic", "INTERNAL_TOPICS_LOOKAHEAD",
     "dead_letter_topic",
@@ -151,6 +151,23 @@ class SnapshotMode(StrEnum):
     WHEN_NEEDED = "when_needed"    # snapshot when there is no usable position (none, or purged)
 
 
+class RetryFailed(BaseModel):
+    """How the daemon starts a connector again after a permanent error (one that no retry of the
+    same call helps, but that can heal outside: a grant given, a database created, a lock freed,
+    the config file corrected). Retriable errors are retried anyway, without limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=5, ge=0, description="starts after a permanent failure before the "
+                                                           "connector stays failed (0: never restart it)")
+    backoff: float = Field(default=30.0, gt=0, description="seconds before the first new start; doubles")
+    backoff_max: float = Field(default=600.0, gt=0, description="longest wait between two starts")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before start number ``attempt`` (from 1) after a permanent failure."""
+        return min(self.backoff * 2 ** (attempt - 1), self.backoff_max)
+
+
 class PluginConfig(BaseModel):
     """Base of every plugin config: unknown keys are errors."""
 
@@ -161,6 +178,8 @@ class PluginConfig(BaseModel):
     unhealthy_after: float = Field(
         default=60.0, gt=0, description="seconds without progress (blocked, or retrying) after which "
                                         "/healthz answers 503; progress clears it")
+    retry_failed: RetryFailed = Field(default_factory=RetryFailed,
+                                      description="starting the connector again after a permanent error")
 
 
 class SourceConfig(PluginConfig):
@@ -215,6 +234,11 @@ class Source(ABC):
 
     def retained_log_bytes(self) -> int | None:
         """Bytes of log the server keeps for this source (a PostgreSQL slot's retained WAL); None: unknown."""
+        return None
+
+    def snapshot_chunks(self) -> tuple[int, int] | None:
+        """(chunks done, chunks in all) of the snapshot under way; None when none is. The runtime
+        adds the rows and an ETA for status and metrics."""
         return None
 
     @property

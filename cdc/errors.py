@@ -21,6 +21,12 @@
     │   └── DevStackError           the local stack of servers could not be set up or started
     └── DeliveryError               the log refused or lost a record; retriable per its error code
 
+``err.heals`` (permanent errors): may the cause go away without a decision here, so that starting
+the connector again later can succeed (a grant given, a database created, a lock freed, a secret
+file corrected)? The daemon's ``retry_failed`` policy restarts only those. A schema change the
+policy refuses, undecodable bytes and a lost position need someone to act (``cdc rebuild``, a fix,
+``cdc drop``): they do not heal.
+
 Code that catches errors decides on ``err.retriable``, never on message text. Server errors are
 classified by their code where they are wrapped: database errors by ``cdc.servers.postgres``
 (SQLSTATE) and ``cdc.servers.mysql`` (errno), one table per server kind shared by sources and sinks;
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 
 class CdcError(Exception):
     retriable: bool = False
+    heals: bool = True
 
     def __init__(self, message: str, *, retriable: bool | None = None) -> None:
         super().__init__(message)
@@ -82,7 +89,7 @@ class TopicConfigError(PermanentError):
 
 
 class SchemaChangeError(PermanentError):
-    pass
+    heals = False
 
 
 class RebuildRequired(SchemaChangeError):
@@ -113,7 +120,7 @@ class ShapeMissingError(SchemaChangeError):
 
 
 class DecodeError(PermanentError):
-    pass
+    heals = False
 
 
 class PrerequisiteError(PermanentError):
@@ -121,7 +128,7 @@ class PrerequisiteError(PermanentError):
 
 
 class PositionLostError(PermanentError):
-    pass
+    heals = False
 
 
 class DeliveryError(CdcError):

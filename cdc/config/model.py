@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo,
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, ValidationInfo,
                       field_validator, model_validator)
 
 from cdc.api import ConfigPath, SinkConfig, SourceConfig
@@ -158,6 +158,9 @@ class AppConfig(_Section):
     sinks: list[SerializeAsAny[SinkConfig]] = Field(default_factory=list)
     http: str | None = Field(default="127.0.0.1:8083",
                              description="host:port of the status and metrics server; null for none")
+    http_token: SecretStr | None = Field(default=None, description="bearer token that commands to the "
+                                         "daemon (restart, pause, ...) must carry; needed off loopback")
+    http_token_file: ConfigPath | None = Field(default=None, description="a file holding http_token")
 
     @field_validator("http")
     @classmethod
@@ -173,6 +176,19 @@ class AppConfig(_Section):
         if duplicates:
             raise ValueError(f"source and sink names must be unique: {', '.join(duplicates)}")
         return self
+
+    def token(self) -> str | None:
+        """The daemon's command token: ``http_token``, or the contents of ``http_token_file``."""
+        if self.http_token is not None:
+            return self.http_token.get_secret_value()
+        if self.http_token_file is not None:
+            try:
+                return self.http_token_file.read_text().strip() or None
+            except OSError as err:
+                from cdc.errors import ConfigError
+
+                raise ConfigError(f"http_token_file: {self.http_token_file}: {err.strerror}") from None
+        return None
 
     def http_address(self) -> tuple[str, int] | None:
         """(host, port) to serve HTTP on, or None when ``http: null``."""

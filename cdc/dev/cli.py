@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     servers = [name for name in stack.ALL if name != "spark"]
     for action, text in ONE_SERVICE.items():
         one = actions.add_parser(action, help=text)
-        one.add_argument("service", choices=servers)
+        one.add_argument("service", choices=servers, help="the server: " + ", ".join(servers))
         if action in ("start", "restart"):
             one.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     dev.set_defaults(handler=run)

@@ -28,6 +28,8 @@ from cdc.api import Source
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
+from cdc.events import SnapshotMarker
+from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.schema_order import segments
 from cdc.runtime.stats import ConnectorStats
 from snapshot.coordinator import SnapshotThenStream
@@ -40,6 +42,7 @@ from cdc.serde import encode_schema_change, schema_changes_topic
 log = logging.getLogger(__name__)
 
 
+ANNOUNCED = frozenset({"snapshot", "streaming"})  # phases sources log themselves
 IDLE_STORE_INTERVAL = 0.05  # seconds between stores while the source has nothing new
 
 
@@ -77,8 +80,11 @@ class SourceRunner:
         self.offset_interval = offset_interval
         self.poll_timeout = poll_timeout
         self.stored: Position | None = source.start_position
+        if self.stored is not None:  # shown from the start, not only after the first store
+            self.stats.position = str(self.stored)
         self._schema_topic: set[str] = set()
         self.stale = StaleRows(log_, self.encoder.topic, self.encoder.record_key)
+        self.progress = SnapshotProgressMeter()
         if isinstance(source, SnapshotThenStream):  # it records its tables with the offsets
             source.table_book = TableBook(offsets, self.name)
 
@@ -96,7 +102,9 @@ class SourceRunner:
     def _set_phase(self, phase: str) -> None:
         if phase != self.stats.phase:
             self.stats.phase = phase
-            log.info("phase %s", phase, extra=self._extra())
+            # Sources announce their snapshot and their streaming themselves, with the position:
+            # a second line saying only "phase streaming" is noise there.
+            log.log(logging.DEBUG if phase in ANNOUNCED else logging.INFO, "phase %s", phase, extra=self._extra())
             self.report(self.stats)
 
     def _publish_schema_changes(self, writer, changes) -> None:
@@ -138,6 +146,8 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
+                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                        self.progress.rows += len(batch.events)
                     stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
                     if stale:
                         writer.publish_events(self.encoder, stale)
@@ -162,6 +172,7 @@ class SourceRunner:
                 if now - last_report >= 1.0:
                     stats.lag_seconds = source.lag()
                     stats.retained_wal_bytes = source.retained_log_bytes()
+                    stats.snapshot_progress = self.progress.figures(source.snapshot_chunks())
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

@@ -71,6 +71,8 @@ class SinkRunner:
         self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
+        self._batch_bytes = 0  # bytes of record values of the batch read last (cdc_bytes_total)
+        self._bytes_of: dict = {}  # a write in flight -> the bytes of its records
         self.schemas = SchemaBook(log_, topic_prefix)
         self._dlq_writer = None
         self._dlq_lock = threading.Lock()  # letters come from both threads
@@ -223,6 +225,7 @@ class SinkRunner:
         records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
         events: list[SinkEvent] = []
         ends: dict[TopicPartition, int] = {}
+        self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
         append = events.append
         for record in records:
             ends[(record.topic, record.partition)] = record.offset + 1
@@ -254,6 +257,7 @@ class SinkRunner:
             self._finish(reader, pending)
         if events:
             write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
+            self._bytes_of[write.future] = self._batch_bytes  # counted once the write is committed
             if self.read_ahead:
                 return write
             self._finish(reader, write)
@@ -266,12 +270,14 @@ class SinkRunner:
 
     def _finish(self, reader, pending: PendingWrite) -> None:
         """Wait for ``pending``'s write; commit its offsets only if it succeeded."""
+        nbytes = self._bytes_of.pop(pending.future, 0)
         try:
             pending.future.result()
         except BaseException:
             self._read = {}  # what was read past the failed batch is read again from the commits
             raise
         self._commit(reader, pending.ends, pending.events)
+        self.stats.bytes += nbytes
 
     def _commit(self, reader, ends: dict[TopicPartition, int], events: int) -> None:
         reader.commit(ends)
@@ -377,6 +383,7 @@ class SinkRunner:
                 self._sink_call(self._write_in_shape, events)
             self.positions.update(ends)
             self.stats.events += len(events)
+            self.stats.bytes += self._batch_bytes
             self.stats.progressed()
             if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
                 self.report(self.stats)

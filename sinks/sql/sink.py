@@ -209,7 +209,7 @@ class SqlSink(Sink, RebuildableSink):
         cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(hours=hours)
         with self.target.engine.begin() as conn:
             pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
-        if pruned:
+        if pruned > 0:  # -1: the driver (DuckDB) does not say how many; nothing worth a line then
             log.info("sql sink %s: forgot %d deletes older than %s h", self.config.name, pruned, hours)
 
     # --- generations ----------------------------------------------------------------------------

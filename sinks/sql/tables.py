@@ -31,7 +31,7 @@ from sinks.sql.evolve import KEY, Incompatible, diff, infer_columns, record_colu
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
-from sinks.sql.types import parse_type, signature, target_type
+from sinks.sql.types import grows, parse_type, signature, target_type
 from sinks.sql.values import converter
 
 log = logging.getLogger(__name__)
@@ -193,11 +193,16 @@ class TableCatalog:
             raise RebuildRequired(f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic}): "
                                   f"source schema change column(s) {', '.join(dropped)} dropped; schema_policy "
                                   f"is 'rebuild': rebuilding from the topic")
-        retyped: list[Incompatible] = []
+        # A string that only grew (a longer varchar, an enum with labels added) is no decision to
+        # make: it changes in place under every policy, like a new column (types.grows).
+        retyped = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
+                   and grows(c.old, c.new, self.target.kind)]
+        changed = [c for c in changed if c not in retyped]
         if changed and policy == "evolve":
-            retyped = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
+            widened = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
                        and widens(c.old, c.new, self.target.kind, mariadb=self.target.mariadb)]
-            changed = [c for c in changed if c not in retyped]
+            retyped += widened
+            changed = [c for c in changed if c not in widened]
         if changed:
             described = "; ".join(str(change) for change in changed)
             where = f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic})"

@@ -78,6 +78,10 @@ class PostgresSource(SnapshotThenStream):
         return None if self.slot is None else self.slot.name
 
     def lag(self) -> float | None:
+        """0 when caught up with the server (``LogicalStream.caught_up``); else now minus the
+        commit time of the newest change handled. Called on the polling thread, about once a second."""
+        if self.stream is not None and self.snapshot is None and self.stream.caught_up():
+            return 0.0
         if self.stream is None or self.stream.last_commit_ms is None:
             return None
         return max(0.0, time.time() - self.stream.last_commit_ms / 1000)
