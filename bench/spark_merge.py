@@ -96,7 +96,7 @@ def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
     return time.perf_counter() - began
 
 
-def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[float, list[float]]:
+def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[float, list]:
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
@@ -108,7 +108,16 @@ def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[flo
     began = time.perf_counter()
     for batch_id, batch in batches(spark, data, changes, size):
         job.apply(batch, batch_id)
-    return time.perf_counter() - began, job.batch_seconds
+    return time.perf_counter() - began, list(job.batches)
+
+
+def phase_line(reports) -> str:
+    """Seconds per phase (spark_sinks.timing), summed over ``reports``, largest first."""
+    total: dict[str, float] = {}
+    for report in reports:
+        for name, seconds in report.phases.items():
+            total[name] = total.get(name, 0.0) + seconds
+    return "  ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(total.items(), key=lambda i: -i[1]))
 
 
 def check(spark, data: str, table: str) -> int:
@@ -216,12 +225,13 @@ def main(argv: list[str] | None = None) -> None:
         append_s = run_append(spark, data, f"{work}/append", args.changes, args.batch)
         print(f"baseline  Delta append   {args.changes:>10,} rows in {append_s:7.1f}s  "
               f"{args.changes / append_s:>10,.0f} rows/s", flush=True)
-        merge_s, per_batch = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
+        merge_s, merged = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
         live = check(spark, data, f"{work}/lake/public/orders")
         print(f"ours      MERGE          {args.changes:>10,} rows in {merge_s:7.1f}s  "
               f"{args.changes / merge_s:>10,.0f} rows/s  ({merge_s / append_s:.1f}x the append's time; "
               f"{live:,} live keys checked)", flush=True)
-        print(f"          per batch of {args.batch:,}: " + " ".join(f"{s:.1f}" for s in per_batch) + " s")
+        print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in merged) + " s")
+        print(f"          seconds per phase: {phase_line(merged)}", flush=True)
 
         if args.latency_seconds > 0:
             bootstrap = env.get("KAFKA_BOOTSTRAP")
@@ -234,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"latency   {len(reports)} micro-batches at {args.rate:,} changes/s, trigger {args.trigger:g}s, "
                   f"{statistics.mean(b.records for b in reports):,.0f} records/batch")
             print(f"          batch duration p50 {percentile(durations, .5):.1f}s  "
-                  f"p95 {percentile(durations, .95):.1f}s")
+                  f"p95 {percentile(durations, .95):.1f}s  max {max(durations):.1f}s")
+            print(f"          seconds per phase: {phase_line(reports)}")
             print(f"          commit -> visible in Delta, oldest change of a batch: p50 "
                   f"{percentile(oldest, .5):.1f}s  p95 {percentile(oldest, .95):.1f}s  max {max(oldest):.1f}s; "
                   f"newest: p50 {percentile(newest, .5):.1f}s")
