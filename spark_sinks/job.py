@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-MERGE_MATERIALIZE = "spark.databricks.delta.merge.materializeSource"
 PURGE_INTERVAL_S = 3600.0
 
 
@@ -311,20 +310,17 @@ class DeltaJob:
                 source = latest.select(*columns, KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
                                        F.col("ts_ms").alias(TS))
             remember = self.mode == "type1" and item["deletes"]
-            # Cached here, read by both of the MERGE's passes (find the touched files, write) and
-            # by the delete memory's append, so Delta need not materialize it once more itself
-            # (MERGE_MATERIALIZE: a whole extra job per batch). The source is deterministic: a
-            # recomputation after an eviction gives the same rows.
-            source = source.persist(StorageLevel.MEMORY_AND_DISK)
+            if remember:
+                source = source.persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                with clock.phase("merge"), self._txn(session, batch_id, "merge"), \
-                        _setting(session, MERGE_MATERIALIZE, "none"):
+                with clock.phase("merge"), self._txn(session, batch_id, "merge"):
                     merge.merge(session, target, source, data_columns, self.mode == "soft")
                 if remember:
                     with clock.phase("deletes"), self._txn(session, batch_id, "deletes"):
                         merge.remember_deletes(session, target, source)
             finally:
-                source.unpersist()
+                if remember:
+                    source.unpersist()
         if self.after_table is not None:
             self.after_table(batch_id, target.name)
 
@@ -406,21 +402,6 @@ class DeltaJob:
         staging.forget()
         target.forget()
         log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
-
-
-@contextmanager
-def _setting(session: SparkSession, name: str, value: str) -> Iterator[None]:
-    """``name`` set to ``value`` in ``session`` for the block, then as it was."""
-    conf = session.conf
-    before = conf.get(name, None)
-    conf.set(name, value)
-    try:
-        yield
-    finally:
-        if before is None:
-            conf.unset(name)
-        else:
-            conf.set(name, before)
 
 
 class BatchFailed(Exception):
