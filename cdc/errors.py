@@ -10,7 +10,9 @@
     │   │   └── PluginNotFoundError a source/sink ``type`` that no installed plugin provides
     │   ├── TopicConfigError        an existing topic is not set up as the contract needs (not compacted)
     │   ├── SchemaChangeError       a sink's target cannot follow a source schema change (policy: fail)
-    │   │   └── RebuildRequired     ... and the policy says rebuild it from the topic
+    │   │   ├── RebuildRequired     ... and the policy says rebuild it from the topic
+    │   │   └── ShapeMissingError   rows name a shape the schema topic never delivered (names the
+    │   │                           topic, partition, offset, table and the version)
     │   ├── DecodeError             bytes from a database log that cannot be decoded (names where)
     │   ├── PrerequisiteError       the database is not set up for capture, or the role lacks a
     │   │                           grant; the message says the fix and names the role
@@ -85,6 +87,29 @@ class SchemaChangeError(PermanentError):
 
 class RebuildRequired(SchemaChangeError):
     """The sink's policy asks for a rebuild (``cdc rebuild``) to follow a schema change."""
+
+
+class ShapeNotYetPublished(RetriableError):
+    """Rows of ``topic`` name schema version ``version``, which the schema topic does not hold
+    (yet): on Kafka a shape may show a moment after the rows that name it. ``waited``: seconds
+    since the runtime first missed it, for the bound that turns this into ``ShapeMissingError``."""
+
+    def __init__(self, message: str, *, topic: str, version: int, waited: float) -> None:
+        super().__init__(message)
+        self.topic, self.version, self.waited = topic, version, waited
+
+
+class ShapeMissingError(SchemaChangeError):
+    """Rows name a schema version the schema topic did not deliver within the sink's
+    ``schema_wait``: the sink stops at the first such row (its offset is never committed), because
+    writing it under a guessed shape could lose data. Names where: topic, partition, offset,
+    table, version."""
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int, table: str,
+                 version: int) -> None:
+        super().__init__(message)
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.table, self.version = table, version
 
 
 class DecodeError(PermanentError):

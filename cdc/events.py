@@ -148,7 +148,7 @@ class Batch:
     ``schema_changes`` are published before ``events``: a change of a table's shape comes before
     the first event that carries it. ``snapshot_end`` is set on the batch whose checkpoint ends a
     snapshot (its events, if any, are the snapshot's last): the runner then deletes what an
-    earlier attempt left in the topics that this snapshot did not read (cdc/runtime/resnapshot.py).
+    earlier attempt left in the topics that this snapshot did not read (snapshot/stale.py).
     """
 
     events: list[ChangeEvent]

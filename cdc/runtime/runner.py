@@ -28,10 +28,11 @@ from cdc.api import Source
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
-from cdc.events import SnapshotMarker
-from cdc.runtime.resnapshot import StaleRows
 from cdc.schema_order import segments
 from cdc.runtime.stats import ConnectorStats
+from snapshot.coordinator import SnapshotThenStream
+from snapshot.stale import StaleRows
+from snapshot.tables import TableBook
 from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class SourceRunner:
         self.stored: Position | None = source.start_position
         self._schema_topic: set[str] = set()
         self.stale = StaleRows(log_, self.encoder.topic)
+        if isinstance(source, SnapshotThenStream):  # it records its tables with the offsets
+            source.table_book = TableBook(offsets, self.name)
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -127,15 +130,9 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
-                    snapshot_rows = bool(batch.events) and batch.events[0].snapshot is not SnapshotMarker.FALSE
-                    if snapshot_rows:
-                        self.stale.observe(batch.events)
-                    end = batch.snapshot_end
-                    if end is not None or (snapshot_rows and self.stale.snapshot_ends(batch.events)):
-                        if end is not None:
-                            self.stale.cover(end.tables, end.version)
-                        # Before the batch whose checkpoint ends the snapshot: see resnapshot.py.
-                        writer.publish_events(self.encoder, self.stale.deletes())
+                    stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
+                    if stale:
+                        writer.publish_events(self.encoder, stale)
                     # Encoded while produced: see EnvelopeEncoder.emit.
                     if batch.schema_changes:
                         self._publish_in_shape(writer, batch)

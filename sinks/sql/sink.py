@@ -75,7 +75,7 @@ class SqlSink(Sink, RebuildableSink):
                 target.run_ddl(books.create)
                 catalog = TableCatalog(target, books, config,
                                        lambda topic, version=None: self.context.schema_for(topic, version),
-                                       lambda: self._current)
+                                       lambda: self._current, self.shape_of)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
             except BaseException:

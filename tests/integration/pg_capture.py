@@ -12,11 +12,21 @@ from typing import Any, Callable
 
 import orjson
 import psycopg2
+import pytest
 
 from cdc.log.base import Log, TopicSettings
+from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.runtime.runner import SourceRunner
 from sources.postgres.config import PostgresConfig
+
+
+@pytest.fixture(name="log")
+def embedded_log(tmp_path):
+    """An embedded log in the test's directory; import it into a test module to use it as ``log``."""
+    instance = EmbeddedLog(tmp_path / "log", fsync=False)
+    yield instance
+    instance.close()
 
 
 def pg_config(dsn: str, tmp_path, **overrides) -> PostgresConfig:
@@ -71,6 +81,23 @@ def capturing(config, log: Log, prefix: str):
         yield capture
     finally:
         capture.stop()
+
+
+def crash_mid_snapshot(source_class, monkeypatch, after_batches: int = 3) -> None:
+    """Make ``source_class`` raise once more than ``after_batches`` snapshot batches went out (a
+    crash in the middle of a snapshot, evidence first); ``monkeypatch.undo()`` ends it."""
+    real_poll = source_class._poll_snapshot
+    batches = []
+
+    def crashing_poll(self, timeout):
+        batch = real_poll(self, timeout)
+        if batch is not None and batch.events:
+            batches.append(batch)
+            if len(batches) > after_batches:
+                raise RuntimeError("crash in the middle of the snapshot")
+        return batch
+
+    monkeypatch.setattr(source_class, "_poll_snapshot", crashing_poll)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition", capture=None) -> Any:

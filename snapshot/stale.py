@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId
+from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.log.base import Log
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,20 @@ class StaleRows:
         ends = self.log.end_offsets(topic) if topic in self.log.topics() else {}
         entry = self.tracked[topic] = _Tracked(table, ends, version) if sum(ends.values()) else None
         return entry
+
+    def before_publish(self, batch: Batch) -> list[ChangeEvent]:
+        """The deletes to publish before ``batch``: none until the batch that ends a snapshot,
+        then one per stale row (see the module docstring). Notes the batch's snapshot keys."""
+        events = batch.events
+        snapshot_rows = bool(events) and events[0].snapshot is not SnapshotMarker.FALSE
+        if snapshot_rows:
+            self.observe(events)
+        end = batch.snapshot_end
+        if end is None and not (snapshot_rows and self.snapshot_ends(events)):
+            return []
+        if end is not None:
+            self.cover(end.tables, end.version)
+        return self.deletes()
 
     def snapshot_ends(self, events: list[ChangeEvent]) -> bool:
         """Whether ``events`` hold a snapshot's last row. It is the last snapshot event, so only

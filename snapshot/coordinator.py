@@ -1,0 +1,310 @@
+"""Snapshot, then stream: the lifecycle every database source runs, written once.
+
+A source (``SnapshotThenStream``) supplies the database's halves:
+
+* ``prepare()``: connect, check the server, resolve the captured tables;
+* ``resume_point(position)``: the position to stream from, or ``PositionLostError`` when the
+  server no longer has the log after it;
+* ``captured_names()``: the captured tables by name (``namespace.table``);
+* ``open_snapshot(only)``: read connections inside one consistent snapshot, the chunks to read and
+  how (an ``OpenedSnapshot``), and ``consistent``: the position the snapshot matches;
+* ``open_stream(position, after_snapshot)``: a ``Stream`` from ``position`` (None: the server's
+  current position);
+* ``release()``: close what ``prepare`` opened.
+
+The coordinator owns the rest:
+
+Decision: ``snapshot/policy.py`` turns the mode and the stored position into a plan.
+
+Progress marker: before the first snapshot row goes out, a batch whose checkpoint is a
+``SnapshotProgress(stream_from)`` marker; ``poll`` returns no row until the runtime stored it
+(``commit``). A crash from then on finds the marker at the next start: the snapshot did not
+finish and is taken again (the policy), never mistaken for a finished one.
+
+Handover: streaming starts where the topics may already be (``since``: a stored position, or an
+unfinished snapshot's marker) when the source's log still has it (``keeps_log_before_snapshot``
+and ``resume_point`` agrees), otherwise at the snapshot's consistent point. Streaming from the
+earlier point replays the changes in between with versions below the snapshot's rows, so sinks
+(which keep the highest version per key) end with the newer row, and a delete in between removes
+a row the new snapshot no longer has. Where the earlier point is gone, rows deleted meanwhile are
+removed by the runtime's stale-row deletes (``snapshot/stale.py``), and the log says so.
+
+Backfill: at start the coordinator compares the captured tables with the ones its topics are
+complete for (``snapshot/tables.py``, stored with the offsets). Tables new since then are read
+alone (``open_snapshot(only=...)``), under a marker naming them, and streaming resumes at the
+stored position; the source gives the backfill's rows a version between the changes it saw and
+those it did not, so the changes streamed from the stored position never lose to it. The record
+of complete tables is written at the first position stored after a snapshot or backfill ends
+(``commit``), so a crash before that reads the new tables again rather than never.
+
+Snapshot rows: the newest one is held back until the next batch, so the last row of the snapshot
+goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends the snapshot and
+whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
+
+Threading: all calls on the runtime's thread; ``stop`` may come from another one. Snapshot
+readers are threads of their own (snapshot/parallel.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, ClassVar, Protocol
+
+from cdc.api import Source
+from cdc.errors import CdcError, PermanentError, PositionLostError
+from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
+from cdc.positions import Position, SnapshotProgress
+from snapshot.parallel import ParallelSnapshot
+from snapshot.policy import Plan, Step, policy_for
+from snapshot.tables import TableBook
+
+
+def close_quietly(resource) -> None:
+    """Close ``resource`` (if any) on the way out: an error there would hide the reason for leaving."""
+    if resource is not None:
+        try:
+            resource.close()
+        except Exception:  # noqa: BLE001 - closing on the way out
+            pass
+
+
+class Stream(Protocol):
+    """The streaming half: batches from the log, a position the runtime stored, closing."""
+
+    def poll(self, timeout: float) -> Batch | None: ...
+
+    def commit(self, position: Position) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class OpenedSnapshot:
+    """A snapshot ready to read: ``readers`` (each with ``close()``) are inside it already."""
+
+    readers: list
+    chunks: list
+    read: Callable[[Any, Any, Callable[[list], None]], None]  # ParallelSnapshot's read(reader, chunk, emit)
+    consistent: Position                   # the position the snapshot matches
+    schema_changes: tuple[SchemaChange, ...]
+    end: SnapshotEnd
+    accept: Callable[[Any], list] = field(default=lambda item: item)  # a reader's item -> its events
+    described: str = ""                    # for the log line
+
+
+class SnapshotThenStream(Source):
+    # Whether the log before a new snapshot stays readable (a binlog does; a PostgreSQL slot is
+    # created anew by its snapshot, so streaming can only start at the snapshot's point).
+    keeps_log_before_snapshot: bool = True
+    # The positions this source stores (besides SnapshotProgress), and what to call them in errors.
+    position_types: ClassVar[tuple[type, ...]]
+    position_kind: ClassVar[str]
+
+    def __init__(self, config, position: Position | None) -> None:
+        super().__init__(config, position)
+        if position is not None and not isinstance(position, (*self.position_types, SnapshotProgress)):
+            raise PermanentError(f"source {config.name}: stored position {position} is not {self.position_kind} "
+                                 "(was the source's type changed? reset its offset)")
+        self.policy = policy_for(config.snapshot)
+        # Records under the source's own module, where its operators (and tests) look for them.
+        self.log = logging.getLogger(type(self).__module__)
+        self._phase = "starting"
+        self._finished = False
+        self._stopping = threading.Event()
+        self.stream: Stream | None = None
+        self.snapshot: ParallelSnapshot | None = None
+        self._opened: OpenedSnapshot | None = None
+        self._held = None                  # the newest snapshot event, held back to mark the last one
+        self._pending_changes: tuple = ()  # schema records for the next batch
+        self._progress: SnapshotProgress | None = None
+        self._progress_stored = False
+        self._progress_sent = False
+        self._snapshot_rows = 0
+        self.stream_from: Position | None = None
+        self._backfilling = False
+        self.table_book: TableBook | None = None  # given by the runtime (snapshot/tables.py)
+        self._record_tables: frozenset[str] | None = None  # to record at the next position stored
+        self._tables_at_end: frozenset[str] | None = None  # to record once the snapshot's end is stored
+
+    # -- what a source supplies ----------------------------------------------------------------
+    @abstractmethod
+    def prepare(self) -> None: ...
+
+    @abstractmethod
+    def resume_point(self, position: Position) -> Position: ...
+
+    @abstractmethod
+    def captured_names(self) -> frozenset[str]:
+        """The captured tables, as ``namespace.table`` (str of their TableId)."""
+
+    @abstractmethod
+    def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
+        """A snapshot of every captured table, or (a backfill) of the tables named ``only``, whose
+        rows must then not overwrite changes streamed from before it: their version is above every
+        change the snapshot saw and below every change it did not."""
+
+    @abstractmethod
+    def open_stream(self, position: Position | None, after_snapshot: bool) -> Stream:
+        """``after_snapshot``: a snapshot just published every captured table's shape; if not,
+        the stream announces the shapes it resumes with where its log does not (MySQL)."""
+
+    @abstractmethod
+    def release(self) -> None: ...
+
+    def _extra(self) -> dict:
+        return {"connector": self.config.name, "phase": self._phase}
+
+    # -- the Source contract ---------------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def start(self) -> None:
+        self.prepare()
+        current = self.captured_names()
+        known = self.table_book.load() if self.table_book is not None else None
+        if known != current:
+            self._record_tables = current  # at the first position stored (see commit)
+        plan = self.policy.on_start(self.start_position, current - known if known is not None else frozenset())
+        if plan.step in (Step.STREAM, Step.BACKFILL) and plan.position is not None:
+            try:
+                position = self.resume_point(plan.position)
+            except PositionLostError as lost:
+                plan = self.policy.on_lost(lost)
+                self.log.warning("%s: taking a new snapshot", lost, extra=self._extra())
+            else:
+                if plan.step is Step.STREAM:
+                    self._start_stream(position, after_snapshot=False)
+                    return
+                plan = replace(plan, position=position)
+        if plan.step is Step.STREAM:
+            self._start_stream(None, after_snapshot=False)
+        elif plan.step is Step.FINISH:
+            self._phase, self._finished = "finished", True
+        else:
+            # Not before the snapshot's end is stored: the topics are complete only then.
+            self._record_tables, self._tables_at_end = None, current
+            self._start_snapshot(plan)
+
+    def poll(self, timeout: float) -> Batch | None:
+        if self._finished or self._stopping.is_set():
+            self._stopping.wait(timeout)
+            return None
+        if self.snapshot is not None:
+            return self._poll_snapshot(timeout)
+        try:
+            return self.stream.poll(timeout)
+        except CdcError:
+            if self._stopping.is_set():  # ``stop`` closed the stream under the read
+                return None
+            raise
+
+    def commit(self, position: Position) -> None:
+        """A stored snapshot marker lets the snapshot's rows go; a stream may advance its server."""
+        if isinstance(position, SnapshotProgress):
+            self._progress_stored = self._progress_stored or position == self._progress
+            return
+        if self._record_tables is not None and self.table_book is not None:
+            self.table_book.save(self._record_tables)
+            self._record_tables = None
+        if self.stream is not None:
+            self.stream.commit(position)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._close_snapshot()
+        close_quietly(self.stream)
+        self.release()
+
+    # -- snapshot ----------------------------------------------------------------------------------
+    def _start_snapshot(self, plan: Plan) -> None:
+        since = plan.position
+        backfill = self._backfilling = plan.step is Step.BACKFILL
+        self.log.info("taking a %s: %s", "backfill" if backfill else "snapshot", plan.why, extra=self._extra())
+        self._phase = "snapshot"
+        if backfill:
+            pass  # start() checked that the stream can go on from there after the backfill
+        elif since is not None and self.keeps_log_before_snapshot:
+            try:
+                since = self.resume_point(since)
+            except PositionLostError as err:
+                self.log.warning("%s; streaming will start at the new snapshot: rows deleted since then may stay in "
+                            "the topics until they are reset", err, extra=self._extra())
+                since = None
+        elif not self.keeps_log_before_snapshot:
+            since = None
+        opened = self._opened = self.open_snapshot(plan.tables if backfill else None)
+        self.stream_from = since or opened.consistent
+        # Stored before any row goes out (``_poll_snapshot`` waits for its commit).
+        self._progress = SnapshotProgress(self.stream_from,
+                                          extra={"backfill": sorted(plan.tables)} if backfill else {})
+        self._progress_stored = self.start_position == self._progress
+        self._progress_sent = False
+        self._pending_changes = opened.schema_changes
+        self._snapshot_rows = 0
+        self.snapshot = ParallelSnapshot(opened.readers, opened.chunks, opened.read,
+                                         name=f"{self.config.name}-snapshot")
+        self.log.info("snapshot of %d tables in %d chunks, consistent at %s, %d readers%s; streaming will start "
+                 "after %s", len(opened.end.tables), len(opened.chunks), opened.consistent, len(opened.readers),
+                 f" ({opened.described})" if opened.described else "", self.stream_from, extra=self._extra())
+
+    def _poll_snapshot(self, timeout: float) -> Batch | None:
+        if not self._progress_stored:
+            if not self._progress_sent:
+                self._progress_sent = True
+                return Batch([], self._progress)
+            self._stopping.wait(min(timeout, 0.05))  # until the runtime stored the marker
+            return None
+        try:
+            item = self.snapshot.next_batch(timeout)
+        except StopIteration:
+            return self._finish_snapshot()
+        if item is None:
+            return None
+        events = self._opened.accept(item)
+        self._snapshot_rows += len(events)
+        out = ([self._held] if self._held is not None else []) + events[:-1]
+        self._held = events[-1]
+        return self._with_changes(Batch(out)) if out else None
+
+    def _finish_snapshot(self) -> Batch:
+        opened = self._opened
+        self._close_snapshot()
+        events = []
+        if self._held is not None:
+            events.append(self._held._replace(snapshot=SnapshotMarker.LAST))
+            self._held = None
+        self.log.info("snapshot done: %d rows; streaming from %s", self._snapshot_rows, self.stream_from,
+                 extra=self._extra())
+        self._record_tables = self._tables_at_end
+        if self.policy.streams_after_snapshot:
+            # A backfill published only its own tables' shapes: the stream announces them all.
+            self._start_stream(self.stream_from, after_snapshot=not self._backfilling)
+        else:
+            self._phase, self._finished = "finished", True
+        return self._with_changes(Batch(events, self.stream_from, snapshot_end=opened.end))
+
+    def _with_changes(self, batch: Batch) -> Batch:
+        changes, self._pending_changes = self._pending_changes, ()
+        return batch.with_schema_changes(changes)
+
+    def _close_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()
+            self.snapshot = None
+        if self._opened is not None:
+            for reader in self._opened.readers:
+                reader.close()
+            self._opened = None
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def _start_stream(self, position: Position | None, after_snapshot: bool) -> None:
+        self.stream = self.open_stream(position, after_snapshot)
+        self._phase = "streaming"

@@ -1,0 +1,69 @@
+"""The snapshot half of the PostgreSQL source: a fresh slot with an exported snapshot, readers
+inside it, the chunks to read (``snapshot.py`` reads them).
+
+Snapshot rows carry ``pg_current_wal_lsn()`` taken before the slot was created as their version:
+every transaction the snapshot does not see began after the slot's snapshot builder reached its
+full point, so its changes have higher LSNs, and a snapshot row never overwrites such a change.
+
+A backfill (tables new to the source) exports its snapshot from a temporary slot instead: the
+source's own slot keeps its position and streams from there afterwards; the same argument orders
+the backfill's rows against the changes it streams (the tables are in the publication before the
+temporary slot is created, so every change they get after the snapshot is sent).
+
+Threading: the source's thread; the readers then run on the snapshot's threads.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cdc.events import Column, SchemaChange, SnapshotEnd
+from cdc.positions import PgLsn
+from snapshot.coordinator import OpenedSnapshot
+from sources.postgres.catalog import TableMeta
+from sources.postgres.config import PostgresConfig
+from sources.postgres.lookup import CatalogLookup
+from sources.postgres.slot import ReplicationSlot
+from sources.postgres.snapshot import SnapshotReader, SnapshotRows, plan_chunks
+from sources.postgres.toast import ToastStore
+
+
+def open_snapshot(config: PostgresConfig, conn, slot: ReplicationSlot, tables: list[TableMeta],
+                  lookup: CatalogLookup, toast: ToastStore, backfill: bool = False) -> OpenedSnapshot:
+    if not backfill:
+        slot.drop_if_present()
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn()")
+        before = PgLsn.parse(cur.fetchone()[0])  # below every LSN the new slot will send
+    conn.rollback()
+    repl, consistent, snapshot_name = slot.create(export=True, temporary=backfill)
+    try:
+        readers = [SnapshotReader(slot.dsn, slot.options, snapshot_name, slot.app_name, slot.setting)
+                   for _ in range(config.snapshot_workers)]
+        with conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            chunks = plan_chunks(conn, tables, config.snapshot_chunk_pages)
+        conn.rollback()
+    finally:
+        repl.close()  # every reader has imported the snapshot: the exporter may go
+    # Converters are made here, on this thread, before the readers need them.
+    lookup.converters_for([c.type_oid for t in tables for c in t.columns])
+    now = int(time.time() * 1000)
+    rows = SnapshotRows(before.lsn, now, lookup.converters_for, toast,
+                        batch=min(config.max_batch_events, 2048), types=lookup.types)
+
+    def accept(item) -> list:
+        """A reader's (events, table, toastable values): the values are remembered first."""
+        events, qualified, toastable = item
+        for key_json, column, value in toastable:
+            toast.remember(qualified, key_json, column, value)
+        toast.flush()
+        return events
+
+    # Each table's shape goes out with the first snapshot batch: a sink that types its columns
+    # from the schema records (the Delta sink) must not wait for a table's first streamed change.
+    shapes = tuple(SchemaChange(t.id, tuple(Column(c.name, c.type_name, c.name in t.key) for c in t.columns),
+                                before.lsn, now) for t in tables)
+    return OpenedSnapshot(readers, chunks, rows.read, consistent, shapes,
+                          SnapshotEnd(tuple(t.id for t in tables), before.lsn), accept=accept)
