@@ -18,8 +18,24 @@ Steps, in one run, on one local Spark session (``local[2]``, shuffle partitions 
   4. latency: a streaming query of the sink on a Kafka topic while a producer writes ``--rate``
      changes/s for ``--latency-seconds``; per micro-batch, the time from the oldest change's commit
      time (ts_ms, set when produced) to the end of the batch's commits.
-Prints rows/s of 2 and 3, their ratio, and the latency percentiles. Spark's fixed cost per job
-(seconds on a small machine) dominates small batches, so latency is bounded below by it.
+Prints rows/s of 2 and 3, their ratio, the seconds per phase of a batch (``spark_sinks.timing``:
+read = Kafka/Parquet read, envelope parse and the per-topic summary; table = shape and table
+metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the delete memory's
+append), and the latency percentiles. Spark's fixed cost per job (seconds on a small machine)
+dominates small batches, so latency is bounded below by it.
+
+Where the time went (400k changes over 40k keys, batches of 40k, ``local[2]`` on a shared
+2-core machine at load 7-17, so every figure is several times what an idle machine gives), in
+seconds per run: merge 320-400, deletes 71-92, read 71-89, plan 4-15, table 5. Delta's MERGE
+is most of it: it materializes its source (a job and a local checkpoint), joins it with the
+table to find the touched files, then joins again to write them; the delete memory's append is
+a whole Delta write of its own per batch with deletes. Per-batch metadata (the table's schema,
+now read once per table until the sink changes it; properties; the schema topic's end offsets)
+is a few percent. Reading MERGE's source from the sink's own cache with
+``merge.materializeSource=none`` was tried and showed no gain within the noise of this
+machine. Figures of runs: append 7.1k rows/s vs MERGE 2.2k (0.31x, 1M changes, load 7-9);
+append 3.8k vs MERGE 0.8k (0.21x) and 2.7k vs 0.6k (0.23x) for 400k changes at load 7-17;
+micro-batches at 1k changes/s with a 1 s trigger took 13-31 s (p95) there.
 """
 
 from __future__ import annotations
@@ -96,7 +112,7 @@ def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
     return time.perf_counter() - began
 
 
-def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[float, list[float]]:
+def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[float, list]:
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
@@ -108,7 +124,16 @@ def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[flo
     began = time.perf_counter()
     for batch_id, batch in batches(spark, data, changes, size):
         job.apply(batch, batch_id)
-    return time.perf_counter() - began, job.batch_seconds
+    return time.perf_counter() - began, list(job.batches)
+
+
+def phase_line(reports) -> str:
+    """Seconds per phase (spark_sinks.timing), summed over ``reports``, largest first."""
+    total: dict[str, float] = {}
+    for report in reports:
+        for name, seconds in report.phases.items():
+            total[name] = total.get(name, 0.0) + seconds
+    return "  ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(total.items(), key=lambda i: -i[1]))
 
 
 def check(spark, data: str, table: str) -> int:
@@ -216,12 +241,13 @@ def main(argv: list[str] | None = None) -> None:
         append_s = run_append(spark, data, f"{work}/append", args.changes, args.batch)
         print(f"baseline  Delta append   {args.changes:>10,} rows in {append_s:7.1f}s  "
               f"{args.changes / append_s:>10,.0f} rows/s", flush=True)
-        merge_s, per_batch = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
+        merge_s, merged = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
         live = check(spark, data, f"{work}/lake/public/orders")
         print(f"ours      MERGE          {args.changes:>10,} rows in {merge_s:7.1f}s  "
               f"{args.changes / merge_s:>10,.0f} rows/s  ({merge_s / append_s:.1f}x the append's time; "
               f"{live:,} live keys checked)", flush=True)
-        print(f"          per batch of {args.batch:,}: " + " ".join(f"{s:.1f}" for s in per_batch) + " s")
+        print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in merged) + " s")
+        print(f"          seconds per phase: {phase_line(merged)}", flush=True)
 
         if args.latency_seconds > 0:
             bootstrap = env.get("KAFKA_BOOTSTRAP")
@@ -234,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"latency   {len(reports)} micro-batches at {args.rate:,} changes/s, trigger {args.trigger:g}s, "
                   f"{statistics.mean(b.records for b in reports):,.0f} records/batch")
             print(f"          batch duration p50 {percentile(durations, .5):.1f}s  "
-                  f"p95 {percentile(durations, .95):.1f}s")
+                  f"p95 {percentile(durations, .95):.1f}s  max {max(durations):.1f}s")
+            print(f"          seconds per phase: {phase_line(reports)}")
             print(f"          commit -> visible in Delta, oldest change of a batch: p50 "
                   f"{percentile(oldest, .5):.1f}s  p95 {percentile(oldest, .95):.1f}s  max {max(oldest):.1f}s; "
                   f"newest: p50 {percentile(newest, .5):.1f}s")

@@ -12,6 +12,7 @@
         soft_delete: false
         scd2: false
         delete_retention_hours: 168
+        json_columns: string              # or variant: json/jsonb as Spark 4's VARIANT
         # kafka: {bootstrap_servers: "broker:9092"}   # default: the log's brokers
         # spark: {master: "local[*]", conf: {spark.sql.shuffle.partitions: "8"}}
 
@@ -83,6 +84,10 @@ class DeltaSinkConfig(SinkConfig):
         default_factory=lambda: {"delta.enableDeletionVectors": "true"},
         description="properties of the tables created (deletion vectors: a MERGE marks rows instead "
                     "of rewriting whole files)")
+    json_columns: Literal["string", "variant"] = Field(
+        default="string", description="the type of json/jsonb columns: string (their JSON text) or "
+                                      "variant (Spark 4's VARIANT: semi-structured, queried by path; a "
+                                      "table already holding one as string keeps it as string)")
     topic_prefix: str | None = Field(default=None, description="default: the log's topic_prefix")
     kafka: DeltaKafkaConfig | None = Field(default=None, description="default: the log's brokers")
     spark: SparkSettings = Field(default_factory=SparkSettings)

@@ -33,7 +33,10 @@ from spark_sinks.config import DeltaSinkConfig
 
 log = logging.getLogger(__name__)
 
-STOP_WAIT_S = 30.0   # how long stop() lets the batch in flight finish
+# How long stop() lets the batch in flight finish before it interrupts it (the batch then re-runs
+# from the checkpoint). Below the worker's drain time (cdc run's --grace, 20 s by default), so
+# the sink stops the query itself rather than the worker exiting under it.
+STOP_WAIT_S = 8.0
 
 
 class DeltaSink(SelfDrivenSink):
@@ -89,6 +92,12 @@ class DeltaSink(SelfDrivenSink):
                 deadline = time.monotonic() + STOP_WAIT_S
                 while query.status.get("isTriggerActive") and time.monotonic() < deadline:
                     time.sleep(0.1)
+                job.stopping = True
+                if self._own_session and self.session is not None:
+                    # An interrupted batch is expected now, and re-runs from the checkpoint: the
+                    # JVM's and Py4J's stack traces about it would only bury the log's real lines.
+                    self.session.sparkContext.setLogLevel("OFF")
+                    logging.getLogger("py4j").setLevel(logging.CRITICAL)
                 query.stop()
             if job.log is not None:
                 job.log.close()
@@ -160,7 +169,7 @@ def _session(config: DeltaSinkConfig):
     else:
         from spark_sinks.session import local_session
 
-        session = local_session(f"cdc-delta-{config.name}", jars=config.spark.jars,
+        session = local_session(f"cdc-delta-{config.name}", jars=config.spark.jars, conf=config.spark.conf,
                                 master=config.spark.master, driver_memory=config.spark.driver_memory)
     return session
 

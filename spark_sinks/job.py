@@ -41,6 +41,7 @@ from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelo
                                row_changes, topic_pattern)
 from spark_sinks.schemas import SchemaRegistry, TableShape
 from spark_sinks.tables import TableTarget
+from spark_sinks.timing import PhaseClock
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class BatchReport:
     finished: float            # time.time() when its commits were done
     oldest_ms: int | None      # the oldest and newest source commit time (ts_ms) in the batch
     newest_ms: int | None
+    phases: dict[str, float]   # wall seconds per phase (timing.PhaseClock), summed over tables
 
 
 class DeltaJob:
@@ -70,7 +72,7 @@ class DeltaJob:
         self.bootstrap_servers = bootstrap_servers
         self.kafka_options = dict(kafka_options or {})
         self.log = log_
-        self.registry = SchemaRegistry(log_, prefix)
+        self.registry = SchemaRegistry(log_, prefix, config.json_columns)
         self.mode = "scd2" if config.scd2 else "soft" if config.soft_delete else "type1"
         self.stats = stats or ConnectorStats(config.name, "sink")
         self.failure: BaseException | None = None   # what made the last batch fail, typed
@@ -81,6 +83,8 @@ class DeltaJob:
         self._query_id: str | None = None
         self._started = threading.Event()
         self._targets: dict[tuple[str, str], TableTarget] = {}
+        self.clock = PhaseClock()
+        self.stopping = False   # set by the sink's stop(): a batch failing now was interrupted
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -107,6 +111,7 @@ class DeltaJob:
             writer = writer.trigger(processingTime=f"{int(config.trigger_seconds * 1000)} milliseconds")
         self._started.clear()
         self.failure = None
+        self.stopping = False
         self.query = writer.start()
         self.bind(self.query.id)  # kept in the checkpoint: the same across restarts
         self.stats.phase = "streaming"
@@ -128,12 +133,22 @@ class DeltaJob:
         try:
             self.apply(batch, batch_id)
         except BaseException as err:
+            if self.stopping:
+                # stop() interrupted it: nothing of it is marked done, and it re-runs from the
+                # checkpoint (its commits carry transaction ids, so nothing is applied twice).
+                log.info("batch %d interrupted by the stop; it re-runs at the next start", batch_id,
+                         extra=self._extra())
+                raise BatchFailed(f"batch {batch_id} interrupted by the stop") from None
             # Py4J turns the exception into text; keep the typed one for whoever awaits the query.
             self.failure = err
             self.stats.errors += 1
             self.stats.last_error = f"{type(err).__name__}: {err}"
             log.error("batch %d failed: %s", batch_id, self.stats.last_error, extra=self._extra())
-            raise
+            # Spark matches the text of a foreachBatch error with a backtracking regex that
+            # overflows the stack on a long one (a Py4JJavaError carries the whole Java stack
+            # trace): a StackOverflowError and pages of trace instead of the query's failure.
+            # The typed error is ``failure``; Spark gets its first line.
+            raise BatchFailed(f"batch {batch_id} failed: {_first_line(self.stats.last_error)}") from None
 
     # -- one micro-batch -------------------------------------------------------------------------
     def apply(self, batch: DataFrame, batch_id: int) -> None:
@@ -142,28 +157,35 @@ class DeltaJob:
         if self._query_id is None:
             raise PermanentError(f"sink {self.name}: a batch to write but no query id (call start or bind)")
         began = time.monotonic()
+        clock = self.clock
+        clock.take()
         session = batch.sparkSession
         rows = envelopes(batch).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            summary = self.summarize(rows)
+            with clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
+                summary = self.summarize(rows)
             if any(s["poison"] for s in summary):
-                self._poison(rows)
+                with clock.phase("poison"):
+                    self._poison(rows)
             for item in sorted(summary, key=lambda s: s["topic"]):
                 target = self._target(item["topic"])
                 self.apply_topic(session, rows.where(F.col("topic") == item["topic"]), item, batch_id, target)
-            self._purge(session, [self._target(s["topic"]) for s in summary])
+            with clock.phase("purge"):
+                self._purge(session, [self._target(s["topic"]) for s in summary])
         finally:
-            rows.unpersist()
+            with clock.phase("unpersist"):
+                rows.unpersist()
         seconds = time.monotonic() - began
         records = sum(s["records"] for s in summary)
         newest = max((s["newest_ts"] for s in summary if s["newest_ts"] is not None), default=None)
         oldest = min((s["oldest_ts"] for s in summary if s["oldest_ts"] is not None), default=None)
-        self.batches.append(BatchReport(batch_id, records, seconds, time.time(), oldest, newest))
+        phases = clock.take()
+        self.batches.append(BatchReport(batch_id, records, seconds, time.time(), oldest, newest, phases))
         self.stats.events += records
         if newest is not None:
             self.stats.lag_seconds = max(0.0, time.time() - newest / 1000)
-        log.debug("batch %d: %d records, %d tables, %.2fs", batch_id, records, len(summary), seconds,
-                  extra=self._extra())
+        log.debug("batch %d: %d records, %d tables, %.2fs (%s)", batch_id, records, len(summary), seconds,
+                  " ".join(f"{name} {s:.2f}" for name, s in phases.items()), extra=self._extra())
 
     @staticmethod
     def summarize(rows: DataFrame) -> list[Row]:
@@ -226,7 +248,7 @@ class DeltaJob:
                                   or record["version"] < named):
             raise RetriableError(f"sink {self.name}: rows of {topic} name shape {named}, which "
                                  f"{self.registry.topic} does not hold yet")
-        return TableShape.from_record(record) if record is not None else None
+        return TableShape.from_record(record, self.config.json_columns) if record is not None else None
 
     def _refuse_widening(self, target: TableTarget, plan: evolve.Plan, table_schema) -> None:
         """``fail`` stops at a type change even where Delta could widen the column losslessly: the
@@ -244,65 +266,71 @@ class DeltaJob:
         """Write one table's records of the batch (``rows``: its envelopes)."""
         if not item["changes"] and item["truncated_at"] is None:
             return  # only poison records
-        shape = shape or self._shape(session, item, target)
-        plan = evolve.Plan()
-        if target.exists(session):
-            target.check_mode(session)
-            plan = evolve.plan(shape, target.schema(session), target.key(session))
-            if plan.incompatible:
-                problems = "; ".join(plan.incompatible)
-                if self.config.schema_policy in ("fail", "evolve"):
-                    raise SchemaChangeError(f"sink {self.name}: table {target.name} cannot follow its source: "
-                                            f"{problems} (schema_policy: {self.config.schema_policy}; nothing "
-                                            f"of the new shape was written; set it to rebuild, or rebuild "
-                                            f"by deleting the table and the checkpoint)")
-                log.warning("table %s: %s; rebuilding it from %s", target.name, problems, target.topic,
-                            extra=self._extra())
-                self.rebuild(session, target, shape, batch_id)
-                return
-            if plan.widen and self.config.schema_policy == "fail":
-                self._refuse_widening(target, plan, target.schema(session))
-            target.evolve(session, plan)
-        else:
-            target.create(session, shape, self.config.table_properties)
-        if item["truncated_at"] is not None:
-            if self.mode == "scd2":
-                scd2.truncate(session, target, item["truncated_at"])
+        clock = self.clock
+        with clock.phase("table"):
+            shape = shape or self._shape(session, item, target)
+            plan = evolve.Plan()
+            if target.exists(session):
+                target.check_mode(session)
+                plan = evolve.plan(shape, target.schema(session), target.key(session))
+                if plan.incompatible:
+                    problems = "; ".join(plan.incompatible)
+                    if self.config.schema_policy in ("fail", "evolve"):
+                        raise SchemaChangeError(f"sink {self.name}: table {target.name} cannot follow its source: "
+                                                f"{problems} (schema_policy: {self.config.schema_policy}; nothing "
+                                                f"of the new shape was written; set it to rebuild, or rebuild "
+                                                f"by deleting the table and the checkpoint)")
+                    log.warning("table %s: %s; rebuilding it from %s", target.name, problems, target.topic,
+                                extra=self._extra())
+                    self.rebuild(session, target, shape, batch_id)
+                    return
+                if plan.widen and self.config.schema_policy == "fail":
+                    self._refuse_widening(target, plan, target.schema(session))
+                target.evolve(session, plan)
             else:
-                merge.truncate(session, target, item["truncated_at"], self.mode == "soft")
+                target.create(session, shape, self.config.table_properties)
+        if item["truncated_at"] is not None:
+            with clock.phase("truncate"):
+                if self.mode == "scd2":
+                    scd2.truncate(session, target, item["truncated_at"])
+                else:
+                    merge.truncate(session, target, item["truncated_at"], self.mode == "soft")
         if not item["changes"]:
             return
-        changes = row_changes(rows)
-        watermark = target.truncated_at(session)
-        if watermark is not None:
-            changes = changes.where(F.col("version").isNull() | (F.col("version") > watermark))
-        table_fields = evolve.data_fields(target.schema(session))
-        data_columns = [f.name for f in table_fields]
-        known = {name.lower() for name in shape.names}
-        # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
-        extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
-        struct = T.StructType([*shape.struct().fields, *extra])
-        columns = columns_of(F.col("data"), struct, plan.casts)
+        with clock.phase("plan"):
+            changes = row_changes(rows)
+            watermark = target.truncated_at(session)
+            if watermark is not None:
+                changes = changes.where(F.col("version").isNull() | (F.col("version") > watermark))
+            table_fields = evolve.data_fields(target.schema(session))
+            data_columns = [f.name for f in table_fields]
+            known = {name.lower() for name in shape.names}
+            # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
+            extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
+            struct = T.StructType([*shape.struct().fields, *extra])
+            columns = columns_of(F.col("data"), struct, plan.casts)
         if self.mode == "scd2":
-            fresh = scd2.newer_than_history(session, target, changes)
-            source = fresh.select(KEY, F.col("op").alias(OP), F.col("version").alias(VERSION),
-                                  F.col("ts_ms").alias(TS), *columns)
-            with self._txn(session, batch_id, "merge"):
+            with clock.phase("plan"):
+                fresh = scd2.newer_than_history(session, target, changes)
+                source = fresh.select(KEY, F.col("op").alias(OP), F.col("version").alias(VERSION),
+                                      F.col("ts_ms").alias(TS), *columns)
+            with clock.phase("merge"), self._txn(session, batch_id, "merge"):
                 scd2.merge(session, target, source, data_columns)
         else:
-            latest = latest_per_key(changes)
-            if self.mode == "type1":
-                latest = merge.without_remembered_deletes(session, target, latest)
-            source = latest.select(*columns, KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
-                                   F.col("ts_ms").alias(TS))
+            with clock.phase("plan"):
+                latest = latest_per_key(changes)
+                if self.mode == "type1":
+                    latest = merge.without_remembered_deletes(session, target, latest)
+                source = latest.select(*columns, KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
+                                       F.col("ts_ms").alias(TS))
             remember = self.mode == "type1" and item["deletes"]
             if remember:
                 source = source.persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                with self._txn(session, batch_id, "merge"):
+                with clock.phase("merge"), self._txn(session, batch_id, "merge"):
                     merge.merge(session, target, source, data_columns, self.mode == "soft")
                 if remember:
-                    with self._txn(session, batch_id, "deletes"):
+                    with clock.phase("deletes"), self._txn(session, batch_id, "deletes"):
                         merge.remember_deletes(session, target, source)
             finally:
                 if remember:
@@ -388,6 +416,14 @@ class DeltaJob:
         staging.forget()
         target.forget()
         log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
+
+
+class BatchFailed(Exception):
+    """What Spark sees of a failed micro-batch (the typed error is ``DeltaJob.failure``)."""
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
 
 
 def _remove(session: SparkSession, path: str) -> None:

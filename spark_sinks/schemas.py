@@ -47,8 +47,8 @@ class TableShape:
                           self.from_schema_record)
 
     @staticmethod
-    def from_record(record: dict) -> TableShape:
-        columns = tuple((c["name"], spark_type(c["type"])) for c in record["columns"])
+    def from_record(record: dict, json_columns: str = "string") -> TableShape:
+        columns = tuple((c["name"], spark_type(c["type"], json_columns)) for c in record["columns"])
         key = tuple(c["name"] for c in record["columns"] if c.get("key"))
         return TableShape(columns, key, True)
 
@@ -62,9 +62,10 @@ class TableShape:
 class SchemaRegistry:
     """topic -> the newest schema record of its table. Thread-safe."""
 
-    def __init__(self, log_: Log | None, prefix: str) -> None:
+    def __init__(self, log_: Log | None, prefix: str, json_columns: str = "string") -> None:
         self._log = log_
         self.prefix = prefix
+        self.json_columns = json_columns   # the Spark type of json/jsonb columns (types.spark_type)
         self.topic = schema_changes_topic(prefix)
         self._records: dict[str, dict] = {}
         self._ends: dict | None = None
@@ -78,7 +79,7 @@ class SchemaRegistry:
 
     def shape(self, topic: str, *, refresh: bool = True) -> TableShape | None:
         record = self.record(topic, refresh=refresh)
-        return TableShape.from_record(record) if record is not None else None
+        return TableShape.from_record(record, self.json_columns) if record is not None else None
 
     def remember(self, topic: str, record: dict) -> None:
         """Use ``record`` for ``topic`` until the schema topic says otherwise (for callers without

@@ -3,10 +3,6 @@
 Spark's own ``spark.jars.packages`` resolver (Ivy) ignores Maven's mirror settings, so the jars are
 resolved by Maven into the project's cache (``cdc dev up`` / ``cdc.api.spark_jars``) and handed
 to Spark as plain files through ``spark.jars``.
-
-A local session (``local[...]``) binds its driver to loopback: Spark otherwise binds the machine's
-external interface (whatever the host name resolves to), opening the driver's ports to the network
-for a process that talks only to itself. ``SPARK_LOCAL_IP`` (Spark's own setting) still wins.
 """
 
 from __future__ import annotations
@@ -15,41 +11,73 @@ import os
 from typing import Mapping, Sequence
 
 LOOPBACK = "127.0.0.1"
+BIND_ADDRESS, DRIVER_HOST = "spark.driver.bindAddress", "spark.driver.host"
 
 
-def driver_address(master: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The driver's bind settings for ``master``: loopback for a local master unless
-    ``SPARK_LOCAL_IP`` says otherwise; nothing for a cluster (its executors must reach the driver)."""
-    env = os.environ if env is None else env
-    if not master.startswith("local") or env.get("SPARK_LOCAL_IP"):
+def driver_address(master: str, conf: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Where a local driver listens: loopback, unless the user said otherwise.
+
+    Spark's default is the address the host name resolves to, else the first external
+    interface: a laptop's driver (block manager, RPC) then listens on the network. A local
+    master needs nothing beyond loopback; a cluster's executors must reach the driver, so for
+    any other master, and when ``conf`` or ``SPARK_LOCAL_IP``/``SPARK_LOCAL_HOSTNAME`` choose an
+    address, nothing is set here."""
+    chosen = BIND_ADDRESS in conf or DRIVER_HOST in conf or environ.get("SPARK_LOCAL_IP") \
+        or environ.get("SPARK_LOCAL_HOSTNAME")
+    if chosen or not master.startswith("local"):
         return {}
-    return {"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK}
+    return {BIND_ADDRESS: LOOPBACK, DRIVER_HOST: LOOPBACK}
 
 
 def local_session(app_name: str, *, jars: Sequence[str] | None = None, master: str = "local[2]",
-                  warehouse: str | None = None, driver_memory: str = "2g"):
-    """Build (or get) a SparkSession for ``master`` with Delta's SQL extension and catalog."""
+                  warehouse: str | None = None, driver_memory: str = "2g", conf: Mapping[str, str] | None = None):
+    """Build (or get) a SparkSession for ``master`` with Delta's SQL extension and catalog;
+    ``conf``: more settings (static ones too: they are given before the session starts)."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     if jars is None:
         from cdc.api import spark_jars
 
         jars = spark_jars()
-    builder = (
-        SparkSession.builder.appName(app_name).master(master)
-        .config("spark.jars", ",".join(jars))
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-    )
-    for key, value in driver_address(master).items():
-        builder = builder.config(key, value)
-    if warehouse:
-        builder = builder.config("spark.sql.warehouse.dir", warehouse)
+    settings = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(jars),
+        "spark.driver.memory": driver_memory,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",   # progress bars are noise in a daemon's log
+        "spark.sql.session.timeZone": "UTC",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        **({"spark.sql.warehouse.dir": warehouse} if warehouse else {}),
+        **driver_address(master, conf or {}),
+        **(conf or {}),
+    }
+    spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    if SparkContext._gateway is None:  # noqa: SLF001 - no public way to ask whether the JVM runs
+        _start_jvm(spark_conf)
+    builder = SparkSession.builder
+    for name, value in settings.items():
+        builder = builder.config(name, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def _start_jvm(spark_conf) -> None:
+    """Start Spark's JVM in a process group of its own, with its SparkContext.
+
+    pyspark starts it in ours, so a SIGTERM to the group (a service manager stopping the
+    daemon, ``kill -- -PGID``) reached the JVM too: its shutdown hooks stopped the SparkContext
+    under the batch in flight, and the sink printed pages of InterruptedException and
+    StackOverflowError instead of stopping the query itself. Apart, the JVM is stopped by the
+    sink (``DeltaSink.stop``), and still dies with this process: it exits when its stdin, a
+    pipe from here, closes."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(spark_conf, popen_kwargs={"start_new_session": True})
+    SparkContext(conf=spark_conf, gateway=gateway)

@@ -73,6 +73,7 @@ class TableTarget:
         self._exists = False
         self._deletes_exist = False
         self._properties: dict[str, str] | None = None
+        self._schema: T.StructType | None = None
         # time.monotonic() of the last purge of the delete memory: a purge runs an hour after the
         # job starts and hourly after, not in every restart's first batch.
         self.purged_at = time.monotonic()
@@ -89,7 +90,12 @@ class TableTarget:
         return self._deletes_exist
 
     def schema(self, session: SparkSession) -> T.StructType:
-        return DeltaTable.forPath(session, self.path).toDF().schema
+        # Cached: reading it loads the table's snapshot and analyses a plan, a second or more per
+        # call on a busy driver. This sink is the table's one writer and drops the cache whenever
+        # it changes the schema (create, evolve, forget).
+        if self._schema is None:
+            self._schema = DeltaTable.forPath(session, self.path).toDF().schema
+        return self._schema
 
     def properties(self, session: SparkSession) -> dict[str, str]:
         if self._properties is None:
@@ -117,6 +123,7 @@ class TableTarget:
         """Drop what was cached (the tables were replaced)."""
         self._exists = self._deletes_exist = False
         self._properties = None
+        self._schema = None
 
     # -- creating and evolving -------------------------------------------------------------------
     def create(self, session: SparkSession, shape: TableShape, properties: dict[str, str]) -> None:
@@ -127,6 +134,7 @@ class TableTarget:
         builder.execute()
         self._exists = True
         self._properties = None
+        self._schema = None
         log.info("created Delta table %s at %s (%s, key %s)", self.name, self.path, self.mode,
                  ",".join(shape.key))
 
@@ -138,6 +146,8 @@ class TableTarget:
                                  f"the checkpoint to rebuild it")
 
     def evolve(self, session: SparkSession, plan: Plan) -> None:
+        if plan.changes_table:
+            self._schema = None
         new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
         if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
             # A table created with such a column has the feature; one that gains it must ask.

@@ -14,8 +14,11 @@ forms, which Spark's ``from_json`` reads for these types directly (checked in th
   ``timestamp without time zone`` (MySQL ``datetime``) is ``timestamp_ntz``. The source's strings
   for infinities and BC dates do not parse and are NULL in the table;
 * ``bytea``/blobs (base64 in the event) are ``binary``;
-* json, jsonb, arrays, ranges, hstore, time, interval, uuid, enums and anything else are
-  ``string``: nested JSON is kept as its JSON text.
+* json and jsonb are ``string`` (their JSON text) by default; with the sink's
+  ``json_columns: variant`` they are Spark 4's ``variant`` (queried with ``variant_get`` and
+  ``:`` paths, without parsing the text again on every read);
+* arrays, ranges, hstore, time, interval, uuid, enums and anything else are ``string``: nested
+  JSON is kept as its JSON text.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ _BINARIES = frozenset("bytea blob tinyblob mediumblob longblob binary varbinary"
 _TYPE = re.compile(r"([a-z][a-z0-9_ ]*?)\s*(?:\(([^()]*)\))?((?:\s+[a-z]+)*)\s*")
 
 MAX_PRECISION = 38  # Spark's DecimalType
+_JSON = frozenset({"json", "jsonb"})
 
 
-def spark_type(type_name: str) -> T.DataType:
-    """The Spark type of a column whose source type is ``type_name``."""
+def spark_type(type_name: str, json_columns: str = "string") -> T.DataType:
+    """The Spark type of a column whose source type is ``type_name``; ``json_columns`` (string or
+    variant) is the type of json/jsonb columns."""
     text = type_name.strip().lower()
     if text.endswith("]") or text.startswith("_") or text.endswith("range"):
         return T.StringType()            # arrays (text[], _int4), ranges: their JSON text
@@ -70,6 +75,8 @@ def spark_type(type_name: str) -> T.DataType:
         return T.TimestampNTZType()
     if name in _BINARIES:
         return T.BinaryType()
+    if name in _JSON and json_columns == "variant":
+        return T.VariantType()
     return T.StringType()
 
 
