@@ -110,7 +110,7 @@ def line(label: str, rows: int, seconds: float, nbytes: int, baseline: float | N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--workers", default="1,2", help="snapshot_workers counts to run, comma-separated")
+    parser.add_argument("--workers", default="1,2,4", help="snapshot_workers counts to run, comma-separated")
     parser.add_argument("--chunk-pages", type=int, default=None,
                         help="snapshot_chunk_pages (default: the source's default)")
     parser.add_argument("--partitions", type=int, default=3)
