@@ -254,9 +254,10 @@ class SnapshotThenStream(Source):
         self._snapshot_rows = 0
         self.snapshot = opened.pool or ParallelSnapshot(opened.readers, opened.chunks, opened.read,
                                                         name=f"{self.config.name}-snapshot")
-        self.log.info("snapshot of %d tables in %d chunks, consistent at %s, %s; streaming will start after %s",
-                      len(opened.end.tables), len(opened.chunks), opened.consistent,
-                      opened.described or f"{len(opened.readers)} readers", self.stream_from, extra=self._extra())
+        readers = opened.pool.count if opened.pool is not None else len(opened.readers)
+        self.log.info("snapshot of %d tables in %d chunks, consistent at %s, %d readers%s; streaming will start "
+                      "after %s", len(opened.end.tables), len(opened.chunks), opened.consistent, readers,
+                      f" ({opened.described})" if opened.described else "", self.stream_from, extra=self._extra())
 
     def _poll_snapshot(self, timeout: float) -> Batch | None:
         if not self._progress_stored:

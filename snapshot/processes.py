@@ -115,7 +115,7 @@ class ProcessSnapshot:
         self._tasks = context.Queue()
         self._results = context.Queue(maxsize=queue_batches)
         self._stopping = context.Event()
-        self._count = count
+        self.count = count
         self._finished = 0
         self._error: BaseException | None = None
         self.tasks_total = 0
@@ -139,7 +139,7 @@ class ProcessSnapshot:
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         ready = 0
-        while ready < self._count:
+        while ready < self.count:
             try:
                 kind, value = self._results.get(timeout=max(0.05, deadline - time.monotonic()))
             except queue.Empty:
@@ -181,7 +181,7 @@ class ProcessSnapshot:
                 self.tasks_done += 1
             elif kind == _DONE:
                 self._finished += 1
-                if self._finished == self._count:
+                if self._finished == self.count:
                     raise StopIteration
             elif kind == _ERROR:
                 self._error = value

@@ -101,4 +101,4 @@ def open_snapshot(config: PostgresConfig, conn, slot: ReplicationSlot, tables: l
                                 before.lsn, now) for t in tables)
     return OpenedSnapshot(readers, chunks, rows.read, consistent, shapes,
                           SnapshotEnd(tuple(t.id for t in tables), before.lsn), accept=accept, pool=pool,
-                          described=f"{workers} reader {'processes' if pool is not None else 'threads'}")
+                          described="processes" if pool is not None else "threads")
