@@ -30,8 +30,9 @@ class PostgresConfig(SourceConfig):
         "parallel snapshot readers (default: min(4, CPU cores)); each reads chunks of the tables inside "
         "the same exported snapshot"))
     snapshot_processes: bool = Field(default=True, description=(
-        "run the snapshot readers as child processes (they die with this one), not threads: their "
-        "COPY reading then runs beside the interpreter lock of the process that publishes the rows"))
+        "run the snapshot readers as child processes (they die with this one), not threads, when the "
+        "snapshot has more than one chunk: their COPY reading then runs beside the interpreter lock of "
+        "the process that publishes the rows"))
     snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")

@@ -42,19 +42,21 @@ def open_snapshot(config: PostgresConfig, conn, slot: ReplicationSlot, tables: l
     repl, consistent, snapshot_name = slot.create(export=True, temporary=backfill)
     pool, readers = None, []
     try:
-        workers = config.reader_count
-        if config.snapshot_processes:
+        with conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            chunks = plan_chunks(conn, tables, config.snapshot_chunk_pages)
+        conn.rollback()
+        # No more readers than chunks; a table read in one chunk is not worth starting a process
+        # for (a spawned reader takes about a second to start on a busy two-core machine).
+        workers = max(1, min(config.reader_count, len(chunks)))
+        if config.snapshot_processes and len(chunks) > 1:
             pool = ProcessSnapshot(OpenReader(slot.dsn, slot.options, snapshot_name, slot.app_name, slot.setting),
                                    copy_lines, workers, name=f"{config.name}-snapshot",
                                    ready_timeout=config.server_timeout)
         else:
             readers = [SnapshotReader(slot.dsn, slot.options, snapshot_name, slot.app_name, slot.setting)
                        for _ in range(workers)]
-        with conn.cursor() as cur:
-            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-            chunks = plan_chunks(conn, tables, config.snapshot_chunk_pages)
-        conn.rollback()
     except BaseException:
         close_quietly(pool)
         for reader in readers:
