@@ -31,6 +31,17 @@ every figure is inflated alike; the profile covers the runner's thread only):
   through psycopg2's per-row ``write``) and the server's (``row_to_json`` per row) run on the
   same two cores as Kafka's broker and this process, so on this machine more processes than
   cores only add contention.
+
+Measured (1M rows, ``--threads``, 2 cores shared with other helpers, load average 10-12 during the
+runs; rows/s and share of the COPY rate measured in the same run):
+
+    COPY 409k; processes 1/2/4: 75k 70k 70k (17-18%); threads 1/2/4: 70k 97k 92k (17-24%)
+    COPY 468k; processes 1/2/4: 58k 69k 51k (11-15%); threads 1/2/4: 60k 78k 77k (13-17%)
+
+So on this machine the reader processes do not beat threads: with no idle core, moving the COPY
+reading out of the publishing process frees nothing that another process can use, and each block
+pays a pipe and a pickle. The 40%-of-COPY target is not reached either way; what is left per row
+in the publishing process (making the event, encoding the envelope, producing) is the limit.
 """
 
 from __future__ import annotations
