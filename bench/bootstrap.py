@@ -1,15 +1,28 @@
 """Bootstrap throughput: a new SQL target filled from a compacted topic, beside COPY.
 
     .venv/bin/cdc dev up --only postgres kafka
-    .venv/bin/python -m bench.bootstrap [--events 500000] [--keys 200000]
+    .venv/bin/python -m bench.bootstrap [--events 500000] [--keys 200000] [--rounds 1]
+    .venv/bin/python -m bench.bootstrap --events 3000000 --keys 1000000     # issue #18's size
 
-Measures, in one run:
+Measures, in one run (the topic is published once):
   copy       COPY of the final rows (one per live key) into a plain PostgreSQL table: the floor
              for loading that data.
   bootstrap  what `cdc bootstrap` does: a SinkRunner reads the topic from offset 0 to its end
              (Kafka, 3 partitions, every update and delete of the history still there, as before
              compaction) and writes it through the SQL sink (version-guarded upserts) into a new
-             PostgreSQL database. Events/s over the whole history, and rows/s of the final table.
+             PostgreSQL database. Records/s over the whole history, and rows/s of the final table.
+             "now": reading and decoding the next batch while the sink writes one, upserts staged
+             as typed COPY rows; "before": one after the other, upserts staged as jsonb (how it
+             ran before issue #18). ``--rounds`` alternates them, each into a fresh database.
+Issue #18's targets: >= 100,000 records/s and >= 25% of COPY's rows/s.
+
+Where the time went (before; 600k changes over 200k keys, 10% deletes, cProfile and the
+server's statement log): 84% in the server, of which the upsert's ``INSERT ... SELECT CAST(s.j->>'c'
+AS type) ... ON CONFLICT`` with its anti-join on remembered deletes 34%, the version-guarded
+deletes and tombstones (``DELETE ... USING cdc_stage``) 19%, the jsonb COPY 13%; in Python
+decoding (orjson, SinkEvent) and the reduction to the newest version per key, on the same thread,
+so neither side ever ran while the other did. Random keys over a large table cost the server more
+per row than bench/sql_upsert.py's mostly new keys.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import io
+import os
 import random
 import threading
 import time
@@ -29,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of now and before, alternated")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -92,23 +107,45 @@ def main() -> None:
             conn.commit()
             copy_s = time.perf_counter() - began
         conn.close()
-        print(f"copy       {len(rows) / copy_s:>12,.0f} rows/s   ({copy_s:.2f}s)")
+        print(f"copy             {len(rows) / copy_s:>10,.0f} rows/s   ({copy_s:.2f}s)   (load {os.getloadavg()[0]:.1f})")
 
+        del final
         gc.collect()
-        url = target.replace("postgresql://", "postgresql+psycopg2://", 1)
-        sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"], batch_size=10_000))
-        runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}")
-        began = time.perf_counter()
-        runner.run(threading.Event(), from_start=True, until_caught_up=True)
-        seconds = time.perf_counter() - began
-        conn = psycopg2.connect(target)
-        with conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM orders")
-            landed = cur.fetchone()[0]
-        conn.close()
-        assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
-        print(f"bootstrap  {records / seconds:>12,.0f} records/s  {len(rows) / seconds:,.0f} final rows/s  "
-              f"({seconds:.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):.0%} of COPY's rows/s")
+        for round_ in range(args.rounds):
+            for now in (True, False):
+                name = f"{database}_{round_}{int(now)}"
+                with admin.cursor() as cur:
+                    cur.execute(f'CREATE DATABASE "{name}"')
+                try:
+                    url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
+                    sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
+                                                 batch_size=10_000))
+                    if not now:  # the jsonb staging, set once the sink has its applier
+                        start = sink.start
+
+                        def start_jsonb(start=start, sink=sink):
+                            start()
+                            sink.applier.typed_upserts = False
+                        sink.start = start_jsonb
+                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{int(now)}",
+                                        read_ahead=now)
+                    load = os.getloadavg()[0]
+                    began = time.perf_counter()
+                    runner.run(threading.Event(), from_start=True, until_caught_up=True)
+                    seconds = time.perf_counter() - began
+                    conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT count(*) FROM orders")
+                        landed = cur.fetchone()[0]
+                    conn.close()
+                finally:
+                    with admin.cursor() as cur:
+                        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
+                label = "now   " if now else "before"
+                print(f"bootstrap {label} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
+                      f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()

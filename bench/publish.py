@@ -6,9 +6,12 @@
 Measures, in one run on this machine:
   raw       confluent-kafka Producer (acks=all, idempotent, the same settings) sending the
             same key/value bytes, pre-serialized, no delivery callbacks: the ceiling.
-  kafka     our path: EnvelopeEncoder.encode (Debezium JSON) + KafkaLog writer.publish with
+  kafka     our path: EnvelopeEncoder.encode (the json format) + KafkaLog writer.publish with
             delivery tracking and a checkpoint per batch, then flush.
-  embedded  the same path into the embedded SQLite log (fsync on commit).
+  debezium  the same path in the debezium-json format (Connect JSON with schemas, Debezium's
+            encodings; cdc/formats/), and raw-dbz: the raw producer sending those bytes, so the
+            cost of encoding and the cost of the bigger records show apart.
+  embedded  the json path into the embedded SQLite log (fsync on commit).
 Target: kafka >= 70% of raw.
 """
 
@@ -23,15 +26,32 @@ import tempfile
 import time
 import uuid
 
-from cdc.events import ChangeEvent, Op, TableId, TransactionInfo
+from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId, TransactionInfo
+from cdc.formats import make_encoder
 from cdc.positions import Counter
 from cdc.serde import EnvelopeEncoder
+
+ORDERS = TableId("shop", "public", "orders")
+# The shape of realistic_events' rows, as the PostgreSQL source publishes it (debezium-json's schemas).
+ORDERS_SHAPE = SchemaChange(ORDERS, (
+    Column("id", "bigint", True, False), Column("customer_id", "integer"), Column("status", "text"),
+    Column("total", "numeric(10,2)"), Column("currency", "character(3)"), Column("items", "integer"),
+    Column("note", "text"), Column("created_at", "timestamp with time zone"),
+    Column("updated_at", "timestamp with time zone"), Column("tags", "text[]")), 1, 0)
+
+
+def encoder_for(fmt: str, prefix: str) -> EnvelopeEncoder:
+    encoder = make_encoder(fmt, "postgresql", "bench", prefix)
+    if fmt != "json":
+        encoder.learn([ORDERS_SHAPE])
+        encoder.schema_versions[ORDERS] = ORDERS_SHAPE.version
+    return encoder
 
 
 def realistic_events(n: int, keys: int = 100_000) -> list[ChangeEvent]:
     """Order rows as a PostgreSQL source emits them: 10 columns, ~300 bytes of JSON per value."""
     rng = random.Random(7)
-    table = TableId("shop", "public", "orders")
+    table = ORDERS
     statuses = ["new", "paid", "shipped", "delivered", "cancelled"]
     events = []
     for i in range(n):
@@ -61,8 +81,9 @@ def batches(pool: list, total: int, size: int):
         yield pool[offset:offset + min(size, total - start)]
 
 
-def run_ours(log, topic_prefix: str, events: list[ChangeEvent], total: int, batch_size: int) -> tuple[float, int]:
-    encoder = EnvelopeEncoder("postgresql", "bench", topic_prefix)
+def run_ours(log, topic_prefix: str, events: list[ChangeEvent], total: int, batch_size: int,
+             fmt: str = "json") -> tuple[float, int]:
+    encoder = encoder_for(fmt, topic_prefix)
     writer = log.writer()
     began = time.perf_counter()
     for seq, batch in enumerate(batches(events, total, batch_size), 1):
@@ -129,32 +150,45 @@ def main() -> None:
     encoder = EnvelopeEncoder("postgresql", "bench", "raw")
     pairs = [(r.key, r.value) for r in encoder.encode(events)]
     raw_bytes = sum(len(k) + len(v) for k, v in pairs) * args.events // len(pairs)
+    dbz_pairs = [(r.key, r.value) for r in encoder_for("debezium-json", "raw").encode(events)]
+    dbz_bytes = sum(len(k) + len(v) for k, v in dbz_pairs) * args.events // len(dbz_pairs)
     settings = TopicSettings(partitions=args.partitions)
-    print(f"{args.events:,} change events, {raw_bytes / args.events:.0f} bytes each (key+value), "
-          f"batches of {args.batch}, {args.partitions} partitions, acks=all")
+    print(f"{args.events:,} change events, {raw_bytes / args.events:.0f} bytes each (key+value; "
+          f"{dbz_bytes / args.events:.0f} in debezium-json), batches of {args.batch}, {args.partitions} partitions, acks=all")
 
     # Raw and ours alternate, each on fresh topics, for --rounds rounds: the broker shares these
     # cores and its speed drifts (JIT, segment rolls, page cache), so one pair of runs can land
     # anywhere in a +-20% band; the medians of alternating runs compare like with like.
     kafka = KafkaLog(bootstrap, settings)
-    raw_rates, our_rates = [], []
+    raw_rates, our_rates, raw_dbz_rates, dbz_rates = [], [], [], []
     for round_ in range(1, args.rounds + 1):
         prefix = f"bench_{uuid.uuid4().hex[:8]}"
+        dbz_prefix = f"{prefix}_dbz"
         raw_topic, our_topic = f"{prefix}.raw.orders", f"{prefix}.public.orders"
-        kafka.ensure_topic(raw_topic, settings)
-        kafka.ensure_topic(our_topic, settings)
+        raw_dbz_topic, dbz_topic = f"{prefix}.rawdbz.orders", f"{dbz_prefix}.public.orders"
+        for topic in (raw_topic, our_topic, raw_dbz_topic, dbz_topic):
+            kafka.ensure_topic(topic, settings)
         raw_seconds = run_raw(bootstrap, raw_topic, pairs, args.events, args.batch, PRODUCER_DEFAULTS)
         seconds, nbytes = run_ours(kafka, prefix, events, args.events, args.batch)
+        raw_dbz_seconds = run_raw(bootstrap, raw_dbz_topic, dbz_pairs, args.events, args.batch, PRODUCER_DEFAULTS)
+        dbz_seconds, dbz_nbytes = run_ours(kafka, dbz_prefix, events, args.events, args.batch, "debezium-json")
         raw_rates.append(args.events / raw_seconds)
         our_rates.append(args.events / seconds)
+        raw_dbz_rates.append(args.events / raw_dbz_seconds)
+        dbz_rates.append(args.events / dbz_seconds)
         print(f"round {round_}: " + line("raw", args.events, raw_bytes, raw_seconds))
         print(f"round {round_}: " + line("kafka", args.events, nbytes, seconds, raw_rates[-1]))
-        for topic in (raw_topic, our_topic):
+        print(f"round {round_}: " + line("raw-dbz", args.events, dbz_bytes, raw_dbz_seconds, raw_rates[-1]))
+        print(f"round {round_}: " + line("debezium", args.events, dbz_nbytes, dbz_seconds, raw_rates[-1]))
+        for topic in (raw_topic, our_topic, raw_dbz_topic, dbz_topic):
             kafka.delete_topic(topic)
     kafka.close()
     raw_rate, ours = statistics.median(raw_rates), statistics.median(our_rates)
+    raw_dbz, dbz = statistics.median(raw_dbz_rates), statistics.median(dbz_rates)
     print(f"median: raw {raw_rate:,.0f} events/s, kafka {ours:,.0f} events/s = {ours / raw_rate:.0%} of raw "
           f"(target 70%)")
+    print(f"median: debezium-json {dbz:,.0f} events/s = {dbz / raw_rate:.0%} of raw, {dbz / ours:.0%} of json; "
+          f"raw producer with its bytes {raw_dbz:,.0f} events/s (debezium-json = {dbz / raw_dbz:.0%} of that)")
 
     if not args.skip_embedded:
         with tempfile.TemporaryDirectory() as tmp:

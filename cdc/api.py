@@ -47,7 +47,8 @@ here or on the ``SinkContext`` it is handed:
 
 * events: ``SinkEvent`` (the semantics are in its docstring), ``Op``;
 * errors: ``CdcError``, ``RetriableError``, ``PermanentError``, ``ConfigError``,
-  ``SchemaChangeError``, ``RebuildRequired``. ``err.retriable`` tells the runtime whether to back
+  ``SchemaChangeError``, ``RebuildRequired``, ``ShapeMissingError`` (and ``ShapeNotYetPublished``,
+  see ``Sink.shape_of``). ``err.retriable`` tells the runtime whether to back
   off and try again or to stop the connector with the message. In ``write`` a ``RetriableError``
   retries the same batch; any other error splits the batch to find the poison event; a
   ``SchemaChangeError`` is never poison (the table needs a decision), and ``RebuildRequired``
@@ -60,7 +61,9 @@ here or on the ``SinkContext`` it is handed:
   server answers, since a failed connect has no SQLSTATE). The sources and the SQL sink classify
   through them, so a code means the same in every plugin;
 * the context: stats counters, a logger that names the connector, the topic prefix, the schema
-  of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log;
+  of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log, the
+  data topics matching the sink's globs, and the sources' stored checkpoints
+  (``checkpoint_feed``: for a sink that tells readers how far each source is applied);
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``ConnectorStats``; for a launcher that runs a
   self-driven sink outside the daemon (spark-submit): ``load_sink_settings``; for a sink running
@@ -70,6 +73,7 @@ here or on the ``SinkContext`` it is handed:
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -84,19 +88,22 @@ import cdc.servers.mysql
 import cdc.servers.postgres
 from cdc import servers
 from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, RetriableError,
-                        SchemaChangeError)
+                        SchemaChangeError, ShapeMissingError, ShapeNotYetPublished)
 from cdc.events import Batch, Op
 from cdc.log.base import Log, TopicSettings
+from cdc.offsets import CheckpointFeed
 from cdc.positions import Position
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
 
 __all__ = [
-    "SnapshotMode", "PluginConfig", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
+    "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
-    "SinkEvent", "Op", "Batch", "Position",
+    "SinkEvent", "Op", "Batch", "Position", "CheckpointFeed", "internal_topic", "INTERNAL_TOPICS_LOOKAHEAD",
+    "dead_letter_topic",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
+    "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
     "load_sink_settings", "spark_jars",
@@ -144,6 +151,23 @@ class SnapshotMode(StrEnum):
     WHEN_NEEDED = "when_needed"    # snapshot when there is no usable position (none, or purged)
 
 
+class RetryFailed(BaseModel):
+    """How the daemon starts a connector again after a permanent error (one that no retry of the
+    same call helps, but that can heal outside: a grant given, a database created, a lock freed,
+    the config file corrected). Retriable errors are retried anyway, without limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=5, ge=0, description="starts after a permanent failure before the "
+                                                           "connector stays failed (0: never restart it)")
+    backoff: float = Field(default=30.0, gt=0, description="seconds before the first new start; doubles")
+    backoff_max: float = Field(default=600.0, gt=0, description="longest wait between two starts")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before start number ``attempt`` (from 1) after a permanent failure."""
+        return min(self.backoff * 2 ** (attempt - 1), self.backoff_max)
+
+
 class PluginConfig(BaseModel):
     """Base of every plugin config: unknown keys are errors."""
 
@@ -154,6 +178,8 @@ class PluginConfig(BaseModel):
     unhealthy_after: float = Field(
         default=60.0, gt=0, description="seconds without progress (blocked, or retrying) after which "
                                         "/healthz answers 503; progress clears it")
+    retry_failed: RetryFailed = Field(default_factory=RetryFailed,
+                                      description="starting the connector again after a permanent error")
 
 
 class SourceConfig(PluginConfig):
@@ -170,6 +196,9 @@ class SinkConfig(PluginConfig):
     on_poison: Literal["dead_letter", "stop"] = Field(
         default="dead_letter", description="a record that fails even alone: set aside, or stop the sink")
     dead_letter_topic: str | None = Field(default=None, description="default: <prefix>.dead-letter.<name>")
+    schema_wait: float = Field(
+        default=300.0, gt=0, description="seconds to wait for a schema version that rows name and the "
+                                         "schema topic does not hold; then the sink stops at that row")
 
 
 class Source(ABC):
@@ -207,6 +236,11 @@ class Source(ABC):
         """Bytes of log the server keeps for this source (a PostgreSQL slot's retained WAL); None: unknown."""
         return None
 
+    def snapshot_chunks(self) -> tuple[int, int] | None:
+        """(chunks done, chunks in all) of the snapshot under way; None when none is. The runtime
+        adds the rows and an ETA for status and metrics."""
+        return None
+
     @property
     def finished(self) -> bool:
         """True when the source has nothing more to emit, ever (``initial_only`` after its snapshot)."""
@@ -233,6 +267,21 @@ class ConnectorLogger(logging.LoggerAdapter):
 DeadLetterWriter = Callable[[str, int, int, str, "bytes | None", "bytes | None"], None]
 
 
+def internal_topic(topic: str) -> bool:
+    """A topic of the framework's own (offsets, schema changes, dead letters), never a table's."""
+    return topic.endswith((".offsets", ".schema-changes")) or ".dead-letter." in topic
+
+
+# The same rule as a regex prefix (Java and Python syntax) for a subscription pattern: put it
+# before the alternatives of table topics so that none of the framework's own topics matches.
+INTERNAL_TOPICS_LOOKAHEAD = r"(?!.*\.offsets$)(?!.*\.schema-changes$)(?!.*\.dead-letter\.)"
+
+
+def dead_letter_topic(topic_prefix: str, sink_name: str) -> str:
+    """The default dead-letter topic of a sink (its ``dead_letter_topic`` setting overrides it)."""
+    return f"{topic_prefix}.dead-letter.{sink_name}"
+
+
 def _no_dead_letter(name: str) -> DeadLetterWriter:
     def refuse(topic: str, partition: int, offset: int, reason: str, key=None, value=None) -> None:
         raise PermanentError(f"sink {name}: no dead-letter writer outside the runtime; the record at "
@@ -254,8 +303,9 @@ class SinkContext:
                                                 "key": bool, "nullable": bool}, ...]}
 
     or None when the source publishes none (then, and only then, a sink infers column types from
-    the values). A version the schema topic does not hold yet raises ``RetriableError`` (the
-    source publishes a shape before its rows; the same batch comes again). The runtime hands
+    the values). A version the schema topic does not hold yet raises ``ShapeNotYetPublished``, a
+    ``RetriableError`` (the source publishes a shape before its rows; the same batch comes
+    again); a sink asks through ``Sink.shape_of(event)``, which bounds that wait. The runtime hands
     ``write`` batches in which each topic has one shape, so a sink changes a table between
     writes, before the first row of a new shape (docs/architecture.md, "Schema changes"). It may
     read the log: call it when a topic's shape matters (once per write and topic), not per event.
@@ -267,6 +317,14 @@ class SinkContext:
     fail alone, so a sink calls it only for records it decides to skip itself. ``log`` is the
     framework's log client when the runtime drives the sink (None for a ``SelfDrivenSink``, which
     reads the topics itself: ``log_config`` is the config file's ``log`` section to find them).
+
+    ``topics_matching(globs)`` lists the log's table topics that match ``globs`` (the framework's
+    own topics left out), as the runtime consumes them. ``checkpoint_feed()`` opens a
+    ``CheckpointFeed`` over the sources' stored checkpoints (None without a log): its ``poll()``
+    answers ``{source name: version}`` for each source whose stored checkpoint rose since the last
+    poll, a transaction boundary every event before which the log had acknowledged when it was
+    stored. With the end offsets of the sink's topics read after it, that tells when everything of
+    a source up to that version is applied (sinks/redis/applied.py). Use it from one thread.
     """
 
     name: str
@@ -285,12 +343,22 @@ class SinkContext:
         if self.stats is None:
             object.__setattr__(self, "stats", ConnectorStats(self.name, "sink"))
         if not self.dead_letter_topic:
-            object.__setattr__(self, "dead_letter_topic", f"{self.topic_prefix}.dead-letter.{self.name}")
+            object.__setattr__(self, "dead_letter_topic", dead_letter_topic(self.topic_prefix, self.name))
         if self.dead_letter is None:
             object.__setattr__(self, "dead_letter", _no_dead_letter(self.name))
         if self.logger is None:
             object.__setattr__(self, "logger", ConnectorLogger(logging.getLogger(f"cdc.sink.{self.name}"),
                                                                self.name, self.stats))
+
+    def topics_matching(self, globs: Iterable[str]) -> list[str]:
+        if self.log is None:
+            return []
+        globs = list(globs)
+        return sorted(t for t in self.log.topics()
+                      if any(fnmatch.fnmatchcase(t, g) for g in globs) and not internal_topic(t))
+
+    def checkpoint_feed(self) -> CheckpointFeed | None:
+        return None if self.log is None else CheckpointFeed(self.log, self.topic_prefix)
 
 
 class Sink(ABC):
@@ -331,6 +399,32 @@ class Sink(ABC):
     @schema_for.setter
     def schema_for(self, schema_for: Callable[..., dict | None]) -> None:
         self.context = dataclasses.replace(self.context, schema_for=schema_for)
+
+    def shape_of(self, event: SinkEvent) -> dict | None:
+        """The schema record ``event`` names in ``source.schema_version`` (the topic's newest when
+        it names none; None when the source publishes no shapes). Call it with the first event of a
+        topic in a write (a write has one shape per topic).
+
+        A named version the schema topic does not hold raises ``ShapeNotYetPublished`` (retriable:
+        the runtime retries the batch) until it has been missing for ``config.schema_wait``
+        seconds, then ``ShapeMissingError`` naming the event's topic, partition, offset, table and
+        the version: the sink stops there and its offset is never committed past the row."""
+        version = event.source.get("schema_version") if event.source else None
+        try:
+            return self.context.schema_for(event.topic, version)
+        except ShapeNotYetPublished as err:
+            if err.waited < self.config.schema_wait:
+                raise
+            where = f"{event.topic}[{event.partition}]@{event.offset}"
+            table = ".".join(p for p in (event.source.get("db"), event.source.get("schema"),
+                                         event.source.get("table")) if p)
+            raise ShapeMissingError(
+                f"sink {self.config.name}: the row at {where} (table {table}) names schema version "
+                f"{version}, which {schema_changes_topic(self.context.topic_prefix)} has not delivered in "
+                f"{err.waited:.0f}s (schema_wait); the sink stopped before it and committed nothing past "
+                f"it. Check that the capture daemon publishing these rows writes its shapes to that topic "
+                f"(the same topic_prefix), then start the sink again", topic=event.topic,
+                partition=event.partition, offset=event.offset, table=table, version=version) from err
 
     @abstractmethod
     def start(self) -> None: ...

@@ -1,9 +1,11 @@
-"""The ``cdc`` command."""
+"""cdc: change data capture from PostgreSQL and MySQL/MariaDB into Kafka (or an embedded log),
+and from there into derived stores (SQL warehouses, OpenSearch, Redis, Delta Lake)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from cdc import logs
@@ -15,7 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cdc.config import cli as config_cli
     from cdc.dev import cli as dev_cli
 
-    parser = argparse.ArgumentParser(prog="cdc", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="cdc", description=__doc__,
+        epilog="Start with: cdc validate FILE, then cdc run FILE; cdc status FILE shows what runs. "
+               "cdc COMMAND --help explains each command.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
     dev_cli.add_parser(commands)
@@ -37,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if not err.retriable else 75  # EX_TEMPFAIL: trying again may help
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read our output stopped (`cdc tail ... | head`): that is the end, not an error.
+        # Point stdout at /dev/null so that flushing it at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
     │   │   └── PluginNotFoundError a source/sink ``type`` that no installed plugin provides
     │   ├── TopicConfigError        an existing topic is not set up as the contract needs (not compacted)
     │   ├── SchemaChangeError       a sink's target cannot follow a source schema change (policy: fail)
-    │   │   └── RebuildRequired     ... and the policy says rebuild it from the topic
+    │   │   ├── RebuildRequired     ... and the policy says rebuild it from the topic
+    │   │   └── ShapeMissingError   rows name a shape the schema topic never delivered (names the
+    │   │                           topic, partition, offset, table and the version)
     │   ├── DecodeError             bytes from a database log that cannot be decoded (names where)
     │   ├── PrerequisiteError       the database is not set up for capture, or the role lacks a
     │   │                           grant; the message says the fix and names the role
@@ -18,6 +20,12 @@
     │   │                           purged); the message names the recovery (a new snapshot)
     │   └── DevStackError           the local stack of servers could not be set up or started
     └── DeliveryError               the log refused or lost a record; retriable per its error code
+
+``err.heals`` (permanent errors): may the cause go away without a decision here, so that starting
+the connector again later can succeed (a grant given, a database created, a lock freed, a secret
+file corrected)? The daemon's ``retry_failed`` policy restarts only those. A schema change the
+policy refuses, undecodable bytes and a lost position need someone to act (``cdc rebuild``, a fix,
+``cdc drop``): they do not heal.
 
 Code that catches errors decides on ``err.retriable``, never on message text. Server errors are
 classified by their code where they are wrapped: database errors by ``cdc.servers.postgres``
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 
 class CdcError(Exception):
     retriable: bool = False
+    heals: bool = True
 
     def __init__(self, message: str, *, retriable: bool | None = None) -> None:
         super().__init__(message)
@@ -80,15 +89,38 @@ class TopicConfigError(PermanentError):
 
 
 class SchemaChangeError(PermanentError):
-    pass
+    heals = False
 
 
 class RebuildRequired(SchemaChangeError):
     """The sink's policy asks for a rebuild (``cdc rebuild``) to follow a schema change."""
 
 
+class ShapeNotYetPublished(RetriableError):
+    """Rows of ``topic`` name schema version ``version``, which the schema topic does not hold
+    (yet): on Kafka a shape may show a moment after the rows that name it. ``waited``: seconds
+    since the runtime first missed it, for the bound that turns this into ``ShapeMissingError``."""
+
+    def __init__(self, message: str, *, topic: str, version: int, waited: float) -> None:
+        super().__init__(message)
+        self.topic, self.version, self.waited = topic, version, waited
+
+
+class ShapeMissingError(SchemaChangeError):
+    """Rows name a schema version the schema topic did not deliver within the sink's
+    ``schema_wait``: the sink stops at the first such row (its offset is never committed), because
+    writing it under a guessed shape could lose data. Names where: topic, partition, offset,
+    table, version."""
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int, table: str,
+                 version: int) -> None:
+        super().__init__(message)
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.table, self.version = table, version
+
+
 class DecodeError(PermanentError):
-    pass
+    heals = False
 
 
 class PrerequisiteError(PermanentError):
@@ -96,7 +128,7 @@ class PrerequisiteError(PermanentError):
 
 
 class PositionLostError(PermanentError):
-    pass
+    heals = False
 
 
 class DeliveryError(CdcError):

@@ -15,8 +15,10 @@ import orjson
 
 from cdc.errors import DecodeError
 from cdc.log.base import Log, TopicSettings
-from cdc.positions import Position, position_from_json, position_to_json
+from cdc.positions import MySqlPosition, PgLsn, Position, position_from_json, position_to_json
 from cdc.serde import Record
+
+MYSQL_FILE_SHIFT = 32  # the MySQL source's versions: binlog file index << 32 | position
 
 
 def offsets_topic(prefix: str) -> str:
@@ -84,3 +86,58 @@ class OffsetStore:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def checkpoint_version(position: Position | None) -> int | None:
+    """A stored position as its source's ``source.version`` at that transaction boundary: a
+    PostgreSQL LSN as it is; a MySQL (file, pos) as the MySQL source encodes versions
+    (``file index << 32 | pos``, sources/mysql/changes.py). None for a snapshot in progress (not
+    everything before it is in the log yet) and for positions without versions."""
+    if isinstance(position, PgLsn):
+        return position.lsn
+    if isinstance(position, MySqlPosition):
+        return (position.file_index << MYSQL_FILE_SHIFT) | position.pos
+    return None
+
+
+class CheckpointFeed:
+    """The sources' stored checkpoints as they move, for a sink that must know how far each source
+    is durably in the log (read-your-writes). Each ``poll`` reads only the offset records new
+    since the last one (a reader kept open) and returns ``{source: version}`` for each source whose
+    stored checkpoint rose. A stored checkpoint is a transaction boundary whose events, and all
+    before them, the log acknowledged before it was stored (see the module docstring).
+
+    Threading: one thread at a time; ``close`` when done."""
+
+    def __init__(self, log: Log, prefix: str) -> None:
+        self.log = log
+        self.topic = offsets_topic(prefix)
+        self._reader = None
+        self._versions: dict[str, int] = {}
+
+    def poll(self, timeout: float = 0.05) -> dict[str, int]:
+        if self._reader is None:
+            if self.topic not in self.log.topics():
+                return {}
+            self._reader = self.log.reader()
+            self._reader.assign({tp: 0 for tp in self.log.end_offsets(self.topic)})
+        moved: dict[str, int] = {}
+        while True:
+            records = self._reader.poll(10_000, timeout)
+            if not records:
+                return moved
+            for record in records:
+                if record.value is None or record.key is None:
+                    continue  # a reset: the source starts afresh; its versions only rise again
+                try:
+                    source = orjson.loads(record.key)["source"]
+                    version = checkpoint_version(position_from_json(record.value))
+                except (ValueError, KeyError, TypeError):
+                    continue  # not an offset record this framework wrote; nothing to learn
+                if version is not None and version > self._versions.get(source, -(1 << 63)):
+                    self._versions[source] = moved[source] = version
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

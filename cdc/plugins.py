@@ -6,7 +6,8 @@ entry point's name is the ``type`` a config file uses::
     [project.entry-points."cdc.sources"]
     generator = "sources.generator:GeneratorSource"
 
-Plugins are imported once, on first use, and cached. A plugin whose import fails (typically an
+Plugins are imported once, on first use, and cached; asking for one type imports that plugin
+alone (a config of a SQL sink does not pay for importing Spark). A plugin whose import fails (typically an
 optional dependency that is not installed) does not hide the others: it is left out of
 ``source_plugins()`` / ``sink_plugins()``, and only asking for that type by name raises, with the
 import error and, when the plugin's distribution says which extra provides the missing module,
@@ -63,12 +64,21 @@ def sink_plugin(type_name: str) -> type[Sink]:
 def clear_cache() -> None:
     """Forget what was discovered (for tests that change the installed entry points)."""
     _discover.cache_clear()
+    _loaded.clear()
 
 
 def _lookup(group: str, type_name: str) -> Any:
-    found = _discover(group)
-    if type_name in found.plugins:
-        return found.plugins[type_name]
+    named = [ep for ep in entry_points(group=group) if ep.name == type_name]
+    if named:
+        if len(named) > 1:
+            log.warning("%s type %r is registered twice; using the first (not %s)", _KINDS[group][0],
+                        type_name, named[1].value)
+        cls, reason = _load(group, named[0])
+        if cls is not None:
+            return cls
+        found = _Discovered({}, {type_name: reason})
+    else:
+        found = _discover(group)
     kind = _KINDS[group][0]
     if type_name in found.broken:
         message = f"{kind} type {type_name!r} is installed but cannot be loaded: {found.broken[type_name]}"
@@ -89,22 +99,40 @@ def _discover(group: str) -> _Discovered:
         if ep.name in plugins or ep.name in broken:
             log.warning("%s type %r is registered twice; using the first (not %s)", kind, ep.name, ep.value)
             continue
-        try:
-            cls = ep.load()
-        except Exception as err:  # noqa: BLE001 - any import failure must not hide the other plugins
-            reason = f"{type(err).__name__}: {err}"
-            hint = _install_hint(ep, err)
-            broken[ep.name] = f"{reason}; install it with: {hint}" if hint else reason
-            log.debug("%s plugin %r (%s) failed to import: %s", kind, ep.name, ep.value, reason)
-            continue
-        model = getattr(cls, "config_model", None)
-        if not (isinstance(cls, type) and issubclass(cls, base)
-                and isinstance(model, type) and issubclass(model, config_base)):
-            broken[ep.name] = (f"{ep.value} is not a {base.__name__} subclass with a "
-                               f"config_model derived from {config_base.__name__}")
-            continue
-        plugins[ep.name] = cls
+        cls, reason = _load(group, ep)
+        if cls is None:
+            broken[ep.name] = reason
+        else:
+            plugins[ep.name] = cls
     return _Discovered(plugins, broken)
+
+
+_loaded: dict[tuple[str, str, str], tuple[type | None, str | None]] = {}
+
+
+def _load(group: str, ep: Any) -> tuple[type | None, str | None]:
+    """(the plugin class, None), or (None, why it cannot be used); once per entry point."""
+    key = (group, ep.name, ep.value)
+    if key not in _loaded:
+        _loaded[key] = _import(group, ep)
+    return _loaded[key]
+
+
+def _import(group: str, ep: Any) -> tuple[type | None, str | None]:
+    kind, base, config_base = _KINDS[group]
+    try:
+        cls = ep.load()
+    except Exception as err:  # noqa: BLE001 - any import failure must not hide the other plugins
+        reason = f"{type(err).__name__}: {err}"
+        hint = _install_hint(ep, err)
+        log.debug("%s plugin %r (%s) failed to import: %s", kind, ep.name, ep.value, reason)
+        return None, f"{reason}; install it with: {hint}" if hint else reason
+    model = getattr(cls, "config_model", None)
+    if not (isinstance(cls, type) and issubclass(cls, base)
+            and isinstance(model, type) and issubclass(model, config_base)):
+        return None, (f"{ep.value} is not a {base.__name__} subclass with a "
+                      f"config_model derived from {config_base.__name__}")
+    return cls, None
 
 
 def _normalize(name: str) -> str:

@@ -75,6 +75,10 @@ class EnvelopeEncoder:
             self._topics[table] = topic
         return topic
 
+    def record_key(self, event: ChangeEvent) -> bytes:
+        """The key of ``event``'s record, as ``emit`` writes it."""
+        return orjson.dumps(event.key)
+
     def _source_head(self, table: TableId, snapshot: str) -> dict[str, Any]:
         source: dict[str, Any] = {"connector": self.connector, "name": self.name, "db": table.db}
         if table.schema is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from cdc.events import Op
+from cdc.formats import connect_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +55,29 @@ class PoisonRecord(ValueError):
 _OPS = {op.value: op for op in Op}
 
 
+def decode_key(data: bytes | None) -> dict[str, Any]:
+    """A record key in either format as the json format's key object."""
+    key = orjson.loads(data) if data is not None else {}
+    return connect_decode.key_payload(key) if connect_decode.is_connect_json(key) else key
+
+
+def decode_value(data: bytes) -> Any:
+    """A record value in either format as the json format's envelope (the one place where the
+    ``debezium-json`` format is read back; see cdc/formats/)."""
+    value = orjson.loads(data)
+    return connect_decode.envelope(value) if connect_decode.is_connect_json(value) else value
+
+
 def decode_record(record) -> SinkEvent:
-    """A LogRecord -> SinkEvent; ``PoisonRecord`` says what is wrong with it."""
+    """A LogRecord -> SinkEvent, whatever the format; ``PoisonRecord`` says what is wrong with it."""
     try:
-        key = orjson.loads(record.key) if record.key is not None else {}
-    except orjson.JSONDecodeError as err:
-        raise PoisonRecord(f"the key is not JSON: {err}") from err
+        key = decode_key(record.key)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise PoisonRecord(f"the key is not a JSON or Connect JSON key: {err}") from err
     if record.value is None:
         return SinkEvent(record.topic, record.partition, record.offset, key, None, None, None, None, {})
     try:
-        value = orjson.loads(record.value)
+        value = decode_value(record.value)
         op = _OPS[value["op"]]
         source = value.get("source") or {}
         version = source["version"]
@@ -71,5 +85,5 @@ def decode_record(record) -> SinkEvent:
             raise TypeError(f"source.version is {type(version).__name__}, not an integer")
         return SinkEvent(record.topic, record.partition, record.offset, key, op, value.get("before"),
                          value.get("after"), version, source, value.get("ts_ms"))
-    except (orjson.JSONDecodeError, KeyError, TypeError) as err:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err

@@ -169,6 +169,10 @@ class SnapshotThenStream(Source):
     def finished(self) -> bool:
         return self._finished
 
+    def snapshot_chunks(self) -> tuple[int, int] | None:
+        snapshot = self.snapshot
+        return None if snapshot is None else (snapshot.tasks_done, snapshot.tasks_total)
+
     def start(self) -> None:
         self.prepare()
         current = self.captured_names()

@@ -21,6 +21,7 @@ import orjson
 
 from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.log.base import Log
+from cdc.sink_events import decode_key, decode_value
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +34,16 @@ class _Tracked:
 
 
 class StaleRows:
-    def __init__(self, log_: Log, topic_of) -> None:
+    def __init__(self, log_: Log, topic_of, record_key=None) -> None:
         self.log = log_
         self.topic_of = topic_of  # TableId -> topic name
+        # event -> its record key's bytes in the log's format (the encoder's ``record_key``)
+        self.record_key = record_key or (lambda event: orjson.dumps(event.key))
         self.tracked: dict[str, _Tracked | None] = {}
 
     def observe(self, events: list[ChangeEvent]) -> None:
         """Note the keys of the snapshot events in ``events``."""
-        dumps = orjson.dumps
+        record_key = self.record_key
         last_table, entry = None, None
         not_snapshot = SnapshotMarker.FALSE
         for event in events:
@@ -53,7 +56,7 @@ class StaleRows:
                     entry = self._track(topic, table, event.version)
             # None: the topic was empty when the snapshot began, nothing there can be stale.
             if entry is not None and event.snapshot is not not_snapshot:
-                entry.keys.add(dumps(event.key))
+                entry.keys.add(record_key(event))
 
     def cover(self, tables: tuple[TableId, ...], version: int) -> None:
         """The snapshot that ends read ``tables``: a table it found empty left no event to note,
@@ -106,10 +109,10 @@ class StaleRows:
                 if record.value is None:
                     newest[record.key] = False
                 else:
-                    newest[record.key] = orjson.loads(record.value)["op"] not in ("d", "t")
+                    newest[record.key] = decode_value(record.value)["op"] not in ("d", "t")
             stale = [key for key, alive in newest.items() if alive and key not in entry.keys]
             for key in stale:
-                key_value = orjson.loads(key)
+                key_value = decode_key(key)  # in the json format's forms, whatever the log's format
                 out.append(ChangeEvent(Op.DELETE, entry.table, key_value, key_value, None, entry.version, now,
                                        SnapshotMarker.TRUE, {"resnapshot": True}))
             if stale:

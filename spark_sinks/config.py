@@ -67,10 +67,10 @@ class DeltaSinkConfig(SinkConfig):
                                        "a late older insert cannot bring the row back; keep it above the "
                                        "topics' delete.retention.ms")
     schema_policy: Literal["fail", "evolve", "rebuild"] = Field(
-        default="fail", description="a source change the table cannot follow (a type that does not fit, "
-                                    "a new key): stop (fail, evolve: the same here, since every change the "
-                                    "table makes, it makes without losing a value), or rebuild the table "
-                                    "from the compacted topic")
+        default="fail", description="a source change of a column's type or key: fail stops at any (a "
+                                    "widening too), evolve widens in place where no value is lost and stops "
+                                    "otherwise, rebuild widens in place or rebuilds the table from the "
+                                    "compacted topic")
     starting_offsets: Literal["earliest", "latest"] = Field(
         default="earliest", description="where a new checkpoint starts: earliest builds the tables from "
                                         "the compacted topics (a bootstrap)")

@@ -33,7 +33,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings
+from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings,
+                     dead_letter_topic)
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelopes, latest_per_key,
@@ -227,6 +228,17 @@ class DeltaJob:
                                  f"{self.registry.topic} does not hold yet")
         return TableShape.from_record(record) if record is not None else None
 
+    def _refuse_widening(self, target: TableTarget, plan: evolve.Plan, table_schema) -> None:
+        """``fail`` stops at a type change even where Delta could widen the column losslessly: the
+        user asked to decide each change of a column's type."""
+        existing = {f.name.lower(): f for f in evolve.data_fields(table_schema)}
+        changes = ", ".join(f"column {name}: {existing[name.lower()].dataType.simpleString()} -> "
+                            f"{kind.simpleString()}" for name, kind in plan.widen)
+        raise SchemaChangeError(f"sink {self.name}: table {target.name}: source schema change {changes} "
+                                f"(schema_policy: fail; nothing of the new shape was written). Fix: "
+                                f"schema_policy: evolve (widened in place, every value kept) or rebuild, "
+                                f"then start the sink again")
+
     def apply_topic(self, session: SparkSession, rows: DataFrame, item: Row, batch_id: int,
                     target: TableTarget, shape: TableShape | None = None) -> None:
         """Write one table's records of the batch (``rows``: its envelopes)."""
@@ -248,6 +260,8 @@ class DeltaJob:
                             extra=self._extra())
                 self.rebuild(session, target, shape, batch_id)
                 return
+            if plan.widen and self.config.schema_policy == "fail":
+                self._refuse_widening(target, plan, target.schema(session))
             target.evolve(session, plan)
         else:
             target.create(session, shape, self.config.table_properties)
@@ -328,7 +342,7 @@ class DeltaJob:
         if self.config.on_poison == "stop":
             raise PermanentError(f"sink {self.name}: the record at {where} is not a change event: "
                                  f"{first['poison']}")
-        topic = self.config.dead_letter_topic or f"{self.prefix}.dead-letter.{self.name}"
+        topic = self.config.dead_letter_topic or dead_letter_topic(self.prefix, self.name)
         if self.log is not None:
             self.log.ensure_topic(topic, TopicSettings(partitions=1))
         (bad.select(F.col(KEY).alias("key"), F.to_json(F.struct(

@@ -16,6 +16,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.api import INTERNAL_TOPICS_LOOKAHEAD
+
 # Bookkeeping columns of the tables; every one begins with this prefix.
 PREFIX = "__cdc_"
 KEY, VERSION, OP, TS = "__cdc_key", "__cdc_version", "__cdc_op", "__cdc_ts_ms"
@@ -64,8 +66,7 @@ def topic_pattern(globs: Iterable[str]) -> str:
                 out.append(re.escape(ch) if not ch.isalnum() else ch)
             i += 1
         alternatives.append("".join(out))
-    internal = r"(?!.*\.offsets$)(?!.*\.schema-changes$)(?!.*\.dead-letter\.)"
-    return f"{internal}(?:{'|'.join(alternatives)})"
+    return f"{INTERNAL_TOPICS_LOOKAHEAD}(?:{'|'.join(alternatives)})"
 
 
 def envelopes(raw: DataFrame) -> DataFrame:

@@ -12,9 +12,9 @@ Relative paths (every ``ConfigPath`` field: the embedded log's ``path``, the Pos
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo,
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, ValidationInfo,
                       field_validator, model_validator)
 
 from cdc.api import ConfigPath, SinkConfig, SourceConfig
@@ -71,6 +71,23 @@ class EmbeddedLogConfig(_Section):
 
 
 
+class DebeziumFormatConfig(_Section):
+    """Debezium's type-mode options for ``format: debezium-json`` (Debezium's defaults)."""
+
+    decimal_handling_mode: Literal["precise", "string", "double"] = Field(
+        default="precise", description="numeric/decimal as Connect Decimal bytes, as a string, or as a double")
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] | None = Field(
+        default=None, description="temporal encodings; unset: each connector's default (PostgreSQL adaptive, "
+                                  "MySQL adaptive_time_microseconds)")
+    binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = Field(
+        default="bytes", description="binary columns as Connect bytes or as strings in this encoding")
+
+    def options(self):
+        from cdc.formats.connect_types import DebeziumOptions
+
+        return DebeziumOptions(self.decimal_handling_mode, self.time_precision_mode, self.binary_handling_mode)
+
+
 class LogConfig(_Section):
     """Exactly one of ``kafka`` or ``embedded``; neither means the embedded log with its defaults."""
 
@@ -78,6 +95,11 @@ class LogConfig(_Section):
 
     kafka: KafkaLogConfig | None = None
     embedded: EmbeddedLogConfig | None = None
+    format: Literal["json", "debezium-json"] = Field(
+        default="json", description="how sources write records: json (schemaless, readable) or debezium-json "
+                                    "(Kafka Connect JSON with schemas and Debezium's encodings); sinks read both")
+    debezium: DebeziumFormatConfig = Field(default_factory=DebeziumFormatConfig,
+                                           description="type modes of the debezium-json format")
 
     @model_validator(mode="before")
     @classmethod
@@ -136,6 +158,9 @@ class AppConfig(_Section):
     sinks: list[SerializeAsAny[SinkConfig]] = Field(default_factory=list)
     http: str | None = Field(default="127.0.0.1:8083",
                              description="host:port of the status and metrics server; null for none")
+    http_token: SecretStr | None = Field(default=None, description="bearer token that commands to the "
+                                         "daemon (restart, pause, ...) must carry; needed off loopback")
+    http_token_file: ConfigPath | None = Field(default=None, description="a file holding http_token")
 
     @field_validator("http")
     @classmethod
@@ -151,6 +176,19 @@ class AppConfig(_Section):
         if duplicates:
             raise ValueError(f"source and sink names must be unique: {', '.join(duplicates)}")
         return self
+
+    def token(self) -> str | None:
+        """The daemon's command token: ``http_token``, or the contents of ``http_token_file``."""
+        if self.http_token is not None:
+            return self.http_token.get_secret_value()
+        if self.http_token_file is not None:
+            try:
+                return self.http_token_file.read_text().strip() or None
+            except OSError as err:
+                from cdc.errors import ConfigError
+
+                raise ConfigError(f"http_token_file: {self.http_token_file}: {err.strerror}") from None
+        return None
 
     def http_address(self) -> tuple[str, int] | None:
         """(host, port) to serve HTTP on, or None when ``http: null``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Callable, get_args
 
@@ -30,11 +30,14 @@ _MISSING = object()
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
-def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> AppConfig:
+def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
+                only: Collection[str] | None = None) -> AppConfig:
     """Read, interpolate and validate the config file at ``path``.
 
     Raises ``ConfigError`` listing every problem in the file (each with file, line and path).
-    ``env`` replaces ``os.environ`` for ``${VAR}`` references.
+    ``env`` replaces ``os.environ`` for ``${VAR}`` references. ``only``: keep just the sources and
+    sinks of these names; the others are neither validated nor interpolated (a variable only
+    another connector uses may be unset), and are left out of the result.
     """
     file = os.fspath(path)
     try:
@@ -42,21 +45,35 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ConfigError([ConfigProblem(file, None, "", f"cannot read the file: {reason}")]) from None
-    return parse_config(text, file=file, base_dir=Path(file).parent, env=env)
+    return parse_config(text, file=file, base_dir=Path(file).parent, env=env, only=only)
 
 
 def parse_config(text: str, *, file: str = "<config>", base_dir: str | os.PathLike[str] | None = None,
-                 env: Mapping[str, str] | None = None) -> AppConfig:
+                 env: Mapping[str, str] | None = None, only: Collection[str] | None = None) -> AppConfig:
     """Like ``load_config`` for text already read; relative paths are taken from ``base_dir``
     (default: the current directory)."""
     doc = read_yaml(text, file, os.environ if env is None else env)
-    config = _Builder(doc, Path(base_dir if base_dir is not None else ".").absolute()).build()
+    skipped = _others(doc, only)
+    doc.problems = [p for p in doc.problems if p[0][:2] not in skipped]
+    config = _Builder(doc, Path(base_dir if base_dir is not None else ".").absolute(), skipped).build()
     if doc.problems or config is None:
         problems = [ConfigProblem(file, line, format_path(path), message)
                     for path, line, message in doc.problems]
         problems.sort(key=lambda p: (p.line is not None, p.line or 0))
         raise ConfigError(problems or [ConfigProblem(file, None, "", "invalid config")])
     return config
+
+
+def _others(doc: Document, only: Collection[str] | None) -> set[tuple]:
+    """Paths (``("sinks", 2)``) of the connectors ``only`` leaves out."""
+    if only is None or not isinstance(doc.data, dict):
+        return set()
+    out = set()
+    for key in ("sources", "sinks"):
+        items = doc.data.get(key)
+        if isinstance(items, list):
+            out |= {(key, i) for i, item in enumerate(items) if isinstance(item, dict) and item.get("name") not in only}
+    return out
 
 
 def format_path(path: DataPath) -> str:
@@ -73,8 +90,9 @@ def format_path(path: DataPath) -> str:
 
 
 class _Builder:
-    def __init__(self, doc: Document, base_dir: Path) -> None:
+    def __init__(self, doc: Document, base_dir: Path, skipped: set[tuple] = frozenset()) -> None:
         self.doc = doc
+        self.skipped = skipped
         self.base_dir = base_dir
         self.context = {"base_dir": base_dir}
 
@@ -104,6 +122,8 @@ class _Builder:
         validated: list[BaseModel] = []
         for index, item in enumerate(raw):
             path: DataPath = (key, index)
+            if path in self.skipped:
+                continue
             if not isinstance(item, dict):
                 self.doc.problem(path, f"each {kind} must be a mapping with at least name and type")
                 continue

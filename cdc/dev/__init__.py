@@ -6,7 +6,7 @@ which the tests, the demo and the benchmarks read. Readiness is checked by conne
 
 Layout:
   paths.py     where the cache (Maven jars) and the dev home (state, dev.env) live
-  jars.py      Maven Central resolution of the Kafka, OpenSearch and Spark jars into the cache
+  jars.py      Maven Central resolution of the Kafka, OpenSearch, Spark and Kafka Connect jars into the cache
   services.py  one class per server: how to initialise, start, probe and stop it
   stack.py     up/down/status over a set of services, the state file and dev.env
 """

@@ -20,11 +20,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     actions.add_parser("down", help="stop every server and delete its data")
     actions.add_parser("status", help="show what runs and whether it answers")
     actions.add_parser("env", help="print the connection settings (shell syntax)")
-    actions.add_parser("fetch", help="resolve the Kafka, OpenSearch and Spark jars into the cache")
+    actions.add_parser("fetch", help="resolve the Kafka, OpenSearch, Spark and Kafka Connect jars into the cache")
     servers = [name for name in stack.ALL if name != "spark"]
     for action, text in ONE_SERVICE.items():
         one = actions.add_parser(action, help=text)
-        one.add_argument("service", choices=servers)
+        one.add_argument("service", choices=servers, help="the server: " + ", ".join(servers))
         if action in ("start", "restart"):
             one.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     dev.set_defaults(handler=run)

@@ -20,7 +20,7 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "spark")
+COMPONENTS = ("kafka", "opensearch", "spark", "connect")  # connect: Kafka Connect + the Debezium JDBC sink (tests)
 
 
 def _maven_file(name: str) -> Path:

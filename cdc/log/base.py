@@ -156,12 +156,16 @@ class Log(ABC):
     def compact(self, topic: str) -> None:
         """Ask for compaction now. The embedded log runs it; Kafka's broker cleans on its own."""
 
-    def read_all(self, topic: str, timeout: float = 30.0) -> list[LogRecord]:
-        """Every record of ``topic`` up to its current end, in (partition, offset) order."""
-        ends = self.end_offsets(topic)
+    def read_all(self, topic: str, timeout: float = 30.0,
+                 start: dict[TopicPartition, int] | None = None,
+                 ends: dict[TopicPartition, int] | None = None) -> list[LogRecord]:
+        """Every record of ``topic`` up to its current end (or ``ends``), in (partition, offset)
+        order; from ``start`` per partition when given (a reader that keeps up with a topic)."""
+        ends = self.end_offsets(topic) if ends is None else ends
+        start = start or {}
         reader = self.reader()
         try:
-            reader.assign({tp: 0 for tp in ends})
+            reader.assign({tp: min(start.get(tp, 0), end) for tp, end in ends.items()})
             out: list[LogRecord] = []
             deadline = time.monotonic() + timeout
             while any(reader.position(tp) < end for tp, end in ends.items()):

@@ -22,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     status = subparsers.add_parser("status", help="per source: phase, position, lag; per sink: consumer lag; "
                                                   "per replication slot: retained WAL, owner")
-    status.add_argument("file")
+    status.add_argument("file", help="the config file")
+    status.add_argument("names", nargs="*", metavar="NAME",
+                        help="only these connectors (the others' settings are not even read)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=cmd_status)
 
@@ -32,20 +34,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     bootstrap = subparsers.add_parser(
         "bootstrap", help="fill a sink's store from the compacted topics (offset 0), then follow them")
-    bootstrap.add_argument("file")
-    bootstrap.add_argument("sink")
+    bootstrap.add_argument("file", help="the config file")
+    bootstrap.add_argument("sink", help="the sink to fill, as named in the file")
     bootstrap.add_argument("--no-follow", action="store_true", help="exit once caught up with the topics' ends")
     bootstrap.set_defaults(handler=cmd_bootstrap)
 
     rebuild = subparsers.add_parser(
-        "rebuild", help="build a sink's store again into a new generation, then switch readers to it")
-    rebuild.add_argument("file")
-    rebuild.add_argument("sink")
+        "rebuild", help="build a sink's store again into a new generation, then switch readers to it "
+                        "(through the daemon when it runs the sink)")
+    rebuild.add_argument("file", help="the config file")
+    rebuild.add_argument("sink", help="the sink to rebuild, as named in the file")
     rebuild.set_defaults(handler=cmd_rebuild)
 
+    for action, text in (("restart", "stop one connector of the running daemon (it drains) and start it again"),
+                         ("pause", "stop one connector of the running daemon (it drains) until `cdc resume`"),
+                         ("resume", "start a paused connector of the running daemon again")):
+        command = subparsers.add_parser(action, help=text)
+        command.add_argument("file", help="the config file of the running daemon")
+        command.add_argument("name", help="the source or sink, as named in the file")
+        command.set_defaults(handler=cmd_control, action=action)
+
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
-    tail.add_argument("file")
-    tail.add_argument("topic")
+    tail.add_argument("file", help="the config file (for the log to read)")
+    tail.add_argument("topic", help="the topic, e.g. <prefix>.public.orders (cdc status lists what runs)")
     tail.add_argument("--from-beginning", action="store_true", help="start at offset 0, not at the end")
     tail.add_argument("--max", type=int, default=None, help="stop after this many records")
     tail.add_argument("--idle-exit", type=float, default=None,
@@ -68,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.supervisor import Supervisor
 
-    config = load_config(args.file)
+    config = load_config(args.file, only=args.only)
     names = _connector_names(config, args.only)
     if not names:
         print("nothing to run: the file declares no sources or sinks", file=sys.stderr)
@@ -76,8 +87,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     level = logging.getLogger().level
     kinds = {s.name: "sink" for s in config.sinks}
     unhealthy_after = {c.name: c.unhealthy_after for c in [*config.sources, *config.sinks]}
+    retry_failed = {c.name: c.retry_failed for c in [*config.sources, *config.sinks]}
     return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds,
-                      unhealthy_after=unhealthy_after).run()
+                      unhealthy_after=unhealthy_after, retry_failed=retry_failed, token=config.token()).run()
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """``cdc restart|pause|resume FILE NAME``: the daemon does it; the others keep running."""
+    from cdc.config import load_config
+    from cdc.runtime.control import post_command
+
+    answer = post_command(load_config(args.file, only=[args.name]), args.name, args.action)
+    print(answer.get("message", answer), file=sys.stderr)
+    return 0
 
 
 def _daemon_status(http: str | None) -> list[dict] | None:
@@ -103,7 +125,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from cdc.runtime.slots_cli import slot_line, slot_rows
 
-    config = load_config(args.file)
+    config = load_config(args.file, only=args.names or None)
+    _check_names(config, args.names)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
     slots, unreachable = slot_rows(config)  # from the servers themselves: shown even without the log
     for problem in unreachable:
@@ -134,14 +157,54 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_names(config, names: list[str] | None) -> None:
+    declared = {c.name for c in [*config.sources, *config.sinks]}
+    unknown = sorted(set(names or ()) - declared)
+    if unknown:
+        raise ConfigError(f"the file declares no connector named {', '.join(unknown)}")
+
+
+HEALTH = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
+
+
+def _daemon_rows(config, live: dict[str, dict]) -> list[dict] | None:
+    """The rows from the daemon's own figures alone (no log, no server asked: fast); None unless
+    the daemon runs every connector shown and the sinks' stores need no describing."""
+    from cdc.api import DescribedSink
+    from cdc.plugins import sink_plugin
+
+    connectors = [*config.sources, *config.sinks]
+    if not connectors or any(c.name not in live for c in connectors):
+        return None
+    if any(issubclass(sink_plugin(s.type), DescribedSink) for s in config.sinks):
+        return None
+    rows = []
+    for source in config.sources:
+        row = live[source.name]
+        rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
+                     "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
+                     "events": row.get("events"), "snapshot_progress": row.get("snapshot_progress"),
+                     **{k: row.get(k) for k in HEALTH}})
+    for sink in config.sinks:
+        row = live[sink.name]
+        rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
+                     "consumer_lag": row.get("consumer_lag"), "lag_seconds": row.get("lag_seconds"),
+                     "topics": row.get("topics"), "stores": None, "details": row.get("details") or {},
+                     **{k: row.get(k) for k in HEALTH}})
+    return rows
+
+
 def _status_rows(config, live: dict[str, dict]) -> list[dict]:
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
 
+    rows = _daemon_rows(config, live)
+    if rows is not None:
+        return rows
     log_ = open_log(config.log)
     if hasattr(log_, "timeout"):
         log_.timeout = min(log_.timeout, STATUS_LOG_TIMEOUT)  # a look, not a job: fail fast
-    health = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
+    health = HEALTH
     try:
         stored = OffsetStore(log_, config.log.topic_prefix).load_all()
         rows = []
@@ -152,7 +215,7 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
                          "phase": row.get("phase", "not running"),
                          "position": row.get("position") or (str(position) if position else None),
                          "lag_seconds": row.get("lag_seconds"), "events": row.get("events"),
-                         **{k: row.get(k) for k in health}})
+                         "snapshot_progress": row.get("snapshot_progress"), **{k: row.get(k) for k in health}})
         topics = log_.topics()
         for sink in config.sinks:
             row = live.get(sink.name, {})
@@ -173,9 +236,16 @@ def _status_line(row: dict) -> str:
     if row["kind"] == "source":
         lag = f"{row['lag_seconds']:.1f}s" if row.get("lag_seconds") is not None else "-"
         line = f"source {row['name']:<20} {row['phase']:<12} position={row.get('position') or '-'} lag={lag}"
+        snapshot = row.get("snapshot_progress")
+        if snapshot:
+            eta = snapshot.get("eta_seconds")
+            line += (f" snapshot rows={snapshot['rows']:,} chunks={snapshot['chunks_done']}/{snapshot['chunks_total']}"
+                     f" eta={'-' if eta is None else f'{eta:.0f}s'}")
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
+        if row.get("lag_seconds") is not None:
+            line += f" lag={row['lag_seconds']:.1f}s"
         line += "".join(f" {name}={value}" for name, value in (row.get("details") or {}).items())
     if row.get("healthy") is False:
         line += f" UNHEALTHY (no progress for {row.get('seconds_since_progress') or 0:.0f}s)"
@@ -227,13 +297,19 @@ def _consumer_lag(log_, group: str, topics: list[str]) -> int:
 
 
 def format_record(record) -> str:
-    from cdc.serde import decode
+    """One record, in either format (a debezium-json record shown as its json envelope)."""
+    from cdc.sink_events import decode_key, decode_value
 
     key = record.key.decode(errors="replace") if record.key is not None else "null"
+    if key.startswith('{"schema"'):  # a Connect JSON key: its payload
+        try:
+            key = json.dumps(decode_key(record.key), ensure_ascii=False, separators=(",", ":"))
+        except (ValueError, KeyError, TypeError):
+            pass
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     if record.value is None:
         return f"{where} {key} <tombstone>"
-    value = decode(record.value)
+    value = decode_value(record.value)
     if not isinstance(value, dict) or "op" not in value:
         return f"{where} {key} {json.dumps(value)}"
     source = value.get("source") or {}
@@ -341,12 +417,41 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rebuild_through_daemon(config, name: str, row: dict) -> int:
+    """The daemon stops the sink (it drains), rebuilds its store, and streams again; this waits
+    for the rebuild to finish and says so."""
+    import time
+
+    from cdc.runtime.control import post_command
+
+    before = row.get("rebuilt_at")
+    print(post_command(config, name, "rebuild").get("message"), file=sys.stderr)
+    stop = _interruptible()
+    shown = 0.0
+    while not stop.wait(0.5):
+        now = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(name)
+        if now is None:
+            raise LogUnavailableError(f"the daemon at {config.http} stopped answering during the rebuild")
+        if now.get("rebuilt_at") not in (None, before):
+            print(f"rebuilt {name} in the daemon; it streams again", file=sys.stderr)
+            return 0
+        if now.get("phase") == "failed":
+            raise ConfigError(f"the rebuild of {name} failed in the daemon: {now.get('last_error')}")
+        if time.monotonic() - shown > 5:
+            print(f"{name}: {now.get('phase')}, {now.get('events') or 0:,} events written", file=sys.stderr)
+            shown = time.monotonic()
+    print(f"stopped waiting; the daemon goes on rebuilding {name}", file=sys.stderr)
+    return 130
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.sink_runner import ProgressBar
 
-    config = load_config(args.file)
-    _refuse_if_daemon_runs(config, args.sink)
+    config = load_config(args.file, only=[args.sink])
+    row = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(args.sink)
+    if row is not None and row.get("phase") not in ("stopped", "finished"):
+        return _rebuild_through_daemon(config, args.sink, row)
     runner = _sink_runner(config, args.sink, progress=ProgressBar(f"rebuild {args.sink}"))
     runner.rebuild(_interruptible())
     print(f"rebuilt {args.sink}: readers now see generation {runner.sink.current_generation()}", file=sys.stderr)

@@ -3,7 +3,8 @@
 ``/healthz`` answers 200 while every connector is healthy, 503 (naming the unhealthy ones) once
 one has failed permanently or made no progress for its ``unhealthy_after`` seconds (blocked, or
 retrying: see ``cdc.runtime.supervisor``), so an orchestrator restarts or alerts. Metric names follow Prometheus conventions; every series is
-labelled with the connector's name (and kind).
+labelled with the connector's name (and kind). ``POST /connectors/<name>/<action>`` (restart,
+pause, resume, rebuild) commands the supervisor, guarded as ``cdc.runtime.control`` says.
 """
 
 from __future__ import annotations
@@ -42,11 +43,28 @@ def render_metrics(rows: list[dict]) -> str:
            [(l, r["errors"]) for l, r in ids])
     family("cdc_restarts_total", "counter", "Worker restarts after retriable errors.",
            [(l, r["restarts"]) for l, r in ids])
-    family("cdc_lag_seconds", "gauge", "Now minus the commit time of the newest change handled.",
+    family("cdc_lag_seconds", "gauge", "Sources: 0 when caught up with the server, else now minus the commit "
+                                       "time of the newest change handled; sinks: the largest topic lag.",
            [(l, r["lag_seconds"]) for l, r in ids if r["lag_seconds"] is not None])
+    family("cdc_sink_lag_records", "gauge", "Records of the topic the sink has not written yet.",
+           [({"connector": r["name"], "topic": t}, f["records"]) for r in rows
+            for t, f in (r.get("topics") or {}).items()])
+    family("cdc_sink_lag_seconds", "gauge", "Age of the oldest record of the topic the sink has not written "
+                                            "yet (0: caught up).",
+           [({"connector": r["name"], "topic": t}, f["seconds"]) for r in rows
+            for t, f in (r.get("topics") or {}).items()])
     family("cdc_retained_wal_bytes", "gauge", "WAL the source's replication slot keeps on the server.",
            [({"connector": r["name"]}, r["retained_wal_bytes"]) for r in rows
             if r.get("retained_wal_bytes") is not None])
+    snapshots = [(l, r["snapshot_progress"]) for l, r in ids if r.get("snapshot_progress")]
+    family("cdc_snapshot_rows", "gauge", "Rows the snapshot under way has published.",
+           [(l, s["rows"]) for l, s in snapshots])
+    family("cdc_snapshot_chunks_done", "gauge", "Chunks of the snapshot under way that are read.",
+           [(l, s["chunks_done"]) for l, s in snapshots])
+    family("cdc_snapshot_chunks_total", "gauge", "Chunks of the snapshot under way in all.",
+           [(l, s["chunks_total"]) for l, s in snapshots])
+    family("cdc_snapshot_eta_seconds", "gauge", "Estimated seconds until the snapshot under way is read.",
+           [(l, s["eta_seconds"]) for l, s in snapshots if s["eta_seconds"] is not None])
     family("cdc_phase", "gauge", "1 for the phase the connector is in, 0 for the others.",
            [({**l, "phase": p}, int(r["phase"] == p)) for l, r in ids for p in PHASES])
     family("cdc_healthy", "gauge", "1 while the connector is healthy (what /healthz checks), else 0.",
@@ -60,7 +78,7 @@ def render_metrics(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def serve(supervisor, address: str) -> ThreadingHTTPServer:
+def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPServer:
     """Start the server on ``host:port`` in a daemon thread; the caller shuts it down.
 
     An address that cannot be served (the port is taken, the host is not this machine's) is a
@@ -96,6 +114,20 @@ def serve(supervisor, address: str) -> ThreadingHTTPServer:
                 self._send(code, data, content_type)
             else:
                 self._send(404, "not found: try /, /healthz, /metrics or /status\n", "text/plain")
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            from cdc.runtime import control
+
+            command = control.parse_command_path(self.path.split("?", 1)[0])
+            if command is None:
+                self._send(404, "not found: POST /connectors/<name>/<action>\n", "text/plain")
+                return
+            refused = control.authorize(host, token, self.headers.get("Authorization"))
+            if refused is not None:
+                self._send(*refused, "text/plain")
+                return
+            code, message = supervisor.control(command[1], command[0])
+            self._send(code, json.dumps({"message": message}) + "\n", "application/json")
 
         def log_message(self, *args: object) -> None:  # quiet: scrapes every few seconds
             pass

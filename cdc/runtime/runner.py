@@ -28,16 +28,21 @@ from cdc.api import Source
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
+from cdc.events import SnapshotMarker
+from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.schema_order import segments
 from cdc.runtime.stats import ConnectorStats
 from snapshot.coordinator import SnapshotThenStream
 from snapshot.stale import StaleRows
 from snapshot.tables import TableBook
-from cdc.serde import EnvelopeEncoder, encode_schema_change, schema_changes_topic
+from cdc.formats import make_encoder
+from cdc.formats.shapes import known_shapes
+from cdc.serde import encode_schema_change, schema_changes_topic
 
 log = logging.getLogger(__name__)
 
 
+ANNOUNCED = frozenset({"snapshot", "streaming"})  # phases sources log themselves
 IDLE_STORE_INTERVAL = 0.05  # seconds between stores while the source has nothing new
 
 
@@ -60,21 +65,26 @@ class SourceRunner:
     def __init__(self, source: Source, log_: Log, offsets: OffsetStore, topic_prefix: str,
                  topic_settings: TopicSettings, *, stats: ConnectorStats | None = None,
                  report: Callable[[ConnectorStats], None] | None = None,
-                 offset_interval: float = 1.0, poll_timeout: float = 0.2) -> None:
+                 offset_interval: float = 1.0, poll_timeout: float = 0.2, log_format: str = "json",
+                 format_options=None) -> None:
         self.source = source
         self.log = log_
         self.offsets = offsets
         self.topic_settings = topic_settings
         self.name = source.config.name
-        self.encoder = EnvelopeEncoder(source.connector, self.name, topic_prefix,
-                                       on_new_topic=lambda topic: log_.ensure_topic(topic, topic_settings))
+        self.encoder = make_encoder(log_format, source.connector, self.name, topic_prefix,
+                                    lambda topic: log_.ensure_topic(topic, topic_settings), format_options)
+        self._learn = getattr(self.encoder, "learn", None)  # formats whose schemas come from the shapes
         self.stats = stats or ConnectorStats(self.name, "source")
         self.report = report or (lambda stats: None)
         self.offset_interval = offset_interval
         self.poll_timeout = poll_timeout
         self.stored: Position | None = source.start_position
+        if self.stored is not None:  # shown from the start, not only after the first store
+            self.stats.position = str(self.stored)
         self._schema_topic: set[str] = set()
-        self.stale = StaleRows(log_, self.encoder.topic)
+        self.stale = StaleRows(log_, self.encoder.topic, self.encoder.record_key)
+        self.progress = SnapshotProgressMeter()
         if isinstance(source, SnapshotThenStream):  # it records its tables with the offsets
             source.table_book = TableBook(offsets, self.name)
 
@@ -92,7 +102,9 @@ class SourceRunner:
     def _set_phase(self, phase: str) -> None:
         if phase != self.stats.phase:
             self.stats.phase = phase
-            log.info("phase %s", phase, extra=self._extra())
+            # Sources announce their snapshot and their streaming themselves, with the position:
+            # a second line saying only "phase streaming" is noise there.
+            log.log(logging.DEBUG if phase in ANNOUNCED else logging.INFO, "phase %s", phase, extra=self._extra())
             self.report(self.stats)
 
     def _publish_schema_changes(self, writer, changes) -> None:
@@ -100,6 +112,8 @@ class SourceRunner:
         if topic not in self._schema_topic:
             self.log.ensure_topic(topic, replace(self.topic_settings, partitions=1))
             self._schema_topic.add(topic)
+        if self._learn is not None:
+            self._learn(changes)
         for change in changes:
             log.info("schema of %s: %s", change.table, ", ".join(f"{c.name} {c.type}" for c in change.columns),
                      extra=self._extra())
@@ -118,6 +132,8 @@ class SourceRunner:
     def run(self, stop_event: threading.Event) -> None:
         source, stats = self.source, self.stats
         writer = self.log.writer()
+        if self._learn is not None:  # the shapes published before this run (cdc/formats/shapes.py)
+            self._learn(known_shapes(self.log, self.encoder.prefix, self.name))
         log.info("starting from %s", self.stored or "the beginning", extra=self._extra())
         source.start()
         tune_gc()
@@ -130,6 +146,8 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
+                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                        self.progress.rows += len(batch.events)
                     stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
                     if stale:
                         writer.publish_events(self.encoder, stale)
@@ -154,6 +172,7 @@ class SourceRunner:
                 if now - last_report >= 1.0:
                     stats.lag_seconds = source.lag()
                     stats.retained_wal_bytes = source.retained_log_bytes()
+                    stats.snapshot_progress = self.progress.figures(source.snapshot_chunks())
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

@@ -4,7 +4,11 @@ Every envelope names the shape it was written under (``source.schema_version``; 
 cdc/schema_order.py). ``SchemaBook.schema_for(topic, version)`` returns that shape's record, and
 re-reads the schema topic when it does not know the version yet: the capture side publishes a
 shape before the first row that names it, so it is there (on Kafka, possibly a moment later: then
-``RetriableError``, and the runner retries the same batch). With no version (a row of a source
+``ShapeNotYetPublished``, a ``RetriableError``, and the runner retries the same batch). A shape
+that never comes (its record lost, the rows copied from another deployment's topics) must not be
+retried forever: the error carries how long this book has been missing it, and
+``cdc.api.Sink.shape_of`` stops the sink with ``ShapeMissingError`` once that exceeds the sink's
+``schema_wait``, naming the row. With no version (a row of a source
 that publishes no shapes, or written before shapes had versions) it returns the newest shape
 of the topic, read again at most every ``REFRESH_S`` seconds, never "the first one seen".
 """
@@ -16,7 +20,7 @@ import time
 
 import orjson
 
-from cdc.errors import RetriableError
+from cdc.errors import ShapeNotYetPublished
 from cdc.log.base import Log
 from cdc.serde import schema_changes_topic
 
@@ -26,7 +30,7 @@ REFRESH_S = 1.0
 
 
 class SchemaBook:
-    """Used from the sink runner's thread only."""
+    """Used from one thread only: the sink's (the sink calls it in ``write``; cdc/runtime/sink_thread.py)."""
 
     def __init__(self, log_: Log, prefix: str) -> None:
         self.log = log_
@@ -35,6 +39,8 @@ class SchemaBook:
         self._shapes: dict[str, dict[int, dict]] = {}   # topic -> version -> record
         self._newest: dict[str, dict] = {}
         self._read_at = float("-inf")
+        self._missing_since: dict[tuple[str, int], float] = {}  # (topic, version) -> first miss
+        self._read_to: dict = {}  # TopicPartition -> the offset read up to
 
     def schema_for(self, topic: str, version: int | None = None) -> dict | None:
         """The schema record of ``topic`` at ``version`` (None: the newest one known, or None)."""
@@ -47,15 +53,32 @@ class SchemaBook:
             self.refresh()
             shape = self._shapes.get(topic, {}).get(version)
             if shape is None:
-                raise RetriableError(f"{topic}: its rows name shape {version}, which {self.topic} does "
-                                     f"not hold yet")
+                since = self._missing_since.setdefault((topic, version), time.monotonic())
+                waited = time.monotonic() - since
+                raise ShapeNotYetPublished(
+                    f"{topic}: its rows name shape {version}, which {self.topic} does not hold yet "
+                    f"(missing for {waited:.0f}s)", topic=topic, version=version, waited=waited)
+            self._missing_since.pop((topic, version), None)
         return shape
 
     def refresh(self) -> None:
+        """Read what the schema topic gained since the last read. Only the new records: the sink
+        asks on every write, and reading the whole topic again each time cost a live sink most of
+        its time at a few thousand changes/s (a new reader per second, every shape decoded again)."""
         self._read_at = time.monotonic()
         if self.topic not in self.log.topics():
             return
-        for record in self.log.read_all(self.topic):
+        ends = self.log.end_offsets(self.topic)
+        if any(end < self._read_to.get(tp, 0) for tp, end in ends.items()):
+            # the topic was deleted and made again: what this book knew may be gone
+            self._shapes.clear()
+            self._newest.clear()
+            self._read_to = {}
+        if all(end <= self._read_to.get(tp, 0) for tp, end in ends.items()):
+            return
+        records = self.log.read_all(self.topic, start=self._read_to, ends=ends)
+        self._read_to = dict(ends)
+        for record in records:
             if record.value is None:
                 continue
             value = orjson.loads(record.value)

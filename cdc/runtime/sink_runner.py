@@ -4,7 +4,10 @@ Correctness rests on three rules:
 
 1. ``sink.write(batch)`` returns only once the batch is durable in the store; only then are the
    group's offsets committed. A crash in between replays the batch: sinks are idempotent and
-   version-guarded, so a replay never regresses a key.
+   version-guarded, so a replay never regresses a key. The next batch is read and decoded while
+   the sink writes the current one (on the sink's own thread, ``sink_thread``), but offsets are
+   committed in batch order, each only after its own write succeeded; a batch read ahead of a
+   write that failed is dropped uncommitted and read again.
 2. A ``RetriableError`` retries the *same* batch after a backoff (0.5 s doubling to 30 s): the
    offsets stay where they are, so nothing is skipped. The reader does not advance meanwhile:
    that is the backpressure.
@@ -33,6 +36,7 @@ from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeEr
 from cdc.log.base import Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
 from cdc.runtime.schemas import SchemaBook
+from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
 from cdc.schema_order import split_by_schema
 from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
@@ -48,7 +52,7 @@ class SinkRunner:
 
     def __init__(self, sink: Sink, log_: Log, topic_prefix: str, *, group: str | None = None,
                  stats: ConnectorStats | None = None, report: Callable[[ConnectorStats], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, read_ahead: bool = True) -> None:
         self.sink = sink
         self.log = log_
         self.prefix = topic_prefix
@@ -56,13 +60,25 @@ class SinkRunner:
         self.name = sink.config.name
         self.group = group or self.name
         self.stats = stats or ConnectorStats(self.name, "sink")
-        self.report = report or (lambda stats: None)
+        # Reports come from the reading thread and from the sink's (a write that retries).
+        report_lock, report_to = threading.Lock(), report or (lambda stats: None)
+
+        def locked_report(stats: ConnectorStats) -> None:
+            with report_lock:
+                report_to(stats)
+        self.report = locked_report
         self.progress = progress
+        self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
+        self._batch_bytes = 0  # bytes of record values of the batch read last (cdc_bytes_total)
+        self._bytes_of: dict = {}  # a write in flight -> the bytes of its records
         self.schemas = SchemaBook(log_, topic_prefix)
         self._dlq_writer = None
+        self._dlq_lock = threading.Lock()  # letters come from both threads
         self._stop: threading.Event | None = None
+        self._read: dict[TopicPartition, int] = {}  # where the reader is, ahead of the commits
+        self._sink_thread: SinkThread | None = None
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -95,7 +111,9 @@ class SinkRunner:
         committed = {} if from_start else reader.committed(new)
         for tp in new:
             self.positions[tp] = committed.get(tp) or 0
-        reader.assign(dict(self.positions))
+        # Partitions already read keep their read position: a batch read ahead of its commit is
+        # not read twice.
+        reader.assign({**self.positions, **self._read})
 
     # -- writing ---------------------------------------------------------------------------------
     def _wait(self, seconds: float) -> bool:
@@ -172,13 +190,24 @@ class SinkRunner:
         """Set one record aside on the dead-letter topic, durably, with why (the sink's context
         hands this to the sink as ``dead_letter``); ``missing``: the record could not be read back.
         A letter always fits the topic (a large value is referenced, not copied): see dead_letters."""
-        if self._dlq_writer is None:
-            self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
-            self._dlq_writer = self.log.writer()
-        self._dlq_writer.publish([dead_letters.dead_letter(
-            self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
-            reason=reason, key=key, value=value, missing=missing)])
-        self._dlq_writer.flush(30)
+        with self._dlq_lock:
+            if self._dlq_writer is None:
+                self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
+                self._dlq_writer = self.log.writer()
+            try:
+                self._dlq_writer.publish([dead_letters.dead_letter(
+                    self.dead_letter_topic, sink=self.name, topic=topic, partition=partition, offset=offset,
+                    reason=reason, key=key, value=value, missing=missing)])
+                self._dlq_writer.flush(30)
+            except BaseException:
+                # A writer keeps its first delivery error for good; a sink that retries the letter
+                # (the broker was away a moment) needs a fresh one, or it fails forever.
+                writer, self._dlq_writer = self._dlq_writer, None
+                try:
+                    writer.close()
+                except Exception:  # noqa: BLE001 - the delivery error is the one worth raising
+                    log.debug("closing the failed dead-letter writer", exc_info=True)
+                raise
 
     def _fetch(self, topic: str, partition: int, offset: int) -> LogRecord | None:
         reader = self.log.reader()
@@ -196,12 +225,15 @@ class SinkRunner:
         records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
         events: list[SinkEvent] = []
         ends: dict[TopicPartition, int] = {}
+        self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
+        append = events.append
         for record in records:
             ends[(record.topic, record.partition)] = record.offset + 1
             try:
-                events.append(decode_record(record))
+                append(decode_record(record))
             except PoisonRecord as err:
                 self._poison(record.topic, record.partition, record.offset, str(err), record)
+        self._read.update(ends)
         return events, ends
 
     def _write_in_shape(self, events: list[SinkEvent]) -> None:
@@ -210,26 +242,61 @@ class SinkRunner:
             if part:
                 self._write(part)
 
-    def _step(self, reader) -> int:
+    def _sink_call(self, fn: Callable, *args):
+        """``fn(*args)`` on the sink's thread (all sink calls are made there), waited for."""
+        return self._sink_thread.call(fn, *args) if self._sink_thread is not None else fn(*args)
+
+    def _step(self, reader, pending: PendingWrite | None) -> PendingWrite | None:
+        """Read (and decode) a batch while ``pending`` is written; then commit ``pending``'s
+        offsets once its write succeeded, and hand the new batch to the sink's thread. Returns
+        the write now in flight. An error of ``pending``'s write is raised here, before anything
+        past it is committed; the batch read meanwhile is dropped (the next assignment or a
+        restart reads it again)."""
         events, ends = self._batch(reader)
+        if pending is not None:
+            self._finish(reader, pending)
         if events:
-            self._write_in_shape(events)
-        if ends:
-            reader.commit(ends)
-            self.positions.update(ends)
-            self.stats.events += len(events)
-        self.stats.progressed()  # written and committed, or caught up
-        return len(events) + len(ends)
+            write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
+            self._bytes_of[write.future] = self._batch_bytes  # counted once the write is committed
+            if self.read_ahead:
+                return write
+            self._finish(reader, write)
+            return None
+        if ends:  # only poison records, set aside already
+            self._commit(reader, ends, 0)
+        else:
+            self.stats.progressed()  # caught up
+        return None
+
+    def _finish(self, reader, pending: PendingWrite) -> None:
+        """Wait for ``pending``'s write; commit its offsets only if it succeeded."""
+        nbytes = self._bytes_of.pop(pending.future, 0)
+        try:
+            pending.future.result()
+        except BaseException:
+            self._read = {}  # what was read past the failed batch is read again from the commits
+            raise
+        self._commit(reader, pending.ends, pending.events)
+        self.stats.bytes += nbytes
+
+    def _commit(self, reader, ends: dict[TopicPartition, int], events: int) -> None:
+        reader.commit(ends)
+        self.positions.update(ends)
+        self.stats.events += events
+        self.stats.progressed()  # written and committed
 
     def run(self, stop_event: threading.Event, *, from_start: bool = False,
             until_caught_up: bool = False) -> None:
         """Consume until ``stop_event``; ``from_start`` reads from offset 0 (a bootstrap);
         ``until_caught_up`` returns once the topics' ends as of the start are written."""
         self._stop = stop_event
+        self._sink_thread = SinkThread(self.name)
         self.sink.attach(self.context())
-        self.sink.start()
-        reader = self.log.reader(self.group)
+        reader = None
+        pending: PendingWrite | None = None
         try:
+            self._sink_call(self.sink.start)
+            reader = self.log.reader(self.group)
             self.stats.phase = "streaming"
             self.report(self.stats)
             self._assign(reader, self.matching_topics(), from_start)
@@ -237,8 +304,12 @@ class SinkRunner:
             refreshed = last_report = time.monotonic()
             while not stop_event.is_set():
                 try:
-                    self._step(reader)
+                    pending = self._step(reader, pending)
+                    if targets is not None and pending is not None and self._covers(pending, targets):
+                        self._finish(reader, pending)  # the last batch: no need to read past the ends
+                        pending = None
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
+                    pending = None
                     log.warning("%s: rebuilding the store", err, extra=self._extra())
                     self._rebuild_until_done(reader, stop_event)
                 now = time.monotonic()
@@ -255,13 +326,30 @@ class SinkRunner:
                     self.stats.lag_seconds = None
                     self.report(self.stats)
                     last_report = now
+            if pending is not None:  # stopping: the write in flight is finished and committed
+                try:
+                    self._finish(reader, pending)
+                except RebuildRequired as err:  # not now: the next start meets the batch again
+                    log.warning("%s: stopping; the store is rebuilt at the next start", err, extra=self._extra())
+                pending = None
             self.stats.phase = "stopped"
         finally:
-            reader.close()
-            self.sink.stop()
-            if self._dlq_writer is not None:
-                self._dlq_writer.close()
-            self.report(self.stats)
+            try:
+                if pending is not None:  # an error elsewhere: let the write end, commit nothing
+                    pending.future.exception()
+                if reader is not None:
+                    reader.close()
+                self._sink_call(self.sink.stop)
+            finally:
+                self._sink_thread.close()
+                self._sink_thread = None
+                if self._dlq_writer is not None:
+                    self._dlq_writer.close()
+                self.report(self.stats)
+
+    def _covers(self, pending: PendingWrite, targets: dict[TopicPartition, int]) -> bool:
+        """True when the positions after ``pending`` reach every target end."""
+        return all(max(pending.ends.get(tp, 0), self.positions.get(tp, 0)) >= end for tp, end in targets.items())
 
     def _ends(self) -> dict[TopicPartition, int]:
         ends: dict[TopicPartition, int] = {}
@@ -276,13 +364,14 @@ class SinkRunner:
         if not isinstance(sink, RebuildableSink):
             raise PermanentError(f"sink {self.name} ({self.config.type}) cannot rebuild: its store has no "
                                  f"generations")
-        old = sink.current_generation()
+        old = self._sink_call(sink.current_generation)
         new = old + 1
         self.stats.phase = "rebuilding"
         self.report(self.stats)
-        sink.open_generation(new)
+        self._sink_call(sink.open_generation, new)
         targets = self._ends()
         self.positions = {tp: 0 for tp in targets}
+        self._read = {}
         reader.assign(dict(self.positions))
         began = reported = time.monotonic()
         while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
@@ -291,9 +380,10 @@ class SinkRunner:
                                      f"incomplete and readers still see {old}; start again to redo it")
             events, ends = self._batch(reader)
             if events:
-                self._write_in_shape(events)
+                self._sink_call(self._write_in_shape, events)
             self.positions.update(ends)
             self.stats.events += len(events)
+            self.stats.bytes += self._batch_bytes
             self.stats.progressed()
             if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
                 self.report(self.stats)
@@ -301,9 +391,9 @@ class SinkRunner:
             if self.progress:
                 self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
                               sum(targets.values()))
-        sink.switch_generation(new)
+        self._sink_call(sink.switch_generation, new)
         reader.commit(dict(self.positions))
-        sink.drop_generation(old)
+        self._sink_call(sink.drop_generation, old)
         self.stats.phase = "streaming"
         log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
                  time.monotonic() - began, old, extra=self._extra())
@@ -321,14 +411,19 @@ class SinkRunner:
     def rebuild(self, stop_event: threading.Event) -> None:
         """The foreground rebuild of ``cdc rebuild``."""
         self._stop = stop_event
+        self._sink_thread = SinkThread(self.name)
         self.sink.attach(self.context())
-        self.sink.start()
-        reader = self.log.reader(self.group)
         try:
-            self._rebuild(reader, stop_event)
+            self._sink_call(self.sink.start)
+            reader = self.log.reader(self.group)
+            try:
+                self._rebuild(reader, stop_event)
+            finally:
+                reader.close()
+                self._sink_call(self.sink.stop)
         finally:
-            reader.close()
-            self.sink.stop()
+            self._sink_thread.close()
+            self._sink_thread = None
 
 
 class ProgressBar:

@@ -62,8 +62,8 @@ def slot_line(row: dict) -> str:
 def add_drop_parser(subparsers: argparse._SubParsersAction) -> None:
     drop = subparsers.add_parser(
         "drop", help="remove a PostgreSQL source's slot, its publication (if cdc created it) and stored offset")
-    drop.add_argument("file")
-    drop.add_argument("source")
+    drop.add_argument("file", help="the config file")
+    drop.add_argument("source", help="the source whose slot, publication and stored offset go")
     drop.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
     drop.set_defaults(handler=cmd_drop)
 

@@ -19,8 +19,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 # Phases, for status and metrics. "retrying": waiting to try again after a retriable error (a
-# sink's write, a restart of the worker); "rebuilding": a sink writing a new generation.
-PHASES = ("starting", "snapshot", "streaming", "rebuilding", "retrying", "finished", "stopped", "failed")
+# sink's write, a restart of the worker); "rebuilding": a sink writing a new generation;
+# "paused": stopped on request (``cdc pause``) until ``cdc resume``.
+PHASES = ("starting", "snapshot", "streaming", "rebuilding", "retrying", "paused", "finished", "stopped",
+          "failed")
 DONE_PHASES = frozenset({"finished", "stopped", "failed"})
 
 
@@ -36,6 +38,7 @@ class ConnectorStats:
     position: str | None = None    # the last stored position, as text
     lag_seconds: float | None = None
     retained_wal_bytes: int | None = None  # WAL the source's slot holds back (PostgreSQL sources)
+    snapshot_progress: dict | None = None  # a snapshot under way: rows, chunks_done, chunks_total, eta_seconds
     last_error: str | None = None
     last_error_at: float | None = None  # Unix time of last_error
     attempts: int = 0              # consecutive failed attempts since the last progress

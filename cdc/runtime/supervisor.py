@@ -14,6 +14,19 @@ across the worker's restarts, so a connector that fails at every start stays unh
 worker waits to be restarted, and while its next process has not made progress yet, its phase is
 ``retrying`` with the last error, its time and the count of attempts.
 
+A permanent error stops that connector, and when the error may heal (``CdcError.heals``) its
+``retry_failed`` policy (``cdc.api.RetryFailed``) starts it again after a backoff, up to
+``max_attempts`` times in a row (progress resets the count): a grant given, a database created or
+a lock freed heals it without a restart of the daemon. The
+phase stays ``failed`` (and /healthz 503) while it waits; ``next_attempt_at`` says when.
+
+Control (``control``, from the HTTP thread; ``cdc restart|pause|resume|rebuild``): a command is
+queued and carried out by the main loop, so only the main thread starts and stops processes.
+``restart`` drains the worker (SIGTERM) and starts it again at once; ``pause`` drains it and keeps
+it stopped (phase ``paused``, healthy: an operator's choice) until ``resume``; ``rebuild`` (a sink
+that can rebuild) drains it and starts it in rebuild mode: a new generation from offset 0, then
+streaming. The other connectors go on meanwhile.
+
 Threading: ``run`` is the main loop on the main thread; the HTTP server reads ``stats`` from its
 own thread under ``lock``.
 """
@@ -22,14 +35,16 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from cdc.api import RetryFailed
 from cdc.runtime.stats import DONE_PHASES, ConnectorStats
-from cdc.runtime.worker import EXIT_OK, EXIT_RETRIABLE, worker_main
+from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +66,18 @@ class Worker:
     unhealthy_after: float = 60.0
     last_progress: float = field(default_factory=time.time)  # kept across restarts
     exit_codes: list[int] = field(default_factory=list)
+    retry_failed: RetryFailed = field(default_factory=RetryFailed)
+    failed_starts: int = 0  # starts after a permanent failure since the connector's last progress
+    intent: str | None = None  # "restart", "pause" or "rebuild": why the running process is stopping
+    stop_asked_at: float | None = None
+    paused: bool = False
+    mode: str = "run"  # "rebuild": the next process rebuilds the sink's store first
+    rebuilt_at: float | None = None  # Unix time the last requested rebuild finished
 
     def unhealthy(self, now: float) -> bool:
         phase = self.stats.phase
+        if self.paused:
+            return False  # stopped on request: not a fault
         if phase == "failed":
             return True
         return phase not in DONE_PHASES and now - self.last_progress > self.unhealthy_after
@@ -62,29 +86,50 @@ class Worker:
 class Supervisor:
     def __init__(self, config_path: str, names: list[str], *, http: str | None = None,
                  grace: float = 20.0, level: int = logging.INFO, kinds: dict[str, str] | None = None,
-                 unhealthy_after: dict[str, float] | None = None) -> None:
+                 unhealthy_after: dict[str, float] | None = None,
+                 retry_failed: dict[str, RetryFailed] | None = None, token: str | None = None) -> None:
         self.config_path = config_path
         self.grace = grace
         # A worker stops waiting for its drain before the supervisor stops waiting for it.
         self.drain_timeout = max(1.0, grace * 0.75)
         self.level = level
         self.http = http
+        self.token = token
         self.lock = threading.Lock()
         kinds = kinds or {}
         self.workers = {n: Worker(n, ConnectorStats(n, kinds.get(n, "source"))) for n in names}
         for name, seconds in (unhealthy_after or {}).items():
             if name in self.workers:
                 self.workers[name].unhealthy_after = seconds
+        for name, policy in (retry_failed or {}).items():
+            if name in self.workers:
+                self.workers[name].retry_failed = policy
+        self.commands: queue.Queue = queue.Queue()
+        from cdc.runtime.sink_lag import SinkLagMonitor
+
+        sinks = [n for n in names if kinds.get(n) == "sink"]
+        self.sink_lag = SinkLagMonitor(config_path, sinks) if sinks else None
         self.stopping = threading.Event()
         self._ctx = multiprocessing.get_context("spawn")
 
     # -- the view the HTTP server reads --------------------------------------------------------
     def snapshot(self) -> list[dict]:
         now = time.time()
+        lag = self.sink_lag.figures() if self.sink_lag is not None else {}
         with self.lock:
-            return [{**w.stats.snapshot(), "healthy": not w.unhealthy(now),
+            return [{**w.stats.snapshot(), **_sink_lag_fields(lag.get(w.name), w.stats.kind),
+                     "healthy": not w.unhealthy(now),
                      "seconds_since_progress": round(now - w.last_progress, 1),
-                     "unhealthy_after": w.unhealthy_after} for w in self.workers.values()]
+                     "unhealthy_after": w.unhealthy_after,
+                     "pid": w.process.pid if w.process is not None else None,
+                     "next_attempt_at": self._next_attempt_at(w, now), "rebuilt_at": w.rebuilt_at}
+                    for w in self.workers.values()]
+
+    @staticmethod
+    def _next_attempt_at(worker: Worker, now: float) -> float | None:
+        if worker.restart_at is None:
+            return None
+        return round(now + max(0.0, worker.restart_at - time.monotonic()), 3)
 
     def healthy(self) -> bool:
         now = time.time()
@@ -96,13 +141,16 @@ class Supervisor:
         parent, child = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(target=worker_main, name=f"cdc-{worker.name}",
                                     args=(self.config_path, worker.name, child, self.level,
-                                          self.drain_timeout))
+                                          self.drain_timeout, worker.mode))
         process.start()
         child.close()
         worker.process, worker.conn = process, parent
         worker.started_at = time.monotonic()
         worker.restart_at = None
-        log.info("started (pid %d)", process.pid, extra={"connector": worker.name, "phase": "starting"})
+        worker.done = worker.paused = False
+        worker.intent = worker.stop_asked_at = None
+        log.info("started (pid %d%s)", process.pid, ", to rebuild its store" if worker.mode == "rebuild" else "",
+                 extra={"connector": worker.name, "phase": "starting"})
 
     def _drain_reports(self, worker: Worker) -> None:
         conn = worker.conn
@@ -112,9 +160,13 @@ class Supervisor:
                 stats.kind = worker.stats.kind
                 stats.restarts = worker.stats.restarts
                 stats.errors += worker.base_errors
+                if worker.mode == "rebuild" and stats.phase == "streaming":
+                    worker.mode = "run"  # the rebuild is done: a later start just streams
+                    worker.rebuilt_at = time.time()
                 if stats.progress_at is not None and stats.progress_at > worker.last_progress:
                     worker.last_progress = stats.progress_at
                     worker.base_attempts = 0  # this process got work done: the retrying is over
+                    worker.failed_starts = 0
                 elif worker.base_attempts:  # restarted, and not past the trouble yet
                     stats.attempts += worker.base_attempts
                     if stats.last_error is None:
@@ -135,14 +187,14 @@ class Supervisor:
         self._drain_reports(worker)
         code = process.exitcode
         worker.exit_codes.append(code)
+        intent, worker.intent, worker.stop_asked_at = worker.intent, None, None
+        if intent is not None and not self.stopping.is_set():
+            self._reset_process(worker)
+            self._carry_out(worker, intent)
+            return
         if code < 0 and not self.stopping.is_set():  # killed by a signal: no report said so
             worker.stats.failed_attempt(f"killed by signal {-code}")
-        worker.base_errors = worker.stats.errors
-        worker.base_attempts = worker.stats.attempts
-        worker.process = None
-        if worker.conn is not None:
-            worker.conn.close()
-            worker.conn = None
+        self._reset_process(worker)
         extra = {"connector": worker.name, "phase": worker.stats.phase}
         if self.stopping.is_set() or code == EXIT_OK:
             worker.done = True
@@ -158,10 +210,92 @@ class Supervisor:
                 worker.stats.phase = "retrying"
             worker.backoff = min(worker.backoff * 2, BACKOFF_MAX)
             return
-        worker.done = True
         with self.lock:
             worker.stats.phase = "failed"
+        policy = worker.retry_failed
+        if code != EXIT_FINAL and worker.failed_starts < policy.max_attempts:
+            worker.failed_starts += 1
+            delay = policy.delay(worker.failed_starts)
+            worker.restart_at = time.monotonic() + delay
+            log.error("stopped after a permanent error: %s; starting it again in %.0fs (attempt %d of %d, "
+                      "retry_failed)", worker.stats.last_error, delay, worker.failed_starts, policy.max_attempts,
+                      extra=extra)
+            return
+        worker.done = True
         log.error("stopped after a permanent error: %s", worker.stats.last_error, extra=extra)
+
+    def _reset_process(self, worker: Worker) -> None:
+        worker.base_errors = worker.stats.errors
+        worker.base_attempts = worker.stats.attempts
+        worker.process = None
+        if worker.conn is not None:
+            worker.conn.close()
+            worker.conn = None
+
+    # -- control (cdc restart|pause|resume|rebuild) ---------------------------------------------
+    ACTIONS = ("restart", "pause", "resume", "rebuild")
+
+    def control(self, action: str, name: str, timeout: float = 10.0) -> tuple[int, str]:
+        """Queue ``action`` for connector ``name`` (any thread); (HTTP status, message) once the main
+        loop took it. The process stops and starts in the background: /status shows it."""
+        if action not in self.ACTIONS:
+            return 404, f"no action {action!r}; actions: {', '.join(self.ACTIONS)}"
+        if name not in self.workers:
+            return 404, f"no connector {name!r} runs here; connectors: {', '.join(self.workers)}"
+        answer: queue.Queue = queue.Queue(maxsize=1)
+        self.commands.put((action, name, answer))
+        try:
+            return answer.get(timeout=timeout)
+        except queue.Empty:
+            return 503, "the daemon did not take the command in time (stopping?)"
+
+    def _take_commands(self) -> None:
+        while True:
+            try:
+                action, name, answer = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            answer.put(self._command(action, self.workers[name]))
+
+    def _command(self, action: str, worker: Worker) -> tuple[int, str]:
+        extra = {"connector": worker.name, "phase": worker.stats.phase}
+        if action == "resume" and not worker.paused:
+            return 409, f"{worker.name} is not paused (phase {worker.stats.phase})"
+        if action == "rebuild":
+            if worker.stats.kind != "sink":
+                return 409, f"{worker.name} is a source: only a sink's store can be rebuilt"
+            worker.mode = "rebuild"
+        if worker.process is not None and worker.process.is_alive():
+            if worker.intent is None:
+                worker.process.terminate()  # drains: the position is stored, then it exits
+                worker.stop_asked_at = time.monotonic()
+            worker.intent = "restart" if action == "resume" else action
+            log.info("%s requested: draining it", action, extra=extra)
+            return 202, f"{worker.name}: {action} under way (draining pid {worker.process.pid})"
+        log.info("%s requested", action, extra=extra)
+        self._carry_out(worker, action)
+        return 202, f"{worker.name}: {action} done" if action == "pause" else f"{worker.name}: starting"
+
+    def _carry_out(self, worker: Worker, action: str) -> None:
+        """With no process running: pause it, or start it (again, or in rebuild mode)."""
+        if action == "pause":
+            worker.paused, worker.restart_at, worker.done = True, None, False
+            with self.lock:
+                worker.stats.phase = "paused"
+            log.info("paused", extra={"connector": worker.name, "phase": "paused"})
+            return
+        worker.failed_starts = 0
+        self._start(worker)
+
+    def _enforce_grace(self, worker: Worker) -> None:
+        """A process asked to stop by a command that does not drain in time is killed (safe: its
+        stored position is never ahead of the log)."""
+        if (worker.stop_asked_at is not None and worker.process is not None
+                and time.monotonic() - worker.stop_asked_at > self.grace and worker.process.is_alive()):
+            log.warning("did not drain within %.0fs; killing it", self.grace,
+                        extra={"connector": worker.name, "phase": worker.stats.phase})
+            worker.process.kill()
+            worker.stop_asked_at = None
 
     # -- the main loop -------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
@@ -173,13 +307,17 @@ class Supervisor:
         if self.http:
             from cdc.runtime.http import serve
 
-            server = serve(self, self.http)
+            server = serve(self, self.http, self.token)
+        if self.sink_lag is not None:
+            self.sink_lag.start()
         try:
             for worker in self.workers.values():
                 self._start(worker)
             while not self.stopping.is_set() and not all(w.done for w in self.workers.values()):
+                self._take_commands()
                 for worker in self.workers.values():
                     self._drain_reports(worker)
+                    self._enforce_grace(worker)
                     self._reap(worker)
                     if worker.restart_at is not None and time.monotonic() >= worker.restart_at:
                         self._start(worker)
@@ -188,6 +326,8 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.sink_lag is not None:
+                self.sink_lag.stop()
             if server is not None:
                 server.shutdown()
                 server.server_close()
@@ -206,3 +346,13 @@ class Supervisor:
                 worker.process.kill()
                 worker.process.join()
             self._reap(worker)
+
+
+def _sink_lag_fields(topics: dict | None, kind: str) -> dict:
+    """A sink's row: its lag per topic (records, seconds) and in total, as last measured."""
+    if kind != "sink":
+        return {}
+    if topics is None:
+        return {"consumer_lag": None, "topics": None}
+    return {"consumer_lag": sum(t["records"] for t in topics.values()), "topics": topics,
+            "lag_seconds": max((t["seconds"] for t in topics.values()), default=0.0)}

@@ -7,7 +7,10 @@ exit code tells the supervisor what to do next:
 
     0   finished, or stopped on request: do not restart
     75  failed with a retriable error: restart after a backoff
-    2   failed with a permanent error (the message is in the last report): do not restart
+    2   failed with a permanent error that may heal (the message is in the last report): restart
+        only as the connector's ``retry_failed`` policy says
+    3   failed with a permanent error that does not heal by itself (``CdcError.heals``), or a bug:
+        do not restart
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, PermanentError
 
-EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
+EXIT_OK, EXIT_PERMANENT, EXIT_FINAL, EXIT_RETRIABLE = 0, 2, 3, 75
 DRAIN_TIMEOUT = 10.0  # seconds a connector gets to drain on SIGTERM (the supervisor passes its own)
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,11 @@ def build_runner(config, name: str, report=None):
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
         if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
+            if config.log.format != "json":  # ...so the runtime's decoding (cdc/formats/) is not in its path
+                from cdc.errors import ConfigError
+
+                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and understands the json "
+                                  f"format only; log.format is {config.log.format}")
             return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
@@ -50,7 +58,8 @@ def build_runner(config, name: str, report=None):
     settings = config.log.topic_settings()
     offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
     source = plugin(source_config, offsets.load(name))
-    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report)
+    return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report,
+                        log_format=config.log.format, format_options=config.log.debezium.options())
 
 
 class SelfRunningSink:
@@ -80,18 +89,25 @@ class SelfRunningSink:
 
 
 def run_connector(config_path: str, name: str, stop: threading.Event, report=None,
-                  on_stats=None) -> int:
+                  on_stats=None, mode: str = "run") -> int:
     """Run one connector to completion in this process; returns the worker exit code.
-    ``on_stats(stats)`` is told the runner's stats once it exists (for ``worker_main``)."""
+    ``on_stats(stats)`` is told the runner's stats once it exists (for ``worker_main``).
+    ``mode="rebuild"``: a sink rebuilds its store into a new generation first, then streams."""
     from cdc.config import load_config
     from cdc.runtime.stats import ConnectorStats
 
     stats = ConnectorStats(name, "source")  # the supervisor knows the real kind
     try:
-        runner = build_runner(load_config(config_path), name, report)
+        runner = build_runner(load_config(config_path, only=[name]), name, report)
         stats = runner.stats
         if on_stats is not None:
             on_stats(stats)
+        if mode == "rebuild":
+            rebuild = getattr(runner, "rebuild", None)
+            if rebuild is None:
+                raise PermanentError(f"{name} cannot rebuild: only a sink the daemon drives has generations")
+            rebuild(stop)
+            report and report(stats)  # phase "streaming": the supervisor sees the rebuild done
         runner.run(stop)
         return EXIT_OK
     except CdcError as err:
@@ -101,18 +117,18 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
                   extra={"connector": name, "phase": stats.phase})
         if report:
             report(stats)
-        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT
+        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT if err.heals else EXIT_FINAL
     except Exception as err:  # a bug or an unclassified library error: do not loop on it
         stats.failed_attempt(err)
         stats.phase = "failed"
         log.error("unexpected error:\n%s", traceback.format_exc(), extra={"connector": name, "phase": "failed"})
         if report:
             report(stats)
-        return EXIT_PERMANENT
+        return EXIT_FINAL
 
 
 def worker_main(config_path: str, name: str, conn: Connection, level: int,
-                drain_timeout: float = DRAIN_TIMEOUT) -> None:
+                drain_timeout: float = DRAIN_TIMEOUT, mode: str = "run") -> None:
     """The process's main thread only waits for a signal; the connector runs on another thread.
 
     A signal handler runs only between bytecodes of the main thread, and a thread blocked in a
@@ -126,7 +142,8 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
     """
     from cdc import logs
 
-    logs.setup(level, connector=name)
+    seen: list = []  # the runner's stats, once it exists
+    logs.setup(level, connector=name, phase=lambda: seen[0].phase if seen else "starting")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -137,10 +154,9 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
         except (BrokenPipeError, OSError):
             stop.set()  # the supervisor is gone: drain and exit
 
-    seen: list = []
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(run_connector(config_path, name, stop, report,
-                                                                        seen.append)),
+                                                                        seen.append, mode)),
                               name=f"cdc-{name}", daemon=True)
     thread.start()
     while thread.is_alive() and not stop.is_set():

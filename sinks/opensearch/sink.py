@@ -107,6 +107,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         with self._errors("write"):
             items: list[Item] = []
             for topic, changes in reduce(events).items():
+                self.shape_of(changes.first)  # the shape the rows name is there (or the wait is over)
                 target = self.catalog.prepare(topic, changes.first.source, generation,
                                               following=self.generation is None)
                 if changes.truncate is not None:

@@ -8,6 +8,7 @@ tombstones; the applied position of each source is published for read-your-write
                     generation namespaces, meta keys
     values.py       column choice; hash fields, JSON strings, RedisJSON documents
     guard.py        the Lua scripts: guarded write/delete/tombstone, the applied version
+    shapes.py       the live schema contract: the shape each table's keys follow, per schema_policy
     plan.py         a batch -> the newest change per key -> script calls
     pipeline.py     bounded pipelines of EVALSHA calls (rows grouped per call on a single server),
                     retries, NOSCRIPT reloads

@@ -40,6 +40,10 @@ class RedisSinkConfig(SinkConfig):
     pipeline_size: int = Field(default=1000, ge=1, le=100_000,
                                description="commands per pipeline round trip (one in flight at a time)")
     max_retries: int = Field(default=6, ge=0, description="retries of a failed pipeline inside one write")
+    schema_policy: Literal["evolve", "fail", "rebuild"] = Field(
+        default="evolve", description="a source schema change that changes what values hold: evolve (keys "
+                                      "take the new shape at their next change), fail (stop), rebuild (a new "
+                                      "generation in the new shape); see README")
 
     @field_validator("key_template")
     @classmethod

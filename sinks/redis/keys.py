@@ -92,7 +92,7 @@ class KeySpace:
         self.ns = ns
         self._tables: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def _parts(self, schema: str, table: str) -> tuple[str, str]:
+    def parts(self, schema: str, table: str) -> tuple[str, str]:
         """The template around ``{key}`` for one table, formatted once."""
         parts = self._tables.get((schema, table))
         if parts is None:
@@ -103,15 +103,15 @@ class KeySpace:
 
     def table_prefix(self, schema: str, table: str) -> str:
         """Everything of a row key before the encoded primary key (the template up to ``{key}``)."""
-        return self._parts(schema, table)[0]
+        return self.parts(schema, table)[0]
 
     def row_key(self, schema: str, table: str, key: dict[str, Any]) -> str:
-        head, tail = self._parts(schema, table)
+        head, tail = self.parts(schema, table)
         return head + encode_key(key) + tail
 
     def table_pattern(self, schema: str, table: str) -> str:
         """A SCAN pattern matching the row keys of one table (and nothing else of the template)."""
-        head, tail = self._parts(schema, table)
+        head, tail = self.parts(schema, table)
         return _glob_escape(head) + "*" + _glob_escape(tail)
 
     def namespace_pattern(self) -> str:

@@ -3,8 +3,9 @@
 A write is a list of ``Command`` (a row change, or a raise of an applied version). They go out
 in pipelines of ``pipeline_size`` rows, so memory on both sides stays bounded whatever the batch
 size. On a single server the rows of a pipeline are grouped ``rows_per_call`` to a script call
-(guard.ROWS) and the next pipeline is sent before the previous one's replies are read (two in
-flight: the server works while the client packs and parses); in a cluster every row is a call of
+(guard.ROWS), and the commands are taken lazily (plan.py makes each as it is taken): the next
+pipeline is made and sent before the previous one's replies are read (two in flight: the server
+runs one pipeline's scripts while the client makes the next and parses); in a cluster every row is a call of
 its own (guard.ROW: its two keys share a slot) and each pipeline is split per master (resp.py).
 
 The rows of one ``run`` are distinct keys (plan.py keeps one change per key), so pipelines may
@@ -23,6 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from itertools import islice
+from typing import Iterable, Iterator
 
 from cdc.api import PermanentError, RetriableError
 from sinks.redis import guard
@@ -37,23 +40,22 @@ ROWS_PER_CALL = 64
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One change: ``script`` "row" (keys: row key, companion; ``args``: op, version, payload...;
-    ``tail``: the same packed once by plan.py, see ``row_tail``) or "applied" (keys: the applied
-    key; args: the version)."""
+    """One change: ``script`` "row" (keys: row key, companion; ``tail``: the row packed once, see
+    ``row_tail``) or "applied" (keys: the applied key; args: the version)."""
 
     script: str
     keys: tuple
     args: tuple = ()
-    tail: tuple[int, bytes, bytes] | None = None
+    tail: tuple[int, bytes, bytes, bytes] | None = None
 
 
-def row_tail(op: str, version: str, payload: tuple = ()) -> tuple[int, bytes, bytes]:
-    """A row change's arguments packed: (payload count, op + version, payload)."""
-    return len(payload), bulk(op) + bulk(version), pack_args(payload)
+def row_tail(keys: tuple, op: str, version: str, payload: tuple = ()) -> tuple[int, bytes, bytes, bytes]:
+    """A row change packed as RESP: (payload count, both keys, op + version, payload)."""
+    return len(payload), bulk(keys[0]) + bulk(keys[1]), bulk(op) + bulk(version), pack_args(payload)
 
 
 def row(keys: tuple, op: str, version: str, payload: tuple = ()) -> Command:
-    return Command("row", keys, (op, version, *payload), row_tail(op, version, payload))
+    return Command("row", keys, (), row_tail(keys, op, version, payload))
 
 
 class ScriptPipeline:
@@ -76,18 +78,30 @@ class ScriptPipeline:
 
         self.shas = {"row": load(guard.ROW), "rows": load(guard.ROWS), "applied": load(guard.APPLIED)}
 
-    def run(self, commands: list[Command], ttls: tuple[int, int] = (0, 0)) -> list:
-        """Each command's reply, in order. ``ttls``: (live TTL, tombstone retention) in ms for the
-        row changes. Raises RetriableError / PermanentError."""
+    def run(self, commands: Iterable[Command], ttls: tuple[int, int] = (0, 0)) -> list:
+        """Each command's reply, in order. ``commands`` may be lazy (plan.py makes them as they are
+        taken): on a single server each pipeline is made while the server runs the previous one.
+        ``ttls``: (live TTL, tombstone retention) in ms for the row changes. Raises
+        RetriableError / PermanentError."""
         packed_ttls = bulk(str(ttls[0])) + bulk(str(ttls[1]))
-        size = self.pipeline_size
-        chunks = [commands[start:start + size] for start in range(0, len(commands), size)]
-        if not self.shas or len(chunks) < 2 or not self.single:
+        chunks = _chunks(commands, self.pipeline_size)
+        if not self.shas or not self.single:
             return [reply for chunk in chunks for reply in self._run_chunk(chunk, packed_ttls)]
-        packed = [self._pack(chunk, packed_ttls) for chunk in chunks]
-        outcomes = self.sender.send_overlapped([calls for calls, _ in packed])
+        made: list[tuple[list[Command], list[int]]] = []
+
+        def packed():
+            for chunk in chunks:
+                calls, sizes = self._pack(chunk, packed_ttls)
+                made.append((chunk, sizes))
+                yield calls
+
+        calls = packed()
+        outcomes = self.sender.send_overlapped(calls)
+        for _ in calls:  # a connection failed part way: make the rest, to send them one by one
+            pass
         replies: list = []
-        for chunk, (_, sizes), outcome in zip(chunks, packed, outcomes):
+        for index, (chunk, sizes) in enumerate(made):
+            outcome = outcomes[index] if index < len(outcomes) else None
             flat = None if outcome is None else _expand(outcome, sizes)
             if flat is not None and not any(isinstance(r, Exception) for r in flat):
                 replies.extend(flat)
@@ -105,7 +119,7 @@ class ScriptPipeline:
 
         def flush() -> None:
             if len(group) == 1:
-                calls.append(pack_row(shas["row"], group[0].keys, ttls, group[0].tail))
+                calls.append(pack_row(shas["row"], ttls, group[0].tail))
                 sizes.append(0)
             elif group:
                 calls.append(pack_rows(shas["rows"], group, ttls))
@@ -153,6 +167,12 @@ class ScriptPipeline:
                                 err, backoff)
                     time.sleep(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def _chunks(commands: Iterable[Command], size: int) -> Iterator[list[Command]]:
+    iterator = iter(commands)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
 
 
 def _slot_keys(chunk: list[Command], sizes: list[int]) -> list:

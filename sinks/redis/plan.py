@@ -10,6 +10,10 @@ it. A key's events are all in one partition, in log order, so "after" is well de
 * a log tombstone last (a replay of a compacted topic whose delete record is gone) -> delete the
   key whatever its version, keep a stored delete version (guard.py, op ``t``).
 
+The reduction runs over the whole batch first; the commands are then made lazily, one per key as
+the pipeline takes them, each packed as RESP in a few bytes formats (no per-argument packing
+later), so the server applies one pipeline while the next is made.
+
 A truncate (``t``) names no key: it is returned per table with its newest version, and the sink
 deletes the table's keys with that version after the batch's own calls (see sink.py), so keys
 written later than the truncate stay.
@@ -18,20 +22,21 @@ written later than the truncate stay.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
 from cdc.api import Op, SinkEvent
 from sinks.redis.guard import OP_CODES
-from sinks.redis.keys import KeySpace, companion
+from sinks.redis.keys import KeySpace, companion, encode_key
 from sinks.redis.pipeline import Command, row as row_change
+from sinks.redis.resp import pack_args
 from sinks.redis.values import hash_fields, json_value
 
 
 @dataclass(slots=True)
 class Plan:
-    commands: list[Command] = field(default_factory=list)
+    commands: Iterable[Command] = ()     # made as they are taken (see plan_batch)
     truncates: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
@@ -51,45 +56,82 @@ def table_of(event: SinkEvent, known: dict[str, tuple[str, str]]) -> tuple[str, 
 
 def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
                choose: Callable[[dict[str, Any]], dict[str, Any]],
-               known_tables: dict[str, tuple[str, str]]) -> Plan:
+               known_tables: dict[str, tuple[str, str]],
+               keep: dict[str, frozenset[str]] | None = None) -> Plan:
+    """``keep``: per topic, the columns to keep of its rows (rows of a shape older than the one the
+    generation follows; shapes.py).
+
+    The hot path of a write (bench/redis_sink.py): the row key is built once per event and is the
+    reduction's key too (it encodes table and primary key, stably and without collisions), and
+    each change is packed as RESP here, once, in a few bytes formats (pipeline.row_tail's layout).
+    """
     plan = Plan()
-    newest: dict[tuple[str, bytes], SinkEvent] = {}
-    tombstoned: dict[tuple[str, bytes], SinkEvent] = {}
+    newest: dict[str, SinkEvent] = {}
+    tombstoned: dict[str, SinkEvent] = {}
+    heads: dict[str, tuple[str, str]] = {}   # topic -> the key template around {key}
     truncate = Op.TRUNCATE
+    parts_of = keyspace.parts
     for event in events:
-        if event.op is truncate:
+        op = event.op
+        if op is truncate:
             where = table_of(event, known_tables)
             if event.version > plan.truncates.get(where, event.version - 1):
                 plan.truncates[where] = event.version
             continue
-        slot = (event.topic, orjson.dumps(event.key))
-        if event.op is None:
-            tombstoned[slot] = event
-            continue
-        before = newest.get(slot)
-        if before is None or event.version > before.version:
-            newest[slot] = event
-            tombstoned.pop(slot, None)
-    upsert_code = OP_CODES[fmt]
-    commands = plan.commands
-    delete = Op.DELETE
-    for slot, event in newest.items():
-        row = keyspace.row_key(*table_of(event, known_tables), event.key)
-        keys = (row, companion(row))
-        version = str(event.version)
-        if event.op is delete:
-            commands.append(row_change(keys, "d", version))
-        elif slot in tombstoned:
-            continue  # the log says the key's latest record is a delete: the tombstone below wins
-        elif upsert_code == "x":
-            commands.append(row_change(keys, "x", version))
+        if event.source:  # one table per topic: its template parts once per batch
+            parts = heads.get(event.topic)
+            if parts is None:
+                parts = heads[event.topic] = parts_of(*table_of(event, known_tables))
         else:
-            row_value = choose(event.after or {})
-            payload = tuple(hash_fields(row_value)) if upsert_code == "h" else (json_value(row_value),)
-            commands.append(row_change(keys, upsert_code, version, payload))
-    for slot, event in tombstoned.items():
-        if slot in newest and newest[slot].op is delete:
-            continue  # its delete is remembered already; the row key is gone
-        row = keyspace.row_key(*table_of(event, known_tables), event.key)
-        commands.append(row_change((row, companion(row)), "t", "0"))
+            parts = parts_of(*table_of(event, known_tables))
+        row = parts[0] + encode_key(event.key) + parts[1]
+        if op is None:
+            tombstoned[row] = event
+            continue
+        before = newest.get(row)
+        if before is None or event.version > before.version:
+            newest[row] = event
+            tombstoned.pop(row, None)
+    plan.commands = _commands(newest, tombstoned, keyspace, OP_CODES[fmt], choose, keep)
     return plan
+
+
+def _commands(newest: dict[str, SinkEvent], tombstoned: dict[str, SinkEvent], keyspace: KeySpace,
+              upsert_code: str, choose: Callable[[dict[str, Any]], dict[str, Any]],
+              keep: dict[str, frozenset[str]] | None) -> Iterator[Command]:
+    """The guarded change of each key, packed, made one at a time as the pipeline takes them (so
+    a pipeline is sent while the next is made)."""
+    delete = Op.DELETE
+    ns = keyspace.ns.encode()
+    upsert_op = b"$1\r\n%b\r\n" % upsert_code.encode()
+    for row, event in newest.items():
+        if event.op is not delete and row in tombstoned:
+            continue  # the log says the key's latest record is a delete: the tombstone below wins
+        row_bytes = row.encode()
+        companion_bytes = b"%b:v:{%b}" % (ns, row_bytes)
+        keys = (row, companion_bytes.decode())
+        packed_keys = b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(row_bytes), row_bytes, len(companion_bytes),
+                                                             companion_bytes)
+        version = b"%d" % event.version
+        version = b"$%d\r\n%b\r\n" % (len(version), version)
+        if event.op is delete:
+            yield Command("row", keys, (), (0, packed_keys, b"$1\r\nd\r\n" + version, b""))
+        elif upsert_code == "x":
+            yield Command("row", keys, (), (0, packed_keys, upsert_op + version, b""))
+        else:
+            after = event.after or {}
+            if keep and event.topic in keep:
+                columns = keep[event.topic]
+                after = {name: value for name, value in after.items() if name in columns}
+            row_value = choose(after)
+            if upsert_code == "h":
+                fields = hash_fields(row_value)
+                yield Command("row", keys, (), (len(fields), packed_keys, upsert_op + version, pack_args(fields)))
+            else:
+                value = json_value(row_value)
+                yield Command("row", keys, (), (1, packed_keys, upsert_op + version,
+                                                b"$%d\r\n%b\r\n" % (len(value), value)))
+    for row, event in tombstoned.items():
+        if row in newest and newest[row].op is delete:
+            continue  # its delete is remembered already; the row key is gone
+        yield row_change((row, companion(row)), "t", "0")

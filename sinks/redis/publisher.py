@@ -1,8 +1,8 @@
 """The thread that publishes ``<namespace>:applied:<source>`` (see applied.py for why it is sound).
 
-About every ``interval`` seconds: read the new records of ``<topic prefix>.offsets`` (a reader kept
-open, so each round reads only what is new), turn each source's stored checkpoint into its version,
-read the end offsets of the sink's topics after that, and hand both to the ``AppliedTracker``; then
+About every ``interval`` seconds: ask the context's ``CheckpointFeed`` which sources' stored
+checkpoints moved (as versions; it reads only what is new each round), read the end offsets of the
+sink's topics after that, and hand both to the ``AppliedTracker``; then
 publish, with the guarded ``APPLIED`` script, every source whose observation the sink's written
 positions have reached. It runs beside ``write`` because the checkpoint that covers a change is
 stored after the change reached the log, often after the sink wrote it: waiting for the next
@@ -14,36 +14,24 @@ else runs in the publisher's thread. The tracker and positions are guarded by on
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import threading
 
-import orjson
-
+from cdc.api import SinkContext
 from sinks.redis.applied import AppliedTracker, TopicPartition
 from sinks.redis.keys import applied_key
 from sinks.redis.pipeline import Command, ScriptPipeline
-from sinks.redis.wait import mysql_version, pg_version
 
 log = logging.getLogger(__name__)
 
 
-def checkpoint_version(position: dict) -> int | None:
-    """A stored position's JSON -> the source's version at that transaction boundary; None for a
-    snapshot in progress (not everything before it is in the log) and for kinds without versions."""
-    kind = position.get("kind")
-    if kind == "pg_lsn":
-        return pg_version(position["lsn"])
-    if kind == "mysql" and position.get("file"):
-        return mysql_version(position["file"], int(position["pos"]))
-    return None
-
-
 class AppliedPublisher:
-    def __init__(self, log_client, topic_prefix: str, topic_globs: list[str], group: str,
+    """``context``: the sink's (with a log); ``group``: the sink's consumer group."""
+
+    def __init__(self, context: SinkContext, topic_globs: list[str], group: str,
                  pipeline: ScriptPipeline, namespace: str, use_committed: bool, interval: float = 0.1) -> None:
-        self.log_client = log_client
-        self.offsets_topic = f"{topic_prefix}.offsets"
+        self.context = context
+        self.log_client = context.log
         self.topic_globs = topic_globs
         self.group = group
         self.pipeline = pipeline
@@ -55,8 +43,7 @@ class AppliedPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redis-applied", daemon=True)
-        self._checkpoints: dict[str, int] = {}
-        self._offsets_reader = None
+        self._feed = None  # opened in the thread that polls it
         self._group_reader = None
 
     def start(self) -> None:
@@ -65,7 +52,7 @@ class AppliedPublisher:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
-        for reader in (self._offsets_reader, self._group_reader):
+        for reader in (self._feed, self._group_reader):
             if reader is not None:
                 try:
                     reader.close()
@@ -98,39 +85,17 @@ class AppliedPublisher:
                 log.warning("applied publisher: %s: %s", type(err).__name__, err)
                 self._stop.wait(1.0)
 
-    def _topics(self) -> list[str]:
-        return [t for t in self.log_client.topics()
-                if any(fnmatch.fnmatchcase(t, g) for g in self.topic_globs)
-                and not t.endswith((".offsets", ".schema-changes")) and ".dead-letter." not in t]
-
     def _read_checkpoints(self) -> dict[str, int]:
         """Sources whose stored checkpoint moved since the last round -> its version."""
-        if self._offsets_reader is None:
-            if self.offsets_topic not in self.log_client.topics():
-                return {}
-            self._offsets_reader = self.log_client.reader()
-            self._offsets_reader.assign({tp: 0 for tp in self.log_client.end_offsets(self.offsets_topic)})
-        moved: dict[str, int] = {}
-        while True:
-            records = self._offsets_reader.poll(10_000, 0.05)
-            if not records:
-                return moved
-            for record in records:
-                if record.value is None or record.key is None:
-                    continue
-                try:
-                    source = orjson.loads(record.key)["source"]
-                    version = checkpoint_version(orjson.loads(record.value))
-                except (ValueError, KeyError, TypeError):
-                    continue
-                if version is not None and version > self._checkpoints.get(source, -(1 << 63)):
-                    self._checkpoints[source] = moved[source] = version
+        if self._feed is None:
+            self._feed = self.context.checkpoint_feed()
+        return self._feed.poll()
 
     def _round(self) -> None:
         moved = self._read_checkpoints()
         if moved:
             ends: dict[TopicPartition, int] = {}
-            for topic in self._topics():
+            for topic in self.context.topics_matching(self.topic_globs):
                 ends.update(self.log_client.end_offsets(topic))
             with self._lock:
                 use_committed = self.use_committed

@@ -16,6 +16,8 @@ Threading: one caller at a time per sender.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError, TimeoutError
 
 MAX_REDIRECTS = 5
@@ -44,26 +46,27 @@ def pack_call(sha: bytes, keys: tuple, args: tuple = ()) -> bytes:
             + b"".join([bulk(a) for a in args]))
 
 
-def pack_row(sha: bytes, keys: tuple, ttls: bytes, row: tuple[int, bytes, bytes]) -> bytes:
-    """guard.ROW for one row: ``row`` is (payload count, packed op+version, packed payload)."""
-    count, op_version, payload = row
-    return _head(sha, 2, 3 + 2 + 2 + 2 + count) + bulk(keys[0]) + bulk(keys[1]) + ttls + op_version + payload
+_COUNTS = [bulk(b"%d" % n) for n in range(256)]  # a row's payload count, packed once
+
+
+def pack_row(sha: bytes, ttls: bytes, row: tuple[int, bytes, bytes, bytes]) -> bytes:
+    """guard.ROW for one row: ``row`` is (payload count, packed keys, packed op+version, packed payload)."""
+    count, keys, op_version, payload = row
+    return _head(sha, 2, 3 + 2 + 2 + 2 + count) + keys + ttls + op_version + payload
 
 
 def pack_rows(sha: bytes, calls: list, ttls: bytes) -> bytes:
-    """guard.ROWS for many rows of one server: ``calls`` have ``keys`` and ``tail`` as for pack_row."""
-    parts = []
-    count = 3 + 2 * len(calls) + 2
-    for call in calls:
-        parts.append(bulk(call.keys[0]))
-        parts.append(bulk(call.keys[1]))
+    """guard.ROWS for many rows of one server: ``calls`` have ``tail`` as for pack_row."""
+    tails = [call.tail for call in calls]
+    parts = [tail[1] for tail in tails]
     parts.append(ttls)
-    for call in calls:
-        n, op_version, payload = call.tail
+    count = 3 + 2 * len(calls) + 2 + 3 * len(calls)
+    counts = _COUNTS
+    for n, _, op_version, payload in tails:
         parts.append(op_version)
-        parts.append(bulk(b"%d" % n))
+        parts.append(counts[n] if n < 256 else bulk(b"%d" % n))
         parts.append(payload)
-        count += 3 + n
+        count += n
     return _head(sha, 2 * len(calls), count) + b"".join(parts)
 
 
@@ -92,27 +95,36 @@ class SingleSender:
     def send(self, packed: list[bytes], slot_keys: list) -> list:
         return _exchange(self.client.connection_pool, b"".join(packed), len(packed))
 
-    def send_overlapped(self, chunks: list[list[bytes]]) -> list:
-        """Each chunk's replies, or None for a chunk whose replies did not all arrive (the
-        connection failed): chunk k+1 is sent before chunk k's replies are read."""
+    def send_overlapped(self, chunks: Iterable[list[bytes]]) -> list:
+        """Each chunk's replies, in order, for the chunks it got to: ``chunks`` is consumed lazily,
+        and chunk k+1 is taken (made by the caller: planned and packed) and sent before chunk k's
+        replies are read, so the server runs one chunk's scripts while the client makes the next.
+        When the connection fails it stops: the chunks without an outcome are the caller's to
+        retry (the iterator is left where it stopped)."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
-        outcomes: list = [None] * len(chunks)
+        outcomes: list = []
+
+        def replies(chunk: list[bytes]) -> list:
+            out = []
+            for _ in chunk:
+                try:
+                    out.append(conn.read_response())
+                except ResponseError as err:
+                    out.append(err)
+            return out
+
         try:
-            sent = 0
-            for index, chunk in enumerate(chunks):
-                while sent <= min(index + 1, len(chunks) - 1):
-                    conn.send_packed_command([b"".join(chunks[sent])])
-                    sent += 1
-                out = []
-                for _ in chunk:
-                    try:
-                        out.append(conn.read_response())
-                    except ResponseError as err:
-                        out.append(err)
-                outcomes[index] = out
+            previous = None
+            for chunk in chunks:
+                conn.send_packed_command([b"".join(chunk)])
+                if previous is not None:
+                    outcomes.append(replies(previous))
+                previous = chunk
+            if previous is not None:
+                outcomes.append(replies(previous))
         except (ConnectionError, TimeoutError, OSError):
-            conn.disconnect()  # the chunks still None are retried one by one
+            conn.disconnect()  # the chunks without an outcome are retried one by one
         finally:
             pool.release(conn)
         return outcomes

@@ -36,6 +36,7 @@ from sinks.redis.keys import KeySpace, companion, namespace, stats_key
 from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
 from sinks.redis.plan import plan_batch
 from sinks.redis.publisher import AppliedPublisher
+from sinks.redis.shapes import ShapeFollower
 from sinks.redis.values import column_chooser
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ class RedisSink(Sink, RebuildableSink):
         self._publisher: AppliedPublisher | None = None
         self._pointer_checked = time.monotonic()
         self.counts = {"written": 0, "deleted": 0, "skipped": 0}
+        self._shapes = ShapeFollower(config.name, config.schema_policy, self.shape_of,
+                                     lambda topic: self.context.schema_for(topic, None),
+                                     self._get, self._set)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -88,8 +92,7 @@ class RedisSink(Sink, RebuildableSink):
         if context.log is not None:
             # A pipeline of its own: the publisher runs in its own thread (ScriptPipeline is not shared).
             own = ScriptPipeline(self.client, config.name, config.pipeline_size, config.max_retries)
-            self._publisher = AppliedPublisher(context.log, context.topic_prefix, list(config.topics),
-                                               config.name, own, self._keyspace.ns,
+            self._publisher = AppliedPublisher(context, list(config.topics), config.name, own, self._keyspace.ns,
                                                use_committed=self.generation is None)
             self._publisher.start()
         log.info("redis sink %s: started (%s, format %s), writing generation %d under %s:", config.name,
@@ -131,7 +134,8 @@ class RedisSink(Sink, RebuildableSink):
         self._follow_generation()
         if self._tombstone_from_topics:
             self._tombstone_ms = self._retention(events[0].topic)
-        plan = plan_batch(events, self._keyspace, self.config.format, self._choose, self._known_tables)
+        keep = self._follow_shapes(events)
+        plan = plan_batch(events, self._keyspace, self.config.format, self._choose, self._known_tables, keep)
         replies = self.pipeline.run(plan.commands, (self._live_ms, self._tombstone_ms))
         for (schema, table), version in plan.truncates.items():
             replies.extend(self._truncate(schema, table, version))
@@ -143,6 +147,33 @@ class RedisSink(Sink, RebuildableSink):
                 if event.offset + 1 > ends.get(tp, 0):
                     ends[tp] = event.offset + 1
             self._publisher.note_written(ends)
+
+    def _follow_shapes(self, events: list[SinkEvent]) -> dict[str, frozenset[str]]:
+        """Each topic's shape in this write, per ``schema_policy`` (shapes.py); the columns to keep
+        of rows of an older shape, per topic."""
+        firsts: dict[str, SinkEvent] = {}
+        for event in events:
+            if event.source and event.topic not in firsts:
+                firsts[event.topic] = event
+        keep: dict[str, frozenset[str]] = {}
+        ns = self._keyspace.ns
+        for topic, first in firsts.items():
+            columns = self._shapes.follow(ns, first)
+            if columns is not None:
+                keep[topic] = columns
+        return keep
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.client.get(key)
+        except Exception as err:  # noqa: BLE001 - classified
+            raise translate(err, f"redis sink {self.config.name}: reading {key}") from err
+
+    def _set(self, key: str, value: bytes) -> None:
+        try:
+            self.client.set(key, value)
+        except Exception as err:  # noqa: BLE001 - classified
+            raise translate(err, f"redis sink {self.config.name}: writing {key}") from err
 
     def _follow_generation(self) -> None:
         """A sink writing the current generation moves with readers after a rebuild switched them
@@ -221,6 +252,7 @@ class RedisSink(Sink, RebuildableSink):
     def open_generation(self, generation: int) -> None:
         self._started()
         self.generations.open(generation)
+        self._shapes.forget()  # an opened generation starts empty, its followed shapes too
         self.generation = generation
         self._retarget(use_committed=False, forget_positions=True)
 

@@ -10,6 +10,7 @@ or DuckDB, through SQLAlchemy 2.
     values.py        event values -> driver values (executemany dialects)
     plan.py          what one write does to one table
     apply_staged.py  PostgreSQL, DuckDB: the batch staged once (COPY / one JSON value), set-based SQL
+    copy_rows.py     PostgreSQL: upserts as typed COPY text rows, per table shape
     apply_generic.py MySQL/MariaDB, SQLite: executemany upserts/deletes
     bookkeeping.py   cdc_sink_generations, cdc_sink_tables, cdc_sink_deletes, cdc_sink_state
     generations.py   open/switch/drop generations behind views

@@ -15,7 +15,9 @@ the event's ``after`` as orjson dumps it, and the database converts while it ups
 
 Staging: PostgreSQL gets one COPY in CSV with delimiter 0x02 and quote 0x01, bytes that JSON text
 never contains raw (orjson escapes control characters), so nothing needs escaping; the stage is
-``ON COMMIT DELETE ROWS``. DuckDB gets the whole batch as one JSON parameter, unnested by
+``ON COMMIT DELETE ROWS``. PostgreSQL's upserts, the bulk of most batches, are staged typed
+instead (``copy_rows``): one COPY per table into a temporary table with the target's column
+types, and the upsert above selects the columns as they are (``decode`` for binary). DuckDB gets the whole batch as one JSON parameter, unnested by
 ``from_json`` (binding one value is cheap; binding thousands is not).
 
 Both databases' input functions read the contract's forms directly: ISO timestamps with ``Z``,
@@ -34,6 +36,7 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Connection
 
+from sinks.sql import copy_rows
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.errors import DRIVER_ERRORS
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, key_values
@@ -57,7 +60,11 @@ class StagedApplier:
         self.books = bookkeeping
         self.soft_delete = soft_delete
         self.pg = target.kind == "postgresql"
+        # PostgreSQL's upserts staged typed (copy_rows); False stages them as jsonb like DuckDB's,
+        # which bench/sql_upsert.py runs beside it for a same-run comparison.
+        self.typed_upserts = self.pg
         self._sql: dict[tuple, str] = {}
+        self._formatters: dict[tuple, object] = {}
 
     # --- statements on the caller's connection ---------------------------------------------------
 
@@ -104,7 +111,9 @@ class StagedApplier:
             upserts = plan.live_upserts()
             if upserts:
                 ops.add(UPSERT)
-                if self.pg:  # the hot path: one format per row, no call
+                if self.typed_upserts:  # PostgreSQL: typed, per table (_copy_upserts)
+                    pass
+                elif self.pg:  # one format per row, no call
                     dumps, head = orjson.dumps, b"%d\x02" % index
                     pieces += [b"%b%b\x02%d\x02u\x02%b\n" % (head, k, e.version, dumps(e.after)) for k, e in upserts]
                 else:
@@ -155,23 +164,42 @@ class StagedApplier:
         if TOMBSTONE in staged:
             self._run(conn, self._sql_for(plan, TOMBSTONE), (index,))
         if UPSERT in staged:
+            stage = self._copy_upserts(conn, index, plan) if self.typed_upserts else None
             # Most tables have no remembered delete at all: then skip the anti-join per row.
             check_deletes = self._run(conn, f"SELECT 1 FROM {deletes_table} WHERE tbl = {p} LIMIT 1", (tbl,)) is not None
             # The table's key is not the events' key after a key change under schema_policy
             # ignore: two event keys may then be one row, which one upsert must not touch twice.
             event_key = next(iter(changes.upserts.values())).key
             one_per_row = {c.name for c in plan.key_columns} != set(event_key)
-            sql = self._sql_for(plan, UPSERT, check_deletes, one_per_row)
-            self._run(conn, sql, (index, tbl) if check_deletes else (index,))
+            sql = self._sql_for(plan, UPSERT, check_deletes, one_per_row, stage)
+            if stage is not None:
+                self._run(conn, sql, (tbl,) if check_deletes else ())
+            else:
+                self._run(conn, sql, (index, tbl) if check_deletes else (index,))
+
+    def _copy_upserts(self, conn: Connection, index: int, plan: TablePlan) -> str:
+        """The plan's upserts COPYed as typed rows into a temporary table; its name."""
+        shape = tuple((c.name, c.family, c.skipped) for c in plan.columns)
+        format_rows = self._formatters.get(shape)
+        if format_rows is None:
+            format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns)
+        stage = copy_rows.stage_name(index, plan.columns)
+        columns = ", ".join(f"c{i} {copy_rows.stage_type(c)}" for i, c in enumerate(plan.columns))
+        with conn.connection.dbapi_connection.cursor() as cursor:
+            cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} (k text, v bigint"
+                           f"{', ' if columns else ''}{columns}) ON COMMIT DELETE ROWS")
+            cursor.copy_expert(f"COPY {stage} FROM STDIN", io.BytesIO(format_rows(plan.live_upserts())))
+        return stage
 
     # --- SQL --------------------------------------------------------------------------------------
 
-    def _sql_for(self, plan: TablePlan, op: str, check_deletes: bool = False, one_per_row: bool = False) -> str:
-        cache_key = (plan.tbl, op, check_deletes, one_per_row,
+    def _sql_for(self, plan: TablePlan, op: str, check_deletes: bool = False, one_per_row: bool = False,
+                 typed_stage: str | None = None) -> str:
+        cache_key = (plan.tbl, op, check_deletes, one_per_row, typed_stage,
                      tuple((c.name, c.sql_type, c.key, c.skipped) for c in plan.columns))
         sql = self._sql.get(cache_key)
         if sql is None:
-            sql = self._sql[cache_key] = self._build(plan, op, check_deletes, one_per_row)
+            sql = self._sql[cache_key] = self._build(plan, op, check_deletes, one_per_row, typed_stage)
         return sql
 
     def _escape(self, text: str) -> str:
@@ -189,7 +217,17 @@ class StagedApplier:
             return f"decode(s.j->>{name}, 'base64')" if self.pg else f"from_base64(s.j->>{name})"
         return f"CAST(s.j->>{name} AS {column.sql_type})"
 
-    def _build(self, plan: TablePlan, op: str, check_deletes: bool, one_per_row: bool) -> str:
+    @staticmethod
+    def typed_value_sql(index: int, column: ColumnPlan) -> str:
+        """The expression that reads ``column`` (the ``index``-th) from a typed stage row ``s``."""
+        if column.skipped:
+            return "NULL"
+        if column.family is Family.BINARY:
+            return f"decode(s.c{index}, 'base64')"
+        return f"s.c{index}"
+
+    def _build(self, plan: TablePlan, op: str, check_deletes: bool, one_per_row: bool,
+               typed_stage: str | None = None) -> str:
         def q(name: str) -> str:
             return self._escape(self.target.quote(name))
 
@@ -208,7 +246,12 @@ class StagedApplier:
                 return f"UPDATE {table} AS x SET {q(DELETED)} = TRUE FROM {stage} AND {match}"
             return f"DELETE FROM {table} AS x USING {stage} AND {match}"
         names = [c.name for c in plan.columns] + [VERSION] + ([DELETED] if self.soft_delete else [])
-        values = [self.value_sql(c) for c in plan.columns] + ["s.v"] + (["FALSE"] if self.soft_delete else [])
+        if typed_stage is not None:
+            stage = f"{typed_stage} s WHERE TRUE"
+            value_of = {c.name: self.typed_value_sql(i, c) for i, c in enumerate(plan.columns)}
+        else:
+            value_of = {c.name: self.value_sql(c) for c in plan.columns}
+        values = [value_of[c.name] for c in plan.columns] + ["s.v"] + (["FALSE"] if self.soft_delete else [])
         updates = [n for n in names if n not in {c.name for c in keys}]
         conflict = ", ".join(q(c.name) for c in keys)
         sets = ", ".join(f"{q(n)} = excluded.{q(n)}" for n in updates)
@@ -217,7 +260,7 @@ class StagedApplier:
             f"AND NOT EXISTS (SELECT 1 FROM {deletes} d WHERE d.tbl = {p} AND d.key_json = s.k "
             f"AND d.version >= s.v) " if check_deletes else "")
         if one_per_row:
-            key_values_sql = ", ".join(self.value_sql(c) for c in keys)
+            key_values_sql = ", ".join(value_of[c.name] for c in keys)
             select = (f"SELECT DISTINCT ON ({key_values_sql}) {select.removeprefix('SELECT ')}"
                       f"ORDER BY {key_values_sql}, s.v DESC ")
         return (f"INSERT INTO {table} AS x ({', '.join(q(n) for n in names)}) {select}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from sinks.sql.bookkeeping import SourceColumn, TableEntry
-from sinks.sql.types import Family, infer_type, parse_type, target_type
+from sinks.sql.types import Family, grows, infer_type, parse_type, target_type
 
 KEY = "(primary key)"
 
@@ -94,6 +94,8 @@ def widens(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool:
         return False
     old_family, _, _ = parse_type(old)
     new_family, _, _ = parse_type(new)
+    if new_family is Family.TEXT and old_family is Family.TEXT and kind in ("mysql", "mariadb"):
+        return grows(old, new, kind)  # strings keep their length there: only a longer one holds all
     if new_family is Family.TEXT:
         return old_family in (Family.INTEGER, Family.NUMERIC, Family.TEXT)
     if new_family is not Family.NUMERIC or old_family not in (Family.INTEGER, Family.NUMERIC):

@@ -75,7 +75,7 @@ class SqlSink(Sink, RebuildableSink):
                 target.run_ddl(books.create)
                 catalog = TableCatalog(target, books, config,
                                        lambda topic, version=None: self.context.schema_for(topic, version),
-                                       lambda: self._current)
+                                       lambda: self._current, self.shape_of)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
             except BaseException:
@@ -209,7 +209,7 @@ class SqlSink(Sink, RebuildableSink):
         cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(hours=hours)
         with self.target.engine.begin() as conn:
             pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
-        if pruned:
+        if pruned > 0:  # -1: the driver (DuckDB) does not say how many; nothing worth a line then
             log.info("sql sink %s: forgot %d deletes older than %s h", self.config.name, pruned, hours)
 
     # --- generations ----------------------------------------------------------------------------

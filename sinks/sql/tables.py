@@ -31,7 +31,7 @@ from sinks.sql.evolve import KEY, Incompatible, diff, infer_columns, record_colu
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
-from sinks.sql.types import parse_type, signature, target_type
+from sinks.sql.types import grows, parse_type, signature, target_type
 from sinks.sql.values import converter
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,15 @@ log = logging.getLogger(__name__)
 
 class TableCatalog:
     def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
-                 schema_for: Callable[..., dict | None], current: Callable[[], int]) -> None:
+                 schema_for: Callable[..., dict | None], current: Callable[[], int],
+                 shape_of: Callable[[Any], dict | None] | None = None) -> None:
         self.target = target
         self.books = books
         self.config = config
         self.schema_for = schema_for
+        # The shape an event names, with the runtime's bound on waiting for it (cdc.api.Sink.shape_of).
+        self.shape_of = shape_of or (lambda event: schema_for(
+            event.topic, event.source.get("schema_version") if event.source else None))
         self.current = current            # the generation readers see, as last known
         self._entries: dict[tuple[int, str], TableEntry] = {}
         self._plans: dict[tuple[int, str], list[ColumnPlan]] = {}
@@ -117,13 +121,16 @@ class TableCatalog:
                                          shape.get("version") if shape else None))
             if shape is not None:
                 self._records[cache_key] = _fingerprint(shape)
+            if record is not None and self.config.schema_policy != "rebuild":
+                entry = self._older_columns(entry, rows, record, changes.topic)
         elif record is not None:
             if not _older(record, entry):
                 fingerprint = _fingerprint(record)
                 if self._records.get(cache_key) != fingerprint:
                     entry = self._follow(entry, record, key_names)
                     self._records[cache_key] = fingerprint
-            entry = self._older_columns(entry, rows, record, changes.topic)
+            if self.config.schema_policy != "rebuild":  # rebuild: tables hold the newest shape only
+                entry = self._older_columns(entry, rows, record, changes.topic)
         else:
             unknown = infer_columns(rows, set(entry.columns), ())
             if unknown:
@@ -139,8 +146,7 @@ class TableCatalog:
 
     def _shape_of(self, changes: TopicChanges) -> dict[str, Any] | None:
         """The schema record the rows of ``changes`` name (the newest of the topic when they name none)."""
-        source = changes.first.source
-        return self.schema_for(changes.topic, source.get("schema_version") if source else None)
+        return self.shape_of(changes.first)
 
     def _newest(self, topic: str, record: dict[str, Any] | None) -> dict[str, Any] | None:
         """The shape a new table is made in: the newest the topic has, or the rows' own when it
@@ -153,8 +159,10 @@ class TableCatalog:
     def _older_columns(self, entry: TableEntry, rows: list[dict[str, Any]], record: dict[str, Any],
                        topic: str) -> TableEntry:
         """Columns of rows written under an older shape that the (newer) table lacks, typed by
-        that shape: a column dropped before the table was made in the newest shape."""
-        missing = {name for row in rows for name in row if name not in entry.columns}
+        that shape: a column dropped before the table was made in the newest shape. Kept (with
+        the values those rows had) under every policy but ``rebuild``, whose tables hold the
+        newest shape only, so a bootstrap ends like a live sink that saw the drop."""
+        missing = set().union(*rows).difference(entry.columns)  # in C: this runs on every write
         if not missing:
             return entry
         typed = [SourceColumn(c.name, c.type, False) for c in record_columns(record) if c.name in missing]
@@ -180,11 +188,21 @@ class TableCatalog:
         columns = with_key(record_columns(record), key_names or entry.key)
         added, changed = diff(entry, columns, self.signature)
         policy = self.config.schema_policy
-        retyped: list[Incompatible] = []
+        dropped = sorted(set(entry.columns) - {c.name for c in columns})
+        if dropped and policy == "rebuild":  # the new generation is made without them
+            raise RebuildRequired(f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic}): "
+                                  f"source schema change column(s) {', '.join(dropped)} dropped; schema_policy "
+                                  f"is 'rebuild': rebuilding from the topic")
+        # A string that only grew (a longer varchar, an enum with labels added) is no decision to
+        # make: it changes in place under every policy, like a new column (types.grows).
+        retyped = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
+                   and grows(c.old, c.new, self.target.kind)]
+        changed = [c for c in changed if c not in retyped]
         if changed and policy == "evolve":
-            retyped = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
+            widened = [c for c in changed if c.column != KEY and not entry.columns[c.column].key
                        and widens(c.old, c.new, self.target.kind, mariadb=self.target.mariadb)]
-            changed = [c for c in changed if c not in retyped]
+            retyped += widened
+            changed = [c for c in changed if c not in widened]
         if changed:
             described = "; ".join(str(change) for change in changed)
             where = f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic})"

@@ -21,6 +21,10 @@ a SQLAlchemy type. Choices, and why:
   duration that may be negative or above 24 hours, which only MySQL's TIME holds: it is TEXT.
 * every other name (money, interval, inet, enums, sets, domains, bit strings, xml, geometry ...) is
   TEXT; a value that is not a string is stored as its JSON text.
+* on MySQL targets a string keeps its type: varchar(n) and char(n) up to ``MYSQL_VARCHAR_MAX``
+  characters are VARCHAR(n), MySQL's enum('a','b') is the same ENUM; only longer or other strings
+  are LONGTEXT. A string that grows in the source (a longer varchar, an enum with labels added at
+  its end) is changed in place under every ``schema_policy``, like a new column (``grows``).
 
 The *signature* of a column (its compiled target type) is what schema evolution compares: a
 source change that maps to the same target type (varchar(10) -> varchar(20), int -> bigint) is no
@@ -138,8 +142,50 @@ def target_type(type_name: str, dialect: str, *, key: bool, mariadb: bool = Fals
         if key:
             length = varchar_length(type_name)
             return _mysql_key_varchar(length if length and length <= 768 else 255, mariadb)
-        return mysql.LONGTEXT()
+        return _mysql_string(type_name)
     return sa.Text()
+
+
+# Longer varchars become LONGTEXT: MySQL counts a row's VARCHARs against 65,535 bytes (4 per
+# utf8mb4 character), and a source of another character set may fit more than the target would.
+MYSQL_VARCHAR_MAX = 1024
+_LABEL = re.compile(r"'((?:[^']|'')*)'")
+
+
+def enum_labels(type_name: str) -> list[str] | None:
+    """The labels of MySQL's ``enum('a','b')``; None for any other type."""
+    text = type_name.strip()
+    if not text.lower().startswith("enum(") or not text.endswith(")"):
+        return None
+    return [label.replace("''", "'") for label in _LABEL.findall(text[5:-1])]
+
+
+def _mysql_string(type_name: str) -> sa.types.TypeEngine:
+    labels = enum_labels(type_name)
+    if labels:
+        return mysql.ENUM(*labels, charset="utf8mb4", collation="utf8mb4_bin")
+    length = varchar_length(type_name)
+    if length is not None and length <= MYSQL_VARCHAR_MAX:
+        return mysql.VARCHAR(length, charset="utf8mb4")
+    return mysql.LONGTEXT()
+
+
+def grows(old: str, new: str, dialect: str) -> bool:
+    """True when a non-key string column of source type ``old`` on a MySQL target holds every
+    value of ``new`` after an in-place change that loses nothing: a varchar at least as long, an
+    enum whose labels begin with the old ones (their order is their stored number), LONGTEXT."""
+    if dialect not in ("mysql", "mariadb"):
+        return False
+    if parse_type(old)[0] is not Family.TEXT or parse_type(new)[0] is not Family.TEXT:
+        return False
+    before, after = _mysql_string(old), _mysql_string(new)
+    if isinstance(after, mysql.LONGTEXT):
+        return True
+    longest = (max(map(len, before.enums), default=0) if isinstance(before, mysql.ENUM)
+               else None if isinstance(before, mysql.LONGTEXT) else before.length)
+    if isinstance(after, mysql.ENUM):
+        return isinstance(before, mysql.ENUM) and list(after.enums[:len(before.enums)]) == list(before.enums)
+    return longest is not None and after.length >= longest
 
 
 def _mysql_key_varchar(length: int, mariadb: bool) -> sa.types.TypeEngine:

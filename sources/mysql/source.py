@@ -48,12 +48,15 @@ class _Stream:
 
     def __init__(self, stream: BinlogStream, max_events: int, shapes: tuple) -> None:
         self.binlog, self.max_events, self.shapes = stream, max_events, shapes
+        self.idle = False  # the last poll brought nothing (lag: MySqlSource._caught_up)
 
     def poll(self, timeout: float) -> Batch | None:
         if self.shapes:
             shapes, self.shapes = self.shapes, ()
             return Batch([], schema_changes=shapes)
-        return self.binlog.poll(self.max_events, timeout)
+        batch = self.binlog.poll(self.max_events, timeout)
+        self.idle = batch is None
+        return batch
 
     def commit(self, position: Position) -> None:
         """Nothing to advance on the server."""
@@ -78,12 +81,33 @@ class MySqlSource(SnapshotThenStream):
         self.conn = None
         self.tracker: SchemaTracker | None = None
         self.dbms: str | None = None
+        self._server_at: tuple[str, int] | None = None  # SHOW MASTER STATUS at the previous look
 
     def lag(self) -> float | None:
+        """0 when caught up with the server (see ``_caught_up``); else now minus the commit time
+        of the newest change handled. Called on the polling thread, about once a second."""
+        if self._caught_up():
+            return 0.0
         binlog = self.stream.binlog if self.stream is not None else None
         if binlog is None or binlog.last_commit_ms is None:
             return None
         return max(0.0, time.time() - binlog.last_commit_ms / 1000)
+
+    def _caught_up(self) -> bool:
+        """The stream's last poll brought nothing and it has read the binlog up to where the
+        server's was at the previous look (SHOW MASTER STATUS, a second ago): an idle source is
+        not behind, however old its newest commit."""
+        if self.stream is None or self.snapshot is not None or not self.stream.idle:
+            self._server_at = None
+            return False
+        before = self._server_at
+        try:
+            self.conn.ping(reconnect=True)  # the control connection may have idled past wait_timeout
+        except Exception as err:  # noqa: BLE001 - classified by wrap
+            raise wrap(err, "reconnecting to read the binlog position") from err
+        self._server_at = current_position(self.conn)
+        read_to = self.stream.binlog.read_to
+        return before is not None and read_to is not None and _binlog_key(read_to) >= _binlog_key(before)
 
     def _captured(self, db: str, table: str) -> bool:
         return matches(db, table, self.cfg.tables)
@@ -168,3 +192,9 @@ class MySqlSource(SnapshotThenStream):
 
     def release(self) -> None:
         close_quietly(self.conn)
+
+
+def _binlog_key(at: tuple[str, int]) -> tuple[int, int]:
+    """(binlog file, position) in the server's order: the file's numeric suffix, then the position."""
+    file, pos = at
+    return int(file.rsplit(".", 1)[-1]), pos

@@ -68,6 +68,7 @@ class BinlogStream:
         self.tx_gtid: tuple[int, int, int] | None = None
         self.carry: tuple[list, list, MySqlPosition | None] | None = None
         self.last_commit_ms: int | None = None
+        self.read_to: tuple[str, int] | None = None  # (file, end position) of the last event read
         self._warned_statements = False
 
     def close(self) -> None:
@@ -112,6 +113,8 @@ class BinlogStream:
                     checkpoint = commit
             if monotonic() >= deadline and (events or changes or checkpoint is not None):
                 break
+        if event.packet.log_pos:  # how far the server has sent its binlog (a heartbeat says it too)
+            self.read_to = (self.file, event.packet.log_pos)
         if events or changes or checkpoint is not None:
             return Batch(events, checkpoint, tuple(changes))
         return None
@@ -177,8 +180,10 @@ class BinlogStream:
                                                     event.timestamp * 1000)
             events = [self.builder.truncate(table, pos, event.timestamp * 1000) for table in truncated]
             self.map_cache.clear()  # a cached table map may now resolve differently
-            log.info("DDL at %s:%d: %s", self.file, pos, text[:300],
-                     extra={"connector": self.name, "phase": "streaming"})
+            # Only statements about captured tables are news here; the binlog carries every
+            # database's DDL, and the others' are noise at INFO.
+            log.log(logging.INFO if changes or events else logging.DEBUG, "DDL at %s:%d: %s", self.file, pos,
+                    text[:300], extra={"connector": self.name, "phase": "streaming"})
         elif head.startswith(_DML) and not self._warned_statements:
             self._warned_statements = True
             log.error("statement-based change at %s:%d is not captured (a session set binlog_format=STATEMENT?): "

@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 
 
+class TableGone(PrerequisiteError):
+    """The relation is no longer in the catalog (dropped); its WAL may still hold changes."""
+
+
 @dataclass(frozen=True, slots=True)
 class ColumnMeta:
     name: str
@@ -119,7 +123,7 @@ def table_meta(conn, oid: int, database: str, key_columns: dict[str, list[str]])
                     "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s", (oid,))
         row = cur.fetchone()
         if row is None:
-            raise PrerequisiteError(f"table with oid {oid} does not exist (dropped while capturing?)")
+            raise TableGone(f"table with oid {oid} does not exist (dropped while capturing?)")
         schema, name, identity, pages = row
         cur.execute(_COLUMNS_SQL, (oid,))
         columns = tuple(ColumnMeta(*r) for r in cur.fetchall())

@@ -23,7 +23,7 @@ import orjson
 
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, SnapshotMarker, TableId, TransactionInfo
 from sources.postgres import pgoutput as pg
-from sources.postgres.catalog import TableMeta
+from sources.postgres.catalog import TableGone, TableMeta
 from sources.postgres.fastpath import RowPath, compile_row_paths
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 
@@ -47,6 +47,10 @@ class Relation:
     key_names: tuple[str, ...]
     type_names: tuple[str, ...]
     toastable: tuple[int, ...]     # indexes of the columns whose values may be stored out of line
+
+
+def _refuse_gone(message: pg.Relation) -> TableMeta | None:
+    raise TableGone(f"table {message.namespace}.{message.name} (oid {message.oid}) does not exist any more")
 
 
 class ChangeBuilder:
@@ -74,7 +78,13 @@ class ChangeBuilder:
         # A table dropped and created again comes back under a new OID: its old rows are gone,
         # which the log never says (DROP TABLE writes no row changes). A truncate says it, before
         # the new table's first row (``stamp``). Known within one streaming session only.
+        # Seeded from the relations.py memory, so a drop and re-create while the source was down
+        # is noticed too; ``on_oid(table, oid, lsn)`` is told each table's OID from the LSN its
+        # first shape governs.
         self.oids: dict[TableId, int] = {}
+        self.gone_table: Callable[[pg.Relation], TableMeta | None] = _refuse_gone
+        self.on_oid: Callable[[TableId, int, int], None] = lambda table, oid, lsn: None
+        self._fresh: list[Relation] = []   # relations whose shape waits for its LSN
         self.recreated: list[Relation] = []
         # the open transaction
         self.xid: int | None = None
@@ -84,7 +94,10 @@ class ChangeBuilder:
 
     # -- relations -----------------------------------------------------------------------------
     def on_relation(self, message: pg.Relation, lsn: int) -> None:
-        meta = self.lookup_table(message.oid)
+        try:
+            meta = self.lookup_table(message.oid)
+        except TableGone:  # dropped since these changes were written: the message has its shape
+            meta = self.gone_table(message)
         oid_bytes = struct.pack("!I", message.oid)
         for code in (b"I", b"U", b"D"):
             self.row_paths.pop(code + oid_bytes, None)
@@ -110,6 +123,10 @@ class ChangeBuilder:
                                                  for n, t in zip(names, relation.type_names)),
                                   lsn, self.commit_ms or 0)
             (self.schema_changes if lsn else self.unstamped).append(change)
+            if lsn:
+                self.on_oid(meta.id, message.oid, lsn)
+            else:
+                self._fresh.append(relation)
         if self.oids.get(meta.id, message.oid) != message.oid:
             log.info("table %s was dropped and created again (OID %d -> %d): its old rows are truncated",
                      meta.id, self.oids[meta.id], message.oid)
@@ -138,6 +155,9 @@ class ChangeBuilder:
         tables created again, at that version: before their new rows, which are not under it."""
         self.schema_changes += [replace(change, version=lsn) for change in self.unstamped]
         self.unstamped = []
+        for rel in self._fresh:
+            self.on_oid(rel.table, rel.oid, lsn)
+        self._fresh = []
         for rel in self.recreated:
             self.toast.forget_table(rel.qualified)
         truncates = [ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,

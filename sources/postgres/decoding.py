@@ -41,8 +41,10 @@ HEARTBEAT_PREFIX = "cdc-heartbeat"
 
 class LogicalStream:
     def __init__(self, config: PostgresConfig, transport: ReplicationStream, conn, builder: ChangeBuilder,
-                 lookup: CatalogLookup, toast: ToastStore, protocol: int, slot: str, spill_dir: Path) -> None:
+                 lookup: CatalogLookup, toast: ToastStore, protocol: int, slot: str, spill_dir: Path,
+                 on_commit: Callable[[int], None] = lambda lsn: None) -> None:
         self.cfg, self.transport, self.conn, self.builder = config, transport, conn, builder
+        self.on_commit = on_commit  # told each LSN stored, before the server is (relations.py)
         self.lookup, self.toast, self.protocol, self.slot, self.spill_dir = lookup, toast, protocol, slot, spill_dir
         self.decoder = pg.PgOutputDecoder(protocol)
         self.wal_watch = RetainedWal(config.name, slot, config.max_retained_wal, config.wal_check_interval)
@@ -52,6 +54,8 @@ class LogicalStream:
         self.stream_xid: int | None = None  # the xid of the streamed transaction being received
         self.replay = None  # an iterator of Batches replaying a committed streamed transaction
         self.inbox: deque = deque()  # messages read and not yet handled
+        self._idle = False  # the last read brought nothing (see caught_up)
+        self._server_lsn: int | None = None  # pg_current_wal_lsn() at the previous look
         self._checkpoint: PgLsn | None = None
         self._data: dict[type, Callable[[Any, int], list]] = {
             pg.Insert: builder.insert, pg.Update: builder.update, pg.Delete: builder.delete,
@@ -83,6 +87,7 @@ class LogicalStream:
         inbox = self.inbox
         if not inbox:
             inbox.extend(self.transport.read(self.cfg.max_batch_events, timeout))
+            self._idle = not inbox
             if not inbox:
                 if time.monotonic() - self.last_activity >= self.cfg.heartbeat_interval:
                     self._heartbeat()
@@ -126,6 +131,7 @@ class LogicalStream:
 
     def commit(self, position: Position) -> None:
         assert isinstance(position, PgLsn)
+        self.on_commit(position.lsn)
         self.transport.confirm(position.lsn)
 
     def close(self) -> None:
@@ -139,6 +145,27 @@ class LogicalStream:
     def silence(self):
         """The transport's watch on a server that stopped talking (sources/postgres/deadline.py)."""
         return self.transport.silence
+
+    def caught_up(self) -> bool:
+        """Nothing waits here, the last read brought nothing, and the server has sent us its WAL
+        up to where it was at the previous look (``pg_current_wal_lsn()``, a second ago): an
+        idle source is not behind, however old its newest commit. A large write to a table not
+        captured keeps the server ahead of what it sent, so that is lag, rightly. Called on the
+        polling thread (it uses the same connection as the heartbeats)."""
+        if not (self._idle and not self.inbox and self.replay is None and not self.buffers):
+            self._server_lsn = None
+            return False
+        before = self._server_lsn
+        what = "reading the server's WAL position"
+        try:
+            with answer_within(self.conn, self.cfg.server_timeout, what):
+                with self.conn.cursor() as cur:
+                    cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+                    self._server_lsn = int(cur.fetchone()[0])
+                self.conn.commit()
+        except psycopg2.Error as err:
+            raise wrap(err, what) from err
+        return before is not None and self.transport.wal_end >= before
 
     def retained_bytes(self) -> int | None:
         return self.wal_watch.bytes

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import psycopg2
 
-from sources.postgres.catalog import TableMeta, matches, table_meta
+from cdc.events import TableId
+from sources.postgres.catalog import ColumnMeta, TableMeta, matches, table_meta
 from sources.postgres.config import PostgresConfig
 from sources.postgres.errors import wrap
 from sources.postgres.types import converter_for, load_type_catalog
@@ -58,6 +59,25 @@ class CatalogLookup:
             log.info("new table in the publication: %s", candidate.id,
                      extra={"connector": self.cfg.name, "phase": self.phase()})
             meta = self.tables[oid] = candidate
+        return meta
+
+    def gone_table(self, message) -> TableMeta | None:
+        """A captured table dropped since the changes being streamed were written: its meta from
+        the Relation message itself (its key: the replica identity's columns, or the configured
+        key_columns), so its last changes are captured in their own shape rather than stopping the
+        source."""
+        if not matches(message.namespace, message.name, self.cfg.tables):
+            return None
+        columns = tuple(ColumnMeta(c.name, c.type_oid, self.type_name(c.type_oid, c.type_modifier), False)
+                        for c in message.columns)
+        key = tuple(self.cfg.key_columns.get(f"{message.namespace}.{message.name}") or
+                    (c.name for c in message.columns if c.is_key))
+        log.info("table %s.%s (oid %d) was dropped after changes still to stream; they are read in its last "
+                 "shape", message.namespace, message.name, message.oid,
+                 extra={"connector": self.cfg.name, "phase": self.phase()})
+        meta = TableMeta(message.oid, TableId(self.database, message.namespace, message.name), columns, key,
+                         message.replica_identity)
+        self.tables[message.oid] = meta
         return meta
 
     def filled(self, oid: int, names: list[str]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from sources.postgres.deadline import with_connect_timeout
 from sources.postgres.decoding import LogicalStream
 from sources.postgres.errors import wrap
 from sources.postgres.lookup import CatalogLookup
+from sources.postgres.relations import RelationMemory
 from sources.postgres.slot import ReplicationSlot
 from sources.postgres.snapshot_open import open_snapshot
 from sources.postgres.stream import ReplicationStream
@@ -64,6 +65,8 @@ class PostgresSource(SnapshotThenStream):
         self.setting = servers.setting_of("source", config.name, "dsn")  # named by errors that a setting can fix
         self.role: str | None = servers.postgres.role_of(self.dsn)     # the server's current_user once connected
         self.toast = ToastStore(config.state_dir / config.name / "toast.db")
+        # Which OID each table was, across restarts (a drop and re-create while down; relations.py).
+        self.relations = RelationMemory(config.state_dir / config.name / "relations.json")
         self.tables: dict[int, TableMeta] = {}
         self.conn = None
         self.slot: ReplicationSlot | None = None     # set by prepare(), with the connection
@@ -75,6 +78,10 @@ class PostgresSource(SnapshotThenStream):
         return None if self.slot is None else self.slot.name
 
     def lag(self) -> float | None:
+        """0 when caught up with the server (``LogicalStream.caught_up``); else now minus the
+        commit time of the newest change handled. Called on the polling thread, about once a second."""
+        if self.stream is not None and self.snapshot is None and self.stream.caught_up():
+            return 0.0
         if self.stream is None or self.stream.last_commit_ms is None:
             return None
         return max(0.0, time.time() - self.stream.last_commit_ms / 1000)
@@ -125,11 +132,14 @@ class PostgresSource(SnapshotThenStream):
     def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
         tables = [t for t in self.tables.values() if only is None or str(t.id) in only]
         try:
-            return open_snapshot(self.cfg, self.conn, self.slot, tables, self.lookup, self.toast,
-                                 backfill=only is not None)
+            opened = open_snapshot(self.cfg, self.conn, self.slot, tables, self.lookup, self.toast,
+                                   backfill=only is not None)
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: opening the snapshot", setting=self.setting,
                        role=self.role) from err
+        for table in tables:  # the snapshot reads these relations as of its consistent point
+            self.relations.seen(table.id, table.oid, opened.consistent.lsn)
+        return opened
 
     def open_stream(self, position: PgLsn | None, after_snapshot: bool) -> LogicalStream:
         cfg = self.cfg
@@ -143,13 +153,17 @@ class PostgresSource(SnapshotThenStream):
             position = PgLsn(0)
         builder = ChangeBuilder(self.slot.database, self.lookup.table, self.lookup.converters_for, self.toast,
                                 self.lookup.type_name, self.lookup.filled)
+        builder.oids.update(self.relations.known(self.slot.database))
+        builder.on_oid = self.relations.seen
+        builder.gone_table = self.lookup.gone_table
         transport = ReplicationStream(self.dsn, self.options, self.slot.name, cfg.publication_name, self.protocol,
                                       position.lsn, cfg.status_interval, self.app_name, self.setting,
                                       server_timeout=cfg.server_timeout)
         log.info("streaming from %s (pgoutput protocol %d)", position, self.protocol,
                  extra={"connector": cfg.name, "phase": "streaming"})
         return LogicalStream(cfg, transport, self.conn, builder, self.lookup, self.toast, self.protocol,
-                             self.slot.name, cfg.state_dir / cfg.name / "spill")
+                             self.slot.name, cfg.state_dir / cfg.name / "spill",
+                             on_commit=self.relations.committed)
 
     def release(self) -> None:
         close_quietly(self.conn)

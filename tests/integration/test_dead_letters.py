@@ -100,3 +100,57 @@ def test_the_dead_letter_topic_is_created_with_a_size_limit_every_letter_fits(lo
     admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
     configs = admin.describe_configs([resource])[resource].result(30)
     assert int(configs["max.message.bytes"].value) == dead_letters.TOPIC_MAX_MESSAGE_BYTES
+
+
+def test_a_dead_letter_the_broker_refuses_stops_the_sink_before_its_offset_is_committed(log, kafka_topic):
+    """The offset past a poison record is committed only once its letter is acknowledged: a
+    letter the broker refuses (here: a dead-letter topic someone made with a tiny message limit)
+    stops the sink with the delivery error, and the group stays before the poison record."""
+    from cdc.errors import DeliveryError
+
+    prefix = kafka_topic
+    topic = TABLE.topic(prefix)
+    log.ensure_topic(topic)
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(6)]
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(30)
+    writer.close()
+    log.ensure_topic(f"{prefix}.dead-letter.rec", TopicSettings(partitions=1, extra={"max.message.bytes": "64"}))
+    poison = next(r.offset for r in log.read_all(topic) if orjson.loads(r.value)["after"]["id"] == 3)
+
+    sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}), poison_ids={3})
+    with pytest.raises(DeliveryError) as raised:
+        SinkRunner(sink, log, prefix).run(threading.Event(), until_caught_up=True)
+
+    assert "MSG_SIZE_TOO_LARGE" in str(raised.value) and not raised.value.retriable
+    reader = log.reader("rec")
+    committed = reader.committed([(topic, 0)]).get((topic, 0))
+    reader.close()
+    assert committed is None or committed <= poison
+    assert log.read_all(f"{prefix}.dead-letter.rec") == []
+
+
+def test_a_dead_letter_refused_once_is_delivered_when_retried_after_the_cause_is_fixed(log, kafka_topic):
+    """A sink that sets records aside itself retries a letter the broker refused a moment ago;
+    the runner's letter writer must not keep that first failure for good."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    from cdc.errors import DeliveryError
+
+    prefix = kafka_topic
+    dlq = f"{prefix}.dead-letter.rec"
+    log.ensure_topic(dlq, TopicSettings(partitions=1, extra={"max.message.bytes": "64"}))
+    sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}))
+    runner = SinkRunner(sink, log, prefix)
+    with pytest.raises(DeliveryError, match="MSG_SIZE_TOO_LARGE"):
+        runner.dead_letter(TABLE.topic(prefix), 0, 7, "PermanentError: refused", b'{"id": 7}', b"{}")
+
+    resource = ConfigResource(ResourceType.TOPIC, dlq, incremental_configs=[
+        ConfigEntry("max.message.bytes", "1048588", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+    runner.dead_letter(TABLE.topic(prefix), 0, 7, "PermanentError: refused", b'{"id": 7}', b"{}")
+    [letter] = [orjson.loads(r.value) for r in log.read_all(dlq)]
+    assert letter["offset"] == 7 and letter["reason"] == "PermanentError: refused"

@@ -8,9 +8,7 @@ included) and no deleted row is present.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +22,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import TransportError
 
 from cdc.dev import stack
+from tests.daemon import kill_daemon as _kill, run_daemon as _run, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.opensearch]
@@ -43,27 +42,6 @@ def _config(tmp_path: Path, dsn: str, kafka: str, opensearch: str, prefix: str, 
         f"batch_wait_ms: 50, drop_old_generation_after_s: 0{extra}}}\n"
         f"http: null\n")
     return path
-
-
-def _run(config: Path, only: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config), "--only", only],
-                            cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _kill(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 def _source_rows(dsn: str) -> dict[int, dict]:

@@ -22,7 +22,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -37,6 +36,7 @@ import sqlalchemy as sa
 
 from cdc.log.kafka import KafkaLog
 from tests.conftest import mysql_connect
+from tests.daemon import run_daemon, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.kafka]
@@ -222,19 +222,7 @@ def _config(tmp_path: Path, db, ev_url: str, kafka: str) -> tuple[Path, str]:
 
 
 def _run(config: Path, only: str) -> subprocess.Popen:
-    out = open(config.parent / f"{only}.log", "ab")  # a restart appends
-    return subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config), "--only", only],
-                            cwd=config.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    return run_daemon(config, only, log=f"{only}.log")  # a restart appends
 
 
 def _norm(value):

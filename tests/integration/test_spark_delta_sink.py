@@ -294,3 +294,27 @@ def test_rows_of_a_shape_the_sink_has_not_read_yet_wait_for_it(spark, topics, tm
     topics.schema(ITEMS, (*ITEM_COLUMNS[:2], Column("qty", "double precision")), 20)
     catch_up(spark, config)
     assert rows(spark, table, "id", "name", "qty") == [(1, "a", 1.0), (2, "b", 2.5)]
+
+
+def test_fail_stops_at_a_widening_that_evolve_makes_in_place(spark, topics, tmp_path):
+    columns = (Column("id", "integer", True, False), Column("name", "text"), Column("price", "numeric(6,2)"))
+    topics.schema(ITEMS, columns, 1)
+    topics.publish(upsert(1, 10, op=Op.CREATE, name="a", price="1.50"))
+    config = sink_config(topics, tmp_path)  # schema_policy: fail, the default
+    table = f"{config.path}/public/items"
+    catch_up(spark, config)
+
+    topics.schema(ITEMS, (*columns[:2], Column("price", "numeric(12,2)")), 20)  # Delta could widen this
+    topics.publish(upsert(1, 21, name="a", price="1234567.25"))
+    sink = DeltaSink(config)
+    sink.start(session=spark)
+    with pytest.raises(Exception):
+        sink.job.query.processAllAvailable()
+    sink.stop()
+    assert isinstance(sink.job.failure, SchemaChangeError)
+    assert "table" in str(sink.job.failure) and "column price: decimal(6,2) -> decimal(12,2)" in str(sink.job.failure)
+    assert rows(spark, table, "id", "__cdc_version") == [(1, 10)]  # nothing of the new shape written
+
+    catch_up(spark, sink_config(topics, tmp_path, schema_policy="evolve"))
+    assert dict(spark.read.format("delta").load(table).dtypes)["price"] == "decimal(12,2)"
+    assert [(r[0], str(r[1])) for r in rows(spark, table, "id", "price")] == [(1, "1234567.25")]

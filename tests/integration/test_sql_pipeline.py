@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests.daemon import cdc_process as _cli, run_daemon as _run, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
@@ -43,27 +44,6 @@ def _config(tmp_path: Path, source_dsn: str, target_dsn: str, kafka: str) -> Pat
         f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
         f"http: null\n")
     return path
-
-
-def _cli(config: Path, command: str, *args: str) -> subprocess.Popen:
-    """``cdc <command> <config> <args>`` in a session of its own (so it can be killed whole)."""
-    return subprocess.Popen([sys.executable, "-m", "cdc.cli", command, str(config), *args],
-                            cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def _run(config: Path, only: str) -> subprocess.Popen:
-    return _cli(config, "run", "--only", only)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _rows(dsn: str, table: str = "accounts") -> dict[int, tuple]:

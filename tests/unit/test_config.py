@@ -360,3 +360,27 @@ def test_cdc_schema_describes_the_installed_plugins(capsys):
     assert {"anyOf": [{"required": ["password"]}, {"required": ["password_file"]}]} in vault["allOf"]
     assert schema["properties"]["log"] == {"$ref": "#/$defs/LogConfig"}
     assert "SourceConfig" not in schema["$defs"]  # the base model is replaced by the plugins
+
+
+def test_the_log_format_and_debeziums_type_modes(tmp_path):
+    from cdc.config import load_config
+
+    path = write(tmp_path, """
+        log:
+          kafka: {bootstrap_servers: "127.0.0.1:9092"}
+          format: debezium-json
+          debezium: {decimal_handling_mode: string, time_precision_mode: connect}
+        """)
+    config = load_config(path)
+    assert config.log.format == "debezium-json"
+    options = config.log.debezium.options()
+    assert (options.decimal_handling_mode, options.time_mode("mysql"), options.binary_handling_mode) == (
+        "string", "connect", "bytes")
+    assert load_config(write(tmp_path, "log: {embedded: {}}\n")).log.format == "json"
+    bad = write(tmp_path, """
+        log:
+          format: avro
+          debezium: {decimal_handling_mode: exact}
+        """)
+    assert [(line, where) for line, where, _ in problems_of(bad)] == [
+        (2, "log.format"), (3, "log.debezium.decimal_handling_mode")]

@@ -53,3 +53,32 @@ def test_a_plugin_imports_only_the_plugin_api(path: Path):
     outside = [f"{path.relative_to(ROOT).as_posix()}:{line}: {module}"
                for line, module in framework_imports(path.read_text()) if module not in ALLOWED]
     assert not outside, "plugins may import only cdc.api of the framework:\n" + "\n".join(outside)
+
+
+INTERNAL_TOPIC_NAMES = (".offsets", "schema-changes", ".dead-letter.")
+
+
+def internal_topic_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string in ``source`` (docstrings aside) that spells one of the
+    framework's own topics: a plugin that builds such a name reads the framework's storage
+    directly instead of asking the context (or cdc.api's helpers) for what it needs."""
+    tree = ast.parse(source)
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and any(name in node.value for name in INTERNAL_TOPIC_NAMES)]
+
+
+def test_the_scanner_sees_internal_topic_names_outside_docstrings():
+    source = ('"""Reads <prefix>.offsets."""\nx = f"{p}.offsets"\ny = t.endswith(".schema-changes")\n'
+              'z = "ok"\n')
+    assert [line for line, _ in internal_topic_literals(source)] == [2, 3]
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_plugin_names_none_of_the_frameworks_own_topics(path: Path):
+    found = [f"{path.relative_to(ROOT).as_posix()}:{line}: {text!r}"
+             for line, text in internal_topic_literals(path.read_text())]
+    assert not found, ("the framework's own topics reach a plugin through cdc.api (SinkContext."
+                       "checkpoint_feed, topics_matching, dead_letter_topic, ...):\n" + "\n".join(found))

@@ -10,8 +10,8 @@ from cdc.api import Op, SinkEvent
 from sinks.redis.applied import AppliedTracker
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import KeySpace, companion, encode_key, namespace
+from sinks.redis.pipeline import row_tail
 from sinks.redis.plan import plan_batch
-from sinks.redis.publisher import checkpoint_version
 from sinks.redis.values import column_chooser, hash_fields
 from sinks.redis.wait import mysql_version, pg_version
 
@@ -81,13 +81,15 @@ def test_a_batch_keeps_the_newest_change_per_key_and_tombstones_after_it():
               _event(6, {"id": 3}, None, None),
               _event(7, {"id": 4}, None, None),
               _event(8, {"id": 4}, Op.CREATE, 30, {"id": 4})]
-    plan = plan_batch(events, space, "json", lambda row: row, {})
-    by_key = {c.keys[0]: c.args for c in plan.commands}
-    assert by_key["n:public.t:1"] == ("s", "20", b'{"id":1,"v":"b"}')
-    assert by_key["n:public.t:2"] == ("d", "21")
-    assert by_key["n:public.t:3"][0] == "t"           # the log says: deleted; whatever version
-    assert by_key["n:public.t:4"][:2] == ("s", "30")  # written again after its tombstone
-    assert len(plan.commands) == 4
+    commands = list(plan_batch(events, space, "json", lambda row: row, {}).commands)
+    by_key = {c.keys[0]: c.tail for c in commands}
+    assert by_key["n:public.t:1"] == row_tail(("n:public.t:1", "n:v:{n:public.t:1}"), "s", "20",
+                                              (b'{"id":1,"v":"b"}',))
+    assert by_key["n:public.t:2"] == row_tail(("n:public.t:2", "n:v:{n:public.t:2}"), "d", "21")
+    assert by_key["n:public.t:3"][2].startswith(b"$1\r\nt\r\n")  # the log says: deleted; whatever version
+    assert by_key["n:public.t:4"][2] == b"$1\r\ns\r\n$2\r\n30\r\n"  # written again after its tombstone
+    assert all(c.keys[1] == companion(c.keys[0]) for c in commands)
+    assert len(commands) == 4
 
 
 def test_truncates_are_returned_per_table_with_their_newest_version():
@@ -108,10 +110,14 @@ def test_applied_versions_wait_for_every_partition():
 
 
 def test_checkpoints_become_versions_as_the_sources_build_them():
-    assert checkpoint_version({"kind": "pg_lsn", "lsn": "1/A0"}) == (1 << 32) | 0xA0 == pg_version("1/A0")
-    assert checkpoint_version({"kind": "mysql", "file": "binlog.000003", "pos": 1234, "gtid_set": None}) == \
-        (3 << 32) | 1234 == mysql_version("binlog.000003", 1234)
-    assert checkpoint_version({"kind": "snapshot", "at": {}}) is None
+    from cdc.offsets import checkpoint_version
+    from cdc.positions import Counter, MySqlPosition, PgLsn
+    from sources.mysql.changes import version_of
+
+    assert checkpoint_version(PgLsn.parse("1/A0")) == (1 << 32) | 0xA0 == pg_version("1/A0")
+    assert checkpoint_version(MySqlPosition("binlog.000003", 1234)) == version_of(3, 1234) == \
+        mysql_version("binlog.000003", 1234)
+    assert checkpoint_version(Counter(5)) is None and checkpoint_version(None) is None
 
 
 def test_status_shows_a_sinks_own_counters():
@@ -120,3 +126,50 @@ def test_status_shows_a_sinks_own_counters():
     line = _status_line({"kind": "sink", "name": "cache", "phase": "streaming", "consumer_lag": 3,
                          "details": {"keys_written": 120, "tombstones": 4, "stale_skipped": 9}})
     assert line.endswith("consumer_lag=3 keys_written=120 tombstones=4 stale_skipped=9")
+
+
+def _shape(version, *columns, key=("id",)):
+    return {"db": "shop", "schema": "public", "table": "t", "version": version,
+            "columns": [{"name": n, "type": t, "key": n in key} for n, t in columns]}
+
+
+def _follower(policy, shapes):
+    from sinks.redis.shapes import ShapeFollower
+
+    store: dict = {}
+    return ShapeFollower("cache", policy, lambda event: shapes[event.source["schema_version"]],
+                         lambda topic: None, store.get, store.__setitem__), store
+
+
+def _named(version):
+    return SinkEvent("p.public.t", 0, 0, {"id": 1}, Op.UPDATE, None, {"id": 1}, version,
+                     {"schema": "public", "table": "t", "schema_version": version})
+
+
+def test_a_cache_shape_change_matters_only_when_values_change_kind():
+    from sinks.redis.shapes import value_kind
+
+    assert value_kind("int4") == value_kind("bigint") == value_kind("int(11) unsigned") == "integer"
+    assert value_kind("varchar(10)") == value_kind("text") == value_kind("timestamptz") == "text"
+    assert value_kind("numeric(12,2)") == "decimal" != value_kind("double precision")
+    assert value_kind("_int4") == value_kind("text[]") == "array"
+    shapes = {1: _shape(1, ("id", "int4"), ("v", "varchar(10)")), 2: _shape(2, ("id", "int8"), ("v", "text"))}
+    follower, store = _follower("fail", shapes)
+    assert follower.follow("ns", _named(1)) is None
+    assert follower.follow("ns", _named(2)) is None  # widened, same kinds: no stop under fail
+    assert b'"version":2' in store["ns:shape:p.public.t"]
+
+
+def test_a_new_primary_key_stops_evolve_and_rebuilds_rebuild():
+    from cdc.api import RebuildRequired, SchemaChangeError
+
+    shapes = {1: _shape(1, ("id", "int4"), ("k", "int4")), 2: _shape(2, ("id", "int4"), ("k", "int4"), key=("id", "k"))}
+    for policy, error in (("evolve", SchemaChangeError), ("fail", SchemaChangeError), ("rebuild", RebuildRequired)):
+        follower, _ = _follower(policy, shapes)
+        follower.follow("ns", _named(1))
+        with pytest.raises(error, match=r"primary key \(id\) -> \(id, k\)"):
+            follower.follow("ns", _named(2))
+    # Rows of an older shape than the one followed keep only the followed shape's columns.
+    follower, _ = _follower("evolve", {1: _shape(1, ("id", "int4"), ("gone", "text")), 2: _shape(2, ("id", "int4"))})
+    follower.follow("ns", _named(2))
+    assert follower.follow("ns", _named(1)) == frozenset({"id"})

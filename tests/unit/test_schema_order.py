@@ -163,6 +163,31 @@ def test_the_schema_book_follows_new_shapes_and_finds_each_version(log, capture)
         book.schema_for(topic, 99)
 
 
+def test_the_schema_book_reads_only_what_the_schema_topic_gained(log, capture):
+    capture([Batch([row(ORDERS, 1, 10, "1.00")], Counter(1), (change(ORDERS, OLD, 10),))])
+    read = []
+
+    class Counting:  # the book's view of the log, counting the records each read returns
+        def __getattr__(self, name):
+            return getattr(log, name)
+
+        def read_all(self, *args, **kwargs):
+            got = log.read_all(*args, **kwargs)
+            read.append(len(got))
+            return got
+
+    book = SchemaBook(Counting(), "p")
+    topic = ORDERS.topic("p")
+    assert book.schema_for(topic, 10)["version"] == 10
+    book.refresh()
+    book.refresh()
+    assert read == [1]  # nothing new: the topic is not read again
+    capture([Batch([row(ITEMS, 1, 30, "1.00")], Counter(2), (change(ITEMS, OLD, 30),))])
+    assert book.schema_for(ITEMS.topic("p"), 30)["version"] == 30
+    assert read == [1, 1]  # only the record it gained
+    assert book.schema_for(topic, 10)["version"] == 10  # and what it knew stays known
+
+
 @pytest.fixture(params=["sqlite", "duckdb"])
 def target_url(request, tmp_path) -> str:
     if request.param == "sqlite":

@@ -1,0 +1,34 @@
+"""The shapes a source published before this run, read back from ``<prefix>.schema-changes``.
+
+A format whose schemas come from the shapes (``debezium-json``) needs a table's shape for its
+first row after a restart. The PostgreSQL and MySQL sources publish every captured table's shape
+again when they start (tests/integration/test_debezium_json_restart.py); a source that does not
+would otherwise get schemas guessed from values. So the runner reads the source's published
+shapes once at start; shapes of this run are handed over as they are published.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from cdc.events import Column, SchemaChange, TableId
+from cdc.log.base import Log
+from cdc.serde import schema_changes_topic
+
+
+def known_shapes(log_: Log, prefix: str, source_name: str) -> list[SchemaChange]:
+    topic = schema_changes_topic(prefix)
+    if topic not in log_.topics():
+        return []
+    shapes = []
+    for record in log_.read_all(topic):
+        if record.value is None:
+            continue
+        value = orjson.loads(record.value)
+        if value.get("source") != source_name or not isinstance(value.get("version"), int):
+            continue
+        columns = tuple(Column(c["name"], c["type"], bool(c.get("key")), c.get("nullable", True), c.get("default"))
+                        for c in value.get("columns") or [])
+        shapes.append(SchemaChange(TableId(value["db"], value.get("schema"), value["table"]), columns,
+                                   value["version"], value.get("ts_ms") or 0, value.get("ddl")))
+    return shapes

@@ -1,0 +1,127 @@
+"""How far each sink is behind each topic it reads, measured from the log itself.
+
+The supervisor measures this, not the sink's worker: a sink that is paused, failed or stuck
+cannot report its own lag, and that is when the figure matters. Every ``interval`` seconds a
+thread reads, per sink and topic, the end offsets and the sink's committed offsets (its consumer
+group): ``records`` is their difference. ``seconds`` is the age of the oldest record not yet
+written (now minus the log timestamp of the record at the committed offset), 0 when caught up.
+A record compacted away meanwhile only makes the figure younger, never older.
+
+Sinks that read the topics with their own machinery (``SelfDrivenSink``: Spark keeps its offsets
+in its checkpoint) have no consumer group to measure and are left out.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+import time
+
+from cdc.errors import CdcError
+
+log = logging.getLogger(__name__)
+
+INTERNAL = (".offsets", ".schema-changes")
+FETCH_TIMEOUT = 2.0  # seconds to read the oldest unwritten records of a sink's lagging partitions
+
+
+def sink_topics(all_topics: list[str], globs: list[str]) -> list[str]:
+    """The topics a sink with these globs reads (as the sink runner chooses them)."""
+    return sorted(t for t in all_topics if any(fnmatch.fnmatchcase(t, g) for g in globs)
+                  and not t.endswith(INTERNAL) and ".dead-letter." not in t)
+
+
+class SinkLagMonitor:
+    """``figures()``: {sink: {topic: {"records": int, "seconds": float}}}, refreshed on a thread."""
+
+    def __init__(self, config_path: str, names: list[str], interval: float = 5.0) -> None:
+        self.config_path = config_path
+        self.names = names
+        self.interval = interval
+        self._figures: dict[str, dict[str, dict]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cdc-sink-lag", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def figures(self) -> dict[str, dict[str, dict]]:
+        with self._lock:
+            return dict(self._figures)
+
+    def _loop(self) -> None:
+        try:
+            log_, sinks = self._open()
+        except CdcError as err:
+            log.warning("sink lag is not measured: %s", err)
+            return
+        if not sinks:
+            return
+        try:
+            while not self._stop.is_set():
+                try:
+                    measured = {name: measure(log_, name, globs) for name, globs in sinks.items()}
+                    with self._lock:
+                        self._figures = measured
+                except CdcError as err:  # the log is away for now: the figures keep their age
+                    log.debug("sink lag not measured this time: %s", err)
+                self._stop.wait(self.interval)
+        finally:
+            log_.close()
+
+    def _open(self):
+        from cdc.api import SelfDrivenSink
+        from cdc.config import load_config
+        from cdc.log.open import open_log
+        from cdc.plugins import sink_plugin
+
+        config = load_config(self.config_path, only=self.names)
+        sinks = {s.name: list(s.topics) for s in config.sinks
+                 if s.name in self.names and not issubclass(sink_plugin(s.type), SelfDrivenSink)}
+        return open_log(config.log), sinks
+
+
+def measure(log_, group: str, globs: list[str]) -> dict[str, dict]:
+    """{topic: {"records": ..., "seconds": ...}} for the consumer group ``group``."""
+    out: dict[str, dict] = {}
+    reader = log_.reader(group)
+    try:
+        behind: dict[tuple[str, int], int] = {}
+        for topic in sink_topics(log_.topics(), globs):
+            ends = log_.end_offsets(topic)
+            committed = reader.committed(list(ends))
+            records = 0
+            for tp, end in ends.items():
+                at = committed.get(tp) or 0
+                if end > at:
+                    records += end - at
+                    behind[tp] = at
+            out[topic] = {"records": records, "seconds": 0.0}
+    finally:
+        reader.close()
+    for (topic, _), timestamp_ms in _oldest_unwritten(log_, behind).items():
+        age = max(0.0, round(time.time() - timestamp_ms / 1000, 3))
+        out[topic]["seconds"] = max(out[topic]["seconds"], age)
+    return out
+
+
+def _oldest_unwritten(log_, behind: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """The log timestamp of the first record at or after each given offset."""
+    if not behind:
+        return {}
+    found: dict[tuple[str, int], int] = {}
+    reader = log_.reader()
+    try:
+        reader.assign(dict(behind))
+        deadline = time.monotonic() + FETCH_TIMEOUT
+        while len(found) < len(behind) and time.monotonic() < deadline:
+            for record in reader.poll(len(behind) * 50, 0.2):
+                found.setdefault((record.topic, record.partition), record.timestamp_ms)
+    finally:
+        reader.close()
+    return found

@@ -1,0 +1,91 @@
+"""PostgreSQL's upserts staged as typed rows: COPY text lines made from events, one table per shape.
+
+Why: staged as one jsonb document per row, PostgreSQL parsed each document on COPY and then
+extracted and cast every column with ``->>`` in the upsert; that was most of a write's time
+(bench/sql_upsert.py). Typed, COPY parses each value once, straight into its column type, and the
+upsert only moves rows. The Python side stays one pass over the rows with no per-value call in
+the common case (a string with no character COPY must escape, an integer, a NULL).
+
+A row's line is ``key JSON, version, column values...`` in COPY's text format: tab-separated,
+``\\N`` for NULL, backslash, tab, newline and carriage return escaped. Values are the contract's
+JSON forms and the server's input functions read them as they are (ISO timestamps with ``Z``,
+exact numerics as strings, ``NaN``/``Infinity``), as the jsonb path's casts did; json/jsonb values
+are written as JSON text, binary stays base64 text (decoded by the upsert), and a column that no
+longer fits (``schema_policy: ignore``) is NULL. A value that does not fit fails the COPY, which
+the sink reports like any data error of the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Iterable
+
+import orjson
+
+from cdc.api import SinkEvent
+from sinks.sql.plan import ColumnPlan
+from sinks.sql.types import Family
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _text(value: Any) -> str:
+    """Any non-NULL JSON value as COPY text (the slow path: escapes, non-strings)."""
+    kind = value.__class__
+    if kind is str:
+        return value.translate(_ESCAPES)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int or kind is float:
+        return repr(value)
+    return orjson.dumps(value).decode().translate(_ESCAPES)
+
+
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value).decode().translate(_ESCAPES)
+
+
+def stage_type(column: ColumnPlan) -> str:
+    """The staging column's type: the target's, except binary (base64 text, decoded later)."""
+    return "text" if column.family is Family.BINARY or column.skipped else column.sql_type
+
+
+def stage_name(index: int, columns: list[ColumnPlan]) -> str:
+    """A temporary table per plan position and shape: a session keeps one per shape it met."""
+    shape = repr([stage_type(c) for c in columns]).encode()
+    return f"cdc_up_{index}_{hashlib.blake2b(shape, digest_size=6).hexdigest()}"
+
+
+def formatter(columns: list[ColumnPlan]) -> Callable[[Iterable[tuple[bytes, SinkEvent]]], bytes]:
+    """A function from (key JSON, event) pairs to the COPY text of their rows.
+
+    The loop is generated for the columns (as ``collections.namedtuple`` generates its class):
+    one dictionary lookup and a test or two per value, no call for a string that needs no
+    escaping. Column names enter the code only as ``repr`` literals."""
+    values = ["key.decode()", "str(event.version)"]
+    for column in columns:
+        get = f"(v := row.get({column.name!r}))"
+        if column.skipped:
+            values.append("'\\\\N'")
+        elif column.family is Family.JSON:
+            values.append(f"('\\\\N' if {get} is None else json_text(v))")
+        elif column.family is Family.INTEGER:
+            values.append(f"('\\\\N' if {get} is None else str(v) if v.__class__ is int else text(v))")
+        elif column.family in (Family.FLOAT, Family.BOOLEAN):
+            values.append(f"('\\\\N' if {get} is None else text(v))")
+        else:  # strings in the contract: text, numerics, dates and times, uuids, base64
+            values.append(f"('\\\\N' if {get} is None else v if v.__class__ is str and "
+                          f"v.isprintable() and '\\\\' not in v else text(v))")
+    lines = ["def format_rows(pairs):",
+             "    out = []",
+             "    append = out.append",
+             "    for key, event in pairs:",
+             "        row = event.after",
+             "        if b'\\\\' in key:",
+             "            key = key.replace(b'\\\\', b'\\\\\\\\')",
+             f"        append('\\t'.join(({', '.join(values)},)))",
+             "    append('')",
+             "    return '\\n'.join(out).encode()"]
+    namespace = {"text": _text, "json_text": _json_text}
+    exec("\n".join(lines), namespace)  # noqa: S102 - generated from names via repr only
+    return namespace["format_rows"]

@@ -1,0 +1,141 @@
+"""The sink runtime reads the next batch while the sink writes one: offsets are still committed only
+for what was written, and every call on the sink comes from one thread (embedded log, fake store)."""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import pytest
+
+from cdc.errors import PermanentError, SchemaChangeError
+from cdc.log.embedded import EmbeddedLog
+from cdc.runtime.sink_runner import SinkRunner
+from tests.integration.test_sink_runner import RecordingSink, _config, _publish
+
+WAIT = 30.0  # a bound on waiting for evidence, not a timing assertion
+
+
+class ReadSignals:
+    """Wraps a log so that a test sees each poll of the runner's reader that returned records."""
+
+    def __init__(self, log: EmbeddedLog) -> None:
+        self._log = log
+        self.batches = 0  # polls that returned records
+        self.changed = threading.Condition()
+
+    def wait_for_batches(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.batches >= count, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+    def reader(self, group=None):
+        reader = self._log.reader(group)
+        poll, signals = reader.poll, self
+
+        def signalling_poll(*args, **kwargs):
+            records = poll(*args, **kwargs)
+            if records:
+                with signals.changed:
+                    signals.batches += 1
+                    signals.changed.notify_all()
+            return records
+        reader.poll = signalling_poll
+        return reader
+
+
+class FailsAfterReadAhead(RecordingSink):
+    """Writes batches; the ``fail_at``-th batch (1 = the first; 0: none) waits until the runner has
+    read another batch meanwhile (the overlap), then fails with ``error``, as does every write of
+    its events after (the halves the runner tries)."""
+
+    def __init__(self, config, signals: ReadSignals, fail_at: int, error: Exception) -> None:
+        super().__init__(config)
+        self.signals, self.fail_at, self.error = signals, fail_at, error
+        self.batches = 0
+        self.written: set[tuple[int, int]] = set()  # (partition, offset) of events written
+        self.failed: list[tuple[int, int]] = []
+        self.read_ahead = False
+        self.threads: set[int] = set()
+
+    def start(self):
+        self.threads.add(threading.get_ident())
+
+    def stop(self):
+        self.threads.add(threading.get_ident())
+
+    def write(self, events):
+        self.threads.add(threading.get_ident())
+        if not self.failed:
+            self.batches += 1
+            if self.batches == self.fail_at:  # the batch after this one read before it is written?
+                self.read_ahead = self.signals.wait_for_batches(self.fail_at + 1, WAIT)
+                self.failed = [(e.partition, e.offset) for e in events]
+                raise self.error
+        elif {(e.partition, e.offset) for e in events} & set(self.failed):
+            raise self.error
+        super().write(events)
+        self.written.update((e.partition, e.offset) for e in events)
+
+
+@pytest.fixture
+def log(tmp_path):
+    instance = EmbeddedLog(tmp_path / "log", fsync=False)
+    yield instance
+    instance.close()
+
+
+@pytest.mark.parametrize("error", [SchemaChangeError("a column changed type"),
+                                   PermanentError("the store refuses everything")],
+                         ids=["schema-change", "permanent-stop"])
+def test_a_failed_write_commits_nothing_of_its_batch_nor_of_the_batch_read_ahead(log, error):
+    _publish(log, 400, keys=400)
+    signals = ReadSignals(log)
+    sink = FailsAfterReadAhead(_config(on_poison="stop"), signals, fail_at=2, error=error)
+    runner = SinkRunner(sink, signals, "p")
+    with pytest.raises(type(error)):
+        runner.run(threading.Event(), until_caught_up=True)
+    assert sink.read_ahead, "the runner did not read the next batch while the sink was writing"
+    assert sink.failed and sink.written  # the first batch was written, the second failed
+    ends = log.end_offsets("p.public.items")
+    reader = log.reader("rec")
+    committed = reader.committed(list(ends))
+    reader.close()
+    failed_from = {}
+    for partition, offset in sink.failed:
+        failed_from[partition] = min(offset, failed_from.get(partition, offset))
+    for (topic, partition), stored in committed.items():
+        stored = stored or 0
+        # Everything below a committed offset was written ...
+        assert {(partition, o) for o in range(stored)} <= sink.written, (partition, stored)
+        # ... and nothing of the failed batch (nor past it) is committed.
+        if partition in failed_from:
+            assert stored <= failed_from[partition], (partition, stored, failed_from[partition])
+
+
+def test_every_call_on_the_sink_comes_from_one_thread_and_all_is_written(log):
+    _publish(log, 500, keys=40)
+    signals = ReadSignals(log)
+    sink = FailsAfterReadAhead(_config(), signals, fail_at=0, error=RuntimeError())
+    runner = SinkRunner(sink, signals, "p")
+    runner.run(threading.Event(), until_caught_up=True)
+    assert len(sink.threads) == 1 and threading.get_ident() not in sink.threads
+    assert {k: v[1]["v"] for k, v in sink.generations[1].items()} == \
+        {orjson.dumps({"id": k}): max(i for i in range(500) if i % 40 == k) for k in range(40)}
+    ends = log.end_offsets("p.public.items")
+    reader = log.reader("rec")
+    assert reader.committed(list(ends)) == ends
+    reader.close()
+
+
+def test_a_rebuild_asked_for_by_the_last_batch_is_done(log):
+    """The write of the batch that reaches the topics' ends asks for a rebuild: the runner rebuilds
+    (the batch is not committed before the rebuild's own commit)."""
+    _publish(log, 100, keys=100)
+    sink = RecordingSink(_config(), rebuild_once_at=99)
+    runner = SinkRunner(sink, log, "p")
+    runner.run(threading.Event(), until_caught_up=True)
+    assert sink.switched == [2] and set(sink.generations) == {2}
+    assert len(sink.generations[2]) == 100
