@@ -29,10 +29,11 @@ class PostgresConfig(SourceConfig):
     snapshot_workers: int | None = Field(default=None, ge=1, le=32, description=(
         "parallel snapshot readers (default: min(4, CPU cores)); each reads chunks of the tables inside "
         "the same exported snapshot"))
-    snapshot_processes: bool = Field(default=True, description=(
+    snapshot_processes: bool = Field(default=False, description=(
         "run the snapshot readers as child processes (they die with this one), not threads, when the "
         "snapshot has more than one chunk: their COPY reading then runs beside the interpreter lock of "
-        "the process that publishes the rows"))
+        "the process that publishes the rows. Off by default: on 2-core machines, where the server and "
+        "the broker fill the cores, bench/pg_snapshot.py measured threads as fast or faster"))
     snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")

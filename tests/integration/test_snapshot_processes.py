@@ -73,7 +73,7 @@ def _start(pg_dsn: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     config.write_text(
         f"log:\n  embedded: {{path: '{tmp_path / 'log'}', topic_prefix: shop, fsync: false}}\n"
         f"sources:\n  - {{name: src, type: postgres, dsn: '{pg_dsn}', tables: ['public.*'], "
-        f"state_dir: '{tmp_path / 'state'}', snapshot_workers: 2, snapshot_chunk_pages: 64}}\n"
+        f"state_dir: '{tmp_path / 'state'}', snapshot_workers: 2, snapshot_processes: true, snapshot_chunk_pages: 64}}\n"
         "http: null\n")
     log_file = tmp_path / "daemon.log"
     daemon = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
