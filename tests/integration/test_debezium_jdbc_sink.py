@@ -30,7 +30,7 @@ import psycopg2.extras
 import pytest
 
 from tests.conftest import mysql_connect
-from tests.integration.kafka_connect import ConnectStandalone
+from cdc.dev.connect import ConnectStandalone
 from tests.integration.pg_capture import execute
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.mysql]

@@ -26,7 +26,7 @@ from cdc.formats.shapes import known_shapes
 from cdc.log.base import TopicSettings
 from cdc.log.embedded import EmbeddedLog
 from cdc.formats.connect_types import DebeziumOptions
-from tests.integration.kafka_connect import ConnectStandalone, first_value
+from cdc.dev.connect import ConnectStandalone, first_value
 from tests.integration.pg_capture import capturing, execute, pg_config, wait_until
 from tests.integration.test_mysql_source import execute as my_execute, mysql_config
 

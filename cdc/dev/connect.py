@@ -1,5 +1,6 @@
-"""A Kafka Connect standalone worker for tests: Apache Kafka's own Connect runtime with the
-Debezium JDBC sink connector, both from Maven Central (``cdc.dev.jars``, component ``connect``).
+"""A Kafka Connect standalone worker for the tests and benchmarks: Apache Kafka's own Connect
+runtime with Debezium's connectors (the JDBC sink, the PostgreSQL and MariaDB sources), all from
+Maven Central (``cdc.dev.jars``, component ``connect``).
 
 One worker runs every connector given to it (one properties file each), in a session of its own
 so that ``stop`` ends it whole. Its log goes to ``<dir>/connect.log``; ``log_tail`` shows the end
@@ -51,7 +52,10 @@ class ConnectStandalone:
         self.process: subprocess.Popen | None = None
         self._output = None
 
-    def start(self, connectors: dict[str, dict[str, str]]) -> None:
+    def start(self, connectors: dict[str, dict[str, str]], worker_settings: dict[str, str] | None = None,
+              heap: str = "512m") -> None:
+        """Run ``connectors`` (name -> settings); ``worker_settings`` override or add worker
+        properties (converters, ``producer.*``), ``heap`` is the JVM's -Xmx."""
         java = shutil.which("java")
         if java is None:
             raise RuntimeError("java is not installed; run scripts/setup")
@@ -66,6 +70,7 @@ class ConnectStandalone:
             "offset.flush.interval.ms": "1000",
             "listeners": f"http://127.0.0.1:{_free_port()}",
             "plugin.discovery": "only_scan",
+            **(worker_settings or {}),
         })
         files = [str(_properties(self.directory / f"{name}.properties", {"name": name, **settings}))
                  for name, settings in connectors.items()]
@@ -73,12 +78,17 @@ class ConnectStandalone:
         config.write_text(LOG4J2.format(log=self.log))
         self._output = open(self.directory / "connect.out", "wb")
         self.process = subprocess.Popen(
-            [java, "-Xmx512m", f"-Dlog4j2.configurationFile={config}", "-cp", f"{jars}/*",
+            [java, f"-Xmx{heap}", f"-Dlog4j2.configurationFile={config}", "-cp", f"{jars}/*",
              "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), *files],
             cwd=self.directory, stdout=self._output, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def task_failed(self) -> bool:
+        """A task died (the worker itself keeps running and would wait forever)."""
+        return self.log.exists() and "Task threw an uncaught and unrecoverable exception" in self.log.read_text(
+            errors="replace")
 
     def log_tail(self, lines: int = 60) -> str:
         text = ""
