@@ -71,13 +71,16 @@ def make_slot(dsn: str, name: str) -> None:
 def records_in(consumer, topic: str) -> int:
     """The sum of ``topic``'s end offsets (0 while it does not exist): records written, as neither
     side's producer is transactional."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
-    metadata = consumer.list_topics(topic, timeout=5).topics.get(topic)
-    if metadata is None or metadata.error is not None:
+    try:
+        metadata = consumer.list_topics(topic, timeout=5).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return 0
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+                   for p in metadata.partitions)
+    except KafkaException:  # a topic just made, its leaders not elected yet: the next round sees it
         return 0
-    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
-               for p in metadata.partitions)
 
 
 def wait_for_records(consumer, topic: str, expected: int, began: float, alive, describe, timeout: float) -> float:
