@@ -50,6 +50,9 @@ share. What was tried on the sink's side:
     batch is built (reverted: medians 0.40 and 0.44, no better than without).
 Ratio of medians measured on this branch (3 rounds each): 0.60, 0.55, 0.43 before any change
 (main with the overlapped runner, load 2.6-6.6); 0.40, 0.44 with both changes (load 2.3-4.0).
+With the final code at load 7.7-9.4, alternating: read-ahead 8,476 and 10,390 docs/s (ratios
+0.42, 0.32; raw 20,057 and 32,014), --no-read-ahead 7,658 and 7,727 docs/s (ratios 0.53, 0.57;
+raw 14,518 and 13,588): the overlap makes the sink path faster, the raw rate swings more.
 The round-to-round spread (0.33-0.74 within one run) is larger than any difference measured.
 The 70% target is not met on this machine.
 """
