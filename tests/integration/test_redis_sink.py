@@ -100,8 +100,17 @@ def test_redisjson_is_refused_with_a_clear_message_where_the_module_is_missing(t
         pytest.fail("this test expects a server without RedisJSON (the stack's redis-server)")
     sink = RedisSink(RedisSinkConfig(name="cache", url=url, cluster=cluster, topics=["shop.*"], key_prefix=prefix,
                                      format="redisjson"))
-    with pytest.raises(PermanentError, match="RedisJSON"):
+    with pytest.raises(PermanentError) as caught:
         sink.start()
+    message = str(caught.value)
+    # It names the sink, the server (every master of a cluster) and what MODULE LIST answered there.
+    assert message.startswith("redis sink cache: format redisjson needs the RedisJSON module (command JSON.SET)")
+    assert url in message and "format: json" in message
+    for server in servers:
+        assert server.module_list() == []
+        address = "{host}:{port}".format(**server.connection_pool.connection_kwargs)
+        assert (f"{address} (MODULE LIST: no modules loaded)" if cluster
+                else f"{url} (MODULE LIST: no modules loaded)") in message
 
 
 def test_a_truncate_removes_older_keys_and_keeps_newer_ones(target):
