@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -25,10 +26,14 @@ class PostgresConfig(SourceConfig):
     manage_publication: bool = Field(default=True, description="create the publication / add tables to it")
     key_columns: dict[str, list[str]] = Field(
         default_factory=dict, description="event key for tables without a primary key: {schema.table: [cols]}")
-    snapshot_workers: int = Field(default=1, ge=1, le=32, description=(
-        "parallel snapshot readers. One is usually fastest: the server prints the rows' JSON and this "
-        "process, the bottleneck, takes them from one reader with the least contention (bench/pg_snapshot.py); "
-        "more help where reading the table is slow (cold disks, very wide rows)"))
+    snapshot_workers: int | None = Field(default=None, ge=1, le=32, description=(
+        "parallel snapshot readers (default: min(4, CPU cores)); each reads chunks of the tables inside "
+        "the same exported snapshot"))
+    snapshot_processes: bool = Field(default=False, description=(
+        "run the snapshot readers as child processes (they die with this one), not threads, when the "
+        "snapshot has more than one chunk: their COPY reading then runs beside the interpreter lock of "
+        "the process that publishes the rows. Off by default: on 2-core machines, where the server and "
+        "the broker fill the cores, bench/pg_snapshot.py measured threads as fast or faster"))
     snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
@@ -48,6 +53,10 @@ class PostgresConfig(SourceConfig):
                                       description="seconds between two measures of the slot's retained WAL")
     protocol_version: int | None = Field(default=None, ge=1, le=4,
                                          description="pgoutput protocol (default: the newest the server has)")
+
+    @property
+    def reader_count(self) -> int:
+        return self.snapshot_workers or min(4, os.cpu_count() or 1)
 
     @field_validator("dsn")
     @classmethod
