@@ -1,7 +1,7 @@
 """Snapshot throughput: a PostgreSQL table read by the source's snapshot into Kafka, beside COPY.
 
     .venv/bin/cdc dev up --only postgres,kafka
-    .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2] [--chunk-pages 2048]
+    .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--chunk-pages 2048]
                                           [--profile snapshot.prof]
 
 Steps, in one run on this machine:
@@ -12,11 +12,36 @@ Steps, in one run on this machine:
      sink that drops the bytes, on a connection with the source's session settings: the ceiling of
      reading the table through this driver (one connection, no parsing).
   3. ours, once per ``--workers`` count: a PostgresSource with ``snapshot: initial_only`` and that
-     many ``snapshot_workers`` (chunks of ``snapshot_chunk_pages``, the default unless given) in a
+     many ``snapshot_workers`` (reader processes, snapshot/processes.py) (chunks of ``snapshot_chunk_pages``, the default unless given) in a
      SourceRunner (this process, on a thread, as a worker runs it) into KafkaLog (acks=all), timed
      from its start (the slot with its exported snapshot included) until it finishes: every row
      acknowledged by Kafka and the position stored.
-Then slots, topics and the database are dropped. Target: ours >= 150,000 rows/s.
+Then slots, topics and the database are dropped. Target: ours >= 150,000 rows/s, and >= 40% of COPY.
+
+Where the time went (``--profile``, 300k rows, 2 cores shared with other work at load 5-8, so
+every figure is inflated alike; the profile covers the runner's thread only):
+
+* reader threads (before): of 4.25 s, encoding and producing (``_speedups.emit`` with its Python
+  wrapper) took 1.8 s, the producer's ``poll`` 0.8 s and ``flush`` 0.8 s. The reader threads'
+  work (a Python ``write`` call per COPY row, cutting lines, building events) ran under the same
+  interpreter lock and shows up as those calls' own time: 2 readers did not add a reader's worth.
+* reader processes (now): of 6.0 s, 2.0 s waiting for the children's blocks (``select.poll``),
+  0.7 s reading them from the pipe, 0.8 s making events from the lines (split, int, Fragment),
+  1.0 s encoding and producing, 0.5 s the producer's ``poll``. The children's side (COPY rows
+  through psycopg2's per-row ``write``) and the server's (``row_to_json`` per row) run on the
+  same two cores as Kafka's broker and this process, so on this machine more processes than
+  cores only add contention.
+
+Measured (1M rows, ``--threads``, 2 cores shared with other helpers, load average 10-12 during the
+runs; rows/s and share of the COPY rate measured in the same run):
+
+    COPY 409k; processes 1/2/4: 75k 70k 70k (17-18%); threads 1/2/4: 70k 97k 92k (17-24%)
+    COPY 468k; processes 1/2/4: 58k 69k 51k (11-15%); threads 1/2/4: 60k 78k 77k (13-17%)
+
+So on this machine the reader processes do not beat threads: with no idle core, moving the COPY
+reading out of the publishing process frees nothing that another process can use, and each block
+pays a pipe and a pickle. The 40%-of-COPY target is not reached either way; what is left per row
+in the publishing process (making the event, encoding the envelope, producing) is the limit.
 """
 
 from __future__ import annotations
@@ -110,7 +135,9 @@ def line(label: str, rows: int, seconds: float, nbytes: int, baseline: float | N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--workers", default="1,2", help="snapshot_workers counts to run, comma-separated")
+    parser.add_argument("--workers", default="1,2,4", help="snapshot_workers counts to run, comma-separated")
+    parser.add_argument("--threads", action="store_true",
+                        help="also run each count with reader threads (snapshot_processes: false), to compare")
     parser.add_argument("--chunk-pages", type=int, default=None,
                         help="snapshot_chunk_pages (default: the source's default)")
     parser.add_argument("--partitions", type=int, default=3)
@@ -141,17 +168,20 @@ def main() -> None:
             print(f"orders: {args.rows:,} rows, {size} ({pages:,} pages), made in {made:.1f}s; "
                   f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions")
             print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
-            for count in workers:
-                name = f"bench_snap_{run_id}_w{count}"
-                prefix = f"bench_{run_id}_w{count}"
+            runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
+            for count, processes in runs:
+                kind = "p" if processes else "t"
+                name = f"bench_snap_{run_id}_{kind}{count}"
+                prefix = f"bench_{run_id}_{kind}{count}"
                 prefixes.append(prefix)
-                overrides = dict(snapshot="initial_only", snapshot_workers=count)
+                overrides = dict(snapshot="initial_only", snapshot_workers=count, snapshot_processes=processes)
                 if args.chunk_pages:
                     overrides["snapshot_chunk_pages"] = args.chunk_pages
-                config = source_config(dsn, name, f"{state_dir}/{count}", **overrides)
+                config = source_config(dsn, name, f"{state_dir}/{kind}{count}", **overrides)
                 profile = cProfile.Profile() if args.profile is not None else None
                 seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
-                label = f"ours, {count} worker{'s' if count > 1 else ''}" + (" (prof)" if profile else "")
+                label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
+                         f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + ("" if profile or rate >= TARGET else f"  BELOW the {TARGET:,} rows/s target")
@@ -159,7 +189,7 @@ def main() -> None:
                 if stats.events != args.rows:
                     print(f"WARNING: {stats.events:,} events for {args.rows:,} rows")
                 if profile is not None:
-                    print_profile(profile, f"{args.profile}.w{count}" if args.profile else None)
+                    print_profile(profile, f"{args.profile}.{kind}{count}" if args.profile else None)
                 drop_slots(settings["PG_DSN"], database)  # initial_only leaves its slot behind
                 delete_topics(kafka, prefix)
             chunk_pages = args.chunk_pages or PostgresConfig.model_fields["snapshot_chunk_pages"].default

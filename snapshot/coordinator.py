@@ -42,7 +42,7 @@ goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends t
 whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
 
 Threading: all calls on the runtime's thread; ``stop`` may come from another one. Snapshot
-readers are threads of their own (snapshot/parallel.py).
+readers are threads of their own (snapshot/parallel.py) or processes (snapshot/processes.py).
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ class OpenedSnapshot:
     end: SnapshotEnd
     accept: Callable[[Any], list] = field(default=lambda item: item)  # a reader's item -> its events
     described: str = ""                    # for the log line
+    # Readers already started with the chunks handed out (snapshot/processes.py), read instead
+    # of a ParallelSnapshot over ``readers``; ``accept`` turns its items into events.
+    pool: Any = None
 
 
 class SnapshotThenStream(Source):
@@ -205,6 +208,11 @@ class SnapshotThenStream(Source):
             return self._poll_snapshot(timeout)
         try:
             return self.stream.poll(timeout)
+        except PositionLostError as lost:
+            if self._stopping.is_set():
+                return None
+            self._snapshot_after_loss(lost)
+            return None
         except CdcError:
             if self._stopping.is_set():  # ``stop`` closed the stream under the read
                 return None
@@ -228,6 +236,16 @@ class SnapshotThenStream(Source):
         self.release()
 
     # -- snapshot ----------------------------------------------------------------------------------
+    def _snapshot_after_loss(self, lost: PositionLostError) -> None:
+        """The position was lost while streaming (a slot invalidated or dropped over its budget):
+        a new snapshot under ``snapshot: when_needed``, else ``lost`` is raised (the policy)."""
+        plan = self.policy.on_lost(lost)
+        self.log.warning("%s: taking a new snapshot", lost, extra=self._extra())
+        close_quietly(self.stream)
+        self.stream = None
+        self._record_tables, self._tables_at_end = None, self.captured_names()
+        self._start_snapshot(plan)
+
     def _start_snapshot(self, plan: Plan) -> None:
         since = plan.position
         backfill = self._backfilling = plan.step is Step.BACKFILL
@@ -253,11 +271,12 @@ class SnapshotThenStream(Source):
         self._progress_sent = False
         self._pending_changes = opened.schema_changes
         self._snapshot_rows = 0
-        self.snapshot = ParallelSnapshot(opened.readers, opened.chunks, opened.read,
-                                         name=f"{self.config.name}-snapshot")
+        self.snapshot = opened.pool or ParallelSnapshot(opened.readers, opened.chunks, opened.read,
+                                                        name=f"{self.config.name}-snapshot")
+        readers = opened.pool.count if opened.pool is not None else len(opened.readers)
         self.log.info("snapshot of %d tables in %d chunks, consistent at %s, %d readers%s; streaming will start "
-                 "after %s", len(opened.end.tables), len(opened.chunks), opened.consistent, len(opened.readers),
-                 f" ({opened.described})" if opened.described else "", self.stream_from, extra=self._extra())
+                      "after %s", len(opened.end.tables), len(opened.chunks), opened.consistent, readers,
+                      f" ({opened.described})" if opened.described else "", self.stream_from, extra=self._extra())
 
     def _poll_snapshot(self, timeout: float) -> Batch | None:
         if not self._progress_stored:
@@ -304,6 +323,8 @@ class SnapshotThenStream(Source):
             self.snapshot.close()
             self.snapshot = None
         if self._opened is not None:
+            if self._opened.pool is not None:
+                close_quietly(self._opened.pool)
             for reader in self._opened.readers:
                 reader.close()
             self._opened = None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ByteSize, Field, SecretStr, field_validator
+from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 
-from cdc.api import ConfigPath, SourceConfig, servers
+from cdc.api import ConfigPath, SnapshotMode, SourceConfig, servers
 
 
 class PostgresConfig(SourceConfig):
@@ -25,10 +26,14 @@ class PostgresConfig(SourceConfig):
     manage_publication: bool = Field(default=True, description="create the publication / add tables to it")
     key_columns: dict[str, list[str]] = Field(
         default_factory=dict, description="event key for tables without a primary key: {schema.table: [cols]}")
-    snapshot_workers: int = Field(default=1, ge=1, le=32, description=(
-        "parallel snapshot readers. One is usually fastest: the server prints the rows' JSON and this "
-        "process, the bottleneck, takes them from one reader with the least contention (bench/pg_snapshot.py); "
-        "more help where reading the table is slow (cold disks, very wide rows)"))
+    snapshot_workers: int | None = Field(default=None, ge=1, le=32, description=(
+        "parallel snapshot readers (default: min(4, CPU cores)); each reads chunks of the tables inside "
+        "the same exported snapshot"))
+    snapshot_processes: bool = Field(default=False, description=(
+        "run the snapshot readers as child processes (they die with this one), not threads, when the "
+        "snapshot has more than one chunk: their COPY reading then runs beside the interpreter lock of "
+        "the process that publishes the rows. Off by default: on 2-core machines, where the server and "
+        "the broker fill the cores, bench/pg_snapshot.py measured threads as fast or faster"))
     snapshot_chunk_pages: int = Field(default=2048, ge=1, description="heap pages per snapshot chunk (8 kB each)")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds of quiet before a heartbeat")
     status_interval: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
@@ -44,10 +49,29 @@ class PostgresConfig(SourceConfig):
     max_retained_wal: ByteSize | None = Field(default=None, description=(
         "warn when the slot holds back more WAL than this ('1GB', '512MiB'); also shown as "
         "cdc_retained_wal_bytes in /metrics (measured every wal_check_interval either way)"))
+    on_retained_wal: Literal["warn", "drop"] = Field(default="warn", description=(
+        "what happens when the slot holds back more than max_retained_wal: 'warn' logs it each "
+        "wal_check_interval; 'drop' drops the slot (freeing the WAL) and takes a new snapshot, so it "
+        "needs snapshot: when_needed"))
     wal_check_interval: float = Field(default=60.0, gt=0,
                                       description="seconds between two measures of the slot's retained WAL")
     protocol_version: int | None = Field(default=None, ge=1, le=4,
                                          description="pgoutput protocol (default: the newest the server has)")
+
+    @property
+    def reader_count(self) -> int:
+        return self.snapshot_workers or min(4, os.cpu_count() or 1)
+
+    @model_validator(mode="after")
+    def _drop_needs_a_budget_and_a_resnapshot(self):
+        if self.on_retained_wal == "drop":
+            if self.max_retained_wal is None:
+                raise ValueError("on_retained_wal: drop needs max_retained_wal (the budget past which the slot "
+                                 "is dropped)")
+            if self.snapshot is not SnapshotMode.WHEN_NEEDED:
+                raise ValueError(f"on_retained_wal: drop needs snapshot: when_needed, not {self.snapshot.value}: "
+                                 "after the slot is dropped only a new snapshot can bring the topics up to date")
+        return self
 
     @field_validator("dsn")
     @classmethod

@@ -157,7 +157,8 @@ class SnapshotRows:
         self.toast = toast
         self.batch = batch
 
-    def read(self, reader: SnapshotReader, chunk: Chunk, emit: Callable[[list], None]) -> None:
+    def plan(self, chunk: Chunk) -> "ChunkPlan":
+        """The COPY statement of ``chunk`` and how its lines become events."""
         table = chunk.table
         names = [c.name for c in table.columns]
         table_id, version, ts_ms = table.id, self.version, self.ts_ms
@@ -168,7 +169,7 @@ class SnapshotRows:
         toastable: list = []
         new, read, marker = tuple.__new__, Op.READ, SnapshotMarker.TRUE
         dumps, fragment = orjson.dumps, orjson.Fragment
-        expressions = None
+        expressions = build_batch = None
         if self.server_json:
             expressions = [json_expression(c.type_oid, self.types, "x." + quote_ident(c.name)) for c in table.columns]
             if None in expressions:
@@ -225,7 +226,6 @@ class SnapshotRows:
                 return new(ChangeEvent, (read, table_id, key, None, fragment(values[nkey]), version, ts_ms,
                                          marker, source, None))
 
-            build_batch = None
             if single_key is not None:
                 def build_batch(lines: list[bytes], joined: bytes) -> list[ChangeEvent] | None:
                     # The common batch in C-level steps: no escapes anywhere in it and no line
@@ -249,24 +249,51 @@ class SnapshotRows:
                    f"FROM {quote_ident(table_id.schema)}.{quote_ident(table_id.table)} x "
                    f"CROSS JOIN LATERAL (SELECT {json_columns}) j{chunk.where('x')}) TO STDOUT")
 
-        qualified = f"{table_id.schema}.{table_id.table}"
+        return ChunkPlan(sql, build, build_batch,
+                         f"{table_id.schema}.{table_id.table}", toastable, expressions is not None)
+
+    def read(self, reader: SnapshotReader, chunk: Chunk, emit: Callable[[list], None]) -> None:
+        """Read ``chunk`` on this thread: ``emit((events, table, toastable values))`` per batch."""
+        plan = self.plan(chunk)
+        toastable = plan.toastable
 
         def emit_with_toast(events: list) -> None:
             # The store is the source thread's: hand the values over with the batch.
             batch_toast = list(toastable)
             toastable.clear()
-            emit((events, qualified, batch_toast))
+            emit((events, plan.qualified, batch_toast))
 
-        sink = _CopySink(build, emit_with_toast, self.batch, build_batch if expressions is not None else None)
+        sink = _CopySink(plan.build, emit_with_toast, self.batch, plan.build_batch)
         began = time.monotonic()
         try:
             with reader.conn.cursor() as cur:
-                cur.copy_expert(sql, sink, size=1 << 20)
+                cur.copy_expert(plan.sql, sink, size=1 << 20)
         except psycopg2.Error as err:
-            raise wrap(err, f"reading {table_id} for the snapshot") from err
+            raise wrap(err, f"reading {chunk.table.id} for the snapshot") from err
         sink.close()
-        log.debug("snapshot of %s%s: %d rows in %.1fs (%s)", table_id, chunk.where(), sink.rows,
-                  time.monotonic() - began, "converters" if expressions is None else "server JSON")
+        log.debug("snapshot of %s%s: %d rows in %.1fs (%s)", chunk.table.id, chunk.where(), sink.rows,
+                  time.monotonic() - began, "server JSON" if plan.server_json else "converters")
+
+
+@dataclass(slots=True)
+class ChunkPlan:
+    """A chunk's COPY statement and its line -> event builders (``build_batch``: a whole batch
+    in C-level steps, or None where it does not apply); the builders append the values the TOAST
+    store must keep to ``toastable``."""
+
+    sql: str
+    build: Callable[[bytes], ChangeEvent]
+    build_batch: Callable[[list[bytes], bytes], list[ChangeEvent] | None] | None
+    qualified: str
+    toastable: list
+    server_json: bool
+
+    def events(self, block: bytes) -> list[ChangeEvent]:
+        """The events of ``block``: whole COPY lines, each ending in a newline."""
+        lines = block.split(b"\n")
+        lines.pop()
+        events = self.build_batch(lines, block) if self.build_batch is not None else None
+        return events if events is not None else list(map(self.build, lines))
 
 
 def quote_ident(name: str) -> str:

@@ -50,7 +50,7 @@ def test_a_transaction_larger_than_the_budget_streams_with_bounded_memory(pg_dsn
             peak[0] = max(peak[0], _rss_kb())
             time.sleep(0.05)
 
-    caplog.set_level(logging.INFO, logger="sources.postgres.source")
+    caplog.set_level(logging.INFO, logger="sources.postgres")
     config = pg_config(pg_dsn, tmp_path, memory_budget_mb=4, protocol_version=2, snapshot="never")
     try:
         with capturing(config, log, "big") as capture:
