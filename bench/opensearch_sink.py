@@ -18,7 +18,43 @@ Prints documents/s of both per round (with the CPU time this process spent: the 
 time is the node's), the ratio, and the medians. Target: ours >= 70% of raw.
 ``--versioned-raw`` gives the raw bulk the same external versions, to isolate what the node's
 version checks cost from what the sink path costs.
-Checks that the alias counts every document.
+``--no-read-ahead`` makes the runner read the next batch only after each write returned (the runner
+before read/write overlap), for comparison. Checks that the alias counts every document.
+
+Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
+of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop still
+reads a batch only after the previous write returned (no overlap there yet).
+
+Where the time went (100,000 documents, writes of 10,000, requests of 2,000, 2 in flight, on the
+shared 2-core machine with load 2.5-5; wall and CPU seconds summed per step, one bench-sized run
+timed by wrapping the steps with perf_counter/thread_time; the node is warm):
+
+  whole sink path            3.4-4.7 s wall, 1.8-2.0 s client CPU (raw bulk: 1.4-2.9 s, 0.05 s CPU)
+  reader thread: poll+decode 1.6-1.9 s wall, 0.8-0.9 s CPU  (runs beside the writes: overlapped)
+  sink thread: write         3.1-4.2 s wall, 0.6-0.8 s CPU  (the critical path)
+    bulk.send                2.2-2.8 s wall (the requests themselves: 3.7-5.5 s summed over 2 slots)
+    reduce (newest per _id)  0.5-0.6 s wall, 0.2 s CPU
+    items (body, version)    about 0.5 s wall
+    shape_of                 0.25 s wall, no CPU: the runtime's SchemaBook asks the schema topic
+                             for news on every write (about 25 ms each)
+    prepare, maintenance     0.1 s
+
+So the sink thread is the critical path, and most of its wall time is the node answering bulk
+requests while this process competes with the node for the two cores: the sink path spends about
+16-17 us of client CPU per document (Kafka poll and JSON decode ~9, reduce ~2.5, body and
+encoding ~5) where the raw bulk spends none, and on this machine that CPU comes out of the node's
+share. What was tried on the sink's side:
+  * requests evened out per write so both slots stay busy (kept: a 10,000-document write was five
+    2,000-document requests, the fifth alone; now six of 1,667); no gain measurable in the noise;
+  * items made lazily as the requests go out, so the first request leaves before the rest of the
+    batch is built (reverted: medians 0.40 and 0.44, no better than without).
+Ratio of medians measured on this branch (3 rounds each): 0.60, 0.55, 0.43 before any change
+(main with the overlapped runner, load 2.6-6.6); 0.40, 0.44 with both changes (load 2.3-4.0).
+With the final code at load 7.7-9.4, alternating: read-ahead 8,476 and 10,390 docs/s (ratios
+0.42, 0.32; raw 20,057 and 32,014), --no-read-ahead 7,658 and 7,727 docs/s (ratios 0.53, 0.57;
+raw 14,518 and 13,588): the overlap makes the sink path faster, the raw rate swings more.
+The round-to-round spread (0.33-0.74 within one run) is larger than any difference measured.
+The 70% target is not met on this machine.
 """
 
 from __future__ import annotations
@@ -109,14 +145,14 @@ def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: in
 
 
 def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_request: int,
-             batch: int) -> tuple[float, object]:
+             batch: int, read_ahead: bool = True) -> tuple[float, object]:
     from cdc.runtime.sink_runner import SinkRunner
     from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 
     config = OpenSearchSinkConfig(name=name, hosts=[url], topics=[f"{prefix}.*"], index_name=f"{name}.{{table}}",
                                   batch_size=batch, bulk_max_docs=per_request,
                                   bulk_concurrency=concurrency, drop_old_generation_after_s=0)
-    runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name)
+    runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name, read_ahead=read_ahead)
     began = time.perf_counter()
     runner.run(threading.Event(), from_start=True, until_caught_up=True)
     return time.perf_counter() - began, runner
@@ -131,6 +167,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10_000, help="events per sink write (the runner's batch_size)")
     parser.add_argument("--versioned-raw", action="store_true",
                         help="the raw bulk carries the same external versions (isolates the node's cost of them)")
+    parser.add_argument("--no-read-ahead", action="store_true",
+                        help="the runner reads the next batch only after each write returned (no overlap)")
     args = parser.parse_args()
 
     from opensearchpy import OpenSearch
@@ -163,7 +201,8 @@ def main() -> None:
             raw_cpu, cpu = time.process_time() - cpu, time.process_time()
             del chunks
             name = f"{prefix}-ours{round_}"
-            ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch)
+            ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch,
+                                      not args.no_read_ahead)
             ours_cpu = time.process_time() - cpu
             alias = f"{name}.orders"
             client.indices.refresh(index=alias)

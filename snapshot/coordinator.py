@@ -208,6 +208,11 @@ class SnapshotThenStream(Source):
             return self._poll_snapshot(timeout)
         try:
             return self.stream.poll(timeout)
+        except PositionLostError as lost:
+            if self._stopping.is_set():
+                return None
+            self._snapshot_after_loss(lost)
+            return None
         except CdcError:
             if self._stopping.is_set():  # ``stop`` closed the stream under the read
                 return None
@@ -231,6 +236,16 @@ class SnapshotThenStream(Source):
         self.release()
 
     # -- snapshot ----------------------------------------------------------------------------------
+    def _snapshot_after_loss(self, lost: PositionLostError) -> None:
+        """The position was lost while streaming (a slot invalidated or dropped over its budget):
+        a new snapshot under ``snapshot: when_needed``, else ``lost`` is raised (the policy)."""
+        plan = self.policy.on_lost(lost)
+        self.log.warning("%s: taking a new snapshot", lost, extra=self._extra())
+        close_quietly(self.stream)
+        self.stream = None
+        self._record_tables, self._tables_at_end = None, self.captured_names()
+        self._start_snapshot(plan)
+
     def _start_snapshot(self, plan: Plan) -> None:
         since = plan.position
         backfill = self._backfilling = plan.step is Step.BACKFILL

@@ -73,6 +73,7 @@ class Worker:
     paused: bool = False
     mode: str = "run"  # "rebuild": the next process rebuilds the sink's store first
     rebuilt_at: float | None = None  # Unix time the last requested rebuild finished
+    rebuild_pid: int | None = None  # the process started in rebuild mode (only its reports finish it)
 
     def unhealthy(self, now: float) -> bool:
         phase = self.stats.phase
@@ -145,6 +146,7 @@ class Supervisor:
         process.start()
         child.close()
         worker.process, worker.conn = process, parent
+        worker.rebuild_pid = process.pid if worker.mode == "rebuild" else None
         worker.started_at = time.monotonic()
         worker.restart_at = None
         worker.done = worker.paused = False
@@ -160,7 +162,10 @@ class Supervisor:
                 stats.kind = worker.stats.kind
                 stats.restarts = worker.stats.restarts
                 stats.errors += worker.base_errors
-                if worker.mode == "rebuild" and stats.phase == "streaming":
+                # Only the rebuilding process's "streaming" ends a rebuild: the process drained
+                # for it still reports "streaming" after the command set the mode.
+                if (worker.mode == "rebuild" and stats.phase == "streaming" and worker.process is not None
+                        and worker.process.pid == worker.rebuild_pid):
                     worker.mode = "run"  # the rebuild is done: a later start just streams
                     worker.rebuilt_at = time.time()
                 if stats.progress_at is not None and stats.progress_at > worker.last_progress:

@@ -18,6 +18,7 @@ client is thread-safe. One caller thread at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,9 +47,29 @@ class Item:
 
     def encode(self) -> bytes:
         # The action line by hand (names and ids escaped by orjson): the hot path of a bulk.
-        head = b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}\n' % (
-            orjson.dumps(self.index), orjson.dumps(self.doc_id), self.version, self.version_type.encode())
-        return head + orjson.dumps(self.body, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        return b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}\n%b\n' % (
+            _quoted(self.index), orjson.dumps(self.doc_id), self.version, _VERSION_TYPES[self.version_type],
+            orjson.dumps(self.body, option=orjson.OPT_NON_STR_KEYS))
+
+
+_VERSION_TYPES = {"external": b"external", "external_gte": b"external_gte"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _quoted(index: str) -> bytes:
+    """An index name as a JSON string (a batch names a few indexes, each thousands of times)."""
+    return orjson.dumps(index)
+
+
+def per_request(count: int, max_docs: int, concurrency: int) -> int:
+    """Documents per request for a write of ``count`` documents: at most ``max_docs``, and evened
+    out so the requests fill every slot of ``concurrency`` in each round. With fixed chunks
+    (10,000 documents as 2,000-document requests, 2 in flight) the fifth request of every write
+    ran alone while the other slot idled: a write's time was three requests' instead of 2.5."""
+    if concurrency <= 1 or count <= max_docs:
+        return max_docs
+    rounds = -(-count // (max_docs * concurrency))
+    return -(-count // (rounds * concurrency))
 
 
 @dataclass(slots=True)
@@ -62,6 +83,7 @@ class BulkWriter:
     def __init__(self, client, *, max_docs: int, max_bytes: int, concurrency: int, what: str) -> None:
         self.client = client
         self.max_docs, self.max_bytes = max_docs, max_bytes
+        self.concurrency = concurrency
         self.what = what
         self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="bulk") if concurrency > 1 else None
 
@@ -101,12 +123,13 @@ class BulkWriter:
         return retry
 
     def _chunks(self, items: list[Item]):
+        max_docs = per_request(len(items), self.max_docs, self.concurrency)
         chunk: list[Item] = []
         parts: list[bytes] = []
         size = 0
         for item in items:
             data = item.encode()
-            if chunk and (len(chunk) >= self.max_docs or size + len(data) > self.max_bytes):
+            if chunk and (len(chunk) >= max_docs or size + len(data) > self.max_bytes):
                 yield chunk, b"".join(parts)
                 chunk, parts, size = [], [], 0
             chunk.append(item)

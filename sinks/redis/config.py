@@ -21,7 +21,12 @@ class RedisSinkConfig(SinkConfig):
     database: int | None = Field(default=None, ge=0,
                                  description="database number (default: the URL's, else 0; a cluster has only 0)")
     cluster: bool = Field(default=False, description="Redis Cluster: keys hashed to slots across masters")
-    tls_ca_file: str | None = Field(default=None, description="CA bundle that signs the server's certificate")
+    tls_ca_file: str | None = Field(default=None, description="CA bundle that signs the server's certificate "
+                                                            "(rediss:// only; default: the system's)")
+    tls_cert_file: str | None = Field(default=None, description="client certificate (PEM) for servers that "
+                                                              "require one (tls-auth-clients); rediss:// only")
+    tls_key_file: str | None = Field(default=None, description="the client certificate's private key (PEM), "
+                                                             "if not in tls_cert_file")
     tls_verify: bool = Field(default=True, description="check the server's certificate (rediss:// only)")
     key_prefix: str | None = Field(default=None, pattern=r"^[^{}:*?\[\]\s]+$",
                                    description="first part of every key (default: the sink's name)")
@@ -65,6 +70,12 @@ class RedisSinkConfig(SinkConfig):
             raise ValueError(f"columns both included and excluded: {sorted(set(self.include) & set(self.exclude))}")
         if self.cluster and self.database not in (None, 0):
             raise ValueError("a Redis Cluster has only database 0")
+        tls = [name for name in ("tls_ca_file", "tls_cert_file", "tls_key_file") if getattr(self, name)]
+        if tls and not self.url.get_secret_value().startswith("rediss://"):
+            # Refused rather than ignored: the user asked for TLS and would get plain text.
+            raise ValueError(f"{', '.join(tls)} set but url is not rediss:// (TLS)")
+        if self.tls_key_file and not self.tls_cert_file:
+            raise ValueError("tls_key_file needs tls_cert_file (the certificate it belongs to)")
         return self
 
     @property

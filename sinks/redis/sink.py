@@ -29,7 +29,7 @@ import logging
 import time
 
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
-from sinks.redis.client import command_known, connect, translate
+from sinks.redis.client import command_known, connect, redacted_url, translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.generations import Generations
 from sinks.redis.keys import KeySpace, companion, namespace, stats_key
@@ -82,7 +82,7 @@ class RedisSink(Sink, RebuildableSink):
         except PermanentError:
             raise
         except Exception as err:  # noqa: BLE001 - classified
-            raise translate(err, f"redis sink {config.name}: connecting") from err
+            raise translate(err, f"redis sink {config.name}: connecting to {self._where()}") from err
         self.client, self.pipeline, self.generations = client, pipeline, generations
         self._keyspace = KeySpace(config.key_template, namespace(config.prefix, self._writing()))
         self._live_ms = int(config.ttl_seconds * 1000) if config.ttl_seconds else 0
@@ -99,14 +99,22 @@ class RedisSink(Sink, RebuildableSink):
                  "cluster" if config.cluster else "single server", config.format, self._writing(),
                  self._keyspace.ns)
 
+    def _where(self) -> str:
+        return redacted_url(self.config.url.get_secret_value())
+
     def _require_redisjson(self, client) -> None:
-        servers = ([client.get_redis_connection(node) for node in client.get_primaries()]
-                   if self.config.cluster else [client])
-        missing = [server for server in servers if not command_known(server, "JSON.SET")]
+        if self.config.cluster:
+            servers = [(node.name, client.get_redis_connection(node)) for node in client.get_primaries()]
+        else:
+            servers = [(self._where(), client)]
+        missing = [f"{name} (MODULE LIST: {_modules(server)})" for name, server in servers
+                   if not command_known(server, "JSON.SET")]
         if missing:
+            where = "" if not self.config.cluster else f" of the cluster at {self._where()}"
             raise PermanentError(f"redis sink {self.config.name}: format redisjson needs the RedisJSON module "
-                                 f"(JSON.SET), which this server does not have; load it (Redis Stack, "
-                                 f"Redis 8, valkey-json) or use format: json")
+                                 f"(command JSON.SET), which {', '.join(missing)}{where} "
+                                 f"{'does' if len(missing) == 1 else 'do'} not have; load it "
+                                 f"(Redis Stack, Redis 8, valkey-json) or use format: json")
 
     def stop(self) -> None:
         """Stop the publisher, finish background drops, close the connections. The client stays:
@@ -274,3 +282,14 @@ class RedisSink(Sink, RebuildableSink):
         self._keyspace = KeySpace(self.config.key_template, namespace(self.config.prefix, self._writing()))
         if self._publisher is not None:
             self._publisher.set_namespace(self._keyspace.ns, use_committed, forget_positions=forget_positions)
+
+
+def _modules(server) -> str:
+    """What ``MODULE LIST`` answers, in a few words (for the redisjson refusal)."""
+    try:
+        modules = server.module_list()
+    except Exception as err:  # noqa: BLE001 - only said in the message
+        return f"refused: {err}"
+    names = [m.get(b"name", m.get("name")) if isinstance(m, dict) else m for m in modules]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    return ", ".join(names) if names else "no modules loaded"

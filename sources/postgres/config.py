@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ByteSize, Field, SecretStr, field_validator
+from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 
-from cdc.api import ConfigPath, SourceConfig, servers
+from cdc.api import ConfigPath, SnapshotMode, SourceConfig, servers
 
 
 class PostgresConfig(SourceConfig):
@@ -49,6 +49,10 @@ class PostgresConfig(SourceConfig):
     max_retained_wal: ByteSize | None = Field(default=None, description=(
         "warn when the slot holds back more WAL than this ('1GB', '512MiB'); also shown as "
         "cdc_retained_wal_bytes in /metrics (measured every wal_check_interval either way)"))
+    on_retained_wal: Literal["warn", "drop"] = Field(default="warn", description=(
+        "what happens when the slot holds back more than max_retained_wal: 'warn' logs it each "
+        "wal_check_interval; 'drop' drops the slot (freeing the WAL) and takes a new snapshot, so it "
+        "needs snapshot: when_needed"))
     wal_check_interval: float = Field(default=60.0, gt=0,
                                       description="seconds between two measures of the slot's retained WAL")
     protocol_version: int | None = Field(default=None, ge=1, le=4,
@@ -57,6 +61,17 @@ class PostgresConfig(SourceConfig):
     @property
     def reader_count(self) -> int:
         return self.snapshot_workers or min(4, os.cpu_count() or 1)
+
+    @model_validator(mode="after")
+    def _drop_needs_a_budget_and_a_resnapshot(self):
+        if self.on_retained_wal == "drop":
+            if self.max_retained_wal is None:
+                raise ValueError("on_retained_wal: drop needs max_retained_wal (the budget past which the slot "
+                                 "is dropped)")
+            if self.snapshot is not SnapshotMode.WHEN_NEEDED:
+                raise ValueError(f"on_retained_wal: drop needs snapshot: when_needed, not {self.snapshot.value}: "
+                                 "after the slot is dropped only a new snapshot can bring the topics up to date")
+        return self
 
     @field_validator("dsn")
     @classmethod

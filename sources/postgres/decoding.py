@@ -28,9 +28,9 @@ from sources.postgres import pgoutput as pg
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
 from sources.postgres.deadline import answer_within
-from sources.postgres.errors import wrap
+from sources.postgres.errors import SlotOverBudget, wrap
 from sources.postgres.lookup import CatalogLookup
-from sources.postgres.slots import RetainedWal
+from sources.postgres.slots import RetainedWal, drop_released_slot, human_bytes
 from sources.postgres.stream import ReplicationStream, TransactionBuffer
 from sources.postgres.toast import ToastStore
 
@@ -47,7 +47,8 @@ class LogicalStream:
         self.on_commit = on_commit  # told each LSN stored, before the server is (relations.py)
         self.lookup, self.toast, self.protocol, self.slot, self.spill_dir = lookup, toast, protocol, slot, spill_dir
         self.decoder = pg.PgOutputDecoder(protocol)
-        self.wal_watch = RetainedWal(config.name, slot, config.max_retained_wal, config.wal_check_interval)
+        self.wal_watch = RetainedWal(config.name, slot, config.max_retained_wal, config.wal_check_interval,
+                                     config.on_retained_wal)
         self.last_commit_ms: int | None = None
         self.last_activity = time.monotonic()
         self.buffers: dict[int, TransactionBuffer] = {}
@@ -76,9 +77,11 @@ class LogicalStream:
             what = f"measuring the WAL slot {self.slot} retains"
             try:
                 with answer_within(self.conn, self.cfg.server_timeout, what):
-                    self.wal_watch.measure(self.conn, "streaming")
+                    above = self.wal_watch.measure(self.conn, "streaming")
             except psycopg2.Error as err:
                 raise wrap(err, what) from err
+            if above and self.cfg.on_retained_wal == "drop":
+                self._drop_slot_over_budget()
         if self.replay is not None:
             batch = next(self.replay, None)
             if batch is not None:
@@ -224,6 +227,23 @@ class LogicalStream:
         except psycopg2.Error as err:
             raise wrap(err, "emitting a heartbeat") from err
         self.last_activity = time.monotonic()
+
+    def _drop_slot_over_budget(self) -> None:
+        """``on_retained_wal: drop``: give the slot up so the server frees the WAL it holds, and
+        raise ``SlotOverBudget`` (a PositionLostError: the coordinator takes a new snapshot)."""
+        retained, budget = human_bytes(self.wal_watch.bytes), human_bytes(self.cfg.max_retained_wal)
+        log.warning("slot %s retains %s of WAL, above max_retained_wal (%s): dropping it (on_retained_wal: drop); "
+                    "a new snapshot follows", self.slot, retained, budget, extra=self._extra())
+        self.transport.close()  # the slot stays active while our walsender holds it
+        what = f"dropping slot {self.slot}"
+        try:
+            with answer_within(self.conn, self.cfg.server_timeout, what):
+                drop_released_slot(self.conn, self.slot, self.cfg.server_timeout)
+        except psycopg2.Error as err:
+            raise wrap(err, what) from err
+        raise SlotOverBudget(f"source {self.cfg.name}: replication slot {self.slot} retained {retained} of WAL, above "
+                             f"max_retained_wal ({budget}), and was dropped (on_retained_wal: drop); changes after "
+                             "the last confirmed position are read by a new snapshot (snapshot: when_needed)")
 
     def _keep_within_budget(self) -> None:
         budget = self.cfg.memory_budget_mb << 20

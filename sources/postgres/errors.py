@@ -15,6 +15,11 @@ _LOST = "55000"  # object_not_in_prerequisite_state: e.g. "can no longer get cha
 DEFAULT_SETTING = "the source's dsn (or dsn_file)"
 
 
+class SlotOverBudget(PositionLostError):
+    """The slot held back more WAL than ``max_retained_wal`` and ``on_retained_wal: drop`` dropped
+    it: its position is gone by decision, and a new snapshot (``snapshot: when_needed``) follows."""
+
+
 def wrap(exc: BaseException, what: str, *, on_slot: bool = False, setting: str = DEFAULT_SETTING,
          role: str | None = None) -> CdcError:
     """``on_slot``: the call read from the replication slot, so 55000 means its position is lost."""

@@ -99,7 +99,8 @@ class ReplicationSlot:
         slot = self.state()
         if slot is not None and slot["wal_status"] != "lost":
             return position
-        what = "is missing" if slot is None else "has lost the WAL it needs (wal_status=lost)"
+        what = ("is missing" if slot is None else "was invalidated by the server: it held back more WAL than "
+                "max_slot_wal_keep_size allows, and the WAL it needs is gone (wal_status=lost)")
         raise PositionLostError(
             f"source {self.cfg.name}: replication slot {self.name} {what}; changes after {position} "
             "cannot be read. Recovery: take a new snapshot (set snapshot: when_needed, or reset the "

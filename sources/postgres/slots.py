@@ -131,26 +131,48 @@ def drop_publication(conn, publication: str) -> None:
 
 class RetainedWal:
     """The WAL the source's own slot holds back, measured every ``interval`` seconds; a warning
-    each time it is above ``budget`` bytes (None: measured, never warned about)."""
+    each time it is above ``budget`` bytes (None: measured, never warned about). ``measure``
+    returns whether it is above: under ``on_retained_wal: drop`` the stream then drops the slot."""
 
-    def __init__(self, connector: str, slot: str, budget: int | None, interval: float) -> None:
+    def __init__(self, connector: str, slot: str, budget: int | None, interval: float,
+                 policy: str = "warn") -> None:
         self.connector, self.slot, self.budget, self.interval = connector, slot, budget, interval
+        self.policy = policy
         self.bytes: int | None = None
         self._due = 0.0  # the first poll measures
 
     def due(self) -> bool:
         return time.monotonic() >= self._due
 
-    def measure(self, conn, phase: str) -> None:
+    def measure(self, conn, phase: str) -> bool:
         self._due = time.monotonic() + self.interval
         with conn.cursor() as cur:
             cur.execute(RETAINED_SQL, (self.slot,))
             row = cur.fetchone()
         conn.rollback()
         self.bytes = None if row is None or row[0] is None else int(row[0])
-        if self.budget is not None and self.bytes is not None and self.bytes > self.budget:
+        above = self.budget is not None and self.bytes is not None and self.bytes > self.budget
+        if above and self.policy == "warn":
             log.warning("slot %s retains %s of WAL, above max_retained_wal (%s): the server keeps it until "
                         "this source confirms a later position (is the source stalled, or does the server "
                         "write much WAL outside the captured tables while heartbeats are rare?)", self.slot,
                         human_bytes(self.bytes), human_bytes(self.budget),
                         extra={"connector": self.connector, "phase": phase})
+        return above
+
+
+def drop_released_slot(conn, slot: str, wait: float) -> None:
+    """Drop ``slot`` once its walsender has let it go (a closed replication connection frees it a
+    moment later, not at once); ``wait`` seconds at most, then the server's own error."""
+    deadline = time.monotonic() + wait
+    with conn.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            if row is None or row[0] is None:
+                break
+            time.sleep(0.05)
+        conn.rollback()
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                    (slot,))
+    conn.commit()

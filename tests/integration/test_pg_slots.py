@@ -14,7 +14,7 @@ import orjson
 import psycopg2
 import pytest
 
-from cdc.errors import PermanentError
+from cdc.errors import PermanentError, PositionLostError
 from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.http import render_metrics
 from sources.postgres.config import default_slot_name
@@ -265,3 +265,165 @@ def _active(dsn: str, slot: str) -> bool:
             return bool(row and row[0])
     finally:
         conn.close()
+
+
+# --- the slot over its life: idle tables, the drop policy, slots the server invalidates ---------
+
+def _slot_row(dsn: str, slot: str) -> tuple | None:
+    """(retained bytes, confirmed_flush_lsn as a number, wal_status) of ``slot``, or None."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT (pg_current_wal_lsn() - restart_lsn)::bigint, (confirmed_flush_lsn - '0/0')::bigint, "
+                        "wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            return cur.fetchone()
+    finally:
+        conn.close()
+
+
+def _current_lsn(dsn: str) -> int:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+BUSY_ROUND = "INSERT INTO other.busy (pad) SELECT repeat(md5(random()::text), 32) FROM generate_series(1, 5000)"
+
+
+def test_an_idle_captured_table_does_not_make_the_slot_hold_wal(pg_dsn, tmp_path, caplog):
+    """Only an uncaptured table is written (8 rounds of ~6 MB, three times the budget): the
+    source's heartbeats move its slot, so the WAL it retains stays under max_retained_wal."""
+    execute(pg_dsn, "CREATE TABLE captured (id int PRIMARY KEY)", "CREATE SCHEMA other",
+            "CREATE TABLE other.busy (id serial PRIMARY KEY, pad text)")
+    config = pg_config(pg_dsn, tmp_path, tables=["public.*"], heartbeat_interval=0.5, max_retained_wal="16MB",
+                       wal_check_interval=0.2)
+    slot = slot_name(config, pg_dsn)
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    retained = []
+    try:
+        with caplog.at_level(logging.WARNING, logger="sources.postgres.slots"), \
+                capturing(config, log, "idle") as capture:
+            wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+            for _ in range(8):
+                execute(pg_dsn, BUSY_ROUND)
+                written = _current_lsn(pg_dsn)
+                # Evidence the slot moved past this round: the source confirmed a later position.
+                wait_until(lambda: _slot_row(pg_dsn, slot)[1] >= written, capture=capture,
+                           what="the slot confirmed past the round's WAL")
+                # The slot's restart point moves at the server's next running-transactions record,
+                # written every 15 s by the background writer; a checkpoint writes one now.
+                execute(pg_dsn, "CHECKPOINT")
+                retained.append(_slot_row(pg_dsn, slot)[0])
+            wait_until(lambda: _slot_row(pg_dsn, slot)[0] < config.max_retained_wal, capture=capture,
+                       what="the slot's restart point past the writes")
+        assert sum(1 for _ in log.read_all("idle.public.captured")) == 0
+    finally:
+        log.close()
+    assert len(retained) == 8 and max(retained) < config.max_retained_wal, retained
+    assert not any("above max_retained_wal" in r.getMessage() for r in caplog.records)
+
+
+def test_the_drop_policy_drops_the_slot_over_budget_and_snapshots_again(pg_dsn, tmp_path, caplog):
+    execute(pg_dsn, "CREATE TABLE captured (id int PRIMARY KEY, v text)",
+            "INSERT INTO captured SELECT g, 'v' FROM generate_series(1, 3) g", "CREATE SCHEMA other",
+            "CREATE TABLE other.busy (id serial PRIMARY KEY, pad text)")
+    # No heartbeats: nothing moves the slot while only the uncaptured table is written.
+    config = pg_config(pg_dsn, tmp_path, snapshot="when_needed", heartbeat_interval=3600, max_retained_wal="2MB",
+                       on_retained_wal="drop", wal_check_interval=0.2)
+    slot = slot_name(config, pg_dsn)
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+
+    def ops():
+        return [orjson.loads(r.value)["op"] for r in log.read_all("drop.public.captured") if r.value is not None]
+
+    try:
+        with caplog.at_level(logging.WARNING), capturing(config, log, "drop") as capture:
+            wait_until(lambda: capture.source.phase == "streaming" and ops().count("r") == 3, capture=capture,
+                       what="the first snapshot")
+            first = _slot_row(pg_dsn, slot)
+            execute(pg_dsn, BUSY_ROUND)  # ~6 MB of WAL the slot holds
+            wait_until(lambda: ops().count("r") == 6, capture=capture, what="the second snapshot")
+            wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+            execute(pg_dsn, "INSERT INTO captured VALUES (4, 'after')")
+            wait_until(lambda: "c" in ops(), capture=capture, what="a change streamed by the new slot")
+            again = _slot_row(pg_dsn, slot)
+        assert first is not None and again is not None and again[0] < config.max_retained_wal
+        assert any("dropping it (on_retained_wal: drop)" in r.getMessage() for r in caplog.records)
+        assert any("was dropped (on_retained_wal: drop)" in r.getMessage() and "taking a new snapshot" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        log.close()
+
+
+def test_the_drop_policy_needs_a_budget_and_when_needed(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="needs snapshot: when_needed, not initial"):
+        pg_config("postgresql://u@h/db", tmp_path, max_retained_wal="1GB", on_retained_wal="drop")
+    with pytest.raises(ValidationError, match="needs max_retained_wal"):
+        pg_config("postgresql://u@h/db", tmp_path, snapshot="when_needed", on_retained_wal="drop")
+    assert pg_config("postgresql://u@h/db", tmp_path, snapshot="when_needed", max_retained_wal="1GB",
+                     on_retained_wal="drop").on_retained_wal == "drop"
+
+
+@pytest.fixture
+def small_slot_wal_keep(pg_admin_dsn):
+    """max_slot_wal_keep_size = 1MB on the test server for one test (ALTER SYSTEM + reload), then reset."""
+    def alter(value: str) -> None:
+        conn = psycopg2.connect(pg_admin_dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"ALTER SYSTEM {value}")
+            cur.execute("SELECT pg_reload_conf()")
+        conn.close()
+
+    alter("SET max_slot_wal_keep_size = '1MB'")
+    yield
+    alter("RESET max_slot_wal_keep_size")
+
+
+def _invalidate(dsn: str, slot: str) -> None:
+    """Write WAL past max_slot_wal_keep_size and checkpoint until the server invalidates ``slot``."""
+    for _ in range(12):
+        execute(dsn, BUSY_ROUND, "SELECT pg_switch_wal()", "CHECKPOINT")
+        if _slot_row(dsn, slot)[2] == "lost":
+            return
+    raise AssertionError(f"slot {slot} was not invalidated: {_slot_row(dsn, slot)}")
+
+
+@pytest.mark.parametrize("mode", ["initial", "when_needed"])
+def test_a_slot_invalidated_by_max_slot_wal_keep_size(pg_dsn, tmp_path, small_slot_wal_keep, mode):
+    execute(pg_dsn, "CREATE TABLE captured (id int PRIMARY KEY)", "INSERT INTO captured VALUES (1), (2)",
+            "CREATE SCHEMA other", "CREATE TABLE other.busy (id serial PRIMARY KEY, pad text)")
+    config = pg_config(pg_dsn, tmp_path, snapshot=mode)
+    slot = slot_name(config, pg_dsn)
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        with capturing(config, log, "lost") as capture:
+            wait_until(lambda: capture.runner.stored is not None and capture.source.phase == "streaming",
+                       capture=capture, what="a stored streaming position")
+        _invalidate(pg_dsn, slot)  # while the source is stopped
+        execute(pg_dsn, "INSERT INTO captured VALUES (3)")
+        again = Capture(config, log, "lost").start()
+        if mode == "initial":
+            again.thread.join(60)
+            assert isinstance(again.error, PositionLostError)
+            assert slot in str(again.error) and "max_slot_wal_keep_size" in str(again.error)
+            return
+        try:
+            def snapshot_ids():
+                return sorted(orjson.loads(r.value)["after"]["id"] for r in log.read_all("lost.public.captured")
+                              if r.value is not None and orjson.loads(r.value)["op"] == "r")
+
+            # The phase turns to streaming before the snapshot's last batch is published: wait for the rows.
+            wait_until(lambda: snapshot_ids() == [1, 1, 2, 2, 3], capture=again, what="the second snapshot")
+            wait_until(lambda: again.source.phase == "streaming", capture=again)
+            assert _slot_row(pg_dsn, slot)[2] != "lost"
+        finally:
+            again.stop()
+    finally:
+        log.close()

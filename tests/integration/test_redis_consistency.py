@@ -16,6 +16,7 @@ from sinks.redis.keys import stats_key
 from tests.integration.pg_capture import execute, wait_until
 from tests.integration.test_redis_pipeline import RegressionWatch, _cache_rows, _clear, _cli, _config, _source_rows, _stop
 from tests.integration.test_sql_pipeline import _seed
+from tests.integration.valkey_server import valkey_url  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.redis]
 
@@ -24,7 +25,9 @@ def _counts(client, prefix: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(stats_key(prefix)).items()}
 
 
-def test_a_replay_from_offset_0_after_deletes_resurrects_nothing(pg_dsn, kafka_bootstrap, redis_url, tmp_path):
+@pytest.mark.parametrize("server", ["redis", "valkey"])
+def test_a_replay_from_offset_0_after_deletes_resurrects_nothing(pg_dsn, kafka_bootstrap, server, request, tmp_path):
+    redis_url = request.getfixturevalue("redis_url" if server == "redis" else "valkey_url")
     _seed(pg_dsn, rows=1000)
     client = redis.Redis.from_url(redis_url)
     prefix = f"r{uuid.uuid4().hex[:8]}"

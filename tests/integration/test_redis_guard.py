@@ -1,5 +1,5 @@
 """The version guard's scripts on real servers: the single Redis server and the three-master
-Redis Cluster of the local stack."""
+Redis Cluster of the local stack, and a Valkey server the tests start (valkey_server.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ from redis.cluster import RedisCluster
 
 from sinks.redis.keys import KeySpace, companion
 from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
+from tests.integration.valkey_server import valkey_url  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture(params=["single", "cluster"])
+@pytest.fixture(params=["single", "cluster", "valkey"])
 def client(request, redis_url, redis_cluster_url):
-    client = redis.Redis.from_url(redis_url) if request.param == "single" else RedisCluster.from_url(redis_cluster_url)
+    if request.param == "valkey":
+        client = redis.Redis.from_url(request.getfixturevalue("valkey_url"))
+    else:
+        client = redis.Redis.from_url(redis_url) if request.param == "single" else RedisCluster.from_url(redis_cluster_url)
     prefix = f"g{uuid.uuid4().hex[:8]}"
     yield client, prefix
     for key in client.scan_iter(match=f"{prefix}*"):

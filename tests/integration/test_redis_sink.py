@@ -17,15 +17,16 @@ from sinks.redis.client import command_known
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import companion
 from sinks.redis.sink import RedisSink
+from tests.integration.valkey_server import valkey_url  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.redis
 TOPIC = "shop.public.accounts"
 
 
-@pytest.fixture(params=["single", "cluster"])
+@pytest.fixture(params=["single", "cluster", "valkey"])
 def target(request, redis_url, redis_cluster_url):
     cluster = request.param == "cluster"
-    url = redis_cluster_url if cluster else redis_url
+    url = request.getfixturevalue("valkey_url") if request.param == "valkey" else redis_cluster_url if cluster else redis_url
     client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
     prefix = f"s{uuid.uuid4().hex[:8]}"
     yield url, cluster, client, prefix
@@ -100,8 +101,17 @@ def test_redisjson_is_refused_with_a_clear_message_where_the_module_is_missing(t
         pytest.fail("this test expects a server without RedisJSON (the stack's redis-server)")
     sink = RedisSink(RedisSinkConfig(name="cache", url=url, cluster=cluster, topics=["shop.*"], key_prefix=prefix,
                                      format="redisjson"))
-    with pytest.raises(PermanentError, match="RedisJSON"):
+    with pytest.raises(PermanentError) as caught:
         sink.start()
+    message = str(caught.value)
+    # It names the sink, the server (every master of a cluster) and what MODULE LIST answered there.
+    assert message.startswith("redis sink cache: format redisjson needs the RedisJSON module (command JSON.SET)")
+    assert url in message and "format: json" in message
+    for server in servers:
+        # Redis 7.0 loads none; Valkey 9 lists its built-in "lua".
+        names = ", ".join(m[b"name"].decode() for m in server.module_list()) or "no modules loaded"
+        address = "{host}:{port}".format(**server.connection_pool.connection_kwargs)
+        assert f"{address if cluster else url} (MODULE LIST: {names})" in message
 
 
 def test_a_truncate_removes_older_keys_and_keeps_newer_ones(target):

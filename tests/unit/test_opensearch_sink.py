@@ -190,3 +190,29 @@ def test_the_client_uses_tls_with_verification_and_the_api_key():
     assert connection.use_ssl and connection.headers["authorization"] == "ApiKey k"
     assert connection.pool.cert_reqs == "CERT_REQUIRED"
     client.close()
+
+
+def test_bulk_requests_fill_every_slot_in_flight():
+    # 10,000 documents in requests of at most 2,000 with 2 in flight: six requests of 1,667, not
+    # five of 2,000 with the fifth alone while the other slot idles.
+    from sinks.opensearch.bulk import per_request
+
+    assert per_request(10_000, 2000, 2) == 1667
+    assert per_request(8000, 2000, 2) == 2000
+    assert per_request(1500, 2000, 2) == 2000
+    assert per_request(10_000, 2000, 1) == 2000
+    client = _FakeBulkClient({})
+    writer = BulkWriter(client, max_docs=4, max_bytes=10_000, concurrency=2, what="t")
+    writer.send([Item("i", str(n), n, {}) for n in range(12)])
+    writer.close()
+    assert sorted(map(len, client.sent)) == [3, 3, 3, 3]   # fixed chunks of 4 were 4, 4, 4: one alone
+    assert sorted(i for ids in client.sent for i in ids) == sorted(str(n) for n in range(12))
+
+
+def test_an_encoded_item_is_an_action_line_and_its_document():
+    import orjson
+
+    head, body, end = Item("orders", 'a"b', 7, {"x": 1}, version_type="external_gte").encode().split(b"\n")
+    assert orjson.loads(head) == {"index": {"_index": "orders", "_id": 'a"b', "version": 7,
+                                            "version_type": "external_gte"}}
+    assert (orjson.loads(body), end) == ({"x": 1}, b"")

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, strategies as st
 from pydantic import ValidationError
 
-from cdc.api import Op, SinkEvent
+from cdc.api import ConfigError, Op, SinkEvent
 from sinks.redis.applied import AppliedTracker
+from sinks.redis.client import connect, redacted_url
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import KeySpace, companion, encode_key, namespace
 from sinks.redis.pipeline import row_tail
@@ -173,3 +174,28 @@ def test_a_new_primary_key_stops_evolve_and_rebuilds_rebuild():
     follower, _ = _follower("evolve", {1: _shape(1, ("id", "int4"), ("gone", "text")), 2: _shape(2, ("id", "int4"))})
     follower.follow("ns", _named(2))
     assert follower.follow("ns", _named(1)) == frozenset({"id"})
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"url": "redis://cache:6379/0", "tls_ca_file": "ca.pem"}, "tls_ca_file set but url is not rediss://"),
+    ({"url": "redis://cache:6379/0", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
+     "tls_cert_file, tls_key_file set but url is not rediss://"),
+    ({"url": "rediss://cache:6380/0", "tls_key_file": "k.pem"}, "tls_key_file needs tls_cert_file"),
+])
+def test_tls_settings_without_tls_are_refused_not_ignored(settings, problem):
+    with pytest.raises(ValidationError, match=problem):
+        RedisSinkConfig(name="c", topics=["t.*"], **settings)
+
+
+def test_urls_in_messages_hide_the_password():
+    assert redacted_url("rediss://:s3cret@cache:6380/0") == "rediss://:***@cache:6380/0"
+    assert redacted_url("redis://app:s3cret@cache:6379/2") == "redis://app:***@cache:6379/2"
+    assert redacted_url("redis://app@cache:6379") == "redis://app@cache:6379"
+    assert redacted_url("redis://cache:6379/0?password=s3cret&db=1") == "redis://cache:6379/0?password=%2A%2A%2A&db=1"
+
+
+def test_an_unreadable_tls_file_is_a_config_error_naming_the_setting(tmp_path):
+    config = RedisSinkConfig(name="c", url="rediss://:pw@127.0.0.1:1/0", topics=["t.*"],
+                             tls_ca_file=str(tmp_path / "missing-ca.pem"))
+    with pytest.raises(ConfigError, match=r"redis sink c: tls_ca_file .*missing-ca.pem cannot be read"):
+        connect(config)

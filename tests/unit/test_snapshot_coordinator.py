@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from cdc.api import SourceConfig
+from cdc.errors import PositionLostError
 from cdc.events import Batch, ChangeEvent, Op, SnapshotEnd, SnapshotMarker, TableId
 from cdc.positions import Counter, SnapshotProgress
 from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream
@@ -142,3 +145,42 @@ def test_without_a_record_the_tables_captured_now_count_as_complete():
     source.commit(Counter(6))
     source.commit(Counter(7))
     assert book.saved == [frozenset({"s.a", "s.b"})]  # once
+
+
+class LosingStream(ListStream):
+    """A stream whose position is lost at its first poll (a slot dropped over its budget, or
+    invalidated by the server while streaming)."""
+
+    closed = False
+
+    def poll(self, timeout: float) -> Batch | None:
+        raise PositionLostError("slot s dropped")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class LosingSource(ListSource):
+    def open_stream(self, position, after_snapshot: bool) -> ListStream:
+        return LosingStream(position, after_snapshot) if not after_snapshot else ListStream(position, after_snapshot)
+
+
+def test_a_position_lost_while_streaming_snapshots_again_under_when_needed():
+    source = LosingSource(_config("when_needed"), Counter(5))
+    source.start()
+    lost = source.stream
+    assert source.phase == "streaming" and source.snapshots == []
+    assert source.poll(0.1) is None
+    assert lost.closed and source.phase == "snapshot" and source.snapshots == [["s.a"]]
+    marker = source.poll(0.1)
+    assert marker.checkpoint == SnapshotProgress(Counter(10))  # nothing older to stream from
+    source.commit(marker.checkpoint)
+    assert len([e for b in _drain(source) for e in b.events]) == 3 and source.phase == "streaming"
+
+
+def test_a_position_lost_while_streaming_stops_the_source_under_other_modes():
+    source = LosingSource(_config("initial"), Counter(5))
+    source.start()
+    with pytest.raises(PositionLostError, match="slot s dropped"):
+        source.poll(0.1)
+    assert source.snapshots == []

