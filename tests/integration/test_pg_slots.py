@@ -217,12 +217,22 @@ def test_retained_wal_above_the_budget_is_warned_about_and_exported(pg_dsn, tmp_
         with caplog.at_level(logging.WARNING, logger="sources.postgres.slots"), \
                 capturing(config, log, "wal") as capture:
             wait_until(lambda: capture.source.phase == "streaming", capture=capture)
-            execute(pg_dsn, "INSERT INTO other.busy (pad) SELECT repeat('x', 1000) FROM generate_series(1, 5000)")
-            wait_until(lambda: (capture.runner.stats.retained_wal_bytes or 0) > 5000 * 1000, capture=capture,
-                       what="the retained WAL in the connector's stats")
-            wait_until(lambda: any("above max_retained_wal" in r.getMessage() for r in caplog.records),
-                       capture=capture, what="the budget warning")
-            metrics = render_metrics([{**capture.runner.stats.snapshot(), "healthy": True}])
+            # A transaction left open holds the slot's restart_lsn where it began (the source
+            # confirms what keepalives report once it has nothing pending, so without it the slot
+            # could move past the busy table's WAL before the check below looks).
+            holder = psycopg2.connect(pg_dsn)
+            try:
+                with holder.cursor() as cur:
+                    cur.execute("INSERT INTO captured VALUES (1)")
+                execute(pg_dsn, "INSERT INTO other.busy (pad) SELECT repeat('x', 1000) FROM generate_series(1, 5000)")
+                wait_until(lambda: (capture.runner.stats.retained_wal_bytes or 0) > 5000 * 1000, capture=capture,
+                           what="the retained WAL in the connector's stats")
+                wait_until(lambda: any("above max_retained_wal" in r.getMessage() for r in caplog.records),
+                           capture=capture, what="the budget warning")
+                metrics = render_metrics([{**capture.runner.stats.snapshot(), "healthy": True}])
+            finally:
+                holder.rollback()
+                holder.close()
         line = next(l for l in metrics.splitlines() if l.startswith('cdc_retained_wal_bytes{connector="pg"}'))
         assert int(line.split()[-1]) > 5000 * 1000
     finally:
