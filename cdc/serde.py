@@ -212,20 +212,26 @@ class EnvelopeEncoder:
                 if op is _TRUNCATE:
                     everywhere(topic, value, TRUNCATE_KEY)
                     continue
-                key_json = dumps(key)
-                try:
-                    emit(topic, value, key_json)
-                except BufferError:
-                    when_room(topic, value, key_json)
-                if op is _DELETE:
-                    try:
-                        emit(topic, None, key_json)
-                    except BufferError:
-                        when_room(topic, None, key_json)
+                put_record(emit, when_room, topic, value, dumps(key), op is _DELETE)
         except Exception as exc:
             raise EmitError(topic, exc) from exc
         finally:
             self.value_bytes += nbytes
+
+
+def put_record(emit, when_room, topic: str, value: bytes, key: bytes | None, tombstone: bool) -> None:
+    """Hand one record to the producer (``emit``), and after a delete its tombstone; a full
+    producer queue (``BufferError``) waits for room (``when_room``) instead of failing. Every
+    format's encoder emits through this."""
+    try:
+        emit(topic, value, key)
+    except BufferError:
+        when_room(topic, value, key)
+    if tombstone:
+        try:
+            emit(topic, None, key)
+        except BufferError:
+            when_room(topic, None, key)
 
 
 class EmitError(Exception):

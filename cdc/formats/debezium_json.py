@@ -27,7 +27,7 @@ import orjson
 from cdc import __version__
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.formats.connect_types import DebeziumOptions, field_type
-from cdc.serde import EmitError, EnvelopeEncoder
+from cdc.serde import EmitError, EnvelopeEncoder, put_record
 
 log = logging.getLogger(__name__)
 
@@ -272,16 +272,7 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                 if event.op is _TRUNCATE:
                     everywhere(topic, value, None)  # Debezium: a truncate has no key
                     continue
-                key = self._key(event, fmt)
-                try:
-                    emit(topic, value, key)
-                except BufferError:
-                    when_room(topic, value, key)
-                if event.op is _DELETE:
-                    try:
-                        emit(topic, None, key)
-                    except BufferError:
-                        when_room(topic, None, key)
+                put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is _DELETE)
         except Exception as exc:
             raise EmitError(topic, exc) from exc
         finally:
