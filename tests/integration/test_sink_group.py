@@ -1,0 +1,127 @@
+"""Three processes of one SQL sink sharing its topics as one Kafka consumer group
+(``scale_out: group``), PostgreSQL -> Kafka -> PostgreSQL, under a live writer (updates, deletes,
+key changes), one member killed outright again and again: the target ends equal to the source.
+
+Each kill comes only after evidence that the member to kill is in the thick of it: the group's
+coordinator lists it as owning partitions, and the group's committed offset of one of those
+partitions moved while it owned it (so it read, wrote and committed). Each member has its own
+``client.id`` (a config file of its own), which is how the coordinator's view names it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition as KafkaTp
+from confluent_kafka.admin import AdminClient
+
+from tests.daemon import kill_daemon, run_daemon, stop_daemon
+from tests.integration.pg_capture import wait_until
+from tests.integration.test_sql_pipeline import Writer, _rows, _seed, target_dsn  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
+
+PARTITIONS = 6
+KILLS = 5
+
+
+class Group:
+    """The consumer group as its coordinator sees it."""
+
+    def __init__(self, kafka: str, group: str) -> None:
+        self.admin = AdminClient({"bootstrap.servers": kafka})
+        self.group = group
+
+    def owned_by(self) -> dict[str, set[tuple[str, int]]]:
+        """client.id -> the partitions the coordinator assigned to that member."""
+        description = self.admin.describe_consumer_groups([self.group])[self.group].result(15)
+        out: dict[str, set[tuple[str, int]]] = {}
+        for member in description.members or ():
+            parts = member.assignment.topic_partitions if member.assignment else []
+            out.setdefault(member.client_id, set()).update((tp.topic, tp.partition) for tp in parts)
+        return out
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        request = ConsumerGroupTopicPartitions(self.group)
+        result = self.admin.list_consumer_group_offsets([request])[self.group].result(15)
+        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+
+def _config(tmp_path: Path, name: str, prefix: str, sink: str, source_dsn: str, target_dsn: str, kafka: str,
+            client_id: str) -> Path:
+    url = target_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+    # A member killed outright is noticed after session.timeout.ms: the broker's least, so that the
+    # test's rebalances come within seconds.
+    consumer = f"{{client.id: {client_id}, session.timeout.ms: 6000, heartbeat.interval.ms: 1000}}"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"log:\n  kafka: {{bootstrap_servers: '{kafka}', topic_prefix: {prefix}, partitions: {PARTITIONS}, "
+        f"consumer: {consumer}}}\n"
+        f"sources:\n  - {{name: src, type: postgres, dsn: '{source_dsn}', tables: ['public.*'], "
+        f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1, status_interval: 1}}\n"
+        f"sinks:\n  - {{name: {sink}, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50, "
+        f"batch_size: 500, scale_out: group}}\n"
+        f"http: null\n")
+    return path
+
+
+def _wait_for_evidence(group: Group, client_id: str, member: subprocess.Popen) -> set[tuple[str, int]]:
+    """Wait until ``client_id`` owns partitions and the group's commit of one of them moved while it
+    owned them; returns what it owns."""
+    def owns() -> set[tuple[str, int]]:
+        assert member.poll() is None, f"member {client_id} exited with {member.returncode}"
+        return group.owned_by().get(client_id, set())
+
+    mine = wait_until(owns, timeout=120, what=f"{client_id} to own partitions")
+    before = group.committed()
+
+    def committed_while_owning() -> bool:
+        now, still = group.committed(), owns()
+        return any(now.get(tp, -1) > before.get(tp, -1) for tp in mine & still)
+
+    wait_until(committed_while_owning, timeout=120, what=f"{client_id} to commit an offset")
+    return mine
+
+
+def test_three_members_one_killed_again_and_again_end_equal_to_the_source(pg_dsn, target_dsn, kafka_bootstrap,
+                                                                          tmp_path):
+    _seed(pg_dsn)
+    prefix, sink = f"t_{uuid.uuid4().hex[:8]}", f"wh_{uuid.uuid4().hex[:6]}"
+
+    def config(name: str, client_id: str) -> Path:
+        return _config(tmp_path, name, prefix, sink, pg_dsn, target_dsn, kafka_bootstrap, client_id)
+
+    source = run_daemon(config("source", "source"), "src", log="source.log")
+    members: dict[str, subprocess.Popen] = {}
+    group = Group(kafka_bootstrap, sink)
+    try:
+        for name in ("steady-1", "steady-2", "victim-0"):
+            members[name] = run_daemon(config(name, name), sink, log=f"{name}.log")
+        with Writer(pg_dsn, seed=18) as writer:
+            for kill in range(KILLS):
+                victim = f"victim-{kill}"
+                owned = _wait_for_evidence(group, victim, members[victim])
+                kill_daemon(members.pop(victim))
+                # The killed member's partitions move (a rebalance) once the coordinator notices it;
+                # its successor joins meanwhile (another rebalance).
+                successor = f"victim-{kill + 1}"
+                members[successor] = run_daemon(config(successor, successor), sink, log=f"{successor}.log")
+                wait_until(lambda: victim not in group.owned_by(), timeout=60, what=f"{victim} to leave the group")
+                assert owned  # it owned these when it died; the others own them now
+            _wait_for_evidence(group, f"victim-{KILLS}", members[f"victim-{KILLS}"])
+        assert writer.changes > 500
+        # Every member is alive and in the group at the end, and the partitions are shared out.
+        owners = wait_until(lambda: (lambda o: o if len(o) == 3 and all(o.values()) else None)(group.owned_by()),
+                            timeout=60, what="three members owning partitions")
+        assert sum(len(parts) for parts in owners.values()) == PARTITIONS
+        wait_until(lambda: _rows(target_dsn) == _rows(pg_dsn), timeout=180, what="target == source")
+    finally:
+        for member in members.values():
+            stop_daemon(member)
+        stop_daemon(source)
