@@ -487,6 +487,11 @@ class KafkaReader(LogReader):
                 self._eof[(msg.topic(), msg.partition())] = msg.offset()
             elif err.code() in TRANSIENT and not err.fatal():
                 log.debug("kafka consumer: %s (librdkafka retries)", err)
+            elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
+                # A group member that did not poll for max.poll.interval.ms (a write that took
+                # that long) has left its group; its partitions are revoked as lost, and this poll
+                # joins again. Not an error of the log: the member goes on.
+                log.warning("kafka consumer: %s; joining the group again", err.str())
             else:
                 error = _wrap(f"reading {msg.topic()}[{msg.partition()}]", KafkaException(err))
                 if not out:

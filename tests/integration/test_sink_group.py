@@ -11,12 +11,13 @@ partitions moved while it owned it (so it read, wrote and committed). Each membe
 from __future__ import annotations
 
 import subprocess
-import time
+import threading
 import uuid
 from pathlib import Path
 
+import orjson
+import psycopg2
 import pytest
-from confluent_kafka import TopicPartition as KafkaTp
 from confluent_kafka.admin import AdminClient
 
 from tests.daemon import kill_daemon, run_daemon, stop_daemon
@@ -125,3 +126,115 @@ def test_three_members_one_killed_again_and_again_end_equal_to_the_source(pg_dsn
         for member in members.values():
             stop_daemon(member)
         stop_daemon(source)
+
+
+class StallingSqlSink:
+    """Builds an SqlSink whose first write waits for ``release`` before it goes to the database:
+    the write in flight of a member that loses its partition meanwhile."""
+
+    @staticmethod
+    def make(config, stalled: threading.Event, release: threading.Event, landed: threading.Event):
+        from sinks.sql.sink import SqlSink
+
+        class Stalling(SqlSink):
+            first = True
+
+            def write(self, events):
+                if Stalling.first:
+                    Stalling.first = False
+                    stalled.set()
+                    release.wait(120)
+                    super().write(events)
+                    landed.set()
+                    return
+                super().write(events)
+        return Stalling(config)
+
+
+def _envelope(version: int, qty: int) -> bytes:
+    return orjson.dumps({"before": None, "after": {"id": 1, "qty": qty}, "op": "u", "ts_ms": 0,
+                         "source": {"connector": "postgresql", "name": "src", "db": "db", "schema": "public",
+                                    "table": "items", "snapshot": "false", "version": version}})
+
+
+def test_a_late_write_of_a_member_that_lost_its_partition_does_not_regress_the_row(pg_dsn, kafka_bootstrap):
+    """Member A's write stalls past ``max.poll.interval.ms``: the group takes its partition away and
+    gives it to member B, which writes the key's older and then its newer version and commits. Then
+    A's stalled write (the older version) lands: the version guard keeps the newer row, and the
+    group's committed offset is not moved back by A."""
+    from cdc.log.base import TopicSettings
+    from cdc.log.kafka import KafkaLog
+    from cdc.runtime.sink_runner import SinkRunner
+    from cdc.serde import Record
+    from sinks.sql.config import SqlSinkConfig
+    from sinks.sql.sink import SqlSink
+
+    prefix, name = f"r_{uuid.uuid4().hex[:8]}", f"race_{uuid.uuid4().hex[:6]}"
+    topic = f"{prefix}.public.items"
+    # A member that does not poll for 6 s is out of the group (the broker's least session timeout).
+    fast = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 1000}
+    logs = [KafkaLog(kafka_bootstrap, consumer_config=fast) for _ in range(3)]
+    admin, log_a, log_b = logs
+    admin.ensure_topic(topic, TopicSettings(partitions=1))
+    producer = admin.writer()
+
+    def publish(version: int, qty: int) -> None:
+        producer.publish([Record(topic, b'{"id":1}', _envelope(version, qty))])
+        producer.flush(30)
+
+    url = pg_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+    config = SqlSinkConfig(name=name, type="sql", url=url, topics=[f"{prefix}.*"], batch_wait_ms=50,
+                           scale_out="group")
+    stalled, release, landed = threading.Event(), threading.Event(), threading.Event()
+    runner_a = SinkRunner(StallingSqlSink.make(config, stalled, release, landed), log_a, prefix)
+    runner_b = SinkRunner(SqlSink(config), log_b, prefix)
+    stops = {runner_a: threading.Event(), runner_b: threading.Event()}
+    errors: dict[SinkRunner, BaseException] = {}
+
+    def run(runner: SinkRunner) -> None:
+        try:
+            runner.run(stops[runner])
+        except BaseException as err:  # noqa: BLE001 - the test reports it
+            errors[runner] = err
+
+    def row() -> int | None:
+        conn = psycopg2.connect(pg_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT qty FROM items WHERE id = 1")
+                found = cur.fetchone()
+                return found[0] if found else None
+        except psycopg2.errors.UndefinedTable:
+            return None
+        finally:
+            conn.close()
+
+    reader = admin.reader(name)  # reads the group's commits; does not join
+    threads = [threading.Thread(target=run, args=(r,)) for r in (runner_a, runner_b)]
+    try:
+        publish(10, 1)
+        threads[0].start()
+        assert stalled.wait(120), "member A never began its write"
+        threads[1].start()  # joins while A owns the only partition; gets it once A is out
+        wait_until(lambda: row() == 1, timeout=120, what="B to write the older version after taking the partition")
+        publish(20, 2)
+        wait_until(lambda: row() == 2 and reader.committed([(topic, 0)])[(topic, 0)] == 2, timeout=60,
+                   what="B to write and commit the newer version")
+        release.set()
+        assert landed.wait(60), "A's late write did not return"
+        assert row() == 2  # A's older version landed after B's newer one and changed nothing
+        # A learns it lost the partition (its commit is refused, or dropped); B's commit stands.
+        wait_until(lambda: not runner_a._membership or not runner_a._membership.owned, timeout=60,
+                   what="A to learn that its partition is gone")
+        assert reader.committed([(topic, 0)])[(topic, 0)] == 2
+        assert runner_a not in errors and runner_b not in errors, errors
+    finally:
+        release.set()
+        for stop in stops.values():
+            stop.set()
+        for thread in threads:
+            thread.join(60)
+        reader.close()
+        producer.close()
+        for log in logs:
+            log.close()
