@@ -10,14 +10,17 @@ partitions moved while it owned it (so it read, wrote and committed). Each membe
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import orjson
 import psycopg2
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from tests.daemon import kill_daemon, run_daemon, stop_daemon
@@ -37,9 +40,21 @@ class Group:
         self.admin = AdminClient({"bootstrap.servers": kafka})
         self.group = group
 
+    def _ask(self, request):
+        """The coordinator's answer; asked again while it has none (a group it is still loading,
+        a busy machine), for at most two minutes."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return request()[self.group].result(20)
+            except (concurrent.futures.TimeoutError, KafkaException):
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+
     def owned_by(self) -> dict[str, set[tuple[str, int]]]:
         """client.id -> the partitions the coordinator assigned to that member."""
-        description = self.admin.describe_consumer_groups([self.group])[self.group].result(15)
+        description = self._ask(lambda: self.admin.describe_consumer_groups([self.group], request_timeout=20))
         out: dict[str, set[tuple[str, int]]] = {}
         for member in description.members or ():
             parts = member.assignment.topic_partitions if member.assignment else []
@@ -47,10 +62,8 @@ class Group:
         return out
 
     def committed(self) -> dict[tuple[str, int], int]:
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
         request = ConsumerGroupTopicPartitions(self.group)
-        result = self.admin.list_consumer_group_offsets([request])[self.group].result(15)
+        result = self._ask(lambda: self.admin.list_consumer_group_offsets([request], request_timeout=20))
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
 
@@ -238,3 +251,38 @@ def test_a_late_write_of_a_member_that_lost_its_partition_does_not_regress_the_r
         producer.close()
         for log in logs:
             log.close()
+
+
+def test_a_rebuild_or_bootstrap_of_a_grouped_sink_waits_for_an_empty_group(kafka_bootstrap):
+    """Reading every partition from offset 0 cannot be split among members: while one runs, a
+    rebuild and a bootstrap are refused with a ConfigError that says so; once the group is empty,
+    a bootstrap runs as one process and reads everything."""
+    from cdc.api import SinkConfig
+    from cdc.errors import ConfigError
+    from cdc.log.kafka import KafkaLog
+    from cdc.runtime.sink_runner import SinkRunner
+    from tests.integration.test_sink_runner import RecordingSink, _publish
+
+    prefix, name = f"b_{uuid.uuid4().hex[:8]}", f"boot_{uuid.uuid4().hex[:6]}"
+    log = KafkaLog(kafka_bootstrap)
+    _publish(log, 200, keys=20, prefix=prefix)
+    config = SinkConfig(name=name, type="recording", topics=[f"{prefix}.*"], batch_wait_ms=50, scale_out="group")
+    member = SinkRunner(RecordingSink(config), log, prefix)
+    stop = threading.Event()
+    thread = threading.Thread(target=member.run, args=(stop,))
+    thread.start()
+    try:
+        wait_until(lambda: member._membership is not None and member._membership.owned, timeout=60,
+                   what="the member to own partitions")
+        for attempt in (lambda r: r.rebuild(threading.Event()),
+                        lambda r: r.run(threading.Event(), from_start=True, until_caught_up=True)):
+            with pytest.raises(ConfigError, match="cannot be split among members"):
+                attempt(SinkRunner(RecordingSink(config), log, prefix))
+    finally:
+        stop.set()
+        thread.join(60)
+    wait_until(lambda: log.group_members(name) == 0, timeout=60, what="the group to be empty")
+    alone = RecordingSink(config)
+    SinkRunner(alone, log, prefix).run(threading.Event(), from_start=True, until_caught_up=True)
+    assert len(alone.generations[1]) == 20
+    log.close()
