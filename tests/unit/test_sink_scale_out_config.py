@@ -50,3 +50,16 @@ def test_a_runner_refuses_group_on_a_log_without_groups(tmp_path):
             SinkRunner(RecordingSink(config), log, "p")
     finally:
         log.close()
+
+
+def test_a_self_driven_sink_refuses_group(tmp_path):
+    """A Spark sink consumes the topics with its own machinery and scales with its executors."""
+    from cdc.config import load_config
+    from cdc.runtime.worker import build_runner
+
+    path = tmp_path / "cdc.yaml"
+    path.write_text("log:\n  kafka: {bootstrap_servers: 'localhost:9092'}\n"
+                    f"sinks:\n  - {{name: lake, type: delta, topics: ['cdc.*'], path: '{tmp_path / 'delta'}', "
+                    f"checkpoint: '{tmp_path / 'ck'}', scale_out: group}}\nhttp: null\n")
+    with pytest.raises(ConfigError, match="scales out its own way"):
+        build_runner(load_config(path), "lake")
