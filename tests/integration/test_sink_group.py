@@ -170,11 +170,14 @@ def _envelope(version: int, qty: int) -> bytes:
                                     "table": "items", "snapshot": "false", "version": version}})
 
 
-def test_a_late_write_of_a_member_that_lost_its_partition_does_not_regress_the_row(pg_dsn, kafka_bootstrap):
+@pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
+def test_a_late_write_of_a_member_that_lost_its_partition_does_not_regress_the_row(pg_dsn, kafka_bootstrap,
+                                                                                    strategy):
     """Member A's write stalls past ``max.poll.interval.ms``: the group takes its partition away and
     gives it to member B, which writes the key's older and then its newer version and commits. Then
     A's stalled write (the older version) lands: the version guard keeps the newer row, and the
-    group's committed offset is not moved back by A."""
+    group's committed offset is not moved back by A. With the default (cooperative) assignment and
+    with the eager ``range`` one, which revokes every partition at each rebalance."""
     from cdc.log.base import TopicSettings
     from cdc.log.kafka import KafkaLog
     from cdc.runtime.sink_runner import SinkRunner
@@ -185,7 +188,8 @@ def test_a_late_write_of_a_member_that_lost_its_partition_does_not_regress_the_r
     prefix, name = f"r_{uuid.uuid4().hex[:8]}", f"race_{uuid.uuid4().hex[:6]}"
     topic = f"{prefix}.public.items"
     # A member that does not poll for 6 s is out of the group (the broker's least session timeout).
-    fast = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 1000}
+    fast = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 1000,
+            "partition.assignment.strategy": strategy}
     logs = [KafkaLog(kafka_bootstrap, consumer_config=fast) for _ in range(3)]
     admin, log_a, log_b = logs
     admin.ensure_topic(topic, TopicSettings(partitions=1))
