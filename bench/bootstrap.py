@@ -44,6 +44,10 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=1, help="runs of now and before, alternated")
+    parser.add_argument("--batch", type=int, default=10_000, help="the sink's batch_size (records per write)")
+    parser.add_argument("--hashed-deletes", action="store_true",
+                        help="also run \"now\" with the remembered-delete check as the planner's hash anti-join")
+    parser.add_argument("--now-only", action="store_true", help="skip the \"before\" runs")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -111,28 +115,35 @@ def main() -> None:
 
         del final
         gc.collect()
+        server_pid = _postmaster_pid(admin)
         for round_ in range(args.rounds):
-            for now in (True, False):
-                name = f"{database}_{round_}{int(now)}"
+            variants = [("now", True)] + ([("hashed", True)] if args.hashed_deletes else []) + \
+                ([] if args.now_only else [("before", False)])
+            for label, now in variants:
+                name = f"{database}_{round_}{label}"
                 with admin.cursor() as cur:
                     cur.execute(f'CREATE DATABASE "{name}"')
                 try:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
                     sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
-                                                 batch_size=10_000))
-                    if not now:  # the jsonb staging, set once the sink has its applier
+                                                 batch_size=args.batch))
+                    if label != "now":  # set once the sink has its applier
                         start = sink.start
 
-                        def start_jsonb(start=start, sink=sink):
+                        def start_variant(start=start, sink=sink, label=label):
                             start()
-                            sink.applier.typed_upserts = False
-                        sink.start = start_jsonb
-                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{int(now)}",
+                            sink.applier.probe_deletes = False  # "before": jsonb and hashed deletes
+                            if label == "before":
+                                sink.applier.typed_upserts = False
+                        sink.start = start_variant
+                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
                                         read_ahead=now)
                     load = os.getloadavg()[0]
+                    cpu = _cpu_seconds(server_pid)
                     began = time.perf_counter()
                     runner.run(threading.Event(), from_start=True, until_caught_up=True)
                     seconds = time.perf_counter() - began
+                    cpu = [after - before for after, before in zip(_cpu_seconds(server_pid), cpu)]
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
                     with conn.cursor() as cur:
                         cur.execute("SELECT count(*) FROM orders")
@@ -142,16 +153,53 @@ def main() -> None:
                     with admin.cursor() as cur:
                         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
-                label = "now   " if now else "before"
-                print(f"bootstrap {label} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
+                print(f"bootstrap {label:6} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
                       f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
-                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s, "
+                      f"PostgreSQL {cpu[1]:.1f}s" + ("" if server_pid else " (not local: unknown)"), flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def _postmaster_pid(admin) -> int | None:
+    """The PostgreSQL server's process id, when it runs on this machine (the dev stack)."""
+    with admin.cursor() as cur:
+        cur.execute("SHOW data_directory")
+        path = os.path.join(cur.fetchone()[0], "postmaster.pid")
+    try:
+        with open(path) as file:
+            return int(file.readline())
+    except (OSError, ValueError):
+        return None
+
+
+def _cpu_seconds(server_pid: int | None) -> tuple[float, float]:
+    """CPU seconds used so far by this process (every thread) and by the PostgreSQL server: its
+    postmaster with the backends that ended (reaped: its children's time) and those still running."""
+    ours = sum(os.times()[:2])
+    if server_pid is None:
+        return ours, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: int, children: bool) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return sum(int(f) for f in fields[11:15 if children else 13]) / tick
+
+    server = stat(server_pid, True)
+    try:
+        with open(f"/proc/{server_pid}/task/{server_pid}/children") as file:
+            server += sum(stat(int(pid), False) for pid in file.read().split())
+    except OSError:
+        pass
+    return ours, server
 
 
 if __name__ == "__main__":
