@@ -21,7 +21,9 @@ every thread, librdkafka's included) and of the PostgreSQL backends serving the 
 (sampled from /proc, so only with a server on this machine). On a loaded machine these are the
 figures to read: wall time there is mostly waiting for a core. ``--hashed-deletes`` also runs
 "now" with the remembered-delete check planned as before (a hash anti-join over every remembered
-delete of the table), ``--batch`` sets the sink's ``batch_size``, ``--now-only`` skips "before".
+delete of the table), ``--rebuild`` also runs ``SinkRunner.rebuild`` (``cdc rebuild``: a new
+generation, then the switch) reading ahead ("rebuild") and one batch after the other ("rb-seq"),
+``--batch`` sets the sink's ``batch_size``, ``--now-only`` skips "before".
 
 Where the time went (before; 600k changes over 200k keys, 10% deletes, cProfile and the
 server's statement log): 84% in the server, of which the upsert's ``INSERT ... SELECT CAST(s.j->>'c'
@@ -68,6 +70,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10_000, help="the sink's batch_size (records per write)")
     parser.add_argument("--hashed-deletes", action="store_true",
                         help="also run \"now\" with the remembered-delete check as the planner's hash anti-join")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
     parser.add_argument("--now-only", action="store_true", help="skip the \"before\" runs")
     args = parser.parse_args()
 
@@ -138,7 +142,8 @@ def main() -> None:
         gc.collect()
         for round_ in range(args.rounds):
             variants = [("now", True)] + ([("hashed", True)] if args.hashed_deletes else []) + \
-                ([] if args.now_only else [("before", False)])
+                ([] if args.now_only else [("before", False)]) + \
+                ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
                 name = f"{database}_{round_}{label}"
                 with admin.cursor() as cur:
@@ -147,7 +152,7 @@ def main() -> None:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
                     sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
                                                  batch_size=args.batch))
-                    if label != "now":  # set once the sink has its applier
+                    if label in ("hashed", "before"):  # set once the sink has its applier
                         start = sink.start
 
                         def start_variant(start=start, sink=sink, label=label):
@@ -162,7 +167,10 @@ def main() -> None:
                     ours = sum(os.times()[:2])
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        runner.run(threading.Event(), from_start=True, until_caught_up=True)
+                        if label in ("rebuild", "rb-seq"):
+                            runner.rebuild(threading.Event())
+                        else:
+                            runner.run(threading.Event(), from_start=True, until_caught_up=True)
                         seconds = time.perf_counter() - began
                     cpu = [sum(os.times()[:2]) - ours, server.total()]
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
