@@ -63,9 +63,12 @@ class StagedApplier:
         # PostgreSQL's upserts staged typed (copy_rows); False stages them as jsonb like DuckDB's,
         # which bench/sql_upsert.py runs beside it for a same-run comparison.
         self.typed_upserts = self.pg
-        # The remembered-delete check as a per-row probe (see _build); False lets the planner hash
-        # every remembered delete instead, which bench/bootstrap.py runs beside it.
-        self.probe_deletes = self.pg
+        # True: the remembered-delete check as a per-row probe of the deletes' key (OFFSET 0 keeps
+        # PostgreSQL from pulling it up into an anti-join). Off: the planner's hash anti-join reads
+        # every remembered delete of the table at every batch, yet it took less server CPU in
+        # bench/bootstrap.py (--probed-deletes) at 37k remembered deletes and batches of 10k;
+        # in a statement-level test probing won only at about 300k remembered deletes.
+        self.probe_deletes = False
         self._sql: dict[tuple, str] = {}
         self._formatters: dict[tuple, object] = {}
 
@@ -259,11 +262,7 @@ class StagedApplier:
         conflict = ", ".join(q(c.name) for c in keys)
         sets = ", ".join(f"{q(n)} = excluded.{q(n)}" for n in updates)
         deletes = self._escape(self.target.qualified(DELETES))
-        # PostgreSQL: OFFSET 0 keeps the check a per-row probe of the deletes' primary key. Pulled
-        # up into an anti-join, the planner hashes every remembered delete of the table at every
-        # batch: a cost that grows with delete_memory_hours instead of with the batch (at 300k
-        # remembered deletes a 2k-10k row batch paid 1.3-2.5x more for it, load-scaled).
-        probe = " OFFSET 0" if self.probe_deletes else ""
+        probe = " OFFSET 0" if self.probe_deletes and self.pg else ""  # see __init__
         select = f"SELECT {', '.join(values)} FROM {stage} " + (
             f"AND NOT EXISTS (SELECT 1 FROM {deletes} d WHERE d.tbl = {p} AND d.key_json = s.k "
             f"AND d.version >= s.v{probe}) " if check_deletes else "")
