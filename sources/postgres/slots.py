@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from psycopg2.extensions import parse_dsn
 
+from cdc.api import human_bytes
 from sources.postgres.catalog import PUBLICATION_COMMENT, _ident
 from sources.postgres.config import PostgresConfig
 
@@ -50,17 +51,6 @@ class SlotInfo:
         return {"kind": "slot", "server": self.server, "name": self.name, "database": self.database,
                 "active": self.active, "active_pid": self.active_pid, "wal_status": self.wal_status,
                 "retained_wal_bytes": self.retained_bytes, "owner": self.owner}
-
-
-def human_bytes(count: int | None) -> str:
-    if count is None:
-        return "-"
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def server_of(dsn: str) -> str:
