@@ -20,7 +20,8 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "spark", "connect")  # connect: Kafka Connect + the Debezium JDBC sink (tests)
+# connect: Kafka Connect + the Debezium JDBC sink (tests); postgres17: server binaries (cdc.dev.postgres17)
+COMPONENTS = ("kafka", "opensearch", "spark", "connect", "postgres17")
 
 
 def _maven_file(name: str) -> Path:

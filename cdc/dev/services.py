@@ -255,6 +255,28 @@ class Postgres(Service):
                 "PG_BINDIR": self.bindir()}
 
 
+class Postgres17(Postgres):
+    """A second PostgreSQL, version 17, for what 15 cannot do (failover slots): the binaries come
+    from Maven Central (``cdc.dev.postgres17``), placed beside the service's directory (not in it:
+    ``prepare`` hands the directory to the server's user, and the binaries are links into the
+    cache)."""
+
+    name = "postgres17"
+
+    def bindir(self) -> str:  # type: ignore[override]
+        return str(self.dir.parent / "postgres17-install" / "bin")
+
+    def prepare(self) -> None:
+        from cdc.dev import postgres17
+
+        postgres17.place(self.dir.parent / "postgres17-install")
+        super().prepare()
+
+    def settings(self) -> dict[str, str]:
+        return {"PG17_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
+                "PG17_BINDIR": self.bindir()}
+
+
 def _mysql_greeting_connection_id(sock: socket.socket) -> int:
     """The connection id in a MySQL/MariaDB server's initial handshake (protocol version 10):
     https://dev.mysql.com/doc/dev/mysql-server/latest/page_protocol_connection_phase_packets_protocol_handshake_v10.html
@@ -593,7 +615,7 @@ class OpenSearch(Service):
 
 
 SERVICES: dict[str, type[Service]] = {
-    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch)
+    cls.name: cls for cls in (Postgres, Postgres17, MariaDB, Kafka, Redis, RedisCluster, OpenSearch)
 }
 
 

@@ -43,8 +43,12 @@ def store_lines(row: dict) -> list[str]:
 
 
 def slot_line(row: dict) -> str:
+    """``failover=`` only where the server has failover slots (PostgreSQL 17+), ``synced`` only for
+    a standby's copy of a primary's failover slot."""
     owner = f"source {row['owner']}" if row["owner"] else "ORPHAN (no source in this file uses it)"
     state = f"active pid {row['active_pid']}" if row["active"] else "inactive"
+    failover = "" if row.get("failover") is None else f" failover={str(row['failover']).lower()}"
+    synced = " synced" if row.get("synced") else ""
     return (f"slot   {row['name']:<20} {row['server']}/{row['database']} {state} "
-            f"retained_wal={human_bytes(row['retained_wal_bytes'])} wal_status={row['wal_status'] or '-'} "
-            f"{owner}")
+            f"retained_wal={human_bytes(row['retained_wal_bytes'])} wal_status={row['wal_status'] or '-'}"
+            f"{failover}{synced} {owner}")
