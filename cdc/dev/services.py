@@ -197,6 +197,7 @@ class Postgres(Service):
     name = "postgres"
     run_as = "postgres"
     stop_signal = signal.SIGINT  # the postmaster's "fast shutdown"
+    shared_buffers: ClassVar[str] = "256MB"
 
     @staticmethod
     def bindir() -> str:
@@ -222,7 +223,7 @@ class Postgres(Service):
         settings = {
             "listen_addresses": LOOPBACK, "port": self.port, "unix_socket_directories": str(self.dir),
             "wal_level": "logical", "max_replication_slots": 64, "max_wal_senders": 64,
-            "max_connections": 300, "shared_buffers": "256MB",
+            "max_connections": 300, "shared_buffers": self.shared_buffers,
             # A throwaway development server: durability against power loss buys nothing here.
             "fsync": "off", "full_page_writes": "off",
             "logging_collector": "off", "log_min_messages": "warning",
@@ -262,6 +263,7 @@ class Postgres17(Postgres):
     cache)."""
 
     name = "postgres17"
+    shared_buffers = "64MB"  # a few tests' worth of rows: leave the memory to the main server
 
     def bindir(self) -> str:  # type: ignore[override]
         return str(self.dir.parent / "postgres17-install" / "bin")
