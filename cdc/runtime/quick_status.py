@@ -97,6 +97,8 @@ def _read_config(text: str, file: str, names: list[str]) -> tuple[tuple[str, int
     if any(n not in declared.values() for n in names):
         return None  # the slow path says which
     shown = names or list(declared.values())
+    if not shown:
+        return None  # nothing declared: nothing a daemon could add
     # A problem (an unset variable, say) matters unless it lies in a connector not shown: the
     # slow path loads only the connectors shown, too.
     for path, _line, _message in doc.problems:
