@@ -77,9 +77,8 @@ def _connector_names(config, only: list[str] | None) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cdc.config import load_config
-    from cdc.runtime.supervisor import Supervisor
-
     from cdc.runtime.status_report import StatusReport, file_digest
+    from cdc.runtime.supervisor import Supervisor
 
     try:
         digest = file_digest(args.file)  # before it is loaded: an edit in between shows as a mismatch
@@ -176,7 +175,6 @@ def _check_names(config, names: list[str] | None) -> None:
 def _status_rows(config, live: dict[str, dict]) -> list[dict]:
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
-
     from cdc.runtime.status_report import HEALTH, daemon_rows
 
     rows = daemon_rows(config.sources, config.sinks, live)
