@@ -120,13 +120,15 @@ def _ask(address: tuple[str, int], names: list[str]) -> dict | None:
     package, a third of this path's imports."""
     query = "&".join("name=" + quote(n, safe="") for n in names)
     request = f"GET /status/report?{query} HTTP/1.0\r\nHost: {address[0]}\r\n\r\n".encode()
+    host, port = address
     try:
-        with socket.create_connection(address, timeout=TIMEOUT) as conn:
+        # An address as bytes skips the IDNA codec (and unicodedata) that a str host pulls in.
+        with socket.create_connection((host.encode("ascii"), port), timeout=TIMEOUT) as conn:
             conn.sendall(request)
             chunks = []
             while chunk := conn.recv(65536):
                 chunks.append(chunk)
-    except OSError:
+    except (OSError, UnicodeEncodeError):
         return None
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
