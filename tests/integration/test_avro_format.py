@@ -156,3 +156,18 @@ def test_an_avro_record_with_no_registry_configured_is_a_typed_error(registry_ur
     avro.use_registry(None)
     with pytest.raises(FormatError, match="schema_registry"):
         decode_record(_record(record))
+
+
+def test_cdc_tail_prints_avro_records_as_their_json_envelopes(registry_url, prefix):
+    from cdc.runtime.cli import format_record
+
+    row = {k: v for k, v in PG_ROW.items() if k not in ("iv", "m")}
+    events = [_event(PG, row), _event(PG, {"id": 7}, Op.DELETE, before={"id": 7})]
+    plain = EnvelopeEncoder("postgresql", "src", prefix)
+    as_json = [format_record(_record(r, i)) for i, r in enumerate(plain.encode(events, now_ms=5))]
+    as_avro = [format_record(_record(r, i)) for i, r in
+               enumerate(_encoder(registry_url, prefix, "postgresql", PG, PG_COLUMNS).encode(events, now_ms=5))]
+    assert as_avro[0].splitlines()[0] == f'{prefix}.public.items[0]@0 c {{"id":7}} version=123'
+    assert [a.splitlines()[0] for a in as_avro] == [j.splitlines()[0] for j in as_json]
+    after = orjson.loads(as_avro[0].splitlines()[1].split(": ", 1)[1])
+    assert after == dict.fromkeys(c.name for c in PG_COLUMNS) | _same_instants(row)
