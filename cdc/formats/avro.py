@@ -173,10 +173,18 @@ def _apply(row: dict | None, mappers: list) -> dict | None:
 
 # --- writing ------------------------------------------------------------------------------------
 
+_WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
+
+
+def _avro_full_name(connect_name: str) -> str:
+    return ".".join(avro_schema.avro_name(p) for p in connect_name.split("."))
+
+
 class AvroTableFormat(TableFormat):
     """A ``TableFormat`` with its Avro schemas, registered, and their writers."""
 
-    __slots__ = ("key_header", "value_header", "key_avro", "value_avro", "row_mappers", "key_mappers")
+    __slots__ = ("key_header", "value_header", "key_avro", "value_avro", "key_named", "value_named", "row_mappers",
+                 "key_mappers", "row_name")
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
                  options: DebeziumOptions, registry: Registry) -> None:
@@ -190,9 +198,15 @@ class AvroTableFormat(TableFormat):
         value_id = registry.register(f"{topic}-value", orjson.dumps(value_avro).decode())
         self.key_header = MAGIC + key_id.to_bytes(4, "big")
         self.value_header = MAGIC + value_id.to_bytes(4, "big")
-        self.key_avro = fastavro.parse_schema(key_avro)
-        self.value_avro = fastavro.parse_schema(value_avro)
+        self.key_named: dict = {}
+        self.value_named: dict = {}
+        self.key_avro = fastavro.parse_schema(key_avro, named_schemas=self.key_named)
+        self.value_avro = fastavro.parse_schema(value_avro, named_schemas=self.value_named)
         row = next(f for f in value_connect["fields"] if f["field"] == "after")
+        # fastavro's tuple notation names the branch of a ["null", record] union: without it every
+        # write tries the record branch by validating the whole row against it
+        self.row_name = _avro_full_name(row["name"])
+
         self.row_mappers = _field_mappers(row, to_bytes=True)
         self.key_mappers = _field_mappers(key_connect, to_bytes=True)
 
@@ -209,29 +223,34 @@ class AvroEncoder(DebeziumJsonEncoder):
             raise FormatError("the avro format needs a schema registry: set log.schema_registry.url")
         super().__init__(connector, name, topic_prefix, on_new_topic, options)
         self.registry = registry_for(registry_url)
-        self._write = _fastavro().schemaless_writer
+        _fastavro()
+        from fastavro._write import write_data  # schemaless_writer less its per-call schema parse
+
+        self._write = write_data
 
     def _make_format(self, topic: str, connector: str, columns: list[Column], key_names: list[str]) -> TableFormat:
         return AvroTableFormat(topic, connector, columns, key_names, self.options, self.registry)
 
-    def _avro(self, header: bytes, schema: Any, datum: dict) -> bytes:
-        out = BytesIO()
-        out.write(header)
-        self._write(out, schema, datum)
-        return out.getvalue()
+    def _avro(self, header: bytes, schema: Any, named: dict, datum: dict) -> bytes:
+        out = bytearray(header)
+        self._write(out, datum, schema, named, "", _WRITE_OPTIONS)
+        return bytes(out)
 
     def _key(self, event: ChangeEvent, fmt: AvroTableFormat) -> bytes:
         key = event.key or {}
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) or {}
-        return self._avro(fmt.key_header, fmt.key_avro, _apply(payload, fmt.key_mappers))
+        return self._avro(fmt.key_header, fmt.key_avro, fmt.key_named, _apply(payload, fmt.key_mappers))
 
     def _value(self, event: ChangeEvent, fmt: AvroTableFormat, head: dict[str, Any], now_ms: int) -> bytes:
         payload = self._payload(event, fmt, head, now_ms)
         mappers = fmt.row_mappers
-        if mappers:
-            _apply(payload["before"], mappers)
-            _apply(payload["after"], mappers)
-        return self._avro(fmt.value_header, fmt.value_avro, payload)
+        for side in ("before", "after"):
+            row = payload[side]
+            if row is not None:
+                payload[side] = (fmt.row_name, _apply(row, mappers))
+        if payload["transaction"] is not None:
+            payload["transaction"] = ("event.block", payload["transaction"])
+        return self._avro(fmt.value_header, fmt.value_avro, fmt.value_named, payload)
 
     def record_key(self, event: ChangeEvent) -> bytes:
         return self._key(event, self._format(event))
