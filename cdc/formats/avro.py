@@ -32,6 +32,7 @@ import orjson
 from cdc.errors import FormatError, SchemaRegistryError
 from cdc.events import ChangeEvent, Column, Op
 from cdc.formats import avro_schema, connect_decode
+from cdc.formats.avro_write import compile_writer
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.formats.debezium_json import DebeziumJsonEncoder, TableFormat
 from cdc.serde import EmitError, put_record
@@ -173,18 +174,10 @@ def _apply(row: dict | None, mappers: list) -> dict | None:
 
 # --- writing ------------------------------------------------------------------------------------
 
-_WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
-
-
-def _avro_full_name(connect_name: str) -> str:
-    return ".".join(avro_schema.avro_name(p) for p in connect_name.split("."))
-
-
 class AvroTableFormat(TableFormat):
     """A ``TableFormat`` with its Avro schemas, registered, and their writers."""
 
-    __slots__ = ("key_header", "value_header", "key_avro", "value_avro", "key_named", "value_named", "row_mappers",
-                 "key_mappers", "row_name")
+    __slots__ = ("key_header", "value_header", "write_key", "write_value", "row_mappers", "key_mappers")
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
                  options: DebeziumOptions, registry: Registry) -> None:
@@ -194,19 +187,15 @@ class AvroTableFormat(TableFormat):
         value_connect = orjson.loads(self.value_schema)
         key_avro = avro_schema.to_avro(key_connect)
         value_avro = avro_schema.to_avro(value_connect)
+        fastavro.parse_schema(key_avro)  # a schema fastavro refuses is ours to fix, not the registry's
+        fastavro.parse_schema(value_avro)
         key_id = registry.register(f"{topic}-key", orjson.dumps(key_avro).decode())
         value_id = registry.register(f"{topic}-value", orjson.dumps(value_avro).decode())
         self.key_header = MAGIC + key_id.to_bytes(4, "big")
         self.value_header = MAGIC + value_id.to_bytes(4, "big")
-        self.key_named: dict = {}
-        self.value_named: dict = {}
-        self.key_avro = fastavro.parse_schema(key_avro, named_schemas=self.key_named)
-        self.value_avro = fastavro.parse_schema(value_avro, named_schemas=self.value_named)
+        self.write_key = compile_writer(key_avro)
+        self.write_value = compile_writer(value_avro)
         row = next(f for f in value_connect["fields"] if f["field"] == "after")
-        # fastavro's tuple notation names the branch of a ["null", record] union: without it every
-        # write tries the record branch by validating the whole row against it
-        self.row_name = _avro_full_name(row["name"])
-
         self.row_mappers = _field_mappers(row, to_bytes=True)
         self.key_mappers = _field_mappers(key_connect, to_bytes=True)
 
@@ -214,7 +203,7 @@ class AvroTableFormat(TableFormat):
 class AvroEncoder(DebeziumJsonEncoder):
     """``EnvelopeEncoder`` with the avro format. Not thread-safe; one per source."""
 
-    __slots__ = ("registry", "_write")
+    __slots__ = ("registry",)
 
     def __init__(self, connector: str, name: str, topic_prefix: str,
                  on_new_topic: Callable[[str], None] | None = None,
@@ -223,34 +212,28 @@ class AvroEncoder(DebeziumJsonEncoder):
             raise FormatError("the avro format needs a schema registry: set log.schema_registry.url")
         super().__init__(connector, name, topic_prefix, on_new_topic, options)
         self.registry = registry_for(registry_url)
-        _fastavro()
-        from fastavro._write import write_data  # schemaless_writer less its per-call schema parse
-
-        self._write = write_data
 
     def _make_format(self, topic: str, connector: str, columns: list[Column], key_names: list[str]) -> TableFormat:
         return AvroTableFormat(topic, connector, columns, key_names, self.options, self.registry)
 
-    def _avro(self, header: bytes, schema: Any, named: dict, datum: dict) -> bytes:
+    @staticmethod
+    def _avro(header: bytes, write: Callable[[bytearray, Any], None], datum: dict) -> bytes:
         out = bytearray(header)
-        self._write(out, datum, schema, named, "", _WRITE_OPTIONS)
+        write(out, datum)
         return bytes(out)
 
     def _key(self, event: ChangeEvent, fmt: AvroTableFormat) -> bytes:
         key = event.key or {}
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) or {}
-        return self._avro(fmt.key_header, fmt.key_avro, fmt.key_named, _apply(payload, fmt.key_mappers))
+        return self._avro(fmt.key_header, fmt.write_key, _apply(payload, fmt.key_mappers))
 
     def _value(self, event: ChangeEvent, fmt: AvroTableFormat, head: dict[str, Any], now_ms: int) -> bytes:
         payload = self._payload(event, fmt, head, now_ms)
         mappers = fmt.row_mappers
-        for side in ("before", "after"):
-            row = payload[side]
-            if row is not None:
-                payload[side] = (fmt.row_name, _apply(row, mappers))
-        if payload["transaction"] is not None:
-            payload["transaction"] = ("event.block", payload["transaction"])
-        return self._avro(fmt.value_header, fmt.value_avro, fmt.value_named, payload)
+        if mappers:
+            _apply(payload["before"], mappers)
+            _apply(payload["after"], mappers)
+        return self._avro(fmt.value_header, fmt.write_value, payload)
 
     def record_key(self, event: ChangeEvent) -> bytes:
         return self._key(event, self._format(event))
