@@ -594,9 +594,10 @@ class OpenSearch(Service):
 
 class Registry(Service):
     """A schema registry speaking Confluent's REST API, for the ``avro`` log format: Apicurio
-    Registry built from Maven Central (``maven/registry.xml``), storage in memory, so a restart
-    starts it empty (producers register their schemas again; ids may change, so a stack's
-    ``avro`` topics are to be read while the registry that wrote them runs).
+    Registry built from Maven Central (``maven/registry.xml``). Its storage (H2, as in Apicurio's
+    in-memory variant) is a file in the data directory, so a restart keeps every schema and id:
+    records written before it still read (a registry that forgot would hand the same ids out
+    again for other schemas).
 
     Compatibility is BACKWARD for every subject, set after start (Apicurio's own default is none).
     The registry's description carries the stack's directory name: that is what the probe checks.
@@ -617,6 +618,7 @@ class Registry(Service):
         return [_java(), "-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
                 f"-Dquarkus.http.host={LOOPBACK}", f"-Dquarkus.http.port={self.port}",
                 f"-Dregistry.description={self.identity}",
+                f"-Dquarkus.datasource.jdbc.url=jdbc:h2:file:{self.dir / 'registry'}",
                 "-jar", str(jars.ensure_jars("registry") / "app.jar")]
 
     def _get(self, path: str):
