@@ -72,7 +72,7 @@ class EmbeddedLogConfig(_Section):
 
 
 class DebeziumFormatConfig(_Section):
-    """Debezium's type-mode options for ``format: debezium-json`` (Debezium's defaults)."""
+    """Debezium's type-mode options for ``format: debezium-json`` and ``avro`` (Debezium's defaults)."""
 
     decimal_handling_mode: Literal["precise", "string", "double"] = Field(
         default="precise", description="numeric/decimal as Connect Decimal bytes, as a string, or as a double")
