@@ -181,12 +181,14 @@ class AvroTableFormat(TableFormat):
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
                  options: DebeziumOptions, registry: Registry) -> None:
+        columns = list(columns)
         super().__init__(topic, connector, columns, key_names, options)
         fastavro = _fastavro()
         key_connect = orjson.loads(self.key_schema)
         value_connect = orjson.loads(self.value_schema)
         key_avro = avro_schema.to_avro(key_connect)
         value_avro = avro_schema.to_avro(value_connect)
+        self._column_defaults(value_avro, value_connect, columns)
         fastavro.parse_schema(key_avro)  # a schema fastavro refuses is ours to fix, not the registry's
         fastavro.parse_schema(value_avro)
         key_id = registry.register(f"{topic}-key", orjson.dumps(key_avro).decode())
@@ -198,6 +200,30 @@ class AvroTableFormat(TableFormat):
         row = next(f for f in value_connect["fields"] if f["field"] == "after")
         self.row_mappers = _field_mappers(row, to_bytes=True)
         self.key_mappers = _field_mappers(key_connect, to_bytes=True)
+
+
+    def _column_defaults(self, value_avro: dict, value_connect: dict, columns: list[Column]) -> None:
+        """A NOT NULL column added with a default (``Column.default``) gets it as its Avro default,
+        as Debezium puts a column's default into its schema: without one, a reader of the new
+        schema could not read the old records, and a BACKWARD registry refuses the new version."""
+        defaults = {c.name: c.default for c in columns if c.default is not None and not c.nullable and not c.key}
+        if not defaults:
+            return
+        before = next(f for f in value_avro["fields"] if f["name"] == "before")
+        record = before["type"][1]
+        connect_fields = {f["field"]: f for f in next(f for f in value_connect["fields"]
+                                                      if f["field"] == "before")["fields"]}
+        converters = dict(self.converters)
+        for field in record["fields"]:
+            name = field["name"]
+            if name not in defaults or isinstance(field["type"], list):
+                continue
+            value = defaults[name]
+            if name in converters:
+                value = converters[name](value)
+            if connect_fields[name].get("type") == "bytes" and isinstance(value, str):
+                value = base64.b64decode(value).decode("latin-1")  # Avro JSON: bytes as code points 0-255
+            field["default"] = value
 
 
 class AvroEncoder(DebeziumJsonEncoder):
@@ -255,7 +281,8 @@ class AvroEncoder(DebeziumJsonEncoder):
                 if table is not last_table:
                     last = per_table.get(id(table))
                     if last is None:
-                        last = per_table[id(table)] = (self._format(event), self.topic(table), {})
+                        topic = self.topic(table)  # named in the error if registering its schema fails
+                        last = per_table[id(table)] = (self._format(event), topic, {})
                     last_table = table
                 fmt, topic, heads = last
                 head = heads.get(event.snapshot)

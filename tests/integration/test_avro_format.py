@@ -137,6 +137,7 @@ def test_a_change_the_registry_refuses_stops_the_encoder_with_the_subject_named(
     with pytest.raises(EmitError) as failed:
         encoder.encode([_event(PG, {"id": 2, "n": 5})], now_ms=5)
     cause = failed.value.cause
+    assert failed.value.topic == f"{prefix}.public.items"
     assert isinstance(cause, SchemaRegistryError) and not cause.retriable
     assert f"{prefix}.public.items-value" in str(cause)
 
@@ -171,3 +172,24 @@ def test_cdc_tail_prints_avro_records_as_their_json_envelopes(registry_url, pref
     assert [a.splitlines()[0] for a in as_avro] == [j.splitlines()[0] for j in as_json]
     after = orjson.loads(as_avro[0].splitlines()[1].split(": ", 1)[1])
     assert after == dict.fromkeys(c.name for c in PG_COLUMNS) | _same_instants(row)
+
+
+def test_a_not_null_column_added_with_a_default_is_a_compatible_new_version(registry_url, prefix):
+    """ALTER TABLE ... ADD COLUMN c ... NOT NULL DEFAULT ...: the default goes into the Avro
+    schema (as Debezium's does), so the BACKWARD registry accepts the new version."""
+    client = SchemaRegistryClient({"url": registry_url})
+    columns = (Column("id", "integer", True, False), Column("name", "text"))
+    encoder = _encoder(registry_url, prefix, "postgresql", PG, columns)
+    encoder.encode([_event(PG, {"id": 1, "name": "a"})], now_ms=5)
+    wider = (*columns, Column("qty", "integer", False, False, 0), Column("price", "numeric(10,2)", False, False, "1.50"),
+             Column("d", "date", False, False, "2024-01-02"))
+    encoder.learn([SchemaChange(PG, wider, 101, 0)])
+    encoder.schema_versions[PG] = 101
+    [record] = encoder.encode([_event(PG, {"id": 2, "name": "b", "qty": 3, "price": "2.00", "d": "2024-05-06"})],
+                              now_ms=5)
+    schema, _ = _framed(record.value, client)
+    row = _fields(_fields(schema)["before"]["type"][1])
+    assert row["qty"]["default"] == 0 and row["d"]["default"] == 19724
+    assert row["price"]["default"] == "\x00\x96"  # 150 unscaled, as Avro JSON bytes
+    assert client.get_versions(f"{prefix}.public.items-value") == [1, 2]
+    assert decode_record(_record(record)).after == {"id": 2, "name": "b", "qty": 3, "price": "2.00", "d": "2024-05-06"}
