@@ -193,3 +193,76 @@ def test_a_not_null_column_added_with_a_default_is_a_compatible_new_version(regi
     assert row["price"]["default"] == "\x00\x96"  # 150 unscaled, as Avro JSON bytes
     assert client.get_versions(f"{prefix}.public.items-value") == [1, 2]
     assert decode_record(_record(record)).after == {"id": 2, "name": "b", "qty": 3, "price": "2.00", "d": "2024-05-06"}
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+def test_a_table_change_registers_a_new_version_and_the_sql_sink_follows(tmp_path, pg_dsn, pg_admin_dsn,
+                                                                         kafka_bootstrap, registry_url):
+    """End to end: `cdc run` with format avro, a PostgreSQL table altered while it streams
+    (ADD COLUMN ... NOT NULL DEFAULT), our SQL sink keeping a target equal to it; the value
+    subject gets a second version."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psycopg2
+
+    from tests.integration.pg_capture import execute
+
+    target = f"target_{uuid.uuid4().hex[:8]}"
+    execute(pg_admin_dsn, f'CREATE DATABASE "{target}"')
+    target_dsn = pg_admin_dsn.rsplit("/", 1)[0] + "/" + target
+    execute(pg_dsn, "CREATE TABLE items (id integer PRIMARY KEY, name text, price numeric(10,2))")
+    execute(pg_dsn, "INSERT INTO items SELECT g, 'n' || g, g * 1.25 FROM generate_series(1, 5) g")
+    prefix = f"av_{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "cdc.yaml"
+    config.write_text(
+        f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}\n  format: avro\n"
+        f"  schema_registry: {{url: '{registry_url}'}}\n"
+        f"sources:\n  - {{name: pg, type: postgres, dsn: '{pg_dsn}', tables: ['public.items'], "
+        f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1}}\n"
+        f"sinks:\n  - {{name: wh, type: sql, url: '{target_dsn.replace('postgresql://', 'postgresql+psycopg2://', 1)}', "
+        f"topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
+        f"http: null\n")
+    daemon = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
+                              stdout=open(tmp_path / "cdc.log", "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+
+    def rows(dsn, columns):
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {columns} FROM items ORDER BY id")
+                return cur.fetchall()
+        except psycopg2.errors.Error:
+            return None
+        finally:
+            conn.close()
+
+    def wait_equal(columns):
+        deadline = time.monotonic() + 120
+        while (actual := rows(target_dsn, columns)) != (expected := rows(pg_dsn, columns)):
+            assert daemon.poll() is None, (tmp_path / "cdc.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{expected} != {actual}\n{(tmp_path / 'cdc.log').read_text()[-3000:]}"
+            time.sleep(0.5)
+
+    try:
+        wait_equal("id, name, price")
+        execute(pg_dsn, "ALTER TABLE items ADD COLUMN qty integer NOT NULL DEFAULT 7")
+        execute(pg_dsn, "INSERT INTO items VALUES (6, 'six', 6.00, 3)")
+        execute(pg_dsn, "UPDATE items SET qty = 9, price = 0.50 WHERE id = 2")
+        execute(pg_dsn, "DELETE FROM items WHERE id = 3")
+        wait_equal("id, name, price, qty")
+        client = SchemaRegistryClient({"url": registry_url})
+        assert client.get_versions(f"{prefix}.public.items-value") == [1, 2]
+    finally:
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+        execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
