@@ -219,11 +219,16 @@ class AvroTableFormat(TableFormat):
             if name not in defaults or isinstance(field["type"], list):
                 continue
             value = defaults[name]
-            if name in converters:
-                value = converters[name](value)
-            if connect_fields[name].get("type") == "bytes" and isinstance(value, str):
-                value = base64.b64decode(value).decode("latin-1")  # Avro JSON: bytes as code points 0-255
-            field["default"] = value
+            try:
+                if name in converters:
+                    value = converters[name](value)
+                if connect_fields[name].get("type") == "bytes" and isinstance(value, str):
+                    value = base64.b64decode(value).decode("latin-1")  # Avro JSON: bytes as code points 0-255
+            except (TypeError, ValueError) as err:  # the registry decides without it
+                log.warning("column %s: default %r has no Avro form (%s); the schema carries none", name, value, err)
+                continue
+            if value is not None:
+                field["default"] = value
 
 
 class AvroEncoder(DebeziumJsonEncoder):
