@@ -249,11 +249,12 @@ def _consumer_lag(log_, group: str, topics: list[str]) -> int:
 
 
 def format_record(record) -> str:
-    """One record, in either format (a debezium-json record shown as its json envelope)."""
+    """One record, in any format (debezium-json and avro records shown as their json envelopes)."""
+    from cdc.formats.avro import is_avro
     from cdc.sink_events import decode_key, decode_value
 
     key = record.key.decode(errors="replace") if record.key is not None else "null"
-    if key.startswith('{"schema"'):  # a Connect JSON key: its payload
+    if key.startswith('{"schema"') or (record.key is not None and is_avro(record.key)):  # its payload
         try:
             key = json.dumps(decode_key(record.key), ensure_ascii=False, separators=(",", ":"))
         except (ValueError, KeyError, TypeError):

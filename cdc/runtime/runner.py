@@ -66,14 +66,15 @@ class SourceRunner:
                  topic_settings: TopicSettings, *, stats: ConnectorStats | None = None,
                  report: Callable[[ConnectorStats], None] | None = None,
                  offset_interval: float = 1.0, poll_timeout: float = 0.2, log_format: str = "json",
-                 format_options=None) -> None:
+                 format_options=None, registry_url: str | None = None) -> None:
         self.source = source
         self.log = log_
         self.offsets = offsets
         self.topic_settings = topic_settings
         self.name = source.config.name
         self.encoder = make_encoder(log_format, source.connector, self.name, topic_prefix,
-                                    lambda topic: log_.ensure_topic(topic, topic_settings), format_options)
+                                    lambda topic: log_.ensure_topic(topic, topic_settings), format_options,
+                                    registry_url)
         self._learn = getattr(self.encoder, "learn", None)  # formats whose schemas come from the shapes
         self.stats = stats or ConnectorStats(self.name, "source")
         self.report = report or (lambda stats: None)
