@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -127,6 +128,7 @@ def main() -> None:
             daemon.wait()
         drop_slots(admin, database)
         execute(admin, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
