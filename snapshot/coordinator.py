@@ -41,8 +41,14 @@ Snapshot rows: the newest one is held back until the next batch, so the last row
 goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends the snapshot and
 whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
 
-Threading: all calls on the runtime's thread; ``stop`` may come from another one. Snapshot
-readers are threads of their own (snapshot/parallel.py) or processes (snapshot/processes.py).
+Incremental snapshots: while streaming, tables asked for (``request_snapshot``, or a signal row)
+are read again in chunks between watermarks (``snapshot/incremental.py``); the source supplies
+``write_signal`` and ``read_chunk``. A stored ``IncrementalProgress`` is unwrapped at start: the
+stream resumes at its position and the reading after its last key.
+
+Threading: all calls on the runtime's thread; ``stop`` and ``request_snapshot`` may come from
+another one. Snapshot readers are threads of their own (snapshot/parallel.py) or processes
+(snapshot/processes.py).
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ from typing import Any, Callable, ClassVar, Protocol
 from cdc.api import Source
 from cdc.errors import CdcError, PermanentError, PositionLostError
 from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
-from cdc.positions import Position, SnapshotProgress
+from cdc.positions import IncrementalProgress, Position, SnapshotProgress
+from snapshot.incremental import IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
 from snapshot.tables import TableBook
@@ -108,6 +115,9 @@ class SnapshotThenStream(Source):
 
     def __init__(self, config, position: Position | None) -> None:
         super().__init__(config, position)
+        # An incremental snapshot's progress wraps the stream's position (snapshot/incremental.py).
+        self._incremental_progress = position if isinstance(position, IncrementalProgress) else None
+        position = self.start_position = unwrap(position)
         if position is not None and not isinstance(position, (*self.position_types, SnapshotProgress)):
             raise PermanentError(f"source {config.name}: stored position {position} is not {self.position_kind} "
                                  "(was the source's type changed? reset its offset)")
@@ -131,6 +141,8 @@ class SnapshotThenStream(Source):
         self.table_book: TableBook | None = None  # given by the runtime (snapshot/tables.py)
         self._record_tables: frozenset[str] | None = None  # to record at the next position stored
         self._tables_at_end: frozenset[str] | None = None  # to record once the snapshot's end is stored
+        self.incremental: IncrementalSnapshots | None = None  # made by start(), once the tables are known
+        self.signal_table = None  # the source's signal table (a TableId), where it has one
 
     # -- what a source supplies ----------------------------------------------------------------
     @abstractmethod
@@ -176,6 +188,9 @@ class SnapshotThenStream(Source):
     def start(self) -> None:
         self.prepare()
         current = self.captured_names()
+        self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name, current)
+        if self._incremental_progress is not None:
+            self.incremental.resume(self._incremental_progress)
         known = self.table_book.load() if self.table_book is not None else None
         if known != current:
             self._record_tables = current  # at the first position stored (see commit)
@@ -207,7 +222,9 @@ class SnapshotThenStream(Source):
         if self.snapshot is not None:
             return self._poll_snapshot(timeout)
         try:
-            return self.stream.poll(timeout)
+            self.incremental.before_poll()
+            batch = self.stream.poll(timeout)
+            return None if batch is None else self.incremental.filter(batch)
         except PositionLostError as lost:
             if self._stopping.is_set():
                 return None
@@ -227,7 +244,26 @@ class SnapshotThenStream(Source):
             self.table_book.save(self._record_tables)
             self._record_tables = None
         if self.stream is not None:
-            self.stream.commit(position)
+            self.stream.commit(unwrap(position))
+
+    def request_snapshot(self, tables: list[str]) -> list[str]:
+        """Queue an incremental snapshot of ``tables`` (any thread); ConfigError if one is not
+        captured or the source has no signal table. Taken while streaming."""
+        if self.incremental is None:
+            raise CdcError(f"source {self.config.name} is not started yet")
+        return self.incremental.request(tables)
+
+    def incremental_status(self) -> dict | None:
+        return None if self.incremental is None else self.incremental.status()
+
+    # -- what a source supplies for incremental snapshots (snapshot/incremental.py) ---------------
+    @abstractmethod
+    def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
+        """See ``IncrementalReads.write_signal``; called only when ``signal_table`` is set."""
+
+    @abstractmethod
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
+        """See ``IncrementalReads.read_chunk``."""
 
     def stop(self) -> None:
         self._stopping.set()

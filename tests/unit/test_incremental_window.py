@@ -1,0 +1,92 @@
+"""The DBLog window of snapshot/incremental.py, as pure logic: a fake source half that records
+the watermarks it is asked to write and hands out chunks; batches built by hand stand for the
+stream bringing the watermarks back."""
+
+from __future__ import annotations
+
+from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
+from cdc.positions import Counter, IncrementalProgress
+from snapshot.incremental import IncrementalSnapshots
+
+TABLE = TableId("db", "public", "t")
+SIGNALS = TableId("db", "public", "cdc_signal")
+
+
+def event(op: Op, key: int, version: int, table: TableId = TABLE, after: dict | None = None) -> ChangeEvent:
+    row = after if after is not None else ({"id": key, "v": version} if op is not Op.DELETE else None)
+    return ChangeEvent(op, table, {"id": key}, None, row, version, 0)
+
+
+class FakeSource:
+    signal_table = SIGNALS
+
+    def __init__(self, rows: list[int]) -> None:
+        self.rows, self.written = rows, []
+
+    def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
+        self.written.append((signal_id, kind))
+        return 100 + len(self.written)
+
+    def read_chunk(self, table, after, size, version):
+        keys = [k for k in self.rows if after is None or k > after[0]][:size]
+        return [ChangeEvent(Op.READ, TABLE, {"id": k}, None, {"id": k, "v": 0}, version, 0, SnapshotMarker.TRUE)
+                for k in keys]
+
+
+def watermark(source: FakeSource, index: int) -> ChangeEvent:
+    signal_id, kind = source.written[index]
+    return event(Op.CREATE, 0, 0, SIGNALS, {"id": signal_id, "type": kind, "data": "{}"})
+
+
+def test_rows_changed_inside_the_window_are_dropped_and_the_rest_go_out_at_the_high_watermark():
+    source = FakeSource([1, 2, 3, 4])
+    snapshots = IncrementalSnapshots(source, chunk_size=10, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    assert [k for _, k in source.written] == ["snapshot-window-open", "snapshot-window-close"]
+    before_window = event(Op.UPDATE, 1, 50)  # before the low watermark: the chunk still wins for key 1
+    batch = snapshots.filter(Batch([before_window, watermark(source, 0), event(Op.UPDATE, 2, 150),
+                                    event(Op.DELETE, 3, 151), watermark(source, 1), event(Op.UPDATE, 4, 160)],
+                                   Counter(9)))
+    assert [(e.op, e.key["id"]) for e in batch.events] == [
+        (Op.UPDATE, 1), (Op.UPDATE, 2), (Op.DELETE, 3), (Op.READ, 1), (Op.READ, 4), (Op.UPDATE, 4)]
+    assert all(e.version == 101 for e in batch.events if e.op is Op.READ)
+    assert batch.checkpoint == Counter(9)  # four rows < chunk size: the table is done
+    assert snapshots.status() is None
+
+
+def test_the_checkpoint_carries_the_cursor_of_the_last_chunk_emitted():
+    source = FakeSource(list(range(1, 8)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    first = snapshots.filter(Batch([watermark(source, 0)], Counter(1)))
+    assert first.checkpoint == IncrementalProgress(Counter(1), ("public.t",), None, 0)  # the chunk is not out
+    second = snapshots.filter(Batch([watermark(source, 1)], Counter(2)))
+    assert [e.key["id"] for e in second.events] == [1, 2, 3]
+    assert second.checkpoint == IncrementalProgress(Counter(2), ("public.t",), (3,), 3)
+
+
+def test_a_resumed_snapshot_reads_after_the_stored_key():
+    source = FakeSource(list(range(1, 8)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    snapshots.resume(IncrementalProgress(Counter(1), ("public.t",), (6,), 6))
+    snapshots.before_poll()
+    out = snapshots.filter(Batch([watermark(source, 0), watermark(source, 1)], Counter(3)))
+    assert [e.key["id"] for e in out.events] == [7]
+    assert out.checkpoint == Counter(3)
+
+
+def test_a_watermark_of_another_chunk_or_a_replayed_one_is_ignored_and_signals_never_go_out():
+    source = FakeSource([1])
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    stray = event(Op.CREATE, 0, 0, SIGNALS, {"id": "old-close", "type": "snapshot-window-close", "data": "{}"})
+    assert snapshots.filter(Batch([stray, event(Op.UPDATE, 1, 5)], Counter(1))).events == [event(Op.UPDATE, 1, 5)]
+
+
+def test_progress_round_trips_through_json():
+    from cdc.positions import MySqlPosition, PgLsn, position_from_json, position_to_json
+
+    for at in (PgLsn(123456789), MySqlPosition("binlog.000003", 1234, "0-1-5")):
+        progress = IncrementalProgress(at, ("public.t", "public.u"), (42, "x"), 900)
+        assert position_from_json(position_to_json(progress)) == progress
