@@ -53,17 +53,19 @@ another one. Snapshot readers are threads of their own (snapshot/parallel.py) or
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import threading
+import uuid
 from abc import abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Protocol
 
 from cdc.api import Source
-from cdc.errors import CdcError, PermanentError, PositionLostError
+from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
 from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import IncrementalProgress, Position, SnapshotProgress
-from snapshot.incremental import IncrementalSnapshots, unwrap
+from snapshot.incremental import EXECUTE, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
 from snapshot.tables import TableBook
@@ -188,9 +190,13 @@ class SnapshotThenStream(Source):
     def start(self) -> None:
         self.prepare()
         current = self.captured_names()
-        self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name, current)
-        if self._incremental_progress is not None:
-            self.incremental.resume(self._incremental_progress)
+        # A source takes incremental snapshots when its config has their settings and it supplies
+        # ``IncrementalReads`` (write_signal, read_chunk).
+        if isinstance(self.config, IncrementalSettings):
+            self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name,
+                                                    current)
+            if self._incremental_progress is not None:
+                self.incremental.resume(self._incremental_progress)
         known = self.table_book.load() if self.table_book is not None else None
         if known != current:
             self._record_tables = current  # at the first position stored (see commit)
@@ -222,9 +228,12 @@ class SnapshotThenStream(Source):
         if self.snapshot is not None:
             return self._poll_snapshot(timeout)
         try:
-            self.incremental.before_poll()
+            incremental = self.incremental
+            if incremental is None:
+                return self.stream.poll(timeout)
+            incremental.before_poll()
             batch = self.stream.poll(timeout)
-            return None if batch is None else self.incremental.filter(batch)
+            return None if batch is None else incremental.filter(batch)
         except PositionLostError as lost:
             if self._stopping.is_set():
                 return None
@@ -250,20 +259,31 @@ class SnapshotThenStream(Source):
         """Queue an incremental snapshot of ``tables`` (any thread); ConfigError if one is not
         captured or the source has no signal table. Taken while streaming."""
         if self.incremental is None:
-            raise CdcError(f"source {self.config.name} is not started yet")
+            raise ConfigError(f"source {self.config.name} takes no incremental snapshots"
+                              + ("" if self._phase != "starting" else " (or is not started yet)"))
         return self.incremental.request(tables)
+
+    @classmethod
+    def signal_snapshot(cls, config, tables: list[str]) -> None:
+        """Ask a running source of ``config`` (in any process) for an incremental snapshot of
+        ``tables``: an ``execute-snapshot`` row in its signal table, which its stream brings back."""
+        if not getattr(config, "signal_table", None):
+            raise ConfigError(f"source {config.name} has no signal_table: incremental snapshots write their "
+                              "watermarks there (set signal_table in its config)")
+        outside = [t for t in tables if not any(fnmatch.fnmatchcase(t, glob) for glob in config.tables)]
+        if outside:
+            raise ConfigError(f"source {config.name} does not capture {', '.join(outside)} (tables: "
+                              f"{', '.join(config.tables)})")
+        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", EXECUTE,
+                        {"data-collections": list(tables), "type": "incremental"})
+
+    @classmethod
+    def send_signal(cls, config, signal_id: str, kind: str, data: dict) -> None:
+        """Write one row to the signal table of ``config``'s database (a connection of its own)."""
+        raise ConfigError(f"source {config.name} ({config.type}) takes no incremental snapshots")
 
     def incremental_status(self) -> dict | None:
         return None if self.incremental is None else self.incremental.status()
-
-    # -- what a source supplies for incremental snapshots (snapshot/incremental.py) ---------------
-    @abstractmethod
-    def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
-        """See ``IncrementalReads.write_signal``; called only when ``signal_table`` is set."""
-
-    @abstractmethod
-    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
-        """See ``IncrementalReads.read_chunk``."""
 
     def stop(self) -> None:
         self._stopping.set()

@@ -217,6 +217,14 @@ class MySqlSource(SnapshotThenStream):
         self._low_at = (file, pos)  # the source block of the chunk read next
         return version
 
+    @classmethod
+    def send_signal(cls, config: MySqlConfig, signal_id: str, kind: str, data: dict) -> None:
+        conn = connect(config)
+        try:
+            SignalTable(conn, config.signal_table, config.name).write(signal_id, kind, data)
+        finally:
+            close_quietly(conn)
+
     def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
         schema = next(s for s in self.tracker.tables.values() if str(s.id) == table)
         file, pos = self._low_at

@@ -181,6 +181,20 @@ class PostgresSource(SnapshotThenStream):
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
         return self.signals.write(signal_id, kind, data)
 
+    @classmethod
+    def send_signal(cls, config: PostgresConfig, signal_id: str, kind: str, data: dict) -> None:
+        dsn = with_connect_timeout(config.dsn.get_secret_value(), config.server_timeout)
+        conn = servers.postgres.connect(dsn, what=f"source {config.name}: writing a signal",
+                                        setting=servers.setting_of("source", config.name, "dsn"))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT current_database()")
+                database = cur.fetchone()[0]
+            SignalTable(conn, signal_table_id(config.signal_table, database), config.key_columns,
+                        config.server_timeout, config.name).write(signal_id, kind, data)
+        finally:
+            conn.close()
+
     def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
         meta = next(t for t in self.tables.values() if str(t.id) == table)
         try:

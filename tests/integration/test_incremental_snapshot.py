@@ -172,3 +172,69 @@ def test_mariadb_incremental_snapshot_under_a_writer(mysql_url, mysql_db, log, t
     check_under_writer(log, config, f"inc.{mysql_db}.t", lambda sql: execute(mysql_url, mysql_db, sql),
                        lambda table: table_rows(mysql_url, mysql_db, table), ask)
     assert f"inc.{mysql_db}.cdc_signal" not in log.topics()
+
+
+@pytest.mark.postgres
+def test_cdc_snapshot_through_the_daemon_resumes_from_the_last_chunk_after_kill_9(pg_dsn, tmp_path):
+    """``cdc snapshot`` asks the running daemon; a kill -9 of its process group once a chunk
+    cursor is stored: the next run reads on after that cursor (rows up to it are not read again)
+    and the topic ends equal to the table."""
+    import subprocess
+    import sys
+    import time
+
+    from cdc.dev.services import free_port
+    from tests.daemon import kill_daemon, run_daemon, stop_daemon
+    from tests.integration.pg_capture import execute, table_rows
+    from tests.integration.test_daemon import _open_log
+
+    rows = 6000
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+            f"INSERT INTO t SELECT g, 0 FROM generate_series(1, {rows}) g")
+    port = free_port()
+    config = tmp_path / "cdc.yaml"
+    config.write_text("log:\n  embedded: {path: ./data, topic_prefix: kill}\n"
+                      f"sources:\n  - {{name: pg, type: postgres, dsn: '{pg_dsn}', tables: [public.t], snapshot: never,"
+                      " signal_table: public.cdc_signal, incremental_chunk_rows: 100, state_dir: ./state,"
+                      " heartbeat_interval: 1}\n"
+                      f"http: \"127.0.0.1:{port}\"\n")
+    log_, prefix = _open_log(config)
+    topic = f"{prefix}.public.t"
+
+    def stored():
+        return OffsetStore(log_, prefix).load("pg")
+
+    def wait(what, check, process, limit=120):
+        deadline = time.monotonic() + limit
+        while not (value := check()):
+            assert process.poll() is None, f"the daemon exited before {what}: {(tmp_path / 'daemon.log').read_text()}"
+            assert time.monotonic() < deadline, f"not within {limit}s: {what}"
+            time.sleep(0.05)
+        return value
+
+    process = run_daemon(config, "pg", log="daemon.log")
+    try:
+        wait("a stored position", stored, process)  # streaming: the heartbeat stores one
+        asked = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "pg", "public.t"],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        cursor = wait("a chunk cursor stored", lambda: isinstance(p := stored(), IncrementalProgress)
+                      and p.last_key is not None and p, process)
+    finally:
+        kill_daemon(process)
+    last = cursor.last_key[0]
+    assert last < rows
+    process = run_daemon(config, "pg", log="daemon.log")
+    try:
+        table = table_rows(pg_dsn, "t")
+        wait("the topic to equal the table", lambda: not isinstance(stored(), IncrementalProgress)
+             and topic_state(log_, topic) == table, process)
+    finally:
+        stop_daemon(process)
+    read_ids = [r["after"]["id"] for r in reads(log_, topic)]
+    assert sorted(set(read_ids)) == list(range(1, rows + 1))
+    up_to_cursor = [i for i in read_ids if i <= last]
+    assert len(up_to_cursor) == len(set(up_to_cursor)), "rows up to the stored chunk cursor were read again"
+    reread = len(read_ids) - rows
+    assert reread < rows - last  # at most the chunks after the cursor that were out before the kill
+    log_.close()
