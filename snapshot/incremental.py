@@ -215,7 +215,8 @@ class IncrementalSnapshots:
         signal_table = self.reads.signal_table
         window = self.window
         if signal_table is None or (window is None and not self.tables and
-                                    not any(e.table == signal_table for e in batch.events)):
+                                    not any(e.table == signal_table for e in batch.events) and
+                                    not any(c.table == signal_table for c in batch.schema_changes)):
             return batch
         out: list[ChangeEvent] = []
         for event in batch.events:

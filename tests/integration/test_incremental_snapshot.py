@@ -174,8 +174,10 @@ def test_mariadb_incremental_snapshot_under_a_writer(mysql_url, mysql_db, log, t
     assert f"inc.{mysql_db}.cdc_signal" not in log.topics()
 
 
-@pytest.mark.postgres
-def test_cdc_snapshot_through_the_daemon_resumes_from_the_last_chunk_after_kill_9(pg_dsn, tmp_path):
+KILL_ROWS = 6000
+
+
+def check_kill_and_resume(tmp_path, source_yaml: str, table: str, rows_of) -> None:
     """``cdc snapshot`` asks the running daemon; a kill -9 of its process group once a chunk
     cursor is stored: the next run reads on after that cursor (rows up to it are not read again)
     and the topic ends equal to the table."""
@@ -185,37 +187,32 @@ def test_cdc_snapshot_through_the_daemon_resumes_from_the_last_chunk_after_kill_
 
     from cdc.dev.services import free_port
     from tests.daemon import kill_daemon, run_daemon, stop_daemon
-    from tests.integration.pg_capture import execute, table_rows
     from tests.integration.test_daemon import _open_log
+    from tests.integration.test_daemon_control import _rows
 
-    rows = 6000
-    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)",
-            f"INSERT INTO t SELECT g, 0 FROM generate_series(1, {rows}) g")
     port = free_port()
     config = tmp_path / "cdc.yaml"
     config.write_text("log:\n  embedded: {path: ./data, topic_prefix: kill}\n"
-                      f"sources:\n  - {{name: pg, type: postgres, dsn: '{pg_dsn}', tables: [public.t], snapshot: never,"
-                      " signal_table: public.cdc_signal, incremental_chunk_rows: 100, state_dir: ./state,"
-                      " heartbeat_interval: 1}\n"
+                      f"sources:\n  - {{name: src, snapshot: never, incremental_chunk_rows: 100, {source_yaml}}}\n"
                       f"http: \"127.0.0.1:{port}\"\n")
     log_, prefix = _open_log(config)
-    topic = f"{prefix}.public.t"
+    topic = f"{prefix}.{table}"
 
     def stored():
-        return OffsetStore(log_, prefix).load("pg")
+        return OffsetStore(log_, prefix).load("src")
 
     def wait(what, check, process, limit=120):
         deadline = time.monotonic() + limit
         while not (value := check()):
             assert process.poll() is None, f"the daemon exited before {what}: {(tmp_path / 'daemon.log').read_text()}"
-            assert time.monotonic() < deadline, f"not within {limit}s: {what}"
+            assert time.monotonic() < deadline, f"not within {limit}s: {what}: {(tmp_path / 'daemon.log').read_text()}"
             time.sleep(0.05)
         return value
 
-    process = run_daemon(config, "pg", log="daemon.log")
+    process = run_daemon(config, "src", log="daemon.log")
     try:
-        wait("a stored position", stored, process)  # streaming: the heartbeat stores one
-        asked = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "pg", "public.t"],
+        wait("the source to stream", lambda: _rows(port).get("src", {}).get("phase") == "streaming", process)
+        asked = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "src", table],
                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert asked.returncode == 0, asked.stderr
         cursor = wait("a chunk cursor stored", lambda: isinstance(p := stored(), IncrementalProgress)
@@ -223,18 +220,42 @@ def test_cdc_snapshot_through_the_daemon_resumes_from_the_last_chunk_after_kill_
     finally:
         kill_daemon(process)
     last = cursor.last_key[0]
-    assert last < rows
-    process = run_daemon(config, "pg", log="daemon.log")
+    assert last < KILL_ROWS
+    process = run_daemon(config, "src", log="daemon.log")
     try:
-        table = table_rows(pg_dsn, "t")
+        wanted = rows_of()
         wait("the topic to equal the table", lambda: not isinstance(stored(), IncrementalProgress)
-             and topic_state(log_, topic) == table, process)
+             and topic_state(log_, topic) == wanted, process)
     finally:
         stop_daemon(process)
     read_ids = [r["after"]["id"] for r in reads(log_, topic)]
-    assert sorted(set(read_ids)) == list(range(1, rows + 1))
+    assert sorted(set(read_ids)) == list(range(1, KILL_ROWS + 1))
     up_to_cursor = [i for i in read_ids if i <= last]
     assert len(up_to_cursor) == len(set(up_to_cursor)), "rows up to the stored chunk cursor were read again"
-    reread = len(read_ids) - rows
-    assert reread < rows - last  # at most the chunks after the cursor that were out before the kill
+    reread = len(read_ids) - KILL_ROWS
+    assert reread < KILL_ROWS - last  # at most the chunks after the cursor that were out before the kill
     log_.close()
+
+
+@pytest.mark.postgres
+def test_postgres_incremental_snapshot_resumes_from_the_last_chunk_after_kill_9(pg_dsn, tmp_path):
+    from tests.integration.pg_capture import execute, table_rows
+
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+            f"INSERT INTO t SELECT g, 0 FROM generate_series(1, {KILL_ROWS}) g")
+    check_kill_and_resume(tmp_path, f"type: postgres, dsn: '{pg_dsn}', tables: [public.t], signal_table: "
+                          "public.cdc_signal, state_dir: ./state, heartbeat_interval: 1", "public.t",
+                          lambda: table_rows(pg_dsn, "t"))
+
+
+@pytest.mark.mysql
+def test_mariadb_incremental_snapshot_resumes_from_the_last_chunk_after_kill_9(mysql_url, mysql_db, tmp_path):
+    import random
+
+    from tests.integration.test_mysql_source import execute, table_rows
+
+    execute(mysql_url, mysql_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+            f"INSERT INTO t SELECT seq, 0 FROM seq_1_to_{KILL_ROWS}")
+    check_kill_and_resume(tmp_path, f"type: mysql, url: '{mysql_url}', tables: ['{mysql_db}.t'], signal_table: "
+                          f"{mysql_db}.cdc_signal, server_id: {random.randrange(10_000, 2**31)}, "
+                          "heartbeat_interval: 0.5", f"{mysql_db}.t", lambda: table_rows(mysql_url, mysql_db, "t"))
