@@ -90,3 +90,10 @@ def test_progress_round_trips_through_json():
     for at in (PgLsn(123456789), MySqlPosition("binlog.000003", 1234, "0-1-5")):
         progress = IncrementalProgress(at, ("public.t", "public.u"), (42, "x"), 900)
         assert position_from_json(position_to_json(progress)) == progress
+
+
+def test_a_stored_progress_counts_as_its_stream_position_for_read_your_writes():
+    from cdc.offsets import checkpoint_version
+    from cdc.positions import PgLsn
+
+    assert checkpoint_version(IncrementalProgress(PgLsn(77), ("public.t",), (5,), 5)) == 77
