@@ -148,7 +148,7 @@ def main() -> None:
                 began = time.monotonic()
                 source.request_snapshot(["public.orders"])
                 time.sleep(0.2)
-                while source.incremental_status() is not None:
+                while source.incremental_snapshot() is not None:
                     capture.check()
                     time.sleep(0.02)
                 seconds = time.monotonic() - began

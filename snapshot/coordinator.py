@@ -65,7 +65,7 @@ from cdc.api import Source
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
 from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import IncrementalProgress, Position, SnapshotProgress
-from snapshot.incremental import EXECUTE, IncrementalSettings, IncrementalSnapshots, unwrap
+from snapshot.incremental import EXECUTE, STOP, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
 from snapshot.tables import TableBook
@@ -264,9 +264,10 @@ class SnapshotThenStream(Source):
         return self.incremental.request(tables)
 
     @classmethod
-    def signal_snapshot(cls, config, tables: list[str]) -> None:
+    def signal_snapshot(cls, config, tables: list[str], stop: bool = False) -> None:
         """Ask a running source of ``config`` (in any process) for an incremental snapshot of
-        ``tables``: an ``execute-snapshot`` row in its signal table, which its stream brings back."""
+        ``tables`` (``stop``: to stop the one of ``tables``, or of all if none is named): an
+        ``execute-snapshot`` (``stop-snapshot``) row in its signal table, which its stream brings back."""
         if not getattr(config, "signal_table", None):
             raise ConfigError(f"source {config.name} has no signal_table: incremental snapshots write their "
                               "watermarks there (set signal_table in its config)")
@@ -274,7 +275,7 @@ class SnapshotThenStream(Source):
         if outside:
             raise ConfigError(f"source {config.name} does not capture {', '.join(outside)} (tables: "
                               f"{', '.join(config.tables)})")
-        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", EXECUTE,
+        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", STOP if stop else EXECUTE,
                         {"data-collections": list(tables), "type": "incremental"})
 
     @classmethod
@@ -282,7 +283,7 @@ class SnapshotThenStream(Source):
         """Write one row to the signal table of ``config``'s database (a connection of its own)."""
         raise ConfigError(f"source {config.name} ({config.type}) takes no incremental snapshots")
 
-    def incremental_status(self) -> dict | None:
+    def incremental_snapshot(self) -> dict | None:
         return None if self.incremental is None else self.incremental.status()
 
     def stop(self) -> None:

@@ -59,7 +59,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          "snapshot; needs the source's signal_table)")
     snapshot.add_argument("file", help="the config file of the running daemon")
     snapshot.add_argument("name", help="the source, as named in the file")
-    snapshot.add_argument("tables", nargs="+", help="the tables, as namespace.table (public.orders, shop.orders)")
+    snapshot.add_argument("tables", nargs="*", help="the tables, as namespace.table (public.orders, shop.orders)")
+    snapshot.add_argument("--stop", action="store_true",
+                          help="stop the incremental snapshot of these tables (of all, if none is named)")
     snapshot.set_defaults(handler=cmd_snapshot)
 
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
@@ -111,11 +113,15 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    """``cdc snapshot FILE SOURCE TABLE...``: the daemon asks the source through its signal table."""
+    """``cdc snapshot FILE SOURCE TABLE... [--stop]``: the daemon asks the source through its signal table."""
     from cdc.config import load_config
+    from cdc.errors import ConfigError
     from cdc.runtime.control import post_command
 
-    answer = post_command(load_config(args.file, only=[args.name]), args.name, "snapshot", {"tables": args.tables})
+    if not args.tables and not args.stop:
+        raise ConfigError("name the tables to snapshot (namespace.table), or --stop")
+    answer = post_command(load_config(args.file, only=[args.name]), args.name, "snapshot",
+                          {"tables": args.tables, "stop": args.stop})
     print(answer.get("message", answer), file=sys.stderr)
     return 0
 
@@ -202,7 +208,7 @@ def _daemon_rows(config, live: dict[str, dict]) -> list[dict] | None:
         rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
                      "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
                      "events": row.get("events"), "snapshot_progress": row.get("snapshot_progress"),
-                     **{k: row.get(k) for k in HEALTH}})
+                     "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in HEALTH}})
     for sink in config.sinks:
         row = live[sink.name]
         rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
@@ -233,7 +239,8 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
                          "phase": row.get("phase", "not running"),
                          "position": row.get("position") or (str(position) if position else None),
                          "lag_seconds": row.get("lag_seconds"), "events": row.get("events"),
-                         "snapshot_progress": row.get("snapshot_progress"), **{k: row.get(k) for k in health}})
+                         "snapshot_progress": row.get("snapshot_progress"),
+                         "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in health}})
         topics = log_.topics()
         for sink in config.sinks:
             row = live.get(sink.name, {})
@@ -259,6 +266,12 @@ def _status_line(row: dict) -> str:
             eta = snapshot.get("eta_seconds")
             line += (f" snapshot rows={snapshot['rows']:,} chunks={snapshot['chunks_done']}/{snapshot['chunks_total']}"
                      f" eta={'-' if eta is None else f'{eta:.0f}s'}")
+        incremental = row.get("incremental_snapshot")
+        if incremental:
+            after = incremental.get("after_key")
+            line += (f" incremental_snapshot={incremental.get('table') or '-'}"
+                     f" after={'start' if after is None else ','.join(map(str, after))}"
+                     f" rows={incremental.get('rows', 0):,} queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"

@@ -173,6 +173,7 @@ class SourceRunner:
                     stats.lag_seconds = source.lag()
                     stats.retained_wal_bytes = source.retained_log_bytes()
                     stats.snapshot_progress = self.progress.figures(source.snapshot_chunks())
+                    stats.incremental_snapshot = source.incremental_snapshot()
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

@@ -249,7 +249,7 @@ class Supervisor:
         if name not in self.workers:
             return 404, f"no connector {name!r} runs here; connectors: {', '.join(self.workers)}"
         if action == "snapshot":
-            return self._request_snapshot(name, (body or {}).get("tables"))
+            return self._request_snapshot(name, (body or {}).get("tables"), bool((body or {}).get("stop")))
         answer: queue.Queue = queue.Queue(maxsize=1)
         self.commands.put((action, name, answer))
         try:
@@ -257,14 +257,14 @@ class Supervisor:
         except queue.Empty:
             return 503, "the daemon did not take the command in time (stopping?)"
 
-    def _request_snapshot(self, name: str, tables) -> tuple[int, str]:
+    def _request_snapshot(self, name: str, tables, stop: bool = False) -> tuple[int, str]:
         """An incremental snapshot, asked for through the source's own log: an ``execute-snapshot``
         row in its signal table (snapshot/incremental.py), so the request is ordered with the
         changes, and durable, even while the source's process restarts."""
         from cdc.config import load_config
         from cdc.plugins import source_plugin
 
-        if not isinstance(tables, list) or not tables or not all(isinstance(t, str) for t in tables):
+        if not isinstance(tables, list) or not (tables or stop) or not all(isinstance(t, str) for t in tables):
             return 400, "name the tables to snapshot: {\"tables\": [\"schema.table\", ...]}"
         config = load_config(self.config_path, only=[name])
         source = next((s for s in config.sources if s.name == name), None)
@@ -275,12 +275,12 @@ class Supervisor:
         if ask is None:
             return 409, f"source {name} ({source.type}) takes no incremental snapshots"
         try:
-            ask(source, tables)
+            ask(source, tables, stop=stop)
         except CdcError as err:
             return (409 if not err.retriable else 503), str(err)
-        log.info("incremental snapshot of %s requested", ", ".join(tables),
-                 extra={"connector": name, "phase": self.workers[name].stats.phase})
-        return 202, f"{name}: incremental snapshot of {', '.join(tables)} requested"
+        what = f"{'stopping the ' if stop else ''}incremental snapshot of {', '.join(tables) or 'every table'}"
+        log.info("%s requested", what, extra={"connector": name, "phase": self.workers[name].stats.phase})
+        return 202, f"{name}: {what} requested"
 
     def _take_commands(self) -> None:
         while True:

@@ -91,7 +91,7 @@ def check_under_writer(log, config, topic: str, run, rows_of, trigger) -> None:
         try:
             trigger(capture)
             wait_until(lambda: reads(log, topic), capture=capture, what="the first chunk")
-            wait_until(lambda: capture.source.incremental_status() is None, timeout=120, capture=capture,
+            wait_until(lambda: capture.source.incremental_snapshot() is None, timeout=120, capture=capture,
                        what="the incremental snapshot to end")
         finally:
             stop.set()
@@ -159,7 +159,7 @@ def test_postgres_chunk_row_never_beats_a_transaction_open_across_its_window(pg_
 
             wait_until(low_watermark_written, capture=capture, what="the low watermark")
             open_tx.commit()
-            wait_until(lambda: capture.source.incremental_status() is None, capture=capture,
+            wait_until(lambda: capture.source.incremental_snapshot() is None, capture=capture,
                        what="the incremental snapshot to end")
             wait_until(lambda: len(reads(log, "inc.public.t")) >= 49, capture=capture)
             assert topic_state(log, "inc.public.t") == table_rows(pg_dsn, "t")

@@ -97,3 +97,42 @@ def test_a_stored_progress_counts_as_its_stream_position_for_read_your_writes():
     from cdc.positions import PgLsn
 
     assert checkpoint_version(IncrementalProgress(PgLsn(77), ("public.t",), (5,), 5)) == 77
+
+
+def test_status_shows_the_table_the_cursor_and_what_is_queued():
+    from cdc.runtime.cli import _status_line
+
+    source = FakeSource(list(range(1, 8)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t", "public.u"}))
+    snapshots.request(["public.t", "public.u"])
+    snapshots.before_poll()
+    snapshots.filter(Batch([watermark(source, 0), watermark(source, 1)], Counter(2)))
+    line = _status_line({"kind": "source", "name": "s", "phase": "streaming", "position": "2", "lag_seconds": 0.0,
+                         "incremental_snapshot": snapshots.status()})
+    assert "incremental_snapshot=public.t after=3 rows=3 queued=public.u" in line
+
+
+def test_a_stop_signal_ends_the_snapshot_and_its_window_rows_never_go_out():
+    source = FakeSource(list(range(1, 8)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    stop = event(Op.CREATE, 0, 0, SIGNALS, {"id": "x", "type": "stop-snapshot",
+                                             "data": '{"data-collections": ["public.t"]}'})
+    out = snapshots.filter(Batch([watermark(source, 0), stop, watermark(source, 1)], Counter(4)))
+    assert out.events == [] and out.checkpoint == Counter(4) and snapshots.status() is None
+
+
+def test_signal_snapshot_refuses_a_source_without_a_signal_table_or_a_table_it_does_not_capture():
+    import pytest
+
+    from cdc.errors import ConfigError
+    from sources.postgres.config import PostgresConfig
+    from sources.postgres.source import PostgresSource
+
+    config = PostgresConfig(name="pg", dsn="postgresql://u@h/db", tables=["public.*"])
+    with pytest.raises(ConfigError, match="no signal_table"):
+        PostgresSource.signal_snapshot(config, ["public.t"])
+    config = PostgresConfig(name="pg", dsn="postgresql://u@h/db", tables=["public.*"], signal_table="public.s")
+    with pytest.raises(ConfigError, match="does not capture other.t"):
+        PostgresSource.signal_snapshot(config, ["other.t"])
