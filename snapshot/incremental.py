@@ -10,8 +10,8 @@ chunk (``IncrementalSnapshots._read_chunk``):
 
 The stream then goes on (``filter``). Between the two watermarks, every streamed change of the
 chunk's table removes the changed key from the chunk: the stream has the newer row (or its
-delete). At the high watermark the chunk's remaining rows go out as snapshot reads (``op: r``),
-placed in the stream right there. Streaming never pauses for more than one chunk's read.
+delete). At the high watermark the chunk's remaining rows go out as snapshot reads (``op: r``,
+``source.snapshot: incremental``), placed in the stream right there. Streaming never pauses for more than one chunk's read.
 
 Versions. A chunk row carries the version the source gave its low watermark: a log position at
 or below the low watermark's own (PostgreSQL: the WAL insert position just before it; MySQL: the
@@ -56,7 +56,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from cdc.errors import ConfigError
-from cdc.events import Batch, ChangeEvent, Op, TableId
+from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.positions import IncrementalProgress, Position
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ CLOSE = "snapshot-window-close"
 EXECUTE = "execute-snapshot"
 STOP = "stop-snapshot"
 WATERMARKS = (OPEN, CLOSE)
+INCREMENTAL_READ = SnapshotMarker.INCREMENTAL  # source.snapshot of a chunk row, as Debezium marks it
 
 # The signal table, as each source creates it when it is missing (Debezium's columns).
 SIGNAL_COLUMNS = "id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048)"
@@ -232,7 +233,7 @@ class IncrementalSnapshots:
             if window is not None and signal_id == f"{window.signal_id}-open":
                 window.opened = True
             elif window is not None and signal_id == f"{window.signal_id}-close" and window.opened:
-                out.extend(window.rows.values())
+                out.extend(e._replace(snapshot=INCREMENTAL_READ) for e in window.rows.values())
                 self._chunk_done(window)
                 window = self.window = None
             elif kind == EXECUTE:

@@ -146,7 +146,7 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
-                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                    if batch.events and batch.events[0].snapshot in (SnapshotMarker.TRUE, SnapshotMarker.LAST):
                         self.progress.rows += len(batch.events)
                     stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
                     if stale:

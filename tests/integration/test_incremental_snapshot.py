@@ -100,6 +100,7 @@ def check_under_writer(log, config, topic: str, run, rows_of, trigger) -> None:
         wait_until(lambda: topic_state(log, topic) == table, capture=capture, what="the topic to equal the table")
         assert compacted(log, topic) == table
         assert_no_chunk_row_outranks_a_later_change(log, topic)
+        assert {r["source"]["snapshot"] for r in reads(log, topic)} == {"incremental"}
         keys = [orjson.dumps(r["after"]["id"]) for r in reads(log, topic)]
         assert len(keys) == len(set(keys)) > ROWS // 2  # each row read once at most (not: changed in a window)
     assert not isinstance(OffsetStore(log, "inc").load(config.name), IncrementalProgress)
