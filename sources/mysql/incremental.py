@@ -66,11 +66,17 @@ class _KeyRange:
         self.table, self.after, self.size, self.escape = table, after, size, escape
 
     def where(self) -> str:
-        keys = ", ".join(_quote(k) for k in self.table.key)
-        clause = ""
-        if self.after is not None:
-            clause = f" WHERE ({keys}) > ({', '.join(self.escape(v) for v in self.after)})"
-        return f"{clause} ORDER BY {keys} LIMIT {self.size}"
+        keys = [_quote(k) for k in self.table.key]
+        order = ", ".join(keys)
+        if self.after is None:
+            return f" ORDER BY {order} LIMIT {self.size}"
+        values = [self.escape(v) for v in self.after]
+        # (k1, k2) > (v1, v2) spelled out: MariaDB reads a row comparison by scanning the index
+        # from its start, but ranges over this form (and the leading k1 >= v1).
+        after = " OR ".join(
+            "(" + " AND ".join([f"{k} = {v}" for k, v in zip(keys[:i], values[:i])] + [f"{keys[i]} > {values[i]}"]) + ")"
+            for i in range(len(keys)))
+        return f" WHERE {keys[0]} >= {values[0]} AND ({after}) ORDER BY {order} LIMIT {self.size}"
 
 
 class _OnConnection:
