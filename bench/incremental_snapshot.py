@@ -19,11 +19,12 @@ Latency is per tick: from just before its commit until the source hands its chan
 runtime (the source's ``poll``), so it shows how long a chunk holds the stream back; publishing
 adds the same to both phases. Rows/s counts the table's rows over the snapshot's time.
 
-Measured (100k rows, embedded log, 200 ticks/s, 2 cores shared with other helpers at load average
-15-19, so every figure is inflated and varies run to run):
+Measured (60k-100k rows, embedded log, 200 ticks/s, 2 cores shared with other helpers at load
+average 15-19, so every figure is inflated and varies run to run):
 
-    chunks of 1,024: COPY 329k-416k rows/s; incremental 11k-14k rows/s; stream latency p50/p95/max
-                     2/10/180 ms without a snapshot, 35-43/193-445/526-731 ms during it
+    chunks of 1,024: COPY 224k-416k rows/s; incremental 8k-14k rows/s (six runs); stream latency
+                     p50/p95/max 2/10-13/30-180 ms without a snapshot, 35-50/175-445/389-731 ms
+                     during it
     chunks of 4,096: COPY 331k-377k rows/s; incremental 8k-9k rows/s; during it 190-206/773-944/
                      1337-1797 ms
 
