@@ -53,7 +53,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from cdc.errors import ConfigError
 from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
@@ -81,6 +81,13 @@ class IncrementalSettings(BaseModel):
         "Unset: no incremental snapshots"))
     incremental_chunk_rows: int = Field(default=1024, ge=1, description=(
         "rows per chunk of an incremental snapshot: streaming waits for one chunk's read at most"))
+
+    @field_validator("signal_table")
+    @classmethod
+    def _qualified(cls, value: str | None) -> str | None:
+        if value is not None and (value.count(".") != 1 or not all(value.split("."))):
+            raise ValueError(f"signal_table {value!r}: name it as namespace.table (public.cdc_signal, shop.cdc_signal)")
+        return value
 
 
 class IncrementalReads(Protocol):

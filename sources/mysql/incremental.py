@@ -34,13 +34,14 @@ def _quote(name: str) -> str:
 
 class SignalTable:
     def __init__(self, conn, name: str, source: str) -> None:
-        db, _, table = name.rpartition(".")
-        if not db:
-            raise ValueError(f"signal_table {name!r}: name it as database.table")
+        db, table = name.split(".")  # the config checked the form (snapshot/incremental.py)
         self.conn, self.id, self.source = conn, TableId(db, None, table), source
         self.qualified = f"{_quote(db)}.{_quote(table)}"
-        query(conn, f"CREATE TABLE IF NOT EXISTS {self.qualified} ({SIGNAL_COLUMNS})",
-              what=f"source {source}: creating the signal table {name}")
+        exists = query(conn, "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                       (db, table), what=f"source {source}: looking up the signal table {name}")
+        if not exists:  # created only when missing: CREATE needs a grant that writing does not
+            query(conn, f"CREATE TABLE {self.qualified} ({SIGNAL_COLUMNS})",
+                  what=f"source {source}: creating the signal table {name}")
 
     def write(self, signal_id: str, kind: str, data: dict) -> tuple[int, str, int]:
         """(version, file, pos) of the binlog just before the row."""

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def signal_table_id(name: str, database: str) -> TableId:
-    schema, _, table = name.rpartition(".")
-    return TableId(database, schema or "public", table)
+    schema, table = name.split(".")  # the config checked the form (snapshot/incremental.py)
+    return TableId(database, schema, table)
 
 
 class SignalTable:
@@ -46,9 +46,13 @@ class SignalTable:
         self.qualified = f"{quote_ident(table.schema)}.{quote_ident(table.table)}"
         try:
             with conn.cursor() as cur:
-                cur.execute(f"CREATE TABLE IF NOT EXISTS {self.qualified} ({SIGNAL_COLUMNS})")
-                cur.execute("SELECT %s::regclass::oid", (self.qualified,))
+                cur.execute("SELECT to_regclass(%s)::oid", (self.qualified,))
                 oid = cur.fetchone()[0]
+                if oid is None:  # created only when missing: CREATE needs a grant that writing does not
+                    cur.execute(f"CREATE TABLE {self.qualified} ({SIGNAL_COLUMNS})")
+                    cur.execute("SELECT %s::regclass::oid", (self.qualified,))
+                    oid = cur.fetchone()[0]
+                    log.info("created the signal table %s", table, extra={"connector": source, "phase": "starting"})
             conn.commit()
             self.meta: TableMeta = table_meta(conn, oid, table.db, key_columns)
             conn.rollback()

@@ -299,3 +299,33 @@ def test_mariadb_incremental_snapshot_of_a_table_with_a_composite_key(mysql_url,
     assert len(set(keys)) == 1000
     rows = table_rows(mysql_url, mysql_db, "t", key="v")
     assert {orjson.dumps({"v": r["v"]}).decode(): r for r in compacted(log, topic).values()} == rows
+
+
+@pytest.mark.postgres
+def test_postgres_incremental_snapshot_with_a_role_that_may_not_create_tables(pg_dsn, tmp_path, log):
+    """A signal table made by the DBA is used as it is: the source's role (no CREATE on the
+    schema, as PostgreSQL 15 gives public by default) only writes and reads it."""
+    import uuid
+
+    from tests.integration.pg_capture import execute, pg_config, table_rows
+
+    role = f"inc_{uuid.uuid4().hex[:8]}"
+    execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t SELECT g, 0 FROM generate_series(1, 500) g",
+            "CREATE TABLE cdc_signal (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))",
+            f"CREATE ROLE {role} LOGIN REPLICATION", f"GRANT SELECT ON t TO {role}",
+            f"GRANT SELECT, INSERT, DELETE ON cdc_signal TO {role}",
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+            "CREATE PUBLICATION inc_pub FOR TABLE t, cdc_signal")
+    dsn = pg_dsn.replace("://postgres@", f"://{role}@")
+    config = pg_config(dsn, tmp_path, tables=["public.t"], snapshot="never", signal_table="public.cdc_signal",
+                       publication="inc_pub", manage_publication=False, incremental_chunk_rows=100)
+    try:
+        with capturing(config, log, "inc") as capture:
+            wait_until(lambda: capture.source.phase == "streaming", capture=capture)
+            capture.source.request_snapshot(["public.t"])
+            wait_until(lambda: capture.source.incremental_snapshot() is None and len(reads(log, "inc.public.t")) == 500,
+                       capture=capture, what="the incremental snapshot to end")
+        assert topic_state(log, "inc.public.t") == table_rows(pg_dsn, "t")
+    finally:
+        execute(pg_dsn, f"DROP OWNED BY {role}")
+        execute(pg_dsn.rsplit("/", 1)[0] + "/postgres", f"DROP ROLE IF EXISTS {role}")

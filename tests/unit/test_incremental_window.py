@@ -161,3 +161,13 @@ def test_chunk_rows_are_no_part_of_a_repeated_snapshot_for_the_stale_row_deletes
         assert stale.before_publish(batch) == [] and stale.tracked == {}
     finally:
         log.close()
+
+
+def test_a_signal_table_must_be_named_with_its_namespace():
+    import pytest
+    from pydantic import ValidationError
+
+    from sources.mysql.config import MySqlConfig
+
+    with pytest.raises(ValidationError, match="name it as namespace.table"):
+        MySqlConfig(name="my", url="mysql://u@h/db", signal_table="cdc_signal")
