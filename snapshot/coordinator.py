@@ -71,6 +71,9 @@ from snapshot.policy import Plan, Step, policy_for
 from snapshot.tables import TableBook
 
 
+WINDOW_POLL_SECONDS = 0.0  # the stream's poll timeout while an incremental snapshot's chunk is in flight
+
+
 def close_quietly(resource) -> None:
     """Close ``resource`` (if any) on the way out: an error there would hide the reason for leaving."""
     if resource is not None:
@@ -232,6 +235,11 @@ class SnapshotThenStream(Source):
             if incremental is None:
                 return self.stream.poll(timeout)
             incremental.before_poll()
+            if incremental.window is not None:
+                # A chunk waits for its watermarks: hand over what came as soon as it came. A
+                # binlog stream otherwise reads on past the high watermark's commit, blocked until
+                # the next event or heartbeat: one chunk per heartbeat on a quiet server.
+                timeout = min(timeout, WINDOW_POLL_SECONDS)
             batch = self.stream.poll(timeout)
             return None if batch is None else incremental.filter(batch)
         except PositionLostError as lost:

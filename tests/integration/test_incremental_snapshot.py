@@ -230,9 +230,12 @@ def check_kill_and_resume(tmp_path, source_yaml: str, table: str, rows_of) -> No
     process = run_daemon(config, "src", log="daemon.log")
     try:
         wait("the source to stream", lambda: _rows(port).get("src", {}).get("phase") == "streaming", process)
+        refused = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "src", "nope.nope"],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "does not capture nope.nope" in refused.stderr, refused.stderr
         asked = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "src", table],
                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert asked.returncode == 0, asked.stderr
+        assert asked.returncode == 0 and "incremental snapshot of" in asked.stderr, asked.stderr
         cursor = wait("a chunk cursor stored", lambda: isinstance(p := stored(), IncrementalProgress)
                       and p.last_key is not None and p, process)
     finally:
