@@ -235,7 +235,7 @@ class SnapshotThenStream(Source):
             if incremental is None:
                 return self.stream.poll(timeout)
             incremental.before_poll()
-            if incremental.window is not None:
+            if incremental.awaiting_high_watermark:
                 # A chunk waits for its watermarks: hand over what came as soon as it came. A
                 # binlog stream otherwise reads on past the high watermark's commit, blocked until
                 # the next event or heartbeat: one chunk per heartbeat on a quiet server.

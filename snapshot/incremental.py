@@ -1,12 +1,14 @@
 """Incremental snapshots while streaming: the watermark algorithm of Netflix's DBLog paper.
 
 A table is read again, in primary-key order, a chunk at a time, while the stream goes on. For each
-chunk (``IncrementalSnapshots._read_chunk``):
+chunk:
 
 1. a low watermark row is written into the source's signal table (``write_signal``: it commits,
-   so the stream will bring it back in log order);
-2. the chunk is read: the rows after the previous chunk's last key, at most ``chunk_size``;
-3. a high watermark row is written.
+   so the stream will bring it back in log order; ``_open_window``);
+2. once the source says a read sees every change before the watermark (``chunk_readable``: at once
+   on MySQL; on PostgreSQL when the transactions older than it ended, the stream going on
+   meanwhile), the chunk is read: the rows after the previous chunk's last key, at most
+   ``chunk_size``; then a high watermark row is written (``_read_chunk``).
 
 The stream then goes on (``filter``). Between the two watermarks, every streamed change of the
 chunk's table removes the changed key from the chunk: the stream has the newer row (or its
@@ -22,9 +24,9 @@ commits after the chunk's read, and has a higher version:
 * MySQL writes the binlog in commit order, so that is true as is;
 * PostgreSQL numbers a change by where it was written, not where its transaction committed: a
   transaction open across the window could have written before the low watermark and commit after
-  the high one. So the PostgreSQL source waits, after writing the low watermark, until every
-  transaction begun before it has ended (``write_signal``): the ones that commit then fall inside
-  the window (and win over the chunk); every later one writes after the low watermark.
+  the high one. So the chunk is read only once every transaction begun before the low watermark
+  has ended (``chunk_readable``; the stream goes on meanwhile): the ones that commit then fall
+  inside the window (and win over the chunk); every later one writes after the low watermark.
 
 So no sink that keeps the highest version per key lets a chunk row overwrite a newer change.
 
@@ -50,7 +52,7 @@ import json
 import logging
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
@@ -97,8 +99,11 @@ class IncrementalReads(Protocol):
 
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
         """Commit a row in the signal table (deleting the watermark rows before it) and return a
-        version at or below the one the stream will give the row; for a low watermark, return
-        once a chunk read from now on sees every change numbered below that version."""
+        version at or below the one the stream will give the row."""
+
+    def chunk_readable(self) -> bool:
+        """Whether a chunk read now sees every change numbered below the last low watermark's
+        version (PostgreSQL: once the transactions older than it ended); cheap, called per poll."""
 
     def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list[ChangeEvent]:
         """Up to ``size`` rows of ``table`` whose key follows ``after`` (None: from the start),
@@ -112,23 +117,35 @@ def key_of(event: ChangeEvent) -> tuple:
 
 @dataclass
 class ChunkWindow:
-    """One chunk between its watermarks: ``rows`` by key, minus those the stream changed."""
+    """One chunk from its low watermark on: the keys the stream changed since (``changed``),
+    and, once read, its ``rows`` by key. The read may come after some of the window's changes
+    (PostgreSQL waits for older transactions first): the changed keys are kept, not just popped."""
 
     signal_id: str
     table: str
-    rows: dict[tuple, ChangeEvent]
-    last_key: tuple | None       # the last key read (the cursor after this chunk)
-    read: int                    # rows read
-    complete: bool               # fewer rows than asked: the table ends with this chunk
-    opened: bool = False
+    after: tuple | None          # the key the chunk reads after
+    version: int                 # the low watermark's: the chunk rows'
+    rows: dict[tuple, ChangeEvent] | None = None  # None: not read yet
+    last_key: tuple | None = None  # the last key read (the cursor after this chunk)
+    complete: bool = False       # fewer rows than asked: the table ends with this chunk
+    opened: bool = False         # the stream brought the low watermark
+    changed: set = field(default_factory=set)
+    truncated: bool = False
 
     def see(self, event: ChangeEvent) -> None:
         if not self.opened or str(event.table) != self.table:
             return
         if event.op is Op.TRUNCATE:
-            self.rows.clear()
+            self.truncated = True
         else:
-            self.rows.pop(key_of(event), None)
+            self.changed.add(key_of(event))
+
+    def remaining(self) -> list[ChangeEvent]:
+        """The rows no change inside the window touched, as incremental reads."""
+        if self.truncated:
+            return []
+        changed = self.changed
+        return [e._replace(snapshot=INCREMENTAL_READ) for key, e in self.rows.items() if key not in changed]
 
 
 def signal_of(event: ChangeEvent) -> tuple[str, str, dict] | None:
@@ -150,7 +167,6 @@ class IncrementalSnapshots:
         self.tables: tuple[str, ...] = ()  # still to read; the first is being read
         self.last_key: tuple | None = None
         self.rows = 0                      # rows emitted by the snapshot running now
-        self.reread = 0                    # rows of the first chunk after a resume (for status)
         self.window: ChunkWindow | None = None
         self._requests: list[str] = []
         self._lock = threading.Lock()
@@ -193,7 +209,15 @@ class IncrementalSnapshots:
         for table in requests:
             self._add(table)
         if self.tables and self.window is None:
-            self._read_chunk()
+            self._open_window()
+        window = self.window
+        if window is not None and window.rows is None and self.reads.chunk_readable():
+            self._read_chunk(window)
+
+    @property
+    def awaiting_high_watermark(self) -> bool:
+        """A chunk is read and its high watermark written: the stream brings it back soon."""
+        return self.window is not None and self.window.rows is not None
 
     def _add(self, table: str) -> None:
         if table in self.tables[1:] or (self.tables and self.tables[0] == table and self.last_key is None):
@@ -206,16 +230,21 @@ class IncrementalSnapshots:
         self.tables += (table,)
         log.info("incremental snapshot of %s requested", table, extra=self._extra())
 
-    def _read_chunk(self) -> None:
+    def _open_window(self) -> None:
         table, after = self.tables[0], self.last_key
         signal_id = uuid.uuid4().hex
         data = {"table": table, "after": list(after) if after is not None else None}
         version = self.reads.write_signal(f"{signal_id}-open", OPEN, data)
-        rows = self.reads.read_chunk(table, after, self.chunk_size, version)
-        self.reads.write_signal(f"{signal_id}-close", CLOSE, data)
-        self.window = ChunkWindow(signal_id, table, {key_of(e): e for e in rows},
-                                  key_of(rows[-1]) if rows else after, len(rows), len(rows) < self.chunk_size)
-        log.debug("chunk of %s after %s: %d rows read", table, after, len(rows), extra=self._extra())
+        self.window = ChunkWindow(signal_id, table, after, version)
+
+    def _read_chunk(self, window: ChunkWindow) -> None:
+        rows = self.reads.read_chunk(window.table, window.after, self.chunk_size, window.version)
+        data = {"table": window.table, "after": list(window.after) if window.after is not None else None}
+        self.reads.write_signal(f"{window.signal_id}-close", CLOSE, data)
+        window.rows = {key_of(e): e for e in rows}
+        window.last_key = key_of(rows[-1]) if rows else window.after
+        window.complete = len(rows) < self.chunk_size
+        log.debug("chunk of %s after %s: %d rows read", window.table, window.after, len(rows), extra=self._extra())
 
     def filter(self, batch: Batch) -> Batch:
         """The batch without signal rows, with each closed chunk's rows where its high watermark
@@ -240,7 +269,7 @@ class IncrementalSnapshots:
             if window is not None and signal_id == f"{window.signal_id}-open":
                 window.opened = True
             elif window is not None and signal_id == f"{window.signal_id}-close" and window.opened:
-                out.extend(e._replace(snapshot=INCREMENTAL_READ) for e in window.rows.values())
+                out.extend(window.remaining())
                 self._chunk_done(window)
                 window = self.window = None
             elif kind == EXECUTE:
@@ -255,7 +284,7 @@ class IncrementalSnapshots:
         return Batch(out, checkpoint, schema_changes, batch.snapshot_end)
 
     def _chunk_done(self, window: ChunkWindow) -> None:
-        self.rows += len(window.rows)
+        self.rows += len(window.rows) - len(window.changed & window.rows.keys())
         if window.complete:
             log.info("incremental snapshot of %s done: %d rows", window.table, self.rows, extra=self._extra())
             self.tables, self.last_key = self.tables[1:], None

@@ -3,11 +3,12 @@
 ``SignalTable`` creates the signal table when it is missing and writes its rows; the stream
 brings them back (the table is in the publication). A low watermark's version is
 ``pg_current_wal_insert_lsn()`` taken in its transaction before the row is written. PostgreSQL
-numbers a change by where it was written, not where its transaction commits, so after the low
-watermark commits ``write`` waits until every transaction that had an xid then has ended: their
-changes are then inside the window or visible to the chunk's read, and every change the read
-cannot see is written after the low watermark, above its version. A transaction left open (or
-prepared) holds the snapshot here, and the log says so every ``server_timeout``.
+numbers a change by where it was written, not where its transaction commits, so the chunk is read
+only once every transaction that had an xid when the low watermark committed has ended
+(``readable``, asked at each poll while the stream goes on): their changes are then inside the
+window or visible to the chunk's read, and every change the read cannot see is written after the
+low watermark, above its version. A transaction left open (or prepared) holds the snapshot, not
+the stream, and the log says so every ``server_timeout``.
 
 ``read_chunk`` reads a key range with the initial snapshot's COPY reader (``snapshot.py``), on
 the source's own connection, in a statement of its own (READ COMMITTED: it sees what committed
@@ -44,6 +45,7 @@ class SignalTable:
     def __init__(self, conn, table: TableId, key_columns: dict, server_timeout: float, source: str) -> None:
         self.conn, self.id, self.server_timeout, self.source = conn, table, server_timeout, source
         self.qualified = f"{quote_ident(table.schema)}.{quote_ident(table.table)}"
+        self.waiting_for: tuple[int, float, float] | None = None  # (xmax at the low watermark, since, warned)
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT to_regclass(%s)::oid", (self.qualified,))
@@ -71,31 +73,39 @@ class SignalTable:
                 cur.execute(f"INSERT INTO {self.qualified} (id, type, data) VALUES (%s, %s, %s)",
                             (signal_id, kind, json.dumps(data)))
             self.conn.commit()
-            if kind == OPEN:
-                self._wait_for_older_transactions()
+            if kind == OPEN:  # every transaction with an xid below this has to end before the read
+                with self.conn.cursor() as cur:
+                    cur.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())")
+                    self.waiting_for = (cur.fetchone()[0], time.monotonic(), time.monotonic())
+                self.conn.rollback()
         except psycopg2.Error as err:
             self.conn.rollback()
             raise wrap(err, what) from err
         return version
 
-    def _wait_for_older_transactions(self) -> None:
-        with self.conn.cursor() as cur:
-            cur.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())")
-            xmax = cur.fetchone()[0]
-            self.conn.rollback()
-            began = said = time.monotonic()
-            while True:
+    def readable(self) -> bool:
+        """Whether the transactions open when the last low watermark was written have all ended."""
+        if self.waiting_for is None:
+            return True
+        xmax, began, said = self.waiting_for
+        try:
+            with self.conn.cursor() as cur:
                 cur.execute("SELECT txid_snapshot_xmin(txid_current_snapshot())")
                 oldest = cur.fetchone()[0]
-                self.conn.rollback()
-                if oldest >= xmax:
-                    return
-                if time.monotonic() - said >= self.server_timeout:
-                    said = time.monotonic()
-                    log.warning("the incremental snapshot's chunk waits %.0fs for transaction %d (open since before "
-                                "its low watermark) to end", said - began, oldest,
-                                extra={"connector": self.source, "phase": "incremental snapshot"})
-                time.sleep(0.005)
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            self.conn.rollback()
+            raise wrap(err, "reading the oldest open transaction") from err
+        if oldest >= xmax:
+            self.waiting_for = None
+            return True
+        now = time.monotonic()
+        if now - said >= self.server_timeout:
+            log.warning("the incremental snapshot's next chunk has waited %.0fs for transaction %d (open since "
+                        "before its low watermark) to end; streaming goes on", now - began, oldest,
+                        extra={"connector": self.source, "phase": "incremental snapshot"})
+            self.waiting_for = (xmax, began, now)
+        return False
 
 
 class _KeyRange:

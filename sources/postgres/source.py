@@ -181,6 +181,9 @@ class PostgresSource(SnapshotThenStream):
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
         return self.signals.write(signal_id, kind, data)
 
+    def chunk_readable(self) -> bool:
+        return self.signals.readable()
+
     @classmethod
     def send_signal(cls, config: PostgresConfig, signal_id: str, kind: str, data: dict) -> None:
         dsn = with_connect_timeout(config.dsn.get_secret_value(), config.server_timeout)

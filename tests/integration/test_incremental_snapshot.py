@@ -132,7 +132,7 @@ def test_postgres_incremental_snapshot_under_a_writer(pg_dsn, tmp_path, log, tri
 def test_postgres_chunk_row_never_beats_a_transaction_open_across_its_window(pg_dsn, tmp_path, log):
     """A transaction that changed a row before the low watermark and commits after the high one:
     its change is numbered below the watermark, so the chunk must wait for it (else the chunk's
-    older row would carry the higher version and a sink would keep it)."""
+    older row would carry the higher version and a sink would keep it); streaming goes on."""
     import psycopg2
 
     from tests.integration.pg_capture import execute, pg_config, table_rows
@@ -159,10 +159,17 @@ def test_postgres_chunk_row_never_beats_a_transaction_open_across_its_window(pg_
                     conn.close()
 
             wait_until(low_watermark_written, capture=capture, what="the low watermark")
+            # The chunk waits for the open transaction; the stream does not.
+            execute(pg_dsn, "UPDATE t SET v = 5 WHERE id = 30")
+            wait_until(lambda: topic_state(log, "inc.public.t").get('{"id":30}', {}).get("v") == 5, capture=capture,
+                       what="a change streamed while the chunk waits")
+            assert reads(log, "inc.public.t") == []
             open_tx.commit()
             wait_until(lambda: capture.source.incremental_snapshot() is None, capture=capture,
                        what="the incremental snapshot to end")
-            wait_until(lambda: len(reads(log, "inc.public.t")) >= 49, capture=capture)
+            # Rows 7 and 30 changed inside the window: the stream has them, the chunk drops them.
+            wait_until(lambda: len(reads(log, "inc.public.t")) == 48, capture=capture, what="the chunk's rows")
+            assert {r["after"]["id"] for r in reads(log, "inc.public.t")} == set(range(1, 51)) - {7, 30}
             assert topic_state(log, "inc.public.t") == table_rows(pg_dsn, "t")
             assert topic_state(log, "inc.public.t")['{"id":7}']["v"] == 99
             assert_no_chunk_row_outranks_a_later_change(log, "inc.public.t")

@@ -22,6 +22,10 @@ class FakeSource:
 
     def __init__(self, rows: list[int]) -> None:
         self.rows, self.written = rows, []
+        self.readable = True
+
+    def chunk_readable(self) -> bool:
+        return self.readable
 
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
         self.written.append((signal_id, kind))
@@ -171,3 +175,21 @@ def test_a_signal_table_must_be_named_with_its_namespace():
 
     with pytest.raises(ValidationError, match="name it as namespace.table"):
         MySqlConfig(name="my", url="mysql://u@h/db", signal_table="cdc_signal")
+
+
+def test_a_chunk_read_after_changes_of_its_window_still_drops_them():
+    """PostgreSQL reads a chunk only once older transactions ended; the stream goes on meanwhile,
+    and the window's changes that came before the read still win over the chunk's rows."""
+    source = FakeSource([1, 2, 3])
+    source.readable = False
+    snapshots = IncrementalSnapshots(source, chunk_size=10, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    assert [k for _, k in source.written] == ["snapshot-window-open"] and not snapshots.awaiting_high_watermark
+    early = snapshots.filter(Batch([watermark(source, 0), event(Op.UPDATE, 2, 150)], Counter(1)))
+    assert [e.key["id"] for e in early.events] == [2]
+    source.readable = True
+    snapshots.before_poll()
+    assert snapshots.awaiting_high_watermark
+    out = snapshots.filter(Batch([watermark(source, 1)], Counter(2)))
+    assert [(e.op, e.key["id"]) for e in out.events] == [(Op.READ, 1), (Op.READ, 3)]
