@@ -43,7 +43,7 @@ whose ``snapshot_end`` names every table read. Each table's shape goes out with 
 
 Incremental snapshots: while streaming, tables asked for (``request_snapshot``, or a signal row)
 are read again in chunks between watermarks (``snapshot/incremental.py``); the source supplies
-``write_signal`` and ``read_chunk``. A stored ``IncrementalProgress`` is unwrapped at start: the
+``write_signal``, ``chunk_readable`` and ``read_chunk``. A stored ``IncrementalProgress`` is unwrapped at start: the
 stream resumes at its position and the reading after its last key.
 
 Threading: all calls on the runtime's thread; ``stop`` and ``request_snapshot`` may come from
@@ -194,7 +194,7 @@ class SnapshotThenStream(Source):
         self.prepare()
         current = self.captured_names()
         # A source takes incremental snapshots when its config has their settings and it supplies
-        # ``IncrementalReads`` (write_signal, read_chunk).
+        # ``IncrementalReads`` (write_signal, chunk_readable, read_chunk).
         if isinstance(self.config, IncrementalSettings):
             self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name,
                                                     current)
