@@ -193,3 +193,12 @@ def test_a_chunk_read_after_changes_of_its_window_still_drops_them():
     assert snapshots.awaiting_high_watermark
     out = snapshots.filter(Batch([watermark(source, 1)], Counter(2)))
     assert [(e.op, e.key["id"]) for e in out.events] == [(Op.READ, 1), (Op.READ, 3)]
+
+
+def test_has_table_finds_a_table_among_runs_of_others():
+    from snapshot.incremental import has_table
+
+    other = TableId("db", "public", "u")
+    events = [event(Op.UPDATE, 1, 1), event(Op.UPDATE, 2, 2, other), event(Op.UPDATE, 3, 3)]
+    assert not has_table(events, SIGNALS)
+    assert has_table(events + [event(Op.CREATE, 0, 4, TableId("db", "public", "cdc_signal"), {"id": "x"})], SIGNALS)
