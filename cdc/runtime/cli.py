@@ -54,6 +54,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         command.add_argument("name", help="the source or sink, as named in the file")
         command.set_defaults(handler=cmd_control, action=action)
 
+    snapshot = subparsers.add_parser(
+        "snapshot", help="re-read tables of a running source in chunks while it streams (an incremental "
+                         "snapshot; needs the source's signal_table)")
+    snapshot.add_argument("file", help="the config file of the running daemon")
+    snapshot.add_argument("name", help="the source, as named in the file")
+    snapshot.add_argument("tables", nargs="*", help="the tables, as namespace.table (public.orders, shop.orders)")
+    snapshot.add_argument("--stop", action="store_true",
+                          help="stop the incremental snapshot of these tables (of all, if none is named)")
+    snapshot.set_defaults(handler=cmd_snapshot)
+
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
     tail.add_argument("file", help="the config file (for the log to read)")
     tail.add_argument("topic", help="the topic, e.g. <prefix>.public.orders (cdc status lists what runs)")
@@ -105,6 +115,20 @@ def cmd_control(args: argparse.Namespace) -> int:
     from cdc.runtime.control import post_command
 
     answer = post_command(load_config(args.file, only=[args.name]), args.name, args.action)
+    print(answer.get("message", answer), file=sys.stderr)
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """``cdc snapshot FILE SOURCE TABLE... [--stop]``: the daemon asks the source through its signal table."""
+    from cdc.config import load_config
+    from cdc.errors import ConfigError
+    from cdc.runtime.control import post_command
+
+    if not args.tables and not args.stop:
+        raise ConfigError("name the tables to snapshot (namespace.table), or --stop")
+    answer = post_command(load_config(args.file, only=[args.name]), args.name, "snapshot",
+                          {"tables": args.tables, "stop": args.stop})
     print(answer.get("message", answer), file=sys.stderr)
     return 0
 
@@ -194,7 +218,8 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
                          "phase": row.get("phase", "not running"),
                          "position": row.get("position") or (str(position) if position else None),
                          "lag_seconds": row.get("lag_seconds"), "events": row.get("events"),
-                         "snapshot_progress": row.get("snapshot_progress"), **{k: row.get(k) for k in health}})
+                         "snapshot_progress": row.get("snapshot_progress"),
+                         "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in health}})
         topics = log_.topics()
         for sink in config.sinks:
             row = live.get(sink.name, {})

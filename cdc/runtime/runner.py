@@ -147,7 +147,7 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
-                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                    if batch.events and batch.events[0].snapshot in (SnapshotMarker.TRUE, SnapshotMarker.LAST):
                         self.progress.rows += len(batch.events)
                     stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
                     if stale:
@@ -174,6 +174,7 @@ class SourceRunner:
                     stats.lag_seconds = source.lag()
                     stats.retained_wal_bytes = source.retained_log_bytes()
                     stats.snapshot_progress = self.progress.figures(source.snapshot_chunks())
+                    stats.incremental_snapshot = source.incremental_snapshot()
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

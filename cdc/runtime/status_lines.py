@@ -22,6 +22,12 @@ def status_line(row: dict) -> str:
             eta = snapshot.get("eta_seconds")
             line += (f" snapshot rows={snapshot['rows']:,} chunks={snapshot['chunks_done']}/{snapshot['chunks_total']}"
                      f" eta={'-' if eta is None else f'{eta:.0f}s'}")
+        incremental = row.get("incremental_snapshot")
+        if incremental:
+            after = incremental.get("after_key")
+            line += (f" incremental_snapshot={incremental.get('table') or '-'}"
+                     f" after={'start' if after is None else ','.join(map(str, after))}"
+                     f" rows={incremental.get('rows', 0):,} queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"

@@ -44,7 +44,7 @@ def daemon_rows(sources: list, sinks: list, live: dict[str, dict]) -> list[dict]
         rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
                      "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
                      "events": row.get("events"), "snapshot_progress": row.get("snapshot_progress"),
-                     **{k: row.get(k) for k in HEALTH}})
+                     "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in HEALTH}})
     for sink in sinks:
         row = live[sink.name]
         rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
