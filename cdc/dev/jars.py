@@ -20,9 +20,10 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "spark", "connect", "registry")
+COMPONENTS = ("kafka", "opensearch", "spark", "connect", "registry", "postgres17")
 # connect: Kafka Connect + the Debezium JDBC sink (tests). registry: Apicurio Registry, which is not
 # a set of jars to copy but an app to build (``mvn package`` with the sources in maven/registry/).
+# postgres17: PostgreSQL 17 server binaries in one jar, unpacked by cdc.dev.postgres17.
 BUILT = {"registry"}
 
 

@@ -134,7 +134,9 @@ class PostgresSource(SnapshotThenStream):
 
     def resume_point(self, position: Position) -> PgLsn:
         try:
-            return self.slot.check_resumable(position)
+            resumable = self.slot.check_resumable(position)
+            self.slot.match_failover()
+            return resumable
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: looking up slot {self.slot.name}", setting=self.setting,
                        role=self.role) from err
