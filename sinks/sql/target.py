@@ -143,6 +143,15 @@ class Target:
             return
         conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ALTER COLUMN {column} TYPE {sql_type}")
 
+    def rename_column(self, conn: Connection, table: str, old: str, new: str, view: str | None) -> None:
+        """Rename a column in place, its values kept. PostgreSQL keeps a view's column names, so
+        the view (``view``, when it shows this table) goes first and the caller points it again,
+        in the same transaction (readers wait on the lock). MySQL/MariaDB commit the DDL at once:
+        its view names the old column until the caller points it again a moment later."""
+        if self.kind == "postgresql" and view is not None:
+            conn.exec_driver_sql(f"DROP VIEW IF EXISTS {self.qualified(view)}")
+        conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} RENAME COLUMN {self.quote(old)} TO {self.quote(new)}")
+
     def drop_table(self, conn: Connection, table: str) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {self.qualified(table)}")
 

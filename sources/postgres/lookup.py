@@ -100,6 +100,18 @@ class CatalogLookup:
                 filled[name] = self.converters_for([type_oid])[0](element)
         return filled
 
+    def attnums(self, oid: int) -> dict[str, int]:
+        """Column name -> attnum of relation ``oid``'s live columns, from the catalog as it is now."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT attname, attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+                            "AND NOT attisdropped", (oid,))
+                found = dict(cur.fetchall())
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            raise wrap(err, f"reading the columns of relation {oid}") from err
+        return found
+
     def type_name(self, oid: int, modifier: int) -> str:
         name = self._type_names.get((oid, modifier))
         if name is None:

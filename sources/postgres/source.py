@@ -152,7 +152,8 @@ class PostgresSource(SnapshotThenStream):
                            role=self.role) from err
             position = PgLsn(0)
         builder = ChangeBuilder(self.slot.database, self.lookup.table, self.lookup.converters_for, self.toast,
-                                self.lookup.type_name, self.lookup.filled)
+                                self.lookup.type_name, self.lookup.filled,
+                                self.lookup.attnums)
         builder.oids.update(self.relations.known(self.slot.database))
         builder.on_oid = self.relations.seen
         builder.gone_table = self.lookup.gone_table
