@@ -293,6 +293,8 @@ class TableCatalog:
                                _renamed(entry.columns, renames), entry.schema_version)
 
         def work(conn: sa.engine.Connection) -> TableEntry:
+            if entry.generation == self.current():
+                target.lock_view(conn, entry.name)  # before the table, as readers do
             merged = entry
             stored = self.books.entry(conn, entry.generation, entry.name)
             if stored is not None:
