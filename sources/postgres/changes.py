@@ -64,9 +64,10 @@ class ChangeBuilder:
         self.database = database
         self.filled = filled                  # (oid, new column names) -> the values existing rows got
         self.attnums = attnums                # oid -> {column name: attnum}, from the catalog as it is now
-        # Per relation OID, the attnums of the columns of its last published shape: a column whose
-        # attnum comes back under another name was renamed (attnums are never reused in a table).
-        # Known within one streaming session only: a rename before it is a drop and an add.
+        # Per relation OID, the attnums of the columns of its last published shape (at start: of
+        # the catalog then): a column whose attnum comes back under another name was renamed
+        # (attnums are never reused in a table). A rename while the source was down is not seen
+        # (the catalog at start has the new name): for sinks, a drop and an add.
         self.column_ids: dict[int, dict[str, int]] = {}
         self.type_name = type_name            # (type oid, modifier) -> "numeric(10,2)"
         self.lookup_table = lookup_table      # oid -> TableMeta, or None when not captured
