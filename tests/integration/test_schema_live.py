@@ -28,6 +28,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -135,23 +136,31 @@ def _equal_after(step: str, kind: str, urls: dict[str, str], source: str, proces
                 converge(url, source, table, source_columns(source, table), f"{name} equal to the source after '{step}'")
             _check_types(step, kind, name, url)
         return
-    # DuckDB lets no reader in while the sink runs: once the sink committed everything it
-    # consumes, stop it, read, and start it again (its topics may still be filling at the start).
+    # DuckDB lets no reader in while the sink runs: once the sinks committed everything they
+    # consume, stop them (all at once), read, and start them again (their topics may still be
+    # filling at the start: then again).
     topics = [f"{prefix}.{namespace}.{t}" for t in tables]
-    for name, url in urls.items():
-        deadline = time.monotonic() + 120
-        while True:
+    deadline = time.monotonic() + 120
+    while True:
+        for name in urls:
             wait_until(lambda: caught_up(kafka, name, topics), timeout=120, what=f"{name} caught up after '{step}'")
-            _stop(processes[name])
-            try:
-                differ = {t: d for t in tables if (d := differences(url, source, t, source_columns(source, t)))}
-                if not differ:
+        threads = [threading.Thread(target=_stop, args=(processes[name],)) for name in urls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        try:
+            differ = {(name, t): d for name, url in urls.items() for t in tables
+                      if (d := differences(url, source, t, source_columns(source, t)))}
+            if not differ:
+                for name, url in urls.items():
                     _check_types(step, kind, name, url)
-                    break
-                assert time.monotonic() < deadline, f"{name} after '{step}': {str(differ)[:800]}"
-            finally:
+                return
+            assert time.monotonic() < deadline, f"after '{step}': {str(differ)[:800]}"
+        finally:
+            for name in urls:
                 processes[name] = _run(config, name)
-            time.sleep(1)
+        time.sleep(1)
 
 
 def _check_types(step: str, kind: str, name: str, url: str) -> None:
