@@ -18,6 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, V
                       field_validator, model_validator)
 
 from cdc.api import ConfigPath, SinkConfig, SourceConfig
+from cdc.config.address import DEFAULT_HTTP, parse_http_address
 from cdc.log.base import TopicSettings
 
 TOPIC_PREFIX = r"^[A-Za-z0-9._-]+$"  # the characters Kafka allows in a topic name
@@ -72,7 +73,7 @@ class EmbeddedLogConfig(_Section):
 
 
 class DebeziumFormatConfig(_Section):
-    """Debezium's type-mode options for ``format: debezium-json`` (Debezium's defaults)."""
+    """Debezium's type-mode options for ``format: debezium-json`` and ``avro`` (Debezium's defaults)."""
 
     decimal_handling_mode: Literal["precise", "string", "double"] = Field(
         default="precise", description="numeric/decimal as Connect Decimal bytes, as a string, or as a double")
@@ -88,6 +89,13 @@ class DebeziumFormatConfig(_Section):
         return DebeziumOptions(self.decimal_handling_mode, self.time_precision_mode, self.binary_handling_mode)
 
 
+class SchemaRegistryConfig(_Section):
+    """A schema registry with Confluent's REST API (Confluent's, Apicurio's ``/apis/ccompat/v7``)."""
+
+    url: str = Field(description="base URL, e.g. http://127.0.0.1:8081 or http://host:8080/apis/ccompat/v7",
+                     pattern=r"^https?://")
+
+
 class LogConfig(_Section):
     """Exactly one of ``kafka`` or ``embedded``; neither means the embedded log with its defaults."""
 
@@ -95,11 +103,21 @@ class LogConfig(_Section):
 
     kafka: KafkaLogConfig | None = None
     embedded: EmbeddedLogConfig | None = None
-    format: Literal["json", "debezium-json"] = Field(
-        default="json", description="how sources write records: json (schemaless, readable) or debezium-json "
-                                    "(Kafka Connect JSON with schemas and Debezium's encodings); sinks read both")
+    format: Literal["json", "debezium-json", "avro"] = Field(
+        default="json", description="how sources write records: json (schemaless, readable), debezium-json "
+                                    "(Kafka Connect JSON with schemas and Debezium's encodings) or avro (the same "
+                                    "schemas and values in Avro, Confluent's wire format, schemas in "
+                                    "schema_registry); sinks read all three")
     debezium: DebeziumFormatConfig = Field(default_factory=DebeziumFormatConfig,
-                                           description="type modes of the debezium-json format")
+                                           description="type modes of the debezium-json and avro formats")
+    schema_registry: SchemaRegistryConfig | None = Field(
+        default=None, description="the schema registry of the avro format (sources register, sinks read)")
+
+    @model_validator(mode="after")
+    def _avro_needs_a_registry(self) -> "LogConfig":
+        if self.format == "avro" and self.schema_registry is None:
+            raise ValueError("format avro needs schema_registry: {url: ...} (a registry with Confluent's API)")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -137,18 +155,6 @@ class LogConfig(_Section):
         return TopicSettings(partitions=e.partitions, delete_retention_ms=e.delete_retention_ms)
 
 
-def parse_http_address(value: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[::1]:8083"`` for IPv6) -> (host, port); port 0 means any free port."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected host:port, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
-    return host, int(port)
-
-
 class AppConfig(_Section):
     """A whole config file."""
 
@@ -156,7 +162,7 @@ class AppConfig(_Section):
     log: LogConfig = Field(default_factory=dict, validate_default=True)
     sources: list[SerializeAsAny[SourceConfig]] = Field(default_factory=list)
     sinks: list[SerializeAsAny[SinkConfig]] = Field(default_factory=list)
-    http: str | None = Field(default="127.0.0.1:8083",
+    http: str | None = Field(default=DEFAULT_HTTP,
                              description="host:port of the status and metrics server; null for none")
     http_token: SecretStr | None = Field(default=None, description="bearer token that commands to the "
                                          "daemon (restart, pause, ...) must carry; needed off loopback")

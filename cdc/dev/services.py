@@ -197,6 +197,7 @@ class Postgres(Service):
     name = "postgres"
     run_as = "postgres"
     stop_signal = signal.SIGINT  # the postmaster's "fast shutdown"
+    shared_buffers: ClassVar[str] = "256MB"
 
     @staticmethod
     def bindir() -> str:
@@ -222,7 +223,7 @@ class Postgres(Service):
         settings = {
             "listen_addresses": LOOPBACK, "port": self.port, "unix_socket_directories": str(self.dir),
             "wal_level": "logical", "max_replication_slots": 64, "max_wal_senders": 64,
-            "max_connections": 300, "shared_buffers": "256MB",
+            "max_connections": 300, "shared_buffers": self.shared_buffers,
             # A throwaway development server: durability against power loss buys nothing here.
             "fsync": "off", "full_page_writes": "off",
             "logging_collector": "off", "log_min_messages": "warning",
@@ -253,6 +254,29 @@ class Postgres(Service):
     def settings(self) -> dict[str, str]:
         return {"PG_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
                 "PG_BINDIR": self.bindir()}
+
+
+class Postgres17(Postgres):
+    """A second PostgreSQL, version 17, for what 15 cannot do (failover slots): the binaries come
+    from Maven Central (``cdc.dev.postgres17``), placed beside the service's directory (not in it:
+    ``prepare`` hands the directory to the server's user, and the binaries are links into the
+    cache)."""
+
+    name = "postgres17"
+    shared_buffers = "64MB"  # a few tests' worth of rows: leave the memory to the main server
+
+    def bindir(self) -> str:  # type: ignore[override]
+        return str(self.dir.parent / "postgres17-install" / "bin")
+
+    def prepare(self) -> None:
+        from cdc.dev import postgres17
+
+        postgres17.place(self.dir.parent / "postgres17-install")
+        super().prepare()
+
+    def settings(self) -> dict[str, str]:
+        return {"PG17_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
+                "PG17_BINDIR": self.bindir()}
 
 
 def _mysql_greeting_connection_id(sock: socket.socket) -> int:
@@ -592,8 +616,63 @@ class OpenSearch(Service):
         return {"OPENSEARCH_URL": f"http://{LOOPBACK}:{self.port}"}
 
 
+class Registry(Service):
+    """A schema registry speaking Confluent's REST API, for the ``avro`` log format: Apicurio
+    Registry built from Maven Central (``maven/registry.xml``). Its storage (H2, as in Apicurio's
+    in-memory variant) is a file in the data directory, so a restart keeps every schema and id:
+    records written before it still read (a registry that forgot would hand the same ids out
+    again for other schemas).
+
+    Compatibility is BACKWARD for every subject, set after start (Apicurio's own default is none).
+    The registry's description carries the stack's directory name: that is what the probe checks.
+    """
+
+    name = "registry"
+    compatibility: ClassVar[str] = "BACKWARD"
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/apis/ccompat/v7"
+
+    @property
+    def identity(self) -> str:
+        return f"cdc dev registry {self.dir.parent.name}"
+
+    def command(self) -> list[str]:
+        return [_java(), "-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                f"-Dquarkus.http.host={LOOPBACK}", f"-Dquarkus.http.port={self.port}",
+                f"-Dregistry.description={self.identity}",
+                f"-Dquarkus.datasource.jdbc.url=jdbc:h2:file:{self.dir / 'registry'}",
+                "-jar", str(jars.ensure_jars("registry") / "app.jar")]
+
+    def _get(self, path: str):
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.port}{path}", timeout=3) as response:
+            return json.load(response)
+
+    def probe(self) -> bool:
+        try:
+            info = self._get("/apis/registry/v2/system/info")
+            self._get("/apis/ccompat/v7/subjects")
+        except (OSError, ValueError):
+            return False
+        return info.get("description") == self.identity or _foreign(self, f"registry {info.get('description')!r}")
+
+    def after_ready(self) -> None:
+        request = urllib.request.Request(
+            f"{self.url}/config", method="PUT", data=json.dumps({"compatibility": self.compatibility}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+        except OSError as err:
+            raise DevStackError(f"{self.name}: setting compatibility {self.compatibility} failed: {err}") from err
+
+    def settings(self) -> dict[str, str]:
+        return {"REGISTRY_URL": self.url}
+
+
 SERVICES: dict[str, type[Service]] = {
-    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch)
+    cls.name: cls for cls in (Postgres, Postgres17, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, Registry)
 }
 
 

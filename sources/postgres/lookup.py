@@ -44,11 +44,12 @@ class CatalogLookup:
         self.cfg, self.conn, self.database, self.tables = config, conn, database, tables
         self.dsn, self.options, self.in_snapshot, self.phase = dsn, options, in_snapshot, phase
         self.types: dict[int, Any] = {}
+        self.extra_tables: dict[int, TableMeta] = {}  # streamed but not captured (the signal table)
         self.converters: dict[int, Callable[[str], Any]] = {}
         self._type_names: dict[tuple[int, int], str] = {}
 
     def table(self, oid: int) -> TableMeta | None:
-        meta = self.tables.get(oid)
+        meta = self.tables.get(oid) or self.extra_tables.get(oid)
         if meta is None:
             try:
                 candidate = table_meta(self.conn, oid, self.database, self.cfg.key_columns)
@@ -99,6 +100,24 @@ class CatalogLookup:
             if element is not None:
                 filled[name] = self.converters_for([type_oid])[0](element)
         return filled
+
+    def attnums(self, oid: int) -> dict[str, int]:
+        """Column name -> attnum of relation ``oid``'s live columns, from the catalog as it is now."""
+        return self.all_attnums([oid]).get(oid, {})
+
+    def all_attnums(self, oids: list[int]) -> dict[int, dict[str, int]]:
+        """``attnums`` of several relations at once (at start: the captured tables as they are)."""
+        found: dict[int, dict[str, int]] = {}
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT attrelid::bigint, attname, attnum FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) "
+                            "AND attnum > 0 AND NOT attisdropped", (list(oids),))
+                for oid, name, attnum in cur.fetchall():
+                    found.setdefault(oid, {})[name] = attnum
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            raise wrap(err, f"reading the columns of relations {oids}") from err
+        return found
 
     def type_name(self, oid: int, modifier: int) -> str:
         name = self._type_names.get((oid, modifier))

@@ -116,6 +116,28 @@ def test_kill_stop_freeze_and_restart_keep_a_servers_data_and_port(private_home)
     assert _pg_rows(env) == [(1, "survives")]
 
 
+@pytest.mark.postgres17
+def test_postgres17_runs_from_the_fetched_binaries_and_restarts_on_its_data(private_home):
+    import psycopg2
+
+    env = stack.up(["postgres17"])
+    assert set(env) == {"PG17_DSN", "PG17_BINDIR"}
+    with psycopg2.connect(env["PG17_DSN"]) as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_setting('server_version_num')::int, current_setting('wal_level')")
+        version, wal_level = cur.fetchone()
+        cur.execute("CREATE TABLE kept (id int PRIMARY KEY, note text)")
+        cur.execute("INSERT INTO kept VALUES (1, 'survives')")
+    conn.close()
+    assert version // 10000 == 17 and wal_level == "logical"
+    assert os.path.isfile(os.path.join(env["PG17_BINDIR"], "postgres"))
+    stack.kill("postgres17")
+    assert stack.up(["postgres17"]) == env
+    with psycopg2.connect(env["PG17_DSN"]) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, note FROM kept")
+        assert cur.fetchall() == [(1, "survives")]
+    conn.close()
+
+
 def test_one_service_commands_refuse_a_service_not_in_the_stack(private_home):
     with pytest.raises(DevStackError, match="not part of the stack"):
         stack.kill("postgres")
@@ -221,4 +243,36 @@ def test_redis_cluster_forms_keeps_a_killed_node_with_its_data_and_stops_whole(p
         client.close()
     [row] = [r for r in stack.status() if r.name == "redis-cluster"]
     assert stack.down() == ["redis-cluster"]
+    assert stack._group_members(row.pid) == []
+
+
+@pytest.mark.registry
+def test_registry_speaks_confluents_api_with_backward_compatibility(private_home):
+    """The stack's registry registers Avro schemas under Confluent's API, refuses a change its
+    BACKWARD compatibility forbids, keeps its schemas over a restart, and stops whole."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    env = stack.up(["registry"])
+    assert env["REGISTRY_URL"].endswith("/apis/ccompat/v7")
+    client = SchemaRegistryClient({"url": env["REGISTRY_URL"]})
+    first = Schema('{"type":"record","name":"V","fields":[{"name":"id","type":"int"}]}', "AVRO")
+    added = Schema('{"type":"record","name":"V","fields":[{"name":"id","type":"int"},'
+                   '{"name":"n","type":["null","string"],"default":null}]}', "AVRO")
+    retyped = Schema('{"type":"record","name":"V","fields":[{"name":"id","type":"string"}]}', "AVRO")
+    first_id = client.register_schema("t-value", first)
+    assert client.register_schema("t-value", first) == first_id
+    second_id = client.register_schema("t-value", added)
+    assert second_id != first_id
+    assert client.get_latest_version("t-value").version == 2
+    with pytest.raises(SchemaRegistryError) as refused:
+        client.register_schema("t-value", retyped)
+    assert refused.value.http_status_code == 409
+    stack.restart("registry")  # its schemas and ids survive: records written before still read
+    again = SchemaRegistryClient({"url": env["REGISTRY_URL"]})
+    assert again.get_schema(second_id).schema_str == added.schema_str
+    assert again.get_latest_version("t-value").version == 2
+    [row] = [r for r in stack.status() if r.name == "registry"]
+    assert row.answering
+    assert stack.down() == ["registry"]
     assert stack._group_members(row.pid) == []
