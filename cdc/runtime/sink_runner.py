@@ -254,10 +254,24 @@ class SinkRunner:
         restart reads it again)."""
         events, ends = self._batch(reader)
         if pending is not None:
-            self._finish(reader, pending)
+            self._settle(pending)
+        write = None
         if events:
+            # The next write goes out before the previous one's offsets are committed: the commit
+            # is a round trip to the log, and the store would wait for it. Commits stay in batch
+            # order, each after its own write succeeded.
             write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
             self._bytes_of[write.future] = self._batch_bytes  # counted once the write is committed
+        if pending is not None:
+            try:
+                self._commit_write(reader, pending)
+            except BaseException:
+                if write is not None:
+                    self._bytes_of.pop(write.future, None)
+                    write.future.exception()  # let it end; nothing past the failed commit is committed
+                    self._read = {}
+                raise
+        if write is not None:
             if self.read_ahead:
                 return write
             self._finish(reader, write)
@@ -270,12 +284,21 @@ class SinkRunner:
 
     def _finish(self, reader, pending: PendingWrite) -> None:
         """Wait for ``pending``'s write; commit its offsets only if it succeeded."""
-        nbytes = self._bytes_of.pop(pending.future, 0)
+        self._settle(pending)
+        self._commit_write(reader, pending)
+
+    def _settle(self, pending: PendingWrite) -> None:
+        """Wait for ``pending``'s write; its error is raised here."""
         try:
             pending.future.result()
         except BaseException:
+            self._bytes_of.pop(pending.future, None)
             self._read = {}  # what was read past the failed batch is read again from the commits
             raise
+
+    def _commit_write(self, reader, pending: PendingWrite) -> None:
+        """Commit the offsets of ``pending``, whose write succeeded."""
+        nbytes = self._bytes_of.pop(pending.future, 0)
         self._commit(reader, pending.ends, pending.events)
         self.stats.bytes += nbytes
 

@@ -23,7 +23,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -36,8 +36,9 @@ RETRIES, FIRST_BACKOFF_S = 5, 0.2
 _FILTER = "errors,items.*.status,items.*.error.type,items.*.error.reason"
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+class Item(NamedTuple):
+    """One bulk item. A tuple: a write makes one per document (see documents.py)."""
+
     index: str
     doc_id: str
     version: int

@@ -113,28 +113,37 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
                 if changes.truncate is not None:
                     self.catalog.truncate(target, changes.truncate)
                 floor = target.truncated_before
-                tombstones = [a for a in changes.actions.values() if isinstance(a, Tombstone)]
-                live = live_versions(self.client, target.index, [t.doc_id for t in tombstones])
-                for action in changes.actions.values():
-                    if isinstance(action, Upsert):
-                        if floor is None or action.version >= floor:
-                            body = target.layout.body(action.row)
-                            items.append(Item(target.index, action.doc_id, action.version,
-                                              {**body, VERSION_FIELD: action.version}, action.event))
-                    elif isinstance(action, Delete):
-                        if floor is None or action.version >= floor:
-                            items.append(Item(target.index, action.doc_id, action.version,
-                                              tombstone_body(action.version), action.event))
-                    elif action.doc_id in live:
-                        version = max(live[action.doc_id], action.floor or 0)
-                        items.append(Item(target.index, action.doc_id, version, tombstone_body(version),
-                                          action.event, version_type="external_gte"))
+                actions = changes.actions.values()
+                tombstones = [a.doc_id for a in actions if type(a) is Tombstone]
+                live = live_versions(self.client, target.index, tombstones)
+                self._items(items, target, actions, floor, live)
             outcome = self.bulk.send(items)
         self.counters["written"] += outcome.written
         self.counters["conflicts"] += outcome.conflicts
         if outcome.refused:
             self._set_aside(outcome.refused, len(items))
         self._maintain()
+
+    @staticmethod
+    def _items(items: list[Item], target, actions, floor: int | None, live: dict[str, int]) -> None:
+        """The bulk items of one topic's actions. One pass, per document: the hottest loop of a
+        write (the classes are compared by identity, and the items made as plain tuples)."""
+        index, body_of, new, append = target.index, target.layout.body, tuple.__new__, items.append
+        for action in actions:
+            kind = type(action)
+            if kind is Upsert:
+                doc_id, version, row, event = action
+                if floor is None or version >= floor:
+                    body = body_of(row)
+                    append(new(Item, (index, doc_id, version, {**body, VERSION_FIELD: version}, event, "external")))
+            elif kind is Delete:
+                doc_id, version, event = action
+                if floor is None or version >= floor:
+                    append(new(Item, (index, doc_id, version, tombstone_body(version), event, "external")))
+            elif action.doc_id in live:
+                version = max(live[action.doc_id], action.floor or 0)
+                append(new(Item, (index, action.doc_id, version, tombstone_body(version), action.event,
+                                  "external_gte")))
 
     def _set_aside(self, refused: list, total: int) -> None:
         """Documents OpenSearch refuses for good: unless the table's schema moved meanwhile (then
