@@ -20,7 +20,15 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "spark", "connect")  # connect: Kafka Connect + the Debezium JDBC sink (tests)
+# connect: Kafka Connect + the Debezium JDBC sink (tests); opensearch-security: the plugin's zip
+# for the opensearch-secure node.
+COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "connect")
+# The components a service of the stack needs, where more than (or not the same as) its name.
+SERVICE_COMPONENTS = {"opensearch-secure": ("opensearch", "opensearch-security")}
+
+
+def components_of(service: str) -> tuple[str, ...]:
+    return SERVICE_COMPONENTS.get(service, (service,) if service in COMPONENTS else ())
 
 
 def _maven_file(name: str) -> Path:

@@ -36,7 +36,7 @@ from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.documents import Delete, Tombstone, Upsert, reduce
-from sinks.opensearch.errors import translate
+from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
 from sinks.opensearch.mapping import VERSION_FIELD
@@ -68,7 +68,8 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         self.generations = Generations(self.client, config.name)
         self.catalog = IndexCatalog(self.client, config, self.generations, lambda *args: self.schema_for(*args))
         self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
-                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}")
+                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}",
+                               hosts=config.hosts)
         self.counters = {"written": 0, "conflicts": 0, "refused": 0}
         self._running = False
         self._next_drop_check = 0.0
@@ -81,7 +82,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         with self._errors("start"):
             self.generations.load()
         self._running = True
-        log.info("opensearch sink %s: started on %s, writing generation %s", config.name, ", ".join(config.hosts),
+        log.info("opensearch sink %s: started on %s, writing generation %s", config.name, shown(config.hosts),
                  self.generation if self.generation is not None else f"{self.generations.state.current} (current)")
 
     def stop(self) -> None:
@@ -238,5 +239,5 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
             raise
         except Exception as err:  # noqa: BLE001 - opensearch-py's errors, classified by status and type
             if type(err).__module__.startswith("opensearchpy"):
-                raise translate(err, f"opensearch sink {self.config.name}: {what}") from err
+                raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
             raise
