@@ -397,29 +397,51 @@ class SinkRunner:
         self._read = {}
         reader.assign(dict(self.positions))
         began = reported = time.monotonic()
-        while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
-            if stop_event.is_set():
-                raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
-                                     f"incomplete and readers still see {old}; start again to redo it")
-            events, ends = self._batch(reader)
-            if events:
-                self._sink_call(self._write_in_shape, events)
-            self.positions.update(ends)
-            self.stats.events += len(events)
-            self.stats.bytes += self._batch_bytes
-            self.stats.progressed()
-            if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
-                self.report(self.stats)
-                reported = time.monotonic()
-            if self.progress:
-                self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
-                              sum(targets.values()))
+        # As in run(): the next batch is read while the sink writes one (one write in flight).
+        pending: tuple | None = None  # (future, ends, events, bytes) of the write in flight
+        try:
+            while not all(max(self.positions.get(tp, 0), self._read.get(tp, 0)) >= end
+                          for tp, end in targets.items()):
+                if stop_event.is_set():
+                    raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
+                                         f"incomplete and readers still see {old}; start again to redo it")
+                events, ends = self._batch(reader)
+                nbytes = self._batch_bytes
+                if pending is not None:
+                    done, pending = pending, None
+                    self._rebuilt(*done)
+                if events:
+                    pending = (self._sink_thread.submit(self._write_in_shape, events), ends, len(events), nbytes)
+                else:
+                    self._rebuilt(None, ends, 0, nbytes)
+                if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                    self.report(self.stats)
+                    reported = time.monotonic()
+                if self.progress:
+                    self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
+                                  sum(targets.values()))
+            if pending is not None:
+                done, pending = pending, None
+                self._rebuilt(*done)
+        finally:
+            if pending is not None:  # failing elsewhere: let the write in flight end first
+                pending[0].exception()
         self._sink_call(sink.switch_generation, new)
         reader.commit(dict(self.positions))
         self._sink_call(sink.drop_generation, old)
         self.stats.phase = "streaming"
         log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
                  time.monotonic() - began, old, extra=self._extra())
+
+    def _rebuilt(self, future, ends: dict[TopicPartition, int], events: int, nbytes: int) -> None:
+        """A rebuild's batch is written (``future`` succeeded): its positions move (they are
+        committed once, when the rebuild switches readers)."""
+        if future is not None:
+            future.result()
+        self.positions.update(ends)
+        self.stats.events += events
+        self.stats.bytes += nbytes
+        self.stats.progressed()
 
     def _rebuild_until_done(self, reader, stop_event: threading.Event) -> None:
         """``_rebuild``, begun again when a shape that also asks for one arrives meanwhile (the new

@@ -200,3 +200,36 @@ def test_the_next_write_goes_out_before_the_previous_batch_is_committed(log):
     assert reader.committed(list(ends)) == ends
     reader.close()
     assert len(sink.generations[1]) == 400
+
+
+class WaitsForReadAhead(RecordingSink):
+    """Each write waits (bounded) until the runner has read the batch after it, and records
+    whether it had: evidence that reading overlapped the write."""
+
+    def __init__(self, config, signals: ReadSignals) -> None:
+        super().__init__(config)
+        self.signals = signals
+        self.overlapped: list[bool] = []
+
+    def write(self, events):
+        # The k-th write is of the k-th batch read: was batch k+1 read while it ran?
+        self.overlapped.append(self.signals.wait_for_batches(len(self.overlapped) + 2, 5.0))
+        super().write(events)
+
+
+def test_a_rebuild_reads_the_next_batch_while_the_sink_writes_one(log):
+    """``cdc bootstrap`` of a sink that bootstraps by rebuilding (OpenSearch) and ``cdc rebuild``
+    go through the rebuild loop: it overlaps reading and writing too. The new generation holds
+    everything and readers switch to it once."""
+    _publish(log, 400, keys=400)
+    signals = ReadSignals(log)
+    sink = WaitsForReadAhead(_config(), signals)
+    runner = SinkRunner(sink, signals, "p")
+    runner.rebuild(threading.Event())
+    assert sink.switched == [2] and len(sink.generations[2]) == 400
+    # Every write but the last (nothing is left to read after it) saw the next batch read meanwhile.
+    assert len(sink.overlapped) >= 4 and all(sink.overlapped[:-1]), sink.overlapped
+    ends = log.end_offsets("p.public.items")
+    reader = log.reader("rec")
+    assert reader.committed(list(ends)) == ends
+    reader.close()
