@@ -53,9 +53,10 @@ Where the client's time went (profiled with py-spy on this bench, and each step 
                                      next batch: the node idled meanwhile; the next write now goes
                                      out first
 
-The sink path's client CPU per run went from 1.4-1.6 s to 1.25-1.4 s per 100,000 documents
-(about 13 us per document, with Kafka's fetch and the HTTP requests), beside 0.05 s for the raw
-bulk; on two shared cores that CPU is taken from the node. The rest of the gap is the node's
+The sink path's client CPU per run went from 1.58-1.77 s to 1.33-1.46 s per 100,000 documents
+(13.5-14.5 us per document, with Kafka's fetch and the HTTP requests; measured alternating with
+the code before, same bench file), beside 0.05 s for the raw bulk; on two shared cores that CPU
+is taken from the node. The rest of the gap is the node's
 (external versions, the extra version field) and this machine's load, which moves the raw rate
 by 2-5x between rounds of one run: figures are in sinks/opensearch/README.md, each with the load
 average it was measured at.
