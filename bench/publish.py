@@ -11,6 +11,9 @@ Measures, in one run on this machine:
   debezium  the same path in the debezium-json format (Connect JSON with schemas, Debezium's
             encodings; cdc/formats/), and raw-dbz: the raw producer sending those bytes, so the
             cost of encoding and the cost of the bigger records show apart.
+  avro      the same path in the avro format (Confluent wire format, schemas in the stack's
+            registry, written with fastavro), and raw-avro: the raw producer sending those bytes.
+            Left out when no registry is known (REGISTRY_URL, or --registry).
   embedded  the json path into the embedded SQLite log (fsync on commit).
 Target: kafka >= 70% of raw.
 """
@@ -40,8 +43,8 @@ ORDERS_SHAPE = SchemaChange(ORDERS, (
     Column("updated_at", "timestamp with time zone"), Column("tags", "text[]")), 1, 0)
 
 
-def encoder_for(fmt: str, prefix: str) -> EnvelopeEncoder:
-    encoder = make_encoder(fmt, "postgresql", "bench", prefix)
+def encoder_for(fmt: str, prefix: str, registry_url: str | None = None) -> EnvelopeEncoder:
+    encoder = make_encoder(fmt, "postgresql", "bench", prefix, registry_url=registry_url)
     if fmt != "json":
         encoder.learn([ORDERS_SHAPE])
         encoder.schema_versions[ORDERS] = ORDERS_SHAPE.version
@@ -82,8 +85,9 @@ def batches(pool: list, total: int, size: int):
 
 
 def run_ours(log, topic_prefix: str, events: list[ChangeEvent], total: int, batch_size: int,
-             fmt: str = "json") -> tuple[float, int]:
-    encoder = encoder_for(fmt, topic_prefix)
+             fmt: str = "json", registry_url: str | None = None) -> tuple[float, int]:
+    encoder = encoder_for(fmt, topic_prefix, registry_url)
+    encoder.encode(events[:1])  # the avro format registers its schemas here, not in the timed loop
     writer = log.writer()
     began = time.perf_counter()
     for seq, batch in enumerate(batches(events, total, batch_size), 1):
@@ -134,6 +138,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5, help="alternating raw/ours runs (medians reported)")
     parser.add_argument("--bootstrap", default=None, help="Kafka (default: KAFKA_BOOTSTRAP of .cdc/dev.env)")
+    parser.add_argument("--registry", default=None,
+                        help="schema registry for the avro format (default: REGISTRY_URL of .cdc/dev.env)")
     parser.add_argument("--skip-embedded", action="store_true")
     args = parser.parse_args()
 
@@ -145,6 +151,7 @@ def main() -> None:
     bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP") or read_env().get("KAFKA_BOOTSTRAP")
     if not bootstrap:
         raise SystemExit("no Kafka: run `.venv/bin/cdc dev up --only kafka` or pass --bootstrap")
+    registry = args.registry or os.environ.get("REGISTRY_URL") or read_env().get("REGISTRY_URL")
     events = realistic_events(4 * args.batch)  # a pool of distinct events, cycled (see batches)
     gc.freeze()  # the pool is no garbage: collections need not walk it
     encoder = EnvelopeEncoder("postgresql", "bench", "raw")
@@ -152,15 +159,22 @@ def main() -> None:
     raw_bytes = sum(len(k) + len(v) for k, v in pairs) * args.events // len(pairs)
     dbz_pairs = [(r.key, r.value) for r in encoder_for("debezium-json", "raw").encode(events)]
     dbz_bytes = sum(len(k) + len(v) for k, v in dbz_pairs) * args.events // len(dbz_pairs)
+    avro_pairs: list[tuple[bytes, bytes]] = []
+    if registry:
+        avro_pairs = [(r.key, r.value) for r in encoder_for("avro", "raw", registry).encode(events)]
+    avro_bytes = sum(len(k) + len(v) for k, v in avro_pairs) * args.events // max(1, len(avro_pairs))
     settings = TopicSettings(partitions=args.partitions)
     print(f"{args.events:,} change events, {raw_bytes / args.events:.0f} bytes each (key+value; "
-          f"{dbz_bytes / args.events:.0f} in debezium-json), batches of {args.batch}, {args.partitions} partitions, acks=all")
+          f"{dbz_bytes / args.events:.0f} in debezium-json, {avro_bytes / args.events:.0f} in avro), "
+          f"batches of {args.batch}, {args.partitions} partitions, acks=all")
+    if not registry:
+        print("no schema registry (run `cdc dev up --only kafka,registry` or pass --registry): avro left out")
 
     # Raw and ours alternate, each on fresh topics, for --rounds rounds: the broker shares these
     # cores and its speed drifts (JIT, segment rolls, page cache), so one pair of runs can land
     # anywhere in a +-20% band; the medians of alternating runs compare like with like.
     kafka = KafkaLog(bootstrap, settings)
-    raw_rates, our_rates, raw_dbz_rates, dbz_rates = [], [], [], []
+    raw_rates, our_rates, raw_dbz_rates, dbz_rates, raw_avro_rates, avro_rates = [], [], [], [], [], []
     for round_ in range(1, args.rounds + 1):
         prefix = f"bench_{uuid.uuid4().hex[:8]}"
         dbz_prefix = f"{prefix}_dbz"
@@ -180,7 +194,22 @@ def main() -> None:
         print(f"round {round_}: " + line("kafka", args.events, nbytes, seconds, raw_rates[-1]))
         print(f"round {round_}: " + line("raw-dbz", args.events, dbz_bytes, raw_dbz_seconds, raw_rates[-1]))
         print(f"round {round_}: " + line("debezium", args.events, dbz_nbytes, dbz_seconds, raw_rates[-1]))
-        for topic in (raw_topic, our_topic, raw_dbz_topic, dbz_topic):
+        topics = [raw_topic, our_topic, raw_dbz_topic, dbz_topic]
+        if registry:
+            avro_prefix = f"{prefix}_avro"
+            raw_avro_topic, avro_topic = f"{prefix}.rawavro.orders", f"{avro_prefix}.public.orders"
+            topics += [raw_avro_topic, avro_topic]
+            for topic in (raw_avro_topic, avro_topic):
+                kafka.ensure_topic(topic, settings)
+            raw_avro_seconds = run_raw(bootstrap, raw_avro_topic, avro_pairs, args.events, args.batch,
+                                       PRODUCER_DEFAULTS)
+            avro_seconds, avro_nbytes = run_ours(kafka, avro_prefix, events, args.events, args.batch, "avro",
+                                                 registry)
+            raw_avro_rates.append(args.events / raw_avro_seconds)
+            avro_rates.append(args.events / avro_seconds)
+            print(f"round {round_}: " + line("raw-avro", args.events, avro_bytes, raw_avro_seconds, raw_rates[-1]))
+            print(f"round {round_}: " + line("avro", args.events, avro_nbytes, avro_seconds, raw_rates[-1]))
+        for topic in topics:
             kafka.delete_topic(topic)
     kafka.close()
     raw_rate, ours = statistics.median(raw_rates), statistics.median(our_rates)
@@ -189,6 +218,10 @@ def main() -> None:
           f"(target 70%)")
     print(f"median: debezium-json {dbz:,.0f} events/s = {dbz / raw_rate:.0%} of raw, {dbz / ours:.0%} of json; "
           f"raw producer with its bytes {raw_dbz:,.0f} events/s (debezium-json = {dbz / raw_dbz:.0%} of that)")
+    if avro_rates:
+        raw_avro, avro = statistics.median(raw_avro_rates), statistics.median(avro_rates)
+        print(f"median: avro {avro:,.0f} events/s = {avro / raw_rate:.0%} of raw, {avro / ours:.0%} of json; "
+              f"raw producer with its bytes {raw_avro:,.0f} events/s (avro = {avro / raw_avro:.0%} of that)")
 
     if not args.skip_embedded:
         with tempfile.TemporaryDirectory() as tmp:

@@ -245,6 +245,11 @@ class Source(ABC):
         adds the rows and an ETA for status and metrics."""
         return None
 
+    def incremental_snapshot(self) -> dict | None:
+        """The incremental snapshot under way (tables, table, after_key, rows); None when none is.
+        Called on the polling thread, about once a second."""
+        return None
+
     @property
     def finished(self) -> bool:
         """True when the source has nothing more to emit, ever (``initial_only`` after its snapshot)."""

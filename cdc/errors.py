@@ -135,5 +135,17 @@ class DeliveryError(CdcError):
     """A record was not delivered. ``retriable`` comes from the log's error code."""
 
 
+class FormatError(PermanentError):
+    """A table or record the log's format cannot carry (a column name Avro does not allow), or a
+    record of a format this reader does not read."""
+
+    heals = False
+
+
+class SchemaRegistryError(CdcError):
+    """The schema registry refused a schema (``retriable`` False: an incompatible change, named
+    with the subject and the registry's reason) or could not be reached (``retriable`` True)."""
+
+
 class DevStackError(PermanentError):
     """A server of the local stack could not be installed, started or reached."""

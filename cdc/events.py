@@ -33,11 +33,14 @@ class Op(StrEnum):
 
 
 class SnapshotMarker(StrEnum):
-    """``source.snapshot``: part of a snapshot (``true``), its last row (``last``), or streamed (``false``)."""
+    """``source.snapshot``: part of a snapshot (``true``), its last row (``last``), streamed
+    (``false``), or read by an incremental snapshot while streaming (``incremental``, Debezium's
+    value for the same: snapshot/incremental.py)."""
 
     TRUE = "true"
     LAST = "last"
     FALSE = "false"
+    INCREMENTAL = "incremental"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import orjson
 
 from cdc.errors import DecodeError
 from cdc.log.base import Log, TopicSettings
-from cdc.positions import MySqlPosition, PgLsn, Position, position_from_json, position_to_json
+from cdc.positions import IncrementalProgress, MySqlPosition, PgLsn, Position, position_from_json, position_to_json
 from cdc.serde import Record
 
 MYSQL_FILE_SHIFT = 32  # the MySQL source's versions: binlog file index << 32 | position
@@ -92,7 +92,10 @@ def checkpoint_version(position: Position | None) -> int | None:
     """A stored position as its source's ``source.version`` at that transaction boundary: a
     PostgreSQL LSN as it is; a MySQL (file, pos) as the MySQL source encodes versions
     (``file index << 32 | pos``, sources/mysql/changes.py). None for a snapshot in progress (not
-    everything before it is in the log yet) and for positions without versions."""
+    everything before it is in the log yet) and for positions without versions. An incremental
+    snapshot's progress is the stream's position inside it (its chunks so far are before it)."""
+    if isinstance(position, IncrementalProgress):
+        position = position.at
     if isinstance(position, PgLsn):
         return position.lsn
     if isinstance(position, MySqlPosition):

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from cdc.events import Op
-from cdc.formats import connect_decode
+from cdc.formats import avro, connect_decode
 
 
 class SinkEvent(NamedTuple):
@@ -60,14 +60,19 @@ _new = tuple.__new__  # SinkEvent's fields in order, without NamedTuple's Python
 
 
 def decode_key(data: bytes | None) -> dict[str, Any]:
-    """A record key in either format as the json format's key object."""
+    """A record key in any format as the json format's key object."""
+    if data is not None and avro.is_avro(data):
+        return avro.reader().key(data)
     key = orjson.loads(data) if data is not None else {}
     return connect_decode.key_payload(key) if connect_decode.is_connect_json(key) else key
 
 
 def decode_value(data: bytes) -> Any:
-    """A record value in either format as the json format's envelope (the one place where the
-    ``debezium-json`` format is read back; see cdc/formats/)."""
+    """A record value in any format as the json format's envelope (the one place where the
+    ``debezium-json`` and ``avro`` formats are read back; see cdc/formats/). An avro record's
+    schema comes from the registry of the log config (``avro.use_registry``)."""
+    if avro.is_avro(data):
+        return avro.reader().value(data)
     value = orjson.loads(data)
     return connect_decode.envelope(value) if connect_decode.is_connect_json(value) else value
 
@@ -76,8 +81,8 @@ def decode_record(record) -> SinkEvent:
     """A LogRecord -> SinkEvent, whatever the format; ``PoisonRecord`` says what is wrong with it."""
     try:
         key = decode_key(record.key)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise PoisonRecord(f"the key is not a JSON or Connect JSON key: {err}") from err
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EOFError) as err:
+        raise PoisonRecord(f"the key is not a JSON, Connect JSON or Avro key: {err}") from err
     if record.value is None:
         return _new(SinkEvent, (record.topic, record.partition, record.offset, key, None, None, None, None, {},
                                 None))
@@ -90,5 +95,5 @@ def decode_record(record) -> SinkEvent:
             raise TypeError(f"source.version is {type(version).__name__}, not an integer")
         return _new(SinkEvent, (record.topic, record.partition, record.offset, key, op, value.get("before"),
                                 value.get("after"), version, source, value.get("ts_ms")))
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EOFError) as err:
         raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err

@@ -41,25 +41,37 @@ Snapshot rows: the newest one is held back until the next batch, so the last row
 goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends the snapshot and
 whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
 
-Threading: all calls on the runtime's thread; ``stop`` may come from another one. Snapshot
-readers are threads of their own (snapshot/parallel.py) or processes (snapshot/processes.py).
+Incremental snapshots: while streaming, tables asked for (``request_snapshot``, or a signal row)
+are read again in chunks between watermarks (``snapshot/incremental.py``); the source supplies
+``write_signal``, ``chunk_readable`` and ``read_chunk``. A stored ``IncrementalProgress`` is unwrapped at start: the
+stream resumes at its position and the reading after its last key.
+
+Threading: all calls on the runtime's thread; ``stop`` and ``request_snapshot`` may come from
+another one. Snapshot readers are threads of their own (snapshot/parallel.py) or processes
+(snapshot/processes.py).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import threading
+import uuid
 from abc import abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Protocol
 
 from cdc.api import Source
-from cdc.errors import CdcError, PermanentError, PositionLostError
+from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
 from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
-from cdc.positions import Position, SnapshotProgress
+from cdc.positions import IncrementalProgress, Position, SnapshotProgress
+from snapshot.incremental import EXECUTE, STOP, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
 from snapshot.tables import TableBook
+
+
+WINDOW_POLL_SECONDS = 0.0  # the stream's poll timeout while an incremental snapshot's chunk is in flight
 
 
 def close_quietly(resource) -> None:
@@ -108,6 +120,9 @@ class SnapshotThenStream(Source):
 
     def __init__(self, config, position: Position | None) -> None:
         super().__init__(config, position)
+        # An incremental snapshot's progress wraps the stream's position (snapshot/incremental.py).
+        self._incremental_progress = position if isinstance(position, IncrementalProgress) else None
+        position = self.start_position = unwrap(position)
         if position is not None and not isinstance(position, (*self.position_types, SnapshotProgress)):
             raise PermanentError(f"source {config.name}: stored position {position} is not {self.position_kind} "
                                  "(was the source's type changed? reset its offset)")
@@ -131,6 +146,8 @@ class SnapshotThenStream(Source):
         self.table_book: TableBook | None = None  # given by the runtime (snapshot/tables.py)
         self._record_tables: frozenset[str] | None = None  # to record at the next position stored
         self._tables_at_end: frozenset[str] | None = None  # to record once the snapshot's end is stored
+        self.incremental: IncrementalSnapshots | None = None  # made by start(), once the tables are known
+        self.signal_table = None  # the source's signal table (a TableId), where it has one
 
     # -- what a source supplies ----------------------------------------------------------------
     @abstractmethod
@@ -176,6 +193,13 @@ class SnapshotThenStream(Source):
     def start(self) -> None:
         self.prepare()
         current = self.captured_names()
+        # A source takes incremental snapshots when its config has their settings and it supplies
+        # ``IncrementalReads`` (write_signal, chunk_readable, read_chunk).
+        if isinstance(self.config, IncrementalSettings):
+            self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name,
+                                                    current)
+            if self._incremental_progress is not None:
+                self.incremental.resume(self._incremental_progress)
         known = self.table_book.load() if self.table_book is not None else None
         if known != current:
             self._record_tables = current  # at the first position stored (see commit)
@@ -207,7 +231,17 @@ class SnapshotThenStream(Source):
         if self.snapshot is not None:
             return self._poll_snapshot(timeout)
         try:
-            return self.stream.poll(timeout)
+            incremental = self.incremental
+            if incremental is None:
+                return self.stream.poll(timeout)
+            incremental.before_poll()
+            if incremental.awaiting_high_watermark:
+                # A chunk waits for its watermarks: hand over what came as soon as it came. A
+                # binlog stream otherwise reads on past the high watermark's commit, blocked until
+                # the next event or heartbeat: one chunk per heartbeat on a quiet server.
+                timeout = min(timeout, WINDOW_POLL_SECONDS)
+            batch = self.stream.poll(timeout)
+            return None if batch is None else incremental.filter(batch)
         except PositionLostError as lost:
             if self._stopping.is_set():
                 return None
@@ -227,7 +261,38 @@ class SnapshotThenStream(Source):
             self.table_book.save(self._record_tables)
             self._record_tables = None
         if self.stream is not None:
-            self.stream.commit(position)
+            self.stream.commit(unwrap(position))
+
+    def request_snapshot(self, tables: list[str]) -> list[str]:
+        """Queue an incremental snapshot of ``tables`` (any thread); ConfigError if one is not
+        captured or the source has no signal table. Taken while streaming."""
+        if self.incremental is None:
+            raise ConfigError(f"source {self.config.name} takes no incremental snapshots"
+                              + ("" if self._phase != "starting" else " (or is not started yet)"))
+        return self.incremental.request(tables)
+
+    @classmethod
+    def signal_snapshot(cls, config, tables: list[str], stop: bool = False) -> None:
+        """Ask a running source of ``config`` (in any process) for an incremental snapshot of
+        ``tables`` (``stop``: to stop the one of ``tables``, or of all if none is named): an
+        ``execute-snapshot`` (``stop-snapshot``) row in its signal table, which its stream brings back."""
+        if not getattr(config, "signal_table", None):
+            raise ConfigError(f"source {config.name} has no signal_table: incremental snapshots write their "
+                              "watermarks there (set signal_table in its config)")
+        outside = [t for t in tables if not any(fnmatch.fnmatchcase(t, glob) for glob in config.tables)]
+        if outside:
+            raise ConfigError(f"source {config.name} does not capture {', '.join(outside)} (tables: "
+                              f"{', '.join(config.tables)})")
+        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", STOP if stop else EXECUTE,
+                        {"data-collections": list(tables), "type": "incremental"})
+
+    @classmethod
+    def send_signal(cls, config, signal_id: str, kind: str, data: dict) -> None:
+        """Write one row to the signal table of ``config``'s database (a connection of its own)."""
+        raise ConfigError(f"source {config.name} ({config.type}) takes no incremental snapshots")
+
+    def incremental_snapshot(self) -> dict | None:
+        return None if self.incremental is None else self.incremental.status()
 
     def stop(self) -> None:
         self._stopping.set()

@@ -45,7 +45,7 @@ class StaleRows:
         """Note the keys of the snapshot events in ``events``."""
         record_key = self.record_key
         last_table, entry = None, None
-        not_snapshot = SnapshotMarker.FALSE
+        of_snapshot = (SnapshotMarker.TRUE, SnapshotMarker.LAST)
         for event in events:
             table = event.table
             if table is not last_table:  # by identity: a TableId hash runs Python code
@@ -55,7 +55,7 @@ class StaleRows:
                 if entry is False:
                     entry = self._track(topic, table, event.version)
             # None: the topic was empty when the snapshot began, nothing there can be stale.
-            if entry is not None and event.snapshot is not not_snapshot:
+            if entry is not None and event.snapshot in of_snapshot:
                 entry.keys.add(record_key(event))
 
     def cover(self, tables: tuple[TableId, ...], version: int) -> None:
@@ -77,7 +77,8 @@ class StaleRows:
         """The deletes to publish before ``batch``: none until the batch that ends a snapshot,
         then one per stale row (see the module docstring). Notes the batch's snapshot keys."""
         events = batch.events
-        snapshot_rows = bool(events) and events[0].snapshot is not SnapshotMarker.FALSE
+        # An incremental snapshot's rows (``incremental``) are no part of it: it deletes nothing.
+        snapshot_rows = bool(events) and events[0].snapshot in (SnapshotMarker.TRUE, SnapshotMarker.LAST)
         if snapshot_rows:
             self.observe(events)
         end = batch.snapshot_end
@@ -91,7 +92,7 @@ class StaleRows:
         """Whether ``events`` hold a snapshot's last row. It is the last snapshot event, so only
         streamed events can follow it: look from the end."""
         for event in reversed(events):
-            if event.snapshot is not SnapshotMarker.FALSE:
+            if event.snapshot in (SnapshotMarker.TRUE, SnapshotMarker.LAST):
                 return event.snapshot is SnapshotMarker.LAST
         return False
 

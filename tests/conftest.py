@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(items):
     needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "mysql_url": "mysql",
              "mysql_db": "mysql", "kafka_bootstrap": "kafka", "kafka_topic": "kafka",
              "redis_url": "redis", "redis_prefix": "redis", "redis_cluster_url": "redis", "opensearch_url": "opensearch",
-             "opensearch_index": "opensearch", "spark": "spark"}
+             "opensearch_index": "opensearch", "spark": "spark", "registry_url": "registry"}
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         for fixture, marker in needs.items():
@@ -195,6 +195,14 @@ def opensearch_index(opensearch_url):
     client = OpenSearch(opensearch_url)
     client.indices.delete(index=f"{name}*", ignore_unavailable=True)
     client.close()
+
+
+# --- Schema registry --------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def registry_url(dev_env_for) -> str:
+    """The stack's Confluent-compatible schema registry (Apicurio, service ``registry``)."""
+    return dev_env_for("registry")["REGISTRY_URL"]
 
 
 # --- Spark ------------------------------------------------------------------------------------

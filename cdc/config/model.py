@@ -72,7 +72,7 @@ class EmbeddedLogConfig(_Section):
 
 
 class DebeziumFormatConfig(_Section):
-    """Debezium's type-mode options for ``format: debezium-json`` (Debezium's defaults)."""
+    """Debezium's type-mode options for ``format: debezium-json`` and ``avro`` (Debezium's defaults)."""
 
     decimal_handling_mode: Literal["precise", "string", "double"] = Field(
         default="precise", description="numeric/decimal as Connect Decimal bytes, as a string, or as a double")
@@ -88,6 +88,13 @@ class DebeziumFormatConfig(_Section):
         return DebeziumOptions(self.decimal_handling_mode, self.time_precision_mode, self.binary_handling_mode)
 
 
+class SchemaRegistryConfig(_Section):
+    """A schema registry with Confluent's REST API (Confluent's, Apicurio's ``/apis/ccompat/v7``)."""
+
+    url: str = Field(description="base URL, e.g. http://127.0.0.1:8081 or http://host:8080/apis/ccompat/v7",
+                     pattern=r"^https?://")
+
+
 class LogConfig(_Section):
     """Exactly one of ``kafka`` or ``embedded``; neither means the embedded log with its defaults."""
 
@@ -95,11 +102,21 @@ class LogConfig(_Section):
 
     kafka: KafkaLogConfig | None = None
     embedded: EmbeddedLogConfig | None = None
-    format: Literal["json", "debezium-json"] = Field(
-        default="json", description="how sources write records: json (schemaless, readable) or debezium-json "
-                                    "(Kafka Connect JSON with schemas and Debezium's encodings); sinks read both")
+    format: Literal["json", "debezium-json", "avro"] = Field(
+        default="json", description="how sources write records: json (schemaless, readable), debezium-json "
+                                    "(Kafka Connect JSON with schemas and Debezium's encodings) or avro (the same "
+                                    "schemas and values in Avro, Confluent's wire format, schemas in "
+                                    "schema_registry); sinks read all three")
     debezium: DebeziumFormatConfig = Field(default_factory=DebeziumFormatConfig,
-                                           description="type modes of the debezium-json format")
+                                           description="type modes of the debezium-json and avro formats")
+    schema_registry: SchemaRegistryConfig | None = Field(
+        default=None, description="the schema registry of the avro format (sources register, sinks read)")
+
+    @model_validator(mode="after")
+    def _avro_needs_a_registry(self) -> "LogConfig":
+        if self.format == "avro" and self.schema_registry is None:
+            raise ValueError("format avro needs schema_registry: {url: ...} (a registry with Confluent's API)")
+        return self
 
     @model_validator(mode="before")
     @classmethod

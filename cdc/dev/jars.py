@@ -20,9 +20,11 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-# connect: Kafka Connect + the Debezium JDBC sink (tests); opensearch-security: the plugin's zip
-# for the opensearch-secure node.
-COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "connect")
+# connect: Kafka Connect + the Debezium JDBC sink (tests). registry: Apicurio Registry, which is not
+# a set of jars to copy but an app to build (``mvn package`` with the sources in maven/registry/).
+# opensearch-security: the security plugin's zip, for the opensearch-secure node.
+COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "connect", "registry")
+BUILT = {"registry"}
 # The components a service of the stack needs, where more than (or not the same as) its name.
 SERVICE_COMPONENTS = {"opensearch-secure": ("opensearch", "opensearch-security")}
 
@@ -44,7 +46,8 @@ def ensure_jars(component: str) -> Path:
     if component not in COMPONENTS:
         raise ValueError(f"unknown jar component {component!r}; known: {', '.join(COMPONENTS)}")
     pom = _maven_file(f"{component}.xml")
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
+    sources = sorted(_maven_file(component).glob("*")) if component in BUILT else []
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (pom, *sources))).hexdigest()
     target = jar_dir(component)
     stamp = target / ".stamp"
     if stamp.is_file() and stamp.read_text() == digest:
@@ -55,16 +58,44 @@ def ensure_jars(component: str) -> Path:
     settings = os.environ.get("CDC_MAVEN_SETTINGS") or str(_maven_file("settings.xml"))
     staging = target.with_name(component + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    cmd = [mvn, "-q", "-B", "-s", settings, "-f", str(pom), "dependency:copy-dependencies",
-           f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise DevStackError(f"resolving the {component} jars from Maven Central failed:\n{tail}")
+    if component in BUILT:
+        _build_app(mvn, settings, component, pom, sources, staging)
+    else:
+        cmd = [mvn, "-q", "-B", "-s", settings, "-f", str(pom), "dependency:copy-dependencies",
+               f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
+        _run_maven(cmd, component)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     stamp.write_text(digest)
     return target
+
+
+def _run_maven(cmd: list[str], component: str, cwd: Path | None = None) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise DevStackError(f"resolving the {component} jars from Maven Central failed:\n{tail}")
+
+
+def _build_app(mvn: str, settings: str, component: str, pom: Path, sources: list[Path], staging: Path) -> None:
+    """Build a Quarkus app from its POM and sources in a scratch project; leave the runnable jar
+    (``app.jar``) and its ``lib/`` in ``staging``. Java sources go to src/main/java, the rest
+    (``application.properties``) to src/main/resources."""
+    project = staging.with_name(component + ".build")
+    shutil.rmtree(project, ignore_errors=True)
+    (project / "src/main/java").mkdir(parents=True)
+    (project / "src/main/resources").mkdir(parents=True)
+    shutil.copy(pom, project / "pom.xml")
+    for source in sources:
+        where = "java" if source.suffix == ".java" else "resources"
+        shutil.copy(source, project / "src/main" / where / source.name)
+    _run_maven([mvn, "-q", "-B", "-s", settings, "package", "-DskipTests"], component, cwd=project)
+    built = project / "target"
+    staging.mkdir(parents=True)
+    runner = next(built.glob("*-runner.jar"))
+    shutil.move(str(runner), staging / "app.jar")
+    shutil.move(str(built / "lib"), staging / "lib")
+    shutil.rmtree(project, ignore_errors=True)
 
 
 def classpath(component: str) -> str:

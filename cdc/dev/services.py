@@ -656,8 +656,63 @@ class OpenSearchSecure(OpenSearch):
                 "OPENSEARCH_SECURE_ADMIN_PASSWORD_FILE": str(self.password_file(ADMIN_USER))}
 
 
+class Registry(Service):
+    """A schema registry speaking Confluent's REST API, for the ``avro`` log format: Apicurio
+    Registry built from Maven Central (``maven/registry.xml``). Its storage (H2, as in Apicurio's
+    in-memory variant) is a file in the data directory, so a restart keeps every schema and id:
+    records written before it still read (a registry that forgot would hand the same ids out
+    again for other schemas).
+
+    Compatibility is BACKWARD for every subject, set after start (Apicurio's own default is none).
+    The registry's description carries the stack's directory name: that is what the probe checks.
+    """
+
+    name = "registry"
+    compatibility: ClassVar[str] = "BACKWARD"
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/apis/ccompat/v7"
+
+    @property
+    def identity(self) -> str:
+        return f"cdc dev registry {self.dir.parent.name}"
+
+    def command(self) -> list[str]:
+        return [_java(), "-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                f"-Dquarkus.http.host={LOOPBACK}", f"-Dquarkus.http.port={self.port}",
+                f"-Dregistry.description={self.identity}",
+                f"-Dquarkus.datasource.jdbc.url=jdbc:h2:file:{self.dir / 'registry'}",
+                "-jar", str(jars.ensure_jars("registry") / "app.jar")]
+
+    def _get(self, path: str):
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.port}{path}", timeout=3) as response:
+            return json.load(response)
+
+    def probe(self) -> bool:
+        try:
+            info = self._get("/apis/registry/v2/system/info")
+            self._get("/apis/ccompat/v7/subjects")
+        except (OSError, ValueError):
+            return False
+        return info.get("description") == self.identity or _foreign(self, f"registry {info.get('description')!r}")
+
+    def after_ready(self) -> None:
+        request = urllib.request.Request(
+            f"{self.url}/config", method="PUT", data=json.dumps({"compatibility": self.compatibility}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+        except OSError as err:
+            raise DevStackError(f"{self.name}: setting compatibility {self.compatibility} failed: {err}") from err
+
+    def settings(self) -> dict[str, str]:
+        return {"REGISTRY_URL": self.url}
+
+
 SERVICES: dict[str, type[Service]] = {
-    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, OpenSearchSecure)
+    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, OpenSearchSecure, Registry)
 }
 
 

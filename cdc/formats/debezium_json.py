@@ -177,9 +177,12 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         key_names = list(event.key or ())
         if not any(c.key for c in columns):
             columns = [Column(c.name, c.type, c.name in key_names, c.nullable) for c in columns]
-        made = self._formats[(table, version)] = TableFormat(self.topic(table), connector, columns, key_names,
-                                                             self.options)
+        made = self._formats[(table, version)] = self._make_format(self.topic(table), connector, columns, key_names)
         return made
+
+    def _make_format(self, topic: str, connector: str, columns: list[Column], key_names: list[str]) -> TableFormat:
+        """The format of one (table, shape); the avro format's adds its registered Avro schemas."""
+        return TableFormat(topic, connector, columns, key_names, self.options)
 
     def _source_head(self, table: TableId, snapshot: str) -> dict[str, Any]:
         """The source block's fields that are the same for every event of a table and snapshot

@@ -1,7 +1,7 @@
 """The shapes a source published before this run, read back from ``<prefix>.schema-changes``.
 
-A format whose schemas come from the shapes (``debezium-json``) needs a table's shape for its
-first row after a restart. The PostgreSQL and MySQL sources publish every captured table's shape
+A format whose schemas come from the shapes (``debezium-json``, ``avro``) needs a table's shape
+for its first row after a restart. The PostgreSQL and MySQL sources publish every captured table's shape
 again when they start (tests/integration/test_debezium_json_restart.py); a source that does not
 would otherwise get schemas guessed from values. So the runner reads the source's published
 shapes once at start; shapes of this run are handed over as they are published.

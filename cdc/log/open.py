@@ -6,7 +6,13 @@ from cdc.log.base import Log
 
 
 def open_log(section) -> Log:
-    """``section``: a ``cdc.config.model.LogConfig``. Kafka when configured, else the embedded log."""
+    """``section``: a ``cdc.config.model.LogConfig``. Kafka when configured, else the embedded log.
+    Its schema registry, if any, is where this process reads ``avro`` records' schemas."""
+    registry = getattr(section, "schema_registry", None)
+    if registry is not None:
+        from cdc.formats import avro
+
+        avro.use_registry(registry.url)
     settings = section.topic_settings()
     if section.kafka is not None:
         from cdc.log.kafka import KafkaLog

@@ -54,6 +54,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         command.add_argument("name", help="the source or sink, as named in the file")
         command.set_defaults(handler=cmd_control, action=action)
 
+    snapshot = subparsers.add_parser(
+        "snapshot", help="re-read tables of a running source in chunks while it streams (an incremental "
+                         "snapshot; needs the source's signal_table)")
+    snapshot.add_argument("file", help="the config file of the running daemon")
+    snapshot.add_argument("name", help="the source, as named in the file")
+    snapshot.add_argument("tables", nargs="*", help="the tables, as namespace.table (public.orders, shop.orders)")
+    snapshot.add_argument("--stop", action="store_true",
+                          help="stop the incremental snapshot of these tables (of all, if none is named)")
+    snapshot.set_defaults(handler=cmd_snapshot)
+
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
     tail.add_argument("file", help="the config file (for the log to read)")
     tail.add_argument("topic", help="the topic, e.g. <prefix>.public.orders (cdc status lists what runs)")
@@ -98,6 +108,20 @@ def cmd_control(args: argparse.Namespace) -> int:
     from cdc.runtime.control import post_command
 
     answer = post_command(load_config(args.file, only=[args.name]), args.name, args.action)
+    print(answer.get("message", answer), file=sys.stderr)
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """``cdc snapshot FILE SOURCE TABLE... [--stop]``: the daemon asks the source through its signal table."""
+    from cdc.config import load_config
+    from cdc.errors import ConfigError
+    from cdc.runtime.control import post_command
+
+    if not args.tables and not args.stop:
+        raise ConfigError("name the tables to snapshot (namespace.table), or --stop")
+    answer = post_command(load_config(args.file, only=[args.name]), args.name, "snapshot",
+                          {"tables": args.tables, "stop": args.stop})
     print(answer.get("message", answer), file=sys.stderr)
     return 0
 
@@ -184,7 +208,7 @@ def _daemon_rows(config, live: dict[str, dict]) -> list[dict] | None:
         rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
                      "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
                      "events": row.get("events"), "snapshot_progress": row.get("snapshot_progress"),
-                     **{k: row.get(k) for k in HEALTH}})
+                     "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in HEALTH}})
     for sink in config.sinks:
         row = live[sink.name]
         rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
@@ -215,7 +239,8 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
                          "phase": row.get("phase", "not running"),
                          "position": row.get("position") or (str(position) if position else None),
                          "lag_seconds": row.get("lag_seconds"), "events": row.get("events"),
-                         "snapshot_progress": row.get("snapshot_progress"), **{k: row.get(k) for k in health}})
+                         "snapshot_progress": row.get("snapshot_progress"),
+                         "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in health}})
         topics = log_.topics()
         for sink in config.sinks:
             row = live.get(sink.name, {})
@@ -241,6 +266,12 @@ def _status_line(row: dict) -> str:
             eta = snapshot.get("eta_seconds")
             line += (f" snapshot rows={snapshot['rows']:,} chunks={snapshot['chunks_done']}/{snapshot['chunks_total']}"
                      f" eta={'-' if eta is None else f'{eta:.0f}s'}")
+        incremental = row.get("incremental_snapshot")
+        if incremental:
+            after = incremental.get("after_key")
+            line += (f" incremental_snapshot={incremental.get('table') or '-'}"
+                     f" after={'start' if after is None else ','.join(map(str, after))}"
+                     f" rows={incremental.get('rows', 0):,} queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
@@ -297,11 +328,12 @@ def _consumer_lag(log_, group: str, topics: list[str]) -> int:
 
 
 def format_record(record) -> str:
-    """One record, in either format (a debezium-json record shown as its json envelope)."""
+    """One record, in any format (debezium-json and avro records shown as their json envelopes)."""
+    from cdc.formats.avro import is_avro
     from cdc.sink_events import decode_key, decode_value
 
     key = record.key.decode(errors="replace") if record.key is not None else "null"
-    if key.startswith('{"schema"'):  # a Connect JSON key: its payload
+    if key.startswith('{"schema"') or (record.key is not None and is_avro(record.key)):  # its payload
         try:
             key = json.dumps(decode_key(record.key), ensure_ascii=False, separators=(",", ":"))
         except (ValueError, KeyError, TypeError):

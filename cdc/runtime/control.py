@@ -1,4 +1,5 @@
-"""Commands to a running daemon over its HTTP API: restart, pause, resume or rebuild one connector.
+"""Commands to a running daemon over its HTTP API: restart, pause, resume or rebuild one connector,
+or take an incremental snapshot of a source's tables (a JSON body ``{"tables": [...]}``).
 
 ``POST /connectors/<name>/<action>`` changes state, so it is guarded: with ``http_token`` (or
 ``http_token_file``) set in the config file, a request must carry ``Authorization: Bearer
@@ -52,13 +53,13 @@ def parse_command_path(path: str) -> tuple[str, str] | None:
     return None
 
 
-def post_command(config, name: str, action: str) -> dict:
+def post_command(config, name: str, action: str, body: dict | None = None) -> dict:
     """Send ``action`` for connector ``name`` to the daemon of ``config``; its answer as a dict
     (``message``). ConfigError when it refuses; RetriableError when no daemon answers."""
     if not config.http:
         raise ConfigError("the config file has `http: null`: the daemon serves no API to send commands to")
-    request = urllib.request.Request(f"http://{config.http}/connectors/{name}/{action}", data=b"",
-                                     method="POST")
+    request = urllib.request.Request(f"http://{config.http}/connectors/{name}/{action}",
+                                     data=json.dumps(body).encode() if body else b"", method="POST")
     token = config.token()
     if token:
         request.add_header("Authorization", f"Bearer {token}")

@@ -126,7 +126,13 @@ def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPSe
             if refused is not None:
                 self._send(*refused, "text/plain")
                 return
-            code, message = supervisor.control(command[1], command[0])
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length)) if length else {}
+            except ValueError:
+                self._send(400, "the request body is not JSON\n", "text/plain")
+                return
+            code, message = supervisor.control(command[1], command[0], body=body if isinstance(body, dict) else {})
             self._send(code, json.dumps({"message": message}) + "\n", "application/json")
 
         def log_message(self, *args: object) -> None:  # quiet: scrapes every few seconds

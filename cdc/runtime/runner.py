@@ -66,14 +66,15 @@ class SourceRunner:
                  topic_settings: TopicSettings, *, stats: ConnectorStats | None = None,
                  report: Callable[[ConnectorStats], None] | None = None,
                  offset_interval: float = 1.0, poll_timeout: float = 0.2, log_format: str = "json",
-                 format_options=None) -> None:
+                 format_options=None, registry_url: str | None = None) -> None:
         self.source = source
         self.log = log_
         self.offsets = offsets
         self.topic_settings = topic_settings
         self.name = source.config.name
         self.encoder = make_encoder(log_format, source.connector, self.name, topic_prefix,
-                                    lambda topic: log_.ensure_topic(topic, topic_settings), format_options)
+                                    lambda topic: log_.ensure_topic(topic, topic_settings), format_options,
+                                    registry_url)
         self._learn = getattr(self.encoder, "learn", None)  # formats whose schemas come from the shapes
         self.stats = stats or ConnectorStats(self.name, "source")
         self.report = report or (lambda stats: None)
@@ -146,7 +147,7 @@ class SourceRunner:
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)
-                    if batch.events and batch.events[0].snapshot is not SnapshotMarker.FALSE:
+                    if batch.events and batch.events[0].snapshot in (SnapshotMarker.TRUE, SnapshotMarker.LAST):
                         self.progress.rows += len(batch.events)
                     stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
                     if stale:
@@ -173,6 +174,7 @@ class SourceRunner:
                     stats.lag_seconds = source.lag()
                     stats.retained_wal_bytes = source.retained_log_bytes()
                     stats.snapshot_progress = self.progress.figures(source.snapshot_chunks())
+                    stats.incremental_snapshot = source.incremental_snapshot()
                     self.report(stats)
                     last_report = now
             # Drain: everything published is acknowledged, and its position stored, before we go.

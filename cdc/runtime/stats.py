@@ -39,6 +39,7 @@ class ConnectorStats:
     lag_seconds: float | None = None
     retained_wal_bytes: int | None = None  # WAL the source's slot holds back (PostgreSQL sources)
     snapshot_progress: dict | None = None  # a snapshot under way: rows, chunks_done, chunks_total, eta_seconds
+    incremental_snapshot: dict | None = None  # one under way while streaming: tables, table, after_key, rows
     last_error: str | None = None
     last_error_at: float | None = None  # Unix time of last_error
     attempts: int = 0              # consecutive failed attempts since the last progress

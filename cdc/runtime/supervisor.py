@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from cdc.api import RetryFailed
+from cdc.errors import CdcError
 from cdc.runtime.stats import DONE_PHASES, ConnectorStats
 from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, worker_main
 
@@ -238,21 +239,48 @@ class Supervisor:
             worker.conn = None
 
     # -- control (cdc restart|pause|resume|rebuild) ---------------------------------------------
-    ACTIONS = ("restart", "pause", "resume", "rebuild")
+    ACTIONS = ("restart", "pause", "resume", "rebuild", "snapshot")
 
-    def control(self, action: str, name: str, timeout: float = 10.0) -> tuple[int, str]:
+    def control(self, action: str, name: str, timeout: float = 10.0, body: dict | None = None) -> tuple[int, str]:
         """Queue ``action`` for connector ``name`` (any thread); (HTTP status, message) once the main
         loop took it. The process stops and starts in the background: /status shows it."""
         if action not in self.ACTIONS:
             return 404, f"no action {action!r}; actions: {', '.join(self.ACTIONS)}"
         if name not in self.workers:
             return 404, f"no connector {name!r} runs here; connectors: {', '.join(self.workers)}"
+        if action == "snapshot":
+            return self._request_snapshot(name, (body or {}).get("tables"), bool((body or {}).get("stop")))
         answer: queue.Queue = queue.Queue(maxsize=1)
         self.commands.put((action, name, answer))
         try:
             return answer.get(timeout=timeout)
         except queue.Empty:
             return 503, "the daemon did not take the command in time (stopping?)"
+
+    def _request_snapshot(self, name: str, tables, stop: bool = False) -> tuple[int, str]:
+        """An incremental snapshot, asked for through the source's own log: an ``execute-snapshot``
+        row in its signal table (snapshot/incremental.py), so the request is ordered with the
+        changes, and durable, even while the source's process restarts."""
+        from cdc.config import load_config
+        from cdc.plugins import source_plugin
+
+        if not isinstance(tables, list) or not (tables or stop) or not all(isinstance(t, str) for t in tables):
+            return 400, "name the tables to snapshot: {\"tables\": [\"schema.table\", ...]}"
+        config = load_config(self.config_path, only=[name])
+        source = next((s for s in config.sources if s.name == name), None)
+        if source is None:
+            return 409, f"{name} is a sink: only a source's tables can be snapshotted"
+        plugin = source_plugin(source.type)
+        ask = getattr(plugin, "signal_snapshot", None)
+        if ask is None:
+            return 409, f"source {name} ({source.type}) takes no incremental snapshots"
+        try:
+            ask(source, tables, stop=stop)
+        except CdcError as err:
+            return (409 if not err.retriable else 503), str(err)
+        what = f"{'stopping the ' if stop else ''}incremental snapshot of {', '.join(tables) or 'every table'}"
+        log.info("%s requested", what, extra={"connector": name, "phase": self.workers[name].stats.phase})
+        return 202, f"{name}: {what} requested"
 
     def _take_commands(self) -> None:
         while True:

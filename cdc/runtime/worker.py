@@ -64,7 +64,8 @@ def build_runner(config, name: str, report=None):
     offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
     source = plugin(source_config, offsets.load(name))
     return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report,
-                        log_format=config.log.format, format_options=config.log.debezium.options())
+                        log_format=config.log.format, format_options=config.log.debezium.options(),
+                        registry_url=config.log.schema_registry.url if config.log.schema_registry else None)
 
 
 class SelfRunningSink:

@@ -8,9 +8,10 @@ from urllib.parse import unquote, urlparse
 from pydantic import Field, SecretStr, field_validator
 
 from cdc.api import SourceConfig
+from snapshot.incremental import IncrementalSettings
 
 
-class MySqlConfig(SourceConfig):
+class MySqlConfig(SourceConfig, IncrementalSettings):
     type: Literal["mysql"] = "mysql"
     url: SecretStr = Field(description="mysql://user:password@host:port; the user needs REPLICATION SLAVE, "
                                        "REPLICATION CLIENT (BINLOG MONITOR) and SELECT, and RELOAD for "

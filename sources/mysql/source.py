@@ -16,6 +16,9 @@ Resume: by GTID position (MariaDB ``domain-server-seq``, ``@slave_connect_state`
 server has GTIDs and ``gtid`` is on, otherwise by binlog file and position; either way right
 after the last transaction whose events the log acknowledged.
 
+Incremental snapshots (``snapshot/incremental.py``): ``incremental.py`` writes the signal table's
+rows and reads key ranges; the stream reads the signal table (``_streamed``) but no snapshot does.
+
 Threading: all calls on the runtime's thread; ``stop`` may come from another one.
 """
 
@@ -35,6 +38,7 @@ from sources.mysql.catalog import (captured_tables, check_position, check_privil
 from sources.mysql.changes import version_of
 from sources.mysql.config import MySqlConfig
 from sources.mysql.errors import wrap
+from sources.mysql.incremental import ChunkReader, SignalTable
 from sources.mysql.schema import SchemaTracker
 from sources.mysql.snapshot import SnapshotRows, open_readers, plan_chunks
 from sources.mysql.stream import BinlogStream
@@ -82,6 +86,9 @@ class MySqlSource(SnapshotThenStream):
         self.tracker: SchemaTracker | None = None
         self.dbms: str | None = None
         self._server_at: tuple[str, int] | None = None  # SHOW MASTER STATUS at the previous look
+        self.signals: SignalTable | None = None  # set by prepare() where signal_table is
+        self.chunks = ChunkReader(config)
+        self._low_at: tuple[str, int] = ("", 4)
 
     def lag(self) -> float | None:
         """0 when caught up with the server (see ``_caught_up``); else now minus the commit time
@@ -110,7 +117,19 @@ class MySqlSource(SnapshotThenStream):
         return before is not None and read_to is not None and _binlog_key(read_to) >= _binlog_key(before)
 
     def _captured(self, db: str, table: str) -> bool:
-        return matches(db, table, self.cfg.tables)
+        """A table whose rows are data: snapshotted and published."""
+        return matches(db, table, self.cfg.tables) and not self._is_signal_table(db, table)
+
+    def _streamed(self, db: str, table: str) -> bool:
+        """A table the stream reads: the captured ones and the signal table."""
+        return matches(db, table, self.cfg.tables) or self._is_signal_table(db, table)
+
+    def _is_signal_table(self, db: str, table: str) -> bool:
+        signal = self.signal_table
+        return signal is not None and (db, table) == (signal.db, signal.table)
+
+    def _captured_tables(self) -> list[tuple[str, str]]:
+        return [(db, t) for db, t in captured_tables(self.conn, self.cfg.tables) if self._captured(db, t)]
 
     # -- the halves the coordinator drives -------------------------------------------------------
     def prepare(self) -> None:
@@ -120,8 +139,11 @@ class MySqlSource(SnapshotThenStream):
         check_settings(variables)
         check_privileges(self.conn)
         self.dbms = "mariadb" if is_mariadb(variables) else "mysql"
-        names = captured_tables(self.conn, cfg.tables)
-        self.tracker = SchemaTracker(self._captured, load_schemas(self.conn, names, cfg.key_columns))
+        if cfg.signal_table:
+            self.signals = SignalTable(self.conn, cfg.signal_table, cfg.name)
+            self.signal_table = self.signals.id
+        names = self._captured_tables()
+        self.tracker = SchemaTracker(self._streamed, load_schemas(self.conn, names, cfg.key_columns))
         log.info("%s %s, %d tables captured", self.dbms, variables.get("version"), len(names), extra=self._extra())
 
     def resume_point(self, position: Position) -> MySqlPosition:
@@ -137,7 +159,7 @@ class MySqlSource(SnapshotThenStream):
         return self.cfg.gtid and self.dbms == "mariadb" and bool(position.gtid_set)
 
     def captured_names(self) -> frozenset[str]:
-        return frozenset(str(s.id) for s in self.tracker.tables.values())
+        return frozenset(str(s.id) for s in self.tracker.tables.values() if s.id != self.signal_table)
 
     def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
         cfg = self.cfg
@@ -146,8 +168,8 @@ class MySqlSource(SnapshotThenStream):
             gtid = gtid_at(self.conn, file, pos) if self.dbms == "mariadb" else None
             consistent = MySqlPosition(file, pos, gtid)
             # The definitions read after the snapshot opened (a DDL in between is not covered).
-            schemas = load_schemas(self.conn, captured_tables(self.conn, cfg.tables), cfg.key_columns)
-            self.tracker = SchemaTracker(self._captured, schemas)
+            schemas = load_schemas(self.conn, self._captured_tables(), cfg.key_columns)
+            self.tracker = SchemaTracker(self._streamed, schemas)
             if only is not None:  # a backfill: the other tables' topics are complete
                 schemas = {name: s for name, s in schemas.items() if str(s.id) in only}
             chunks = plan_chunks(readers[0], list(schemas.values()), cfg.snapshot_chunk_rows)
@@ -175,7 +197,7 @@ class MySqlSource(SnapshotThenStream):
             shapes = tuple(s.change(version, now, None) for s in self.tracker.tables.values())
         by_gtid = self._by_gtid(position)
         connection = BinlogConnection(self.cfg, position, by_gtid)
-        stream = BinlogStream(connection, position, self.tracker, self._captured, self.cfg.key_columns,
+        stream = BinlogStream(connection, position, self.tracker, self._streamed, self.cfg.key_columns,
                               self.dbms, self._json_columns, self.cfg.name)
         log.info("streaming after %s (by %s)", position, "GTID" if by_gtid else "file and position",
                  extra=self._extra())
@@ -190,7 +212,30 @@ class MySqlSource(SnapshotThenStream):
             raise wrap(err, "reconnecting to read the catalog") from err
         return json_columns(self.conn, db, table)
 
+    def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
+        version, file, pos = self.signals.write(signal_id, kind, data)
+        self._low_at = (file, pos)  # the source block of the chunk read next
+        return version
+
+    def chunk_readable(self) -> bool:
+        """The binlog is in commit order: a read after the low watermark sees all before it."""
+        return True
+
+    @classmethod
+    def send_signal(cls, config: MySqlConfig, signal_id: str, kind: str, data: dict) -> None:
+        conn = connect(config)
+        try:
+            SignalTable(conn, config.signal_table, config.name).write(signal_id, kind, data)
+        finally:
+            close_quietly(conn)
+
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
+        schema = next(s for s in self.tracker.tables.values() if str(s.id) == table)
+        file, pos = self._low_at
+        return self.chunks.read(schema, after, size, version, file, pos)
+
     def release(self) -> None:
+        self.chunks.close()
         close_quietly(self.conn)
 
 

@@ -11,9 +11,10 @@ from typing import Literal
 from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 
 from cdc.api import ConfigPath, SnapshotMode, SourceConfig, servers
+from snapshot.incremental import IncrementalSettings
 
 
-class PostgresConfig(SourceConfig):
+class PostgresConfig(SourceConfig, IncrementalSettings):
     type: Literal["postgres"] = "postgres"
     dsn: SecretStr = Field(description="libpq URI or key=value string; the role needs REPLICATION")
     slot: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$",

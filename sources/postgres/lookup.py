@@ -44,11 +44,12 @@ class CatalogLookup:
         self.cfg, self.conn, self.database, self.tables = config, conn, database, tables
         self.dsn, self.options, self.in_snapshot, self.phase = dsn, options, in_snapshot, phase
         self.types: dict[int, Any] = {}
+        self.extra_tables: dict[int, TableMeta] = {}  # streamed but not captured (the signal table)
         self.converters: dict[int, Callable[[str], Any]] = {}
         self._type_names: dict[tuple[int, int], str] = {}
 
     def table(self, oid: int) -> TableMeta | None:
-        meta = self.tables.get(oid)
+        meta = self.tables.get(oid) or self.extra_tables.get(oid)
         if meta is None:
             try:
                 candidate = table_meta(self.conn, oid, self.database, self.cfg.key_columns)

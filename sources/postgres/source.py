@@ -10,6 +10,8 @@ this module wires the PostgreSQL parts into it:
   decoding.py         the streaming half: pgoutput messages into batches; ``commit`` confirms an
                       LSN to the slot, the only place the server is told it may drop WAL
   lookup.py           what the stream looks up in the catalog (tables, types, missing values)
+  incremental.py      incremental snapshots' half: the signal table, waiting out older
+                      transactions after a low watermark, reading a key range
 
 ``prepare`` checks the server, resolves the captured tables, makes sure the publication covers
 them and takes back a slot a dead process of this connector still holds. A new snapshot always
@@ -37,6 +39,7 @@ from sources.postgres.config import PostgresConfig
 from sources.postgres.deadline import with_connect_timeout
 from sources.postgres.decoding import LogicalStream
 from sources.postgres.errors import wrap
+from sources.postgres.incremental import SignalTable, read_chunk, signal_table_id
 from sources.postgres.lookup import CatalogLookup
 from sources.postgres.relations import RelationMemory
 from sources.postgres.slot import ReplicationSlot
@@ -72,6 +75,7 @@ class PostgresSource(SnapshotThenStream):
         self.slot: ReplicationSlot | None = None     # set by prepare(), with the connection
         self.lookup: CatalogLookup | None = None
         self.protocol: int | None = None
+        self.signals: SignalTable | None = None      # set by prepare() where signal_table is
 
     @property
     def slot_name(self) -> str | None:
@@ -101,10 +105,17 @@ class PostgresSource(SnapshotThenStream):
                 database, version, self.role = cur.fetchone()
             self.conn.rollback()
             tables = captured_tables(self.conn, cfg.tables, database, cfg.key_columns)
+            signal_meta = []
+            if cfg.signal_table:
+                self.signal_table = signal_table_id(cfg.signal_table, database)
+                self.signals = SignalTable(self.conn, self.signal_table, cfg.key_columns, cfg.server_timeout,
+                                           cfg.name)
+                signal_meta = [self.signals.meta]
+                tables = [t for t in tables if t.id != self.signal_table]  # its rows are signals, not data
             self.tables.update({t.oid: t for t in tables})
             check_readable(self.conn, tables)
-            ensure_publication(self.conn, cfg.publication_name, cfg.tables, tables, cfg.manage_publication,
-                               created_by=cfg.name)
+            ensure_publication(self.conn, cfg.publication_name, cfg.tables, tables + signal_meta,
+                               cfg.manage_publication, created_by=cfg.name)
             self.slot = ReplicationSlot(cfg, self.conn, database, version, self.dsn, self.options, self.app_name,
                                         setting)
         except psycopg2.Error as err:
@@ -113,6 +124,8 @@ class PostgresSource(SnapshotThenStream):
                                                  else 2 if version >= 140000 else 1)
         self.lookup = CatalogLookup(cfg, self.conn, database, self.tables, self.dsn, self.options,
                                     in_snapshot=lambda: self.snapshot is not None, phase=lambda: self.phase)
+        if self.signals is not None:  # streamed like a captured table, but never snapshotted
+            self.lookup.extra_tables[self.signals.meta.oid] = self.signals.meta
         try:
             self.slot.take_back()
         except psycopg2.Error as err:  # e.g. the server restarting while the slot is looked up
@@ -164,6 +177,34 @@ class PostgresSource(SnapshotThenStream):
         return LogicalStream(cfg, transport, self.conn, builder, self.lookup, self.toast, self.protocol,
                              self.slot.name, cfg.state_dir / cfg.name / "spill",
                              on_commit=self.relations.committed)
+
+    def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
+        return self.signals.write(signal_id, kind, data)
+
+    def chunk_readable(self) -> bool:
+        return self.signals.readable()
+
+    @classmethod
+    def send_signal(cls, config: PostgresConfig, signal_id: str, kind: str, data: dict) -> None:
+        dsn = with_connect_timeout(config.dsn.get_secret_value(), config.server_timeout)
+        conn = servers.postgres.connect(dsn, what=f"source {config.name}: writing a signal",
+                                        setting=servers.setting_of("source", config.name, "dsn"))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT current_database()")
+                database = cur.fetchone()[0]
+            SignalTable(conn, signal_table_id(config.signal_table, database), config.key_columns,
+                        config.server_timeout, config.name).write(signal_id, kind, data)
+        finally:
+            conn.close()
+
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
+        meta = next(t for t in self.tables.values() if str(t.id) == table)
+        try:
+            return read_chunk(self.conn, self.lookup, self.toast, meta, after, size, version)
+        except psycopg2.Error as err:
+            raise wrap(err, f"source {self.cfg.name}: reading a chunk of {table} after {after}",
+                       setting=self.setting, role=self.role) from err
 
     def release(self) -> None:
         close_quietly(self.conn)

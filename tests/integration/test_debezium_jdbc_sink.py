@@ -1,9 +1,11 @@
-"""Our ``debezium-json`` topics, read by Debezium's own JDBC sink connector, unmodified.
+"""Our ``debezium-json`` and ``avro`` topics, read by Debezium's own JDBC sink connector, unmodified.
 
 A PostgreSQL source and a MariaDB source, each with a table of the common column types, captured
-by ``cdc run`` with ``log.format: debezium-json`` into Kafka; one Kafka Connect standalone worker
-runs the Debezium JDBC sink (``io.debezium:debezium-connector-jdbc`` from Maven Central) for both
-topics into a PostgreSQL target database, with ``JsonConverter`` ``schemas.enable=true``, upserts
+by ``cdc run`` with ``log.format: debezium-json`` (or ``avro``) into Kafka; one Kafka Connect
+standalone worker runs the Debezium JDBC sink (``io.debezium:debezium-connector-jdbc`` from Maven
+Central) for both topics into a PostgreSQL target database, with ``JsonConverter``
+``schemas.enable=true`` (for ``avro``: Apicurio's ``AvroConverter`` in Confluent mode, against the
+stack's registry), upserts
 by record key, deletes enabled and tables made by the connector itself (``schema.evolution``).
 A writer inserts, updates, deletes and changes primary keys in both sources while all of it runs.
 The test waits until each target table equals its source, value by value, and checks that the
@@ -223,8 +225,33 @@ def _diff(expected: dict, actual: dict | None) -> str:
     return "; ".join(lines)
 
 
+def _avro_converters(registry_url: str) -> dict[str, str]:
+    """Worker settings: keys and values through Apicurio's Avro converter reading Confluent's
+    wire format (no headers, the 4-byte id being the registry's content id)."""
+    settings = {}
+    for side in ("key", "value"):
+        settings |= {f"{side}.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+                     f"{side}.converter.apicurio.registry.url": registry_url.replace("/apis/ccompat/v7",
+                                                                                     "/apis/registry/v2"),
+                     f"{side}.converter.apicurio.registry.as-confluent": "true",
+                     f"{side}.converter.apicurio.registry.use-id": "contentId",
+                     f"{side}.converter.apicurio.registry.headers.enabled": "false"}
+    return settings
+
+
+def _log_section(kafka_bootstrap: str, prefix: str, fmt: str, registry_url: str | None) -> str:
+    registry = f"  schema_registry: {{url: '{registry_url}'}}\n" if fmt == "avro" else ""
+    return (f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}\n"
+            f"  format: {fmt}\n{registry}")
+
+
+FORMATS = ["debezium-json", pytest.param("avro", marks=pytest.mark.registry)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_debezium_jdbc_sink_reproduces_both_sources(tmp_path: Path, pg_dsn, mysql_url, mysql_db, target_dsn,
-                                                     kafka_bootstrap):
+                                                     kafka_bootstrap, fmt, request):
+    registry_url = request.getfixturevalue("registry_url") if fmt == "avro" else None
     rng = random.Random(17)
     execute(pg_dsn, PG_TABLE)
     conn = mysql_connect(mysql_url, mysql_db)
@@ -251,8 +278,7 @@ def test_debezium_jdbc_sink_reproduces_both_sources(tmp_path: Path, pg_dsn, mysq
     prefix = f"dbz_{uuid.uuid4().hex[:8]}"
     config = tmp_path / "cdc.yaml"
     config.write_text(
-        f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}\n"
-        f"  format: debezium-json\n"
+        _log_section(kafka_bootstrap, prefix, fmt, registry_url) +
         f"sources:\n"
         f"  - {{name: pg, type: postgres, dsn: '{pg_dsn}', tables: ['public.items'], "
         f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1}}\n"
@@ -271,7 +297,7 @@ def test_debezium_jdbc_sink_reproduces_both_sources(tmp_path: Path, pg_dsn, mysq
     connect.start({
         "pg-sink": {**common, "topics": f"{prefix}.public.items", "collection.name.format": "pg_${source.table}"},
         "my-sink": {**common, "topics": f"{prefix}.{mysql_db}.items", "collection.name.format": "my_${source.table}"},
-    })
+    }, _avro_converters(registry_url) if fmt == "avro" else None)
     try:
         for _ in range(60):  # while the snapshots, the streams and the connector run
             pg_writer.step()
@@ -307,10 +333,11 @@ def test_debezium_jdbc_sink_reproduces_both_sources(tmp_path: Path, pg_dsn, mysq
         pg_conn.close()
 
 
-@pytest.mark.parametrize("fmt", ["json", "debezium-json"])
-def test_our_sql_sink_reads_either_format(tmp_path: Path, pg_dsn, target_dsn, kafka_bootstrap, fmt):
+@pytest.mark.parametrize("fmt", ["json", *FORMATS])
+def test_our_sql_sink_reads_every_format(tmp_path: Path, pg_dsn, target_dsn, kafka_bootstrap, fmt, request):
     """Our own SQL sink, unchanged, keeps a PostgreSQL target equal to the source from topics in
-    either format: the sink runtime decodes both into the same events."""
+    any format: the sink runtime decodes them all into the same events."""
+    registry_url = request.getfixturevalue("registry_url") if fmt == "avro" else None
     rng = random.Random(7)
     execute(pg_dsn, PG_TABLE)
     pg_conn = psycopg2.connect(pg_dsn)
@@ -327,7 +354,7 @@ def test_our_sql_sink_reads_either_format(tmp_path: Path, pg_dsn, target_dsn, ka
     url = target_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
     config = tmp_path / "cdc.yaml"
     config.write_text(
-        f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}\n  format: {fmt}\n"
+        _log_section(kafka_bootstrap, prefix, fmt, registry_url) +
         f"sources:\n  - {{name: pg, type: postgres, dsn: '{pg_dsn}', tables: ['public.items'], "
         f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1}}\n"
         f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"

@@ -222,3 +222,35 @@ def test_redis_cluster_forms_keeps_a_killed_node_with_its_data_and_stops_whole(p
     [row] = [r for r in stack.status() if r.name == "redis-cluster"]
     assert stack.down() == ["redis-cluster"]
     assert stack._group_members(row.pid) == []
+
+
+@pytest.mark.registry
+def test_registry_speaks_confluents_api_with_backward_compatibility(private_home):
+    """The stack's registry registers Avro schemas under Confluent's API, refuses a change its
+    BACKWARD compatibility forbids, keeps its schemas over a restart, and stops whole."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    env = stack.up(["registry"])
+    assert env["REGISTRY_URL"].endswith("/apis/ccompat/v7")
+    client = SchemaRegistryClient({"url": env["REGISTRY_URL"]})
+    first = Schema('{"type":"record","name":"V","fields":[{"name":"id","type":"int"}]}', "AVRO")
+    added = Schema('{"type":"record","name":"V","fields":[{"name":"id","type":"int"},'
+                   '{"name":"n","type":["null","string"],"default":null}]}', "AVRO")
+    retyped = Schema('{"type":"record","name":"V","fields":[{"name":"id","type":"string"}]}', "AVRO")
+    first_id = client.register_schema("t-value", first)
+    assert client.register_schema("t-value", first) == first_id
+    second_id = client.register_schema("t-value", added)
+    assert second_id != first_id
+    assert client.get_latest_version("t-value").version == 2
+    with pytest.raises(SchemaRegistryError) as refused:
+        client.register_schema("t-value", retyped)
+    assert refused.value.http_status_code == 409
+    stack.restart("registry")  # its schemas and ids survive: records written before still read
+    again = SchemaRegistryClient({"url": env["REGISTRY_URL"]})
+    assert again.get_schema(second_id).schema_str == added.schema_str
+    assert again.get_latest_version("t-value").version == 2
+    [row] = [r for r in stack.status() if r.name == "registry"]
+    assert row.answering
+    assert stack.down() == ["registry"]
+    assert stack._group_members(row.pid) == []

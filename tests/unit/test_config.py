@@ -377,9 +377,12 @@ def test_the_log_format_and_debeziums_type_modes(tmp_path):
     assert (options.decimal_handling_mode, options.time_mode("mysql"), options.binary_handling_mode) == (
         "string", "connect", "bytes")
     assert load_config(write(tmp_path, "log: {embedded: {}}\n")).log.format == "json"
+    avro = load_config(write(tmp_path, "log: {format: avro, schema_registry: {url: 'http://127.0.0.1:8081'}}\n"))
+    assert (avro.log.format, avro.log.schema_registry.url) == ("avro", "http://127.0.0.1:8081")
+    assert [where for _, where, _ in problems_of(write(tmp_path, "log: {format: avro}\n"))] == ["log"]
     bad = write(tmp_path, """
         log:
-          format: avro
+          format: protobuf
           debezium: {decimal_handling_mode: exact}
         """)
     assert [(line, where) for line, where, _ in problems_of(bad)] == [
