@@ -96,6 +96,7 @@ from cdc.positions import Position
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
+from cdc.units import human_bytes
 
 __all__ = [
     "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
@@ -106,7 +107,7 @@ __all__ = [
     "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
-    "load_sink_settings", "spark_jars",
+    "load_sink_settings", "spark_jars", "human_bytes",
 ]
 
 

@@ -3,16 +3,13 @@ and from there into derived stores (SQL warehouses, OpenSearch, Redis, Delta Lak
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import sys
 
-from cdc import logs
-from cdc.errors import CdcError
 
+def build_parser() -> "argparse.ArgumentParser":
+    import argparse
 
-def build_parser() -> argparse.ArgumentParser:
     from cdc import demo
     from cdc.config import cli as config_cli
     from cdc.dev import cli as dev_cli
@@ -33,6 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["status"]:
+        # The running daemon answers `cdc status` without the config's models, the plugins or
+        # the log being loaded here (well under a second); None: it cannot, ask the slow way.
+        from cdc.runtime.quick_status import quick_status
+
+        try:
+            answered = quick_status(argv[1:])
+        except BrokenPipeError:
+            return _reader_gone()
+        if answered is not None:
+            return answered
+    import logging
+
+    from cdc import logs
+    from cdc.errors import CdcError
+
     args = build_parser().parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)
     try:
@@ -43,10 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # Whoever read our output stopped (`cdc tail ... | head`): that is the end, not an error.
-        # Point stdout at /dev/null so that flushing it at exit does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    # Whoever read our output stopped (`cdc tail ... | head`): that is the end, not an error.
+    # Point stdout at /dev/null so that flushing it at exit does not fail again.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 if __name__ == "__main__":

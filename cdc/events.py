@@ -122,6 +122,9 @@ class Column:
     # without being written to the log (PostgreSQL's ADD COLUMN ... DEFAULT <constant>); None when
     # there is none or the source cannot tell.
     default: Any = None
+    # The column's name in the table's previous shape, when the source knows the column was renamed
+    # (MySQL: the DDL said so; PostgreSQL: the same attnum under another name). Its values stay.
+    renamed_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -279,7 +279,9 @@ def encode_schema_change(change: SchemaChange, source_name: str, prefix: str) ->
         "source": source_name, "db": table.db, "schema": table.schema, "table": table.table,
         "version": change.version, "ts_ms": change.ts_ms, "ddl": change.ddl,
         "columns": [{"name": c.name, "type": c.type, "key": c.key, "nullable": c.nullable}
-                    | ({} if c.default is None else {"default": c.default}) for c in change.columns]})
+                    | ({} if c.default is None else {"default": c.default})
+                    | ({} if c.renamed_from is None else {"renamed_from": c.renamed_from})
+                    for c in change.columns]})
     return Record(schema_changes_topic(prefix), key, value)
 
 

@@ -20,7 +20,7 @@ import pytest
 from cdc.dev import stack
 from cdc.errors import DevStackError
 
-MARKER_SERVICES = {"postgres", "mysql", "kafka", "redis", "opensearch", "spark"}
+MARKER_SERVICES = {"postgres", "postgres17", "mysql", "kafka", "redis", "opensearch", "spark"}
 
 
 def _services_required() -> bool:
@@ -52,7 +52,8 @@ def _unique(prefix: str) -> str:
 def pytest_collection_modifyitems(items):
     # A test using a service fixture must carry that service's marker, so `-m` selections and
     # the per-service suites in CI stay truthful.
-    needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "mysql_url": "mysql",
+    needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "pg17_dsn": "postgres17",
+             "pg17_admin_dsn": "postgres17", "pg17_bindir": "postgres17", "mysql_url": "mysql",
              "mysql_db": "mysql", "kafka_bootstrap": "kafka", "kafka_topic": "kafka",
              "redis_url": "redis", "redis_prefix": "redis", "redis_cluster_url": "redis", "opensearch_url": "opensearch",
              "opensearch_index": "opensearch", "spark": "spark", "registry_url": "registry"}
@@ -73,6 +74,27 @@ def pg_admin_dsn(dev_env_for) -> str:
 @pytest.fixture
 def pg_dsn(pg_admin_dsn):
     """A fresh database; dropped (with its replication slots) after the test."""
+    yield from _fresh_database(pg_admin_dsn)
+
+
+@pytest.fixture(scope="session")
+def pg17_admin_dsn(dev_env_for) -> str:
+    return dev_env_for("postgres17")["PG17_DSN"]
+
+
+@pytest.fixture(scope="session")
+def pg17_bindir(dev_env_for) -> str:
+    """The PostgreSQL 17 binaries (initdb, postgres) the stack runs, for tests that start servers of their own."""
+    return dev_env_for("postgres17")["PG17_BINDIR"]
+
+
+@pytest.fixture
+def pg17_dsn(pg17_admin_dsn):
+    """A fresh database on the PostgreSQL 17 server; dropped (with its slots) after the test."""
+    yield from _fresh_database(pg17_admin_dsn)
+
+
+def _fresh_database(pg_admin_dsn: str):
     import psycopg2
 
     name = _unique("t")

@@ -9,7 +9,29 @@
 ``cdc validate`` and ``cdc schema``.
 """
 
-from cdc.config.model import AppConfig, EmbeddedLogConfig, KafkaLogConfig, LogConfig
-from cdc.config.validate import load_config, parse_config
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cdc.config.model import AppConfig, EmbeddedLogConfig, KafkaLogConfig, LogConfig
+    from cdc.config.validate import load_config, parse_config
 
 __all__ = ["AppConfig", "EmbeddedLogConfig", "KafkaLogConfig", "LogConfig", "load_config", "parse_config"]
+
+_HOMES = {"AppConfig": "model", "EmbeddedLogConfig": "model", "KafkaLogConfig": "model",
+          "LogConfig": "model", "load_config": "validate", "parse_config": "validate"}
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the models pull in pydantic and every plugin's config, which the
+    # light parts of this package (``loader``, ``interpolate``, ``address``) and ``cdc status``'s
+    # fast path must not pay for.
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"cdc.config.{home}"), name)
+    globals()[name] = value
+    return value

@@ -11,14 +11,16 @@ raised, so that validation can still report everything else in the same run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from cdc.config.interpolate import has_references, interpolate
+
+if TYPE_CHECKING:
+    from typing import Any
 
 Path = tuple[str | int, ...]
 
@@ -27,16 +29,21 @@ _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 
 
-@dataclass(slots=True)
 class Document:
-    """A parsed config file: its data, where each part of it was written, what went wrong."""
+    """A parsed config file: its data, where each part of it was written, what went wrong.
 
-    file: str
-    data: Any = None
-    lines: dict[Path, int] = field(default_factory=dict)   # path -> 1-based line
-    problems: list[tuple[Path, int | None, str]] = field(default_factory=list)
-    # Paths whose value is already known to be wrong: validation errors at or under them are noise.
-    tainted: set[Path] = field(default_factory=set)
+    A plain class, not a dataclass: ``cdc status``'s fast path reads the file through here, and
+    ``dataclasses`` (with ``inspect``) would be a sizeable part of its start-up."""
+
+    __slots__ = ("file", "data", "lines", "problems", "tainted")
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.data: Any = None
+        self.lines: dict[Path, int] = {}   # path -> 1-based line
+        self.problems: list[tuple[Path, int | None, str]] = []
+        # Paths whose value is already known to be wrong: validation errors at or under them are noise.
+        self.tainted: set[Path] = set()
 
     def line_of(self, path: Path) -> int | None:
         """The line of ``path``, or of its nearest enclosing part that was written in the file

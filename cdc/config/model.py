@@ -18,6 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, V
                       field_validator, model_validator)
 
 from cdc.api import ConfigPath, SinkConfig, SourceConfig
+from cdc.config.address import DEFAULT_HTTP, parse_http_address
 from cdc.log.base import TopicSettings
 
 TOPIC_PREFIX = r"^[A-Za-z0-9._-]+$"  # the characters Kafka allows in a topic name
@@ -154,18 +155,6 @@ class LogConfig(_Section):
         return TopicSettings(partitions=e.partitions, delete_retention_ms=e.delete_retention_ms)
 
 
-def parse_http_address(value: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[::1]:8083"`` for IPv6) -> (host, port); port 0 means any free port."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected host:port, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
-    return host, int(port)
-
-
 class AppConfig(_Section):
     """A whole config file."""
 
@@ -173,7 +162,7 @@ class AppConfig(_Section):
     log: LogConfig = Field(default_factory=dict, validate_default=True)
     sources: list[SerializeAsAny[SourceConfig]] = Field(default_factory=list)
     sinks: list[SerializeAsAny[SinkConfig]] = Field(default_factory=list)
-    http: str | None = Field(default="127.0.0.1:8083",
+    http: str | None = Field(default=DEFAULT_HTTP,
                              description="host:port of the status and metrics server; null for none")
     http_token: SecretStr | None = Field(default=None, description="bearer token that commands to the "
                                          "daemon (restart, pause, ...) must carry; needed off loopback")

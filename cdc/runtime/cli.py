@@ -87,8 +87,13 @@ def _connector_names(config, only: list[str] | None) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cdc.config import load_config
+    from cdc.runtime.status_report import StatusReport, file_digest
     from cdc.runtime.supervisor import Supervisor
 
+    try:
+        digest = file_digest(args.file)  # before it is loaded: an edit in between shows as a mismatch
+    except OSError:
+        digest = ""  # load_config says what is wrong with the file
     config = load_config(args.file, only=args.only)
     names = _connector_names(config, args.only)
     if not names:
@@ -98,8 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     kinds = {s.name: "sink" for s in config.sinks}
     unhealthy_after = {c.name: c.unhealthy_after for c in [*config.sources, *config.sinks]}
     retry_failed = {c.name: c.retry_failed for c in [*config.sources, *config.sinks]}
-    return Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds,
-                      unhealthy_after=unhealthy_after, retry_failed=retry_failed, token=config.token()).run()
+    supervisor = Supervisor(args.file, names, http=config.http, grace=args.grace, level=level, kinds=kinds,
+                            unhealthy_after=unhealthy_after, retry_failed=retry_failed, token=config.token())
+    supervisor.status_report = StatusReport(args.file, config, digest, supervisor.snapshot)
+    return supervisor.run()
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -147,12 +154,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
 
-    from cdc.runtime.slots_cli import slot_line, slot_rows
+    from cdc.runtime.slots_cli import slot_rows
+    from cdc.runtime.status_lines import slot_line, status_line, store_lines
 
     config = load_config(args.file, only=args.names or None)
     _check_names(config, args.names)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
-    slots, unreachable = slot_rows(config)  # from the servers themselves: shown even without the log
+    slots, unreachable = slot_rows(config.sources)  # from the servers themselves: shown even without the log
     for problem in unreachable:
         print(f"cdc status: {problem}", file=sys.stderr)
     if logging.getLogger().level > logging.DEBUG:  # (-v shows them) the one line below says it all
@@ -162,7 +170,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     except LogUnavailableError as err:
         if not args.json:
             for row in live.values():
-                print(_status_line({**row, "consumer_lag": None}))
+                print(status_line({**row, "consumer_lag": None}))
             for row in slots:
                 print(slot_line(row))
         where = (f"Kafka at {config.log.kafka.bootstrap_servers}" if config.log.kafka is not None
@@ -173,9 +181,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(rows + slots, indent=2))
         return 0
     for row in rows:
-        print(_status_line(row))
-        for store in row.get("stores") or ():
-            print("       " + " ".join(f"{k}={v}" for k, v in store.items()))
+        print(status_line(row))
+        for line in store_lines(row):
+            print(line)
     for row in slots:
         print(slot_line(row))
     return 0
@@ -188,41 +196,12 @@ def _check_names(config, names: list[str] | None) -> None:
         raise ConfigError(f"the file declares no connector named {', '.join(unknown)}")
 
 
-HEALTH = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
-
-
-def _daemon_rows(config, live: dict[str, dict]) -> list[dict] | None:
-    """The rows from the daemon's own figures alone (no log, no server asked: fast); None unless
-    the daemon runs every connector shown and the sinks' stores need no describing."""
-    from cdc.api import DescribedSink
-    from cdc.plugins import sink_plugin
-
-    connectors = [*config.sources, *config.sinks]
-    if not connectors or any(c.name not in live for c in connectors):
-        return None
-    if any(issubclass(sink_plugin(s.type), DescribedSink) for s in config.sinks):
-        return None
-    rows = []
-    for source in config.sources:
-        row = live[source.name]
-        rows.append({"kind": "source", "name": source.name, "phase": row.get("phase"),
-                     "position": row.get("position"), "lag_seconds": row.get("lag_seconds"),
-                     "events": row.get("events"), "snapshot_progress": row.get("snapshot_progress"),
-                     "incremental_snapshot": row.get("incremental_snapshot"), **{k: row.get(k) for k in HEALTH}})
-    for sink in config.sinks:
-        row = live[sink.name]
-        rows.append({"kind": "sink", "name": sink.name, "phase": row.get("phase"),
-                     "consumer_lag": row.get("consumer_lag"), "lag_seconds": row.get("lag_seconds"),
-                     "topics": row.get("topics"), "stores": None, "details": row.get("details") or {},
-                     **{k: row.get(k) for k in HEALTH}})
-    return rows
-
-
 def _status_rows(config, live: dict[str, dict]) -> list[dict]:
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
+    from cdc.runtime.status_report import HEALTH, daemon_rows
 
-    rows = _daemon_rows(config, live)
+    rows = daemon_rows(config.sources, config.sinks, live)
     if rows is not None:
         return rows
     log_ = open_log(config.log)
@@ -252,39 +231,6 @@ def _status_rows(config, live: dict[str, dict]) -> list[dict]:
     finally:
         log_.close()
     return rows
-
-
-def _status_line(row: dict) -> str:
-    """One line per connector; a retrying or unhealthy one says why, since when, how often."""
-    import time
-
-    if row["kind"] == "source":
-        lag = f"{row['lag_seconds']:.1f}s" if row.get("lag_seconds") is not None else "-"
-        line = f"source {row['name']:<20} {row['phase']:<12} position={row.get('position') or '-'} lag={lag}"
-        snapshot = row.get("snapshot_progress")
-        if snapshot:
-            eta = snapshot.get("eta_seconds")
-            line += (f" snapshot rows={snapshot['rows']:,} chunks={snapshot['chunks_done']}/{snapshot['chunks_total']}"
-                     f" eta={'-' if eta is None else f'{eta:.0f}s'}")
-        incremental = row.get("incremental_snapshot")
-        if incremental:
-            after = incremental.get("after_key")
-            line += (f" incremental_snapshot={incremental.get('table') or '-'}"
-                     f" after={'start' if after is None else ','.join(map(str, after))}"
-                     f" rows={incremental.get('rows', 0):,} queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
-    else:
-        lag = row.get("consumer_lag")
-        line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
-        if row.get("lag_seconds") is not None:
-            line += f" lag={row['lag_seconds']:.1f}s"
-        line += "".join(f" {name}={value}" for name, value in (row.get("details") or {}).items())
-    if row.get("healthy") is False:
-        line += f" UNHEALTHY (no progress for {row.get('seconds_since_progress') or 0:.0f}s)"
-    if row.get("last_error"):
-        at = row.get("last_error_at")
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else "?"
-        line += f" attempts={row.get('attempts') or 0} last_error_at={when} last_error={row['last_error']}"
-    return line
 
 
 def _store_details(sink_config, log_) -> list[dict] | None:

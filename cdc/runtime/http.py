@@ -1,4 +1,5 @@
-"""The daemon's HTTP face: ``/healthz``, Prometheus ``/metrics``, and ``/status`` (JSON).
+"""The daemon's HTTP face: ``/healthz``, Prometheus ``/metrics``, ``/status`` (JSON), and
+``/status/report`` (what ``cdc status`` prints, see ``cdc.runtime.status_report``).
 
 ``/healthz`` answers 200 while every connector is healthy, 503 (naming the unhealthy ones) once
 one has failed permanently or made no progress for its ``unhealthy_after`` seconds (blocked, or
@@ -13,7 +14,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from cdc.config.model import parse_http_address
+from cdc.config.address import parse_http_address
 from cdc.errors import ConfigError
 from cdc.runtime.console import Console
 from cdc.runtime.stats import PHASES
@@ -78,12 +79,13 @@ def render_metrics(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPServer:
+def serve(supervisor, address: str, token: str | None = None, report=None) -> ThreadingHTTPServer:
     """Start the server on ``host:port`` in a daemon thread; the caller shuts it down.
 
     An address that cannot be served (the port is taken, the host is not this machine's) is a
     ``ConfigError`` naming the ``http:`` setting: it is permanent until the config or the other
-    process changes."""
+    process changes. ``report`` (a ``cdc.runtime.status_report.StatusReport``) serves
+    ``/status/report``, what ``cdc status`` prints."""
     host, port = parse_http_address(address)
     console = Console(supervisor)  # the web page and its JSON: cdc/runtime/console.py
 
@@ -109,6 +111,11 @@ def serve(supervisor, address: str, token: str | None = None) -> ThreadingHTTPSe
                            "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/status":
                 self._send(200, json.dumps(supervisor.snapshot(), indent=2) + "\n", "application/json")
+            elif path == "/status/report" and report is not None:
+                from urllib.parse import parse_qs, urlsplit
+
+                code, answer = report.answer(parse_qs(urlsplit(self.path).query).get("name", []))
+                self._send(code, json.dumps(answer) + "\n", "application/json")
             elif (answer := console.route(path)) is not None:
                 code, data, content_type = answer
                 self._send(code, data, content_type)

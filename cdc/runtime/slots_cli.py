@@ -16,20 +16,18 @@ from cdc.errors import ConfigError, PermanentError
 CONNECT_TIMEOUT = 5  # seconds: `cdc status` is a look, not a job
 
 
-def _postgres_sources(config) -> list:
-    return [s for s in config.sources if s.type == "postgres"]
-
-
-def slot_rows(config) -> tuple[list[dict], list[str]]:
-    """(a row per slot, a message per server that could not be asked)."""
-    if not _postgres_sources(config):
+def slot_rows(sources: list) -> tuple[list[dict], list[str]]:
+    """(a row per slot on the servers ``sources`` capture, a message per server that could not be
+    asked)."""
+    postgres = [s for s in sources if s.type == "postgres"]
+    if not postgres:
         return [], []
     import psycopg2
 
     from sources.postgres.slots import list_slots, server_of
 
     by_server: dict[str, list] = {}
-    for source in _postgres_sources(config):
+    for source in postgres:
         by_server.setdefault(server_of(source.dsn.get_secret_value()), []).append(source)
     rows, problems = [], []
     for server, sources in by_server.items():
@@ -47,16 +45,6 @@ def slot_rows(config) -> tuple[list[dict], list[str]]:
         finally:
             conn.close()
     return rows, problems
-
-
-def slot_line(row: dict) -> str:
-    from sources.postgres.slots import human_bytes
-
-    owner = f"source {row['owner']}" if row["owner"] else "ORPHAN (no source in this file uses it)"
-    state = f"active pid {row['active_pid']}" if row["active"] else "inactive"
-    return (f"slot   {row['name']:<20} {row['server']}/{row['database']} {state} "
-            f"retained_wal={human_bytes(row['retained_wal_bytes'])} wal_status={row['wal_status'] or '-'} "
-            f"{owner}")
 
 
 def add_drop_parser(subparsers: argparse._SubParsersAction) -> None:

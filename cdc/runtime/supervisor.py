@@ -112,6 +112,9 @@ class Supervisor:
         sinks = [n for n in names if kinds.get(n) == "sink"]
         self.sink_lag = SinkLagMonitor(config_path, sinks) if sinks else None
         self.stopping = threading.Event()
+        # What `cdc status` prints, computed here (GET /status/report); set by `cdc run`, which
+        # has the config loaded (cdc.runtime.status_report).
+        self.status_report = None
         self._ctx = multiprocessing.get_context("spawn")
 
     # -- the view the HTTP server reads --------------------------------------------------------
@@ -340,7 +343,7 @@ class Supervisor:
         if self.http:
             from cdc.runtime.http import serve
 
-            server = serve(self, self.http, self.token)
+            server = serve(self, self.http, self.token, report=self.status_report)
         if self.sink_lag is not None:
             self.sink_lag.start()
         try:

@@ -40,6 +40,9 @@ class SourceColumn:
     type: str              # the source's type name, or the one inferred from values
     key: bool = False
     inferred: bool = False
+    # Earlier names of the column (newest first): the source renamed it, and rows written before
+    # that carry their value under such a name (see tables.py, "renamed columns").
+    was: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -162,7 +165,7 @@ class Bookkeeping:
 
     def save_entry(self, conn: Connection, entry: TableEntry) -> None:
         columns = orjson.dumps([{"name": c.name, "type": c.type, "key": c.key, "inferred": c.inferred}
-                                for c in entry.columns.values()]).decode()
+                                | ({"was": list(c.was)} if c.was else {}) for c in entry.columns.values()]).decode()
         conn.exec_driver_sql(self._entry_sql, (self.sink, entry.generation, entry.name, entry.topic,
                                                columns, entry.schema_version))
 
@@ -211,4 +214,4 @@ class Bookkeeping:
 
 
 def _columns(text: str) -> dict[str, SourceColumn]:
-    return {c["name"]: SourceColumn(**c) for c in orjson.loads(text)}
+    return {c["name"]: SourceColumn(**{**c, "was": tuple(c.get("was") or ())}) for c in orjson.loads(text)}

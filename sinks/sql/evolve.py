@@ -7,6 +7,8 @@ values themselves:
 * a column the table lacks -> added (nullable); from a record with the record's type, from a value
   with the type inferred from it;
 * a column the source dropped -> nothing: it stays, NULL from then on (the values lack it);
+* a column the source renamed (its ``renamed_from``, see ``renamed_columns``) -> renamed in place
+  by every policy but ``fail``, which stops: its values stay, under the new name;
 * a column whose *target* type would now differ, or a different set of key columns -> a type
   change, for ``schema_policy`` to decide. Types are compared after mapping (``types.signature``),
   so varchar(10) -> varchar(20) or int -> bigint is no change here. ``widens`` says which type
@@ -38,7 +40,19 @@ class Incompatible:
 
 
 def record_columns(record: dict[str, Any]) -> list[SourceColumn]:
-    return [SourceColumn(c["name"], str(c["type"]), bool(c.get("key"))) for c in record.get("columns") or ()]
+    return [SourceColumn(c["name"], str(c["type"]), bool(c.get("key")),
+                         was=(c["renamed_from"],) if c.get("renamed_from") else ())
+            for c in record.get("columns") or ()]
+
+
+def renamed_columns(entry: TableEntry, record: dict[str, Any]) -> dict[str, str]:
+    """New name -> old name of the columns that ``record`` says the source renamed (a column's
+    ``renamed_from``) and that ``entry`` has under the old name only. A rename the source did not
+    recognise looks like a dropped column and a new one, and is followed as those."""
+    names = {c["name"] for c in record.get("columns") or ()}
+    return {c["name"]: c["renamed_from"] for c in record.get("columns") or ()
+            if c.get("renamed_from") in entry.columns and c["name"] not in entry.columns
+            and c["renamed_from"] not in names}
 
 
 def with_key(columns: list[SourceColumn], key_names: Iterable[str]) -> list[SourceColumn]:
@@ -47,7 +61,7 @@ def with_key(columns: list[SourceColumn], key_names: Iterable[str]) -> list[Sour
     if any(c.key for c in columns):
         return columns
     names = set(key_names)
-    return [SourceColumn(c.name, c.type, c.name in names, c.inferred) for c in columns]
+    return [SourceColumn(c.name, c.type, c.name in names, c.inferred, c.was) for c in columns]
 
 
 def diff(entry: TableEntry, columns: list[SourceColumn],
@@ -58,7 +72,7 @@ def diff(entry: TableEntry, columns: list[SourceColumn],
     for column in columns:
         old = entry.columns.get(column.name)
         if old is None:
-            added.append(SourceColumn(column.name, column.type, False))
+            added.append(SourceColumn(column.name, column.type, False, was=column.was))
         elif not old.inferred and signature(old.type, old.key) != signature(column.type, old.key):
             incompatible.append(Incompatible(column.name, old.type, column.type))
     old_key = entry.key

@@ -27,7 +27,8 @@ import sqlalchemy as sa
 from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.evolve import KEY, Incompatible, diff, infer_columns, record_columns, widens, with_key
+from sinks.sql.evolve import (KEY, Incompatible, diff, infer_columns, record_columns, renamed_columns, widens,
+                               with_key)
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
@@ -117,10 +118,12 @@ class TableCatalog:
                 if not rows:  # e.g. only a truncate so far: the table can wait for a keyed event
                     return TablePlan(changes, physical, None)
                 raise PermanentError(f"{physical}: no key columns (the events of {changes.topic} have no key)")
+            columns = self._former_names(name, generation, columns)
             entry = self.sync(TableEntry(name, generation, changes.topic, {c.name: c for c in columns},
                                          shape.get("version") if shape else None))
             if shape is not None:
                 self._records[cache_key] = _fingerprint(shape)
+            rows = _under_current_names(changes, entry)
             if record is not None and self.config.schema_policy != "rebuild":
                 entry = self._older_columns(entry, rows, record, changes.topic)
         elif record is not None:
@@ -129,6 +132,7 @@ class TableCatalog:
                 if self._records.get(cache_key) != fingerprint:
                     entry = self._follow(entry, record, key_names)
                     self._records[cache_key] = fingerprint
+            rows = _under_current_names(changes, entry)
             if self.config.schema_policy != "rebuild":  # rebuild: tables hold the newest shape only
                 entry = self._older_columns(entry, rows, record, changes.topic)
         else:
@@ -175,6 +179,20 @@ class TableCatalog:
         return self.sync(TableEntry(entry.name, entry.generation, entry.topic,
                                     {**entry.columns, **{c.name: c for c in typed}}, entry.schema_version))
 
+    def _former_names(self, name: str, generation: int, columns: list[SourceColumn]) -> list[SourceColumn]:
+        """``columns`` of a table new in ``generation``, each with the earlier names that the
+        current generation's table knows for it (a rebuild replays rows written before a rename
+        that the live sink followed)."""
+        current = self.current()
+        if generation == current:
+            return columns
+        with self.target.engine.connect() as conn:
+            live = self.books.entry(conn, current, name)
+        if live is None:
+            return columns
+        return [SourceColumn(c.name, c.type, c.key, c.inferred, tuple(dict.fromkeys((*c.was, *live.columns[c.name].was))))
+                if c.name in live.columns and live.columns[c.name].was else c for c in columns]
+
     def _load(self, generation: int, name: str) -> TableEntry | None:
         with self.target.engine.begin() as conn:
             entry = self.books.entry(conn, generation, name)
@@ -185,9 +203,20 @@ class TableCatalog:
     def _follow(self, entry: TableEntry, record: dict[str, Any], key_names: list[str]) -> TableEntry:
         """Evolve ``entry`` to the source columns of ``record`` (see evolve.py), or raise."""
         cache_key = (entry.generation, entry.name)
+        policy = self.config.schema_policy
+        renames = renamed_columns(entry, record)
+        if renames:
+            described = "; ".join(f"column {old} renamed to {new}" for new, old in renames.items())
+            if policy == "fail":
+                raise SchemaChangeError(
+                    f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic}): source schema change "
+                    f"{described} (schema_policy is 'fail'); nothing of the new shape was written. Fix: set "
+                    f"schema_policy: evolve (or rebuild), which renames the column in place and keeps its values "
+                    f"(a cdc rebuild alone cannot: the topic holds the older rows under the old name)")
+            log.info("sql sink %s: %s: %s (in place, values kept)", self.config.name, entry.physical, described)
+            entry = self.sync(entry, renames=renames)
         columns = with_key(record_columns(record), key_names or entry.key)
         added, changed = diff(entry, columns, self.signature)
-        policy = self.config.schema_policy
         dropped = sorted(set(entry.columns) - {c.name for c in columns})
         if dropped and policy == "rebuild":  # the new generation is made without them
             raise RebuildRequired(f"sql sink {self.config.name}: table {entry.physical} (topic {entry.topic}): "
@@ -230,7 +259,7 @@ class TableCatalog:
             if old is not None and old.inferred and self.signature(old.type, old.key) == self.signature(column.type, old.key):
                 merged[column.name] = SourceColumn(column.name, column.type, old.key)
         for change in retyped:
-            merged[change.column] = SourceColumn(change.column, change.new, False)
+            merged[change.column] = SourceColumn(change.column, change.new, False, was=merged[change.column].was)
         merged.update({c.name: c for c in added})
         evolved = TableEntry(entry.name, entry.generation, entry.topic, merged, record.get("version"))
         if added:
@@ -252,21 +281,33 @@ class TableCatalog:
     # --- DDL --------------------------------------------------------------------------------------
 
     def sync(self, entry: TableEntry, retype: list[str] = (), fill: dict[str, Any] | None = None,
-             below: int | None = None) -> TableEntry:
+             below: int | None = None, renames: dict[str, str] | None = None) -> TableEntry:
         """Make the physical table hold every column of ``entry`` (creating the table if needed),
-        changing the types of the columns named in ``retype``, store the entry merged with what is
-        stored, and refresh the view of the current generation."""
+        renaming the columns of ``renames`` (new name -> old name) and changing the types of the
+        columns named in ``retype``, store the entry merged with what is stored, and refresh the
+        view of the current generation."""
         target, physical = self.target, entry.physical
+        if renames:
+            entry = TableEntry(entry.name, entry.generation, entry.topic,
+                               _renamed(entry.columns, renames), entry.schema_version)
 
         def work(conn: sa.engine.Connection) -> TableEntry:
+            if entry.generation == self.current():
+                target.lock_view(conn, entry.name)  # before the table, as readers do
             merged = entry
             stored = self.books.entry(conn, entry.generation, entry.name)
             if stored is not None:
                 merged = TableEntry(entry.name, entry.generation, entry.topic,
-                                    {**stored.columns, **entry.columns}, entry.schema_version)
+                                    {**_renamed(stored.columns, renames or {}), **entry.columns},
+                                    entry.schema_version)
             wanted = [(c.name, self._type(c)) for c in merged.columns.values()]
             extra = [(VERSION, sa.BigInteger())] + ([(DELETED, sa.Boolean())] if self.config.soft_delete else [])
             existing = target.columns_of(conn, physical)
+            current = merged.generation == self.current()
+            for new, old in (renames or {}).items():  # idempotent: a retry finds it done
+                if existing is not None and old in existing and new not in existing:
+                    target.rename_column(conn, physical, old, new, merged.name if current else None)
+                    existing = [new if name == old else name for name in existing]
             if existing is None:
                 target.create_table(conn, physical, wanted, merged.key, [
                     sa.Column(VERSION, sa.BigInteger, nullable=False, quote=True),
@@ -276,7 +317,6 @@ class TableCatalog:
                 for column_name, type_ in wanted + extra:
                     if column_name not in existing:
                         target.add_column(conn, physical, column_name, type_)
-                current = merged.generation == self.current()
                 for column_name in retype:
                     target.change_column_type(conn, physical, column_name, self._type(merged.columns[column_name]),
                                               merged.name if current else None)
@@ -303,6 +343,42 @@ class TableCatalog:
     def _signature(self, type_name: str, key: bool) -> str:
         return signature(target_type(type_name, self.target.kind, key=key, mariadb=self.target.mariadb),
                          self.target.dialect)
+
+
+def _renamed(columns: dict[str, SourceColumn], renames: dict[str, str]) -> dict[str, SourceColumn]:
+    """``columns`` with each old name of ``renames`` (new -> old) replaced by the new one, in
+    place, remembering the old name for rows written before the rename."""
+    old_to_new = {old: new for new, old in renames.items()}
+    out = {}
+    for name, column in columns.items():
+        new = old_to_new.get(name)
+        if new is None:
+            out[name] = column
+        else:
+            out[new] = SourceColumn(new, column.type, column.key, column.inferred, (name, *column.was))
+    return out
+
+
+def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[str, Any]]:
+    """The rows of ``changes``, with values that rows of a shape before a rename carry under a
+    column's earlier name moved to its current one (in ``changes`` too, for the write). Only
+    names the table does not use now: a new column may take an old name again."""
+    former = {old: column.name for column in entry.columns.values() for old in column.was
+              if old not in entry.columns}
+    if former:
+        for key, event in changes.upserts.items():
+            after = event.after
+            if not former.keys() & after.keys():
+                continue
+            moved = {}
+            for column, value in after.items():
+                current = former.get(column)
+                if current is None:
+                    moved[column] = value
+                elif current not in after:
+                    moved.setdefault(current, value)
+            changes.upserts[key] = event._replace(after=moved)
+    return [event.after for event in changes.upserts.values()]
 
 
 def _key_names(changes: TopicChanges) -> list[str]:

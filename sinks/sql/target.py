@@ -143,6 +143,25 @@ class Target:
             return
         conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} ALTER COLUMN {column} TYPE {sql_type}")
 
+    def lock_view(self, conn: Connection, view: str) -> None:
+        """PostgreSQL: take ``view`` (and through it its table) before DDL on the table. A reader
+        locks a view before the table behind it; DDL that locked the table first and then
+        replaces the view waits for such a reader while the reader waits for it: a deadlock that
+        PostgreSQL ends by failing one of them, perhaps the reader's query."""
+        if self.kind != "postgresql":
+            return
+        if conn.exec_driver_sql("SELECT to_regclass(%s)", (self.qualified(view),)).scalar() is not None:
+            conn.exec_driver_sql(f"LOCK TABLE {self.qualified(view)} IN ACCESS EXCLUSIVE MODE")
+
+    def rename_column(self, conn: Connection, table: str, old: str, new: str, view: str | None) -> None:
+        """Rename a column in place, its values kept. PostgreSQL keeps a view's column names, so
+        the view (``view``, when it shows this table) goes first and the caller points it again,
+        in the same transaction (readers wait on the lock). MySQL/MariaDB commit the DDL at once:
+        its view names the old column until the caller points it again a moment later."""
+        if self.kind == "postgresql" and view is not None:
+            conn.exec_driver_sql(f"DROP VIEW IF EXISTS {self.qualified(view)}")
+        conn.exec_driver_sql(f"ALTER TABLE {self.qualified(table)} RENAME COLUMN {self.quote(old)} TO {self.quote(new)}")
+
     def drop_table(self, conn: Connection, table: str) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {self.qualified(table)}")
 

@@ -37,8 +37,12 @@ class TableSchema:
     def json_columns(self) -> set[str]:
         return {c.name for c in self.columns if c.type.json}
 
-    def change(self, version: int, ts_ms: int, ddl_text: str | None) -> SchemaChange:
-        return SchemaChange(self.id, tuple(Column(c.name, c.type_name, c.name in self.key, c.nullable)
+    def change(self, version: int, ts_ms: int, ddl_text: str | None,
+               renamed: dict[str, str] | None = None) -> SchemaChange:
+        """The shape as of ``version``; ``renamed``: new name -> name before the statement."""
+        renamed = renamed or {}
+        return SchemaChange(self.id, tuple(Column(c.name, c.type_name, c.name in self.key, c.nullable,
+                                                  renamed_from=renamed.get(c.name))
                                            for c in self.columns), version, ts_ms, ddl_text)
 
 
@@ -86,15 +90,16 @@ class SchemaTracker:
         elif isinstance(statement, ddl.AlterTable):
             name = (statement.db, statement.table)
             schema = self.tables.get(name)
+            renamed: dict[str, str] = {}
             if schema is not None:
-                schema = self._alter(schema, statement.ops)
+                schema, renamed = self._alter(schema, statement.ops)
             elif self.captured(*name):
                 self.stale[name] = ddl_text
             if statement.rename_to is not None:
                 changes += self._rename(name, statement.rename_to, schema, version, ts_ms, ddl_text)
             elif schema is not None:
                 self._put(name, schema)
-                changes.append(schema.change(version, ts_ms, ddl_text))
+                changes.append(schema.change(version, ts_ms, ddl_text, renamed))
         elif isinstance(statement, ddl.RenameTables):
             for old, new in statement.pairs:
                 changes += self._rename(old, new, self.tables.get(old), version, ts_ms, ddl_text)
@@ -133,9 +138,16 @@ class SchemaTracker:
         return changes
 
     @staticmethod
-    def _alter(schema: TableSchema, ops: tuple) -> TableSchema:
+    def _alter(schema: TableSchema, ops: tuple) -> tuple[TableSchema, dict[str, str]]:
+        """The table after ``ops``, and its renamed columns (new name -> name before the statement):
+        a sink renames those in place, keeping their values, instead of adding a new empty column."""
         columns = list(schema.columns)
         key = schema.key
+        renamed: dict[str, str] = {}  # new name -> the name before the statement
+
+        def rename(old: str, new: str) -> None:
+            if old != new:
+                renamed[new] = renamed.pop(old, old)
 
         def place(column: ColumnDef, after: str | None, index: int | None) -> None:
             if after == "":
@@ -158,6 +170,7 @@ class SchemaTracker:
                     key = (op.column.name,)
             elif isinstance(op, ddl.DropColumn):
                 if op.name in names:
+                    renamed.pop(op.name, None)
                     columns.pop(names.index(op.name))
                     key = tuple(k for k in key if k != op.name)
             elif isinstance(op, ddl.ChangeColumn):
@@ -166,6 +179,7 @@ class SchemaTracker:
                 index = names.index(op.old)
                 columns.pop(index)
                 place(op.column, op.after if op.move else None, None if op.move else index)
+                rename(op.old, op.column.name)
                 key = tuple(op.column.name if k == op.old else k for k in key)
                 if op.column.primary:
                     key = (op.column.name,)
@@ -173,11 +187,14 @@ class SchemaTracker:
                 if op.old in names:
                     index = names.index(op.old)
                     columns[index] = replace(columns[index], name=op.new)
+                    rename(op.old, op.new)
                     key = tuple(op.new if k == op.old else k for k in key)
             elif isinstance(op, ddl.SetPrimaryKey):
                 key = op.columns
                 columns = [replace(c, nullable=False) if c.name in key else c for c in columns]
-        return TableSchema(schema.id, columns, key)
+        before = set(schema.names)
+        return TableSchema(schema.id, columns, key), {new: old for new, old in renamed.items()
+                                                      if old in before and new not in before}
 
     def from_table_map(self, db: str, table: str, specs: list[ColumnSpec], key: tuple[str, ...],
                        load_json: Callable[[], set[str]], version: int, ts_ms: int) -> SchemaChange | None:

@@ -59,9 +59,16 @@ class ChangeBuilder:
     def __init__(self, database: str, lookup_table: Callable[[int], TableMeta | None],
                  converters_for: Callable[[list[int]], list[Callable[[str], Any]]], toast: ToastStore,
                  type_name: Callable[[int, int], str],
-                 filled: Callable[[int, list[str]], dict[str, Any]] = lambda oid, names: {}) -> None:
+                 filled: Callable[[int, list[str]], dict[str, Any]] = lambda oid, names: {},
+                 attnums: Callable[[int], dict[str, int]] = lambda oid: {}) -> None:
         self.database = database
         self.filled = filled                  # (oid, new column names) -> the values existing rows got
+        self.attnums = attnums                # oid -> {column name: attnum}, from the catalog as it is now
+        # Per relation OID, the attnums of the columns of its last published shape (at start: of
+        # the catalog then): a column whose attnum comes back under another name was renamed
+        # (attnums are never reused in a table). A rename while the source was down is not seen
+        # (the catalog at start has the new name): for sinks, a drop and an add.
+        self.column_ids: dict[int, dict[str, int]] = {}
         self.type_name = type_name            # (type oid, modifier) -> "numeric(10,2)"
         self.lookup_table = lookup_table      # oid -> TableMeta, or None when not captured
         self.converters_for = converters_for  # type oids -> converters
@@ -119,7 +126,9 @@ class ChangeBuilder:
             # Every column's, not only those new since the previous Relation message: after a
             # snapshot or a restart there is none, and a sink fills only columns its table lacks.
             filled = self.filled(message.oid, list(names))
-            change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key, default=filled.get(n))
+            renamed = self._renamed(message.oid, names)
+            change = SchemaChange(meta.id, tuple(Column(n, t, n in meta.key, default=filled.get(n),
+                                                        renamed_from=renamed.get(n))
                                                  for n, t in zip(names, relation.type_names)),
                                   lsn, self.commit_ms or 0)
             (self.schema_changes if lsn else self.unstamped).append(change)
@@ -135,6 +144,17 @@ class ChangeBuilder:
         self.relations[message.oid] = relation
         self.row_paths.update(compile_row_paths(relation.oid, relation.table, relation.qualified, relation.names,
                                                 relation.converters, relation.key_index, relation.toastable))
+
+    def _renamed(self, oid: int, names: tuple[str, ...]) -> dict[str, str]:
+        """New name -> old name of the columns of ``oid`` renamed since its last shape. The
+        catalog is read as it is now (like ``filled``): a column renamed again or dropped before
+        the stream reaches this shape is not recognised, and counts as dropped and added."""
+        now = self.attnums(oid)
+        ids = {name: now[name] for name in names if name in now}
+        before = {attnum: name for name, attnum in self.column_ids.get(oid, {}).items()}
+        self.column_ids[oid] = ids
+        return {name: before[attnum] for name, attnum in ids.items()
+                if before.get(attnum, name) != name and before[attnum] not in names}
 
     def row_message(self, payload: bytes, lsn: int) -> list[ChangeEvent] | None:
         """The events of a plain Insert/Update/Delete outside a stream block, through its

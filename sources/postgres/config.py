@@ -56,6 +56,10 @@ class PostgresConfig(SourceConfig, IncrementalSettings):
         "needs snapshot: when_needed"))
     wal_check_interval: float = Field(default=60.0, gt=0,
                                       description="seconds between two measures of the slot's retained WAL")
+    failover_slot: bool = Field(default=True, description=(
+        "make the slot a failover slot where the server has them (PostgreSQL 17+): a physical standby "
+        "with sync_replication_slots = on keeps a copy of it, so after a promotion capture goes on from "
+        "the standby where it stopped; an existing slot is switched to match. Older servers: ignored"))
     protocol_version: int | None = Field(default=None, ge=1, le=4,
                                          description="pgoutput protocol (default: the newest the server has)")
 

@@ -101,6 +101,24 @@ class CatalogLookup:
                 filled[name] = self.converters_for([type_oid])[0](element)
         return filled
 
+    def attnums(self, oid: int) -> dict[str, int]:
+        """Column name -> attnum of relation ``oid``'s live columns, from the catalog as it is now."""
+        return self.all_attnums([oid]).get(oid, {})
+
+    def all_attnums(self, oids: list[int]) -> dict[int, dict[str, int]]:
+        """``attnums`` of several relations at once (at start: the captured tables as they are)."""
+        found: dict[int, dict[str, int]] = {}
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT attrelid::bigint, attname, attnum FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) "
+                            "AND attnum > 0 AND NOT attisdropped", (list(oids),))
+                for oid, name, attnum in cur.fetchall():
+                    found.setdefault(oid, {})[name] = attnum
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            raise wrap(err, f"reading the columns of relations {oids}") from err
+        return found
+
     def type_name(self, oid: int, modifier: int) -> str:
         name = self._type_names.get((oid, modifier))
         if name is None:

@@ -6,6 +6,11 @@ connector is a leftover of a process that died (kill -9) and is ended; one held 
 a retriable error. Names: ``slots.py`` (the default ``cdc_<db>_<source>``, kept for ``cdc status``
 and ``cdc drop``).
 
+Failover (PostgreSQL 17+, ``failover_slot``, on by default): the slot is created with ``FAILOVER``,
+and an existing one is switched with ``ALTER_REPLICATION_SLOT`` to match the setting, so a standby
+that synchronizes slots (``sync_replication_slots = on``) holds a copy a promoted standby streams
+from. https://www.postgresql.org/docs/17/logicaldecoding-explanation.html#LOGICALDECODING-REPLICATION-SLOTS-SYNCHRONIZATION
+
 Threading: the source's thread only.
 """
 
@@ -55,6 +60,39 @@ class ReplicationSlot:
                      extra=self._extra())
             return legacy
         return new
+
+    @property
+    def failover(self) -> bool | None:
+        """Whether the slot is to be a failover slot; None where the server has none (before 17)."""
+        return self.cfg.failover_slot if self.server_version >= 170000 else None
+
+    def _replication_connection(self):
+        return servers.postgres.connect(self.dsn, what=f"source {self.cfg.name}: opening a replication connection",
+                                        setting=self.setting,
+                                        connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                        options=self.options, application_name=self.app_name)
+
+    def match_failover(self) -> None:
+        """Switch an existing slot's failover flag to the setting (a slot made before 17, or before
+        the setting changed). The slot must not be streaming: call it before the stream starts."""
+        wanted = self.failover
+        if wanted is None:
+            return
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (self.name,))
+            row = cur.fetchone()
+        self.conn.rollback()
+        if row is None or row[0] == wanted:
+            return
+        repl = self._replication_connection()
+        try:
+            repl.cursor().execute(f'ALTER_REPLICATION_SLOT "{self.name}" (FAILOVER {str(wanted).lower()})')
+        except psycopg2.Error as err:
+            raise wrap(err, f"setting failover of replication slot {self.name}") from err
+        finally:
+            repl.close()
+        log.info("slot %s: failover %s (failover_slot: %s)", self.name, "on" if wanted else "off",
+                 str(wanted).lower(), extra=self._extra())
 
     def state(self) -> dict | None:
         """The slot's row (database, plugin, active_pid, wal_status, application_name), or None."""
@@ -123,13 +161,11 @@ class ReplicationSlot:
         exported snapshot (a backfill's: the source's own slot keeps its position)."""
         check_free_slot(self.conn)
         name = f"{self.name[:54]}_backfill" if temporary else self.name
-        repl = servers.postgres.connect(self.dsn, what=f"source {self.cfg.name}: opening a replication connection",
-                                        setting=self.setting,
-                                        connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                        options=self.options, application_name=self.app_name)
+        repl = self._replication_connection()
         cur = repl.cursor()
+        failover = bool(self.failover) and not temporary  # a temporary slot cannot fail over
         if self.server_version >= 150000:
-            how = "(SNAPSHOT 'export')" if export else "(SNAPSHOT 'nothing')"
+            how = f"(SNAPSHOT '{'export' if export else 'nothing'}'{', FAILOVER' if failover else ''})"
         else:
             how = "EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"
         try:
@@ -139,6 +175,9 @@ class ReplicationSlot:
         except psycopg2.Error as err:
             repl.close()
             raise wrap(err, f"creating replication slot {name}") from err
+        if failover:
+            log.info("slot %s is a failover slot: standbys with sync_replication_slots = on keep a copy", name,
+                     extra=self._extra())
         if not export:
             repl.close()
             return None

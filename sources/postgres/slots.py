@@ -18,17 +18,21 @@ from dataclasses import dataclass
 
 from psycopg2.extensions import parse_dsn
 
+from cdc.api import human_bytes
 from sources.postgres.catalog import PUBLICATION_COMMENT, _ident
 from sources.postgres.config import PostgresConfig
 
 log = logging.getLogger(__name__)
 
 # Every logical slot of the server, whatever its database; retained_bytes is NULL for a slot whose
-# restart_lsn is unset (being created) and on a standby (no current WAL position there).
+# restart_lsn is unset (being created) and on a standby (no current WAL position there). failover
+# and synced (a standby's copy of a primary's failover slot) came with PostgreSQL 17: read through
+# to_jsonb, they are NULL on older servers instead of an error.
 SLOTS_SQL = """
 SELECT slot_name, database, active, active_pid, wal_status,
-       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn() - restart_lsn END::bigint
-FROM pg_replication_slots WHERE slot_type = 'logical' ORDER BY database, slot_name
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn() - restart_lsn END::bigint,
+       (to_jsonb(s) ->> 'failover')::boolean, (to_jsonb(s) ->> 'synced')::boolean
+FROM pg_replication_slots s WHERE slot_type = 'logical' ORDER BY database, slot_name
 """
 
 RETAINED_SQL = ("SELECT (pg_current_wal_lsn() - restart_lsn)::bigint FROM pg_replication_slots "
@@ -44,23 +48,15 @@ class SlotInfo:
     active_pid: int | None
     wal_status: str | None   # reserved / extended / unreserved / lost (PostgreSQL 13+)
     retained_bytes: int | None
+    failover: bool | None = None  # a failover slot (PostgreSQL 17+; None before)
+    synced: bool | None = None    # on a standby: a copy of the primary's failover slot (17+)
     owner: str | None = None  # the configured source that uses it; None: an orphan
 
     def as_row(self) -> dict:
         return {"kind": "slot", "server": self.server, "name": self.name, "database": self.database,
                 "active": self.active, "active_pid": self.active_pid, "wal_status": self.wal_status,
-                "retained_wal_bytes": self.retained_bytes, "owner": self.owner}
-
-
-def human_bytes(count: int | None) -> str:
-    if count is None:
-        return "-"
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+                "retained_wal_bytes": self.retained_bytes, "failover": self.failover, "synced": self.synced,
+                "owner": self.owner}
 
 
 def server_of(dsn: str) -> str:
@@ -100,8 +96,9 @@ def list_slots(conn, server: str, sources: list[PostgresConfig]) -> list[SlotInf
     for source in sources:
         database = database_of(source.dsn.get_secret_value())
         owned[(database, slot_of(source, database, existing))] = source.name
-    return [SlotInfo(server, name, database, active, pid, wal_status, retained, owned.get((database, name)))
-            for name, database, active, pid, wal_status, retained in rows]
+    return [SlotInfo(server, name, database, active, pid, wal_status, retained, failover, synced,
+                     owned.get((database, name)))
+            for name, database, active, pid, wal_status, retained, failover, synced in rows]
 
 
 def publication_is_ours(conn, publication: str) -> bool | None:

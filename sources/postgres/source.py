@@ -134,7 +134,9 @@ class PostgresSource(SnapshotThenStream):
 
     def resume_point(self, position: Position) -> PgLsn:
         try:
-            return self.slot.check_resumable(position)
+            resumable = self.slot.check_resumable(position)
+            self.slot.match_failover()
+            return resumable
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: looking up slot {self.slot.name}", setting=self.setting,
                        role=self.role) from err
@@ -165,8 +167,12 @@ class PostgresSource(SnapshotThenStream):
                            role=self.role) from err
             position = PgLsn(0)
         builder = ChangeBuilder(self.slot.database, self.lookup.table, self.lookup.converters_for, self.toast,
-                                self.lookup.type_name, self.lookup.filled)
+                                self.lookup.type_name, self.lookup.filled,
+                                self.lookup.attnums)
         builder.oids.update(self.relations.known(self.slot.database))
+        # The captured tables' columns as they are now: a column renamed before the table's first
+        # Relation message of this session is then told from a dropped one (changes.py, _renamed).
+        builder.column_ids.update(self.lookup.all_attnums(list(self.tables)))
         builder.on_oid = self.relations.seen
         builder.gone_table = self.lookup.gone_table
         transport = ReplicationStream(self.dsn, self.options, self.slot.name, cfg.publication_name, self.protocol,

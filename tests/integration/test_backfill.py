@@ -80,6 +80,23 @@ def _check_backfill(log, prefix, namespace, source, config_a, config_ab, run, ro
 
 @pytest.mark.postgres
 def test_postgres_backfills_a_table_added_to_the_config(pg_dsn, tmp_path, log):
+    _postgres_backfill(pg_dsn, tmp_path, log)
+
+
+@pytest.mark.postgres17
+def test_postgres17_backfills_with_a_temporary_slot_beside_its_failover_slot(pg17_dsn, tmp_path, log):
+    """On 17 the source's slot is a failover slot; the backfill's temporary slot cannot be one
+    (the server refuses FAILOVER for a temporary slot), so it is made without."""
+    import psycopg2
+
+    _postgres_backfill(pg17_dsn, tmp_path, log)
+    with psycopg2.connect(pg17_dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT failover FROM pg_replication_slots WHERE database = current_database()")
+        assert cur.fetchall() == [(True,)]
+    conn.close()
+
+
+def _postgres_backfill(pg_dsn, tmp_path, log) -> None:
     from tests.integration.pg_capture import execute, pg_config, table_rows
 
     execute(pg_dsn, "CREATE TABLE a (id int PRIMARY KEY, v int)", "CREATE TABLE b (id int PRIMARY KEY, v int)",

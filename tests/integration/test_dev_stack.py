@@ -116,6 +116,28 @@ def test_kill_stop_freeze_and_restart_keep_a_servers_data_and_port(private_home)
     assert _pg_rows(env) == [(1, "survives")]
 
 
+@pytest.mark.postgres17
+def test_postgres17_runs_from_the_fetched_binaries_and_restarts_on_its_data(private_home):
+    import psycopg2
+
+    env = stack.up(["postgres17"])
+    assert set(env) == {"PG17_DSN", "PG17_BINDIR"}
+    with psycopg2.connect(env["PG17_DSN"]) as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_setting('server_version_num')::int, current_setting('wal_level')")
+        version, wal_level = cur.fetchone()
+        cur.execute("CREATE TABLE kept (id int PRIMARY KEY, note text)")
+        cur.execute("INSERT INTO kept VALUES (1, 'survives')")
+    conn.close()
+    assert version // 10000 == 17 and wal_level == "logical"
+    assert os.path.isfile(os.path.join(env["PG17_BINDIR"], "postgres"))
+    stack.kill("postgres17")
+    assert stack.up(["postgres17"]) == env
+    with psycopg2.connect(env["PG17_DSN"]) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, note FROM kept")
+        assert cur.fetchall() == [(1, "survives")]
+    conn.close()
+
+
 def test_one_service_commands_refuse_a_service_not_in_the_stack(private_home):
     with pytest.raises(DevStackError, match="not part of the stack"):
         stack.kill("postgres")

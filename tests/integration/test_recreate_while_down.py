@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.pg_capture import wait_until
 from tests.daemon import run_daemon, stop_daemon
-from tests.integration.test_schema_live import MyDb, PgDb, converge, query, source_url
+from tests.live_ddl import MyDb, PgDb, converge, query
 
 pytestmark = [pytest.mark.kafka]
 
@@ -36,7 +36,7 @@ def _config(tmp_path: Path, db, kafka: str) -> Path:
         source, namespace = (f"{{name: src, type: postgres, dsn: '{db.dsn}', tables: ['public.*'], "
                              f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1, status_interval: 1}}"), "public"
     else:
-        source, namespace = (f"{{name: src, type: mysql, url: '{db.url}', server_id: {random.randrange(10_000, 2**31)}, "
+        source, namespace = (f"{{name: src, type: mysql, url: '{db.base}', server_id: {random.randrange(10_000, 2**31)}, "
                              f"tables: ['{db.db}.*'], heartbeat_interval: 1}}"), db.db
     path = tmp_path / "cdc.yaml"
     path.write_text(
@@ -58,7 +58,7 @@ def test_a_table_dropped_and_created_again_while_the_source_is_down(db, kafka_bo
     target = f"sqlite:///{tmp_path}/ev.db"
     source, sink = run_daemon(config, "src", log="src.log"), run_daemon(config, "ev", log="ev.log")
     try:
-        converge(target, source_url(db), "items", ["id", "label", "weight"], "before the restart")
+        converge(target, db.url, "items", ["id", "label", "weight"], "before the restart")
         stop_daemon(source)
         # While the source is down: more changes of the old table, then a new table of a new shape.
         if pending:
@@ -68,7 +68,7 @@ def test_a_table_dropped_and_created_again_while_the_source_is_down(db, kafka_bo
         db.execute("INSERT INTO items VALUES " + ", ".join(f"({i}, 'new{i}', {i * 100})" for i in range(5, 9)))
         source = run_daemon(config, "src", log="src.log")
         # The target ends equal to the new table: its rows in its columns, none of the old rows.
-        converge(target, source_url(db), "items", ["id", "label", "extra"], "after the restart")
+        converge(target, db.url, "items", ["id", "label", "extra"], "after the restart")
         wait_until(lambda: sorted(r[0] for r in query(target, "SELECT id FROM items") or []) == [5, 6, 7, 8],
                    timeout=60, what="the old table's rows gone from the target")
         assert query(target, "SELECT id, label, extra FROM items ORDER BY id") == \

@@ -1,4 +1,4 @@
-"""The DDL script of test_schema_live.py against the Delta sink: PostgreSQL -> capture -> Kafka ->
+"""The DDL script of tests/live_ddl.py against the Delta sink: PostgreSQL -> capture -> Kafka ->
 the delta sink's query (``schema_policy: rebuild``), a writer writing while each DDL runs.
 After each step the Delta tables equal the source on the source's columns, with the types the
 README's table says (a widened decimal in place; int -> text and numeric -> double rebuilt)."""
@@ -14,7 +14,7 @@ from cdc.log.kafka import KafkaLog
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from tests.integration.pg_capture import capturing, pg_config, topic_state, wait_until
-from tests.integration.test_schema_live import STEPS, PgDb, Writer, rows_of, source_columns, source_url
+from tests.live_ddl import STEPS, PgDb, Writer, rows_of, source_columns
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.postgres]
 
@@ -42,7 +42,7 @@ def delta_state(spark, path: str, columns: list[str]) -> dict:
 def test_the_ddl_script_reaches_delta_in_order(spark, pg_dsn, kafka_bootstrap, kafka_topic, tmp_path):
     db = PgDb(pg_dsn)
     db.seed()
-    source = source_url(db)
+    source = db.url
     prefix = kafka_topic
     log = KafkaLog(kafka_bootstrap)
     config = DeltaSinkConfig.model_validate(dict(

@@ -56,7 +56,9 @@ CORE = ["test_replays_and_older_events_never_regress_a_key", "test_newest_versio
         "test_rebuild_after_an_incompatible_change_switches_to_the_new_types", "test_mysql_source_types",
         "test_widening_a_type_is_not_a_change", "test_deletes_are_forgotten_after_delete_memory_hours",
         "test_a_delete_older_than_the_row_leaves_it", "test_table_name_template_and_view",
-        "test_creates_table_from_values_when_there_is_no_schema_record", "test_key_change_ignored_keeps_the_table_key"]
+        "test_creates_table_from_values_when_there_is_no_schema_record", "test_key_change_ignored_keeps_the_table_key",
+        "test_a_renamed_column_keeps_its_values_or_stops_by_policy",
+        "test_a_rebuild_after_a_rename_keeps_the_values_of_rows_written_before_it"]
 
 
 @pytest.mark.parametrize("behaviour", CORE)
@@ -295,3 +297,57 @@ def test_evolve_stops_at_a_change_that_would_lose_values(make_sink):
     with pytest.raises(SchemaChangeError, match=r"column amount: numeric\(12,2\) -> double.*cdc rebuild CONFIG s1"):
         sink.write([upsert(2, 20, amount=1.23456)])
     assert rows(sink, "id") == [(1,)]
+
+
+@pytest.mark.postgres
+def test_readers_of_a_postgres_target_never_fail_while_its_columns_change(pg_dsn):
+    """Readers lock a view, then its table. DDL that locked the table first and then replaced the
+    view deadlocked with such a reader, and PostgreSQL failed one of the two: at times the
+    reader's query. Here columns are added, renamed and retyped while readers keep reading."""
+    import threading
+
+    import psycopg2
+
+    sinks = Sinks(pg_dsn)
+    columns = [("id", "integer"), ("n", "integer"), ("r0", "text")]
+    sinks.records[TOPIC] = schema_record(columns)
+    columns_before = list(columns)
+    errors: list[str] = []
+    reads = [0]
+    done = threading.Event()
+
+    def read() -> None:
+        conn = psycopg2.connect(pg_dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            while not done.is_set():
+                try:
+                    cur.execute("SELECT count(*) FROM orders")
+                    reads[0] += 1
+                except psycopg2.Error as err:
+                    errors.append(f"{type(err).__name__}: {err}".strip())
+        conn.close()
+
+    try:
+        sink = sinks(schema_policy="evolve")
+        sink.write([upsert(1, 10, n=1, r0="a")])
+        readers = [threading.Thread(target=read) for _ in range(3)]
+        for reader in readers:
+            reader.start()
+        for i in range(1, 31):
+            columns.append((f"c{i}", "integer"))
+            if i % 3 == 0:  # a rename and a widening now and then, besides the new columns
+                columns[2] = (f"r{i}", "text")
+                sinks.records[TOPIC] = core._renamed(columns, {f"r{i}": columns_before[2][0]}, i + 1)
+            else:
+                sinks.records[TOPIC] = schema_record(columns, version=i + 1)
+            columns_before = list(columns)
+            sink.write([upsert(1, 10 + i, n=i, **{f"c{i}": i, columns[2][0]: "a"})])
+        done.set()
+        for reader in readers:
+            reader.join()
+        assert rows(sink, "id, n, r30, c30") == [(1, 30, "a", 30)]
+    finally:
+        done.set()
+        sinks.stop()
+    assert reads[0] > 0 and not errors, errors[:3]

@@ -104,7 +104,7 @@ def test_a_stored_progress_counts_as_its_stream_position_for_read_your_writes():
 
 
 def test_status_shows_the_table_the_cursor_and_what_is_queued():
-    from cdc.runtime.cli import _status_line
+    from cdc.runtime.status_lines import status_line as _status_line
 
     source = FakeSource(list(range(1, 8)))
     snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t", "public.u"}))

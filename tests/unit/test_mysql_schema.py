@@ -75,6 +75,17 @@ def test_alter_add_drop_modify_change_rename_columns():
     (change,) = changes
     assert change.table == TableId("shop", None, "orders") and change.ddl == "ALTER ..." and change.version == 7
     assert [c.name for c in change.columns if c.key] == ["id"]
+    # The shape says which columns were renamed, so a sink keeps their values under the new name.
+    assert {c.name: c.renamed_from for c in change.columns if c.renamed_from} == {"label": "tag", "body": "doc"}
+
+
+def test_renames_in_one_statement_are_told_from_the_names_before_it():
+    t = tracker(create("CREATE TABLE orders (id INT PRIMARY KEY, a INT, b INT, c INT)"))
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE orders RENAME COLUMN a TO a2, CHANGE a2 a3 BIGINT, "
+                                     "RENAME COLUMN b TO b2, DROP COLUMN b2, CHANGE c c INT", "shop"), "", 8, 1)
+    assert {c.name: c.renamed_from for c in change.columns} == {"id": None, "a3": "a", "c": None}
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE orders ADD COLUMN z INT", "shop"), "", 9, 1)
+    assert not any(c.renamed_from for c in change.columns)  # only the statement's own renames
 
 
 def test_alter_is_idempotent_over_a_catalog_that_already_has_the_change():

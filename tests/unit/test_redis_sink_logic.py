@@ -122,7 +122,7 @@ def test_checkpoints_become_versions_as_the_sources_build_them():
 
 
 def test_status_shows_a_sinks_own_counters():
-    from cdc.runtime.cli import _status_line
+    from cdc.runtime.status_lines import status_line as _status_line
 
     line = _status_line({"kind": "sink", "name": "cache", "phase": "streaming", "consumer_lag": 3,
                          "details": {"keys_written": 120, "tombstones": 4, "stale_skipped": 9}})

@@ -291,6 +291,65 @@ def test_a_dropped_column_stays_and_is_null_from_then_on(make_sink):
     assert rows(sink, "id, v, gone") == [(1, "a2", None), (2, "b", None)]
 
 
+def _renamed(columns: list[tuple[str, str]], renamed_from: dict[str, str], version: int,
+             table: str = "orders") -> dict[str, Any]:
+    record = schema_record(columns, version=version, table=table)
+    for column in record["columns"]:
+        if column["name"] in renamed_from:
+            column["renamed_from"] = renamed_from[column["name"]]
+    return record
+
+
+def test_a_renamed_column_keeps_its_values_or_stops_by_policy(make_sink):
+    """A rename the source names (``renamed_from``): the rows written before it keep their values
+    under the new name (evolve, ignore, rebuild: renamed in place), or the sink stops (fail)
+    before writing a row of the new shape. A replayed row of the older shape lands under the new
+    name without bringing the old column back, and a sink that starts afresh ends the same."""
+    for policy in ("evolve", "ignore", "rebuild", "fail"):
+        table = f"r_{policy}"
+        topic = f"shop.public.{table}"
+        make_sink.records[topic] = schema_record([("id", "integer"), ("c1", "text")], table=table)
+        sink = make_sink(name=f"s_{policy}", schema_policy=policy)
+        older = [upsert(1, 10, topic, c1="a"), upsert(2, 11, topic, c1="b")]
+        sink.write(older)
+        make_sink.records[topic] = _renamed([("id", "integer"), ("c1r", "text")], {"c1r": "c1"}, 2, table)
+        newer = [upsert(3, 12, topic, c1r="c"), upsert(2, 13, topic, c1r="B")]
+        if policy == "fail":
+            with pytest.raises(SchemaChangeError, match="column c1 renamed to c1r.*schema_policy: evolve") as raised:
+                sink.write(newer)
+            assert not raised.value.retriable and not isinstance(raised.value, RebuildRequired)
+            assert rows(sink, "id, c1", table=table) == [(1, "a"), (2, "b")]
+            continue
+        sink.write(newer)
+        assert rows(sink, "id, c1r", table=table) == [(1, "a"), (2, "B"), (3, "c")]
+        sink.write(older[:1])  # delivered again after a crash: older, so ignored, and no column c1 again
+        assert "C1" not in column_types(sink, f"{table}__g1") and "c1" not in column_types(sink, f"{table}__g1")
+        fresh = make_sink(name=f"f_{policy}", table_name="fresh_{table}", schema_policy=policy)
+        fresh.write(older + newer)  # a bootstrap: made in the newest shape, older rows under the new name
+        assert rows(fresh, "id, c1r", table=f"fresh_{table}") == [(1, "a"), (2, "B"), (3, "c")]
+
+
+def test_a_rebuild_after_a_rename_keeps_the_values_of_rows_written_before_it(make_sink):
+    """The topic holds rows written before a rename under the old name: a later rebuild writes
+    them under the name the live table took."""
+    make_sink.records[TOPIC] = schema_record([("id", "integer"), ("c1", "text"), ("n", "integer")])
+    sink = make_sink(schema_policy="rebuild")
+    history = [upsert(1, 10, c1="a", n=1)]
+    sink.write(history)
+    make_sink.records[TOPIC] = _renamed([("id", "integer"), ("c1r", "text"), ("n", "integer")], {"c1r": "c1"}, 2)
+    history.append(upsert(2, 11, c1r="b", n=2))
+    sink.write(history[1:])
+    make_sink.records[TOPIC] = schema_record([("id", "integer"), ("c1r", "text"), ("n", "jsonb")], version=3)
+    history.append(upsert(3, 12, c1r="c", n={"x": 1}))
+    with pytest.raises(RebuildRequired):
+        sink.write(history[2:])
+    rebuild = make_sink(schema_policy="rebuild")
+    rebuild.open_generation(rebuild.current_generation() + 1)
+    rebuild.write(history)
+    rebuild.switch_generation(2)
+    assert rows(sink, "id, c1r") == [(1, "a"), (2, "b"), (3, "c")]
+
+
 def test_widening_a_type_is_not_a_change(make_sink):
     make_sink.records[TOPIC] = schema_record([("id", "integer"), ("v", "character varying(10)")])
     sink = make_sink()
