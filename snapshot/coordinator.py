@@ -197,7 +197,7 @@ class SnapshotThenStream(Source):
         # ``IncrementalReads`` (write_signal, chunk_readable, read_chunk).
         if isinstance(self.config, IncrementalSettings):
             self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name,
-                                                    current)
+                                                    current, self.config.incremental_chunk_pause_ms / 1000)
             if self._incremental_progress is not None:
                 self.incremental.resume(self._incremental_progress)
         known = self.table_book.load() if self.table_book is not None else None

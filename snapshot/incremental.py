@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -83,6 +84,9 @@ class IncrementalSettings(BaseModel):
         "Unset: no incremental snapshots"))
     incremental_chunk_rows: int = Field(default=1024, ge=1, description=(
         "rows per chunk of an incremental snapshot: streaming waits for one chunk's read at most"))
+    incremental_chunk_pause_ms: int = Field(default=0, ge=0, description=(
+        "pause after each chunk before the next one is read (streaming goes on meanwhile): bounds the "
+        "load an incremental snapshot puts on the source database"))
 
     @field_validator("signal_table")
     @classmethod
@@ -176,8 +180,11 @@ def signal_of(event: ChangeEvent) -> tuple[str, str, dict] | None:
 
 
 class IncrementalSnapshots:
-    def __init__(self, reads: IncrementalReads, chunk_size: int, name: str, known: frozenset[str]) -> None:
+    def __init__(self, reads: IncrementalReads, chunk_size: int, name: str, known: frozenset[str],
+                 pause_s: float = 0.0) -> None:
         self.reads, self.chunk_size, self.name = reads, chunk_size, name
+        self.pause_s = pause_s
+        self._next_chunk_at = 0.0          # time.monotonic() before which no chunk is opened (the pause)
         self.known = known                 # the captured tables, by name
         self.tables: tuple[str, ...] = ()  # still to read; the first is being read
         self.last_key: tuple | None = None
@@ -223,7 +230,7 @@ class IncrementalSnapshots:
             requests, self._requests = self._requests, []
         for table in requests:
             self._add(table)
-        if self.tables and self.window is None:
+        if self.tables and self.window is None and time.monotonic() >= self._next_chunk_at:
             self._open_window()
         window = self.window
         if window is not None and window.rows is None and self.reads.chunk_readable():
@@ -307,6 +314,7 @@ class IncrementalSnapshots:
                 self.rows = 0
         else:
             self.last_key = window.last_key
+            self._next_chunk_at = time.monotonic() + self.pause_s
 
     def _execute(self, data: dict[str, Any]) -> None:
         tables = data.get("data-collections") or []

@@ -202,3 +202,18 @@ def test_has_table_finds_a_table_among_runs_of_others():
     events = [event(Op.UPDATE, 1, 1), event(Op.UPDATE, 2, 2, other), event(Op.UPDATE, 3, 3)]
     assert not has_table(events, SIGNALS)
     assert has_table(events + [event(Op.CREATE, 0, 4, TableId("db", "public", "cdc_signal"), {"id": "x"})], SIGNALS)
+
+
+def test_the_next_chunk_waits_out_the_pause_while_the_stream_goes_on():
+    source = FakeSource(list(range(1, 8)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}), pause_s=3600)
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    snapshots.filter(Batch([watermark(source, 0), watermark(source, 1)], Counter(2)))  # the first chunk is out
+    snapshots.before_poll()
+    assert len(source.written) == 2  # no third watermark: the pause holds the next chunk
+    streamed = snapshots.filter(Batch([event(Op.UPDATE, 5, 300)], Counter(3)))
+    assert [e.key["id"] for e in streamed.events] == [5]  # the stream is not held
+    snapshots.pause_s, snapshots._next_chunk_at = 0.0, 0.0
+    snapshots.before_poll()
+    assert len(source.written) == 4  # the next chunk's window opened and its rows were read
