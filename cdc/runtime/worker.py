@@ -45,11 +45,11 @@ def build_runner(config, name: str, report=None):
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
         if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
-            if config.log.format != "json":  # ...so the runtime's decoding (cdc/formats/) is not in its path
+            if config.log.format not in sink.formats:  # ...so the runtime's decoding is not in its path
                 from cdc.errors import ConfigError
 
-                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and understands the json "
-                                  f"format only; log.format is {config.log.format}")
+                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and cannot read "
+                                  f"log.format {config.log.format}: it reads {', '.join(sink.formats)}")
             return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]
