@@ -199,6 +199,10 @@ class SinkConfig(PluginConfig):
     schema_wait: float = Field(
         default=300.0, gt=0, description="seconds to wait for a schema version that rows name and the "
                                          "schema topic does not hold; then the sink stops at that row")
+    scale_out: Literal["single", "group"] = Field(
+        default="single", description="single: one process reads every partition of the topics; group: "
+                                      "every process running this sink joins one Kafka consumer group and "
+                                      "the partitions are shared among them (Kafka only; no rebuilds)")
 
 
 class Source(ABC):

@@ -177,6 +177,14 @@ class AppConfig(_Section):
             raise ValueError(f"source and sink names must be unique: {', '.join(duplicates)}")
         return self
 
+    @model_validator(mode="after")
+    def _groups_need_kafka(self) -> AppConfig:
+        grouped = [c.name for c in self.sinks if getattr(c, "scale_out", "single") == "group"]
+        if grouped and self.log.kind != "kafka":
+            raise ValueError(f"sinks {', '.join(grouped)}: scale_out: group shares the topics' partitions through "
+                             f"Kafka consumer groups; the embedded log has none (use log.kafka, or scale_out: single)")
+        return self
+
     def token(self) -> str | None:
         """The daemon's command token: ``http_token``, or the contents of ``http_token_file``."""
         if self.http_token is not None:

@@ -8,6 +8,9 @@ Semantics both implementations keep:
 * Topics are log-compacted: eventually only the latest record per key remains, and a tombstone
   (null value) is removed once it is older than ``delete_retention_ms``. Offsets never change.
 * Consumer groups store, per (topic, partition), the next offset to read.
+* Group membership (the log hands a group's partitions out among the readers that subscribe to
+  it, and moves them on rebalance) is a capability: a log that has it is a ``GroupLog``. Kafka
+  has it; the embedded log (one machine, one process per group) does not.
 
 Threading: a Log may be shared between threads; a LogWriter and a LogReader are each used by one
 thread at a time.
@@ -18,7 +21,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Protocol
 
 from cdc.errors import DeliveryError, LogUnavailableError
 from cdc.events import ChangeEvent
@@ -118,6 +121,39 @@ class LogReader(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+class GroupListener(Protocol):
+    """Told, on the member's reading thread (inside ``poll`` or ``close``), which partitions it
+    gained or gives up. ``revoked`` returns only when the member is done with them: what it
+    commits there is the last word on them from this member. ``lost``: the partitions are
+    someone else's already (the member was thrown out of the group), so a commit would be
+    refused and nothing can be handed over."""
+
+    def assigned(self, partitions: list[TopicPartition]) -> None: ...
+
+    def revoked(self, partitions: list[TopicPartition], lost: bool) -> None: ...
+
+
+class GroupReader(LogReader):
+    """A reader that is a member of its group: the log assigns it partitions of the topics it
+    subscribes to, each from the group's committed offset (the start when none)."""
+
+    @abstractmethod
+    def subscribe(self, topics: list[str], listener: GroupListener) -> None:
+        """Read these topics as one member of the group (called again: the new list replaces the
+        old, and the group rebalances)."""
+
+
+class GroupLog(ABC):
+    """The capability of sharing a group's partitions among several processes."""
+
+    @abstractmethod
+    def member_reader(self, group: str) -> GroupReader: ...
+
+    @abstractmethod
+    def group_members(self, group: str) -> int:
+        """How many readers are members of ``group`` now."""
 
 
 class Log(ABC):

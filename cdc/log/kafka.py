@@ -42,7 +42,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
-from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
+from cdc.log.base import (GroupListener, GroupLog, GroupReader, Log, LogReader, LogRecord, LogWriter,
+                          TopicPartition, TopicSettings)
 from cdc.log.delivery import DeliveryTracker
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 from cdc.positions import Position
@@ -100,7 +101,17 @@ def _delivery_error(err: KafkaError, topic: str, partition: int | None) -> Deliv
                          retriable=err.code() in TRANSIENT)
 
 
-class KafkaLog(Log):
+# A commit refused because the member no longer owns what it commits: the group moved on (a
+# rebalance it has not served yet, or it was thrown out). The new owner reads from the group's
+# last commit, so dropping this one only means a replay, never a gap.
+FENCED = frozenset({
+    KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.FENCED_INSTANCE_ID, KafkaError.STALE_MEMBER_EPOCH, KafkaError.FENCED_MEMBER_EPOCH,
+    KafkaError._ASSIGNMENT_LOST,
+})
+
+
+class KafkaLog(Log, GroupLog):
     """``timeout``: seconds an admin or metadata request may take (topic creation, listing, end
     offsets, committed offsets). It bounds how long any call blocks when the brokers cannot be
     reached, and so how long a worker can take to notice SIGTERM there."""
@@ -278,6 +289,20 @@ class KafkaLog(Log):
         reader = KafkaReader(Consumer(config), group, self.timeout)
         self._open.add(reader)
         return reader
+
+    def member_reader(self, group: str) -> KafkaMemberReader:
+        """A reader that joins ``group``: cooperative-sticky assignment unless ``consumer`` config
+        names another, so a rebalance moves only the partitions that change owner and the others
+        are read on without a pause."""
+        config = {"partition.assignment.strategy": "cooperative-sticky", **self.consumer_config, "group.id": group}
+        reader = KafkaMemberReader(Consumer(config), group, self.timeout)
+        self._open.add(reader)
+        return reader
+
+    def group_members(self, group: str) -> int:
+        with self._request(f"describing consumer group {group}") as admin:
+            future = admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
+            return len(future.result(self.timeout).members or ())
 
     def close(self) -> None:
         for handle in list(self._open):
@@ -462,6 +487,11 @@ class KafkaReader(LogReader):
                 self._eof[(msg.topic(), msg.partition())] = msg.offset()
             elif err.code() in TRANSIENT and not err.fatal():
                 log.debug("kafka consumer: %s (librdkafka retries)", err)
+            elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
+                # A group member that did not poll for max.poll.interval.ms (a write that took
+                # that long) has left its group; its partitions are revoked as lost, and this poll
+                # joins again. Not an error of the log: the member goes on.
+                log.warning("kafka consumer: %s; joining the group again", err.str())
             else:
                 error = _wrap(f"reading {msg.topic()}[{msg.partition()}]", KafkaException(err))
                 if not out:
@@ -492,8 +522,8 @@ class KafkaReader(LogReader):
             raise _wrap(f"committing offsets of group {self._group}", exc) from exc
         for tp in result or ():
             if tp.error is not None:
-                raise _wrap(f"committing {tp.topic}[{tp.partition}] for group {self._group}",
-                            KafkaException(tp.error))
+                error = KafkaException(tp.error)
+                raise _wrap(f"committing {tp.topic}[{tp.partition}] for group {self._group}", error) from error
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         wanted = [KafkaTp(t, p) for t, p in partitions]
@@ -509,3 +539,35 @@ class KafkaReader(LogReader):
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+
+class KafkaMemberReader(KafkaReader, GroupReader):
+    """A member of a consumer group (``subscribe``): the group coordinator assigns partitions.
+    The listener is called inside ``poll`` and ``close``, on the reading thread; librdkafka
+    completes the (incremental) assignment or revocation once the listener returns."""
+
+    def subscribe(self, topics: list[str], listener: GroupListener) -> None:
+        def tps(partitions) -> list[TopicPartition]:
+            return [(tp.topic, tp.partition) for tp in partitions]
+
+        try:
+            self._consumer.subscribe(
+                list(topics),
+                on_assign=lambda consumer, partitions: listener.assigned(tps(partitions)),
+                on_revoke=lambda consumer, partitions: listener.revoked(tps(partitions), False),
+                on_lost=lambda consumer, partitions: listener.revoked(tps(partitions), True))
+        except KafkaException as exc:
+            raise _wrap(f"subscribing group {self._group} to {len(topics)} topics", exc) from exc
+
+    def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """As ``KafkaReader.commit``; a commit the group refuses because the partitions moved on
+        is dropped with a warning (see ``FENCED``): the rebalance is served at the next poll."""
+        try:
+            super().commit(offsets)
+        except CdcError as exc:
+            cause = _kafka_error(exc.__cause__) if exc.__cause__ is not None else None
+            if cause is None or cause.code() not in FENCED:
+                raise
+            log.warning("group %s refused a commit of %d partitions (%s): they moved to another member, "
+                        "which reads them again from the group's last commit", self._group, len(offsets),
+                        cause.name())

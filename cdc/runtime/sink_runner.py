@@ -19,6 +19,11 @@ Correctness rests on three rules:
 A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequired``) writes a new
 generation of the store from offset 0 while readers keep seeing the current one, and switches
 readers once the new one has caught up with the topics' ends as of the start of the rebuild.
+
+With ``scale_out: group`` the runner is one member of the sink's consumer group and reads only the
+partitions the group assigns it; ``sink_group`` states what happens on a rebalance. A rebuild or a
+bootstrap reads every partition from offset 0 and cannot be split among members: it runs only
+while no member is in the group, as one process reading everything (``_alone``).
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from typing import Callable
 
 
 from cdc.api import RebuildableSink, Sink, SinkContext
-from cdc.errors import CdcError, PermanentError, RebuildRequired, SchemaChangeError
-from cdc.log.base import Log, LogRecord, TopicPartition
+from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, SchemaChangeError
+from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
+from cdc.runtime.sink_group import GroupMembership
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
@@ -79,6 +85,12 @@ class SinkRunner:
         self._stop: threading.Event | None = None
         self._read: dict[TopicPartition, int] = {}  # where the reader is, ahead of the commits
         self._sink_thread: SinkThread | None = None
+        self.scale_out = getattr(self.config, "scale_out", "single") == "group"
+        if self.scale_out and not isinstance(log_, GroupLog):
+            raise ConfigError(f"sink {self.name}: scale_out: group needs a log with consumer groups (Kafka); "
+                              f"{type(log_).__name__} has none")
+        self._membership: GroupMembership | None = None  # while streaming as a group member
+        self._in_flight: PendingWrite | None = None  # the write a revocation waits for
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -223,6 +235,8 @@ class SinkRunner:
     # -- the loop --------------------------------------------------------------------------------
     def _batch(self, reader) -> tuple[list[SinkEvent], dict[TopicPartition, int]]:
         records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
+        if self._membership is not None:
+            records = self._membership.keep(records)
         events: list[SinkEvent] = []
         ends: dict[TopicPartition, int] = {}
         self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
@@ -257,6 +271,7 @@ class SinkRunner:
             self._finish(reader, pending)
         if events:
             write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
+            self._in_flight = write
             self._bytes_of[write.future] = self._batch_bytes  # counted once the write is committed
             if self.read_ahead:
                 return write
@@ -269,7 +284,11 @@ class SinkRunner:
         return None
 
     def _finish(self, reader, pending: PendingWrite) -> None:
-        """Wait for ``pending``'s write; commit its offsets only if it succeeded."""
+        """Wait for ``pending``'s write; commit its offsets only if it succeeded (once: a
+        revocation may have done it already)."""
+        if pending.settled:
+            return
+        pending.settled = True
         nbytes = self._bytes_of.pop(pending.future, 0)
         try:
             pending.future.result()
@@ -280,6 +299,8 @@ class SinkRunner:
         self.stats.bytes += nbytes
 
     def _commit(self, reader, ends: dict[TopicPartition, int], events: int) -> None:
+        if self._membership is not None:
+            ends = self._membership.owned_only(ends)
         reader.commit(ends)
         self.positions.update(ends)
         self.stats.events += events
@@ -296,10 +317,16 @@ class SinkRunner:
         pending: PendingWrite | None = None
         try:
             self._sink_call(self.sink.start)
-            reader = self.log.reader(self.group)
+            if self.scale_out and not (from_start or until_caught_up):
+                reader = self.log.member_reader(self.group)
+                self._membership = GroupMembership(self, reader)
+            else:
+                if self.scale_out:
+                    self._alone("a bootstrap")
+                reader = self.log.reader(self.group)
             self.stats.phase = "streaming"
             self.report(self.stats)
-            self._assign(reader, self.matching_topics(), from_start)
+            self._follow(reader, from_start)
             targets = self._ends() if until_caught_up else None
             refreshed = last_report = time.monotonic()
             while not stop_event.is_set():
@@ -310,11 +337,16 @@ class SinkRunner:
                         pending = None
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
                     pending = None
+                    if self._membership is not None:
+                        raise PermanentError(
+                            f"{err}: sink {self.name} runs as a member of group {self.group} (scale_out: group), "
+                            f"and a rebuild cannot be split among members: stop every member, run `cdc rebuild` "
+                            f"for the sink, then start them again") from err
                     log.warning("%s: rebuilding the store", err, extra=self._extra())
                     self._rebuild_until_done(reader, stop_event)
                 now = time.monotonic()
                 if now - refreshed > TOPIC_REFRESH_S:
-                    self._assign(reader, self.matching_topics(), from_start)
+                    self._follow(reader, from_start)
                     refreshed = now
                 if targets is not None:
                     done = sum(min(self.positions.get(tp, 0), end) for tp, end in targets.items())
@@ -337,8 +369,10 @@ class SinkRunner:
             try:
                 if pending is not None:  # an error elsewhere: let the write end, commit nothing
                     pending.future.exception()
+                    pending.settled = True  # nor when closing the reader revokes its partitions
                 if reader is not None:
                     reader.close()
+                self._membership = None
                 self._sink_call(self.sink.stop)
             finally:
                 self._sink_thread.close()
@@ -346,6 +380,39 @@ class SinkRunner:
                 if self._dlq_writer is not None:
                     self._dlq_writer.close()
                 self.report(self.stats)
+
+    def _follow(self, reader, from_start: bool) -> None:
+        """Read the matching topics: subscribe as a group member, or assign every partition."""
+        if self._membership is not None:
+            self._membership.follow(self.matching_topics())
+        else:
+            self._assign(reader, self.matching_topics(), from_start)
+
+    def _hand_over(self, reader, gone: set[TopicPartition], lost: bool) -> None:
+        """Partitions ``gone`` leave this member (see ``sink_group``): the write in flight ends
+        and, unless they were lost, its offsets are committed; what was read past it is dropped."""
+        pending = self._in_flight
+        if pending is not None and not pending.settled:
+            if lost:  # someone else's already: a commit would be refused; the owner replays it
+                pending.settled = True
+                self._bytes_of.pop(pending.future, None)
+                if pending.future.exception() is not None:
+                    log.warning("the write in flight when the partitions were lost failed: %s",
+                                pending.future.exception(), extra=self._extra())
+            else:
+                self._finish(reader, pending)
+        for tp in gone:
+            self._read.pop(tp, None)
+            self.positions.pop(tp, None)
+
+    def _alone(self, what: str) -> None:
+        """Refuse ``what`` (reading every partition from offset 0) while members of the group run."""
+        members = self.log.group_members(self.group)
+        if members:
+            raise ConfigError(f"sink {self.name} (scale_out: group): {what} reads every partition from offset 0 "
+                              f"and cannot be split among members, and group {self.group} has {members} running: "
+                              f"stop every member first (one killed outright counts until the group's session timeout "
+                              f"passes), then start them again once it is done")
 
     def _covers(self, pending: PendingWrite, targets: dict[TopicPartition, int]) -> bool:
         """True when the positions after ``pending`` reach every target end."""
@@ -364,6 +431,8 @@ class SinkRunner:
         if not isinstance(sink, RebuildableSink):
             raise PermanentError(f"sink {self.name} ({self.config.type}) cannot rebuild: its store has no "
                                  f"generations")
+        if self.scale_out:
+            self._alone("a rebuild")
         old = self._sink_call(sink.current_generation)
         new = old + 1
         self.stats.phase = "rebuilding"

@@ -47,3 +47,4 @@ class PendingWrite:
     future: Future
     ends: dict[TopicPartition, int]
     events: int
+    settled: bool = False  # waited for (and committed, if it succeeded): by the loop or a revocation

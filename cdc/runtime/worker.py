@@ -45,6 +45,11 @@ def build_runner(config, name: str, report=None):
     if sinks:
         sink = sink_plugin(sinks[0].type)(sinks[0])
         if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
+            if getattr(sinks[0], "scale_out", "single") == "group":
+                from cdc.errors import ConfigError
+
+                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and scales out its own "
+                                  f"way (a Spark cluster's executors); scale_out: group is for sinks the runtime drives")
             if config.log.format not in sink.formats:  # ...so the runtime's decoding is not in its path
                 from cdc.errors import ConfigError
 
