@@ -98,26 +98,27 @@ def make_changes(spark, path: str, changes: int, keys: int, seed: int = 7) -> No
 
 
 def to_debezium_json(spark, source: str, path: str) -> None:
-    """The Kafka-shaped rows of ``source`` (json format) re-encoded in debezium-json, at ``path``."""
-    def encode(rows):
-        import orjson
+    """The Kafka-shaped rows of ``source`` (json format) re-encoded in debezium-json, at ``path``
+    (on the driver: the executors' Python need not have the framework installed)."""
+    import orjson
 
-        from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-        from cdc.formats import make_encoder
+    from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
+    from cdc.formats import make_encoder
 
-        table = TableId("bench", "public", "orders")
-        encoder = make_encoder("debezium-json", "postgresql", "bench", "bench")
-        encoder.learn([SchemaChange(table, tuple(Column(n, t, k, not k) for n, t, k in COLUMNS), 1, 0)])
-        encoder.schema_versions[table] = 1
-        for row in rows:
-            value = orjson.loads(row["value"])
-            event = ChangeEvent(Op(value["op"]), table, orjson.loads(row["key"]), value["before"], value["after"],
-                                value["source"]["version"], value["source"]["ts_ms"])
-            records = encoder.encode([event], now_ms=value["ts_ms"])
-            yield (records[0].key, records[0].value, row["topic"], row["partition"], row["offset"])
-
+    table = TableId("bench", "public", "orders")
+    encoder = make_encoder("debezium-json", "postgresql", "bench", "bench")
+    encoder.learn([SchemaChange(table, tuple(Column(n, t, k, not k) for n, t, k in COLUMNS), 1, 0)])
+    encoder.schema_versions[table] = 1
     rows = spark.read.parquet(source)
-    spark.createDataFrame(rows.rdd.mapPartitions(encode), rows.schema).write.mode("overwrite").parquet(path)
+    out = []
+    for row in rows.toLocalIterator():
+        value = orjson.loads(row["value"])
+        # Spark's to_json leaves null fields out: a delete has no "after", an insert no "before"
+        event = ChangeEvent(Op(value["op"]), table, orjson.loads(row["key"]), value.get("before"),
+                            value.get("after"), value["source"]["version"], value["source"]["ts_ms"])
+        [record] = encoder.encode([event], now_ms=value["ts_ms"])[:1]
+        out.append((record.key, record.value, row["topic"], row["partition"], row["offset"]))
+    spark.createDataFrame(out, rows.schema).write.mode("overwrite").parquet(path)
 
 
 def same_tables(spark, left: str, right: str) -> None:

@@ -293,9 +293,16 @@ def _unsigned(field: dict, struct: T.StructType) -> bool:
     return field.get("type") == "int64" and names.get(field.get("field")) == T.DecimalType(20, 0)
 
 
+def _double_decimal(field: dict, struct: T.StructType) -> T.DecimalType | None:
+    """The table's decimal type of a key field written as a double (decimal.handling.mode=double)."""
+    kind = {f.name: f.dataType for f in struct.fields}.get(field.get("field"))
+    return kind if field.get("type") in ("double", "float") and isinstance(kind, T.DecimalType) else None
+
+
 def key_needs_rewrite(row: ConnectRow, struct: T.StructType) -> bool:
     """True when a key's payload differs from the ``json`` format's key (a converted type)."""
-    return any(f.get("name") in _CONVERTED or _unsigned(f, struct) for f in row.fields)
+    return any(f.get("name") in _CONVERTED or _unsigned(f, struct) or _double_decimal(f, struct)
+               for f in row.fields)
 
 
 def key_text(payload: Column, row: ConnectRow, struct: T.StructType) -> Column:
@@ -307,6 +314,9 @@ def key_text(payload: Column, row: ConnectRow, struct: T.StructType) -> Column:
             reader = _reader(field, T.StringType())
         elif _unsigned(field, struct):
             reader = _reader(field, T.DecimalType(20, 0))
+        elif _double_decimal(field, struct) is not None:  # as the json format's decimal text
+            decimal = _double_decimal(field, struct)
+            reader = FieldReader(T.DoubleType(), lambda v, d=decimal: v.cast(d).cast(T.StringType()))
         else:
             reader = FieldReader(_KEY_TYPES.get(field.get("type"), T.StringType()), lambda v: v)
         parse.append(T.StructField(field["field"], reader.json_type))

@@ -135,9 +135,13 @@ def _table(spark, tmp_path, name: str, records: list[tuple], topic: str, record:
 def _same(left, right) -> None:
     assert left.dtypes == right.dtypes
     ordered = sorted(left.columns)
-    # Rows as JSON text: exact values of every type (NaN, binary, decimals) compared as text.
+    # Rows as JSON text: exact values of every type (NaN, binary, decimals, timestamps to the
+    # microsecond) compared as text.
+    micros = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+              "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
+
     def text(frame):
-        return sorted(r[0] for r in frame.select(F.to_json(F.struct(*ordered))).collect())
+        return sorted(r[0] for r in frame.select(F.to_json(F.struct(*ordered), micros)).collect())
     assert text(left) == text(right)
 
 
