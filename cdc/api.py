@@ -497,6 +497,9 @@ class SelfDrivenSink(Sink):
     """
 
     runs_itself: ClassVar[bool] = True  # the older spelling of isinstance(sink, SelfDrivenSink)
+    # The log formats (``log.format``) it decodes itself, past the runtime's decoding; the runtime
+    # refuses to start it on a log of another format.
+    formats: ClassVar[tuple[str, ...]] = ("json",)
 
     @abstractmethod
     def run(self, stop_event: threading.Event, *,

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, open_kafka_log
 from spark_sinks.config import DeltaSinkConfig
+from spark_sinks.formats import FORMATS, check_format
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ STOP_WAIT_S = 8.0
 
 class DeltaSink(SelfDrivenSink):
     config_model = DeltaSinkConfig
+    formats = FORMATS  # each record's format is recognized by itself (parse.envelopes)
 
     def __init__(self, config: DeltaSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
@@ -144,6 +146,7 @@ class DeltaSink(SelfDrivenSink):
     def _kafka(self):
         """(bootstrap servers, Kafka source options, topic prefix, a Log for the driver's reads)."""
         log_config = self.log_config if self.log_config is not None else self.context.log_config
+        check_format(self.config.name, getattr(log_config, "format", None))
         kafka_log = getattr(log_config, "kafka", None)
         prefix = self.config.topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
         if self.config.kafka is not None:

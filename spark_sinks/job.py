@@ -37,8 +37,9 @@ from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, Schema
                      dead_letter_topic)
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.config import DeltaSinkConfig
-from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, columns_of, envelopes, latest_per_key,
-                               row_changes, topic_pattern)
+from spark_sinks.connect_json import ConnectCodecs
+from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, RowDecoder, connect_keys, envelopes, latest_per_key,
+                               learn_schemas, row_changes, topic_pattern)
 from spark_sinks.schemas import SchemaRegistry, TableShape
 from spark_sinks.tables import TableTarget
 from spark_sinks.timing import PhaseClock
@@ -73,6 +74,7 @@ class DeltaJob:
         self.kafka_options = dict(kafka_options or {})
         self.log = log_
         self.registry = SchemaRegistry(log_, prefix, config.json_columns)
+        self.codecs = ConnectCodecs()   # the Connect schemas of debezium-json records seen so far
         self.mode = "scd2" if config.scd2 else "soft" if config.soft_delete else "type1"
         self.stats = stats or ConnectorStats(config.name, "sink")
         self.failure: BaseException | None = None   # what made the last batch fail, typed
@@ -164,6 +166,7 @@ class DeltaJob:
         try:
             with clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
                 summary = self.summarize(rows)
+            self._learn_codecs(batch, summary)
             if any(s["poison"] for s in summary):
                 with clock.phase("poison"):
                     self._poison(rows)
@@ -206,7 +209,22 @@ class DeltaJob:
                 F.when(clean & op.isin(*UPSERTS), F.json_object_keys("data"))))).alias("names"),
             F.first(F.when(clean & (op != "t") | clean & op.isNull(), F.json_object_keys(KEY)),
                     ignorenulls=True).alias("key_names"),
+            F.collect_set(F.when(clean, F.col("codec"))).alias("codecs"),
+            F.collect_set(F.when(clean, F.col("value_codec"))).alias("value_codecs"),
+            F.collect_set(F.when(clean, F.col("key_codec"))).alias("key_codecs"),
         ).collect()
+
+    def _learn_codecs(self, raw: DataFrame, summary: list[Row]) -> None:
+        """Read the Connect schemas (debezium-json records) of the batch that are new to the job."""
+        values = {c for s in summary for c in s["value_codecs"] if c not in self.codecs}
+        keys = {c for s in summary for c in s["key_codecs"] if c not in self.codecs}
+        if values or keys:
+            with self.clock.phase("schemas"):
+                learn_schemas(raw, self.codecs, values, keys)
+            missing = (values | keys) - set(self.codecs.known())
+            if missing:  # the same rows were read twice: only a broken hash could miss
+                raise RetriableError(f"sink {self.name}: Connect schemas {sorted(missing)} not found in their batch")
+            log.info("%d new Connect schema(s) read", len(values | keys), extra=self._extra())
 
     def _target(self, topic: str, area: str = "") -> TableTarget:
         target = self._targets.get((topic, area))
@@ -269,6 +287,7 @@ class DeltaJob:
         clock = self.clock
         with clock.phase("table"):
             shape = shape or self._shape(session, item, target)
+            rows = connect_keys(rows, self.codecs, set(item["key_codecs"]), shape.struct())
             plan = evolve.Plan()
             if target.exists(session):
                 target.check_mode(session)
@@ -308,12 +327,12 @@ class DeltaJob:
             # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
             extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
             struct = T.StructType([*shape.struct().fields, *extra])
-            columns = columns_of(F.col("data"), struct, plan.casts)
+            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]))
         if self.mode == "scd2":
             with clock.phase("plan"):
-                fresh = scd2.newer_than_history(session, target, changes)
+                fresh = decoder.prepare(scd2.newer_than_history(session, target, changes))
                 source = fresh.select(KEY, F.col("op").alias(OP), F.col("version").alias(VERSION),
-                                      F.col("ts_ms").alias(TS), *columns)
+                                      F.col("ts_ms").alias(TS), *decoder.columns())
             with clock.phase("merge"), self._txn(session, batch_id, "merge"):
                 scd2.merge(session, target, source, data_columns)
         else:
@@ -321,7 +340,8 @@ class DeltaJob:
                 latest = latest_per_key(changes)
                 if self.mode == "type1":
                     latest = merge.without_remembered_deletes(session, target, latest)
-                source = latest.select(*columns, KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
+                latest = decoder.prepare(latest)
+                source = latest.select(*decoder.columns(), KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
                                        F.col("ts_ms").alias(TS))
             remember = self.mode == "type1" and item["deletes"]
             if remember:
@@ -396,6 +416,7 @@ class DeltaJob:
         rows = envelopes(full).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             [item] = self.summarize(rows)
+            self._learn_codecs(full, [item])
             self.apply_topic(session, rows, item, batch_id, staging, shape)
         finally:
             rows.unpersist()

@@ -1,10 +1,21 @@
 """Kafka records to change rows: the envelope parsed with an explicit schema, per-key reduction.
 
-Everything here is Spark SQL expressions (no Python UDFs), so executors need only Spark, and the
-JSON is tokenized by Spark's own parser. The envelope is parsed once with ``before``/``after``
-declared as strings: Spark keeps a nested object's JSON text for a string field, so a row's
-columns are parsed later, with the table's own schema, only for the rows that survive the
-per-key reduction.
+Everything here is Spark SQL expressions (no Python UDFs but one for decimals wider than Spark's,
+see connect_json.py), so executors need only Spark, and the JSON is tokenized by Spark's own
+parser. The envelope is parsed once with ``before``/``after`` declared as strings: Spark keeps a
+nested object's JSON text for a string field, so a row's columns are parsed later, with the
+table's own schema, only for the rows that survive the per-key reduction.
+
+Each record is recognized by its own shape, as the framework's sink runtime does
+(``cdc/sink_events.py``), so a topic whose format changed midway is read too: a ``json``
+envelope, or a Kafka Connect JSON one (``debezium-json``: ``{"schema", "payload"}``) whose
+payload holds the same envelope in Debezium's encodings. The envelope's fields come out the same
+from either; the row's values stay in their format's encoding in ``data``, with ``codec`` naming
+how to read them (NULL: the ``json`` format's forms; else the hash of the record's Connect
+schema, see ``connect_json.ConnectCodecs``), and ``RowDecoder`` turns them into the table's
+columns. Another format (Avro with a schema registry) joins the same way: recognized per
+record, its rows in ``data`` with a ``codec`` of their own, read by ``RowDecoder``; the formats
+the sink accepts are listed in ``formats.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.api import INTERNAL_TOPICS_LOOKAHEAD
+from spark_sinks import connect_json
+from spark_sinks.connect_json import ConnectCodecs
 
 # Bookkeeping columns of the tables; every one begins with this prefix.
 PREFIX = "__cdc_"
@@ -37,6 +50,9 @@ ENVELOPE = T.StructType([
         T.StructField("ts_ms", T.LongType()),
         T.StructField("schema_version", T.LongType()),   # the shape the row names (docs/architecture.md)
     ])),
+    # The debezium-json format: the Connect schema's text (hashed into the codec) and the envelope.
+    T.StructField("schema", T.StringType()),
+    T.StructField("payload", connect_json.PAYLOAD),
     # Spark's PERMISSIVE parsing puts the text of a record it cannot read (not JSON, or a field of
     # the wrong type) here and leaves the other fields NULL.
     T.StructField("_corrupt_record", T.StringType()),
@@ -72,30 +88,93 @@ def topic_pattern(globs: Iterable[str]) -> str:
 def envelopes(raw: DataFrame) -> DataFrame:
     """Kafka source rows -> one row per record: topic, partition, offset, ``__cdc_key`` (the key's
     JSON), ``op`` (NULL for a tombstone), ``version``, ``ts_ms`` (the source's commit time),
-    ``data`` (the row's JSON: after, else before, else the key), ``poison`` (why the record is
-    not a change event, or NULL) and ``raw`` (a poison record's value)."""
+    ``data`` (the row's JSON: after, else before, else the key), ``codec`` (how ``data`` is
+    encoded: NULL for the ``json`` format), ``value_codec`` and ``key_codec`` (the Connect
+    schemas of value and key, NULL for ``json``), ``poison`` (why the record is not a change
+    event, or NULL) and ``raw`` (a poison record's value)."""
     # Two projections: the envelope is parsed once, its fields read from the result (Spark does
     # not merge projections that would repeat an expensive expression).
-    parsed = raw.select("topic", "partition", "offset", F.col("key").cast("string").alias(KEY),
+    key_text = F.col("key").cast("string")
+    parsed = raw.select("topic", "partition", "offset", key_text.alias("key_text"),
                         F.col("value").cast("string").alias("value"),
-                        F.from_json(F.col("value").cast("string"), ENVELOPE).alias("env"))
-    env, value, key = F.col("env"), F.col("value"), F.col(KEY)
-    tombstone = value.isNull()
-    op = env.getField("op")
-    version = env.getField("source").getField("version")
-    poison = (F.when(~tombstone & env.getField("_corrupt_record").isNotNull(),
-                     F.lit("not JSON, or a field of the wrong type"))
+                        F.from_json(F.col("value").cast("string"), ENVELOPE).alias("env"),
+                        # a json key needs no second parse: only a key naming a schema gets one
+                        F.when(F.instr(key_text, '"schema"') > 0, F.from_json(key_text, connect_json.KEY))
+                        .alias("connect_key"))
+    env, value = F.col("env"), F.col("value")
+    payload, connect_key = env.getField("payload"), F.col("connect_key")
+    connect = F.coalesce(connect_json.is_connect(env.getField("schema"), payload), F.lit(False))
+    keyed = F.coalesce(connect_json.is_connect(connect_key.getField("schema"), connect_key.getField("payload")),
+                       F.lit(False))
+    envelope = F.when(connect, payload).otherwise(F.struct(
+        env.getField("before").alias("before"), env.getField("after").alias("after"),
+        env.getField("op").alias("op"), env.getField("ts_ms").alias("ts_ms"),
+        F.struct(env.getField("source").getField("version").alias("cdc_version"),
+                 env.getField("source").getField("ts_ms").alias("ts_ms"),
+                 env.getField("source").getField("schema_version").alias("cdc_schema_version")).alias("source")))
+    key = F.when(keyed, connect_key.getField("payload")).otherwise(F.col("key_text"))
+    value_codec = F.when(connect, connect_json.codec_of(env.getField("schema")))
+    key_codec = F.when(keyed, connect_json.codec_of(connect_key.getField("schema")))
+    normalized = parsed.select(
+        "topic", "partition", "offset", key.alias(KEY), "value", envelope.alias("e"), connect.alias("connect"),
+        env.getField("_corrupt_record").alias("corrupt"), value_codec.alias("value_codec"),
+        key_codec.alias("key_codec"))
+    e, key, tombstone = F.col("e"), F.col(KEY), value.isNull()
+    op = e.getField("op")
+    version = e.getField("source").getField("cdc_version")
+    row = F.coalesce(e.getField("after"), e.getField("before"))
+    poison = (F.when(~tombstone & F.col("corrupt").isNotNull(), F.lit("not JSON, or a field of the wrong type"))
               .when(~tombstone & ~F.coalesce(op.isin(*ROW_OPS, "t"), F.lit(False)), F.lit("no known op"))
-              .when(~tombstone & version.isNull(), F.lit("no integer source.version"))
+              .when(~tombstone & version.isNull(),
+                    F.when(F.col("connect"), F.lit("no integer source.cdc_version"))
+                    .otherwise(F.lit("no integer source.version")))
               .when(key.isNull() & (tombstone | (op != "t")), F.lit("no key")))
-    return parsed.select(
+    return normalized.select(
         "topic", "partition", "offset", KEY, op.alias("op"), version.alias("version"),
-        env.getField("source").getField("ts_ms").alias("ts_ms"),
-        env.getField("source").getField("schema_version").alias("schema_version"),
-        F.coalesce(env.getField("after"), env.getField("before"), key).alias("data"),
+        e.getField("source").getField("ts_ms").alias("ts_ms"),
+        e.getField("source").getField("cdc_schema_version").alias("schema_version"),
+        F.coalesce(row, key).alias("data"),
+        F.when(row.isNotNull(), F.col("value_codec")).otherwise(F.col("key_codec")).alias("codec"),
+        "value_codec", "key_codec",
         poison.alias("poison"),
         F.when(poison.isNotNull(), value).alias("raw"),   # kept only for the dead-letter topic
     )
+
+
+def learn_schemas(raw: DataFrame, codecs: ConnectCodecs, value_codecs: set[int], key_codecs: set[int]) -> None:
+    """Read the Connect schemas named ``value_codecs`` and ``key_codecs`` from ``raw`` (the Kafka
+    rows they came in) into ``codecs``. The schemas are not kept with the rows (a few KB each, on
+    every record): a new one costs this second read of its batch, once per schema."""
+    value_schema = F.from_json(F.col("value").cast("string"), ENVELOPE).getField("schema")
+    key_schema = F.from_json(F.col("key").cast("string"), connect_json.KEY).getField("schema")
+    texts = (raw.select(F.array(F.struct(F.lit("value").alias("part"), value_schema.alias("text")),
+                                F.struct(F.lit("key").alias("part"), key_schema.alias("text"))).alias("parts"))
+             .select(F.explode("parts").alias("p")).select("p.part", "p.text")
+             .where(F.col("text").startswith("{"))
+             .withColumn("codec", connect_json.codec_of(F.col("text"))))
+    wanted = [("value", c) for c in value_codecs] + [("key", c) for c in key_codecs]
+    wanted_cond = F.lit(False)
+    for part, codec in wanted:
+        wanted_cond = wanted_cond | ((F.col("part") == part) & (F.col("codec") == F.lit(codec)))
+    for found in texts.where(wanted_cond).groupBy("part", "codec").agg(F.first("text").alias("text")).collect():
+        if found["part"] == "value":
+            codecs.learn_value(found["codec"], found["text"])
+        else:
+            codecs.learn_key(found["codec"], found["text"])
+
+
+def connect_keys(rows: DataFrame, codecs: ConnectCodecs, key_codecs: set[int], struct: T.StructType) -> DataFrame:
+    """``rows`` with each Connect key whose payload differs from the ``json`` format's key (a
+    numeric or date key; ``struct``, the table's types, tells an unsigned bigint) rewritten into
+    that key's text, so both formats MERGE on one key."""
+    rewrite = [c for c in key_codecs if connect_json.key_needs_rewrite(codecs.get(c), struct)]
+    if not rewrite:
+        return rows
+    key = F.col(KEY)
+    for codec in rewrite:
+        key = F.when(F.col("key_codec") == F.lit(codec), connect_json.key_text(F.col(KEY), codecs.get(codec), struct)) \
+            .otherwise(key)
+    return rows.withColumn(KEY, key)
 
 
 def row_changes(rows: DataFrame) -> DataFrame:
@@ -112,20 +191,54 @@ def latest_per_key(changes: DataFrame) -> DataFrame:
     keeps one, as a delete of unknown version (op ``d``, version NULL)."""
     order = F.struct(F.col("op").isNotNull().cast("int"), F.coalesce("version", F.lit(-(1 << 63))),
                      F.col("offset"), F.col("partition"))
-    payload = F.struct(F.coalesce("op", F.lit("d")).alias("op"), "version", "ts_ms", "data")
+    payload = F.struct(F.coalesce("op", F.lit("d")).alias("op"), "version", "ts_ms", "data", "codec")
     return (changes.groupBy(KEY).agg(F.max_by(payload, order).alias("r"))
-            .select(KEY, "r.op", "r.version", "r.ts_ms", "r.data"))
+            .select(KEY, "r.op", "r.version", "r.ts_ms", "r.data", "r.codec"))
 
 
 def columns_of(data: Column, struct: T.StructType, casts: dict[str, T.DataType]) -> list[Column]:
-    """The table's data columns from the row JSON ``data``: parsed with ``struct`` (the source's
-    types), each cast to its column's type where that differs (``casts``)."""
+    """The table's data columns from the row JSON ``data`` in the ``json`` format's forms: parsed
+    with ``struct`` (the source's types), each cast to its column's type where that differs
+    (``casts``)."""
     parsed = F.from_json(data, struct)
-    out = []
-    for field in struct.fields:
-        value = parsed.getField(field.name)
-        target = casts.get(field.name)
-        if target is not None and target != field.dataType:
-            value = value.cast(target)
-        out.append(value.alias(field.name))
-    return out
+    return [_cast(parsed.getField(f.name), f, casts).alias(f.name) for f in struct.fields]
+
+
+def _cast(value: Column, field: T.StructField, casts: dict[str, T.DataType]) -> Column:
+    target = casts.get(field.name)
+    return value.cast(target) if target is not None and target != field.dataType else value
+
+
+class RowDecoder:
+    """The table's data columns from each record's ``data`` as its ``codec`` says: the ``json``
+    format's rows parsed with ``struct`` (the source's types); each Connect schema's rows with
+    its own JSON types, converted (connect_json.py); then cast where the table's column differs
+    (``casts``). ``prepare`` adds the parsed rows to a frame (one parse per record, whatever
+    the number of columns), ``columns`` reads the columns from them."""
+
+    def __init__(self, struct: T.StructType, casts: dict[str, T.DataType], codecs: ConnectCodecs,
+                 used: set[int]) -> None:
+        self.struct, self.casts = struct, casts
+        self.connect = [(codec, *connect_json.row_struct(codecs.get(codec), struct)) for codec in sorted(used)]
+
+    def prepare(self, frame: DataFrame) -> DataFrame:
+        data, codec = F.col("data"), F.col("codec")
+        if not self.connect:
+            return frame.withColumn("_row_json", F.from_json(data, self.struct))
+        parsed = [F.when(codec.isNull(), F.from_json(data, self.struct)).alias("_row_json")]
+        for i, (value, parse, _) in enumerate(self.connect):
+            parsed.append(F.when(codec == F.lit(value), F.from_json(data, parse)).alias(f"_row_{i}"))
+        return frame.select("*", *parsed)
+
+    def columns(self) -> list[Column]:
+        out = []
+        for index, field in enumerate(self.struct.fields):
+            value = F.col("_row_json").getField(field.name)
+            if self.connect:
+                choice = F.when(F.col("codec").isNull(), value)
+                for i, (codec, _, readers) in enumerate(self.connect):
+                    choice = choice.when(F.col("codec") == F.lit(codec),
+                                         readers[index].convert(F.col(f"_row_{i}").getField(field.name)))
+                value = choice
+            out.append(_cast(value, field, self.casts).alias(field.name))
+        return out

@@ -45,13 +45,14 @@ def newer_than_history(session: SparkSession, target: TableTarget, changes: Data
     tombstones = (changes.where(F.col("version").isNull()).select(KEY).distinct()
                   .join(versioned.select(KEY), KEY, "left_anti")
                   .select(KEY, F.lit("d").alias("op"), F.lit(None).cast("long").alias("version"),
-                          F.lit(None).cast("long").alias("ts_ms"), F.lit(None).cast("string").alias("data")))
+                          F.lit(None).cast("long").alias("ts_ms"), F.lit(None).cast("string").alias("data"),
+                          F.lit(None).cast("long").alias("codec")))
     history = (DeltaTable.forPath(session, target.path).toDF()
                .join(versioned.select(KEY).distinct(), KEY, "left_semi")
                .groupBy(KEY).agg(F.max(F.greatest(VALID_FROM, F.coalesce(VALID_TO, VALID_FROM))).alias("__seen")))
     fresh = (versioned.join(history, KEY, "left")
              .where(F.col("__seen").isNull() | (F.col("version") > F.col("__seen")))
-             .select(KEY, F.col("op"), "version", "ts_ms", "data"))
+             .select(KEY, F.col("op"), "version", "ts_ms", "data", "codec"))
     return fresh.unionByName(tombstones)
 
 

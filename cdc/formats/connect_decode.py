@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any, Callable
 
 import orjson
@@ -23,6 +23,7 @@ from cdc.formats import connect_types as t
 
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1)
+_EXACT = Context(prec=100_000)  # the default context's 28 digits would round wider numerics
 
 
 def is_connect_json(value: Any) -> bool:
@@ -33,7 +34,7 @@ def is_connect_json(value: Any) -> bool:
 
 
 def _decimal_text(unscaled: int, scale: int) -> str:
-    return format(Decimal(unscaled).scaleb(-scale), "f")
+    return format(Decimal(unscaled).scaleb(-scale, _EXACT), "f")
 
 
 def _bytes_int(text: str) -> int:

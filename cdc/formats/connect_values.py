@@ -12,7 +12,7 @@ import base64
 import datetime as dt
 import json
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Callable
 
 Convert = Callable[[Any], Any]
@@ -20,6 +20,8 @@ Convert = Callable[[Any], Any]
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1)
 _MICRO = dt.timedelta(microseconds=1)
+# Decimal's default context keeps 28 digits: scaling a wider numeric with it rounds the value.
+_EXACT = Context(prec=100_000)
 
 
 def java_big_integer_bytes(n: int) -> bytes:
@@ -38,7 +40,7 @@ def _unscaled(text: str, scale: int) -> int | None:
         return None
     if not number.is_finite():
         return None  # NaN/Infinity: a Connect Decimal has no such value
-    return int(number.scaleb(scale).to_integral_value())
+    return int(number.scaleb(scale, _EXACT).to_integral_value(context=_EXACT))
 
 
 def _money_text(text: str) -> str:
@@ -80,7 +82,7 @@ def variable_scale_decimal(value: Any) -> Any:
     if not number.is_finite():
         return None
     scale = max(0, -number.as_tuple().exponent)
-    return {"scale": scale, "value": _b64(java_big_integer_bytes(int(number.scaleb(scale))))}
+    return {"scale": scale, "value": _b64(java_big_integer_bytes(int(number.scaleb(scale, _EXACT))))}
 
 
 def days(value: str) -> int | None:

@@ -50,11 +50,11 @@ def build_runner(config, name: str, report=None):
 
                 raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and scales out its own "
                                   f"way (a Spark cluster's executors); scale_out: group is for sinks the runtime drives")
-            if config.log.format != "json":  # ...so the runtime's decoding (cdc/formats/) is not in its path
+            if config.log.format not in sink.formats:  # ...so the runtime's decoding is not in its path
                 from cdc.errors import ConfigError
 
-                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and understands the json "
-                                  f"format only; log.format is {config.log.format}")
+                raise ConfigError(f"sink {name} ({sinks[0].type}) reads the topics itself and cannot read "
+                                  f"log.format {config.log.format}: it reads {', '.join(sink.formats)}")
             return SelfRunningSink(sink, report, config.log)
         return SinkRunner(sink, open_log(config.log), config.log.topic_prefix, report=report)
     [source_config] = [s for s in config.sources if s.name == name]

@@ -216,6 +216,19 @@ def test_decimal_strings_round_trip_exactly():
         [_event(PG, PG_ROW | {"n": "-0.000001"})], now_ms=0)[0])).after["n"]) == Decimal("-0.000001")
 
 
+@pytest.mark.parametrize("column, text", [
+    ("n", "-12345678901234567890123456789012345678901234567890.5"),   # numeric: VariableScaleDecimal
+    ("price", "123456789012345678901234567890123.125"),               # numeric(10,2): rounded to the scale
+])
+def test_decimals_wider_than_28_digits_keep_every_digit(column, text):
+    """Python's default Decimal context has 28 digits: scaling with it rounded wider numerics."""
+    from decimal import Context
+
+    expected = Decimal(text) if column == "n" else Decimal(text).quantize(Decimal("0.01"), context=Context(prec=99))
+    [record, *_] = _encoder("postgresql", PG, PG_COLUMNS).encode([_event(PG, PG_ROW | {column: text})], now_ms=0)
+    assert Decimal(decode_record(_record(record)).after[column]) == expected
+
+
 def test_cdc_tail_prints_both_formats_alike():
     from cdc.runtime.cli import format_record
 
@@ -239,21 +252,44 @@ def test_interval_and_money_read_back_as_the_same_amounts():
     assert after["m"] == "1234.50"      # $1,234.50: the amount without the currency's symbol
 
 
-def test_a_sink_that_reads_the_topics_itself_refuses_debezium_json(tmp_path):
-    """The Spark Delta sink parses Kafka records in Spark, past the runtime's decoding: with a
-    format it cannot read it would dead-letter every record, so it refuses to start instead."""
+def _delta_app(tmp_path, fmt: str):
     from cdc.config.model import AppConfig
-    from cdc.errors import ConfigError
     from cdc.plugins import sink_plugin
-    from cdc.runtime.worker import build_runner
 
     lake = sink_plugin("delta").config_model.model_validate(
         {"name": "lake", "type": "delta", "topics": ["p.*"], "path": str(tmp_path / "d"),
          "checkpoint": str(tmp_path / "c")})
-    app = AppConfig.model_validate({"log": {"embedded": {"path": str(tmp_path / "log")}, "format": "debezium-json"},
-                                    "sinks": [lake], "http": None})
-    with pytest.raises(ConfigError, match="json format only; log.format is debezium-json"):
-        build_runner(app, "lake")
+    return AppConfig.model_validate({"log": {"embedded": {"path": str(tmp_path / "log")}, "format": fmt},
+                                     "sinks": [lake], "http": None})
+
+
+def test_the_delta_sink_reads_debezium_json(tmp_path):
+    """The Spark Delta sink decodes both formats itself (spark_sinks/parse.py): it starts on either."""
+    from cdc.runtime.worker import SelfRunningSink, build_runner
+
+    assert isinstance(build_runner(_delta_app(tmp_path, "debezium-json"), "lake"), SelfRunningSink)
+
+
+def test_a_sink_that_reads_the_topics_itself_refuses_a_format_it_does_not_list(tmp_path, monkeypatch):
+    """A sink that parses Kafka records itself, past the runtime's decoding, would dead-letter
+    every record of a format it cannot read: it refuses to start, naming the sink and format."""
+    from cdc.errors import ConfigError
+    from cdc.runtime.worker import build_runner
+    from spark_sinks.delta import DeltaSink
+
+    monkeypatch.setattr(DeltaSink, "formats", ("json",))
+    with pytest.raises(ConfigError, match="sink lake .delta. .*cannot read log.format debezium-json: it reads json"):
+        build_runner(_delta_app(tmp_path, "debezium-json"), "lake")
+
+
+def test_the_delta_sink_names_itself_and_the_format_it_cannot_read():
+    from cdc.errors import ConfigError
+    from spark_sinks.formats import check_format
+
+    check_format("lake", "debezium-json")
+    with pytest.raises(ConfigError, match="sink lake \\(delta\\) cannot read log.format 'avro': it reads json, "
+                                          "debezium-json"):
+        check_format("lake", "avro")
 
 
 def test_time_and_binary_modes():
