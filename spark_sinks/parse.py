@@ -117,13 +117,25 @@ def latest_per_key(changes: DataFrame) -> DataFrame:
             .select(KEY, "r.op", "r.version", "r.ts_ms", "r.data"))
 
 
-def columns_of(data: Column, struct: T.StructType, casts: dict[str, T.DataType]) -> list[Column]:
+def columns_of(data: Column, struct: T.StructType, casts: dict[str, T.DataType],
+               former: dict[str, list[str]] | None = None) -> list[Column]:
     """The table's data columns from the row JSON ``data``: parsed with ``struct`` (the source's
-    types), each cast to its column's type where that differs (``casts``)."""
-    parsed = F.from_json(data, struct)
+    types), each cast to its column's type where that differs (``casts``). A column with earlier
+    names (``former``: column -> names, newest first) takes its value from the first of them
+    that a row has when the row lacks the column: a row of a shape before a rename."""
+    names = {field.name for field in struct.fields}
+    former = {name: [old for old in olds if old not in names]
+              for name, olds in (former or {}).items() if name in names}
+    extra: dict[str, T.StructField] = {}   # an earlier name, read with its column's type
+    for field in struct.fields:
+        for old in former.get(field.name, ()):
+            extra.setdefault(old, T.StructField(old, field.dataType, True))
+    parsed = F.from_json(data, T.StructType([*struct.fields, *extra.values()]))
     out = []
     for field in struct.fields:
         value = parsed.getField(field.name)
+        if former.get(field.name):
+            value = F.coalesce(value, *(parsed.getField(old) for old in former[field.name]))
         target = casts.get(field.name)
         if target is not None and target != field.dataType:
             value = value.cast(target)
