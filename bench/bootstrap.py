@@ -16,6 +16,15 @@ Measures, in one run (the topic is published once):
              ran before issue #18). ``--rounds`` alternates them, each into a fresh database.
 Issue #18's targets: >= 100,000 records/s and >= 25% of COPY's rows/s.
 
+Also printed per run: the CPU seconds of this process (reading, decoding, the sink's Python side;
+every thread, librdkafka's included) and of the PostgreSQL backends serving the run's database
+(sampled from /proc, so only with a server on this machine). On a loaded machine these are the
+figures to read: wall time there is mostly waiting for a core. ``--probed-deletes`` also runs
+"now" with the remembered-delete check as a per-row probe of the deletes' key instead of the
+planner's hash anti-join over every remembered delete of the table, ``--rebuild`` also runs ``SinkRunner.rebuild`` (``cdc rebuild``: a new
+generation, then the switch) reading ahead ("rebuild") and one batch after the other ("rb-seq"),
+``--batch`` sets the sink's ``batch_size``, ``--now-only`` skips "before".
+
 Where the time went (before; 600k changes over 200k keys, 10% deletes, cProfile and the
 server's statement log): 84% in the server, of which the upsert's ``INSERT ... SELECT CAST(s.j->>'c'
 AS type) ... ON CONFLICT`` with its anti-join on remembered deletes 34%, the version-guarded
@@ -23,6 +32,21 @@ deletes and tombstones (``DELETE ... USING cdc_stage``) 19%, the jsonb COPY 13%;
 decoding (orjson, SinkEvent) and the reduction to the newest version per key, on the same thread,
 so neither side ever ran while the other did. Random keys over a large table cost the server more
 per row than bench/sql_upsert.py's mostly new keys.
+
+Where the time goes now (300k changes over 100k keys and 100k over 30k, load 13-20 on 2 cores;
+py-spy of both threads, statement durations from the server log, CPU seconds as above): the
+statement log's durations are load-inflated (12 s of statements in a 37 s run), the CPU seconds
+are not: this process used 1.6-1.9 s per 107k records (15-18 us a record) and its PostgreSQL
+backends 0.5-0.9 s. Python's share, by py-spy and timing of each step alone: decoding about 6 us
+a record (orjson 3.8 us, building the SinkEvent 1.3 us), reading through librdkafka and
+LogRecords about 2 us, reducing to the newest version per key about 2 us, the typed COPY text
+about 2 us a row. In the server the version-guarded upsert is most of it (a conflicting row is an
+index probe, a lock and a non-HOT update), then the typed COPY, the deletes and commits. The
+remembered-delete check is a hash anti-join that reads every remembered delete of the table at
+every batch; a per-row probe of their key instead (``--probed-deletes``) took more server CPU at
+37k remembered deletes (9.4-9.6 s against 7.5-7.7 s for 1.07M records, two rounds), so it stays off. Batches of
+20,000 instead of the default 2,000 took about 20% less CPU (1.7 + 0.5 s instead of 1.9 + 0.9 s
+for 107k records): per-batch work (statements, the table checks, commits) is paid 10x less often.
 """
 
 from __future__ import annotations
@@ -44,6 +68,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=1, help="runs of now and before, alternated")
+    parser.add_argument("--batch", type=int, default=10_000, help="the sink's batch_size (records per write)")
+    parser.add_argument("--probed-deletes", action="store_true",
+                        help="also run \"now\" with the remembered-delete check as a per-row probe")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
+    parser.add_argument("--now-only", action="store_true", help="skip the \"before\" runs")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -112,27 +142,39 @@ def main() -> None:
         del final
         gc.collect()
         for round_ in range(args.rounds):
-            for now in (True, False):
-                name = f"{database}_{round_}{int(now)}"
+            variants = [("now", True)] + ([("probed", True)] if args.probed_deletes else []) + \
+                ([] if args.now_only else [("before", False)]) + \
+                ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
+            for label, now in variants:
+                name = f"{database}_{round_}{label}"
                 with admin.cursor() as cur:
                     cur.execute(f'CREATE DATABASE "{name}"')
                 try:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
                     sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
-                                                 batch_size=10_000))
-                    if not now:  # the jsonb staging, set once the sink has its applier
+                                                 batch_size=args.batch))
+                    if label in ("probed", "before"):  # set once the sink has its applier
                         start = sink.start
 
-                        def start_jsonb(start=start, sink=sink):
+                        def start_variant(start=start, sink=sink, label=label):
                             start()
-                            sink.applier.typed_upserts = False
-                        sink.start = start_jsonb
-                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{int(now)}",
+                            if label == "probed":
+                                sink.applier.probe_deletes = True
+                            else:  # "before": the jsonb staging
+                                sink.applier.typed_upserts = False
+                        sink.start = start_variant
+                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
                                         read_ahead=now)
                     load = os.getloadavg()[0]
-                    began = time.perf_counter()
-                    runner.run(threading.Event(), from_start=True, until_caught_up=True)
-                    seconds = time.perf_counter() - began
+                    ours = sum(os.times()[:2])
+                    with ServerCpu(env["PG_DSN"], name) as server:
+                        began = time.perf_counter()
+                        if label in ("rebuild", "rb-seq"):
+                            runner.rebuild(threading.Event())
+                        else:
+                            runner.run(threading.Event(), from_start=True, until_caught_up=True)
+                        seconds = time.perf_counter() - began
+                    cpu = [sum(os.times()[:2]) - ours, server.total()]
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
                     with conn.cursor() as cur:
                         cur.execute("SELECT count(*) FROM orders")
@@ -142,16 +184,63 @@ def main() -> None:
                     with admin.cursor() as cur:
                         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
-                label = "now   " if now else "before"
-                print(f"bootstrap {label} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
+                print(f"bootstrap {label:6} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
                       f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
-                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s, "
+                      f"PostgreSQL " + ("unknown (not local)" if cpu[1] is None else f"{cpu[1]:.1f}s"), flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+class ServerCpu:
+    """CPU seconds of the PostgreSQL backends serving one database, when the server runs on this
+    machine (the dev stack): sampled from /proc twice a second while a run lasts, since other
+    databases of the same server (other benches, tests) must not count."""
+
+    def __init__(self, dsn: str, database: str) -> None:
+        self.dsn, self.database = dsn, database
+        self.seconds: dict[int, float] = {}  # backend pid -> its CPU seconds at the last sample
+        self.local = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> "ServerCpu":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def total(self) -> float | None:
+        return sum(self.seconds.values()) if self.local else None
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        try:
+            while True:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.database,))
+                    pids = [row[0] for row in cur.fetchall()]
+                for pid in pids:
+                    try:
+                        with open(f"/proc/{pid}/stat") as file:
+                            fields = file.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        if not self.seconds:
+                            self.local = False  # not this machine's server (or it is gone)
+                        continue
+                    self.seconds[pid] = (int(fields[11]) + int(fields[12])) / tick
+                if self._stop.wait(0.5):
+                    return
+        finally:
+            conn.close()
 
 
 if __name__ == "__main__":

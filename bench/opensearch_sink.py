@@ -22,8 +22,8 @@ version checks cost from what the sink path costs.
 before read/write overlap), for comparison. Checks that the alias counts every document.
 
 Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
-of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop still
-reads a batch only after the previous write returned (no overlap there yet).
+of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop reads the
+next batch while the sink writes one as ``run`` does (``tests/integration/test_sink_overlap.py``).
 
 Where the time went (100,000 documents, writes of 10,000, requests of 2,000, 2 in flight, on the
 shared 2-core machine with load 2.5-5; wall and CPU seconds summed per step, one bench-sized run

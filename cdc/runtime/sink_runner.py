@@ -443,29 +443,57 @@ class SinkRunner:
         self._read = {}
         reader.assign(dict(self.positions))
         began = reported = time.monotonic()
-        while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
-            if stop_event.is_set():
-                raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
-                                     f"incomplete and readers still see {old}; start again to redo it")
-            events, ends = self._batch(reader)
-            if events:
-                self._sink_call(self._write_in_shape, events)
-            self.positions.update(ends)
-            self.stats.events += len(events)
-            self.stats.bytes += self._batch_bytes
-            self.stats.progressed()
-            if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
-                self.report(self.stats)
-                reported = time.monotonic()
-            if self.progress:
-                self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
-                              sum(targets.values()))
+        # Read ahead as run() does: the next batch is read and decoded while the sink writes one.
+        # Positions move only once a write succeeded, in order; nothing is committed before the
+        # switch, so a failure anywhere leaves readers on the old generation (and a restart redoes it).
+        pending: PendingWrite | None = None
+        try:
+            while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
+                if stop_event.is_set():
+                    raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
+                                         f"incomplete and readers still see {old}; start again to redo it")
+                if pending is not None and self._covers(pending, targets):
+                    events, ends = [], {}  # the last batch is in flight: nothing past the ends to read
+                else:
+                    events, ends = self._batch(reader)
+                if pending is not None:
+                    self._rebuilt(pending)
+                    pending = None
+                if events:
+                    pending = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
+                    self._bytes_of[pending.future] = self._batch_bytes
+                    if not self.read_ahead:
+                        self._rebuilt(pending)
+                        pending = None
+                else:
+                    self.positions.update(ends)  # only poison records, set aside already
+                    self.stats.progressed()
+                if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                    self.report(self.stats)
+                    reported = time.monotonic()
+                if self.progress:
+                    self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
+                                  sum(targets.values()))
+        finally:
+            if pending is not None:  # an error: let the write in flight end before anything else runs
+                pending.future.exception()
+                self._bytes_of.pop(pending.future, None)
         self._sink_call(sink.switch_generation, new)
         reader.commit(dict(self.positions))
         self._sink_call(sink.drop_generation, old)
         self.stats.phase = "streaming"
         log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
                  time.monotonic() - began, old, extra=self._extra())
+
+    def _rebuilt(self, pending: PendingWrite) -> None:
+        """Wait for a rebuild's write; its positions count only once it succeeded."""
+        nbytes = self._bytes_of.pop(pending.future, 0)
+        pending.future.result()
+        pending.settled = True
+        self.positions.update(pending.ends)
+        self.stats.events += pending.events
+        self.stats.bytes += nbytes
+        self.stats.progressed()
 
     def _rebuild_until_done(self, reader, stop_event: threading.Event) -> None:
         """``_rebuild``, begun again when a shape that also asks for one arrives meanwhile (the new

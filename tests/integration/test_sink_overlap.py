@@ -139,3 +139,61 @@ def test_a_rebuild_asked_for_by_the_last_batch_is_done(log):
     runner.run(threading.Event(), until_caught_up=True)
     assert sink.switched == [2] and set(sink.generations) == {2}
     assert len(sink.generations[2]) == 100
+
+
+class WaitsForReadAheadInRebuild(RecordingSink):
+    """Records, per write into the new generation, whether the runner read another batch while
+    the write ran; from the ``fail_at``-th write of the rebuild on (1 = the first) every write
+    fails with PermanentError."""
+
+    def __init__(self, config, signals: ReadSignals, fail_at: int = 0) -> None:
+        super().__init__(config)
+        self.signals, self.fail_at = signals, fail_at
+        self.rebuild_writes = 0
+        self.read_ahead: list[bool] = []
+        self.reads_before_open = 0
+
+    def open_generation(self, generation):
+        super().open_generation(generation)
+        self.reads_before_open = self.signals.batches
+
+    def write(self, events):
+        if self.writing != 1:
+            self.rebuild_writes += 1
+            if self.rebuild_writes <= 2:  # the batch after this one read before this one is written?
+                self.read_ahead.append(self.signals.wait_for_batches(
+                    self.reads_before_open + self.rebuild_writes + 1, WAIT))
+            if self.fail_at and self.rebuild_writes >= self.fail_at:  # and the halves the runner tries
+                raise PermanentError("the store refuses everything")
+        super().write(events)
+
+
+def test_a_rebuild_reads_the_next_batch_while_the_sink_writes_one(log):
+    _publish(log, 500, keys=400)
+    signals = ReadSignals(log)
+    sink = WaitsForReadAheadInRebuild(_config(), signals)
+    runner = SinkRunner(sink, signals, "p")
+    runner.rebuild(threading.Event())
+    assert sink.read_ahead == [True, True], "the rebuild did not read ahead of its writes"
+    assert sink.switched == [2] and set(sink.generations) == {2}
+    assert {k: v[0] for k, v in sink.generations[2].items()} == \
+        {orjson.dumps({"id": k}): max(i for i in range(500) if i % 400 == k) + 1 for k in range(400)}
+    ends = log.end_offsets("p.public.items")
+    reader = log.reader("rec")
+    assert reader.committed(list(ends)) == ends
+    reader.close()
+
+
+def test_a_rebuild_whose_write_fails_after_a_read_ahead_switches_nothing_and_commits_nothing(log):
+    _publish(log, 500, keys=400)
+    signals = ReadSignals(log)
+    sink = WaitsForReadAheadInRebuild(_config(on_poison="stop"), signals, fail_at=2)
+    runner = SinkRunner(sink, signals, "p")
+    with pytest.raises(PermanentError):
+        runner.rebuild(threading.Event())
+    assert sink.read_ahead[0], "the rebuild did not read ahead of its writes"
+    assert sink.switched == [] and sink.current == 1  # readers keep the old generation
+    ends = log.end_offsets("p.public.items")
+    reader = log.reader("rec")
+    assert all(not offset for offset in reader.committed(list(ends)).values())
+    reader.close()
