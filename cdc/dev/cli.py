@@ -20,8 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     actions.add_parser("down", help="stop every server and delete its data")
     actions.add_parser("status", help="show what runs and whether it answers")
     actions.add_parser("env", help="print the connection settings (shell syntax)")
-    actions.add_parser("fetch", help="resolve the Kafka, OpenSearch, Spark and Kafka Connect jars, build the "
-                                     "schema registry, and fetch the PostgreSQL 17 binaries into the cache")
+    actions.add_parser("fetch", help="resolve the Kafka, OpenSearch (and its security plugin), Spark and Kafka Connect "
+                                     "jars, build the schema registry, and fetch the PostgreSQL 17 binaries into the cache")
     servers = [name for name in stack.ALL if name != "spark"]
     for action, text in ONE_SERVICE.items():
         one = actions.add_parser(action, help=text)

@@ -20,11 +20,18 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "spark", "connect", "registry", "postgres17")
+COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "connect", "registry", "postgres17")
 # connect: Kafka Connect + the Debezium JDBC sink (tests). registry: Apicurio Registry, which is not
 # a set of jars to copy but an app to build (``mvn package`` with the sources in maven/registry/).
 # postgres17: PostgreSQL 17 server binaries in one jar, unpacked by cdc.dev.postgres17.
+# opensearch-security: the security plugin's zip, for the opensearch-secure node.
 BUILT = {"registry"}
+# The components a service of the stack needs, where more than (or not the same as) its name.
+SERVICE_COMPONENTS = {"opensearch-secure": ("opensearch", "opensearch-security")}
+
+
+def components_of(service: str) -> tuple[str, ...]:
+    return SERVICE_COMPONENTS.get(service, (service,) if service in COMPONENTS else ())
 
 
 def _maven_file(name: str) -> Path:

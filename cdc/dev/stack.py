@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 # "spark" has no server: it stands for the Kafka-source and Delta jars a local Spark session needs.
 ALL = (*SERVICES, "spark")
+# What `cdc dev up` starts when no service is named: not the servers only some tests need
+# (started when named, or by the test fixture that needs them).
+DEFAULT = tuple(n for n in ALL if not getattr(SERVICES.get(n), "on_demand", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class Status:
 
 
 def _check_names(names: list[str] | tuple[str, ...] | None) -> list[str]:
-    chosen = list(ALL if not names else names)
+    chosen = list(DEFAULT if not names else names)
     unknown = [n for n in chosen if n not in ALL]
     if unknown:
         raise DevStackError(f"unknown service(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
@@ -209,8 +212,8 @@ def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180
         # Java components need their jars before anything starts; resolve them first, one by one
         # (parallel Maven runs would race on the shared local repository).
         for name in to_start:
-            if name in jars.COMPONENTS:
-                jars.ensure_jars(name)
+            for component in jars.components_of(name):
+                jars.ensure_jars(component)
         with ThreadPoolExecutor(max_workers=max(1, len(services))) as pool:
             for future in [pool.submit(s.prepare) for s in services.values()]:
                 future.result()

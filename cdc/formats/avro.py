@@ -269,41 +269,6 @@ class AvroEncoder(DebeziumJsonEncoder):
     def record_key(self, event: ChangeEvent) -> bytes:
         return self._key(event, self._format(event))
 
-    def emit(self, events: list[ChangeEvent], emit: Callable[[str, bytes | None, bytes], Any],
-             when_room: Callable[[str, bytes | None, bytes], Any],
-             everywhere: Callable[[str, bytes, bytes], Any], now_ms: int | None = None) -> None:
-        """As ``EnvelopeEncoder.emit`` (same order, tombstones, truncates, errors), in Avro."""
-        if now_ms is None:
-            now_ms = time.time_ns() // 1_000_000
-        topic = None
-        nbytes = 0
-        per_table: dict[int, tuple] = {}
-        last_table = None
-        last = None
-        try:
-            for event in events:
-                table = event.table
-                if table is not last_table:
-                    last = per_table.get(id(table))
-                    if last is None:
-                        topic = self.topic(table)  # named in the error if registering its schema fails
-                        last = per_table[id(table)] = (self._format(event), topic, {})
-                    last_table = table
-                fmt, topic, heads = last
-                head = heads.get(event.snapshot)
-                if head is None:
-                    head = heads[event.snapshot] = self._source_head(table, event.snapshot.value)
-                value = self._value(event, fmt, head, now_ms)
-                nbytes += len(value)
-                if event.op is Op.TRUNCATE:
-                    everywhere(topic, value, None)  # Debezium: a truncate has no key
-                    continue
-                put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is Op.DELETE)
-        except Exception as exc:
-            raise EmitError(topic, exc) from exc
-        finally:
-            self.value_bytes += nbytes
-
 
 # --- reading ------------------------------------------------------------------------------------
 
@@ -397,16 +362,7 @@ class AvroReader:
         decoder, value = self._decode(data)
         if not decoder.envelope:
             return value
-        value["before"] = _apply(value.get("before"), decoder.before)
-        value["after"] = _apply(value.get("after"), decoder.after)
-        source = value.get("source") or {}
-        source["connector_version"] = source.get("version")
-        source["version"] = source.pop("cdc_version", None)
-        schema_version = source.pop("cdc_schema_version", None)
-        if schema_version is not None:
-            source["schema_version"] = schema_version
-        value["source"] = source
-        return value
+        return connect_decode.as_envelope(value, decoder.before, decoder.after)
 
 
 _READER: AvroReader | None = None

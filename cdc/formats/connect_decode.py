@@ -148,6 +148,12 @@ def envelope(value: dict) -> dict:
     if not isinstance(payload, dict):
         raise TypeError(f"a Connect JSON value's payload is {type(payload).__name__}, not an object")
     before_conv, after_conv = _converters_for(value["schema"])
+    return as_envelope(payload, before_conv, after_conv)
+
+
+def as_envelope(payload: dict, before_conv: list, after_conv: list) -> dict:
+    """A Debezium envelope (decoded from Connect JSON or Avro) in the json format's forms: rows
+    through their converters, and ``source.version``/``schema_version`` from our fields."""
     payload["before"] = _apply(payload.get("before"), before_conv)
     payload["after"] = _apply(payload.get("after"), after_conv)
     source = payload.get("source") or {}

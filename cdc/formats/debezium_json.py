@@ -242,6 +242,10 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) if key else {}
         return fmt.key_prefix + orjson.dumps(payload) + b"}"
 
+    def _value(self, event: ChangeEvent, fmt: TableFormat, head: dict[str, Any], now_ms: int) -> bytes:
+        """One record value: the Connect JSON ``schema`` + ``payload`` object."""
+        return fmt.value_prefix + orjson.dumps(self._payload(event, fmt, head, now_ms)) + b"}"
+
     def emit(self, events: list[ChangeEvent], emit: Callable[[str, bytes | None, bytes], Any],
              when_room: Callable[[str, bytes | None, bytes], Any],
              everywhere: Callable[[str, bytes, bytes], Any], now_ms: int | None = None) -> None:
@@ -251,7 +255,7 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         flag within a call (``schema_versions`` changes only between calls)."""
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
-        dumps = orjson.dumps
+        value_of = self._value
         topic = None
         nbytes = 0
         per_table: dict[int, tuple] = {}
@@ -263,14 +267,14 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                 if table is not last_table:
                     last = per_table.get(id(table))
                     if last is None:
-                        fmt = self._format(event)
-                        last = per_table[id(table)] = (fmt, self.topic(table), {})
+                        topic = self.topic(table)  # named in the error if making the table's format fails
+                        last = per_table[id(table)] = (self._format(event), topic, {})
                     last_table = table
                 fmt, topic, heads = last
                 head = heads.get(event.snapshot)
                 if head is None:
                     head = heads[event.snapshot] = self._source_head(table, event.snapshot.value)
-                value = fmt.value_prefix + dumps(self._payload(event, fmt, head, now_ms)) + b"}"
+                value = value_of(event, fmt, head, now_ms)
                 nbytes += len(value)
                 if event.op is _TRUNCATE:
                     everywhere(topic, value, None)  # Debezium: a truncate has no key

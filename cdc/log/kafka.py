@@ -477,12 +477,12 @@ class KafkaReader(LogReader):
         except KafkaException as exc:
             raise _wrap("reading the log", exc) from exc
         out: list[LogRecord] = []
-        append = out.append
+        append, new = out.append, tuple.__new__
         for msg in messages:
             err = msg.error()
             if err is None:
-                append(LogRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                 msg.timestamp()[1]))
+                append(new(LogRecord, (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                       msg.timestamp()[1])))
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._eof[(msg.topic(), msg.partition())] = msg.offset()
             elif err.code() in TRANSIENT and not err.fatal():

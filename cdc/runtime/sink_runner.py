@@ -267,12 +267,29 @@ class SinkRunner:
         past it is committed; the batch read meanwhile is dropped (the next assignment or a
         restart reads it again)."""
         events, ends = self._batch(reader)
+        if pending is not None and pending.settled:  # a revocation while reading settled it
+            pending = None
         if pending is not None:
-            self._finish(reader, pending)
+            self._settle(pending)
+        write = None
         if events:
+            # The next write goes out before the previous one's offsets are committed: the commit
+            # is a round trip to the log, and the store would wait for it. Commits stay in batch
+            # order, each after its own write succeeded (no poll, so no revocation, comes between).
             write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
             self._in_flight = write
             self._bytes_of[write.future] = self._batch_bytes  # counted once the write is committed
+        if pending is not None:
+            try:
+                self._commit_write(reader, pending)
+            except BaseException:
+                if write is not None:
+                    write.settled = True
+                    self._bytes_of.pop(write.future, None)
+                    write.future.exception()  # let it end; nothing past the failed commit is committed
+                    self._read = {}
+                raise
+        if write is not None:
             if self.read_ahead:
                 return write
             self._finish(reader, write)
@@ -288,13 +305,26 @@ class SinkRunner:
         revocation may have done it already)."""
         if pending.settled:
             return
-        pending.settled = True
-        nbytes = self._bytes_of.pop(pending.future, 0)
+        self._settle(pending)
+        self._commit_write(reader, pending)
+
+    def _settle(self, pending: PendingWrite) -> None:
+        """Wait for ``pending``'s write; its error is raised here (and it is settled: nothing of
+        it is committed, not even by a revocation)."""
         try:
             pending.future.result()
         except BaseException:
+            pending.settled = True
+            self._bytes_of.pop(pending.future, None)
             self._read = {}  # what was read past the failed batch is read again from the commits
             raise
+
+    def _commit_write(self, reader, pending: PendingWrite) -> None:
+        """Commit the offsets of ``pending``, whose write succeeded (once)."""
+        if pending.settled:
+            return
+        pending.settled = True
+        nbytes = self._bytes_of.pop(pending.future, 0)
         self._commit(reader, pending.ends, pending.events)
         self.stats.bytes += nbytes
 

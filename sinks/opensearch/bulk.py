@@ -23,7 +23,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -36,8 +36,9 @@ RETRIES, FIRST_BACKOFF_S = 5, 0.2
 _FILTER = "errors,items.*.status,items.*.error.type,items.*.error.reason"
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+class Item(NamedTuple):
+    """One bulk item. A tuple: a write makes one per document (see documents.py)."""
+
     index: str
     doc_id: str
     version: int
@@ -80,8 +81,10 @@ class Outcome:
 
 
 class BulkWriter:
-    def __init__(self, client, *, max_docs: int, max_bytes: int, concurrency: int, what: str) -> None:
+    def __init__(self, client, *, max_docs: int, max_bytes: int, concurrency: int, what: str,
+                 hosts=()) -> None:
         self.client = client
+        self.hosts = hosts  # for messages (errors.shown)
         self.max_docs, self.max_bytes = max_docs, max_bytes
         self.concurrency = concurrency
         self.what = what
@@ -143,7 +146,7 @@ class BulkWriter:
         try:
             answer = self.client.bulk(body=payload, params={"filter_path": _FILTER})
         except Exception as err:  # noqa: BLE001 - classified by translate
-            raise translate(err, self.what) from err
+            raise translate(err, self.what, self.hosts) from err
         return chunk_items, answer
 
     @staticmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cdc.api import Op
 from sinks.opensearch.config import IndexOptions
@@ -50,23 +50,22 @@ class TableLayout:
         return {rename.get(c, c): v for c, v in row.items() if self.keeps(c)}
 
 
-@dataclass(frozen=True, slots=True)
-class Upsert:
+# The actions are tuples: a batch makes one per document, and a frozen dataclass cost about 1 µs
+# each where a tuple costs a tenth of that. They differ by class (isinstance), not by fields.
+class Upsert(NamedTuple):
     doc_id: str
     version: int
     row: dict[str, Any]
     event: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Delete:
+class Delete(NamedTuple):
     doc_id: str
     version: int
     event: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Tombstone:
+class Tombstone(NamedTuple):
     """The key's latest record is a delete, version unknown (the delete was compacted away)."""
 
     doc_id: str
@@ -88,6 +87,7 @@ class TopicActions:
 def reduce(events: list) -> dict[str, TopicActions]:
     """topic -> its newest action per document, in the order of the batch."""
     out: dict[str, TopicActions] = {}
+    new = tuple.__new__
     for event in events:
         topic = out.get(event.topic)
         if topic is None:
@@ -112,7 +112,7 @@ def reduce(events: list) -> dict[str, TopicActions]:
         if previous is not None and not isinstance(previous, Tombstone) and previous.version >= event.version:
             continue
         if op is Op.DELETE:
-            topic.actions[doc_id] = Delete(doc_id, event.version, event)
+            topic.actions[doc_id] = new(Delete, (doc_id, event.version, event))
         else:
-            topic.actions[doc_id] = Upsert(doc_id, event.version, event.after or {}, event)
+            topic.actions[doc_id] = new(Upsert, (doc_id, event.version, event.after or {}, event))
     return out

@@ -36,7 +36,7 @@ from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.documents import Delete, Tombstone, Upsert, reduce
-from sinks.opensearch.errors import translate
+from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
 from sinks.opensearch.mapping import VERSION_FIELD
@@ -68,7 +68,8 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         self.generations = Generations(self.client, config.name)
         self.catalog = IndexCatalog(self.client, config, self.generations, lambda *args: self.schema_for(*args))
         self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
-                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}")
+                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}",
+                               hosts=config.hosts)
         self.counters = {"written": 0, "conflicts": 0, "refused": 0}
         self._running = False
         self._next_drop_check = 0.0
@@ -81,7 +82,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         with self._errors("start"):
             self.generations.load()
         self._running = True
-        log.info("opensearch sink %s: started on %s, writing generation %s", config.name, ", ".join(config.hosts),
+        log.info("opensearch sink %s: started on %s, writing generation %s", config.name, shown(config.hosts),
                  self.generation if self.generation is not None else f"{self.generations.state.current} (current)")
 
     def stop(self) -> None:
@@ -113,28 +114,37 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
                 if changes.truncate is not None:
                     self.catalog.truncate(target, changes.truncate)
                 floor = target.truncated_before
-                tombstones = [a for a in changes.actions.values() if isinstance(a, Tombstone)]
-                live = live_versions(self.client, target.index, [t.doc_id for t in tombstones])
-                for action in changes.actions.values():
-                    if isinstance(action, Upsert):
-                        if floor is None or action.version >= floor:
-                            body = target.layout.body(action.row)
-                            items.append(Item(target.index, action.doc_id, action.version,
-                                              {**body, VERSION_FIELD: action.version}, action.event))
-                    elif isinstance(action, Delete):
-                        if floor is None or action.version >= floor:
-                            items.append(Item(target.index, action.doc_id, action.version,
-                                              tombstone_body(action.version), action.event))
-                    elif action.doc_id in live:
-                        version = max(live[action.doc_id], action.floor or 0)
-                        items.append(Item(target.index, action.doc_id, version, tombstone_body(version),
-                                          action.event, version_type="external_gte"))
+                actions = changes.actions.values()
+                tombstones = [a.doc_id for a in actions if type(a) is Tombstone]
+                live = live_versions(self.client, target.index, tombstones)
+                self._items(items, target, actions, floor, live)
             outcome = self.bulk.send(items)
         self.counters["written"] += outcome.written
         self.counters["conflicts"] += outcome.conflicts
         if outcome.refused:
             self._set_aside(outcome.refused, len(items))
         self._maintain()
+
+    @staticmethod
+    def _items(items: list[Item], target, actions, floor: int | None, live: dict[str, int]) -> None:
+        """The bulk items of one topic's actions. One pass, per document: the hottest loop of a
+        write (the classes are compared by identity, and the items made as plain tuples)."""
+        index, body_of, new, append = target.index, target.layout.body, tuple.__new__, items.append
+        for action in actions:
+            kind = type(action)
+            if kind is Upsert:
+                doc_id, version, row, event = action
+                if floor is None or version >= floor:
+                    body = body_of(row)
+                    append(new(Item, (index, doc_id, version, {**body, VERSION_FIELD: version}, event, "external")))
+            elif kind is Delete:
+                doc_id, version, event = action
+                if floor is None or version >= floor:
+                    append(new(Item, (index, doc_id, version, tombstone_body(version), event, "external")))
+            elif action.doc_id in live:
+                version = max(live[action.doc_id], action.floor or 0)
+                append(new(Item, (index, action.doc_id, version, tombstone_body(version), action.event,
+                                  "external_gte")))
 
     def _set_aside(self, refused: list, total: int) -> None:
         """Documents OpenSearch refuses for good: unless the table's schema moved meanwhile (then
@@ -229,5 +239,5 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
             raise
         except Exception as err:  # noqa: BLE001 - opensearch-py's errors, classified by status and type
             if type(err).__module__.startswith("opensearchpy"):
-                raise translate(err, f"opensearch sink {self.config.name}: {what}") from err
+                raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
             raise

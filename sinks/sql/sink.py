@@ -23,7 +23,6 @@ the table is rebuilt or the policy changed: they are not poison events.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from contextlib import contextmanager
@@ -178,7 +177,7 @@ class SqlSink(Sink, RebuildableSink):
                 continue
             after = {name: v for name, v in event.after.items() if name in key_names}
             after[column.name] = value
-            probe = dataclasses.replace(event, after=after)
+            probe = event._replace(after=after)
             changes = TopicChanges(plan.changes.topic, probe, upserts={key_json: probe})
             probe_plan = TablePlan(changes, plan.tbl, plan.entry, plan.columns, plan.watermark)
             try:

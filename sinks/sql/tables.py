@@ -17,7 +17,6 @@ use of a table in this process checks the physical table against it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from functools import lru_cache
 from typing import Any, Callable
@@ -378,7 +377,7 @@ def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[
                     moved[column] = value
                 elif current not in after:
                     moved.setdefault(current, value)
-            changes.upserts[key] = dataclasses.replace(event, after=moved)
+            changes.upserts[key] = event._replace(after=moved)
     return [event.after for event in changes.upserts.values()]
 
 

@@ -197,3 +197,64 @@ def test_a_rebuild_whose_write_fails_after_a_read_ahead_switches_nothing_and_com
     reader = log.reader("rec")
     assert all(not offset for offset in reader.committed(list(ends)).values())
     reader.close()
+
+
+class CommitSignals(ReadSignals):
+    """Also wraps the reader's commit: each commit waits (bounded) for evidence that the sink began
+    the write after the one being committed, and records whether it had."""
+
+    def __init__(self, log: EmbeddedLog, sink_writes) -> None:
+        super().__init__(log)
+        self.sink_writes = sink_writes       # () -> how many writes the sink has begun
+        self.commits: list[tuple[int, bool]] = []  # (writes begun before it, the next one began)
+
+    def reader(self, group=None):
+        reader = super().reader(group)
+        commit, signals = reader.commit, self
+
+        def watched_commit(offsets):
+            begun = signals.sink_writes()
+            ends = log_ends(signals)
+            last = all(offsets.get(tp, 0) >= end for tp, end in ends.items())
+            with signals.changed:
+                went = last or signals.changed.wait_for(lambda: signals.sink_writes() > begun, WAIT)
+            signals.commits.append((begun, went))
+            return commit(offsets)
+        reader.commit = watched_commit
+        return reader
+
+
+def log_ends(signals: CommitSignals) -> dict:
+    return signals.end_offsets("p.public.items")
+
+
+class CountingSink(RecordingSink):
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.begun = 0
+        self.signals: CommitSignals | None = None
+
+    def write(self, events):
+        with self.signals.changed:
+            self.begun += 1
+            self.signals.changed.notify_all()
+        super().write(events)
+
+
+def test_the_next_write_goes_out_before_the_previous_batch_is_committed(log):
+    """A commit is a round trip to the log: the store must not wait for it. Each batch's offsets
+    are still committed only after its own write (the commit waits here for the next write to
+    begin: before the fix it never did, since the commit came first)."""
+    _publish(log, 400, keys=400)
+    sink = CountingSink(_config())
+    signals = CommitSignals(log, lambda: sink.begun)
+    sink.signals = signals
+    runner = SinkRunner(sink, signals, "p")
+    runner.run(threading.Event(), until_caught_up=True)
+    assert len(signals.commits) >= 3
+    assert all(went for _, went in signals.commits), signals.commits
+    ends = log.end_offsets("p.public.items")
+    reader = log.reader("rec")
+    assert reader.committed(list(ends)) == ends
+    reader.close()
+    assert len(sink.generations[1]) == 400

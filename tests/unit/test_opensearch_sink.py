@@ -89,6 +89,8 @@ def test_reduce_keeps_the_newest_action_per_document():
     assert actions["1"] == Upsert("1", 7, {"id": 1, "v": "b"}, events[1])
     assert actions["2"] == Delete("2", 9, events[4])
     assert actions["3"] == Tombstone("3", None, events[6])
+    # The actions are tuples: equal fields are not enough, the kind is what the sink acts on.
+    assert [type(actions[k]) for k in "123"] == [Upsert, Delete, Tombstone]
 
 
 def test_reduce_drops_what_a_truncate_clears():
