@@ -68,10 +68,10 @@ class DeltaSinkConfig(SinkConfig):
                                        "a late older insert cannot bring the row back; keep it above the "
                                        "topics' delete.retention.ms")
     schema_policy: Literal["fail", "evolve", "rebuild"] = Field(
-        default="fail", description="a source change of a column's type or key: fail stops at any (a "
-                                    "widening too), evolve widens in place where no value is lost and stops "
-                                    "otherwise, rebuild widens in place or rebuilds the table from the "
-                                    "compacted topic")
+        default="fail", description="a source change of a column's type or key, or a renamed column: fail "
+                                    "stops at any (a widening too), evolve widens and renames in place where "
+                                    "no value is lost and stops otherwise, rebuild does the same in place or "
+                                    "rebuilds the table from the compacted topic")
     starting_offsets: Literal["earliest", "latest"] = Field(
         default="earliest", description="where a new checkpoint starts: earliest builds the tables from "
                                         "the compacted topics (a bootstrap)")

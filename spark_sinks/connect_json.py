@@ -274,12 +274,10 @@ def _reader(field: dict | None, target: T.DataType) -> FieldReader:
     return FieldReader(target, lambda v: v)
 
 
-def row_struct(row: ConnectRow, struct: T.StructType) -> tuple[T.StructType, list[FieldReader]]:
-    """The JSON schema to parse a row of ``row``'s schema with, and a reader per column of
-    ``struct`` (the table's columns, in its order)."""
-    readers = [_reader(row.field(f.name), f.dataType) for f in struct.fields]
-    parse = T.StructType([T.StructField(f.name, r.json_type) for f, r in zip(struct.fields, readers)])
-    return parse, readers
+def row_reader(field: dict | None, target: T.DataType) -> FieldReader:
+    """The reader of a row's Connect ``field`` (None: the row has no such field) into a column of
+    type ``target``."""
+    return _reader(field, target)
 
 
 _KEY_TYPES = {"int8": T.LongType(), "int16": T.LongType(), "int32": T.LongType(), "int64": T.LongType(),

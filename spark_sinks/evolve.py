@@ -1,6 +1,9 @@
 """What a table must do to follow its source's shape: columns to add, types to widen, values to cast.
 
-The rules, in order, for each source column:
+First the renames: a source column whose ``renamed_from`` names a column the table has, while the
+table lacks the new name and the shape the old one, is renamed in place (``ALTER TABLE ... RENAME
+COLUMN``, through Delta's column mapping): its values stay, under the new name. Then, for each
+source column:
 
 * not in the table: added (nullable; older rows read NULL);
 * its values fit the column's type without loss (``types.fits``: the same type, anything into a
@@ -12,7 +15,9 @@ The rules, in order, for each source column:
 A table column the source no longer has stays, and new rows hold NULL in it. A different key is
 incompatible: the table's rows are keyed by the old key's JSON and could never be matched again.
 Incompatible changes follow the sink's ``schema_policy``: ``fail`` (``SchemaChangeError``) or
-``rebuild`` (the table is rebuilt from its compacted topic with the new shape).
+``rebuild`` (the table is rebuilt from its compacted topic with the new shape). A rename stops a
+``fail`` sink and is made in place by the others (a rebuild could not help: the compacted topic
+holds the older rows under the old name).
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ from spark_sinks.types import fits, widening
 @dataclass
 class Plan:
     add: list[T.StructField] = field(default_factory=list)
+    rename: list[tuple[str, str]] = field(default_factory=list)     # (the table's old name, new name)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
     casts: dict[str, T.DataType] = field(default_factory=dict)   # source column -> the table's type
     incompatible: list[str] = field(default_factory=list)        # why, one entry per problem
 
     @property
     def changes_table(self) -> bool:
-        return bool(self.add or self.widen)
+        return bool(self.add or self.widen or self.rename)
 
 
 def data_fields(schema: T.StructType) -> list[T.StructField]:
@@ -49,6 +55,13 @@ def plan(shape: TableShape, table_schema: T.StructType, table_key: tuple[str, ..
     existing = {f.name.lower(): f for f in data_fields(table_schema)}
     if table_key is not None and tuple(k.lower() for k in table_key) != tuple(k.lower() for k in shape.key):
         out.incompatible.append(f"the key changed from ({', '.join(table_key)}) to ({', '.join(shape.key)})")
+    names = {name.lower() for name in shape.names}
+    for new, old in shape.renamed:
+        column = existing.get(old.lower())
+        if column is not None and new.lower() not in existing and old.lower() not in names:
+            out.rename.append((column.name, new))
+            del existing[old.lower()]
+            existing[new.lower()] = T.StructField(new, column.dataType, column.nullable)
     for name, kind in shape.columns:
         column = existing.get(name.lower())
         if column is None:

@@ -246,9 +246,13 @@ class DeltaJob:
             # Where the table already has a column, its type reads the value as well as text.
             return TableShape(tuple((n, existing[n.lower()].dataType if n.lower() in existing else t)
                                     for n, t in inferred.columns), key, False)
+        # Names that rows of a shape before a rename carry are that column's (RowDecoder).
+        seen -= {old for _, old in shape.renamed}
+        seen -= {old for olds in target.former_names(session).values() for old in olds}
         missing = shape.missing(seen)
         if missing:
             shape = self.registry.shape(topic)  # the record may have come after the rows
+            seen -= {old for _, old in shape.renamed}
             missing = shape.missing(seen)
             if missing:
                 log.warning("table %s: column(s) %s are in the rows but not in the schema record; "
@@ -279,6 +283,14 @@ class DeltaJob:
                                 f"schema_policy: evolve (widened in place, every value kept) or rebuild, "
                                 f"then start the sink again")
 
+    def _refuse_rename(self, target: TableTarget, plan: evolve.Plan) -> None:
+        renames = "; ".join(f"column {old} renamed to {new}" for old, new in plan.rename)
+        raise SchemaChangeError(f"sink {self.name}: table {target.name}: source schema change {renames} "
+                                f"(schema_policy: fail; nothing of the new shape was written). Fix: "
+                                f"schema_policy: evolve (or rebuild), which renames the column in place "
+                                f"and keeps its values (a rebuild alone cannot: the topic holds the older "
+                                f"rows under the old name), then start the sink again")
+
     def apply_topic(self, session: SparkSession, rows: DataFrame, item: Row, batch_id: int,
                     target: TableTarget, shape: TableShape | None = None) -> None:
         """Write one table's records of the batch (``rows``: its envelopes)."""
@@ -303,6 +315,8 @@ class DeltaJob:
                                 extra=self._extra())
                     self.rebuild(session, target, shape, batch_id)
                     return
+                if plan.rename and self.config.schema_policy == "fail":
+                    self._refuse_rename(target, plan)
                 if plan.widen and self.config.schema_policy == "fail":
                     self._refuse_widening(target, plan, target.schema(session))
                 target.evolve(session, plan)
@@ -327,7 +341,7 @@ class DeltaJob:
             # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
             extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
             struct = T.StructType([*shape.struct().fields, *extra])
-            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]))
+            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]), target.former_names(session))
         if self.mode == "scd2":
             with clock.phase("plan"):
                 fresh = decoder.prepare(scd2.newer_than_history(session, target, changes))
@@ -410,6 +424,8 @@ class DeltaJob:
         for path in (staging.path, staging.deletes_path):
             _remove(session, path)
         staging.forget()
+        # Rows written before a rename the live table followed land under the new name.
+        staging.inherited_former = target.former_names(session)
         full = (session.read.format("kafka").options(**self.source_options()).option("subscribe", target.topic)
                 .option("startingOffsets", "earliest").option("endingOffsets", "latest")
                 .option("failOnDataLoss", "false").load())

@@ -196,17 +196,16 @@ def latest_per_key(changes: DataFrame) -> DataFrame:
             .select(KEY, "r.op", "r.version", "r.ts_ms", "r.data", "r.codec"))
 
 
-def columns_of(data: Column, struct: T.StructType, casts: dict[str, T.DataType]) -> list[Column]:
-    """The table's data columns from the row JSON ``data`` in the ``json`` format's forms: parsed
-    with ``struct`` (the source's types), each cast to its column's type where that differs
-    (``casts``)."""
-    parsed = F.from_json(data, struct)
-    return [_cast(parsed.getField(f.name), f, casts).alias(f.name) for f in struct.fields]
-
-
 def _cast(value: Column, field: T.StructField, casts: dict[str, T.DataType]) -> Column:
     target = casts.get(field.name)
     return value.cast(target) if target is not None and target != field.dataType else value
+
+
+def _former_names(struct: T.StructType, former: dict[str, list[str]] | None) -> dict[str, list[str]]:
+    """column -> its earlier names (newest first) that are not columns now."""
+    names = {field.name for field in struct.fields}
+    return {name: [old for old in olds if old not in names]
+            for name, olds in (former or {}).items() if name in names}
 
 
 class RowDecoder:
@@ -214,18 +213,47 @@ class RowDecoder:
     format's rows parsed with ``struct`` (the source's types); each Connect schema's rows with
     its own JSON types, converted (connect_json.py); then cast where the table's column differs
     (``casts``). ``prepare`` adds the parsed rows to a frame (one parse per record, whatever
-    the number of columns), ``columns`` reads the columns from them."""
+    the number of columns), ``columns`` reads the columns from them.
 
-    def __init__(self, struct: T.StructType, casts: dict[str, T.DataType], codecs: ConnectCodecs,
-                 used: set[int]) -> None:
+    A column with earlier names (``former``: column -> names, newest first) takes its value from
+    the first of them that a row has when the row lacks the column: a row of a shape before a
+    rename."""
+
+    def __init__(self, struct: T.StructType, casts: dict[str, T.DataType], codecs: ConnectCodecs | None,
+                 used: set[int], former: dict[str, list[str]] | None = None) -> None:
         self.struct, self.casts = struct, casts
-        self.connect = [(codec, *connect_json.row_struct(codecs.get(codec), struct)) for codec in sorted(used)]
+        self.former = _former_names(struct, former)
+        extra: dict[str, T.StructField] = {}   # an earlier name, read with its column's type
+        for field in struct.fields:
+            for old in self.former.get(field.name, ()):
+                extra.setdefault(old, T.StructField(old, field.dataType, True))
+        self.json_struct = T.StructType([*struct.fields, *extra.values()])
+        self.connect = [(codec, *self._connect_parse(codecs.get(codec))) for codec in sorted(used)]
+
+    def _connect_parse(self, row) -> tuple[T.StructType, list[tuple[str, connect_json.FieldReader]]]:
+        """The JSON schema to parse a row of Connect schema ``row`` with, and per column of the
+        table the name the row carries it under (an earlier one in a row from before a rename)
+        with its reader."""
+        readers, fields = [], []
+        for field in self.struct.fields:
+            name = field.name
+            if row.field(name) is None:
+                name = next((old for old in self.former.get(field.name, ()) if row.field(old) is not None), name)
+            reader = connect_json.row_reader(row.field(name), field.dataType)
+            readers.append((name, reader))
+            fields.append(T.StructField(name, reader.json_type))
+        return T.StructType(fields), readers
+
+    def json_value(self, parsed: Column, field: T.StructField) -> Column:
+        value = parsed.getField(field.name)
+        olds = self.former.get(field.name)
+        return F.coalesce(value, *(parsed.getField(old) for old in olds)) if olds else value
 
     def prepare(self, frame: DataFrame) -> DataFrame:
         data, codec = F.col("data"), F.col("codec")
         if not self.connect:
-            return frame.withColumn("_row_json", F.from_json(data, self.struct))
-        parsed = [F.when(codec.isNull(), F.from_json(data, self.struct)).alias("_row_json")]
+            return frame.withColumn("_row_json", F.from_json(data, self.json_struct))
+        parsed = [F.when(codec.isNull(), F.from_json(data, self.json_struct)).alias("_row_json")]
         for i, (value, parse, _) in enumerate(self.connect):
             parsed.append(F.when(codec == F.lit(value), F.from_json(data, parse)).alias(f"_row_{i}"))
         return frame.select("*", *parsed)
@@ -233,12 +261,13 @@ class RowDecoder:
     def columns(self) -> list[Column]:
         out = []
         for index, field in enumerate(self.struct.fields):
-            value = F.col("_row_json").getField(field.name)
+            value = self.json_value(F.col("_row_json"), field)
             if self.connect:
                 choice = F.when(F.col("codec").isNull(), value)
                 for i, (codec, _, readers) in enumerate(self.connect):
+                    name, reader = readers[index]
                     choice = choice.when(F.col("codec") == F.lit(codec),
-                                         readers[index].convert(F.col(f"_row_{i}").getField(field.name)))
+                                         reader.convert(F.col(f"_row_{i}").getField(name)))
                 value = choice
             out.append(_cast(value, field, self.casts).alias(field.name))
         return out

@@ -30,6 +30,8 @@ class TableShape:
     columns: tuple[tuple[str, T.DataType], ...]
     key: tuple[str, ...]
     from_schema_record: bool   # False: inferred from the values' names, every column text
+    # (new name, old name) of the columns the source says it renamed (a column's ``renamed_from``)
+    renamed: tuple[tuple[str, str], ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -44,13 +46,14 @@ class TableShape:
 
     def with_text_columns(self, names: list[str]) -> TableShape:
         return TableShape(self.columns + tuple((n, T.StringType()) for n in names), self.key,
-                          self.from_schema_record)
+                          self.from_schema_record, self.renamed)
 
     @staticmethod
     def from_record(record: dict, json_columns: str = "string") -> TableShape:
         columns = tuple((c["name"], spark_type(c["type"], json_columns)) for c in record["columns"])
         key = tuple(c["name"] for c in record["columns"] if c.get("key"))
-        return TableShape(columns, key, True)
+        renamed = tuple((c["name"], c["renamed_from"]) for c in record["columns"] if c.get("renamed_from"))
+        return TableShape(columns, key, True, renamed)
 
     @staticmethod
     def inferred(seen: set[str], key: tuple[str, ...]) -> TableShape:

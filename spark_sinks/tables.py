@@ -7,14 +7,20 @@ reader of ``<root>`` never mistakes them for data.
 
 Table properties carry what the sink must know across restarts, in the table's own log:
 ``cdc.key`` (the key columns, to notice a key change), ``cdc.mode`` (type1, soft, scd2: a table
-is never silently written in another mode) and ``cdc.truncated_at`` (the newest truncate's
-version: anything older is ignored afterwards).
+is never silently written in another mode), ``cdc.truncated_at`` (the newest truncate's
+version: anything older is ignored afterwards) and ``cdc.former_names`` (JSON: a renamed column's
+earlier names, newest first, so that rows of a shape before the rename land under the new name).
+
+Renaming a column needs Delta's column mapping (``delta.columnMapping.mode = name``): the sink
+creates its tables with it, and turns it on in a table made without it when the first rename
+arrives (a protocol upgrade: readers need Delta reader version 2 or table features).
 
 One writer per table (the sink's query); the driver caches what it read of a table's metadata.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -30,6 +36,8 @@ from spark_sinks.schemas import TableShape
 log = logging.getLogger(__name__)
 
 KEY_PROPERTY, MODE_PROPERTY, TRUNCATED_PROPERTY = "cdc.key", "cdc.mode", "cdc.truncated_at"
+FORMER_PROPERTY = "cdc.former_names"
+COLUMN_MAPPING = {"delta.columnMapping.mode": "name"}
 DELETED_AT = "__cdc_deleted_at"
 
 
@@ -46,6 +54,10 @@ def bookkeeping(mode: str) -> list[T.StructField]:
 
 def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
+
+
+def literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def table_ref(path: str) -> str:
@@ -74,6 +86,8 @@ class TableTarget:
         self._deletes_exist = False
         self._properties: dict[str, str] | None = None
         self._schema: T.StructType | None = None
+        # A rebuild's staging table: the earlier names the live table knows (see former_names).
+        self.inherited_former: dict[str, list[str]] = {}
         # time.monotonic() of the last purge of the delete memory: a purge runs an hour after the
         # job starts and hourly after, not in every restart's first batch.
         self.purged_at = time.monotonic()
@@ -113,8 +127,15 @@ class TableTarget:
         value = self.properties(session).get(TRUNCATED_PROPERTY)
         return int(value) if value else None
 
+    def former_names(self, session: SparkSession) -> dict[str, list[str]]:
+        """Column -> its earlier names (newest first), of the renames this table followed."""
+        if not self.exists(session):
+            return {}
+        value = self.properties(session).get(FORMER_PROPERTY)
+        return json.loads(value) if value else {}
+
     def set_properties(self, session: SparkSession, properties: dict[str, str]) -> None:
-        pairs = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+        pairs = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in properties.items())
         session.sql(f"ALTER TABLE {table_ref(self.path)} SET TBLPROPERTIES ({pairs})")
         if self._properties is not None:
             self._properties.update(properties)
@@ -129,7 +150,11 @@ class TableTarget:
     def create(self, session: SparkSession, shape: TableShape, properties: dict[str, str]) -> None:
         builder = DeltaTable.createIfNotExists(session).location(self.path)
         builder = builder.addColumns(T.StructType([*shape.struct().fields, *bookkeeping(self.mode)]))
-        for name, value in {**properties, KEY_PROPERTY: ",".join(shape.key), MODE_PROPERTY: self.mode}.items():
+        # The compacted topic may hold rows written before a rename, under the old name.
+        former = with_renames(self.inherited_former, shape.renamed)
+        ours = {KEY_PROPERTY: ",".join(shape.key), MODE_PROPERTY: self.mode,
+                **({FORMER_PROPERTY: json.dumps(former)} if former else {})}
+        for name, value in {**COLUMN_MAPPING, **properties, **ours}.items():
             builder = builder.property(name, value)
         builder.execute()
         self._exists = True
@@ -148,6 +173,8 @@ class TableTarget:
     def evolve(self, session: SparkSession, plan: Plan) -> None:
         if plan.changes_table:
             self._schema = None
+        if plan.rename:
+            self.rename(session, plan.rename)
         new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
         if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
             # A table created with such a column has the feature; one that gains it must ask.
@@ -165,5 +192,33 @@ class TableTarget:
                             f"TYPE {kind.simpleString()}")
                 log.info("table %s: column %s widened to %s", self.name, name, kind.simpleString())
 
+    def rename(self, session: SparkSession, renames: list[tuple[str, str]]) -> None:
+        """Rename columns in place ((old, new) pairs), their values kept. The earlier names are
+        recorded first: a crash in between leaves a rename that the replayed batch makes, never a
+        renamed column whose old name is forgotten."""
+        former = with_renames(self.former_names(session), [(new, old) for old, new in renames])
+        self.set_properties(session, {FORMER_PROPERTY: json.dumps(former)})
+        if self.properties(session).get("delta.columnMapping.mode", "none") == "none":
+            # A table made without column mapping (before the sink made its tables with it, or
+            # table_properties turned it off): Delta renames only with it, and upgrades the
+            # table's protocol to have it.
+            self.set_properties(session, COLUMN_MAPPING)
+            log.info("table %s: column mapping turned on (mode name), to rename columns", self.name)
+        for old, new in renames:
+            session.sql(f"ALTER TABLE {table_ref(self.path)} RENAME COLUMN {quote(old)} TO {quote(new)}")
+            log.info("table %s: column %s renamed to %s (in place, values kept)", self.name, old, new)
+
     def deletes_written(self) -> None:
         self._deletes_exist = True  # the first append created the table
+
+
+def with_renames(former: dict[str, list[str]], renamed) -> dict[str, list[str]]:
+    """``former`` (column -> earlier names, newest first) after the renames ``renamed`` ((new,
+    old) pairs): the new name inherits the old one's earlier names."""
+    out = {name: list(names) for name, names in former.items()}
+    for new, old in renamed:
+        if new == old:
+            continue
+        earlier = [old, *out.pop(old, [])]
+        out[new] = [n for n in dict.fromkeys([*earlier, *out.get(new, [])]) if n != new]
+    return out

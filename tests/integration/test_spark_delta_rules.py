@@ -17,6 +17,7 @@ from spark_sinks.delta import DeltaSink
 from spark_sinks.evolve import plan
 from spark_sinks.parse import topic_pattern
 from spark_sinks.schemas import TableShape
+from spark_sinks.tables import with_renames
 from spark_sinks.types import fits, spark_type, widening
 
 
@@ -87,6 +88,29 @@ def test_a_schema_plan_adds_casts_widens_and_refuses():
     rekeyed = TableShape((("id", T.LongType()), ("sku", T.StringType())), ("id", "sku"), True)
     assert plan(rekeyed, _table(("id", T.LongType()), ("sku", T.StringType())), ("id",)).incompatible == [
         "the key changed from (id) to (id, sku)"]
+
+
+def test_a_schema_plan_renames_a_column_the_source_renamed_in_place():
+    record = {"columns": [{"name": "id", "type": "integer", "key": True},
+                          {"name": "remark", "type": "numeric(14,4)", "renamed_from": "note"}]}
+    shape = TableShape.from_record(record)
+    assert shape.renamed == (("remark", "note"),)
+    result = plan(shape, _table(("id", T.IntegerType()), ("note", T.DecimalType(12, 2))), ("id",))
+    assert result.rename == [("note", "remark")]
+    assert result.add == []
+    assert result.widen == [("remark", T.DecimalType(14, 4))]   # the type follows, under the new name
+    # Already renamed (a replayed batch), or the old name still a column of the shape: nothing to rename.
+    assert plan(shape, _table(("id", T.IntegerType()), ("remark", T.DecimalType(14, 4))), ("id",)).rename == []
+    both = TableShape((("id", T.IntegerType()), ("note", T.StringType()), ("remark", T.StringType())), ("id",),
+                      True, (("remark", "note"),))
+    assert plan(both, _table(("id", T.IntegerType()), ("note", T.StringType())), ("id",)).rename == []
+
+
+def test_a_renamed_column_remembers_its_earlier_names_newest_first():
+    former = with_renames({}, [("b", "a")])
+    assert former == {"b": ["a"]}
+    assert with_renames(former, [("c", "b")]) == {"c": ["b", "a"]}
+    assert with_renames({"c": ["b", "a"]}, [("a", "c")]) == {"a": ["c", "b"]}   # back to a name it had
 
 
 def _config(**overrides) -> dict:
