@@ -5,23 +5,18 @@ the module is missing is in test_redis_sink.py."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-import redis
 
 from cdc.api import Op, SinkEvent
 from sinks.redis import row_key
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import companion
 from sinks.redis.sink import RedisSink
-from tests.integration.pg_capture import wait_until
+from tests.integration.valkey_server import own_server
 
 pytestmark = pytest.mark.redis
 
@@ -39,31 +34,9 @@ def _rejson_module(directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def json_server(tmp_path_factory):
     directory = tmp_path_factory.mktemp("redis-json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with open(directory / "redis.log", "ab") as log:
-        process = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
-             "--appendonly", "no", "--loglevel", "warning", "--loadmodule", str(_rejson_module(directory))],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    client = redis.Redis(port=port)
-    try:
-        wait_until(lambda: process.poll() is not None or _answers(client), timeout=30, what="redis-server with RedisJSON")
-        assert process.poll() is None, (directory / "redis.log").read_text()[-2000:]
-        yield f"redis://127.0.0.1:{port}/0", client
-    finally:
-        client.close()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _answers(client) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+    with own_server(["redis-server", "--loadmodule", str(_rejson_module(directory))], directory,
+                    "redis-server with RedisJSON") as server:
+        yield server
 
 
 def _event(offset, op, version, after=None):

@@ -13,7 +13,9 @@ import shutil
 import signal
 import socket
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import redis
@@ -32,23 +34,25 @@ def valkey_binary(directory: Path) -> Path:
     return binary
 
 
-@pytest.fixture(scope="session")
-def valkey_url(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("valkey")
+@contextmanager
+def own_server(command: list[str], directory: Path, what: str) -> Iterator[tuple[str, redis.Redis]]:
+    """A Redis-protocol server of the test's own: ``command`` (a server binary and its options)
+    on a free loopback port, its log in ``directory``, in a process group of its own that is
+    killed whole at the end; yields its URL and a client once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with open(directory / "valkey.log", "ab") as log:
+    server_log = directory / "server.log"
+    with open(server_log, "ab") as log:
         process = subprocess.Popen(
-            [str(valkey_binary(directory)), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+            [*command, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
              "--save", "", "--appendonly", "no", "--loglevel", "warning"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     client = redis.Redis(port=port)
     try:
-        wait_until(lambda: process.poll() is not None or _answers(client), timeout=30, what="the test's valkey-server")
-        assert process.poll() is None, (directory / "valkey.log").read_text()[-2000:]
-        assert client.info("server").get("server_name") == "valkey"
-        yield f"redis://127.0.0.1:{port}/0"
+        wait_until(lambda: process.poll() is not None or answers(client), timeout=30, what=what)
+        assert process.poll() is None, server_log.read_text()[-2000:]
+        yield f"redis://127.0.0.1:{port}/0", client
     finally:
         client.close()
         if process.poll() is None:
@@ -56,7 +60,15 @@ def valkey_url(tmp_path_factory):
         process.wait()
 
 
-def _answers(client) -> bool:
+@pytest.fixture(scope="session")
+def valkey_url(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("valkey")
+    with own_server([str(valkey_binary(directory))], directory, "the test's valkey-server") as (url, client):
+        assert client.info("server").get("server_name") == "valkey"
+        yield url
+
+
+def answers(client: redis.Redis) -> bool:
     try:
         return bool(client.ping())
     except redis.ConnectionError:
