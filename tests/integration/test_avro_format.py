@@ -203,14 +203,11 @@ def test_a_table_change_registers_a_new_version_and_the_sql_sink_follows(tmp_pat
     (ADD COLUMN ... NOT NULL DEFAULT), our SQL sink keeping a target equal to it; the value
     subject gets a second version. (The PostgreSQL source's shapes mark non-key columns
     nullable, so the new field is optional here; the default's own path is the test above.)"""
-    import os
-    import signal
-    import subprocess
-    import sys
     import time
 
     import psycopg2
 
+    from tests.daemon import cdc_process, stop_daemon
     from tests.integration.pg_capture import execute
 
     target = f"target_{uuid.uuid4().hex[:8]}"
@@ -228,9 +225,7 @@ def test_a_table_change_registers_a_new_version_and_the_sql_sink_follows(tmp_pat
         f"sinks:\n  - {{name: wh, type: sql, url: '{target_dsn.replace('postgresql://', 'postgresql+psycopg2://', 1)}', "
         f"topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
         f"http: null\n")
-    daemon = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
-                              stdout=open(tmp_path / "cdc.log", "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    daemon = cdc_process(config, "run", log="cdc.log")
 
     def rows(dsn, columns):
         conn = psycopg2.connect(dsn)
@@ -260,10 +255,5 @@ def test_a_table_change_registers_a_new_version_and_the_sql_sink_follows(tmp_pat
         client = SchemaRegistryClient({"url": registry_url})
         assert client.get_versions(f"{prefix}.public.items-value") == [1, 2]
     finally:
-        if daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
         execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')

@@ -18,9 +18,6 @@ import datetime as dt
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from decimal import Decimal
@@ -33,6 +30,7 @@ import pytest
 
 from tests.conftest import mysql_connect
 from cdc.dev.connect import ConnectStandalone
+from tests.daemon import cdc_process, stop_daemon
 from tests.integration.pg_capture import execute
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.mysql]
@@ -285,9 +283,7 @@ def test_debezium_jdbc_sink_reproduces_both_sources(tmp_path: Path, pg_dsn, mysq
         f"  - {{name: my, type: mysql, url: '{mysql_url}', server_id: {rng.randrange(10_000, 2**31)}, "
         f"tables: ['{mysql_db}.items']}}\n"
         f"http: null\n")
-    daemon = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
-                              stdout=open(tmp_path / "cdc.log", "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    daemon = cdc_process(config, "run", log="cdc.log")
     url, user, password = _jdbc(target_dsn)
     common = {"connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector", "tasks.max": "1",
               "connection.url": url, "connection.username": user, "connection.password": password,
@@ -323,12 +319,7 @@ def test_debezium_jdbc_sink_reproduces_both_sources(tmp_path: Path, pg_dsn, mysq
             assert not wrong, f"{table}: columns typed otherwise than expected: {wrong}"
     finally:
         connect.stop()
-        if daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
         conn.close()
         pg_conn.close()
 
@@ -359,9 +350,7 @@ def test_our_sql_sink_reads_every_format(tmp_path: Path, pg_dsn, target_dsn, kaf
         f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1}}\n"
         f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
         f"http: null\n")
-    daemon = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=tmp_path,
-                              stdout=open(tmp_path / "cdc.log", "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    daemon = cdc_process(config, "run", log="cdc.log")
     try:
         for _ in range(40):
             writer.step()
@@ -373,10 +362,5 @@ def test_our_sql_sink_reads_every_format(tmp_path: Path, pg_dsn, target_dsn, kaf
                 pytest.fail(f"{_diff(expected, actual)}\n{(tmp_path / 'cdc.log').read_text()[-3000:]}")
             time.sleep(0.5)
     finally:
-        if daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
         pg_conn.close()
