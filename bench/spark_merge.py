@@ -136,14 +136,14 @@ def batches(spark, path: str, changes: int, size: int):
 
 
 def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
-    from spark_sinks.parse import columns_of, envelopes
+    from spark_sinks.parse import RowDecoder, envelopes
     from spark_sinks.schemas import TableShape
 
-    struct = TableShape.from_record(schema_record()).struct()
+    decoder = RowDecoder(TableShape.from_record(schema_record()).struct(), {}, None, set())
     began = time.perf_counter()
     for _, batch in batches(spark, data, changes, size):
-        parsed = envelopes(batch)
-        (parsed.select(*columns_of(F.col("data"), struct, {}), "__cdc_key", F.col("version").alias("__cdc_version"),
+        parsed = decoder.prepare(envelopes(batch))
+        (parsed.select(*decoder.columns(), "__cdc_key", F.col("version").alias("__cdc_version"),
                        F.col("op").alias("__cdc_op"), F.col("ts_ms").alias("__cdc_ts_ms"))
          .write.format("delta").mode("append").save(target))
     return time.perf_counter() - began
