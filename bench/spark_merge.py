@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
 
     env = read_env()
     jars = env.get("SPARK_JARS")
+    if args.event_log:
+        os.makedirs(args.event_log, exist_ok=True)   # Spark refuses a directory that is not there
     events = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log,
               "spark.eventLog.compress": "false"} if args.event_log else {}
     spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else None,
