@@ -85,6 +85,7 @@ def main() -> None:
     from cdc.serde import EnvelopeEncoder
     from sinks.sql.config import SqlSinkConfig
     from sinks.sql.sink import SqlSink
+    DictRowsSqlSink = _dict_rows_sink()
 
     env = read_env()
     run_id = uuid.uuid4().hex[:8]
@@ -143,7 +144,7 @@ def main() -> None:
         gc.collect()
         for round_ in range(args.rounds):
             variants = [("now", True)] + ([("probed", True)] if args.probed_deletes else []) + \
-                ([] if args.now_only else [("before", False)]) + \
+                ([] if args.now_only else [("dicts", True), ("before", False)]) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
                 name = f"{database}_{round_}{label}"
@@ -151,8 +152,10 @@ def main() -> None:
                     cur.execute(f'CREATE DATABASE "{name}"')
                 try:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
-                    sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
-                                                 batch_size=args.batch))
+                    config = SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
+                                           batch_size=args.batch)
+                    # "dicts" and "before": every row decoded to a dict, as before the raw rows
+                    sink = (SqlSink if label not in ("dicts", "before") else DictRowsSqlSink)(config)
                     if label in ("probed", "before"):  # set once the sink has its applier
                         start = sink.start
 
@@ -194,6 +197,14 @@ def main() -> None:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def _dict_rows_sink():
+    from sinks.sql.sink import SqlSink
+
+    class DictRowsSqlSink(SqlSink):
+        raw_rows = False  # the runtime decodes every row to a dict (how it ran before the raw rows)
+    return DictRowsSqlSink
 
 
 class ServerCpu:

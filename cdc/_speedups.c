@@ -353,14 +353,15 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* ---------------------------------------------------------------------------------------------
  * The sink side: plain json envelopes read without building their rows (issue #18).
  *
- * scan_envelopes(values) -> list, per value a tuple (op, before, after, source, ts_ms) or None.
- *   The value is checked as strictly as orjson.loads checks it (UTF-8, escapes and surrogate
- *   pairs, numbers that fit a double, no trailing bytes); op is the "op" string, before/after the
- *   bytes of those objects (None for null or absent), source the bytes of the "source" object,
- *   ts_ms an int or None. None for anything else: not JSON, not an object, a Connect JSON or Avro
- *   value, an odd member; cdc/sink_events.py then decodes the record the general way (which
- *   raises its PoisonRecord or reads the other format), so this path never accepts what that one
- *   refuses.
+ * decode_envelopes(records, SinkEvent, ops, loads) -> list, per LogRecord its SinkEvent with
+ *   `after` left as the bytes of the row object, or None. The value is checked as strictly as
+ *   orjson.loads checks it (UTF-8, escapes and surrogate pairs, numbers that fit a double, no
+ *   trailing bytes); the source block is built here (its names and repeated strings reused from
+ *   the record before), the key and a delete's before by loads (orjson.loads). None for anything
+ *   else: a tombstone, not JSON, not an object, Connect JSON or Avro, an unknown op, a version
+ *   that is not an int, an escaped member name; cdc/sink_events.py then decodes the record the
+ *   general way (which raises its PoisonRecord or reads the other format), so this path never
+ *   accepts what that one refuses.
  * copy_rows(rows, names, kinds, nested) -> bytes: the COPY text lines of sinks/sql/copy_rows.py's
  *   formatter, from rows of (key JSON, version, after JSON bytes) instead of decoded events;
  *   kinds has a byte per column: 'v' a value, 'j' a json column, 'x' skipped (NULL). nested(span)
@@ -642,10 +643,138 @@ span_bytes(const Member *m)
     return PyBytes_FromStringAndSize((const char *)m->value, m->value_end - m->value);
 }
 
-/* The tuple of one value, Py_None when it is not a plain json envelope, NULL on an error. */
-static PyObject *
-scan_one(PyObject *value, Members *m)
+/* The last names and string values of a source block, reused while the next has the same bytes
+ * at the same place (a table's events repeat connector, name, db, table ...). */
+#define SOURCE_CACHE 32
+typedef struct {
+    PyObject *name[SOURCE_CACHE], *text[SOURCE_CACHE];
+    Py_ssize_t name_len[SOURCE_CACHE], text_len[SOURCE_CACHE];
+} SourceCache;
+
+static void
+source_cache_clear(SourceCache *c)
 {
+    for (int i = 0; i < SOURCE_CACHE; i++) {
+        Py_CLEAR(c->name[i]);
+        Py_CLEAR(c->text[i]);
+    }
+}
+
+/* A str for the checked, unescaped UTF-8 bytes [p, p+n), from the cache slot when it matches. */
+static PyObject *
+cached_str(PyObject **slot, Py_ssize_t *slot_len, const unsigned char *p, Py_ssize_t n)
+{
+    if (*slot != NULL && *slot_len == n) {
+        Py_ssize_t len;
+        const char *have = PyUnicode_AsUTF8AndSize(*slot, &len);
+        if (have != NULL && len == n && memcmp(have, p, n) == 0)
+            return Py_NewRef(*slot);
+    }
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    if (s == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(s));
+    *slot_len = n;
+    return s;
+}
+
+/* One member value of a source block as orjson gives it; loads() for anything but plain
+ * strings, integers of 64 bits, true, false and null. */
+static PyObject *
+member_value(const Member *m, PyObject *loads, SourceCache *cache, int index)
+{
+    const unsigned char *p = m->value;
+    Py_ssize_t n = m->value_end - p;
+    switch (*p) {
+    case '"':
+        if (!memchr(p, '\\', n)) {
+            if (index < SOURCE_CACHE)
+                return cached_str(&cache->text[index], &cache->text_len[index], p + 1, n - 2);
+            return PyUnicode_DecodeUTF8((const char *)p + 1, n - 2, NULL);
+        }
+        break;
+    case 't': Py_RETURN_TRUE;
+    case 'f': Py_RETURN_FALSE;
+    case 'n': Py_RETURN_NONE;
+    case '{': case '[': break;
+    default:
+        if (n < 19 && !memchr(p, '.', n) && !memchr(p, 'e', n) && !memchr(p, 'E', n)) {
+            long long v = 0;
+            int neg = *p == '-';
+            for (Py_ssize_t i = neg; i < n; i++) v = v * 10 + (p[i] - '0');
+            return PyLong_FromLongLong(neg ? -v : v);
+        }
+    }
+    PyObject *span = span_bytes(m);
+    if (span == NULL) return NULL;
+    PyObject *value = PyObject_CallOneArg(loads, span);
+    Py_DECREF(span);
+    return value;
+}
+
+/* The dict of a (checked) source object, or NULL with an error. */
+static PyObject *
+source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cache)
+{
+    Scan s = {source->value, source->value_end};
+    int ok = scan_object(&s, m);
+    if (ok < 0) return NULL;
+    PyObject *dict = PyDict_New();
+    if (dict == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < m->len; i++) {
+        const Member *item = &m->items[i];
+        PyObject *name;
+        if (item->escaped) {
+            PyObject *span = PyBytes_FromStringAndSize((const char *)item->name - 1, item->name_len + 2);
+            if (span == NULL) { Py_DECREF(dict); return NULL; }
+            name = PyObject_CallOneArg(loads, span);
+            Py_DECREF(span);
+        } else if (i < SOURCE_CACHE) {
+            name = cached_str(&cache->name[i], &cache->name_len[i], item->name, item->name_len);
+        } else {
+            name = PyUnicode_DecodeUTF8((const char *)item->name, item->name_len, NULL);
+        }
+        if (name == NULL) { Py_DECREF(dict); return NULL; }
+        PyObject *value = member_value(item, loads, cache, (int)i);
+        if (value == NULL || PyDict_SetItem(dict, name, value) < 0) {
+            Py_DECREF(name); Py_XDECREF(value); Py_DECREF(dict);
+            return NULL;
+        }
+        Py_DECREF(name);
+        Py_DECREF(value);
+    }
+    return dict;
+}
+
+/* The record key as decode_key gives it for a plain JSON object key; Py_None (a new reference)
+ * when it is anything else (Avro, Connect JSON, not an object, not JSON): the general path then. */
+static PyObject *
+plain_key(PyObject *key, PyObject *loads)
+{
+    if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) == 0 || PyBytes_AS_STRING(key)[0] == 0)
+        Py_RETURN_NONE;
+    PyObject *value = PyObject_CallOneArg(loads, key);
+    if (value == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!PyDict_CheckExact(value) || (PyDict_GET_SIZE(value) == 2 && PyDict_GetItemString(value, "payload") &&
+                                      PyDict_GetItemString(value, "schema"))) {
+        Py_DECREF(value);
+        Py_RETURN_NONE;
+    }
+    return value;
+}
+
+/* The SinkEvent of one record, or Py_None: see decode_envelopes. */
+static PyObject *
+decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, Members *m, Members *sm,
+           SourceCache *cache)
+{
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 5) {
+        PyErr_SetString(PyExc_TypeError, "a record is (topic, partition, offset, key, value, ...)");
+        return NULL;
+    }
+    PyObject *value = PyTuple_GET_ITEM(record, 4);
     if (!PyBytes_Check(value))
         Py_RETURN_NONE;
     Scan s = {(const unsigned char *)PyBytes_AS_STRING(value),
@@ -658,10 +787,8 @@ scan_one(PyObject *value, Members *m)
     const Member *op = NULL, *before = NULL, *after = NULL, *source = NULL, *ts = NULL;
     for (Py_ssize_t i = 0; i < m->len; i++) {  /* a name given twice: the last one, as orjson */
         const Member *item = &m->items[i];
-        if (item->escaped) {
-            if (item->name_len > 0 && memchr(item->name, '\\', item->name_len))
-                Py_RETURN_NONE;  /* an escaped name might be one of these: the general path */
-        }
+        if (item->escaped)
+            Py_RETURN_NONE;  /* an escaped name might be one of these: the general path */
         if (name_is(item, "op")) op = item;
         else if (name_is(item, "before")) before = item;
         else if (name_is(item, "after")) after = item;
@@ -674,6 +801,14 @@ scan_one(PyObject *value, Members *m)
         Py_RETURN_NONE;
     if ((before && *before->value != '{' && *before->value != 'n') || (after && *after->value != '{' && *after->value != 'n'))
         Py_RETURN_NONE;
+    PyObject *op_text = PyUnicode_DecodeUTF8((const char *)op->value + 1, op->value_end - op->value - 2, NULL);
+    if (op_text == NULL) return NULL;
+    PyObject *op_value = PyDict_GetItemWithError(ops, op_text);  /* borrowed */
+    Py_DECREF(op_text);
+    if (op_value == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;  /* not an op: the general path says so (a PoisonRecord) */
+    }
     PyObject *ts_ms;
     if (ts == NULL || *ts->value == 'n') {
         ts_ms = Py_NewRef(Py_None);
@@ -689,38 +824,69 @@ scan_one(PyObject *value, Members *m)
         if ((ts_ms = PyLong_FromString(buf, NULL, 10)) == NULL)
             return NULL;
     }
-    PyObject *op_text = PyUnicode_DecodeUTF8((const char *)op->value + 1, op->value_end - op->value - 2, NULL);
-    PyObject *before_b = before && *before->value == '{' ? span_bytes(before) : Py_NewRef(Py_None);
-    PyObject *after_b = after && *after->value == '{' ? span_bytes(after) : Py_NewRef(Py_None);
-    PyObject *source_b = span_bytes(source);
-    if (op_text == NULL || before_b == NULL || after_b == NULL || source_b == NULL) {
-        Py_XDECREF(op_text); Py_XDECREF(before_b); Py_XDECREF(after_b); Py_XDECREF(source_b); Py_DECREF(ts_ms);
-        return NULL;
+    PyObject *key = NULL, *source_d = NULL, *before_d = NULL, *after_b = NULL, *event = NULL;
+    if ((key = plain_key(PyTuple_GET_ITEM(record, 3), loads)) == NULL) goto done;
+    if (key == Py_None) { event = Py_NewRef(Py_None); goto done; }
+    if ((source_d = source_dict(source, loads, sm, cache)) == NULL) goto done;
+    PyObject *version = PyDict_GetItemString(source_d, "version");  /* borrowed */
+    if (version == NULL || !PyLong_CheckExact(version)) { event = Py_NewRef(Py_None); goto done; }
+    if (before && *before->value == '{') {
+        PyObject *span = span_bytes(before);
+        if (span == NULL) goto done;
+        before_d = PyObject_CallOneArg(loads, span);
+        Py_DECREF(span);
+        if (before_d == NULL) goto done;
+    } else {
+        before_d = Py_NewRef(Py_None);
     }
-    PyObject *tuple = PyTuple_Pack(5, op_text, before_b, after_b, source_b, ts_ms);
-    Py_DECREF(op_text); Py_DECREF(before_b); Py_DECREF(after_b); Py_DECREF(source_b); Py_DECREF(ts_ms);
-    return tuple;
+    after_b = after && *after->value == '{' ? span_bytes(after) : Py_NewRef(Py_None);
+    if (after_b == NULL) goto done;
+    event = event_type->tp_alloc(event_type, 10);
+    if (event == NULL) goto done;
+    PyObject *items[10] = {PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), PyTuple_GET_ITEM(record, 2),
+                           key, op_value, before_d, after_b, version, source_d, ts_ms};
+    for (int i = 0; i < 10; i++)
+        PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(source_d);
+    Py_XDECREF(before_d);
+    Py_XDECREF(after_b);
+    Py_DECREF(ts_ms);
+    return event;
 }
 
 static PyObject *
-speedups_scan_envelopes(PyObject *self, PyObject *values)
+speedups_decode_envelopes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *seq = PySequence_Fast(values, "scan_envelopes needs a sequence of values");
+    if (nargs != 4 || !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "decode_envelopes(records, SinkEvent, ops, loads)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "records must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *out = PyList_New(n);
-    Members m = {NULL, 0, 0};
+    Members m = {NULL, 0, 0}, sm = {NULL, 0, 0};
+    SourceCache cache;
+    memset(&cache, 0, sizeof(cache));
     if (out == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *one = scan_one(PySequence_Fast_GET_ITEM(seq, i), &m);
+        PyObject *one = decode_one(PySequence_Fast_GET_ITEM(seq, i), (PyTypeObject *)args[1], args[2], args[3],
+                                   &m, &sm, &cache);
         if (one == NULL) goto fail;
         PyList_SET_ITEM(out, i, one);
     }
     PyMem_Free(m.items);
+    PyMem_Free(sm.items);
+    source_cache_clear(&cache);
     Py_DECREF(seq);
     return out;
 fail:
     PyMem_Free(m.items);
+    PyMem_Free(sm.items);
+    source_cache_clear(&cache);
     Py_XDECREF(out);
     Py_DECREF(seq);
     return NULL;
@@ -1068,8 +1234,8 @@ static PyMethodDef methods[] = {
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
      "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
-    {"scan_envelopes", speedups_scan_envelopes, METH_O,
-     "scan_envelopes(values) -> per value (op, before, after, source, ts_ms) or None"},
+    {"decode_envelopes", (PyCFunction)(void (*)(void))speedups_decode_envelopes, METH_FASTCALL,
+     "decode_envelopes(records, SinkEvent, ops, loads) -> per record a SinkEvent (after as bytes) or None"},
     {"copy_rows", (PyCFunction)(void (*)(void))speedups_copy_rows, METH_FASTCALL,
      "copy_rows(rows, names, kinds, nested) -> COPY text of (key JSON, version, after JSON) rows"},
     {"unknown_names", (PyCFunction)(void (*)(void))speedups_unknown_names, METH_FASTCALL,

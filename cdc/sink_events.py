@@ -99,57 +99,35 @@ def decode_record(record) -> SinkEvent:
         raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err
 
 
-try:  # the envelope scanner in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc._speedups import scan_envelopes as _scan_envelopes
+try:  # the envelope decoder in C (cdc/_speedups.c), built by setup.py where a compiler is found
+    from cdc._speedups import decode_envelopes as _decode_envelopes
 except ImportError:  # pragma: no cover - a build without a compiler: every record the general way
-    _scan_envelopes = None
+    _decode_envelopes = None
 
-RAW_ROWS = _scan_envelopes is not None  # whether decode_records can leave rows undecoded
+RAW_ROWS = _decode_envelopes is not None  # whether decode_records can leave rows undecoded
 
 
 def decode_records(records: list, raw_rows: bool) -> list[SinkEvent | PoisonRecord]:
     """Per record its SinkEvent, or the PoisonRecord saying why it has none (returned, not raised).
 
-    ``raw_rows`` (a sink's ``raw_rows``, and the C scanner built): an upsert whose value is a
-    plain ``json`` envelope keeps its ``after`` as the bytes of the row object. The scanner checks
-    each value as strictly as orjson does and hands back the spans of before, after and source; only
-    the source block, the key and a delete's before are decoded. That skips most of decoding a
-    record (orjson building the row's dict was about 4 of the 6 µs per record, bench/bootstrap.py).
-    Anything else the scanner does not take (a tombstone, Connect JSON, Avro, a malformed value)
-    goes through ``decode_record`` as before, so the same records are poison either way and the
-    events are equal once ``after`` is decoded (tests/unit/test_raw_rows.py)."""
+    ``raw_rows`` (a sink's ``raw_rows``, and the C decoder built): an upsert whose value is a
+    plain ``json`` envelope keeps its ``after`` as the bytes of the row object. The decoder checks
+    each value as strictly as orjson does, builds the source block itself (reusing the names and
+    strings that repeat from record to record) and decodes only the key and a delete's before with
+    orjson: building the row's dict was most of decoding a record (bench/bootstrap.py). Anything it
+    does not take (a tombstone, Connect JSON, Avro, a malformed value) goes through
+    ``decode_record`` as before, so the same records are poison either way and the events are
+    equal once ``after`` is decoded (tests/unit/test_raw_rows.py)."""
     out: list[SinkEvent | PoisonRecord] = []
     append = out.append
-    scans = _scan_envelopes([r.value for r in records]) if raw_rows and _scan_envelopes is not None else None
-    if scans is None:
-        for record in records:
-            try:
-                append(decode_record(record))
-            except PoisonRecord as err:
-                append(err)
-        return out
-    loads, ops = orjson.loads, _OPS
-    for record, scan in zip(records, scans):
+    fast = _decode_envelopes(records, SinkEvent, _OPS, orjson.loads) \
+        if raw_rows and _decode_envelopes is not None else [None] * len(records)
+    for record, event in zip(records, fast):
+        if event is not None:
+            append(event)
+            continue
         try:
-            if scan is None:
-                append(decode_record(record))
-                continue
-            op, before, after, source, ts_ms = scan
-            op = ops.get(op)
-            if op is None:
-                append(decode_record(record))  # raises its PoisonRecord
-                continue
-            try:
-                key = decode_key(record.key)
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EOFError) as err:
-                raise PoisonRecord(f"the key is not a JSON, Connect JSON or Avro key: {err}") from err
-            source = loads(source)
-            version = source.get("version")
-            if version.__class__ is not int:
-                append(decode_record(record))  # raises its PoisonRecord (no or a non-integer version)
-                continue
-            append(_new(SinkEvent, (record.topic, record.partition, record.offset, key, op,
-                                    None if before is None else loads(before), after, version, source, ts_ms)))
+            append(decode_record(record))
         except PoisonRecord as err:
             append(err)
     return out

@@ -106,8 +106,9 @@ class TableCatalog:
         if entry is None:
             entry = self._load(generation, name)
         record = self._shape_of(changes)
-        if entry is None or record is None:  # values may decide the columns: rows as dicts
-            changes.materialize()
+        if entry is None or (record is None and copy_rows.names_outside(
+                [event.after for event in changes.upserts.values()], entry.columns)):
+            changes.materialize()  # values decide the columns (or may): rows as dicts
         rows = [event.after for event in changes.upserts.values()]  # JSON bytes or dicts
         key_names = _key_names(changes)
         if entry is None:
@@ -139,7 +140,8 @@ class TableCatalog:
             if self.config.schema_policy != "rebuild":  # rebuild: tables hold the newest shape only
                 entry = self._older_columns(entry, rows, record, changes.topic)
         else:
-            unknown = infer_columns(rows, set(entry.columns), ())
+            # Rows still as JSON bytes carry only the table's columns (else they were decoded above).
+            unknown = infer_columns([r for r in rows if r.__class__ is not bytes], set(entry.columns), ())
             if unknown:
                 log.info("sql sink %s: %s: new column(s) %s inferred from values (the source publishes no "
                          "shape)", self.config.name, physical, ", ".join(f"{c.name} {c.type}" for c in unknown))
