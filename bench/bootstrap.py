@@ -73,7 +73,8 @@ def main() -> None:
                         help="also run \"now\" with the remembered-delete check as a per-row probe")
     parser.add_argument("--rebuild", action="store_true",
                         help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
-    parser.add_argument("--now-only", action="store_true", help="skip the \"before\" runs")
+    parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
+    parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -144,7 +145,7 @@ def main() -> None:
         gc.collect()
         for round_ in range(args.rounds):
             variants = [("now", True)] + ([("probed", True)] if args.probed_deletes else []) + \
-                ([] if args.now_only else [("dicts", True), ("before", False)]) + \
+                ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
                 name = f"{database}_{round_}{label}"

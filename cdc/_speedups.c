@@ -362,8 +362,9 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  *   that is not an int, an escaped member name; cdc/sink_events.py then decodes the record the
  *   general way (which raises its PoisonRecord or reads the other format), so this path never
  *   accepts what that one refuses.
- * copy_rows(rows, names, kinds, nested) -> bytes: the COPY text lines of sinks/sql/copy_rows.py's
- *   formatter, from rows of (key JSON, version, after JSON bytes) instead of decoded events;
+ * copy_rows(pairs, names, kinds, nested, rest) -> bytes: the COPY text lines of
+ *   sinks/sql/copy_rows.py's formatter for the (key JSON, SinkEvent) pairs whose after is JSON
+ *   bytes; the pairs with a decoded after are appended to the list rest, for the Python loop;
  *   kinds has a byte per column: 'v' a value, 'j' a json column, 'x' skipped (NULL). nested(span)
  *   gives the text of an object or array value and of any json column's value (orjson there, so
  *   the bytes are the formatter's); floats are written as repr writes them.
@@ -1064,10 +1065,11 @@ column_of(const Member *m, const char **names, const Py_ssize_t *lens, Py_ssize_
 static PyObject *
 speedups_copy_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "copy_rows(rows, names, kinds, nested)");
+    if (nargs != 5 || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "copy_rows(pairs, names, kinds, nested, rest)");
         return NULL;
     }
+    PyObject *rest = args[4];
     PyObject *rows = PySequence_Fast(args[0], "rows must be a sequence");
     if (rows == NULL) return NULL;
     PyObject *names_seq = PySequence_Fast(args[1], "names must be a sequence");
@@ -1097,16 +1099,22 @@ speedups_copy_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(rows);
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *row = PySequence_Fast_GET_ITEM(rows, r);
-        PyObject *key, *version, *after;
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a row is (key JSON, version, after JSON)");
+        PyObject *key, *event, *version, *after;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(row, 1)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(row, 1)) < 8) {
+            PyErr_SetString(PyExc_TypeError, "a row is (key JSON, SinkEvent)");
             goto done;
         }
         key = PyTuple_GET_ITEM(row, 0);
-        version = PyTuple_GET_ITEM(row, 1);
-        after = PyTuple_GET_ITEM(row, 2);
-        if (!PyBytes_Check(key) || !PyBytes_Check(after)) {
-            PyErr_SetString(PyExc_TypeError, "a row's key and after are bytes");
+        event = PyTuple_GET_ITEM(row, 1);
+        after = PyTuple_GET_ITEM(event, 6);
+        version = PyTuple_GET_ITEM(event, 7);
+        if (!PyBytes_Check(after)) {  /* a decoded row: for the Python loop */
+            if (PyList_Append(rest, row) < 0) goto done;
+            continue;
+        }
+        if (!PyBytes_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "a row's key JSON is bytes");
             goto done;
         }
         Scan s = {(const unsigned char *)PyBytes_AS_STRING(after),
@@ -1237,7 +1245,7 @@ static PyMethodDef methods[] = {
     {"decode_envelopes", (PyCFunction)(void (*)(void))speedups_decode_envelopes, METH_FASTCALL,
      "decode_envelopes(records, SinkEvent, ops, loads) -> per record a SinkEvent (after as bytes) or None"},
     {"copy_rows", (PyCFunction)(void (*)(void))speedups_copy_rows, METH_FASTCALL,
-     "copy_rows(rows, names, kinds, nested) -> COPY text of (key JSON, version, after JSON) rows"},
+     "copy_rows(pairs, names, kinds, nested, rest) -> COPY text of the (key JSON, event) pairs with JSON bytes"},
     {"unknown_names", (PyCFunction)(void (*)(void))speedups_unknown_names, METH_FASTCALL,
      "unknown_names(afters, names, loads) -> set of member names not in names"},
     {NULL, NULL, 0, NULL},

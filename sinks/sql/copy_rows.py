@@ -78,20 +78,13 @@ def formatter(columns: list[ColumnPlan]) -> Callable[[Iterable[tuple[bytes, Sink
     kinds = b"".join(b"x" if c.skipped else b"j" if c.family is Family.JSON else b"v" for c in columns)
 
     def format_rows(pairs: Iterable[tuple[bytes, SinkEvent]]) -> bytes:
-        raw, decoded = [], []
-        for key, event in pairs:
-            after = event.after
-            if after.__class__ is bytes:
-                raw.append((key, event.version, after))
-            else:
-                decoded.append((key, event))
-        if not raw:
-            return python(decoded)
+        decoded: list = []  # the pairs whose row is a dict, left by the C loop for this one
         try:
-            text = _copy_rows(raw, names, kinds, _nested_text)
+            text = _copy_rows(pairs, names, kinds, _nested_text, decoded)
         except ValueError:  # a member name with an escaped backslash: only the exact name will do
             text = python([(key, event._replace(after=orjson.loads(event.after))) for key, event in pairs
                            if event.after.__class__ is bytes])
+            decoded = [(key, event) for key, event in pairs if event.after.__class__ is not bytes]
         return text + python(decoded) if decoded else text
 
     return format_rows
