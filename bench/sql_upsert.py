@@ -15,10 +15,14 @@ Steps, in one run on this machine, in a fresh database:
      these rows into the server through this driver.
   3. ours: an SqlSink (schema from a schema record, as the runtime gives it) ``write``s the events
      in batches of ``--batch``, each a transaction committed before the next, into a fresh table:
-     "typed", PostgreSQL's upserts COPYed as typed rows into a staging table (the default), and
-     "jsonb", the earlier staging of each row as one jsonb document, alternately ``--rounds`` times.
+     "raw", the rows as the runtime hands them to this sink now (``raw_rows``: each row's JSON
+     bytes, written into the typed COPY by the C loop of cdc/_speedups.c); "typed", the same
+     staging from rows decoded to dicts (how the runtime handed them before); "jsonb", the earlier
+     staging of each row as one jsonb document; alternately ``--rounds`` times.
 Prints rows/s of each and the ratio to COPY; checks that the table holds every key at its newest
-version. Target (issue #18): live upserts >= 150,000 events/s.
+version. Target (issue #18): live upserts >= 150,000 events/s. Each line also prints the
+machine's load and the CPU seconds of this process for the writes (the figure load does not
+inflate; the server's are not counted).
 
 Where the time went (cProfile of 300k events, 30% updates, batches of 5,000, quiet machine):
 jsonb staging: 2.6 s of 3.45 s in the server: the upsert's ``INSERT ... SELECT CAST(s.j->>'c' AS
