@@ -1,4 +1,5 @@
-"""The optional C parts: cdc/_speedups.c (the encoding loop) and sources/mysql/_rowdecode.c (binlog
+"""The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoder and COPY
+loop) and sources/mysql/_rowdecode.c (binlog
 row images of the common column types). Without a compiler the build goes on without them, and
 the Python code they mirror runs instead (the same output, slower)."""
 

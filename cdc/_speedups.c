@@ -1,4 +1,5 @@
-/* The encoding loop of cdc.serde.EnvelopeEncoder.emit, in C.
+/* The encoding loop of cdc.serde.EnvelopeEncoder.emit, in C; and, further down, the sink side's
+ * envelope decoder and COPY loop for rows left as JSON bytes (cdc/sink_events.py, sinks/sql/copy_rows.py).
  *
  * Optional: cdc/serde.py uses it when it was built (setup.py, `optional=True`) and otherwise
  * runs its own Python loop, which stays the reference. Both make the same bytes
