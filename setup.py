@@ -1,7 +1,7 @@
-"""The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoder and COPY
-loop) and sources/mysql/_rowdecode.c (binlog
-row images of the common column types). Without a compiler the build goes on without them, and
-the Python code they mirror runs instead (the same output, slower)."""
+"""The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoder and
+COPY loop) and sources/mysql/_rowdecode.c (binlog row images of the common column types). Without
+a compiler the build goes on without them, and the Python code they mirror runs instead (the same
+output, slower)."""
 
 from setuptools import Extension, setup
 
