@@ -55,7 +55,12 @@ for 107k records): per-batch work (statements, the table checks, commits) is pai
 Where the time goes now (rows left as JSON bytes, ``raw_rows``; load 20-45 on 2 cores shared
 with other work, so CPU seconds and same-run ratios only). 300k changes over 100k keys, batches
 of 10k, one run: this process 4.2 s of CPU for "now" against 5.6 s for "dicts" and 5.0 s for
-"before" (13 against 17.5 us a record), PostgreSQL 1.9, 1.9 and 4.7 s. By step, each timed alone
+"before" (13 against 17.5 us a record), PostgreSQL 1.9, 1.9 and 4.7 s; 1M changes over 300k keys,
+one run: 12.4 s against 17.2 s (11.6 against 16.1 us a record), PostgreSQL 10.0 and 9.7 s; wall
+time there followed the load (5.9k against 6.9k records/s at load 37 -> 25 and 25 -> 22). At
+issue #18's size (3M over 1M, batches of 20k, load 23-33) "now" took 59.2 s here and 34.9 s in
+PostgreSQL, 3.7k records/s; a run before this change (dicts, batches of 10k, load 16-21) 63.3
+and 38.3 s, 7.3k records/s (the same run's "dicts" was lost to a server restart). By step, each timed alone
 over the same records (200k over 1M keys from Kafka, batches of 20k, CPU time): reading
 through librdkafka and LogRecords 2.9-3.2 us a record either way; decoding 3.7-4.0 us (from
 5.5-7.1 us for dicts: orjson no longer builds the row, the C decoder builds the source block
