@@ -33,6 +33,13 @@ version per key 0.3 s, the COPY lines 0.25 s, and a per-row scan for columns of 
 no jsonb) and leaves the upsert moving rows; the Python side pays about twice the jsonb lines'
 cost for the typed text. The runtime (bench/bootstrap.py) also decodes the next batch while this
 one is written, which this benchmark, calling ``write`` directly, does not show.
+
+Where the time goes now (300k events, 30% updates, 2 rounds, load 29-44 on 2 cores shared with
+other work): raw rows 10.2k and 9.7k events/s, rows as dicts 8.2k and 8.3k, jsonb 8.5k and 8.4k,
+COPY 70k-82k rows/s; this process's CPU for the writes 0.8-1.1 s per 300k events with raw or
+dict rows (2.7-3.7 us an event: the reduction, the COPY text, the statements' client side), 0.7 s
+with jsonb, whose cost is in the server. The server is the bound here: the decoding that raw rows
+save happens before ``write`` (bench/bootstrap.py shows it).
 """
 
 from __future__ import annotations
