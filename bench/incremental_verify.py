@@ -333,33 +333,31 @@ class TopicView:
 
 
 def fold_topic(log, topic: str, timeout: float = 600) -> TopicView:
+    """Read as it comes: a reader returns each partition in offset order, and a key lives in one
+    partition, so its records fold in their order (nothing of the topic is held in memory)."""
     view = TopicView()
     ends = log.end_offsets(topic)
     reader = log.reader()
     deadline = time.monotonic() + timeout
     try:
         reader.assign({tp: 0 for tp in ends})
-        by_partition: dict[int, list] = {}
         while any(reader.position(tp) < end for tp, end in ends.items()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"reading {topic} to its end took over {timeout:.0f}s")
             for record in reader.poll(10_000, 0.2):
-                if record.offset < ends[(record.topic, record.partition)]:
-                    by_partition.setdefault(record.partition, []).append((record.offset, record.key, record.value))
+                if record.offset >= ends[(record.topic, record.partition)]:
+                    continue
+                id_ = orjson.loads(record.key)["id"]
+                event = orjson.loads(record.value) if record.value is not None else None
+                if event is None or event["op"] == "d":
+                    view.rows.pop(id_, None)
+                    continue
+                if event["op"] == "r":
+                    view.reads += 1
+                    view.read_keys.add(id_)
+                view.rows[id_] = (event["after"]["v"], event["after"]["note"])
     finally:
         reader.close()
-    for records in by_partition.values():  # a key lives in one partition: its order is all that counts
-        records.sort(key=lambda r: r[0])
-        for _, key, value in records:
-            id_ = orjson.loads(key)["id"]
-            event = orjson.loads(value) if value is not None else None
-            if event is None or event["op"] == "d":
-                view.rows.pop(id_, None)
-                continue
-            if event["op"] == "r":
-                view.reads += 1
-                view.read_keys.add(id_)
-            view.rows[id_] = (event["after"]["v"], event["after"]["note"])
     return view
 
 
