@@ -1,17 +1,18 @@
 """Verify an incremental snapshot end to end under a live writer: the topic equals the table, and
 the sink never showed a row going back while it ran.
 
-    .venv/bin/cdc dev up --only postgres,kafka          (add mysql for --source mariadb)
+    .venv/bin/cdc dev up --only postgres,kafka     (add mysql for --source mariadb, spark for --sink delta)
     .venv/bin/python -m bench.incremental_verify --source postgres|mariadb [--rows 1000000]
-                                                 [--sink sql] [--log kafka|embedded] [--chunk-rows 1024]
-                                                 [--rate 200] [--seed 16]
+                                                 [--sink sql|delta] [--log kafka|embedded]
+                                                 [--chunk-rows 1024] [--rate 200] [--seed 16]
 
 One run, on this machine, with the real daemon:
 
 1. a fresh source database with ``t (id bigint PRIMARY KEY, v bigint, note text)`` of ``--rows``
-   rows, and a fresh PostgreSQL database as the SQL sink's target;
+   rows, and a fresh PostgreSQL database as the SQL sink's target (``--sink delta``: a Delta
+   table in a temporary folder, read by a Spark session of this process);
 2. ``cdc run`` of a config file holding the source (``snapshot: never``, a signal table), the log
-   (Kafka by default) and an SQL sink of the table's topic;
+   (Kafka by default) and the sink of the table's topic;
 3. a writer on ``t`` at ``--rate`` changes a second: updates, deletes, primary-key changes to new
    keys, inserts of new keys and inserts again of keys it deleted. Every write sets ``v`` from one
    counter that only goes up, so a row's ``v`` only grows (bench/sink_regressions.py);
@@ -240,6 +241,10 @@ class SqlTarget:
         self.dsn = dsn
         self.conn = None
 
+    def sink_yaml(self, topic: str) -> str:
+        url = self.dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+        return f"{{name: wh, type: sql, url: '{url}', topics: ['{topic}']}}"
+
     def sample(self, keys: list[int]) -> dict[int, Shown]:
         import psycopg2
 
@@ -264,9 +269,52 @@ class SqlTarget:
         finally:
             conn.close()
 
+    def twin(self) -> "SqlTarget":
+        """Another reader of the same table, for another thread (a connection is for one)."""
+        return SqlTarget(self.dsn)
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+            self.conn = None
+
+
+class DeltaTarget:
+    """The Delta sink's table of ``t`` under ``lake``, read through a Spark session of this
+    process (each read sees one committed version of the table)."""
+
+    def __init__(self, lake: Path, namespace: str) -> None:
+        self.lake = lake
+        self.path = lake / namespace / "t"
+        self.spark = None
+
+    def sink_yaml(self, topic: str) -> str:
+        return (f"{{name: wh, type: delta, topics: ['{topic}'], path: '{self.lake}', "
+                f"checkpoint: '{self.lake}-checkpoint', trigger_seconds: 2}}")
+
+    def _table(self):
+        if self.spark is None:
+            from spark_sinks.session import local_session
+
+            self.spark = local_session("incremental-verify-sampler", master="local[1]", driver_memory="1g")
+        return self.spark.read.format("delta").load(str(self.path))
+
+    def sample(self, keys: list[int]) -> dict[int, Shown]:
+        from pyspark.sql import functions as F
+
+        if not (self.path / "_delta_log").exists():
+            return {}  # the sink has not made its table yet
+        rows = self._table().where(F.col("id").isin(keys)).select("id", "__cdc_version", "v").collect()
+        return {r["id"]: Shown(r["__cdc_version"], r["v"]) for r in rows}
+
+    def rows(self) -> dict[int, tuple[int, str]]:
+        return {r["id"]: (r["v"], r["note"]) for r in self._table().select("id", "v", "note").toLocalIterator()}
+
+    def twin(self) -> "DeltaTarget":
+        return self  # Spark's session takes queries from any thread
+
+    def close(self) -> None:
+        pass  # the session is the process's: stopped at its end
 
 
 class Sampler(threading.Thread):
@@ -420,24 +468,24 @@ def wait(what: str, check: Callable[[], object], daemon, folder: Path, timeout: 
     return value
 
 
-def config_file(folder: Path, side: SourceSide, target_dsn: str, log_yaml: str, prefix: str, chunk_rows: int,
+def config_file(folder: Path, side: SourceSide, target, log_yaml: str, prefix: str, chunk_rows: int,
                 port: int) -> Path:
-    url = target_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
     topic = f"{prefix}.{side.table}"
     path = folder / "cdc.yaml"
     path.write_text(f"log:\n  {log_yaml}\n"
                     f"sources:\n  - {{name: src, snapshot: never, incremental_chunk_rows: {chunk_rows}, "
                     f"{side.source_yaml()}}}\n"
-                    f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{topic}']}}\n"
+                    f"sinks:\n  - {target.sink_yaml(topic)}\n"
                     f"http: \"127.0.0.1:{port}\"\n")
     return path
 
 
-def verify(side: SourceSide, target_dsn: str, folder: Path, rows: int, log_yaml: str, prefix: str,
+def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, prefix: str,
            chunk_rows: int = 1024, rate: float = 200, seed: int = 16, sample_keys: int = 2000,
            watch_cap: int = 20_000, timeout: float = 3600) -> Verification:
     """One verification run (the module's docstring): ``side`` holds a filled ``t`` already;
-    ``target_dsn`` is an empty PostgreSQL database; ``log_yaml`` the config's log entry."""
+    ``target`` is the sink's (SqlTarget on an empty database, DeltaTarget); ``log_yaml`` the
+    config's log entry."""
     from cdc.config import load_config
     from cdc.dev.services import free_port
     from cdc.log.open import open_log
@@ -445,10 +493,10 @@ def verify(side: SourceSide, target_dsn: str, folder: Path, rows: int, log_yaml:
     from cdc.positions import IncrementalProgress
 
     port = free_port()
-    config = config_file(folder, side, target_dsn, log_yaml, prefix, chunk_rows, port)
+    config = config_file(folder, side, target, log_yaml, prefix, chunk_rows, port)
     topic = f"{prefix}.{side.table}"
     writer = Writer(side, rows, rate, seed)
-    sampler = Sampler(SqlTarget(target_dsn), writer, sample_keys, watch_cap, seed)
+    sampler = Sampler(target, writer, sample_keys, watch_cap, seed)
     daemon = cdc_process(config, "run", log="daemon.log")
     log = None
     try:
@@ -472,7 +520,7 @@ def verify(side: SourceSide, target_dsn: str, folder: Path, rows: int, log_yaml:
         writer.finish()
         key, value = writer.last_change()
         wait("the writer's last change in the sink",
-             lambda: sampler.check.present.get(key, Shown(0, -1)).value >= value or _sink_value(target_dsn, key) == value,
+             lambda: _sink_value(target.twin(), key) == value,
              daemon, folder, timeout, port)
         sampler.finish()
         log = open_log(load_config(str(config)).log)
@@ -482,7 +530,7 @@ def verify(side: SourceSide, target_dsn: str, folder: Path, rows: int, log_yaml:
         if isinstance(stored, IncrementalProgress):
             raise RuntimeError(f"the stored position still holds a snapshot: {stored}")
         return Verification(side.kind, rows, seconds, view, writer.changes, sampler.check, sampler.rounds,
-                            len(sampler.keys), view.rows == table, SqlTarget(target_dsn).rows() == table,
+                            len(sampler.keys), view.rows == table, target.twin().rows() == table,
                             len(table), os.getloadavg())
     finally:
         writer.stop.set()
@@ -492,13 +540,12 @@ def verify(side: SourceSide, target_dsn: str, folder: Path, rows: int, log_yaml:
             log.close()
 
 
-def _sink_value(dsn: str, key: int) -> int | None:
-    shown = SqlTarget(dsn)
+def _sink_value(target, key: int) -> int | None:
     try:
-        row = shown.sample([key]).get(key)
+        row = target.sample([key]).get(key)
         return row.value if row else None
     finally:
-        shown.close()
+        target.close()
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -550,13 +597,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", choices=("postgres", "mariadb"), default="postgres")
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--sink", choices=("sql",), default="sql")
+    parser.add_argument("--sink", choices=("sql", "delta"), default="sql")
     parser.add_argument("--log", choices=("kafka", "embedded"), default="kafka")
     parser.add_argument("--chunk-rows", type=int, default=1024)
     parser.add_argument("--rate", type=float, default=200, help="the writer's changes a second")
     parser.add_argument("--seed", type=int, default=16)
     args = parser.parse_args()
 
+    if args.sink == "delta" and args.log != "kafka":
+        raise SystemExit("the Delta sink reads Kafka: --log kafka")
     needed = ["PG_DSN"] + (["MYSQL_URL"] if args.source == "mariadb" else []) + (
         ["KAFKA_BOOTSTRAP"] if args.log == "kafka" else [])
     env = settings(needed)
@@ -571,10 +620,15 @@ def main() -> None:
             filled = time.monotonic()
             side.fill(args.rows)
             print(f"{args.source}: {args.rows:,} rows written in {time.monotonic() - filled:.0f} s; "
-                  f"{args.log} log, sql sink into PostgreSQL, chunks of {args.chunk_rows:,}, writer at "
+                  f"{args.log} log, {'SQL sink into PostgreSQL' if args.sink == 'sql' else 'Delta sink'}, chunks of "
+                  f"{args.chunk_rows:,}, writer at "
                   f"{args.rate:g} changes/s, load {os.getloadavg()[0]:.1f}", flush=True)
-            result = verify(side, target_dsn, folder, args.rows, log_yaml, prefix, args.chunk_rows, args.rate,
-                            args.seed)
+            target = SqlTarget(target_dsn) if args.sink == "sql" else DeltaTarget(folder / "lake", side.table.split(".")[0])
+            # A Spark read of the Delta table per round: fewer keys, so that rounds stay frequent.
+            watch = {"sample_keys": 2000, "watch_cap": 20_000} if args.sink == "sql" else {
+                "sample_keys": 1000, "watch_cap": 5000}
+            result = verify(side, target, folder, args.rows, log_yaml, prefix, args.chunk_rows, args.rate,
+                            args.seed, **watch)
         print("\n".join(result.lines()))
         if result.check.regressions or not (result.topic_equal and result.sink_equal):
             raise SystemExit(1)

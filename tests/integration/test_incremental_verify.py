@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.incremental_verify import MariaDbSide, PostgresSide, Verification, verify
+from bench.incremental_verify import MariaDbSide, PostgresSide, SqlTarget, Verification, verify
 from tests.conftest import _fresh_database
 
 ROWS = 10_000
@@ -22,7 +22,7 @@ def target_dsn(pg_admin_dsn):
 
 def run(side, target_dsn: str, tmp_path, kafka_bootstrap: str, prefix: str) -> Verification:
     side.fill(ROWS)
-    result = verify(side, target_dsn, tmp_path, ROWS,
+    result = verify(side, SqlTarget(target_dsn), tmp_path, ROWS,
                     f"kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}, partitions: 3}}",
                     prefix, chunk_rows=500, rate=200, timeout=300)
     print("\n".join(result.lines()))
