@@ -214,6 +214,8 @@ class Cycle:
     run that was asked for the snapshot) and what it read."""
 
     resumed_after: int | None
+    began: dict = field(default_factory=dict)         # the topic's end offsets when it started
+    ended: dict = field(default_factory=dict)         # ... when it was struck (or stopped)
     read: list[int] = field(default_factory=list)     # keys of its snapshot reads, in log order
     reread: int = 0                                   # of them, keys an earlier run had read
     read_after_cursor_before: int = 0                 # keys above the cursor the earlier runs had read
@@ -264,23 +266,22 @@ def check_kill_and_resume(tmp_path, source_yaml: str, table: str, run, rows_of, 
 
     cycles: list[Cycle] = []
     read_so_far: set[int] = set()
-    ends: dict = {}
 
-    def account(cycle: Cycle) -> None:
-        """The records the run that just ended added to the topic (the daemon is down)."""
-        nonlocal ends
-        if topic not in log_.topics():
-            return
-        new_ends = log_.end_offsets(topic)
-        for record in log_.read_all(topic, start=ends, ends=new_ends):
-            value = orjson.loads(record.value) if record.value is not None else None
-            if value is not None and value["op"] == "r":
-                cycle.read.append(value["after"]["id"])
-        ends = new_ends
-        if cycle.resumed_after is not None:
-            cycle.read_after_cursor_before = sum(1 for key in read_so_far if key > cycle.resumed_after)
-        cycle.reread = sum(1 for key in cycle.read if key in read_so_far)
-        read_so_far.update(cycle.read)
+    def account() -> None:
+        """Each run's snapshot reads: the records below its end offsets (taken when it was
+        struck) and at or above the previous run's."""
+        records = log_.read_all(topic)
+        for cycle in cycles:
+            for record in records:
+                tp = (record.topic, record.partition)
+                if record.value is not None and cycle.began.get(tp, 0) <= record.offset < cycle.ended[tp]:
+                    value = orjson.loads(record.value)
+                    if value["op"] == "r":
+                        cycle.read.append(value["after"]["id"])
+            if cycle.resumed_after is not None:
+                cycle.read_after_cursor_before = sum(1 for key in read_so_far if key > cycle.resumed_after)
+            cycle.reread = sum(1 for key in cycle.read if key in read_so_far)
+            read_so_far.update(cycle.read)
 
     stop = threading.Event()
     touched: set[int] = set()
@@ -292,7 +293,7 @@ def check_kill_and_resume(tmp_path, source_yaml: str, table: str, run, rows_of, 
             assert number == 0 or resumed_after is not None, f"no chunk cursor stored before start {number}"
             if last:
                 configure(1000, 0)
-            cycle = Cycle(resumed_after)
+            cycle = Cycle(resumed_after, began=cycles[-1].ended if cycles else {})
             process = run_daemon(config, "src", log="daemon.log")
             try:
                 if number == 0:
@@ -317,11 +318,12 @@ def check_kill_and_resume(tmp_path, source_yaml: str, table: str, run, rows_of, 
                     stop_daemon(process)
                 else:
                     kill_daemon(process)
-                account(cycle)
+                cycle.ended = log_.end_offsets(topic)
                 cycles.append(cycle)
     finally:
         stop.set()
         thread.join()
+    account()
     figures = ", ".join(f"after {c.resumed_after}: read {len(c.read)}, again {c.reread} (<= {c.read_after_cursor_before})"
                         for c in cycles)
     print(f"seed {seed}; {figures}")
