@@ -19,8 +19,8 @@ One run, on this machine, with the real daemon:
 4. a sampler that reads a sample of keys from the sink's target again and again (keys of the
    table at random, and every key the writer touches) and counts every regression: a row's
    version or value going back, or a deleted row coming back that the source did not insert again;
-5. ``cdc snapshot FILE src TABLE``, as a user asks for one; timed until the daemon's status shows
-   it ended; the writer and sampler run all along, and a while after;
+5. ``cdc snapshot FILE src TABLE``, as a user asks for one; timed until the daemon logs that it
+   ended; the writer and sampler run all along, and a while after;
 6. the writer stops; once the sink shows its last change, the compacted topic (the last record
    per key) and the sink's table are compared with the table.
 
@@ -415,7 +415,7 @@ def fold_topic(log, topic: str, timeout: float = 600) -> TopicView:
 class Verification:
     source: str
     rows: int
-    seconds: float              # from `cdc snapshot` until the daemon's status showed it ended
+    seconds: float              # from `cdc snapshot` until the daemon logged that it ended
     view: TopicView
     changes: int                # the writer's
     check: RegressionCheck
@@ -454,7 +454,7 @@ def status(port: int) -> dict[str, dict]:
         return {}
 
 
-def wait(what: str, check: Callable[[], object], daemon, folder: Path, timeout: float, port: int = 0) -> object:
+def wait_for(what: str, check: Callable[[], object], daemon, folder: Path, timeout: float, port: int = 0) -> object:
     deadline = time.monotonic() + timeout
     while not (value := check()):
         failed = [name for name, row in status(port).items() if row.get("phase") == "failed"] if port else []
@@ -482,10 +482,11 @@ def config_file(folder: Path, side: SourceSide, target, log_yaml: str, prefix: s
 
 def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, prefix: str,
            chunk_rows: int = 1024, rate: float = 200, seed: int = 16, sample_keys: int = 2000,
-           watch_cap: int = 20_000, timeout: float = 3600) -> Verification:
+           watch_cap: int = 20_000, timeout: float = 3600, startup: float = 300) -> Verification:
     """One verification run (the module's docstring): ``side`` holds a filled ``t`` already;
     ``target`` is the sink's (SqlTarget on an empty database, DeltaTarget); ``log_yaml`` the
-    config's log entry."""
+    config's log entry; ``startup``: how long the daemon and the sampler may take to start (Spark
+    on a busy machine takes minutes), ``timeout`` the snapshot and the sink's catching up."""
     from cdc.config import load_config
     from cdc.dev.services import free_port
     from cdc.log.open import open_log
@@ -499,29 +500,38 @@ def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, pre
     sampler = Sampler(target, writer, sample_keys, watch_cap, seed)
     daemon = cdc_process(config, "run", log="daemon.log")
     log = None
+
+    def wait(what: str, check: Callable[[], object], timeout: float) -> object:
+        def helpers_fine_and_check() -> object:
+            for helper in (writer, sampler):
+                if helper.error is not None:
+                    raise RuntimeError(f"the {helper.name} failed before {what}: {helper.error!r}") from helper.error
+            return check()
+        return wait_for(what, helpers_fine_and_check, daemon, folder, timeout, port)
+
     try:
         wait("the source to stream", lambda: status(port).get("src", {}).get("phase") == "streaming",
-             daemon, folder, 300, port)
+             startup)
         wait("the sink to run", lambda: status(port).get("wh", {}).get("phase") == "streaming",
-             daemon, folder, 300, port)
+             startup)
         writer.start()
         sampler.start()
-        wait("the writer's first change in the sink", lambda: sampler.check.present, daemon, folder, 300, port)
+        wait("the writer's first change in the sink", lambda: sampler.check.present, startup)
         asked = cdc_process(config, "snapshot", "src", side.table, log="snapshot.log")
         if asked.wait(120) != 0:
             raise RuntimeError(f"cdc snapshot failed: {(folder / 'snapshot.log').read_text()}")
         began = time.monotonic()
-        wait("the snapshot to show in the status", lambda: status(port)["src"].get("incremental_snapshot"),
-             daemon, folder, 300, port)
-        wait("the snapshot to end", lambda: not status(port)["src"].get("incremental_snapshot"),
-             daemon, folder, timeout, port)
+        # The daemon's log line, not its status: a short snapshot can start and end between two
+        # status updates, the line stays.
+        done = f"incremental snapshot of {side.table} done"
+        wait("the snapshot to end", lambda: done in (folder / "daemon.log").read_text(errors="replace"), timeout)
         seconds = time.monotonic() - began
         time.sleep(2)  # the writer and the sampler go on a while after the last chunk
         writer.finish()
         key, value = writer.last_change()
         wait("the writer's last change in the sink",
              lambda: _sink_value(target.twin(), key) == value,
-             daemon, folder, timeout, port)
+             timeout)
         sampler.finish()
         log = open_log(load_config(str(config)).log)
         view = fold_topic(log, topic)
@@ -626,7 +636,7 @@ def main() -> None:
             target = SqlTarget(target_dsn) if args.sink == "sql" else DeltaTarget(folder / "lake", side.table.split(".")[0])
             # A Spark read of the Delta table per round: fewer keys, so that rounds stay frequent.
             watch = {"sample_keys": 2000, "watch_cap": 20_000} if args.sink == "sql" else {
-                "sample_keys": 1000, "watch_cap": 5000}
+                "sample_keys": 1000, "watch_cap": 5000, "startup": 1200}
             result = verify(side, target, folder, args.rows, log_yaml, prefix, args.chunk_rows, args.rate,
                             args.seed, **watch)
         print("\n".join(result.lines()))
