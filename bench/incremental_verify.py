@@ -73,13 +73,17 @@ class SourceSide:
 
     def rows(self) -> dict[int, tuple[int, str]]:
         """The table now: id -> (v, note)."""
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT id, v, note FROM t")
-                return {id_: (v, note) for id_, v, note in cur.fetchall()}
-        finally:
-            conn.close()
+        return table_rows(self.connect())
+
+
+def table_rows(conn) -> dict[int, tuple[int, str]]:
+    """Table ``t`` on ``conn`` (closed after): id -> (v, note)."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id, v, note FROM t")
+            return {id_: (v, note) for id_, v, note in cur.fetchall()}
+    finally:
+        conn.close()
 
 
 class PostgresSide(SourceSide):
@@ -261,13 +265,7 @@ class SqlTarget:
     def rows(self) -> dict[int, tuple[int, str]]:
         import psycopg2
 
-        conn = psycopg2.connect(self.dsn)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT id, v, note FROM t")
-                return {id_: (v, note) for id_, v, note in cur.fetchall()}
-        finally:
-            conn.close()
+        return table_rows(psycopg2.connect(self.dsn))
 
     def twin(self) -> "SqlTarget":
         """Another reader of the same table, for another thread (a connection is for one)."""
