@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import shutil
 import tempfile
 import time
@@ -55,6 +56,7 @@ import uuid
 
 import psycopg2
 
+from bench.bootstrap import ServerCpu
 from bench.pg_stream import (ORDERS_DDL, ORDERS_INSERT, RunnerThread, delete_topics, drop_slots, execute,
                              fresh_database, max_rss_mb, print_profile, source_config, stack_settings)
 
@@ -70,6 +72,71 @@ class NullSink:
     def write(self, data: bytes) -> int:
         self.bytes += len(data)
         return len(data)
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the local process listening on ``port`` (the dev stack's broker), from /proc;
+    None when it is not on this machine or not ours to see."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as file:
+                for row in file.readlines()[1:]:
+                    fields = row.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")
+        except OSError:
+            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by process ``pid`` (all its threads); 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of one run, per side: this process with its reader processes (every thread,
+    librdkafka's included), the PostgreSQL backends of the run's database, the Kafka broker."""
+
+    def __init__(self, dsn: str, database: str, broker_pid: int | None) -> None:
+        self.server = ServerCpu(dsn, database)
+        self.broker_pid = broker_pid
+
+    def __enter__(self) -> "CpuMeter":
+        self.load = os.getloadavg()[0]
+        self._ours = sum(os.times()[:4])
+        self._broker = process_cpu(self.broker_pid)
+        self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.__exit__(*exc)
+        self.ours = sum(os.times()[:4]) - self._ours
+        self.broker = process_cpu(self.broker_pid) - self._broker
+        self.load_after = os.getloadavg()[0]
+
+    def text(self, rows: int) -> str:
+        server = self.server.total()
+        per_row = lambda s: f"{s:.1f}s ({s / rows * 1e6:.1f} us/row)"
+        parts = [f"ours {per_row(self.ours)}",
+                 "PostgreSQL " + ("unknown" if server is None else per_row(server))]
+        if self.broker_pid is not None:
+            parts.append(f"broker {per_row(self.broker)}")
+        return f"    load {self.load:.1f} -> {self.load_after:.1f}; cpu: " + ", ".join(parts)
 
 
 def make_table(dsn: str, rows: int, step: int = 500_000) -> float:
@@ -163,11 +230,14 @@ def main() -> None:
             pages, size = execute(dsn, "SELECT pg_relation_size('orders') / 8192, "
                                        "pg_size_pretty(pg_relation_size('orders'))")[0]
             run_copy(dsn)  # once to warm the cache, not measured
-            seconds, nbytes = run_copy(dsn)
+            broker_pid = listening_pid(int(settings["KAFKA_BOOTSTRAP"].rsplit(":", 1)[1]))
+            with CpuMeter(settings["PG_DSN"], database, None) as cpu:
+                seconds, nbytes = run_copy(dsn)
             copy_rate = args.rows / seconds
             print(f"orders: {args.rows:,} rows, {size} ({pages:,} pages), made in {made:.1f}s; "
                   f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions")
             print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
+            print(cpu.text(args.rows), flush=True)
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
             for count, processes in runs:
                 kind = "p" if processes else "t"
@@ -179,13 +249,15 @@ def main() -> None:
                     overrides["snapshot_chunk_pages"] = args.chunk_pages
                 config = source_config(dsn, name, f"{state_dir}/{kind}{count}", **overrides)
                 profile = cProfile.Profile() if args.profile is not None else None
-                seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
+                with CpuMeter(settings["PG_DSN"], database, broker_pid) as cpu:
+                    seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
                          f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + ("" if profile or rate >= TARGET else f"  BELOW the {TARGET:,} rows/s target")
                       + f"  peak RSS {max_rss_mb():.0f} MB")
+                print(cpu.text(args.rows), flush=True)
                 if stats.events != args.rows:
                     print(f"WARNING: {stats.events:,} events for {args.rows:,} rows")
                 if profile is not None:
