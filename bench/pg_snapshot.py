@@ -119,6 +119,7 @@ class CpuMeter:
     def __enter__(self) -> "CpuMeter":
         self.load = os.getloadavg()[0]
         self._ours = sum(os.times()[:4])
+        self._readers = sum(os.times()[2:4])
         self._broker = process_cpu(self.broker_pid)
         self.server.__enter__()
         return self
@@ -126,13 +127,14 @@ class CpuMeter:
     def __exit__(self, *exc) -> None:
         self.server.__exit__(*exc)
         self.ours = sum(os.times()[:4]) - self._ours
+        self.readers = sum(os.times()[2:4]) - self._readers  # the reader processes, once ended
         self.broker = process_cpu(self.broker_pid) - self._broker
         self.load_after = os.getloadavg()[0]
 
     def text(self, rows: int) -> str:
         server = self.server.total()
         per_row = lambda s: f"{s:.1f}s ({s / rows * 1e6:.1f} us/row)"
-        parts = [f"ours {per_row(self.ours)}",
+        parts = [f"ours {per_row(self.ours)}" + (f" of which readers {self.readers:.1f}s" if self.readers else ""),
                  "PostgreSQL " + ("unknown" if server is None else per_row(server))]
         if self.broker_pid is not None:
             parts.append(f"broker {per_row(self.broker)}")
@@ -208,6 +210,8 @@ def main() -> None:
     parser.add_argument("--chunk-pages", type=int, default=None,
                         help="snapshot_chunk_pages (default: the source's default)")
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
+                        help="a producer setting over the log's defaults (compression.type=none, linger.ms=50 ...)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
                         help="run the runner thread under cProfile (not the reader threads); top 15 by own time")
@@ -222,7 +226,8 @@ def main() -> None:
     run_id = uuid.uuid4().hex[:8]
     database = f"bench_snapshot_{run_id}"
     state_dir = tempfile.mkdtemp(prefix="bench-pg-snapshot-")
-    kafka = KafkaLog(settings["KAFKA_BOOTSTRAP"], TopicSettings(partitions=args.partitions))
+    producer = dict(item.split("=", 1) for item in args.producer)
+    kafka = KafkaLog(settings["KAFKA_BOOTSTRAP"], TopicSettings(partitions=args.partitions), producer_config=producer)
     prefixes = []
     try:
         with fresh_database(settings["PG_DSN"], database) as dsn:
@@ -235,7 +240,8 @@ def main() -> None:
                 seconds, nbytes = run_copy(dsn)
             copy_rate = args.rows / seconds
             print(f"orders: {args.rows:,} rows, {size} ({pages:,} pages), made in {made:.1f}s; "
-                  f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions")
+                  f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions"
+                  + "".join(f", {k}={v}" for k, v in producer.items()))
             print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
             print(cpu.text(args.rows), flush=True)
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])

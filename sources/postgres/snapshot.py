@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Mapping
 
 import orjson
@@ -30,7 +31,7 @@ import psycopg2
 
 from cdc.events import ChangeEvent, Op, SnapshotMarker
 from sources.postgres.catalog import TableMeta
-from sources.postgres.copy_json import CopyJson
+from sources.postgres.copy_json import CopyJson, _copyjson
 from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 from sources.postgres.types import TypeInfo, parse_copy_text_line
@@ -90,8 +91,10 @@ class _CopySink:
 
     def __init__(self, build: Callable[[bytes], ChangeEvent], emit: Callable[[list], None], batch: int,
                  build_batch: Callable[[list[bytes], bytes], list[ChangeEvent] | None] | None = None,
-                 rewrite: Callable[[bytes], bytes] | None = None) -> None:
+                 rewrite: Callable[[bytes], bytes] | None = None,
+                 block_events: Callable[[bytes], list[ChangeEvent] | None] | None = None) -> None:
         self.rewrite = rewrite  # whole lines -> the lines the builders read (copy_json.py), or None
+        self.block_events = block_events  # whole lines -> their events, or None (see ChunkPlan)
         self.build = build
         self.build_batch = build_batch  # a whole batch at once, or None to go line by line
         self.emit = emit
@@ -115,6 +118,11 @@ class _CopySink:
             cut = joined.rfind(b"\n") + 1
             self.rest = joined[cut:]
             joined = self.rewrite(joined[:cut]) if cut else b""
+            events = self.block_events(joined) if self.block_events is not None and joined else None
+            if events is not None:
+                self.rows += len(events)
+                self.emit(events)
+                return
         lines = joined.split(b"\n")
         rest = lines.pop()
         if self.rewrite is None:
@@ -182,7 +190,7 @@ class SnapshotRows:
         toastable: list = []
         new, read, marker = tuple.__new__, Op.READ, SnapshotMarker.TRUE
         dumps, fragment = orjson.dumps, orjson.Fragment
-        expressions = build_batch = rewrite = None
+        expressions = build_batch = rewrite = block_events = None
         if self.server_json:
             expressions = [json_expression(c.type_oid, self.types, "x." + quote_ident(c.name)) for c in table.columns]
             if None in expressions:
@@ -253,6 +261,15 @@ class SnapshotRows:
                                               fragment(j), version, ts_ms, marker, source, None))
                             for k, j in (line.split(b"\t", 2)[:2] for line in lines)]
 
+                if convert_key is int and _copyjson is not None:
+                    # build_batch's int case for a whole block, in C (_copyjson.c): the same events.
+                    head, tail = (read, table_id), (version, ts_ms, marker, source, None)
+                    make = partial(new, ChangeEvent)
+
+                    def block_events(block: bytes) -> list[ChangeEvent] | None:
+                        return _copyjson.int_key_events(block, make, head, single_key, fragment, tail,
+                                                        MIN_TOASTABLE_CHARS)
+
             keys = ", ".join("x." + quote_ident(k) for k in key_names)
             json_columns = ", ".join(f"{e} AS {quote_ident(n)}" for e, n in zip(expressions, names))
             toast = "".join(
@@ -273,7 +290,8 @@ class SnapshotRows:
                            f"{chunk.where()}) TO STDOUT")
 
         return ChunkPlan(sql, build, build_batch,
-                         f"{table_id.schema}.{table_id.table}", toastable, expressions is not None, rewrite)
+                         f"{table_id.schema}.{table_id.table}", toastable, expressions is not None, rewrite,
+                         block_events)
 
     def read(self, reader: SnapshotReader, chunk: Chunk, emit: Callable[[list], None]) -> None:
         """Read ``chunk`` on this thread: ``emit((events, table, toastable values))`` per batch."""
@@ -286,7 +304,7 @@ class SnapshotRows:
             toastable.clear()
             emit((events, plan.qualified, batch_toast))
 
-        sink = _CopySink(plan.build, emit_with_toast, self.batch, plan.build_batch, plan.rewrite)
+        sink = _CopySink(plan.build, emit_with_toast, self.batch, plan.build_batch, plan.rewrite, plan.block_events)
         began = time.monotonic()
         try:
             with reader.conn.cursor() as cur:
@@ -304,7 +322,9 @@ class ChunkPlan:
     """A chunk's COPY statement and its line -> event builders (``build_batch``: a whole batch
     in C-level steps, or None where it does not apply); the builders append the values the TOAST
     store must keep to ``toastable``. ``rewrite``: where the statement is the plain COPY, what
-    turns a block of its whole lines into the lines the builders read (``copy_json.CopyJson``)."""
+    turns a block of its whole lines into the lines the builders read (``copy_json.CopyJson``).
+    ``block_events``: ``build_batch`` for a whole block in C, without splitting it into lines
+    first (a single integer key), or None."""
 
     sql: str
     build: Callable[[bytes], ChangeEvent]
@@ -313,9 +333,14 @@ class ChunkPlan:
     toastable: list
     server_json: bool
     rewrite: CopyJson | None = None
+    block_events: Callable[[bytes], list[ChangeEvent] | None] | None = None
 
     def events(self, block: bytes) -> list[ChangeEvent]:
         """The events of ``block``: whole COPY lines, each ending in a newline."""
+        if self.block_events is not None and block:
+            events = self.block_events(block)
+            if events is not None:
+                return events
         lines = block.split(b"\n")
         lines.pop()
         events = self.build_batch(lines, block) if self.build_batch is not None else None
