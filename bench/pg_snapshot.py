@@ -18,30 +18,42 @@ Steps, in one run on this machine:
      acknowledged by Kafka and the position stored.
 Then slots, topics and the database are dropped. Target: ours >= 150,000 rows/s, and >= 40% of COPY.
 
-Where the time went (``--profile``, 300k rows, 2 cores shared with other work at load 5-8, so
-every figure is inflated alike; the profile covers the runner's thread only):
+Printed beside each run: the load average before and after it, and the CPU seconds per side
+(``ours``: this process with every thread, librdkafka's included, and the reader processes once
+they ended; ``PostgreSQL``: the backends of the run's database, sampled from /proc; ``broker``:
+the local Kafka broker's process). On these shared 2-core machines the wall-clock rates follow
+the load (COPY itself measured 0.2M-1.4M rows/s across runs of one afternoon); the CPU seconds
+per row do not, and they are what a snapshot costs. ``--producer KEY=VALUE`` overrides a
+producer setting (``compression.type=none`` ...).
 
-* reader threads (before): of 4.25 s, encoding and producing (``_speedups.emit`` with its Python
-  wrapper) took 1.8 s, the producer's ``poll`` 0.8 s and ``flush`` 0.8 s. The reader threads'
-  work (a Python ``write`` call per COPY row, cutting lines, building events) ran under the same
-  interpreter lock and shows up as those calls' own time: 2 readers did not add a reader's worth.
-* reader processes (now): of 6.0 s, 2.0 s waiting for the children's blocks (``select.poll``),
-  0.7 s reading them from the pipe, 0.8 s making events from the lines (split, int, Fragment),
-  1.0 s encoding and producing, 0.5 s the producer's ``poll``. The children's side (COPY rows
-  through psycopg2's per-row ``write``) and the server's (``row_to_json`` per row) run on the
-  same two cores as Kafka's broker and this process, so on this machine more processes than
-  cores only add contention.
+Where the time goes (1M rows; CPU per row, from those figures, py-spy and timing each step alone):
 
-Measured (1M rows, ``--threads``, 2 cores shared with other helpers, load average 10-12 during the
-runs; rows/s and share of the COPY rate measured in the same run):
+* before (issue #16 part 4 start): ours 4.4 us, PostgreSQL 3.1 us, broker 1.5 us per row. The
+  server's share was the row-JSON statement: 3.2 us of CPU per row for ``row_to_json`` over the
+  JSON expressions against 0.55 us for the plain ``COPY (SELECT <columns>)`` of the same table.
+* now the reader makes the row JSON from the plain COPY text (``sources/postgres/copy_json.py``,
+  C in ``_copyjson.c``, the same bytes): PostgreSQL 0.5 us per row. The publishing process spends
+  about 1.1 us per row making events (now in C for an integer key, ``int_key_events``), 0.25 us
+  encoding the envelopes (``_speedups.emit``), 0.9 us in ``Producer.produce`` and another 1.0 us
+  in librdkafka's threads (lz4, requests); the readers about 0.5-1 us (COPY, the JSON, the pipe,
+  and a second of process start-up per run). ``compression.type=none`` cost the broker more
+  (1.8-2.0 against 1.1 us per row in the same conditions) and this process no less, so lz4 stays.
+  ``produce_batch`` measured 0.3 us per record cheaper than ``produce`` alone, not enough to pay
+  for its per-record dicts and partial-failure handling.
 
-    COPY 409k; processes 1/2/4: 75k 70k 70k (17-18%); threads 1/2/4: 70k 97k 92k (17-24%)
-    COPY 468k; processes 1/2/4: 58k 69k 51k (11-15%); threads 1/2/4: 60k 78k 77k (13-17%)
+So the snapshot costs about 5-6 us of CPU per row in all (ours 3.5-4.8, PostgreSQL 0.5, broker
+1.0-2.0), against about 0.7 us for COPY; on two cores shared with the broker that bounds it
+near 0.35M rows/s with the machine to itself, 25-35% of a quiet machine's COPY rate, and the
+floor of the Python producer path (produce, librdkafka, broker: about 3 us per row) alone is
+more than the 40% target allows there. Under load the ratio swings with the scheduler
+(processes and threads compete with other helpers' processes for their share).
 
-So on this machine the reader processes do not beat threads: with no idle core, moving the COPY
-reading out of the publishing process frees nothing that another process can use, and each block
-pays a pipe and a pickle. The 40%-of-COPY target is not reached either way; what is left per row
-in the publishing process (making the event, encoding the envelope, producing) is the limit.
+Measured (1M rows, 2 cores shared with other helpers; rows/s, share of the COPY rate measured in
+the same run, load average):
+
+    before:  COPY 1,441k; processes 1/2/4: 110k 104k 92k (8% 7% 6%)                     load 2-5
+    before:  COPY 409k; processes 1/2/4: 75k 70k 70k (17-18%); threads 1/2/4: 70k 97k 92k  load 10-12
+    now:     COPY 405k; processes 1/2/4: 76k 66k 52k (19% 16% 13%)                        load 18-20
 """
 
 from __future__ import annotations

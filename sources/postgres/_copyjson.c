@@ -41,11 +41,9 @@ grow(Buf *b, Py_ssize_t more)
     Py_ssize_t cap = b->cap * 2;
     if (cap < b->len + more)
         cap = b->len + more + 4096;
-    char *data = PyMem_Realloc(b->data, (size_t)cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
+    char *data = realloc(b->data, (size_t)cap);  /* not PyMem_: runs without the GIL */
+    if (data == NULL)
         return -1;
-    }
     b->data = data;
     b->cap = cap;
     return 0;
@@ -263,6 +261,99 @@ indexes(PyObject *tuple, Py_ssize_t ncols, Py_ssize_t **out, Py_ssize_t *count)
     return 0;
 }
 
+/* The loop of rewrite(), without the GIL (it touches no Python object): 1 done, 0 a line it does
+ * not take, -1 out of memory. */
+static int
+rewrite_block(Buf *out, const char *p, const char *end, const unsigned char *kind, Py_ssize_t ncols,
+              const char **head, const Py_ssize_t *head_len, const Py_ssize_t *keys, Py_ssize_t nkeys,
+              const Py_ssize_t *toast, Py_ssize_t ntoast, Py_ssize_t min_chars, const char **start, Py_ssize_t *size)
+{
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL)
+            return 0;  /* not whole lines */
+        /* The fields: COPY TO escapes every tab inside a value, so each raw tab separates two. */
+        Py_ssize_t n = 0;
+        const char *f = p;
+        while (1) {
+            const char *tab = memchr(f, '\t', (size_t)(eol - f));
+            const char *stop = tab != NULL ? tab : eol;
+            if (n == ncols)
+                return 0;
+            start[n] = f;
+            size[n++] = stop - f;
+            if (tab == NULL)
+                break;
+            f = tab + 1;
+        }
+        if (n != ncols)
+            return 0;
+        for (Py_ssize_t k = 0; k < nkeys; k++) {
+            PUT(out, start[keys[k]], size[keys[k]]);
+            PUTC(out, '\t');
+        }
+        for (Py_ssize_t i = 0; i < ncols; i++) {
+            PUT(out, head[i], head_len[i]);
+            const char *s = start[i];
+            Py_ssize_t len = size[i];
+            if (len == 2 && s[0] == '\\' && s[1] == 'N') {
+                PUT(out, "null", 4);
+                continue;
+            }
+            int done = 1;
+            switch (kind[i]) {
+            case K_RAW:
+                if (memchr(s, '\\', (size_t)len) != NULL || len == 0)
+                    return 0;
+                PUT(out, s, len);
+                break;
+            case K_FLOAT:
+                if (json_number(s, len))
+                    PUT(out, s, len);
+                else
+                    done = put_string(out, s, len);
+                break;
+            case K_BOOL:
+                if (len == 1 && s[0] == 't')
+                    PUT(out, "true", 4);
+                else if (len == 1 && s[0] == 'f')
+                    PUT(out, "false", 5);
+                else
+                    return 0;
+                break;
+            case K_STRING:
+                done = put_string(out, s, len);
+                break;
+            case K_TIMESTAMP:
+            case K_TIMESTAMPTZ:
+                done = put_timestamp(out, s, len, kind[i] == K_TIMESTAMPTZ);
+                break;
+            case K_BYTEA:
+                done = put_bytea(out, s, len);
+                break;
+            default:
+                return 0;  /* checked before the loop */
+            }
+            if (done <= 0)
+                return done;
+        }
+        PUTC(out, '}');
+        for (Py_ssize_t t = 0; t < ntoast; t++) {
+            PUTC(out, '\t');
+            const char *s = start[toast[t]];
+            Py_ssize_t len = size[toast[t]];
+            int null = len == 2 && s[0] == '\\' && s[1] == 'N';
+            if (!null && char_length(s, len) >= min_chars)
+                PUT(out, s, len);
+        }
+        PUTC(out, '\n');
+        p = eol + 1;
+    }
+    return 1;
+error:
+    return -1;
+}
+
 static PyObject *
 copyjson_rewrite(PyObject *self, PyObject *args)
 {
@@ -278,124 +369,54 @@ copyjson_rewrite(PyObject *self, PyObject *args)
     Py_ssize_t ncols = kinds.len;
     const char **start = PyMem_Malloc(sizeof(char *) * (size_t)(ncols + 1));
     Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ncols + 1));
-    if (start == NULL || size == NULL) {
+    const char **head = PyMem_Malloc(sizeof(char *) * (size_t)(ncols + 1));
+    Py_ssize_t *head_len = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ncols + 1));
+    if (start == NULL || size == NULL || head == NULL || head_len == NULL) {
         PyErr_NoMemory();
-        goto error;
+        goto done;
     }
     if (PyTuple_GET_SIZE(heads) != ncols) {
         PyErr_SetString(PyExc_ValueError, "one head per column");
-        goto error;
+        goto done;
     }
-    for (Py_ssize_t i = 0; i < ncols; i++)
-        if (!PyBytes_Check(PyTuple_GET_ITEM(heads, i))) {
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *h = PyTuple_GET_ITEM(heads, i);  /* alive with the args for the whole call */
+        if (!PyBytes_Check(h)) {
             PyErr_SetString(PyExc_TypeError, "heads must be bytes");
-            goto error;
+            goto done;
         }
+        if (((const unsigned char *)kinds.buf)[i] < K_RAW || ((const unsigned char *)kinds.buf)[i] > K_BYTEA) {
+            PyErr_Format(PyExc_ValueError, "unknown column kind %d", ((const unsigned char *)kinds.buf)[i]);
+            goto done;
+        }
+        head[i] = PyBytes_AS_STRING(h);
+        head_len[i] = PyBytes_GET_SIZE(h);
+    }
     if (indexes(keys_tuple, ncols, &keys, &nkeys) < 0 || indexes(toast_tuple, ncols, &toast, &ntoast) < 0)
-        goto error;
-    const unsigned char *kind = kinds.buf;
-    const char *p = block.buf, *end = p + block.len;
+        goto done;
     out.cap = block.len * 2 + 4096;
-    if ((out.data = PyMem_Malloc((size_t)out.cap)) == NULL) {
+    if ((out.data = malloc((size_t)out.cap)) == NULL) {
         PyErr_NoMemory();
-        goto error;
+        goto done;
     }
-    while (p < end) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL)
-            goto refuse;  /* not whole lines */
-        /* The fields: COPY TO escapes every tab inside a value, so each raw tab separates two. */
-        Py_ssize_t n = 0;
-        const char *f = p;
-        while (1) {
-            const char *tab = memchr(f, '\t', (size_t)(eol - f));
-            const char *stop = tab != NULL ? tab : eol;
-            if (n == ncols)
-                goto refuse;
-            start[n] = f;
-            size[n++] = stop - f;
-            if (tab == NULL)
-                break;
-            f = tab + 1;
-        }
-        if (n != ncols)
-            goto refuse;
-        for (Py_ssize_t k = 0; k < nkeys; k++) {
-            PUT(&out, start[keys[k]], size[keys[k]]);
-            PUTC(&out, '\t');
-        }
-        for (Py_ssize_t i = 0; i < ncols; i++) {
-            PyObject *head = PyTuple_GET_ITEM(heads, i);
-            PUT(&out, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head));
-            const char *s = start[i];
-            Py_ssize_t len = size[i];
-            if (len == 2 && s[0] == '\\' && s[1] == 'N') {
-                PUT(&out, "null", 4);
-                continue;
-            }
-            int done = 1;
-            switch (kind[i]) {
-            case K_RAW:
-                if (memchr(s, '\\', (size_t)len) != NULL || len == 0)
-                    goto refuse;
-                PUT(&out, s, len);
-                break;
-            case K_FLOAT:
-                if (json_number(s, len))
-                    PUT(&out, s, len);
-                else
-                    done = put_string(&out, s, len);
-                break;
-            case K_BOOL:
-                if (len == 1 && s[0] == 't')
-                    PUT(&out, "true", 4);
-                else if (len == 1 && s[0] == 'f')
-                    PUT(&out, "false", 5);
-                else
-                    goto refuse;
-                break;
-            case K_STRING:
-                done = put_string(&out, s, len);
-                break;
-            case K_TIMESTAMP:
-            case K_TIMESTAMPTZ:
-                done = put_timestamp(&out, s, len, kind[i] == K_TIMESTAMPTZ);
-                break;
-            case K_BYTEA:
-                done = put_bytea(&out, s, len);
-                break;
-            default:
-                PyErr_Format(PyExc_ValueError, "unknown column kind %d", kind[i]);
-                goto error;
-            }
-            if (done < 0)
-                goto error;
-            if (done == 0)
-                goto refuse;
-        }
-        PUTC(&out, '}');
-        for (Py_ssize_t t = 0; t < ntoast; t++) {
-            PUTC(&out, '\t');
-            const char *s = start[toast[t]];
-            Py_ssize_t len = size[toast[t]];
-            int null = len == 2 && s[0] == '\\' && s[1] == 'N';
-            if (!null && char_length(s, len) >= min_chars)
-                PUT(&out, s, len);
-        }
-        PUTC(&out, '\n');
-        p = eol + 1;
-    }
-    result = PyBytes_FromStringAndSize(out.data, out.len);
-    goto done;
-refuse:
-    result = Py_NewRef(Py_None);
-    goto done;
-error:
-    result = NULL;
+    int taken;
+    /* Without the GIL: a reader thread makes its block's JSON while the publishing thread runs. */
+    Py_BEGIN_ALLOW_THREADS
+    taken = rewrite_block(&out, block.buf, (const char *)block.buf + block.len, kinds.buf, ncols, head, head_len,
+                          keys, nkeys, toast, ntoast, min_chars, start, size);
+    Py_END_ALLOW_THREADS
+    if (taken < 0)
+        PyErr_NoMemory();
+    else if (taken == 0)
+        result = Py_NewRef(Py_None);
+    else
+        result = PyBytes_FromStringAndSize(out.data, out.len);
 done:
-    PyMem_Free(out.data);
+    free(out.data);
     PyMem_Free(start);
     PyMem_Free(size);
+    PyMem_Free(head);
+    PyMem_Free(head_len);
     PyMem_Free(keys);
     PyMem_Free(toast);
     PyBuffer_Release(&block);
