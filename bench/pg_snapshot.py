@@ -11,7 +11,7 @@ Steps, in one run on this machine:
   2. baseline: ``COPY (SELECT * FROM orders) TO STDOUT`` through psycopg2 ``copy_expert`` into a
      sink that drops the bytes, on a connection with the source's session settings: the ceiling of
      reading the table through this driver (one connection, no parsing).
-  3. ours, once per ``--workers`` count: a PostgresSource with ``snapshot: initial_only`` and that
+  3. ours, once per ``--workers`` count (each beside a COPY run just before it, printed too): a PostgresSource with ``snapshot: initial_only`` and that
      many ``snapshot_workers`` (reader processes, snapshot/processes.py) (chunks of ``snapshot_chunk_pages``, the default unless given) in a
      SourceRunner (this process, on a thread, as a worker runs it) into KafkaLog (acks=all), timed
      from its start (the slot with its exported snapshot included) until it finishes: every row
@@ -267,12 +267,17 @@ def main() -> None:
                     overrides["snapshot_chunk_pages"] = args.chunk_pages
                 config = source_config(dsn, name, f"{state_dir}/{kind}{count}", **overrides)
                 profile = cProfile.Profile() if args.profile is not None else None
+                # COPY again right before this run: on a shared machine the load moves within a
+                # run, and the ratio to the COPY next to it is the one less skewed by that.
+                copy_before = run_copy(dsn)[0]
                 with CpuMeter(settings["PG_DSN"], database, broker_pid) as cpu:
                     seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
                          f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
+                      + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "
+                        f"{copy_before / seconds:.0%})"
                       + ("" if profile or rate >= TARGET else f"  BELOW the {TARGET:,} rows/s target")
                       + f"  peak RSS {max_rss_mb():.0f} MB")
                 print(cpu.text(args.rows), flush=True)
