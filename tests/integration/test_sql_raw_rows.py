@@ -106,8 +106,8 @@ def test_rows_as_bytes_land_as_rows_decoded_to_dicts_land(pg_admin_dsn, kafka_bo
             execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
             databases.append(name)
             dsn = pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
-            sink = kind(SqlSinkConfig(name="raw", type="sql", url=dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
-                                      topics=[f"{prefix}.*"], batch_size=25))
+            url = dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+            sink = kind(SqlSinkConfig(name="raw", type="sql", url=url, topics=[f"{prefix}.*"], batch_size=25))
             seen.append(Seen(sink))
             runner = SinkRunner(sink, kafka, prefix, group=f"raw-{run}-{kind.__name__}")
             runner.schema_for = lambda topic, version=None: _schema_record()
