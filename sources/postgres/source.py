@@ -6,7 +6,8 @@ this module wires the PostgreSQL parts into it:
   slot.py             the replication slot: name, state, taking it back from a dead process,
                       dropping and creating it; whether a stored LSN can still be streamed from
   snapshot_open.py    the snapshot half: a fresh slot with an exported snapshot, readers in it
-                      (snapshot.py reads the chunks)
+                      (snapshot.py reads the chunks; copy_json.py makes their row JSON from
+                      the plain COPY text where _copyjson.c is built)
   decoding.py         the streaming half: pgoutput messages into batches; ``commit`` confirms an
                       LSN to the slot, the only place the server is told it may drop WAL
   lookup.py           what the stream looks up in the catalog (tables, types, missing values)
