@@ -188,13 +188,13 @@ class MySqlSource(SnapshotThenStream):
         if position is None:  # snapshot: never, nothing stored: from the server's position now
             file, pos = current_position(self.conn)
             position = MySqlPosition(file, pos, gtid_at(self.conn, file, pos) if self.dbms == "mariadb" else None)
-        shapes: tuple = ()
         if not after_snapshot:
-            # Every row names its shape (cdc/schema_order.py): the shapes as of the resume point go
-            # out first, with its version, below every row the stream sends from there. They are the
-            # catalog's (as the decoder's are) until the stream reaches a DDL, which publishes its own.
-            version, now = version_of(position.file_index, position.pos), int(time.time() * 1000)
-            shapes = tuple(s.change(version, now, None) for s in self.tracker.tables.values())
+            # Every row names its shape (cdc/schema_order.py). The catalog read at start may be
+            # ahead of the resume point (DDL while the source was down), so a table's shape goes
+            # out at its first table map (the binlog's columns as of there) or DDL statement,
+            # before its rows, not from the catalog here (schema.py, ``defer``).
+            self.tracker.defer()
+        shapes: tuple = ()
         by_gtid = self._by_gtid(position)
         connection = BinlogConnection(self.cfg, position, by_gtid)
         stream = BinlogStream(connection, position, self.tracker, self._streamed, self.cfg.key_columns,
