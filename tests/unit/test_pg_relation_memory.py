@@ -50,3 +50,16 @@ def test_a_file_of_oids_alone_is_still_read(tmp_path):
     path.write_text('{"public.items": 100}')
     memory = RelationMemory(path)
     assert memory.known("shop") == {ITEMS: 100} and memory.columns() == {}
+
+
+def test_a_rename_the_stream_is_behind_is_still_told_from_a_drop():
+    """The catalog already has ``title`` (attnum 2) when the stream still shows ``label``: the
+    old name keeps the attnum of the last shape, so ``title`` is a rename when it comes."""
+    from sources.postgres.changes import ChangeBuilder
+
+    catalog = {"id": 1, "title": 2, "extra": 4}
+    builder = ChangeBuilder("shop", lambda oid: None, lambda oids: [], None, lambda oid, mod: "",
+                            attnums=lambda oid: dict(catalog))
+    builder.column_ids[100] = {"id": 1, "label": 2, "qty": 3}        # relations.json, as stored
+    assert builder._renamed(100, ("id", "label", "qty")) == {}       # rows of the old shape first
+    assert builder._renamed(100, ("id", "title", "extra")) == {"title": "label"}
