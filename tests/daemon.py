@@ -51,7 +51,7 @@ def stop_daemon(process: subprocess.Popen, grace: float = 30) -> None:
 def kill_daemon(process: subprocess.Popen) -> None:
     """SIGKILL to its whole session and to the sessions of its descendants (a crash), all frozen
     first so that none of them acts after another died (Spark's JVM would finish a commit)."""
-    groups = {process.pid} | {os.getpgid(pid) for pid in _descendants(process.pid) if _alive(pid)}
+    groups = {process.pid} | {group for pid in _descendants(process.pid) if (group := _group(pid)) is not None}
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for group in groups:
             try:
@@ -61,12 +61,12 @@ def kill_daemon(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _alive(pid: int) -> bool:
+def _group(pid: int) -> int | None:
+    """The process group of ``pid``; None once it is gone."""
     try:
-        os.getpgid(pid)
-        return True
+        return os.getpgid(pid)
     except ProcessLookupError:
-        return False
+        return None
 
 
 def _descendants(pid: int) -> list[int]:
