@@ -156,8 +156,10 @@ class PostgresSource(SnapshotThenStream):
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: opening the snapshot", setting=self.setting,
                        role=self.role) from err
+        columns = self.lookup.all_attnums([t.oid for t in tables])
         for table in tables:  # the snapshot reads these relations as of its consistent point
             self.relations.seen(table.id, table.oid, opened.consistent.lsn)
+            self.relations.shaped(table.id, table.oid, columns.get(table.oid, {}), opened.consistent.lsn)
         return opened
 
     def open_stream(self, position: PgLsn | None, after_snapshot: bool) -> LogicalStream:
@@ -174,10 +176,13 @@ class PostgresSource(SnapshotThenStream):
                                 self.lookup.type_name, self.lookup.filled,
                                 self.lookup.attnums)
         builder.oids.update(self.relations.known(self.slot.database))
-        # The captured tables' columns as they are now: a column renamed before the table's first
-        # Relation message of this session is then told from a dropped one (changes.py, _renamed).
+        # The captured tables' columns as of the stored position (relations.py), else as they are
+        # now: a column renamed before the table's first Relation message of this session, even
+        # while the source was down, is then told from a dropped one (changes.py, _renamed).
         builder.column_ids.update(self.lookup.all_attnums(list(self.tables)))
+        builder.column_ids.update(self.relations.columns())
         builder.on_oid = self.relations.seen
+        builder.on_columns = self.relations.shaped
         builder.gone_table = self.lookup.gone_table
         transport = ReplicationStream(self.dsn, self.options, self.slot.name, cfg.publication_name, self.protocol,
                                       position.lsn, cfg.status_interval, self.app_name, self.setting,
