@@ -1,6 +1,8 @@
-"""The optional C parts: cdc/_speedups.c (the encoding loop) and sources/mysql/_rowdecode.c (binlog
-row images of the common column types). Without a compiler the build goes on without them, and
-the Python code they mirror runs instead (the same output, slower)."""
+"""The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoder and
+COPY loop), sources/mysql/_rowdecode.c (binlog row images of the common column types) and
+sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text). Without a compiler the
+build goes on without them, and the Python code they mirror runs instead (the same output,
+slower)."""
 
 from setuptools import Extension, setup
 
@@ -9,4 +11,6 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 setup(ext_modules=[
     Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("sources.postgres._copyjson", ["sources/postgres/_copyjson.c"], optional=True,
+              extra_compile_args=FLAGS),
 ])

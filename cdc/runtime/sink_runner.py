@@ -45,7 +45,7 @@ from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
 from cdc.schema_order import split_by_schema
-from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
+from cdc.sink_events import PoisonRecord, SinkEvent, decode_records
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +241,13 @@ class SinkRunner:
         ends: dict[TopicPartition, int] = {}
         self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
         append = events.append
-        for record in records:
+        # Decoded in one call per batch; a sink with raw_rows gets upserts' rows as JSON bytes.
+        for record, event in zip(records, decode_records(records, getattr(self.sink, "raw_rows", False))):
             ends[(record.topic, record.partition)] = record.offset + 1
-            try:
-                append(decode_record(record))
-            except PoisonRecord as err:
-                self._poison(record.topic, record.partition, record.offset, str(err), record)
+            if event.__class__ is PoisonRecord:
+                self._poison(record.topic, record.partition, record.offset, str(event), record)
+            else:
+                append(event)
         self._read.update(ends)
         return events, ends
 

@@ -28,9 +28,11 @@ import dataclasses
 import logging
 import time
 
-from cdc.events import Batch, SnapshotEnd
+from cdc.errors import ConfigError
+from cdc.events import Batch, SnapshotEnd, TableId
 from cdc.positions import MySqlPosition, Position
 from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream, close_quietly
+from snapshot.incremental import conditions_of
 from sources.mysql.binlog import BinlogConnection
 from sources.mysql.catalog import (captured_tables, check_position, check_privileges, check_settings, connect,
                                    current_position, gtid_at, is_mariadb, json_columns, load_schemas, matches,
@@ -38,7 +40,7 @@ from sources.mysql.catalog import (captured_tables, check_position, check_privil
 from sources.mysql.changes import version_of
 from sources.mysql.config import MySqlConfig
 from sources.mysql.errors import wrap
-from sources.mysql.incremental import ChunkReader, SignalTable
+from sources.mysql.incremental import ChunkReader, SignalTable, estimate_rows, filter_error
 from sources.mysql.schema import SchemaTracker
 from sources.mysql.snapshot import SnapshotRows, open_readers, plan_chunks
 from sources.mysql.stream import BinlogStream
@@ -47,17 +49,13 @@ log = logging.getLogger(__name__)
 
 
 class _Stream:
-    """The binlog stream as the coordinator drives it; the tables' shapes first when it resumes
-    without a snapshot before it."""
+    """The binlog stream as the coordinator drives it."""
 
-    def __init__(self, stream: BinlogStream, max_events: int, shapes: tuple) -> None:
-        self.binlog, self.max_events, self.shapes = stream, max_events, shapes
+    def __init__(self, stream: BinlogStream, max_events: int) -> None:
+        self.binlog, self.max_events = stream, max_events
         self.idle = False  # the last poll brought nothing (lag: MySqlSource._caught_up)
 
     def poll(self, timeout: float) -> Batch | None:
-        if self.shapes:
-            shapes, self.shapes = self.shapes, ()
-            return Batch([], schema_changes=shapes)
         batch = self.binlog.poll(self.max_events, timeout)
         self.idle = batch is None
         return batch
@@ -188,29 +186,32 @@ class MySqlSource(SnapshotThenStream):
         if position is None:  # snapshot: never, nothing stored: from the server's position now
             file, pos = current_position(self.conn)
             position = MySqlPosition(file, pos, gtid_at(self.conn, file, pos) if self.dbms == "mariadb" else None)
-        shapes: tuple = ()
         if not after_snapshot:
-            # Every row names its shape (cdc/schema_order.py): the shapes as of the resume point go
-            # out first, with its version, below every row the stream sends from there. They are the
-            # catalog's (as the decoder's are) until the stream reaches a DDL, which publishes its own.
-            version, now = version_of(position.file_index, position.pos), int(time.time() * 1000)
-            shapes = tuple(s.change(version, now, None) for s in self.tracker.tables.values())
+            # Every row names its shape (cdc/schema_order.py). The catalog read at start may be
+            # ahead of the resume point (DDL while the source was down), so a table's shape goes
+            # out at its first table map (the binlog's columns as of there) or DDL statement,
+            # before its rows, not from the catalog here (schema.py, ``defer``).
+            self.tracker.defer()
         by_gtid = self._by_gtid(position)
         connection = BinlogConnection(self.cfg, position, by_gtid)
         stream = BinlogStream(connection, position, self.tracker, self._streamed, self.cfg.key_columns,
                               self.dbms, self._json_columns, self.cfg.name)
         log.info("streaming after %s (by %s)", position, "GTID" if by_gtid else "file and position",
                  extra=self._extra())
-        return _Stream(stream, self.cfg.max_batch_events, shapes)
+        return _Stream(stream, self.cfg.max_batch_events)
 
     def _json_columns(self, db: str, table: str) -> set[str]:
         """The catalog's JSON columns of a table the stream meets without a known definition. The
         control connection may have sat idle for hours (wait_timeout): ping it back first."""
+        self._ping()
+        return json_columns(self.conn, db, table)
+
+    def _ping(self) -> None:
+        """The control connection may have sat idle past wait_timeout: reconnect it if so."""
         try:
             self.conn.ping(reconnect=True)
         except Exception as err:  # noqa: BLE001 - classified by wrap
-            raise wrap(err, "reconnecting to read the catalog") from err
-        return json_columns(self.conn, db, table)
+            raise wrap(err, "reconnecting to the server") from err
 
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
         version, file, pos = self.signals.write(signal_id, kind, data)
@@ -225,14 +226,29 @@ class MySqlSource(SnapshotThenStream):
     def send_signal(cls, config: MySqlConfig, signal_id: str, kind: str, data: dict) -> None:
         conn = connect(config)
         try:
+            for table, where in (conditions_of(data) or {}).items():  # refused here, not in the daemon's log
+                db, name = table.split(".", 1)
+                refused = filter_error(conn, TableId(db, None, name), where)
+                if refused is not None:
+                    raise ConfigError(f"source {config.name}: the condition {where!r} on {table} is refused: {refused}")
             SignalTable(conn, config.signal_table, config.name).write(signal_id, kind, data)
         finally:
             close_quietly(conn)
 
-    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
-        schema = next(s for s in self.tracker.tables.values() if str(s.id) == table)
+    def _schema_of(self, table: str):
+        return next(s for s in self.tracker.tables.values() if str(s.id) == table)
+
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int, where: str | None = None) -> list:
         file, pos = self._low_at
-        return self.chunks.read(schema, after, size, version, file, pos)
+        return self.chunks.read(self._schema_of(table), after, size, version, file, pos, where)
+
+    def filter_error(self, table: str, where: str) -> str | None:
+        self._ping()
+        return filter_error(self.conn, self._schema_of(table).id, where)
+
+    def estimate_rows(self, table: str) -> int | None:
+        self._ping()
+        return estimate_rows(self.conn, self._schema_of(table).id)
 
     def release(self) -> None:
         self.chunks.close()

@@ -6,7 +6,8 @@ this module wires the PostgreSQL parts into it:
   slot.py             the replication slot: name, state, taking it back from a dead process,
                       dropping and creating it; whether a stored LSN can still be streamed from
   snapshot_open.py    the snapshot half: a fresh slot with an exported snapshot, readers in it
-                      (snapshot.py reads the chunks)
+                      (snapshot.py reads the chunks; copy_json.py makes their row JSON from
+                      the plain COPY text where _copyjson.c is built)
   decoding.py         the streaming half: pgoutput messages into batches; ``commit`` confirms an
                       LSN to the slot, the only place the server is told it may drop WAL
   lookup.py           what the stream looks up in the catalog (tables, types, missing values)
@@ -31,15 +32,18 @@ import time
 import psycopg2
 
 from cdc.api import servers
+from cdc.errors import ConfigError
+from cdc.events import TableId
 from cdc.positions import PgLsn, Position
 from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream, close_quietly
+from snapshot.incremental import conditions_of
 from sources.postgres.catalog import TableMeta, captured_tables, check_readable, check_server, ensure_publication
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
 from sources.postgres.deadline import with_connect_timeout
 from sources.postgres.decoding import LogicalStream
 from sources.postgres.errors import wrap
-from sources.postgres.incremental import SignalTable, read_chunk, signal_table_id
+from sources.postgres.incremental import SignalTable, estimate_rows, filter_error, read_chunk, signal_table_id
 from sources.postgres.lookup import CatalogLookup
 from sources.postgres.relations import RelationMemory
 from sources.postgres.slot import ReplicationSlot
@@ -152,8 +156,10 @@ class PostgresSource(SnapshotThenStream):
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: opening the snapshot", setting=self.setting,
                        role=self.role) from err
+        columns = self.lookup.all_attnums([t.oid for t in tables])
         for table in tables:  # the snapshot reads these relations as of its consistent point
             self.relations.seen(table.id, table.oid, opened.consistent.lsn)
+            self.relations.shaped(table.id, table.oid, columns.get(table.oid, {}), opened.consistent.lsn)
         return opened
 
     def open_stream(self, position: PgLsn | None, after_snapshot: bool) -> LogicalStream:
@@ -170,10 +176,13 @@ class PostgresSource(SnapshotThenStream):
                                 self.lookup.type_name, self.lookup.filled,
                                 self.lookup.attnums)
         builder.oids.update(self.relations.known(self.slot.database))
-        # The captured tables' columns as they are now: a column renamed before the table's first
-        # Relation message of this session is then told from a dropped one (changes.py, _renamed).
+        # The captured tables' columns as of the stored position (relations.py), else as they are
+        # now: a column renamed before the table's first Relation message of this session, even
+        # while the source was down, is then told from a dropped one (changes.py, _renamed).
         builder.column_ids.update(self.lookup.all_attnums(list(self.tables)))
+        builder.column_ids.update(self.relations.columns())
         builder.on_oid = self.relations.seen
+        builder.on_columns = self.relations.shaped
         builder.gone_table = self.lookup.gone_table
         transport = ReplicationStream(self.dsn, self.options, self.slot.name, cfg.publication_name, self.protocol,
                                       position.lsn, cfg.status_interval, self.app_name, self.setting,
@@ -199,17 +208,33 @@ class PostgresSource(SnapshotThenStream):
             with conn.cursor() as cur:
                 cur.execute("SELECT current_database()")
                 database = cur.fetchone()[0]
+            for table, where in (conditions_of(data) or {}).items():  # refused here, not in the daemon's log
+                refused = filter_error(conn, TableId(database, *table.split(".", 1)), where)
+                if refused is not None:
+                    raise ConfigError(f"source {config.name}: the condition {where!r} on {table} is refused: {refused}")
             SignalTable(conn, signal_table_id(config.signal_table, database), config.key_columns,
                         config.server_timeout, config.name).write(signal_id, kind, data)
         finally:
             conn.close()
 
-    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
-        meta = next(t for t in self.tables.values() if str(t.id) == table)
+    def _table_meta(self, table: str):
+        return next(t for t in self.tables.values() if str(t.id) == table)
+
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int, where: str | None = None) -> list:
         try:
-            return read_chunk(self.conn, self.lookup, self.toast, meta, after, size, version)
+            return read_chunk(self.conn, self.lookup, self.toast, self._table_meta(table), after, size, version, where)
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: reading a chunk of {table} after {after}",
+                       setting=self.setting, role=self.role) from err
+
+    def filter_error(self, table: str, where: str) -> str | None:
+        return filter_error(self.conn, self._table_meta(table).id, where)
+
+    def estimate_rows(self, table: str) -> int | None:
+        try:
+            return estimate_rows(self.conn, self._table_meta(table).id)
+        except psycopg2.Error as err:
+            raise wrap(err, f"source {self.cfg.name}: estimating the rows of {table}",
                        setting=self.setting, role=self.role) from err
 
     def release(self) -> None:
