@@ -39,7 +39,7 @@ def local_cores(master: str) -> int | None:
     count = match.group(1)
     if count is None:
         return 1
-    return os.cpu_count() or 1 if count == "*" else int(count)
+    return (os.cpu_count() or 1) if count == "*" else int(count)
 
 
 def shuffle_partitions(master: str) -> dict[str, str]:
