@@ -98,6 +98,11 @@ from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
 from cdc.units import human_bytes
 
+try:  # for sinks that take rows as JSON bytes (Sink.raw_rows): their COPY text made in C
+    from cdc._speedups import copy_rows as raw_copy_rows, unknown_names as raw_unknown_names
+except ImportError:  # pragma: no cover - no compiler: the runtime decodes every row, none are raw
+    raw_copy_rows = raw_unknown_names = None
+
 __all__ = [
     "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
@@ -107,7 +112,7 @@ __all__ = [
     "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
-    "load_sink_settings", "spark_jars", "human_bytes",
+    "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names",
 ]
 
 

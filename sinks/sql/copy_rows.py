@@ -28,13 +28,10 @@ from typing import Any, Callable, Collection, Iterable
 import orjson
 
 from cdc.api import SinkEvent
+from cdc.api import raw_copy_rows as _copy_rows  # the same lines from JSON bytes, in C; None without
+from cdc.api import raw_unknown_names as _unknown_names
 from sinks.sql.plan import ColumnPlan
 from sinks.sql.types import Family
-
-try:  # the same lines from rows left as JSON bytes, in C (cdc/_speedups.c)
-    from cdc._speedups import copy_rows as _copy_rows, unknown_names as _unknown_names
-except ImportError:  # pragma: no cover - no compiler: the runtime decodes every row (no raw rows)
-    _copy_rows = _unknown_names = None
 
 RAW = _copy_rows is not None  # whether the SQL sink takes rows as JSON bytes (SqlSink.raw_rows)
 
