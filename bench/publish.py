@@ -175,6 +175,7 @@ def main() -> None:
     # anywhere in a +-20% band; the medians of alternating runs compare like with like.
     kafka = KafkaLog(bootstrap, settings)
     raw_rates, our_rates, raw_dbz_rates, dbz_rates, raw_avro_rates, avro_rates = [], [], [], [], [], []
+    loads: list[float] = []  # the machine's load after each round: figures from a busy machine are rough
     for round_ in range(1, args.rounds + 1):
         prefix = f"bench_{uuid.uuid4().hex[:8]}"
         dbz_prefix = f"{prefix}_dbz"
@@ -211,9 +212,12 @@ def main() -> None:
             print(f"round {round_}: " + line("avro", args.events, avro_nbytes, avro_seconds, raw_rates[-1]))
         for topic in topics:
             kafka.delete_topic(topic)
+        loads.append(os.getloadavg()[0])
+        print(f"round {round_}: load {loads[-1]:.1f} (1-minute average; 2 cores here)")
     kafka.close()
     raw_rate, ours = statistics.median(raw_rates), statistics.median(our_rates)
     raw_dbz, dbz = statistics.median(raw_dbz_rates), statistics.median(dbz_rates)
+    print(f"load: {min(loads):.1f}-{max(loads):.1f} over the rounds")
     print(f"median: raw {raw_rate:,.0f} events/s, kafka {ours:,.0f} events/s = {ours / raw_rate:.0%} of raw "
           f"(target 70%)")
     print(f"median: debezium-json {dbz:,.0f} events/s = {dbz / raw_rate:.0%} of raw, {dbz / ours:.0%} of json; "
