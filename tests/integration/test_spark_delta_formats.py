@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from cdc.config.model import LogConfig
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-from cdc.formats import make_encoder
+from cdc.formats import avro as avro_format, make_encoder
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
@@ -213,7 +213,10 @@ def test_a_new_shape_in_a_later_batch_brings_a_new_connect_schema(spark, tmp_pat
     assert len(jobs["avro"].avro.known()) == 3  # the same, as registry ids
     assert tables["json"].where("id = 3 AND at IS NOT NULL").count() == 1
     _same(tables["json"], tables["debezium-json"])
-    _same(tables["json"], tables["avro"])
+    # _changes' update sets ``name``, which these shapes lack: Connect JSON carries it beside its
+    # schema (stored as text), Avro cannot carry a field its schema lacks.
+    assert "name" not in tables["avro"].columns
+    _same(tables["json"].drop("name"), tables["avro"])
 
 
 # --- a real PostgreSQL, Kafka and the streaming query ----------------------------------------
@@ -291,6 +294,7 @@ def _keys(log: KafkaLog, topic: str) -> set[str]:
 def test_postgres_in_every_format_makes_equal_delta_tables(spark, pg_dsn, kafka_bootstrap, kafka_topic, tmp_path,
                                                            registry_url):
     execute(pg_dsn, THINGS, SEED)
+    avro_format.use_registry(registry_url)  # _keys reads the avro topic as the framework's sinks do
     log = KafkaLog(kafka_bootstrap)
     prefixes = {"json": f"{kafka_topic}_j", "debezium-json": f"{kafka_topic}_d", "avro": f"{kafka_topic}_a"}
     captures = {fmt: FormatCapture(pg_dsn, tmp_path, log, prefix, fmt, registry_url)
@@ -330,6 +334,7 @@ def test_postgres_in_every_format_makes_equal_delta_tables(spark, pg_dsn, kafka_
         for capture in captures.values():
             capture.stop()
         log.close()
+        avro_format.use_registry(None)
 
     plain, connect, avro = tables["json"], tables["debezium-json"], tables["avro"]
     assert dict(plain.dtypes) == {
