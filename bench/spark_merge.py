@@ -3,7 +3,7 @@
     .venv/bin/cdc dev up --only kafka,spark
     .venv/bin/python -m bench.spark_merge [--changes 1000000] [--keys 100000] [--batch 100000]
                                           [--latency-seconds 30] [--rate 1000] [--trigger 1]
-                                          [--debezium-json] [--event-log DIR]
+                                          [--debezium-json] [--avro] [--event-log DIR]
 
 Steps, in one run, on one local Spark session (``local[2]``, one shuffle partition per core):
   1. changes: ``--changes`` change events of an ``orders`` table over ``--keys`` keys (the
@@ -20,6 +20,8 @@ Steps, in one run, on one local Spark session (``local[2]``, one shuffle partiti
      encoder (Kafka Connect JSON, Debezium's encodings; made before any clock runs) through the
      same ``DeltaJob.apply`` into a second table, checked equal to the first: the cost of reading
      that format (the schema in every record, the logical types converted in Spark SQL).
+  3c. with ``--avro``: the same in the ``avro`` format (schemas in the stack's registry, records
+     decoded with spark-avro, then read as debezium-json rows), checked equal to the first.
   4. latency: a streaming query of the sink on a Kafka topic while a producer writes ``--rate``
      changes/s for ``--latency-seconds``; per micro-batch, the time from the oldest change's commit
      time (ts_ms, set when produced) to the end of the batch's commits.
@@ -110,8 +112,8 @@ def make_changes(spark, path: str, changes: int, keys: int, seed: int = 7) -> No
     frame.write.mode("overwrite").parquet(path)
 
 
-def to_debezium_json(spark, source: str, path: str) -> None:
-    """The Kafka-shaped rows of ``source`` (json format) re-encoded in debezium-json, at ``path``
+def to_format(spark, source: str, path: str, fmt: str = "debezium-json", registry_url: str | None = None) -> None:
+    """The Kafka-shaped rows of ``source`` (json format) re-encoded in ``fmt``, at ``path``
     (on the driver: the executors' Python need not have the framework installed)."""
     import orjson
 
@@ -119,7 +121,7 @@ def to_debezium_json(spark, source: str, path: str) -> None:
     from cdc.formats import make_encoder
 
     table = TableId("bench", "public", "orders")
-    encoder = make_encoder("debezium-json", "postgresql", "bench", "bench")
+    encoder = make_encoder(fmt, "postgresql", "bench", "bench", registry_url=registry_url)
     encoder.learn([SchemaChange(table, tuple(Column(n, t, k, not k) for n, t, k in COLUMNS), 1, 0)])
     encoder.schema_versions[table] = 1
     rows = spark.read.parquet(source)
@@ -134,12 +136,12 @@ def to_debezium_json(spark, source: str, path: str) -> None:
     spark.createDataFrame(out, rows.schema).write.mode("overwrite").parquet(path)
 
 
-def same_tables(spark, left: str, right: str) -> None:
+def same_tables(spark, left: str, right: str, fmt: str = "debezium-json") -> None:
     def rows(path):
         return spark.read.format("delta").load(path)
     a, b = rows(left), rows(right)
     assert a.dtypes == b.dtypes and a.exceptAll(b).isEmpty() and b.exceptAll(a).isEmpty(), \
-        "the debezium-json table differs from the json one"
+        f"the {fmt} table differs from the json one"
 
 
 def batches(spark, path: str, changes: int, size: int):
@@ -162,13 +164,14 @@ def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
     return time.perf_counter() - began
 
 
-def run_merge(spark, data: str, root: str, changes: int, size: int) -> tuple[float, list]:
+def run_merge(spark, data: str, root: str, changes: int, size: int,
+              registry_url: str | None = None) -> tuple[float, list]:
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
     config = DeltaSinkConfig(name="bench", type="delta", topics=["bench.*"], path=root,
                              checkpoint=root + "-checkpoint")
-    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench")
+    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url)
     job.registry.remember(TOPIC, schema_record())
     job.bind(f"bench-{uuid.uuid4().hex}")
     began = time.perf_counter()
@@ -305,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger_seconds of the latency run")
     parser.add_argument("--debezium-json", action="store_true",
                         help="also MERGE the same changes in the debezium-json format")
+    parser.add_argument("--avro", action="store_true",
+                        help="also MERGE the same changes in the avro format (REGISTRY_URL of .cdc/dev.env)")
     parser.add_argument("--driver-memory", default="3g")
     parser.add_argument("--event-log", metavar="DIR",
                         help="write Spark's event log to DIR and print the MERGE batches' jobs from it")
@@ -347,16 +352,20 @@ def main(argv: list[str] | None = None) -> None:
         if args.event_log:
             print("\n".join(job_lines(args.event_log, merged)), flush=True)
 
-        if args.debezium_json:
-            connect_data = f"{work}/changes-debezium.parquet"
-            to_debezium_json(spark, data, connect_data)
-            dbz_s, dbz = run_merge(spark, connect_data, f"{work}/lake-dbz", args.changes, args.batch)
-            same_tables(spark, f"{work}/lake/public/orders", f"{work}/lake-dbz/public/orders")
-            print(f"debezium-json MERGE      {args.changes:>10,} rows in {dbz_s:7.1f}s  "
-                  f"{args.changes / dbz_s:>10,.0f} rows/s  ({dbz_s / merge_s:.2f}x the json MERGE's time; "
-                  f"table equal to the json one)", flush=True)
-            print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in dbz) + " s")
-            print(f"          seconds per phase: {phase_line(dbz)}", flush=True)
+        formats = (["debezium-json"] if args.debezium_json else []) + (["avro"] if args.avro else [])
+        registry = env.get("REGISTRY_URL") if args.avro else None
+        if args.avro and not registry:
+            raise SystemExit("no REGISTRY_URL: run `.venv/bin/cdc dev up --only kafka,registry,spark`")
+        for fmt in formats:
+            connect_data = f"{work}/changes-{fmt}.parquet"
+            to_format(spark, data, connect_data, fmt, registry)
+            fmt_s, done = run_merge(spark, connect_data, f"{work}/lake-{fmt}", args.changes, args.batch, registry)
+            same_tables(spark, f"{work}/lake/public/orders", f"{work}/lake-{fmt}/public/orders", fmt)
+            print(f"{fmt + ' MERGE':<24} {args.changes:>10,} rows in {fmt_s:7.1f}s  "
+                  f"{args.changes / fmt_s:>10,.0f} rows/s  ({fmt_s / merge_s:.2f}x the json MERGE's time; "
+                  f"table equal to the json one; load {os.getloadavg()[0]:.1f})", flush=True)
+            print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in done) + " s")
+            print(f"          seconds per phase: {phase_line(done)}", flush=True)
 
         if args.latency_seconds > 0:
             bootstrap = env.get("KAFKA_BOOTSTRAP")

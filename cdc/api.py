@@ -67,7 +67,7 @@ here or on the ``SinkContext`` it is handed:
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``ConnectorStats``; for a launcher that runs a
   self-driven sink outside the daemon (spark-submit): ``load_sink_settings``; for a sink running
-  Spark locally: ``spark_jars``.
+  Spark locally: ``spark_jars``; for a sink decoding ``avro`` records itself: ``avro_writer_schema``.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ __all__ = [
     "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
-    "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names",
+    "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
 ]
 
 
@@ -538,8 +538,25 @@ def load_sink_settings(config_path: str, sink_name: str) -> tuple[SinkConfig, An
     return config.sink(sink_name), config.log
 
 
+def avro_writer_schema(registry_url: str, schema_id: int) -> tuple[str, dict]:
+    """The writer schema of an ``avro`` record (Confluent's framing: byte 0, then ``schema_id``)
+    from the schema registry at ``registry_url`` (cached per process): its Avro JSON text without
+    Avro's logical types (a reader then yields the encoded ints and bytes, the forms a Connect
+    JSON payload has), and the Connect schema it stands for (the names that say how to convert
+    each field). ``CdcError`` (``SchemaRegistryError``) if the registry has no such id or cannot
+    be reached (retriable then)."""
+    import orjson
+
+    from cdc.formats.avro import registry_for, strip_logical_types
+    from cdc.formats.avro_schema import to_connect
+
+    avro = registry_for(registry_url).schema(schema_id)
+    return orjson.dumps(strip_logical_types(avro)).decode(), to_connect(avro)
+
+
 def spark_jars() -> list[str]:
-    """The Kafka source and Delta jars a local Spark session needs, resolved into the cache once."""
+    """The Kafka source, Delta and spark-avro jars a local Spark session needs, resolved into the
+    cache once."""
     from cdc.dev.jars import spark_jars as resolve
 
     return resolve()

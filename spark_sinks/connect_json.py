@@ -112,13 +112,18 @@ class ConnectCodecs:
 
     def learn_value(self, codec: int, schema_text: str) -> None:
         """A value's envelope schema: its rows are the ``after`` (else ``before``) struct."""
-        schema = orjson.loads(schema_text)
+        self.learn_value_schema(codec, orjson.loads(schema_text))
+
+    def learn_key(self, codec: int, schema_text: str) -> None:
+        self.learn_key_schema(codec, orjson.loads(schema_text))
+
+    def learn_value_schema(self, codec: int, schema: dict) -> None:
+        """``learn_value`` with the schema parsed (an ``avro`` record's, converted to Connect's)."""
         parts = {f.get("field"): f for f in schema.get("fields") or []}
         row = parts.get("after") or parts.get("before") or {}
         self._remember(codec, ConnectRow(tuple(row.get("fields") or ())))
 
-    def learn_key(self, codec: int, schema_text: str) -> None:
-        schema = orjson.loads(schema_text)
+    def learn_key_schema(self, codec: int, schema: dict) -> None:
         self._remember(codec, ConnectRow(tuple(schema.get("fields") or ())))
 
     def _remember(self, codec: int, row: ConnectRow) -> None:

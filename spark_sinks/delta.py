@@ -63,7 +63,7 @@ class DeltaSink(SelfDrivenSink):
         """Start the streaming query (on ``session``, else a session of its own)."""
         from spark_sinks.job import DeltaJob
 
-        bootstrap, options, prefix, log_ = self._kafka()
+        bootstrap, options, prefix, log_, registry_url = self._kafka()
         with self._lock:
             if session is None:
                 session, self._own_session = _session(self.config), True
@@ -72,7 +72,7 @@ class DeltaSink(SelfDrivenSink):
                 for name, value in self.config.spark.conf.items():
                     self.session.conf.set(name, value)  # runtime settings; static: spark-submit --conf
                 self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
-                                    kafka_options=options, stats=self.context.stats)
+                                    kafka_options=options, stats=self.context.stats, registry_url=registry_url)
                 self.job.start(self.session)
             except BaseException:
                 log_.close()
@@ -144,9 +144,11 @@ class DeltaSink(SelfDrivenSink):
         return RetriableError(f"sink {job.name}: the streaming query failed: {_first_line(err)}")
 
     def _kafka(self):
-        """(bootstrap servers, Kafka source options, topic prefix, a Log for the driver's reads)."""
+        """(bootstrap servers, Kafka source options, topic prefix, a Log for the driver's reads, the
+        schema registry's URL of avro records or None)."""
         log_config = self.log_config if self.log_config is not None else self.context.log_config
         check_format(self.config.name, getattr(log_config, "format", None))
+        registry_url = getattr(getattr(log_config, "schema_registry", None), "url", None)
         kafka_log = getattr(log_config, "kafka", None)
         prefix = self.config.topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
         if self.config.kafka is not None:
@@ -154,13 +156,13 @@ class DeltaSink(SelfDrivenSink):
             same = kafka_log is not None and kafka_log.bootstrap_servers == bootstrap
             log_ = open_kafka_log(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
                             consumer_config=dict(kafka_log.consumer) if same else None)
-            return bootstrap, dict(self.config.kafka.options), prefix, log_
+            return bootstrap, dict(self.config.kafka.options), prefix, log_, registry_url
         if kafka_log is None:
             raise ConfigError(f"sink {self.config.name} (delta) needs Kafka: give it kafka.bootstrap_servers, "
                               f"or use a Kafka log (Spark cannot read the embedded log)")
         log_ = open_kafka_log(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
                         consumer_config=dict(kafka_log.consumer))
-        return kafka_log.bootstrap_servers, {}, prefix, log_
+        return kafka_log.bootstrap_servers, {}, prefix, log_, registry_url
 
 
 def _session(config: DeltaSinkConfig):

@@ -6,16 +6,16 @@ decodes each format itself (``parse.envelopes`` recognizes the format of each re
 started on a log of another format would otherwise dead-letter every record, so it refuses to
 start with a ``ConfigError`` naming the sink and the format.
 
-Adding a format (Avro with a schema registry, Confluent's wire format): recognize its records in
-``parse.envelopes`` (Confluent's magic byte and schema id), give their rows a ``codec`` of their
-own, read them in ``RowDecoder``, then list it in ``FORMATS``.
+Adding a format: recognize its records in ``parse.envelopes`` (as ``avro_records`` does
+Confluent's magic byte and schema id), give their rows a ``codec`` of their own, read them in
+``RowDecoder``, then list it in ``FORMATS``.
 """
 
 from __future__ import annotations
 
 from cdc.api import ConfigError
 
-FORMATS = ("json", "debezium-json")
+FORMATS = ("json", "debezium-json", "avro")
 
 
 def check_format(sink: str, fmt: str | None) -> None:

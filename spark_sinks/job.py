@@ -36,6 +36,7 @@ from pyspark.sql import types as T
 from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings,
                      dead_letter_topic)
 from spark_sinks import evolve, merge, scd2
+from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.connect_json import ConnectCodecs
 from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, RowDecoder, connect_keys, envelopes, latest_per_key,
@@ -66,7 +67,7 @@ class BatchReport:
 class DeltaJob:
     def __init__(self, config: DeltaSinkConfig, *, bootstrap_servers: str, prefix: str,
                  log_: Log | None = None, kafka_options: dict[str, str] | None = None,
-                 stats: ConnectorStats | None = None) -> None:
+                 stats: ConnectorStats | None = None, registry_url: str | None = None) -> None:
         self.config = config
         self.name = config.name
         self.prefix = prefix
@@ -75,6 +76,8 @@ class DeltaJob:
         self.log = log_
         self.registry = SchemaRegistry(log_, prefix, config.json_columns)
         self.codecs = ConnectCodecs()   # the Connect schemas of debezium-json records seen so far
+        # avro records: their writer schemas by registry id (the log's schema_registry.url)
+        self.avro = AvroSchemas(registry_url, self.codecs)
         self.mode = "scd2" if config.scd2 else "soft" if config.soft_delete else "type1"
         self.stats = stats or ConnectorStats(config.name, "sink")
         self.failure: BaseException | None = None   # what made the last batch fail, typed
@@ -166,10 +169,8 @@ class DeltaJob:
         clock = self.clock
         clock.take()
         session = batch.sparkSession
-        rows = envelopes(batch).persist(StorageLevel.MEMORY_AND_DISK)
+        rows, summary = self._read(batch)
         try:
-            with clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
-                summary = self.summarize(rows)
             self._learn_codecs(batch, summary)
             if any(s["poison"] for s in summary):
                 with clock.phase("poison"):
@@ -216,7 +217,32 @@ class DeltaJob:
             F.collect_set(F.when(clean, F.col("codec"))).alias("codecs"),
             F.collect_set(F.when(clean, F.col("value_codec"))).alias("value_codecs"),
             F.collect_set(F.when(clean, F.col("key_codec"))).alias("key_codecs"),
+            F.array_distinct(F.flatten(F.collect_set("unknown_avro"))).alias("unknown_avro"),
         ).collect()
+
+    def _read(self, raw: DataFrame) -> tuple[DataFrame, list[Row]]:
+        """The envelopes of ``raw`` (Kafka rows), persisted, and their ``summarize``. The writer
+        schemas of avro records new to the job are read from the registry first, and the rows
+        parsed again with them (once per new schema)."""
+        learnt = False
+        while True:
+            rows = envelopes(raw, self.avro.known()).persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                with self.clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
+                    summary = self.summarize(rows)
+            except BaseException:
+                rows.unpersist()
+                raise
+            unknown = {i for s in summary for i in s["unknown_avro"]}
+            if not unknown:
+                return rows, summary
+            rows.unpersist()
+            if learnt:  # read from the registry a moment ago: only a broken parse could miss them
+                raise RetriableError(f"sink {self.name}: avro schema ids {sorted(unknown)} not read")
+            with self.clock.phase("schemas"):
+                require_spark_avro(raw.sparkSession, self.name)
+                self.avro.learn(self.name, unknown)
+            learnt = True
 
     def _learn_codecs(self, raw: DataFrame, summary: list[Row]) -> None:
         """Read the Connect schemas (debezium-json records) of the batch that are new to the job."""
@@ -435,9 +461,9 @@ class DeltaJob:
         full = (session.read.format("kafka").options(**self.source_options()).option("subscribe", target.topic)
                 .option("startingOffsets", "earliest").option("endingOffsets", "latest")
                 .option("failOnDataLoss", "false").load())
-        rows = envelopes(full).persist(StorageLevel.MEMORY_AND_DISK)
+        rows, summary = self._read(full)
         try:
-            [item] = self.summarize(rows)
+            [item] = summary
             self._learn_codecs(full, [item])
             self.apply_topic(session, rows, item, batch_id, staging, shape)
         finally:

@@ -13,9 +13,10 @@ payload holds the same envelope in Debezium's encodings. The envelope's fields c
 from either; the row's values stay in their format's encoding in ``data``, with ``codec`` naming
 how to read them (NULL: the ``json`` format's forms; else the hash of the record's Connect
 schema, see ``connect_json.ConnectCodecs``), and ``RowDecoder`` turns them into the table's
-columns. Another format (Avro with a schema registry) joins the same way: recognized per
-record, its rows in ``data`` with a ``codec`` of their own, read by ``RowDecoder``; the formats
-the sink accepts are listed in ``formats.py``.
+columns. An ``avro`` record (Confluent's framing: byte 0 and a schema id) is decoded with
+spark-avro by its writer schema and its rows printed as Connect JSON text, so from there on it is
+read like a ``debezium-json`` one, its schema id as its ``codec`` (``avro_records.py``). The
+formats the sink accepts are listed in ``formats.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.api import INTERNAL_TOPICS_LOOKAHEAD
-from spark_sinks import connect_json
+from spark_sinks import avro_records, connect_json
+from spark_sinks.avro_records import WriterSchema
 from spark_sinks.connect_json import ConnectCodecs
 
 # Bookkeeping columns of the tables; every one begins with this prefix.
@@ -85,48 +87,81 @@ def topic_pattern(globs: Iterable[str]) -> str:
     return f"{INTERNAL_TOPICS_LOOKAHEAD}(?:{'|'.join(alternatives)})"
 
 
-def envelopes(raw: DataFrame) -> DataFrame:
+def envelopes(raw: DataFrame, avro: dict[int, WriterSchema] | None = None) -> DataFrame:
     """Kafka source rows -> one row per record: topic, partition, offset, ``__cdc_key`` (the key's
     JSON), ``op`` (NULL for a tombstone), ``version``, ``ts_ms`` (the source's commit time),
     ``data`` (the row's JSON: after, else before, else the key), ``codec`` (how ``data`` is
     encoded: NULL for the ``json`` format), ``value_codec`` and ``key_codec`` (the Connect
-    schemas of value and key, NULL for ``json``), ``poison`` (why the record is not a change
-    event, or NULL) and ``raw`` (a poison record's value)."""
+    schemas of value and key, NULL for ``json``), ``unknown_avro`` (the schema ids of an ``avro``
+    record that are not in ``avro``, the writer schemas known so far), ``poison`` (why the
+    record is not a change event, or NULL) and ``raw`` (a poison record's value)."""
+    avro = avro or {}
     # Two projections: the envelope is parsed once, its fields read from the result (Spark does
     # not merge projections that would repeat an expensive expression).
     key_text = F.col("key").cast("string")
+    avro_value, avro_key = avro_records.framed(F.col("value")), avro_records.framed(F.col("key"))
+    values = avro_records.decoded(F.col("value"), avro, envelope=True)
+    keys = avro_records.decoded(F.col("key"), avro, envelope=False)
     parsed = raw.select("topic", "partition", "offset", key_text.alias("key_text"),
-                        F.col("value").cast("string").alias("value"),
-                        F.from_json(F.col("value").cast("string"), ENVELOPE).alias("env"),
+                        F.when(avro_value, F.base64("value")).otherwise(F.col("value").cast("string")).alias("value"),
+                        F.when(~avro_value, F.from_json(F.col("value").cast("string"), ENVELOPE)).alias("env"),
                         # a json key needs no second parse: only a key naming a schema gets one
-                        F.when(F.instr(key_text, '"schema"') > 0, F.from_json(key_text, connect_json.KEY))
-                        .alias("connect_key"))
+                        F.when(~avro_key & (F.instr(key_text, '"schema"') > 0),
+                               F.from_json(key_text, connect_json.KEY)).alias("connect_key"),
+                        avro_value.alias("avro_value"), avro_key.alias("avro_key"),
+                        avro_records.schema_id(F.col("value")).alias("value_id"),
+                        avro_records.schema_id(F.col("key")).alias("key_id"),
+                        *[record.alias(f"avro_v{i}") for i, record in values],
+                        *[record.alias(f"avro_k{i}") for i, record in keys])
     env, value = F.col("env"), F.col("value")
     payload, connect_key = env.getField("payload"), F.col("connect_key")
     connect = F.coalesce(connect_json.is_connect(env.getField("schema"), payload), F.lit(False))
     keyed = F.coalesce(connect_json.is_connect(connect_key.getField("schema"), connect_key.getField("payload")),
                        F.lit(False))
+    value_id, key_id = F.col("value_id"), F.col("key_id")
+    avro_payload = None   # per known id, its decoded envelope in connect_json.PAYLOAD's shape
+    for i, _ in values:
+        branch = avro_records.payload(F.col(f"avro_v{i}"), avro[i])
+        avro_payload = F.when(value_id == F.lit(i), branch) if avro_payload is None \
+            else avro_payload.when(value_id == F.lit(i), branch)
+    avro_key_text = F.lit(None).cast("string")
+    for i, _ in keys:
+        avro_key_text = F.when(key_id == F.lit(i), avro_records.key_text(F.col(f"avro_k{i}"))).otherwise(avro_key_text)
     envelope = F.when(connect, payload).otherwise(F.struct(
         env.getField("before").alias("before"), env.getField("after").alias("after"),
         env.getField("op").alias("op"), env.getField("ts_ms").alias("ts_ms"),
         F.struct(env.getField("source").getField("version").alias("cdc_version"),
                  env.getField("source").getField("ts_ms").alias("ts_ms"),
                  env.getField("source").getField("schema_version").alias("cdc_schema_version")).alias("source")))
-    key = F.when(keyed, connect_key.getField("payload")).otherwise(F.col("key_text"))
-    value_codec = F.when(connect, connect_json.codec_of(env.getField("schema")))
-    key_codec = F.when(keyed, connect_json.codec_of(connect_key.getField("schema")))
+    if values:
+        envelope = F.when(F.col("avro_value"), avro_payload).otherwise(envelope)
+    known_values = value_id.isin(*[i for i, _ in values]) if values else F.lit(False)
+    known_keys = key_id.isin(*[i for i, _ in keys]) if keys else F.lit(False)
+    key = F.when(F.col("avro_key"), avro_key_text).when(keyed, connect_key.getField("payload")) \
+        .otherwise(F.col("key_text"))
+    value_codec = F.when(F.col("avro_value"), F.when(known_values, value_id)) \
+        .when(connect, connect_json.codec_of(env.getField("schema")))
+    key_codec = F.when(F.col("avro_key"), F.when(known_keys, key_id)) \
+        .when(keyed, connect_json.codec_of(connect_key.getField("schema")))
+    unknown = F.array_compact(F.array(F.when(F.col("avro_value") & ~value_id.isin(*avro), value_id)
+                                      if avro else F.when(F.col("avro_value"), value_id),
+                                      F.when(F.col("avro_key") & ~key_id.isin(*avro), key_id)
+                                      if avro else F.when(F.col("avro_key"), key_id)))
     normalized = parsed.select(
         "topic", "partition", "offset", key.alias(KEY), "value", envelope.alias("e"), connect.alias("connect"),
         env.getField("_corrupt_record").alias("corrupt"), value_codec.alias("value_codec"),
-        key_codec.alias("key_codec"))
+        key_codec.alias("key_codec"), "avro_value", unknown.alias("unknown_avro"))
     e, key, tombstone = F.col("e"), F.col(KEY), value.isNull()
     op = e.getField("op")
     version = e.getField("source").getField("cdc_version")
     row = F.coalesce(e.getField("after"), e.getField("before"))
-    poison = (F.when(~tombstone & F.col("corrupt").isNotNull(), F.lit("not JSON, or a field of the wrong type"))
+    poison = (F.when(~tombstone & (F.size("unknown_avro") > 0), F.lit("an avro schema id not read from the registry"))
+              .when(~tombstone & F.col("avro_value") & e.isNull(),
+                    F.lit("not an avro change envelope of its schema id"))
+              .when(~tombstone & F.col("corrupt").isNotNull(), F.lit("not JSON, or a field of the wrong type"))
               .when(~tombstone & ~F.coalesce(op.isin(*ROW_OPS, "t"), F.lit(False)), F.lit("no known op"))
               .when(~tombstone & version.isNull(),
-                    F.when(F.col("connect"), F.lit("no integer source.cdc_version"))
+                    F.when(F.col("connect") | F.col("avro_value"), F.lit("no integer source.cdc_version"))
                     .otherwise(F.lit("no integer source.version")))
               .when(key.isNull() & (tombstone | (op != "t")), F.lit("no key")))
     return normalized.select(
@@ -135,7 +170,7 @@ def envelopes(raw: DataFrame) -> DataFrame:
         e.getField("source").getField("cdc_schema_version").alias("schema_version"),
         F.coalesce(row, key).alias("data"),
         F.when(row.isNotNull(), F.col("value_codec")).otherwise(F.col("key_codec")).alias("codec"),
-        "value_codec", "key_codec",
+        "value_codec", "key_codec", "unknown_avro",
         poison.alias("poison"),
         F.when(poison.isNotNull(), value).alias("raw"),   # kept only for the dead-letter topic
     )

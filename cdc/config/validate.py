@@ -141,7 +141,21 @@ class _Builder:
             config = self.validate(model, self.read_secret_files(model, item, path), path)
             if config is not None:
                 validated.append(config)
+                self.check_format(plugin, path)
         return validated
+
+    def check_format(self, plugin: Any, path: DataPath) -> None:
+        """A sink that reads the topics itself (past the runtime's decoding) must read the log's
+        format; the runtime would refuse to start it (``cdc.runtime.worker``), so say it now."""
+        from cdc.api import SelfDrivenSink
+
+        if not (isinstance(plugin, type) and issubclass(plugin, SelfDrivenSink)):
+            return
+        log = self.doc.data.get("log")
+        fmt = log.get("format", "json") if isinstance(log, dict) else "json"
+        if isinstance(fmt, str) and fmt not in plugin.formats:
+            self.doc.problem(path + ("type",), f"this sink reads the topics itself and cannot read log.format "
+                                               f"{fmt}: it reads {', '.join(plugin.formats)}")
 
     def read_secret_files(self, model: type[BaseModel], item: dict[str, Any], path: DataPath) -> dict[str, Any]:
         """``item`` with every ``X_file: path`` replaced by ``X: <the file's contents>``."""

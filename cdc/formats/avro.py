@@ -272,13 +272,14 @@ class AvroEncoder(DebeziumJsonEncoder):
 
 # --- reading ------------------------------------------------------------------------------------
 
-def _strip_logical_types(avro: Any) -> Any:
-    """The schema without Avro logical types, so fastavro hands back the encoded ints and bytes
-    (which ``connect_decode`` turns into the json format's forms by their Connect names)."""
+def strip_logical_types(avro: Any) -> Any:
+    """The schema without Avro logical types, so a reader (fastavro here, spark-avro in the delta
+    sink) hands back the encoded ints and bytes, which the Connect JSON readers then convert by
+    their Connect names (``connect_decode``, the delta sink's ``connect_json``)."""
     if isinstance(avro, list):
-        return [_strip_logical_types(a) for a in avro]
+        return [strip_logical_types(a) for a in avro]
     if isinstance(avro, dict):
-        return {k: _strip_logical_types(v) for k, v in avro.items() if k != "logicalType"}
+        return {k: strip_logical_types(v) for k, v in avro.items() if k != "logicalType"}
     return avro
 
 
@@ -302,7 +303,7 @@ class _Decoder:
     __slots__ = ("parsed", "envelope", "before", "after", "key")
 
     def __init__(self, avro: Any) -> None:
-        self.parsed = _fastavro().parse_schema(_strip_logical_types(avro))
+        self.parsed = _fastavro().parse_schema(strip_logical_types(avro))
         connect = avro_schema.to_connect(avro)
         fields = {f["field"]: f for f in connect.get("fields") or []}
         self.envelope = "op" in fields and "after" in fields

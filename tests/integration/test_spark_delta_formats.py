@@ -4,11 +4,12 @@ Two levels, both with the session-wide ``spark`` fixture:
 
 * records made by the framework's own encoders (``cdc.formats.make_encoder``) for a PostgreSQL
   and a MySQL table with every common column type, under each Debezium ``decimal.handling.mode``,
-  go through the sink's micro-batch (``DeltaJob.apply``) once as ``json`` and once as
-  ``debezium-json``: the tables are equal, types, values and bookkeeping columns;
-* a real PostgreSQL captured into Kafka in each format, under inserts, updates, deletes and
-  primary-key changes, read by the sink's streaming query: the two tables are equal, and equal
-  to the source table.
+  go through the sink's micro-batch (``DeltaJob.apply``) as ``json``, ``debezium-json`` and
+  ``avro`` (schemas in the stack's registry): the tables are equal, types, values and
+  bookkeeping columns;
+* a real PostgreSQL captured into Kafka in each format, under inserts, updates, deletes,
+  primary-key changes and a new column, read by the sink's streaming query: the tables are
+  equal, and equal to the source table.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import psycopg2
 import pytest
 from pyspark.sql import functions as F
 
+from cdc.config.model import LogConfig
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-from cdc.formats import make_encoder
+from cdc.formats import avro as avro_format, make_encoder
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
@@ -33,7 +35,7 @@ from spark_sinks.job import DeltaJob
 from spark_sinks.schemas import SchemaRegistry
 from tests.integration.pg_capture import execute, pg_config, wait_until
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.registry]
 
 PG_TABLE = TableId("shop", "public", "things")
 PG_COLUMNS = (
@@ -104,8 +106,9 @@ def _changes(table: TableId, columns, rows: list[dict]) -> list[ChangeEvent]:
     return events
 
 
-def _records(fmt: str, connector: str, table: TableId, columns, rows, options: DebeziumOptions) -> list[tuple]:
-    encoder = make_encoder(fmt, connector, "src", "p", options=options)
+def _records(fmt: str, connector: str, table: TableId, columns, rows, options: DebeziumOptions,
+             prefix: str = "p", registry_url: str | None = None) -> list[tuple]:
+    encoder = make_encoder(fmt, connector, "src", prefix, options=options, registry_url=registry_url)
     shape = SchemaChange(table, tuple(columns), 1, 0)
     if hasattr(encoder, "learn"):
         encoder.learn([shape])
@@ -119,10 +122,11 @@ def _schema_record(table: TableId, columns) -> dict:
             "columns": [{"name": c.name, "type": c.type, "key": c.key, "nullable": c.nullable} for c in columns]}
 
 
-def _table(spark, tmp_path, name: str, records: list[tuple], topic: str, record: dict, **settings):
-    config = DeltaSinkConfig(name=name, type="delta", topics=["p.*"], path=str(tmp_path / name),
+def _table(spark, tmp_path, name: str, records: list[tuple], topic: str, record: dict, prefix: str = "p",
+           registry_url: str | None = None, **settings):
+    config = DeltaSinkConfig(name=name, type="delta", topics=[f"{prefix}.*"], path=str(tmp_path / name),
                              checkpoint=str(tmp_path / f"{name}-cp"), **settings)
-    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="p")
+    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix=prefix, registry_url=registry_url)
     job.registry.remember(topic, record)
     job.bind(f"test-{uuid.uuid4().hex}")
     frame = spark.createDataFrame(records, "key binary, value binary, topic string, partition int, offset long")
@@ -148,27 +152,33 @@ def _same(left, right) -> None:
 @pytest.mark.parametrize("mode", ["precise", "string", "double"])
 @pytest.mark.parametrize("connector, table, columns, rows", [
     ("postgresql", PG_TABLE, PG_COLUMNS, PG_ROWS), ("mysql", MY_TABLE, MY_COLUMNS, MY_ROWS)], ids=["pg", "mysql"])
-def test_both_formats_write_the_same_table(spark, tmp_path, connector, table, columns, rows, mode):
+def test_every_format_writes_the_same_table(spark, tmp_path, registry_url, connector, table, columns, rows, mode):
     options = DebeziumOptions(decimal_handling_mode=mode)
     record = _schema_record(table, columns)
-    topic = f"p.{table.schema or table.db}.{table.table}"
-    plain = _table(spark, tmp_path, "plain", _records("json", connector, table, columns, rows, options), topic, record)
-    connect = _table(spark, tmp_path, "connect", _records("debezium-json", connector, table, columns, rows, options),
-                     topic, record)
+    prefix = f"p{uuid.uuid4().hex[:8]}"  # the registry's subjects are per topic: fresh ones per test
+    topic = f"{prefix}.{table.schema or table.db}.{table.table}"
+    tables = {fmt: _table(spark, tmp_path, fmt, _records(fmt, connector, table, columns, rows, options, prefix,
+                                                         registry_url),
+                          topic, record, prefix, registry_url)
+              for fmt in ("json", "debezium-json", "avro")}
+    plain = tables["json"]
     assert plain.count() == len(rows)  # one deleted, one moved to a new key
     assert plain.where("id = 30").count() == 1 and plain.where("id = 99").count() == 0
-    assert connect.where("name = 'changed'").count() == 1  # the update applied, the late one not
+    for fmt in ("debezium-json", "avro"):
+        assert tables[fmt].where("name = 'changed'").count() == 1  # the update applied, the late one not
     if mode == "double":
         # Debezium's double mode rounds decimals through a double: compare the exact columns only.
         rounded = {c.name for c in columns if c.type.split("(")[0] in ("numeric", "decimal")} - \
             {c.name for c in columns if c.key}
-        plain, connect = plain.drop(*rounded), connect.drop(*rounded)
-    _same(plain, connect)
+        tables = {fmt: frame.drop(*rounded) for fmt, frame in tables.items()}
+    _same(tables["json"], tables["debezium-json"])
+    _same(tables["json"], tables["avro"])
 
 
-def test_a_new_shape_in_a_later_batch_brings_a_new_connect_schema(spark, tmp_path):
+def test_a_new_shape_in_a_later_batch_brings_a_new_connect_schema(spark, tmp_path, registry_url):
     """Batch 0 in a table's first shape, batch 1 in a shape with one more column: the second
-    batch's Connect schema is new to the job, read from its batch, and both formats agree."""
+    batch's Connect schema (debezium-json: read from its batch; avro: its writer schema read from
+    the registry by its id) is new to the job, and every format agrees."""
     before = (Column("id", "integer", True, False), Column("price", "numeric(10,2)"), Column("day", "date"))
     after = (*before, Column("at", "timestamp(6) without time zone"))
     rows = [{"id": 1, "price": "1.50", "day": "2024-01-01"}, {"id": 2, "price": "-2.25", "day": "1969-07-20"}]
@@ -176,13 +186,14 @@ def test_a_new_shape_in_a_later_batch_brings_a_new_connect_schema(spark, tmp_pat
                          300, 1_700_000_000_300),
              ChangeEvent(Op.CREATE, PG_TABLE, {"id": 3}, None, {"id": 3, "price": "3.00", "day": "2000-01-01",
                                                                 "at": "1999-12-31T23:59:59"}, 301, 1_700_000_000_301)]
-    topic = "p.public.things"
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}.public.things"
     tables, jobs = {}, {}
-    for fmt in ("json", "debezium-json"):
-        encoder = make_encoder(fmt, "postgresql", "src", "p")
-        job = jobs[fmt] = DeltaJob(DeltaSinkConfig(name=f"lake_{fmt[:4]}", type="delta", topics=["p.*"],
+    for fmt in ("json", "debezium-json", "avro"):
+        encoder = make_encoder(fmt, "postgresql", "src", prefix, registry_url=registry_url)
+        job = jobs[fmt] = DeltaJob(DeltaSinkConfig(name=f"lake_{fmt[:4]}", type="delta", topics=[f"{prefix}.*"],
                                                    path=str(tmp_path / fmt), checkpoint=str(tmp_path / f"{fmt}-cp")),
-                                   bootstrap_servers="unused:9092", prefix="p")
+                                   bootstrap_servers="unused:9092", prefix=prefix, registry_url=registry_url)
         job.bind(f"test-{uuid.uuid4().hex}")
         offset = 0
         for batch_id, (columns, events) in enumerate([(before, _changes(PG_TABLE, before, rows)), (after, later)]):
@@ -199,8 +210,13 @@ def test_a_new_shape_in_a_later_batch_brings_a_new_connect_schema(spark, tmp_pat
             job.apply(frame, batch_id)
         tables[fmt] = spark.read.format("delta").load(f"{tmp_path / fmt}/public/things")
     assert len(jobs["debezium-json"].codecs.known()) == 3  # the value schemas of both shapes, one key schema
+    assert len(jobs["avro"].avro.known()) == 3  # the same, as registry ids
     assert tables["json"].where("id = 3 AND at IS NOT NULL").count() == 1
     _same(tables["json"], tables["debezium-json"])
+    # _changes' update sets ``name``, which these shapes lack: Connect JSON carries it beside its
+    # schema (stored as text), Avro cannot carry a field its schema lacks.
+    assert "name" not in tables["avro"].columns
+    _same(tables["json"].drop("name"), tables["avro"])
 
 
 # --- a real PostgreSQL, Kafka and the streaming query ----------------------------------------
@@ -228,14 +244,14 @@ CHANGES = (
 class FormatCapture:
     """A PostgreSQL capture writing ``fmt`` under its own topic prefix and slot, on a thread."""
 
-    def __init__(self, dsn: str, tmp_path, log: KafkaLog, prefix: str, fmt: str) -> None:
+    def __init__(self, dsn: str, tmp_path, log: KafkaLog, prefix: str, fmt: str, registry_url: str) -> None:
         from cdc.plugins import source_plugin
 
         config = pg_config(dsn, tmp_path / prefix, name=f"pg_{prefix}", slot=f"fmt_{prefix}")
         offsets = OffsetStore(log, prefix)
         source = source_plugin("postgres")(config, offsets.load(config.name))
         self.runner = SourceRunner(source, log, offsets, prefix, TopicSettings(partitions=2), offset_interval=0.2,
-                                   log_format=fmt)
+                                   log_format=fmt, registry_url=registry_url)
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -275,11 +291,14 @@ def _keys(log: KafkaLog, topic: str) -> set[str]:
 
 @pytest.mark.kafka
 @pytest.mark.postgres
-def test_postgres_in_both_formats_makes_equal_delta_tables(spark, pg_dsn, kafka_bootstrap, kafka_topic, tmp_path):
+def test_postgres_in_every_format_makes_equal_delta_tables(spark, pg_dsn, kafka_bootstrap, kafka_topic, tmp_path,
+                                                           registry_url):
     execute(pg_dsn, THINGS, SEED)
+    avro_format.use_registry(registry_url)  # _keys reads the avro topic as the framework's sinks do
     log = KafkaLog(kafka_bootstrap)
-    prefixes = {"json": f"{kafka_topic}_j", "debezium-json": f"{kafka_topic}_d"}
-    captures = {fmt: FormatCapture(pg_dsn, tmp_path, log, prefix, fmt) for fmt, prefix in prefixes.items()}
+    prefixes = {"json": f"{kafka_topic}_j", "debezium-json": f"{kafka_topic}_d", "avro": f"{kafka_topic}_a"}
+    captures = {fmt: FormatCapture(pg_dsn, tmp_path, log, prefix, fmt, registry_url)
+                for fmt, prefix in prefixes.items()}
     tables = {}
     try:
         for fmt, prefix in prefixes.items():
@@ -292,6 +311,9 @@ def test_postgres_in_both_formats_makes_equal_delta_tables(spark, pg_dsn, kafka_
             assert SchemaRegistry(log, prefix).record(f"{prefix}.public.things") is not None
         first = next(iter(log.read_all(f"{prefixes['debezium-json']}.public.things")))
         assert first.key.startswith(b'{"schema":'), "the debezium-json capture should write Connect JSON keys"
+        ids = {int.from_bytes(r.value[1:5], "big") for r in log.read_all(f"{prefixes['avro']}.public.things")
+               if r.value is not None}
+        assert len(ids) == 2, "the avro capture should write values of two schema ids (before and after the ALTER)"
         for fmt, prefix in prefixes.items():
             # One micro-batch per format (Spark's cost per batch dominates on a small machine): rows of
             # both shapes in it, written in the newest. A later batch with a new Connect schema is
@@ -302,7 +324,9 @@ def test_postgres_in_both_formats_makes_equal_delta_tables(spark, pg_dsn, kafka_
                 topic_prefix=prefix, kafka={"bootstrap_servers": kafka_bootstrap},
                 spark={"conf": {"spark.sql.shuffle.partitions": "2"}}))
             sink = DeltaSink(config)
-            sink.run(threading.Event(), session=spark)
+            sink.run(threading.Event(), session=spark, log=LogConfig.model_validate(
+                {"kafka": {"bootstrap_servers": kafka_bootstrap, "topic_prefix": prefix}, "format": fmt,
+                 "schema_registry": {"url": registry_url}}))
             assert sink.job.failure is None
             assert sink.job.stats.events > 60
             tables[fmt] = spark.read.format("delta").load(f"{config.path}/public/things")
@@ -310,8 +334,9 @@ def test_postgres_in_both_formats_makes_equal_delta_tables(spark, pg_dsn, kafka_
         for capture in captures.values():
             capture.stop()
         log.close()
+        avro_format.use_registry(None)
 
-    plain, connect = tables["json"], tables["debezium-json"]
+    plain, connect, avro = tables["json"], tables["debezium-json"], tables["avro"]
     assert dict(plain.dtypes) == {
         "id": "bigint", "price": "decimal(10,2)", "free": "string", "day": "date", "at": "timestamp_ntz",
         "zoned": "timestamp", "clock": "string", "doc": "string", "blob": "binary", "flag": "boolean", "n": "bigint",
@@ -320,9 +345,10 @@ def test_postgres_in_both_formats_makes_equal_delta_tables(spark, pg_dsn, kafka_
     # Each capture took its own snapshot, at its own position: snapshot rows carry different
     # versions and times; the streamed changes come from the same WAL records in both.
     position = ["__cdc_version", "__cdc_ts_ms"]
-    _same(plain.drop(*position), connect.drop(*position))
-    _same(plain.where("__cdc_op <> 'r'"), connect.where("__cdc_op <> 'r'"))
-    assert connect.where("__cdc_op <> 'r'").count() > 10
+    for other in (connect, avro):
+        _same(plain.drop(*position), other.drop(*position))
+        _same(plain.where("__cdc_op <> 'r'"), other.where("__cdc_op <> 'r'"))
+        assert other.where("__cdc_op <> 'r'").count() > 10
     conn = psycopg2.connect(pg_dsn)
     try:
         with conn.cursor() as cur:
@@ -330,5 +356,6 @@ def test_postgres_in_both_formats_makes_equal_delta_tables(spark, pg_dsn, kafka_
             source = sorted(cur.fetchall())
     finally:
         conn.close()
-    assert sorted(tuple(r) for r in connect.select("id", "name", "free", "note").collect()) == source
-    assert connect.where("id IN (1003, 1004) AND note IS NULL OR id = 1").count() == 3
+    for other in (connect, avro):
+        assert sorted(tuple(r) for r in other.select("id", "name", "free", "note").collect()) == source
+        assert other.where("id IN (1003, 1004) AND note IS NULL OR id = 1").count() == 3

@@ -1,8 +1,9 @@
 """docs/wire-formats.md's type tables, made from real rows: a PostgreSQL and a MariaDB table with a
-column per common type, captured by the real sources, each value shown in the ``json`` format and
-in ``debezium-json`` (Debezium's default modes) with its Connect schema, beside the value that
-Debezium's own connector (PostgreSQL, MariaDB; 3.5.0.Final in Kafka Connect standalone) writes for
-the same row, with its defaults and with ``decimal.handling.mode=string``.
+column per common type, captured by the real sources, each value shown in the ``json`` format, in
+``debezium-json`` (Debezium's default modes) with its Connect schema, and in ``avro`` as a consumer
+reads it (confluent-kafka's ``AvroDeserializer`` with the stack's schema registry), beside the
+value that Debezium's own connector (PostgreSQL, MariaDB; 3.5.0.Final in Kafka Connect standalone)
+writes for the same row, with its defaults and with ``decimal.handling.mode=string``.
 
 The test fails when the tables in the docs differ from what the sources and encoders produce now;
 ``CDC_WRITE_DOCS=1`` writes them instead (then commit docs/wire-formats.md).
@@ -21,6 +22,7 @@ import orjson
 import pytest
 
 from cdc.events import ChangeEvent, Op, SnapshotMarker
+from cdc.formats import make_encoder
 from cdc.formats.debezium_json import DebeziumJsonEncoder
 from cdc.formats.shapes import known_shapes
 from cdc.log.base import TopicSettings
@@ -64,6 +66,21 @@ def _cell(value) -> str:
     return "`" + text.replace("|", "\\|") + "`"
 
 
+def _avro_cell(value) -> str:
+    """A value as the Avro deserializer hands it to a Python consumer: JSON where it is plain
+    JSON, else Python's repr (Decimal, date, datetime, bytes)."""
+    text = orjson.dumps(value).decode() if _plain(value) else repr(value)
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _plain(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    return value is None or type(value) in (str, int, float, bool)
+
+
 def _schema_text(field: dict) -> str:
     name = field.get("name")
     params = field.get("parameters")
@@ -77,9 +94,10 @@ def _table(types: list[tuple[str, str]], ours: dict, theirs: dict) -> str:
     """``ours``/``theirs``: {"json": after, "default": after, "string": after, "fields": {column: schema}}
     (``theirs`` without "json"). Debezium's values are shown where they differ from ours ("=" where
     they are the same); the string mode only where it differs from the default."""
-    lines = ["| column type | value written | `json` | `debezium-json` | Debezium's connector | "
-             "Connect schema (ours; Debezium's where different) | `decimal.handling.mode=string`: ours, Debezium's |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| column type | value written | `json` | `debezium-json` | `avro`, as a consumer decodes it | "
+             "Debezium's connector | Connect schema (ours; Debezium's where different) | "
+             "`decimal.handling.mode=string`: ours, Debezium's |",
+             "|---|---|---|---|---|---|---|---|"]
     for index, (type_name, literal) in enumerate(types):
         column = f"c{index}"
         mine, their = ours["default"][column], theirs["default"][column]
@@ -91,13 +109,19 @@ def _table(types: list[tuple[str, str]], ours: dict, theirs: dict) -> str:
             string_mode = _cell(ours["string"][column]) + (
                 ", =" if theirs["string"][column] == ours["string"][column] else f", {_cell(theirs['string'][column])}")
         lines.append(f"| {type_name} | `{literal.replace('|', chr(92) + '|')}` | {_cell(ours['json'][column])} | "
-                     f"{_cell(mine)} | {'=' if their == mine else _cell(their)} | {schema} | {string_mode} |")
+                     f"{_cell(mine)} | {_avro_cell(ours['avro'][column])} | "
+                     f"{'=' if their == mine else _cell(their)} | {schema} | {string_mode} |")
     return "\n".join(lines) + "\n"
 
 
-def _ours(log, prefix: str, source: str, connector: str, topic: str) -> dict:
+def _ours(log, prefix: str, source: str, connector: str, topic: str, registry_url: str) -> dict:
     """Our values for the one row of ``topic``: json, debezium-json with the defaults and with
-    decimal_handling_mode string, and the after struct's field schemas."""
+    decimal_handling_mode string, avro (defaults) as read back with the registry, and the after
+    struct's field schemas."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
     [record] = [r for r in log.read_all(topic) if r.value is not None]
     envelope = orjson.loads(record.value)
     shapes = known_shapes(log, prefix, source)
@@ -114,6 +138,14 @@ def _ours(log, prefix: str, source: str, connector: str, topic: str) -> dict:
         out["default" if mode == "precise" else "string"] = value["payload"]["after"]
         if mode == "precise":
             out["fields"] = _after_fields(value)
+    # A fresh prefix: the registry's subjects are per topic and outlive a test run.
+    encoder = make_encoder("avro", connector, source, f"docs{uuid.uuid4().hex[:8]}", registry_url=registry_url)
+    encoder.learn(shapes)
+    encoder.schema_versions[shape.table] = shape.version
+    [encoded] = encoder.encode([event], now_ms=0)
+    assert encoded.value[0] == 0, "the avro encoder should write Confluent's framing"
+    read = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    out["avro"] = read(encoded.value, SerializationContext(encoded.topic, MessageField.VALUE))["after"]
     return out
 
 
@@ -167,7 +199,8 @@ def _write_or_check(section: str, table: str) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.kafka
-def test_postgres_type_table(pg_dsn, tmp_path, kafka_bootstrap):
+@pytest.mark.registry
+def test_postgres_type_table(pg_dsn, tmp_path, kafka_bootstrap, registry_url):
     columns = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(POSTGRES))
     values = ", ".join(v for _, v in POSTGRES)
     execute(pg_dsn, f"CREATE TABLE typed (id int PRIMARY KEY, {columns})",
@@ -176,7 +209,7 @@ def test_postgres_type_table(pg_dsn, tmp_path, kafka_bootstrap):
     with capturing(pg_config(pg_dsn, tmp_path, tables=["public.typed"]), log, "docs") as capture:
         wait_until(lambda: "docs.public.typed" in log.topics() and log.read_all("docs.public.typed"),
                    what="the snapshot row", capture=capture)
-    ours = _ours(log, "docs", "pg", "postgresql", "docs.public.typed")
+    ours = _ours(log, "docs", "pg", "postgresql", "docs.public.typed", registry_url)
     dsn = urlparse(pg_dsn)
     theirs = _theirs(tmp_path, kafka_bootstrap, {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -189,7 +222,8 @@ def test_postgres_type_table(pg_dsn, tmp_path, kafka_bootstrap):
 
 @pytest.mark.mysql
 @pytest.mark.kafka
-def test_mysql_type_table(mysql_url, mysql_db, tmp_path, kafka_bootstrap):
+@pytest.mark.registry
+def test_mysql_type_table(mysql_url, mysql_db, tmp_path, kafka_bootstrap, registry_url):
     columns = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(MYSQL))
     values = ", ".join(v for _, v in MYSQL)
     my_execute(mysql_url, mysql_db, f"CREATE TABLE typed (id INT PRIMARY KEY, {columns})",
@@ -198,7 +232,7 @@ def test_mysql_type_table(mysql_url, mysql_db, tmp_path, kafka_bootstrap):
     topic = f"docs.{mysql_db}.typed"
     with capturing(mysql_config(mysql_url, mysql_db), log, "docs") as capture:
         wait_until(lambda: topic in log.topics() and log.read_all(topic), what="the snapshot row", capture=capture)
-    ours = _ours(log, "docs", "my", "mysql", topic)
+    ours = _ours(log, "docs", "my", "mysql", topic, registry_url)
     url = urlparse(mysql_url)
     theirs = _theirs(tmp_path, kafka_bootstrap, {
         "connector.class": "io.debezium.connector.mariadb.MariaDbConnector",

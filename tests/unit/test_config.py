@@ -387,3 +387,27 @@ def test_the_log_format_and_debeziums_type_modes(tmp_path):
         """)
     assert [(line, where) for line, where, _ in problems_of(bad)] == [
         (2, "log.format"), (3, "log.debezium.decimal_handling_mode")]
+
+
+def test_a_sink_that_reads_the_topics_itself_must_read_the_logs_format(tmp_path, monkeypatch):
+    """``cdc validate`` says what ``cdc run`` would refuse: a self-driven sink (the Spark delta
+    sink decodes records itself) on a log whose format it does not read. It reads avro."""
+    from spark_sinks.delta import DeltaSink
+
+    text = """
+        log:
+          kafka: {bootstrap_servers: "127.0.0.1:9092"}
+          format: avro
+          schema_registry: {url: "http://127.0.0.1:8081"}
+        sinks:
+          - name: lake
+            type: delta
+            topics: ["cdc.public.*"]
+            path: ./lake
+            checkpoint: ./lake-cp
+        """
+    assert load_config(write(tmp_path, text)).log.format == "avro"
+    monkeypatch.setattr(DeltaSink, "formats", ("json", "debezium-json"))
+    [(line, where, message)] = problems_of(write(tmp_path, text))
+    assert (line, where) == (7, "sinks[0].type")
+    assert "cannot read log.format avro: it reads json, debezium-json" in message

@@ -287,9 +287,10 @@ def test_the_delta_sink_names_itself_and_the_format_it_cannot_read():
     from spark_sinks.formats import check_format
 
     check_format("lake", "debezium-json")
-    with pytest.raises(ConfigError, match="sink lake \\(delta\\) cannot read log.format 'avro': it reads json, "
-                                          "debezium-json"):
-        check_format("lake", "avro")
+    check_format("lake", "avro")
+    with pytest.raises(ConfigError, match="sink lake \\(delta\\) cannot read log.format 'protobuf': it reads json, "
+                                          "debezium-json, avro"):
+        check_format("lake", "protobuf")
 
 
 def test_time_and_binary_modes():
