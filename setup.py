@@ -1,5 +1,6 @@
-"""The optional C parts: cdc/_speedups.c (the encoding loop) and sources/mysql/_rowdecode.c (binlog
-row images of the common column types). Without a compiler the build goes on without them, and
+"""The optional C parts: cdc/_speedups.c (the encoding loop, and the sink runtime's decoding
+loop), sinks/opensearch/_lines.c (the OpenSearch sink's bulk lines) and sources/mysql/_rowdecode.c
+(binlog row images of the common column types). Without a compiler the build goes on without them, and
 the Python code they mirror runs instead (the same output, slower)."""
 
 from setuptools import Extension, setup
@@ -8,5 +9,6 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 
 setup(ext_modules=[
     Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("sinks.opensearch._lines", ["sinks/opensearch/_lines.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
 ])

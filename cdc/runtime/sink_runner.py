@@ -45,7 +45,7 @@ from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
 from cdc.schema_order import split_by_schema
-from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
+from cdc.sink_events import SinkEvent, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -237,16 +237,10 @@ class SinkRunner:
         records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
         if self._membership is not None:
             records = self._membership.keep(records)
-        events: list[SinkEvent] = []
         ends: dict[TopicPartition, int] = {}
-        self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
-        append = events.append
-        for record in records:
-            ends[(record.topic, record.partition)] = record.offset + 1
-            try:
-                append(decode_record(record))
-            except PoisonRecord as err:
-                self._poison(record.topic, record.partition, record.offset, str(err), record)
+        events, poisons, self._batch_bytes = decode_batch(records, ends)  # one loop (C where built)
+        for record, err in poisons:
+            self._poison(record.topic, record.partition, record.offset, str(err), record)
         self._read.update(ends)
         return events, ends
 

@@ -34,6 +34,12 @@ class TableLayout:
                 return cls(options)
         return cls(_NO_OPTIONS)
 
+    @property
+    def identity(self) -> bool:
+        """Whether the document is the row as it is (no include, exclude or rename)."""
+        options = self.options
+        return options.include is None and not options.exclude and not options.rename
+
     def keeps(self, column: str) -> bool:
         options = self.options
         return (options.include is None or column in options.include) and column not in options.exclude
