@@ -11,7 +11,7 @@ through versioned bulk writes, read through aliases, rebuilt into generations. S
                     429s backed off, refusals returned with their reasons
     tombstones.py   deletes as hidden tombstone documents (they outlive index.gc_deletes), purge
     generations.py  aliases over generations; the sink's record in the index cdc-sink-state
-    client.py       the opensearch-py client: hosts, basic auth or API key, TLS
+    client.py       the opensearch-py client: hosts, basic auth and/or a client certificate, TLS
     errors.py       opensearch-py errors -> RetriableError / PermanentError, by status and type
     sink.py         OpenSearchSink: lifecycle, the write, generations for rebuilds
 """

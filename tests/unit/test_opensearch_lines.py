@@ -73,3 +73,59 @@ def test_lines_are_the_action_and_the_row_with_its_version(use_c):
         assert (item.doc_id, item.version, item.event) == (action.doc_id, action.version, action[-1])
     assert orjson.loads(made[0].split(b"\n")[1]) == {"id": 1, "s": "x", VERSION_FIELD: 16}
     assert orjson.loads(made[3].split(b"\n")[1])["__cdc_deleted"] is True
+
+
+def _reduced(events, use_c: bool):
+    from sinks.opensearch import documents
+
+    documents.USE_SPEEDUPS = use_c
+    try:
+        out = documents.reduce(events)
+    finally:
+        documents.USE_SPEEDUPS = True
+    return {topic: (t.topic, t.first, [(k, type(a), tuple(a)) for k, a in t.actions.items()], t.truncate)
+            for topic, t in out.items()}
+
+
+event_keys = st.one_of(st.integers(0, 5).map(lambda n: {"id": n}), st.sampled_from([{"id": "a"}, {"id": "é" * 300},
+                       {"id": True}, {"a": 1, "b": 2}, {"id": 1.5}, {}]))
+
+
+@st.composite
+def sink_events(draw):
+    from cdc.events import Op
+    from cdc.sink_events import SinkEvent
+
+    out = []
+    for offset in range(draw(st.integers(0, 14))):
+        op = draw(st.sampled_from([Op.CREATE, Op.UPDATE, Op.READ, Op.DELETE, None, None] +
+                                  ([Op.TRUNCATE] if draw(st.integers(0, 9)) == 0 else [])))
+        key = {} if op is Op.TRUNCATE else (draw(event_keys) if draw(st.integers(0, 5)) == 0 else
+                                            {"id": draw(st.integers(0, 4))})
+        after = draw(st.one_of(st.none(), st.just({}), rows)) if op not in (None, Op.DELETE) else None
+        version = None if op is None else draw(st.integers(0, 20))
+        out.append(SinkEvent(draw(st.sampled_from(["p.s.a", "p.s.b"])), 0, offset, key, op, None, after, version,
+                             {} if op is None else {"table": "a"}))
+    return out
+
+
+@needs_c
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sink_events())
+def test_the_c_reduce_keeps_what_the_python_reduce_keeps(events):
+    assert _reduced(events, True) == _reduced(events, False)
+
+
+@needs_c
+def test_the_c_reduce_takes_the_common_batch(monkeypatch):
+    from cdc.events import Op
+    from cdc.sink_events import SinkEvent
+    from sinks.opensearch import documents
+
+    monkeypatch.setattr(documents, "_reduce", lambda events: pytest.fail("handed to Python"))
+    events = [SinkEvent("p.s.t", 0, 0, {"id": 1}, Op.CREATE, None, {"id": 1}, 5, {}),
+              SinkEvent("p.s.t", 0, 1, {"id": 1}, Op.DELETE, {"id": 1}, None, 6, {}),
+              SinkEvent("p.s.t", 0, 2, {"id": 1}, None, None, None, None, {}),
+              SinkEvent("p.s.t", 0, 3, {"id": "x"}, None, None, None, None, {})]
+    actions = documents.reduce(events)["p.s.t"].actions
+    assert actions == {"1": Delete("1", 6, events[1]), "x": Tombstone("x", None, events[3])}
