@@ -567,10 +567,92 @@ fail:
     return NULL;
 }
 
+
+/* ---- log_records: cdc.log.kafka.log_records's loop (confluent-kafka Messages -> LogRecords) ----
+ *
+ * log_records(messages, start, out, LogRecord) -> the index of the first message from `start` on
+ * that carries an error (len(messages) if none); the records of the messages before it are
+ * appended to `out`. The caller handles that message (end of partition, a transient error, ...)
+ * in Python and calls again after it. */
+
+static PyObject *m_error, *m_topic, *m_partition, *m_offset, *m_key, *m_value, *m_timestamp;
+
+static PyObject *
+call0(PyObject *obj, PyObject *name)
+{
+    return PyObject_CallMethodNoArgs(obj, name);
+}
+
+static PyObject *
+speedups_log_records(PyObject *self, PyObject *args)
+{
+    PyObject *messages, *out, *type;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!O!", &PyList_Type, &messages, &start, &PyList_Type, &out, &PyType_Type, &type))
+        return NULL;
+    if (m_error == NULL) {
+        m_error = PyUnicode_InternFromString("error");
+        m_topic = PyUnicode_InternFromString("topic");
+        m_partition = PyUnicode_InternFromString("partition");
+        m_offset = PyUnicode_InternFromString("offset");
+        m_key = PyUnicode_InternFromString("key");
+        m_value = PyUnicode_InternFromString("value");
+        m_timestamp = PyUnicode_InternFromString("timestamp");
+        if (!m_error || !m_topic || !m_partition || !m_offset || !m_key || !m_value || !m_timestamp)
+            return NULL;
+    }
+    PyTypeObject *record_type = (PyTypeObject *)type;
+    Py_ssize_t i = start < 0 ? 0 : start;
+    if (i > PyList_GET_SIZE(messages))
+        i = PyList_GET_SIZE(messages);
+    for (; i < PyList_GET_SIZE(messages); i++) {
+        PyObject *msg = PyList_GET_ITEM(messages, i);
+        Py_INCREF(msg);
+        PyObject *err = call0(msg, m_error);
+        if (err == NULL)
+            goto fail;
+        Py_DECREF(err);
+        if (err != Py_None) {
+            Py_DECREF(msg);
+            break;
+        }
+        PyObject *fields[6] = {call0(msg, m_topic), call0(msg, m_partition), call0(msg, m_offset),
+                               call0(msg, m_key), call0(msg, m_value), NULL};
+        PyObject *stamp = call0(msg, m_timestamp);
+        if (stamp != NULL && PyTuple_Check(stamp) && PyTuple_GET_SIZE(stamp) == 2)
+            fields[5] = Py_NewRef(PyTuple_GET_ITEM(stamp, 1));
+        else if (stamp != NULL)
+            PyErr_SetString(PyExc_TypeError, "Message.timestamp() is not a pair");
+        Py_XDECREF(stamp);
+        PyObject *record = NULL;
+        if (fields[0] && fields[1] && fields[2] && fields[3] && fields[4] && fields[5]
+                && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
+            for (int f = 0; f < 6; f++) {
+                PyTuple_SET_ITEM(record, f, fields[f]);
+                fields[f] = NULL;
+            }
+        }
+        for (int f = 0; f < 6; f++)
+            Py_XDECREF(fields[f]);
+        int appended = record != NULL && PyList_Append(out, record) == 0;
+        Py_XDECREF(record);
+        if (!appended)
+            goto fail;
+        Py_DECREF(msg);
+        continue;
+    fail:
+        Py_DECREF(msg);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef methods[] = {
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
      "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
+    {"log_records", speedups_log_records, METH_VARARGS,
+     "log_records(messages, start, out, LogRecord) -> index of the first message with an error"},
     {"decode_setup", decode_setup, METH_VARARGS, "decode_setup(loads, decode_record, PoisonRecord, SinkEvent, ops)"},
     {"decode_batch", speedups_decode_batch, METH_VARARGS,
      "decode_batch(records, ends) -> (events, [(record, PoisonRecord)], bytes of values)"},

@@ -97,3 +97,32 @@ def test_the_c_loop_makes_sink_events_of_plain_envelopes(monkeypatch):
     assert (poisons, ends, nbytes) == ([], {("p.s.t", 1): 11}, len(value))
     _, poisons, _ = decode_batch([LogRecord("p.s.t", 0, 3, b'{"id":1}', b'{"op":"c"}', 0)], {})
     assert [(r.offset, str(err)) for r, err in poisons] == [(3, "not a change event envelope: KeyError: 'version'")]
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.binary(max_size=4)), st.integers(0, 2 ** 40)),
+                max_size=12), st.integers(0, 3))
+def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
+    """cdc.log.kafka.log_records: records up to the first message with an error, in C and in
+    Python alike (real confluent-kafka Message objects)."""
+    from confluent_kafka import KafkaError, Message
+
+    from cdc.log import kafka
+
+    messages = [Message(topic="p.s.t", partition=n % 3, offset=n, key=value, value=value, timestamp=(1, stamp),
+                        error=KafkaError(KafkaError._PARTITION_EOF) if failed else None)
+                for n, (failed, value, stamp) in enumerate(made)]
+    results = []
+    for use_c in (True, False):
+        kafka.USE_SPEEDUPS = use_c
+        try:
+            out: list = []
+            at = kafka.log_records(messages, start, out)
+        finally:
+            kafka.USE_SPEEDUPS = True
+        results.append((at, [(type(r), tuple(r)) for r in out]))
+    assert results[0] == results[1]
+    first_error = next((n for n, (failed, _, _) in enumerate(made) if failed and n >= start), len(made))
+    assert results[0][0] == max(first_error, min(start, len(made)))
+    assert [r[1][2] for r in results[0][1]] == list(range(start, max(first_error, start)))[:len(made)]
