@@ -163,21 +163,26 @@ class Counter:
 class IncrementalProgress:
     """An incremental snapshot (snapshot/incremental.py) running while the stream is at ``at``:
     ``tables`` still to read, the first of them read up to ``last_key`` (None: not begun), and
-    ``rows`` read so far. Stored as the position while it runs, so the chunk cursor is durable
-    with the offsets: a restart resumes streaming at ``at`` and reading after ``last_key``."""
+    ``rows`` read so far, the SQL conditions some tables are read with (``filters``: (table,
+    condition) pairs) and whether a user ``paused`` it. Stored as the position while it runs, so
+    the chunk cursor is durable with the offsets: a restart resumes streaming at ``at`` and
+    reading after ``last_key``, under the same conditions, still paused if it was."""
 
     kind: ClassVar[str] = "incremental"
     at: Position
     tables: tuple[str, ...]
     last_key: tuple | None = None
     rows: int = 0
+    filters: tuple[tuple[str, str], ...] = ()
+    paused: bool = False
 
     def __str__(self) -> str:
         return f"{self.at} (incremental snapshot of {', '.join(self.tables)} after {self.last_key})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"at": {"kind": self.at.kind, **self.at.to_dict()}, "tables": list(self.tables),
-                "last_key": list(self.last_key) if self.last_key is not None else None, "rows": self.rows}
+                "last_key": list(self.last_key) if self.last_key is not None else None, "rows": self.rows,
+                "filters": [list(f) for f in self.filters], "paused": self.paused}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "IncrementalProgress":
@@ -185,4 +190,5 @@ class IncrementalProgress:
         kind = at.pop("kind")
         last_key = data.get("last_key")
         return cls(_KINDS[kind].from_dict(at), tuple(data.get("tables", ())),
-                   tuple(last_key) if last_key is not None else None, int(data.get("rows", 0)))
+                   tuple(last_key) if last_key is not None else None, int(data.get("rows", 0)),
+                   tuple((str(t), str(c)) for t, c in data.get("filters", ())), bool(data.get("paused", False)))

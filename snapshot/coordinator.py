@@ -65,7 +65,7 @@ from cdc.api import Source
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
 from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import IncrementalProgress, Position, SnapshotProgress
-from snapshot.incremental import EXECUTE, STOP, IncrementalSettings, IncrementalSnapshots, unwrap
+from snapshot.incremental import SIGNALS, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
 from snapshot.tables import TableBook
@@ -263,19 +263,21 @@ class SnapshotThenStream(Source):
         if self.stream is not None:
             self.stream.commit(unwrap(position))
 
-    def request_snapshot(self, tables: list[str]) -> list[str]:
-        """Queue an incremental snapshot of ``tables`` (any thread); ConfigError if one is not
-        captured or the source has no signal table. Taken while streaming."""
+    def request_snapshot(self, tables: list[str], where: str | None = None) -> list[str]:
+        """Queue an incremental snapshot of ``tables`` (any thread; ``where``: only their rows
+        matching that SQL condition); ConfigError if one is not captured or the source has no
+        signal table. Taken while streaming."""
         if self.incremental is None:
             raise ConfigError(f"source {self.config.name} takes no incremental snapshots"
                               + ("" if self._phase != "starting" else " (or is not started yet)"))
-        return self.incremental.request(tables)
+        return self.incremental.request(tables, where)
 
     @classmethod
-    def signal_snapshot(cls, config, tables: list[str], stop: bool = False) -> None:
-        """Ask a running source of ``config`` (in any process) for an incremental snapshot of
-        ``tables`` (``stop``: to stop the one of ``tables``, or of all if none is named): an
-        ``execute-snapshot`` (``stop-snapshot``) row in its signal table, which its stream brings back."""
+    def signal_snapshot(cls, config, tables: list[str], action: str = "execute", where: str | None = None) -> None:
+        """Ask a running source of ``config`` (in any process), through a row in its signal table
+        that its stream brings back: ``execute`` an incremental snapshot of ``tables`` (``where``:
+        only their rows matching that SQL condition), ``stop`` the one of ``tables`` (of all if
+        none is named), ``pause`` or ``resume`` the one under way."""
         if not getattr(config, "signal_table", None):
             raise ConfigError(f"source {config.name} has no signal_table: incremental snapshots write their "
                               "watermarks there (set signal_table in its config)")
@@ -283,8 +285,15 @@ class SnapshotThenStream(Source):
         if outside:
             raise ConfigError(f"source {config.name} does not capture {', '.join(outside)} (tables: "
                               f"{', '.join(config.tables)})")
-        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", STOP if stop else EXECUTE,
-                        {"data-collections": list(tables), "type": "incremental"})
+        kind = SIGNALS.get(action)
+        if kind is None:
+            raise ConfigError(f"no snapshot action {action!r}; actions: {', '.join(SIGNALS)}")
+        data: dict = {"data-collections": list(tables), "type": "incremental"}
+        if where is not None:
+            if action != "execute" or not tables:
+                raise ConfigError("a condition (--where) goes with the tables to snapshot")
+            data["additional-conditions"] = [{"data-collection": t, "filter": where} for t in tables]
+        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", kind, data)
 
     @classmethod
     def send_signal(cls, config, signal_id: str, kind: str, data: dict) -> None:

@@ -58,7 +58,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
-from cdc.errors import ConfigError
+from cdc.errors import CdcError, ConfigError
 from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.positions import IncrementalProgress, Position
 
@@ -68,6 +68,9 @@ OPEN = "snapshot-window-open"
 CLOSE = "snapshot-window-close"
 EXECUTE = "execute-snapshot"
 STOP = "stop-snapshot"
+PAUSE = "pause-snapshot"    # Debezium's signal names
+RESUME = "resume-snapshot"
+SIGNALS = {"execute": EXECUTE, "stop": STOP, "pause": PAUSE, "resume": RESUME}  # cdc snapshot's actions
 WATERMARKS = (OPEN, CLOSE)
 INCREMENTAL_READ = SnapshotMarker.INCREMENTAL  # source.snapshot of a chunk row, as Debezium marks it
 
@@ -109,9 +112,17 @@ class IncrementalReads(Protocol):
         """Whether a chunk read now sees every change numbered below the last low watermark's
         version (PostgreSQL: once the transactions older than it ended); cheap, called per poll."""
 
-    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list[ChangeEvent]:
-        """Up to ``size`` rows of ``table`` whose key follows ``after`` (None: from the start),
-        in key order, as ``r`` events carrying ``version``."""
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int,
+                   where: str | None = None) -> list[ChangeEvent]:
+        """Up to ``size`` rows of ``table`` whose key follows ``after`` (None: from the start) and
+        that match the SQL condition ``where`` (None: every row), in key order, as ``r`` events
+        carrying ``version``."""
+
+    def filter_error(self, table: str, where: str) -> str | None:
+        """Why the database refuses ``where`` as a condition on ``table``; None if it takes it."""
+
+    def estimate_rows(self, table: str) -> int | None:
+        """The database's estimate of ``table``'s row count (its statistics, not a count)."""
 
 
 def key_of(event: ChangeEvent) -> tuple:
@@ -187,18 +198,22 @@ class IncrementalSnapshots:
         self._next_chunk_at = 0.0          # time.monotonic() before which no chunk is opened (the pause)
         self.known = known                 # the captured tables, by name
         self.tables: tuple[str, ...] = ()  # still to read; the first is being read
+        self.filters: dict[str, str] = {}  # table -> the SQL condition its rows are read with
+        self.paused = False                # no chunk is opened while paused (the open one finishes)
         self.last_key: tuple | None = None
         self.rows = 0                      # rows emitted by the snapshot running now
         self.window: ChunkWindow | None = None
-        self._requests: list[str] = []
+        self._pace = _Pace()               # chunks of the table read now, for status and its ETA
+        self._requests: list[tuple[str, str | None]] = []
         self._lock = threading.Lock()
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": "incremental snapshot"}
 
     # -- requests, any thread -----------------------------------------------------------------------
-    def request(self, tables: list[str]) -> list[str]:
-        """Queue ``tables`` for reading; ConfigError naming any that is not captured."""
+    def request(self, tables: list[str], where: str | None = None) -> list[str]:
+        """Queue ``tables`` for reading (``where``: only their rows matching that SQL condition);
+        ConfigError naming any that is not captured."""
         unknown = [t for t in tables if t not in self.known]
         if unknown:
             raise ConfigError(f"source {self.name} does not capture {', '.join(unknown)} (captured: "
@@ -207,30 +222,40 @@ class IncrementalSnapshots:
             raise ConfigError(f"source {self.name} has no signal_table: incremental snapshots write their "
                               "watermarks there (set signal_table in its config)")
         with self._lock:
-            self._requests.extend(tables)
+            self._requests.extend((table, where) for table in tables)
         return list(tables)
 
     def status(self) -> dict | None:
         tables, window = self.tables, self.window
-        if not tables and not self._requests:
+        queued = [t for t, _ in self._requests]
+        if not tables and not queued:
             return None
-        return {"tables": list(tables) + [t for t in self._requests if t not in tables],
-                "table": tables[0] if tables else None, "after_key": self.last_key, "rows": self.rows,
-                "chunk_open": window is not None}
+        table = tables[0] if tables else None
+        return {"tables": list(tables) + [t for t in queued if t not in tables],
+                "table": table, "after_key": self.last_key, "rows": self.rows,
+                "chunk_open": window is not None, "paused": self.paused,
+                "where": self.filters.get(table) if table else None,
+                "chunks_done": self._pace.chunks, "eta_seconds": None if self.paused else self._pace.eta()}
 
     # -- the source's thread ------------------------------------------------------------------------
     def resume(self, progress: IncrementalProgress) -> None:
         self.tables, self.last_key, self.rows = progress.tables, progress.last_key, progress.rows
-        log.info("resuming the incremental snapshot of %s after key %s (%d rows read before)",
-                 ", ".join(self.tables), self.last_key, self.rows, extra=self._extra())
+        self.filters, self.paused = dict(progress.filters), progress.paused
+        if self.tables:
+            self._pace.start(self._estimate(self.tables[0], self.filters.get(self.tables[0])), self.rows)
+            if self.paused:
+                self._pace.pause()
+        log.info("resuming the incremental snapshot of %s after key %s (%d rows read before)%s",
+                 ", ".join(self.tables), self.last_key, self.rows, " (paused)" if self.paused else "",
+                 extra=self._extra())
 
     def before_poll(self) -> None:
         """Take queued requests; read the next chunk if none is waiting for its watermarks."""
         with self._lock:
             requests, self._requests = self._requests, []
-        for table in requests:
-            self._add(table)
-        if self.tables and self.window is None and time.monotonic() >= self._next_chunk_at:
+        for table, where in requests:
+            self._add(table, where)
+        if self.tables and self.window is None and not self.paused and time.monotonic() >= self._next_chunk_at:
             self._open_window()
         window = self.window
         if window is not None and window.rows is None and self.reads.chunk_readable():
@@ -241,16 +266,43 @@ class IncrementalSnapshots:
         """A chunk is read and its high watermark written: the stream brings it back soon."""
         return self.window is not None and self.window.rows is not None
 
-    def _add(self, table: str) -> None:
-        if table in self.tables[1:] or (self.tables and self.tables[0] == table and self.last_key is None):
-            return  # already to be read from its start
+    def _add(self, table: str, where: str | None = None) -> None:
         if table not in self.known:
             log.warning("ignoring a snapshot request for %s: not captured", table, extra=self._extra())
             return
-        if not self.tables:
-            self.rows = 0
-        self.tables += (table,)
-        log.info("incremental snapshot of %s requested", table, extra=self._extra())
+        if where is not None:
+            refused = self.reads.filter_error(table, where)
+            if refused is not None:
+                log.error("ignoring the snapshot request for %s: its condition %r is refused: %s", table, where,
+                          refused, extra=self._extra())
+                return
+        if table in self.tables and self.filters.get(table) == where:
+            if table in self.tables[1:] or self.last_key is None:
+                return  # already to be read from its start, the same rows
+        if self.tables and self.tables[0] == table:  # read again from its start, with the new condition
+            self.window, self.last_key, self.rows = None, None, 0
+            self._pace.start(self._estimate(table, where))
+        elif table not in self.tables:
+            if not self.tables:
+                self.rows = 0
+                self._pace.start(self._estimate(table, where))
+            self.tables += (table,)
+        if where is None:
+            self.filters.pop(table, None)
+        else:
+            self.filters[table] = where
+        log.info("incremental snapshot of %s requested%s", table, f" (rows where {where})" if where else "",
+                 extra=self._extra())
+
+    def _estimate(self, table: str, where: str | None) -> int | None:
+        """Rows the table is expected to give (None under a condition: statistics cannot say)."""
+        if where is not None:
+            return None
+        try:
+            return self.reads.estimate_rows(table)
+        except CdcError as err:  # only the ETA needs it
+            log.warning("no row estimate for %s (%s): status shows no ETA", table, err, extra=self._extra())
+            return None
 
     def _open_window(self) -> None:
         table, after = self.tables[0], self.last_key
@@ -260,7 +312,8 @@ class IncrementalSnapshots:
         self.window = ChunkWindow(signal_id, table, after, version)
 
     def _read_chunk(self, window: ChunkWindow) -> None:
-        rows = self.reads.read_chunk(window.table, window.after, self.chunk_size, window.version)
+        rows = self.reads.read_chunk(window.table, window.after, self.chunk_size, window.version,
+                                     self.filters.get(window.table))
         data = {"table": window.table, "after": list(window.after) if window.after is not None else None}
         self.reads.write_signal(f"{window.signal_id}-close", CLOSE, data)
         window.rows = {key_of(e): e for e in rows}
@@ -296,22 +349,31 @@ class IncrementalSnapshots:
                 window = self.window = None
             elif kind == EXECUTE:
                 self._execute(data)
+                window = self.window
             elif kind == STOP:
                 self._stop(data)
                 window = self.window
+            elif kind in (PAUSE, RESUME):
+                self._pause(kind == PAUSE)
         checkpoint = batch.checkpoint
         if checkpoint is not None and self.tables:
-            checkpoint = IncrementalProgress(checkpoint, self.tables, self.last_key, self.rows)
+            checkpoint = IncrementalProgress(checkpoint, self.tables, self.last_key, self.rows,
+                                             tuple(sorted(self.filters.items())), self.paused)
         schema_changes = tuple(c for c in batch.schema_changes if c.table != signal_table)
         return Batch(out, checkpoint, schema_changes, batch.snapshot_end)
 
     def _chunk_done(self, window: ChunkWindow) -> None:
         self.rows += len(window.rows) - len(window.changed & window.rows.keys())
+        self._pace.chunk_done(self.rows)
         if window.complete:
             log.info("incremental snapshot of %s done: %d rows", window.table, self.rows, extra=self._extra())
+            self.filters.pop(window.table, None)
             self.tables, self.last_key = self.tables[1:], None
             if self.tables:
                 self.rows = 0
+                self._pace.start(self._estimate(self.tables[0], self.filters.get(self.tables[0])))
+            else:
+                self.paused = False  # a pause holds the snapshot it was asked for, not the next one
         else:
             self.last_key = window.last_key
             self._next_chunk_at = time.monotonic() + self.pause_s
@@ -322,16 +384,91 @@ class IncrementalSnapshots:
             log.warning("ignoring signal %s: only incremental snapshots of a list of data-collections are "
                         "taken", data, extra=self._extra())
             return
+        conditions = conditions_of(data)
+        if conditions is None:
+            log.error("ignoring signal %s: additional-conditions must be a list of {data-collection, filter}",
+                      data, extra=self._extra())
+            return
         for table in tables:
-            self._add(str(table))
+            self._add(str(table), conditions.get(str(table)))
 
     def _stop(self, data: dict[str, Any]) -> None:
         tables = data.get("data-collections") or list(self.tables)
         current = self.tables[0] if self.tables else None
         self.tables = tuple(t for t in self.tables if t not in tables)
+        for table in tables:
+            self.filters.pop(table, None)
         if current in tables:
             self.window, self.last_key = None, None
+            if self.tables:
+                self.rows = 0
+                self._pace.start(self._estimate(self.tables[0], self.filters.get(self.tables[0])))
+        if not self.tables:
+            self.paused = False
         log.info("incremental snapshot of %s stopped by a signal", ", ".join(tables), extra=self._extra())
+
+    def _pause(self, paused: bool) -> None:
+        if paused == self.paused:
+            return
+        if paused and not self.tables:
+            log.warning("ignoring a pause: no incremental snapshot is under way", extra=self._extra())
+            return
+        self.paused = paused
+        if paused:
+            self._pace.pause()
+        else:
+            self._pace.resume()
+        log.info("incremental snapshot %s%s", "paused" if paused else "resumed",
+                 f" ({', '.join(self.tables)} to read)" if self.tables else "", extra=self._extra())
+
+
+def conditions_of(data: dict[str, Any]) -> dict[str, str] | None:
+    """Table -> SQL condition from a signal's ``additional-conditions`` (Debezium's shape: a list
+    of ``{"data-collection": ..., "filter": ...}``); None when it is malformed."""
+    given = data.get("additional-conditions") or []
+    if not isinstance(given, list):
+        return None
+    out: dict[str, str] = {}
+    for item in given:
+        if not (isinstance(item, dict) and isinstance(item.get("data-collection"), str)
+                and isinstance(item.get("filter"), str) and item["filter"].strip()):
+            return None
+        out[item["data-collection"]] = item["filter"]
+    return out
+
+
+class _Pace:
+    """Chunks done of the table read now and, with the database's estimate of its rows, an ETA
+    from its rate so far (time spent paused does not count)."""
+
+    def __init__(self) -> None:
+        self.start(None)
+
+    def start(self, estimate: int | None, rows_before: int = 0) -> None:
+        """``rows_before``: rows of the table read before a restart (not timed here)."""
+        self.estimate, self.chunks, self.rows, self.rows_before = estimate, 0, rows_before, rows_before
+        self.reading = 0.0                    # seconds spent on this table up to the last chunk done
+        self._since = time.monotonic()        # when the time not yet in ``reading`` began; None: paused
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self.reading += time.monotonic() - self._since
+            self._since = None
+
+    def resume(self) -> None:
+        self._since = time.monotonic()
+
+    def chunk_done(self, rows: int) -> None:
+        self.chunks, self.rows = self.chunks + 1, rows
+        if self._since is not None:
+            now = time.monotonic()
+            self.reading, self._since = self.reading + now - self._since, now
+
+    def eta(self) -> float | None:
+        timed = self.rows - self.rows_before
+        if not self.estimate or timed <= 0:
+            return None
+        return round(max(self.estimate - self.rows, 0) * self.reading / timed, 1)
 
 
 def unwrap(position: Position | None) -> Position | None:

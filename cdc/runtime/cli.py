@@ -60,8 +60,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     snapshot.add_argument("file", help="the config file of the running daemon")
     snapshot.add_argument("name", help="the source, as named in the file")
     snapshot.add_argument("tables", nargs="*", help="the tables, as namespace.table (public.orders, shop.orders)")
-    snapshot.add_argument("--stop", action="store_true",
-                          help="stop the incremental snapshot of these tables (of all, if none is named)")
+    snapshot.add_argument("--where", metavar="SQL",
+                          help="read only the rows matching this SQL condition on the table (e.g. \"region = 'eu'\")")
+    action = snapshot.add_mutually_exclusive_group()
+    action.add_argument("--stop", action="store_const", dest="action", const="stop",
+                        help="stop the incremental snapshot of these tables (of all, if none is named)")
+    action.add_argument("--pause", action="store_const", dest="action", const="pause",
+                        help="pause the incremental snapshot under way: no further chunk is read (the stream "
+                             "goes on); kept across restarts")
+    action.add_argument("--resume", action="store_const", dest="action", const="resume",
+                        help="resume a paused incremental snapshot")
     snapshot.set_defaults(handler=cmd_snapshot)
 
     tail = subparsers.add_parser("tail", help="print the change events of a topic as they arrive")
@@ -120,15 +128,21 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    """``cdc snapshot FILE SOURCE TABLE... [--stop]``: the daemon asks the source through its signal table."""
+    """``cdc snapshot FILE SOURCE TABLE... [--where SQL] [--stop|--pause|--resume]``: the daemon
+    asks the source through its signal table."""
     from cdc.config import load_config
     from cdc.errors import ConfigError
     from cdc.runtime.control import post_command
 
-    if not args.tables and not args.stop:
-        raise ConfigError("name the tables to snapshot (namespace.table), or --stop")
-    answer = post_command(load_config(args.file, only=[args.name]), args.name, "snapshot",
-                          {"tables": args.tables, "stop": args.stop})
+    action = args.action or "execute"
+    if action == "execute" and not args.tables:
+        raise ConfigError("name the tables to snapshot (namespace.table), or --stop, --pause, --resume")
+    if args.where is not None and action != "execute":
+        raise ConfigError("--where goes with the tables to snapshot, not with --stop, --pause or --resume")
+    body = {"tables": args.tables, "action": action}
+    if args.where is not None:
+        body["where"] = args.where
+    answer = post_command(load_config(args.file, only=[args.name]), args.name, "snapshot", body)
     print(answer.get("message", answer), file=sys.stderr)
     return 0
 

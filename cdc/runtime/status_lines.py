@@ -25,9 +25,14 @@ def status_line(row: dict) -> str:
         incremental = row.get("incremental_snapshot")
         if incremental:
             after = incremental.get("after_key")
+            eta = incremental.get("eta_seconds")
             line += (f" incremental_snapshot={incremental.get('table') or '-'}"
+                     f"{' PAUSED' if incremental.get('paused') else ''}"
                      f" after={'start' if after is None else ','.join(map(str, after))}"
-                     f" rows={incremental.get('rows', 0):,} queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
+                     f" chunks={incremental.get('chunks_done', 0)} rows={incremental.get('rows', 0):,}"
+                     f" eta={'-' if eta is None else f'{eta:.0f}s'}"
+                     f"{' where=' + repr(incremental['where']) if incremental.get('where') else ''}"
+                     f" queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
     else:
         lag = row.get("consumer_lag")
         line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"

@@ -252,7 +252,9 @@ class Supervisor:
         if name not in self.workers:
             return 404, f"no connector {name!r} runs here; connectors: {', '.join(self.workers)}"
         if action == "snapshot":
-            return self._request_snapshot(name, (body or {}).get("tables"), bool((body or {}).get("stop")))
+            body = body or {}
+            action = body.get("action") or ("stop" if body.get("stop") else "execute")
+            return self._request_snapshot(name, body.get("tables"), action, body.get("where"))
         answer: queue.Queue = queue.Queue(maxsize=1)
         self.commands.put((action, name, answer))
         try:
@@ -260,15 +262,17 @@ class Supervisor:
         except queue.Empty:
             return 503, "the daemon did not take the command in time (stopping?)"
 
-    def _request_snapshot(self, name: str, tables, stop: bool = False) -> tuple[int, str]:
-        """An incremental snapshot, asked for through the source's own log: an ``execute-snapshot``
-        row in its signal table (snapshot/incremental.py), so the request is ordered with the
-        changes, and durable, even while the source's process restarts."""
+    def _request_snapshot(self, name: str, tables, action: str = "execute", where=None) -> tuple[int, str]:
+        """An incremental snapshot asked for (``execute``; ``stop``, ``pause``, ``resume``) through
+        the source's own log: a row in its signal table (snapshot/incremental.py), so the request
+        is ordered with the changes, and durable, even while the source's process restarts."""
         from cdc.config import load_config
         from cdc.plugins import source_plugin
 
-        if not isinstance(tables, list) or not (tables or stop) or not all(isinstance(t, str) for t in tables):
-            return 400, "name the tables to snapshot: {\"tables\": [\"schema.table\", ...]}"
+        if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables) or \
+                (action == "execute" and not tables) or not (where is None or isinstance(where, str)):
+            return 400, ("name the tables to snapshot: {\"tables\": [\"schema.table\", ...], "
+                         "\"where\": \"optional SQL condition\"}")
         config = load_config(self.config_path, only=[name])
         source = next((s for s in config.sources if s.name == name), None)
         if source is None:
@@ -278,10 +282,13 @@ class Supervisor:
         if ask is None:
             return 409, f"source {name} ({source.type}) takes no incremental snapshots"
         try:
-            ask(source, tables, stop=stop)
+            ask(source, tables, action=action, where=where)
         except CdcError as err:
             return (409 if not err.retriable else 503), str(err)
-        what = f"{'stopping the ' if stop else ''}incremental snapshot of {', '.join(tables) or 'every table'}"
+        what = {"execute": "", "stop": "stopping the ", "pause": "pausing the ", "resume": "resuming the "}[action]
+        what += f"incremental snapshot of {', '.join(tables) or 'every table'}"
+        if where:
+            what += f" (rows where {where})"
         log.info("%s requested", what, extra={"connector": name, "phase": self.workers[name].stats.phase})
         return 202, f"{name}: {what} requested"
 

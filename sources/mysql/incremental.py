@@ -61,23 +61,27 @@ class SignalTable:
 
 
 class _KeyRange:
-    """A chunk of a keyset read, shaped like snapshot.Chunk for ``SnapshotRows``."""
+    """A chunk of a keyset read, shaped like snapshot.Chunk for ``SnapshotRows``; ``condition``:
+    the user's SQL condition on the table's rows (``cdc snapshot --where``), or None."""
 
-    def __init__(self, table: TableSchema, after: tuple | None, size: int, escape) -> None:
+    def __init__(self, table: TableSchema, after: tuple | None, size: int, escape, condition: str | None = None) -> None:
         self.table, self.after, self.size, self.escape = table, after, size, escape
+        self.condition = condition
 
     def where(self) -> str:
         keys = [_quote(k) for k in self.table.key]
         order = ", ".join(keys)
-        if self.after is None:
-            return f" ORDER BY {order} LIMIT {self.size}"
-        values = [self.escape(v) for v in self.after]
-        # (k1, k2) > (v1, v2) spelled out: MariaDB reads a row comparison by scanning the index
-        # from its start, but ranges over this form (and the leading k1 >= v1).
-        after = " OR ".join(
-            "(" + " AND ".join([f"{k} = {v}" for k, v in zip(keys[:i], values[:i])] + [f"{keys[i]} > {values[i]}"]) + ")"
-            for i in range(len(keys)))
-        return f" WHERE {keys[0]} >= {values[0]} AND ({after}) ORDER BY {order} LIMIT {self.size}"
+        clauses = [] if self.condition is None else [f"({self.condition})"]
+        if self.after is not None:
+            values = [self.escape(v) for v in self.after]
+            # (k1, k2) > (v1, v2) spelled out: MariaDB reads a row comparison by scanning the index
+            # from its start, but ranges over this form (and the leading k1 >= v1).
+            after = " OR ".join(
+                "(" + " AND ".join([f"{k} = {v}" for k, v in zip(keys[:i], values[:i])] + [f"{keys[i]} > {values[i]}"]) + ")"
+                for i in range(len(keys)))
+            clauses[:0] = [f"{keys[0]} >= {values[0]}", f"({after})"]
+        clause = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        return f"{clause} ORDER BY {order} LIMIT {self.size}"
 
 
 class _OnConnection:
@@ -91,7 +95,7 @@ class ChunkReader:
         self.conn = None
 
     def read(self, table: TableSchema, after: tuple | None, size: int, version: int, file: str,
-             pos: int) -> list[ChangeEvent]:
+             pos: int, where: str | None = None) -> list[ChangeEvent]:
         if self.conn is None:
             self.conn = connect(self.config, raw=True)
         try:
@@ -102,7 +106,7 @@ class ChunkReader:
                             batch=size)
         events: list[ChangeEvent] = []
         conn = self.conn  # raw: no converters of its own, so the default encoders quote the key values
-        rows.read(_OnConnection(conn), _KeyRange(table, after, size, lambda v: conn.escape(v, encoders)),
+        rows.read(_OnConnection(conn), _KeyRange(table, after, size, lambda v: conn.escape(v, encoders), where),
                   events.extend)
         return events
 
@@ -112,3 +116,28 @@ class ChunkReader:
                 self.conn.close()
             except pymysql.Error:
                 pass
+
+
+def filter_error(conn, table: TableId, where: str) -> str | None:
+    """Why the server refuses ``where`` as a condition on ``table`` (EXPLAINed, never run); None
+    if it takes it. One condition, one statement: a ``;`` is refused before the server sees it."""
+    if ";" in where:
+        return "a condition is one SQL expression: it has no ';'"
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"EXPLAIN SELECT 1 FROM {_quote(table.db)}.{_quote(table.table)} WHERE ({where})")
+            cur.fetchall()
+        return None
+    except pymysql.err.ProgrammingError as err:  # syntax, unknown column: what the user typed
+        return str(err.args[1] if len(err.args) > 1 else err)
+    except pymysql.err.OperationalError as err:
+        if err.args and err.args[0] in (1054, 1064, 1305):  # unknown column, syntax, unknown function
+            return str(err.args[1])
+        raise wrap(err, f"checking the condition on {table}") from err
+
+
+def estimate_rows(conn, table: TableId) -> int | None:
+    """The server's estimate of ``table``'s rows (information_schema; InnoDB's is approximate)."""
+    found = query(conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                  (table.db, table.table), what=f"estimating the rows of {table}")
+    return int(found[0][0]) if found and found[0][0] is not None else None

@@ -28,9 +28,11 @@ import dataclasses
 import logging
 import time
 
-from cdc.events import Batch, SnapshotEnd
+from cdc.errors import ConfigError
+from cdc.events import Batch, SnapshotEnd, TableId
 from cdc.positions import MySqlPosition, Position
 from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream, close_quietly
+from snapshot.incremental import conditions_of
 from sources.mysql.binlog import BinlogConnection
 from sources.mysql.catalog import (captured_tables, check_position, check_privileges, check_settings, connect,
                                    current_position, gtid_at, is_mariadb, json_columns, load_schemas, matches,
@@ -38,7 +40,7 @@ from sources.mysql.catalog import (captured_tables, check_position, check_privil
 from sources.mysql.changes import version_of
 from sources.mysql.config import MySqlConfig
 from sources.mysql.errors import wrap
-from sources.mysql.incremental import ChunkReader, SignalTable
+from sources.mysql.incremental import ChunkReader, SignalTable, estimate_rows, filter_error
 from sources.mysql.schema import SchemaTracker
 from sources.mysql.snapshot import SnapshotRows, open_readers, plan_chunks
 from sources.mysql.stream import BinlogStream
@@ -206,11 +208,15 @@ class MySqlSource(SnapshotThenStream):
     def _json_columns(self, db: str, table: str) -> set[str]:
         """The catalog's JSON columns of a table the stream meets without a known definition. The
         control connection may have sat idle for hours (wait_timeout): ping it back first."""
+        self._ping()
+        return json_columns(self.conn, db, table)
+
+    def _ping(self) -> None:
+        """The control connection may have sat idle past wait_timeout: reconnect it if so."""
         try:
             self.conn.ping(reconnect=True)
         except Exception as err:  # noqa: BLE001 - classified by wrap
-            raise wrap(err, "reconnecting to read the catalog") from err
-        return json_columns(self.conn, db, table)
+            raise wrap(err, "reconnecting to the server") from err
 
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
         version, file, pos = self.signals.write(signal_id, kind, data)
@@ -225,14 +231,29 @@ class MySqlSource(SnapshotThenStream):
     def send_signal(cls, config: MySqlConfig, signal_id: str, kind: str, data: dict) -> None:
         conn = connect(config)
         try:
+            for table, where in (conditions_of(data) or {}).items():  # refused here, not in the daemon's log
+                db, name = table.split(".", 1)
+                refused = filter_error(conn, TableId(db, None, name), where)
+                if refused is not None:
+                    raise ConfigError(f"source {config.name}: the condition {where!r} on {table} is refused: {refused}")
             SignalTable(conn, config.signal_table, config.name).write(signal_id, kind, data)
         finally:
             close_quietly(conn)
 
-    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
-        schema = next(s for s in self.tracker.tables.values() if str(s.id) == table)
+    def _schema_of(self, table: str):
+        return next(s for s in self.tracker.tables.values() if str(s.id) == table)
+
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int, where: str | None = None) -> list:
         file, pos = self._low_at
-        return self.chunks.read(schema, after, size, version, file, pos)
+        return self.chunks.read(self._schema_of(table), after, size, version, file, pos, where)
+
+    def filter_error(self, table: str, where: str) -> str | None:
+        self._ping()
+        return filter_error(self.conn, self._schema_of(table).id, where)
+
+    def estimate_rows(self, table: str) -> int | None:
+        self._ping()
+        return estimate_rows(self.conn, self._schema_of(table).id)
 
     def release(self) -> None:
         self.chunks.close()

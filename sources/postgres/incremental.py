@@ -109,19 +109,27 @@ class SignalTable:
 
 
 class _KeyRange:
-    """A chunk of a keyset read, shaped like snapshot.Chunk for ``SnapshotRows``."""
+    """A chunk of a keyset read, shaped like snapshot.Chunk for ``SnapshotRows``; ``condition``:
+    the user's SQL condition on the table's rows (``cdc snapshot --where``), or None."""
 
-    def __init__(self, table: TableMeta, after: tuple | None, size: int, literal) -> None:
+    def __init__(self, table: TableMeta, after: tuple | None, size: int, literal, condition: str | None = None) -> None:
         self.table, self.after, self.size, self.literal = table, after, size, literal
+        self.condition = condition
 
     def where(self, alias: str = "") -> str:
         prefix = f"{alias}." if alias else ""
         types = {c.name: c.type_name for c in self.table.columns}
         keys = ", ".join(prefix + quote_ident(k) for k in self.table.key)
-        clause = ""
+        clauses = []
         if self.after is not None:
             values = ", ".join(f"{self.literal(v)}::{types[k]}" for k, v in zip(self.table.key, self.after))
-            clause = f" WHERE ({keys}) > ({values})"
+            clauses.append(f"({keys}) > ({values})")
+        if self.condition is not None:
+            # Under an alias the reader joins other relations whose columns share the table's
+            # names: the condition is evaluated on the row alone, where its names are unambiguous.
+            clauses.append(f"EXISTS (SELECT FROM (SELECT {alias}.*) f WHERE {self.condition})" if alias
+                           else f"({self.condition})")
+        clause = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         return f"{clause} ORDER BY {keys} LIMIT {self.size}"
 
 
@@ -131,7 +139,7 @@ class _OnConnection:
 
 
 def read_chunk(conn, lookup: CatalogLookup, toast: ToastStore, table: TableMeta, after: tuple | None, size: int,
-               version: int) -> list[ChangeEvent]:
+               version: int, where: str | None = None) -> list[ChangeEvent]:
     lookup.converters_for([c.type_oid for c in table.columns])
 
     def literal(value) -> str:
@@ -151,10 +159,37 @@ def read_chunk(conn, lookup: CatalogLookup, toast: ToastStore, table: TableMeta,
         events.extend(batch)
 
     try:
-        rows.read(_OnConnection(conn), _KeyRange(table, after, size, literal), emit)
+        rows.read(_OnConnection(conn), _KeyRange(table, after, size, literal, where), emit)
         conn.rollback()
     except BaseException:
         conn.rollback()
         raise
     toast.flush()
     return events
+
+
+def filter_error(conn, table: TableId, where: str) -> str | None:
+    """Why PostgreSQL refuses ``where`` as a condition on ``table`` (planned, never run); None if
+    it takes it. One condition, one statement: a ``;`` is refused before the server sees it."""
+    if ";" in where:
+        return "a condition is one SQL expression: it has no ';'"
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"EXPLAIN SELECT FROM {quote_ident(table.schema)}.{quote_ident(table.table)} WHERE ({where})")
+        return None
+    except psycopg2.Error as err:
+        return (err.diag.message_primary or str(err)).strip()
+    finally:
+        conn.rollback()
+
+
+def estimate_rows(conn, table: TableId) -> int | None:
+    """The planner's estimate of ``table``'s rows (None before the table was ever analyzed)."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                        (f"{quote_ident(table.schema)}.{quote_ident(table.table)}",))
+            found = cur.fetchone()
+    finally:
+        conn.rollback()
+    return found[0] if found and found[0] >= 0 else None

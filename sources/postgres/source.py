@@ -31,15 +31,18 @@ import time
 import psycopg2
 
 from cdc.api import servers
+from cdc.errors import ConfigError
+from cdc.events import TableId
 from cdc.positions import PgLsn, Position
 from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream, close_quietly
+from snapshot.incremental import conditions_of
 from sources.postgres.catalog import TableMeta, captured_tables, check_readable, check_server, ensure_publication
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig
 from sources.postgres.deadline import with_connect_timeout
 from sources.postgres.decoding import LogicalStream
 from sources.postgres.errors import wrap
-from sources.postgres.incremental import SignalTable, read_chunk, signal_table_id
+from sources.postgres.incremental import SignalTable, estimate_rows, filter_error, read_chunk, signal_table_id
 from sources.postgres.lookup import CatalogLookup
 from sources.postgres.relations import RelationMemory
 from sources.postgres.slot import ReplicationSlot
@@ -199,17 +202,33 @@ class PostgresSource(SnapshotThenStream):
             with conn.cursor() as cur:
                 cur.execute("SELECT current_database()")
                 database = cur.fetchone()[0]
+            for table, where in (conditions_of(data) or {}).items():  # refused here, not in the daemon's log
+                refused = filter_error(conn, TableId(database, *table.split(".", 1)), where)
+                if refused is not None:
+                    raise ConfigError(f"source {config.name}: the condition {where!r} on {table} is refused: {refused}")
             SignalTable(conn, signal_table_id(config.signal_table, database), config.key_columns,
                         config.server_timeout, config.name).write(signal_id, kind, data)
         finally:
             conn.close()
 
-    def read_chunk(self, table: str, after: tuple | None, size: int, version: int) -> list:
-        meta = next(t for t in self.tables.values() if str(t.id) == table)
+    def _table_meta(self, table: str):
+        return next(t for t in self.tables.values() if str(t.id) == table)
+
+    def read_chunk(self, table: str, after: tuple | None, size: int, version: int, where: str | None = None) -> list:
         try:
-            return read_chunk(self.conn, self.lookup, self.toast, meta, after, size, version)
+            return read_chunk(self.conn, self.lookup, self.toast, self._table_meta(table), after, size, version, where)
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: reading a chunk of {table} after {after}",
+                       setting=self.setting, role=self.role) from err
+
+    def filter_error(self, table: str, where: str) -> str | None:
+        return filter_error(self.conn, self._table_meta(table).id, where)
+
+    def estimate_rows(self, table: str) -> int | None:
+        try:
+            return estimate_rows(self.conn, self._table_meta(table).id)
+        except psycopg2.Error as err:
+            raise wrap(err, f"source {self.cfg.name}: estimating the rows of {table}",
                        setting=self.setting, role=self.role) from err
 
     def release(self) -> None:

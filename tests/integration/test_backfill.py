@@ -47,8 +47,8 @@ def _check_backfill(log, prefix, namespace, source, config_a, config_ab, run, ro
         wait_until(lambda: topic_state(log, a) == rows_of("a"), capture=capture)
         wait_until(lambda: OffsetStore(log, prefix).load_tables(source) == {f"{namespace}.a"}, capture=capture,
                    what="the captured tables to be recorded")
-    reads_of_a = snapshot_reads(a)
-    assert reads_of_a == len(rows_of("a")) and b not in log.topics()
+    assert snapshot_reads(a) == len(rows_of("a")) and b not in log.topics()
+    a_ended = log.end_offsets(a)
     run("UPDATE a SET v = 100 WHERE id <= 10")
     run("UPDATE b SET v = 100 WHERE id <= 10")
 
@@ -70,7 +70,8 @@ def _check_backfill(log, prefix, namespace, source, config_a, config_ab, run, ro
     finally:
         stop.set()
         writer.join()
-    assert snapshot_reads(a) == reads_of_a, "table a was read again"
+    read_again = _reads_after(log, a, a_ended)
+    assert not read_again, f"table a was read again ({len(read_again)} rows)"
     # Rows streamed after the backfill name their shape, for the old table as for the new one.
     last_of_a = [r for r in _records(log, a) if r["after"] and r["after"]["id"] == 11][-1]
     last_of_b = [r for r in _records(log, b) if r["after"] and r["after"]["id"] == 200000][-1]
@@ -163,9 +164,21 @@ def test_a_backfill_cut_short_is_taken_again_and_only_it(pg_dsn, tmp_path, log, 
     assert OffsetStore(log, "cut").load_tables("pg") == {"public.a"}
 
     execute(pg_dsn, "DELETE FROM b WHERE id <= 10", "UPDATE a SET v = 5 WHERE id = 1")
+    a_ended = log.end_offsets("cut.public.a")
     with capturing(both, log, "cut") as capture:
         wait_until(lambda: topic_state(log, "cut.public.b") == table_rows(pg_dsn, "b"), capture=capture)
         wait_until(lambda: topic_state(log, "cut.public.a") == table_rows(pg_dsn, "a"), capture=capture)
         wait_until(lambda: isinstance(OffsetStore(log, "cut").load("pg"), PgLsn), capture=capture)
-    assert _reads(log, "cut.public.a") == 1000, "table a was read again"
+    read_again = _reads_after(log, "cut.public.a", a_ended)
+    assert not read_again, f"table a was read again ({len(read_again)} rows)"
     assert OffsetStore(log, "cut").load_tables("pg") == {"public.a", "public.b"}
+
+
+def _reads_after(log, topic: str, ended: dict) -> list:
+    """The snapshot reads written at or after the end offsets ``ended``. Found by offset, not by
+    counting reads: the embedded log compacts as it goes, so an earlier read of a row that was
+    updated since may be gone."""
+    import orjson
+
+    return [r for r in log.read_all(topic) if r.value is not None and r.offset >= ended[(r.topic, r.partition)]
+            and orjson.loads(r.value)["op"] == "r"]

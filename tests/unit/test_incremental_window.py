@@ -23,6 +23,13 @@ class FakeSource:
     def __init__(self, rows: list[int]) -> None:
         self.rows, self.written = rows, []
         self.readable = True
+        self.conditions: list[str | None] = []  # the condition of each chunk read
+
+    def filter_error(self, table, where):
+        return None if where in ("even", "odd") else f"no column in {where!r}"
+
+    def estimate_rows(self, table):
+        return len(self.rows)
 
     def chunk_readable(self) -> bool:
         return self.readable
@@ -31,8 +38,10 @@ class FakeSource:
         self.written.append((signal_id, kind))
         return 100 + len(self.written)
 
-    def read_chunk(self, table, after, size, version):
-        keys = [k for k in self.rows if after is None or k > after[0]][:size]
+    def read_chunk(self, table, after, size, version, where=None):
+        self.conditions.append(where)
+        wanted = {None: lambda k: True, "even": lambda k: k % 2 == 0, "odd": lambda k: k % 2 == 1}[where]
+        keys = [k for k in self.rows if (after is None or k > after[0]) and wanted(k)][:size]
         return [ChangeEvent(Op.READ, TABLE, {"id": k}, None, {"id": k, "v": 0}, version, 0, SnapshotMarker.TRUE)
                 for k in keys]
 
@@ -113,7 +122,7 @@ def test_status_shows_the_table_the_cursor_and_what_is_queued():
     snapshots.filter(Batch([watermark(source, 0), watermark(source, 1)], Counter(2)))
     line = _status_line({"kind": "source", "name": "s", "phase": "streaming", "position": "2", "lag_seconds": 0.0,
                          "incremental_snapshot": snapshots.status()})
-    assert "incremental_snapshot=public.t after=3 rows=3 queued=public.u" in line
+    assert "incremental_snapshot=public.t after=3 chunks=1 rows=3 eta=" in line and "queued=public.u" in line
 
 
 def test_a_stop_signal_ends_the_snapshot_and_its_window_rows_never_go_out():
@@ -217,3 +226,133 @@ def test_the_next_chunk_waits_out_the_pause_while_the_stream_goes_on():
     snapshots.pause_s, snapshots._next_chunk_at = 0.0, 0.0
     snapshots.before_poll()
     assert len(source.written) == 4  # the next chunk's window opened and its rows were read
+
+
+def signal(kind: str, data: str = "{}") -> ChangeEvent:
+    return event(Op.CREATE, 0, 0, SIGNALS, {"id": f"user-{kind}", "type": kind, "data": data})
+
+
+def chunk_out(snapshots: IncrementalSnapshots, source: FakeSource, at: int) -> Batch:
+    """The stream brings back the last two watermarks written: the chunk in flight goes out."""
+    return snapshots.filter(Batch([watermark(source, -2), watermark(source, -1)], Counter(at)))
+
+
+def test_a_paused_snapshot_opens_no_chunk_while_the_stream_goes_on_and_a_resume_reads_on():
+    source = FakeSource(list(range(1, 10)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    paused = snapshots.filter(Batch([signal("pause-snapshot"), event(Op.UPDATE, 8, 300)], Counter(2)))
+    assert [e.key["id"] for e in paused.events] == [8]
+    assert paused.checkpoint == IncrementalProgress(Counter(2), ("public.t",), None, 0, (), True)
+    first = chunk_out(snapshots, source, 3)  # the chunk open when the pause came is finished
+    assert [e.key["id"] for e in first.events] == [1, 2, 3]
+    snapshots.before_poll()
+    snapshots.before_poll()
+    assert len(source.written) == 2 and snapshots.status()["paused"]
+    assert "PAUSED" in _line(snapshots)
+    snapshots.filter(Batch([signal("resume-snapshot")], Counter(4)))
+    snapshots.before_poll()
+    assert [e.key["id"] for e in chunk_out(snapshots, source, 5).events] == [4, 5, 6]
+
+
+def test_a_pause_is_kept_across_a_restart_and_ends_with_the_snapshot():
+    source = FakeSource(list(range(1, 5)))
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    snapshots.resume(IncrementalProgress(Counter(1), ("public.t",), (3,), 3, (), True))
+    snapshots.before_poll()
+    assert source.written == []  # still paused after the restart
+    snapshots.filter(Batch([signal("resume-snapshot")], Counter(2)))
+    snapshots.before_poll()
+    last = chunk_out(snapshots, source, 3)
+    assert [e.key["id"] for e in last.events] == [4] and last.checkpoint == Counter(3)
+    assert not snapshots.paused  # the next snapshot asked for is not born paused
+
+
+def test_a_pause_with_no_snapshot_under_way_is_ignored():
+    source = FakeSource([1, 2])
+    snapshots = IncrementalSnapshots(source, chunk_size=3, name="s", known=frozenset({"public.t"}))
+    snapshots.filter(Batch([signal("pause-snapshot")], Counter(1)))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    assert len(source.written) == 2
+
+
+def test_a_condition_reads_only_matching_rows_and_is_kept_with_the_cursor():
+    source = FakeSource(list(range(1, 10)))
+    snapshots = IncrementalSnapshots(source, chunk_size=2, name="s", known=frozenset({"public.t"}))
+    data = '{"data-collections": ["public.t"], "additional-conditions": [{"data-collection": "public.t", "filter": "even"}]}'
+    snapshots.filter(Batch([signal("execute-snapshot", data)], Counter(1)))
+    snapshots.before_poll()
+    out = chunk_out(snapshots, source, 2)
+    assert [e.key["id"] for e in out.events] == [2, 4] and source.conditions == ["even"]
+    assert out.checkpoint == IncrementalProgress(Counter(2), ("public.t",), (4,), 2, (("public.t", "even"),))
+    assert "where='even'" in _line(snapshots)
+    resumed = IncrementalSnapshots(source, chunk_size=2, name="s", known=frozenset({"public.t"}))
+    resumed.resume(out.checkpoint)
+    resumed.before_poll()
+    assert [e.key["id"] for e in chunk_out(resumed, source, 3).events] == [6, 8]
+    assert source.conditions == ["even", "even"]
+
+
+def test_a_condition_the_database_refuses_drops_the_request_instead_of_failing_the_stream():
+    source = FakeSource([1, 2])
+    snapshots = IncrementalSnapshots(source, chunk_size=2, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"], where="no_such_column = 1")
+    snapshots.before_poll()
+    assert source.written == [] and snapshots.status() is None
+
+
+def test_a_request_with_another_condition_reads_the_table_again_from_its_start():
+    source = FakeSource(list(range(1, 10)))
+    snapshots = IncrementalSnapshots(source, chunk_size=2, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"], where="even")
+    snapshots.before_poll()
+    chunk_out(snapshots, source, 2)
+    snapshots.request(["public.t"], where="odd")
+    snapshots.before_poll()
+    assert [e.key["id"] for e in chunk_out(snapshots, source, 3).events] == [1, 3]
+
+
+def test_malformed_additional_conditions_are_refused_whole():
+    from snapshot.incremental import conditions_of
+
+    assert conditions_of({"additional-conditions": [{"data-collection": "public.t", "filter": "a = 1"}]}) == {
+        "public.t": "a = 1"}
+    assert conditions_of({}) == {}
+    assert conditions_of({"additional-conditions": [{"data-collection": "public.t"}]}) is None
+    assert conditions_of({"additional-conditions": {"public.t": "a = 1"}}) is None
+
+
+def test_status_counts_chunks_and_estimates_the_time_left_from_the_rate_so_far():
+    source = FakeSource(list(range(1, 101)))
+    snapshots = IncrementalSnapshots(source, chunk_size=10, name="s", known=frozenset({"public.t"}))
+    snapshots.request(["public.t"])
+    snapshots.before_poll()
+    assert snapshots.status()["eta_seconds"] is None  # nothing read yet: no rate
+    snapshots._pace.reading = 0.0
+    snapshots._pace._since -= 2.0  # the first chunk took two seconds
+    chunk_out(snapshots, source, 2)
+    status = snapshots.status()
+    assert status["chunks_done"] == 1 and status["rows"] == 10
+    assert 17.0 <= status["eta_seconds"] <= 19.0  # 90 rows left at 10 rows per ~2 s
+    assert "chunks=1 rows=10 eta=1" in _line(snapshots)
+
+
+def test_progress_with_conditions_and_a_pause_round_trips_and_old_records_still_load():
+    from cdc.positions import PgLsn, position_from_json, position_to_json
+
+    progress = IncrementalProgress(PgLsn(9), ("public.t",), (4,), 2, (("public.t", "region = 'eu'"),), True)
+    assert position_from_json(position_to_json(progress)) == progress
+    import json
+
+    stored = json.loads(position_to_json(IncrementalProgress(PgLsn(9), ("public.t",), (4,), 2)))
+    del stored["filters"], stored["paused"]  # as stored before conditions and pauses existed
+    assert position_from_json(json.dumps(stored)) == IncrementalProgress(PgLsn(9), ("public.t",), (4,), 2)
+
+
+def _line(snapshots: IncrementalSnapshots) -> str:
+    from cdc.runtime.status_lines import status_line
+
+    return status_line({"kind": "source", "name": "s", "phase": "streaming", "position": "2", "lag_seconds": 0.0,
+                        "incremental_snapshot": snapshots.status()})
