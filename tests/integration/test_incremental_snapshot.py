@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+from dataclasses import dataclass, field
 
 import orjson
 import pytest
@@ -58,15 +60,18 @@ def assert_no_chunk_row_outranks_a_later_change(log, topic: str) -> None:
             assert version > last_read[record.key], f"{value} after a chunk row of version {last_read[record.key]}"
 
 
-def writer(run, stop: threading.Event, seed: int) -> threading.Thread:
-    """Updates, deletes, primary-key changes and inserts on table t until ``stop``."""
+def writer(run, stop: threading.Event, seed: int, rows: int = ROWS, touched: set | None = None) -> threading.Thread:
+    """Updates, deletes, primary-key changes and inserts on table t (keys 1..``rows``) until
+    ``stop``; the keys it changed, deleted or moved go into ``touched``."""
     rng = random.Random(seed)
+    touched = set() if touched is None else touched
 
     def loop() -> None:
         next_id = 1_000_000
         while not stop.is_set():
-            action, row = rng.random(), rng.randrange(1, ROWS)
+            action, row = rng.random(), rng.randrange(1, rows)
             next_id += 1
+            touched.add(row)
             if action < 0.55:
                 run(f"UPDATE t SET v = v + 1 WHERE id = {row}")
             elif action < 0.7:
@@ -199,97 +204,169 @@ def test_mariadb_incremental_snapshot_under_a_writer(mysql_url, mysql_db, log, t
     assert f"inc.{mysql_db}.cdc_signal" not in log.topics()
 
 
-KILL_ROWS = 6000
+KILL_ROWS = 10_000
+KILL_CYCLES = 10
 
 
-def check_kill_and_resume(tmp_path, source_yaml: str, table: str, rows_of) -> None:
-    """``cdc snapshot`` asks the running daemon; a kill -9 of its process group once a chunk
-    cursor is stored: the next run reads on after that cursor (rows up to it are not read again)
-    and the topic ends equal to the table."""
-    import subprocess
-    import sys
-    import time
+@dataclass
+class Cycle:
+    """One run of the daemon between two strikes: the chunk cursor it resumed from (None: the
+    run that was asked for the snapshot) and what it read."""
 
+    resumed_after: int | None
+    began: dict = field(default_factory=dict)         # the topic's end offsets when it started
+    ended: dict = field(default_factory=dict)         # ... when it was struck (or stopped)
+    read: list[int] = field(default_factory=list)     # keys of its snapshot reads, in log order
+    reread: int = 0                                   # of them, keys an earlier run had read
+    read_after_cursor_before: int = 0                 # keys above the cursor the earlier runs had read
+
+
+def check_kill_and_resume(tmp_path, source_yaml: str, table: str, run, rows_of, kafka_bootstrap: str,
+                          prefix: str) -> None:
+    """``cdc snapshot`` asks the running daemon for an incremental snapshot while a writer
+    updates, deletes and moves keys of the table; then KILL_CYCLES times a kill -9 of the
+    daemon's process group at a random moment after the stored chunk cursor moved since its
+    start, and a start again. Each run reads on after the cursor it resumed from (no key up to
+    it read again); what it reads again is at most what the runs before had read above that
+    cursor; and the topic ends equal to the table. Kafka's topic keeps every record (its active
+    segment is never compacted), so every read is counted."""
     from cdc.dev.services import free_port
-    from tests.daemon import kill_daemon, run_daemon, stop_daemon
+    from tests.daemon import cdc_process, kill_daemon, run_daemon, stop_daemon
     from tests.integration.test_daemon import _open_log
     from tests.integration.test_daemon_control import _rows
 
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
     port = free_port()
     config = tmp_path / "cdc.yaml"
-    # 60 chunks with a pause after each: a quiet machine read all 6,000 rows in 0.2 s, before
-    # any cursor was stored to strike after.
-    config.write_text("log:\n  embedded: {path: ./data, topic_prefix: kill}\n"
-                      f"sources:\n  - {{name: src, snapshot: never, incremental_chunk_rows: 100, "
-                      f"incremental_chunk_pause_ms: 100, {source_yaml}}}\n"
-                      f"http: \"127.0.0.1:{port}\"\n")
+
+    def configure(chunk_rows: int, pause_ms: int) -> None:
+        config.write_text(f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}\n"
+                          f"sources:\n  - {{name: src, snapshot: never, incremental_chunk_rows: {chunk_rows}, "
+                          f"incremental_chunk_pause_ms: {pause_ms}, {source_yaml}}}\n"
+                          f"http: \"127.0.0.1:{port}\"\n")
+
+    # Small chunks with pauses give each strike a window (a quiet machine read 6,000 rows in 0.2 s
+    # with none); the last run, with nothing to strike, reads on at full speed.
+    configure(50, 200)
     log_, prefix = _open_log(config)
     topic = f"{prefix}.{table}"
 
-    def stored():
-        return OffsetStore(log_, prefix).load("src")
+    def cursor() -> int | None:
+        stored = OffsetStore(log_, prefix).load("src")
+        return stored.last_key[0] if isinstance(stored, IncrementalProgress) and stored.last_key else None
 
     def wait(what, check, process, limit=120):
         deadline = time.monotonic() + limit
         while not (value := check()):
             assert process.poll() is None, f"the daemon exited before {what}: {(tmp_path / 'daemon.log').read_text()}"
             assert time.monotonic() < deadline, f"not within {limit}s: {what}: {(tmp_path / 'daemon.log').read_text()}"
-            time.sleep(0.05)
+            time.sleep(0.1)
         return value
 
-    process = run_daemon(config, "src", log="daemon.log")
+    cycles: list[Cycle] = []
+    read_so_far: set[int] = set()
+
+    def account() -> None:
+        """Each run's snapshot reads: the records below its end offsets (taken when it was
+        struck) and at or above the previous run's."""
+        records = log_.read_all(topic)
+        for cycle in cycles:
+            for record in records:
+                tp = (record.topic, record.partition)
+                if record.value is not None and cycle.began.get(tp, 0) <= record.offset < cycle.ended[tp]:
+                    value = orjson.loads(record.value)
+                    if value["op"] == "r":
+                        cycle.read.append(value["after"]["id"])
+            if cycle.resumed_after is not None:
+                cycle.read_after_cursor_before = sum(1 for key in read_so_far if key > cycle.resumed_after)
+            cycle.reread = sum(1 for key in cycle.read if key in read_so_far)
+            read_so_far.update(cycle.read)
+
+    stop = threading.Event()
+    touched: set[int] = set()
+    thread = writer(run, stop, seed, rows=KILL_ROWS, touched=touched)
     try:
-        wait("the source to stream", lambda: _rows(port).get("src", {}).get("phase") == "streaming", process)
-        refused = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "src", "nope.nope"],
-                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert refused.returncode != 0 and "does not capture nope.nope" in refused.stderr, refused.stderr
-        asked = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", str(config), "src", table],
-                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert asked.returncode == 0 and "incremental snapshot of" in asked.stderr, asked.stderr
-        cursor = wait("a chunk cursor stored", lambda: isinstance(p := stored(), IncrementalProgress)
-                      and p.last_key is not None and p, process)
+        for number in range(KILL_CYCLES + 1):
+            last = number == KILL_CYCLES
+            resumed_after = cursor() if number else None
+            assert number == 0 or resumed_after is not None, f"no chunk cursor stored before start {number}"
+            if last:
+                configure(1000, 0)
+            cycle = Cycle(resumed_after, began=cycles[-1].ended if cycles else {})
+            process = run_daemon(config, "src", log="daemon.log")
+            try:
+                if number == 0:
+                    wait("the source to stream", lambda: _rows(port).get("src", {}).get("phase") == "streaming", process)
+                    asked = cdc_process(config, "snapshot", "src", table, log="snapshot.log")
+                    assert asked.wait(60) == 0, (tmp_path / "snapshot.log").read_text()
+                if last:
+                    wait("the snapshot to end", lambda: not isinstance(OffsetStore(log_, prefix).load("src"),
+                                                                       IncrementalProgress), process)
+                    stop.set()
+                    thread.join()
+                    wanted = rows_of()
+                    wait("the topic to equal the table", lambda: topic_state(log_, topic) == wanted, process)
+                    continue
+                moved = wait("the stored chunk cursor to move", lambda: (c := cursor()) is not None and
+                             (resumed_after is None or c > resumed_after) and c, process)
+                time.sleep(rng.uniform(0, 0.6))  # a random moment of the chunk, its pause, the next store
+                assert cursor() is not None, f"the snapshot ended before strike {number + 1} (cursor {moved}): " \
+                                             "make the table larger"
+            finally:
+                if last:
+                    stop_daemon(process)
+                else:
+                    kill_daemon(process)
+                if topic in log_.topics():  # else the run failed before its first read: that error stands
+                    cycle.ended = log_.end_offsets(topic)
+                    cycles.append(cycle)
     finally:
-        kill_daemon(process)
-    last = cursor.last_key[0]
-    assert last < KILL_ROWS
-    process = run_daemon(config, "src", log="daemon.log")
-    try:
-        wanted = rows_of()
-        wait("the topic to equal the table", lambda: not isinstance(stored(), IncrementalProgress)
-             and topic_state(log_, topic) == wanted, process)
-    finally:
-        stop_daemon(process)
-    read_ids = [r["after"]["id"] for r in reads(log_, topic)]
-    assert sorted(set(read_ids)) == list(range(1, KILL_ROWS + 1))
-    up_to_cursor = [i for i in read_ids if i <= last]
-    assert len(up_to_cursor) == len(set(up_to_cursor)), "rows up to the stored chunk cursor were read again"
-    reread = len(read_ids) - KILL_ROWS
-    assert reread <= KILL_ROWS - last  # at most the rows after the cursor: out before the kill, read again
+        stop.set()
+        thread.join()
+    account()
+    figures = ", ".join(f"after {c.resumed_after}: read {len(c.read)}, again {c.reread} (<= {c.read_after_cursor_before})"
+                        for c in cycles)
+    print(f"seed {seed}; {figures}")
+    for number, cycle in enumerate(cycles):
+        assert len(cycle.read) == len(set(cycle.read)), f"run {number} read a key twice (seed {seed}): {figures}"
+        if cycle.resumed_after is not None:
+            assert all(key > cycle.resumed_after for key in cycle.read), \
+                f"run {number} read again at or before its cursor {cycle.resumed_after} (seed {seed}): {figures}"
+            assert cycle.reread <= cycle.read_after_cursor_before, f"seed {seed}: {figures}"
+    assert len(cycles) == KILL_CYCLES + 1 and all(c.read for c in cycles[:-1]), f"seed {seed}: {figures}"
+    untouched = set(range(1, KILL_ROWS + 1)) - touched
+    assert untouched <= read_so_far, f"rows the writer left alone were not read: {sorted(untouched - read_so_far)[:10]}"
+    assert not isinstance(OffsetStore(log_, prefix).load("src"), IncrementalProgress)
     log_.close()
 
 
 @pytest.mark.postgres
-def test_postgres_incremental_snapshot_resumes_from_the_last_chunk_after_kill_9(pg_dsn, tmp_path):
+@pytest.mark.kafka
+def test_postgres_incremental_snapshot_resumes_from_the_last_chunk_after_kill_9_cycles(pg_dsn, tmp_path,
+                                                                                      kafka_bootstrap, kafka_topic):
     from tests.integration.pg_capture import execute, table_rows
 
     execute(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)",
             f"INSERT INTO t SELECT g, 0 FROM generate_series(1, {KILL_ROWS}) g")
     check_kill_and_resume(tmp_path, f"type: postgres, dsn: '{pg_dsn}', tables: [public.t], signal_table: "
                           "public.cdc_signal, state_dir: ./state, heartbeat_interval: 1", "public.t",
-                          lambda: table_rows(pg_dsn, "t"))
+                          lambda sql: execute(pg_dsn, sql), lambda: table_rows(pg_dsn, "t"), kafka_bootstrap,
+                          kafka_topic)
 
 
 @pytest.mark.mysql
-def test_mariadb_incremental_snapshot_resumes_from_the_last_chunk_after_kill_9(mysql_url, mysql_db, tmp_path):
-    import random
-
+@pytest.mark.kafka
+def test_mariadb_incremental_snapshot_resumes_from_the_last_chunk_after_kill_9_cycles(mysql_url, mysql_db, tmp_path,
+                                                                                     kafka_bootstrap, kafka_topic):
     from tests.integration.test_mysql_source import execute, table_rows
 
     execute(mysql_url, mysql_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
             f"INSERT INTO t SELECT seq, 0 FROM seq_1_to_{KILL_ROWS}")
     check_kill_and_resume(tmp_path, f"type: mysql, url: '{mysql_url}', tables: ['{mysql_db}.t'], signal_table: "
                           f"{mysql_db}.cdc_signal, server_id: {random.randrange(10_000, 2**31)}, "
-                          "heartbeat_interval: 0.5", f"{mysql_db}.t", lambda: table_rows(mysql_url, mysql_db, "t"))
+                          "heartbeat_interval: 0.5", f"{mysql_db}.t", lambda sql: execute(mysql_url, mysql_db, sql),
+                          lambda: table_rows(mysql_url, mysql_db, "t"), kafka_bootstrap, kafka_topic)
 
 
 @pytest.mark.mysql
