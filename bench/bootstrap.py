@@ -12,8 +12,11 @@ Measures, in one run (the topic is published once):
              compaction) and writes it through the SQL sink (version-guarded upserts) into a new
              PostgreSQL database. Records/s over the whole history, and rows/s of the final table.
              "now": reading and decoding the next batch while the sink writes one, upserts staged
-             as typed COPY rows; "before": one after the other, upserts staged as jsonb (how it
-             ran before issue #18). ``--rounds`` alternates them, each into a fresh database.
+             as typed COPY rows, and the rows left as JSON bytes from the log to the COPY text
+             (``raw_rows``: the C decoder and COPY loop of cdc/_speedups.c, no dict per row);
+             "dicts": the same with every row decoded to a dict (how "now" ran before the raw
+             rows); "before": one after the other, every row a dict, upserts staged as jsonb (how
+             it ran before issue #18). ``--rounds`` alternates them, each into a fresh database.
 Issue #18's targets: >= 100,000 records/s and >= 25% of COPY's rows/s.
 
 Also printed per run: the CPU seconds of this process (reading, decoding, the sink's Python side;
@@ -23,7 +26,8 @@ figures to read: wall time there is mostly waiting for a core. ``--probed-delete
 "now" with the remembered-delete check as a per-row probe of the deletes' key instead of the
 planner's hash anti-join over every remembered delete of the table, ``--rebuild`` also runs ``SinkRunner.rebuild`` (``cdc rebuild``: a new
 generation, then the switch) reading ahead ("rebuild") and one batch after the other ("rb-seq"),
-``--batch`` sets the sink's ``batch_size``, ``--now-only`` skips "before".
+``--batch`` sets the sink's ``batch_size``, ``--now-only`` skips "dicts" and "before", ``--no-before``
+skips "before" (at issue #18's size it alone takes longer than the rest).
 
 Where the time went (before; 600k changes over 200k keys, 10% deletes, cProfile and the
 server's statement log): 84% in the server, of which the upsert's ``INSERT ... SELECT CAST(s.j->>'c'
@@ -33,7 +37,7 @@ decoding (orjson, SinkEvent) and the reduction to the newest version per key, on
 so neither side ever ran while the other did. Random keys over a large table cost the server more
 per row than bench/sql_upsert.py's mostly new keys.
 
-Where the time goes now (300k changes over 100k keys and 100k over 30k, load 13-20 on 2 cores;
+Where the time went with rows decoded to dicts (300k changes over 100k keys and 100k over 30k, load 13-20 on 2 cores;
 py-spy of both threads, statement durations from the server log, CPU seconds as above): the
 statement log's durations are load-inflated (12 s of statements in a 37 s run), the CPU seconds
 are not: this process used 1.6-1.9 s per 107k records (15-18 us a record) and its PostgreSQL
@@ -47,6 +51,30 @@ every batch; a per-row probe of their key instead (``--probed-deletes``) took mo
 37k remembered deletes (9.4-9.6 s against 7.5-7.7 s for 1.07M records, two rounds), so it stays off. Batches of
 20,000 instead of the default 2,000 took about 20% less CPU (1.7 + 0.5 s instead of 1.9 + 0.9 s
 for 107k records): per-batch work (statements, the table checks, commits) is paid 10x less often.
+
+Where the time goes now (rows left as JSON bytes, ``raw_rows``; load 20-45 on 2 cores shared
+with other work, so CPU seconds and same-run ratios only). 300k changes over 100k keys, batches
+of 10k, one run: this process 4.2 s of CPU for "now" against 5.6 s for "dicts" and 5.0 s for
+"before" (13 against 17.5 us a record), PostgreSQL 1.9, 1.9 and 4.7 s; 1M changes over 300k keys,
+one run: 12.4 s against 17.2 s (11.6 against 16.1 us a record), PostgreSQL 10.0 and 9.7 s; wall
+time there followed the load (5.9k against 6.9k records/s at load 37 -> 25 and 25 -> 22). At
+issue #18's size (3M over 1M, batches of 20k, load 23-33) "now" took 59.2 s here and 34.9 s in
+PostgreSQL, 3.7k records/s; a run before this change (dicts, batches of 10k, load 16-21) 63.3
+and 38.3 s, 7.3k records/s (the same run's "dicts" was lost to a server restart). By step, each timed alone
+over the same records (200k over 1M keys from Kafka, batches of 20k, CPU time): reading
+through librdkafka and LogRecords 2.9-3.2 us a record either way; decoding 3.7-4.0 us (from
+5.5-7.1 us for dicts: orjson no longer builds the row, the C decoder builds the source block
+with the names and strings that repeat reused); ``SqlSink.write``'s Python side 6-7 us (from
+9-10 us): the reduction to the newest version per key (``orjson.dumps`` of each key and the
+dictionary work) is now its largest part, the C COPY loop a fraction of a microsecond a row
+alone, more among a batch's scattered objects. The server's CPU is unchanged by this (the same
+statements): at issue #18's size it is about as much as the Python side and bounds a bootstrap
+on two shared cores as much as Python does.
+
+Not done, and why: reducing before decoding pays only for keys repeated within one batch
+(about 1% at 20k records over 1M keys), and the decode it would skip is now the light one (no
+row); several partitions in parallel has no core to run on here, the Python thread and the
+server already take both.
 """
 
 from __future__ import annotations
@@ -73,7 +101,8 @@ def main() -> None:
                         help="also run \"now\" with the remembered-delete check as a per-row probe")
     parser.add_argument("--rebuild", action="store_true",
                         help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
-    parser.add_argument("--now-only", action="store_true", help="skip the \"before\" runs")
+    parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
+    parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -85,6 +114,7 @@ def main() -> None:
     from cdc.serde import EnvelopeEncoder
     from sinks.sql.config import SqlSinkConfig
     from sinks.sql.sink import SqlSink
+    DictRowsSqlSink = _dict_rows_sink()
 
     env = read_env()
     run_id = uuid.uuid4().hex[:8]
@@ -141,9 +171,12 @@ def main() -> None:
 
         del final
         gc.collect()
+        # The final rows stay alive for the check: a million dicts that every full garbage
+        # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
+        gc.freeze()
         for round_ in range(args.rounds):
             variants = [("now", True)] + ([("probed", True)] if args.probed_deletes else []) + \
-                ([] if args.now_only else [("before", False)]) + \
+                ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
                 name = f"{database}_{round_}{label}"
@@ -151,8 +184,10 @@ def main() -> None:
                     cur.execute(f'CREATE DATABASE "{name}"')
                 try:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
-                    sink = SqlSink(SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
-                                                 batch_size=args.batch))
+                    config = SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
+                                           batch_size=args.batch)
+                    # "dicts" and "before": every row decoded to a dict, as before the raw rows
+                    sink = (SqlSink if label not in ("dicts", "before") else DictRowsSqlSink)(config)
                     if label in ("probed", "before"):  # set once the sink has its applier
                         start = sink.start
 
@@ -194,6 +229,14 @@ def main() -> None:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def _dict_rows_sink():
+    from sinks.sql.sink import SqlSink
+
+    class DictRowsSqlSink(SqlSink):
+        raw_rows = False  # the runtime decodes every row to a dict (how it ran before the raw rows)
+    return DictRowsSqlSink
 
 
 class ServerCpu:

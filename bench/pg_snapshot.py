@@ -11,43 +11,72 @@ Steps, in one run on this machine:
   2. baseline: ``COPY (SELECT * FROM orders) TO STDOUT`` through psycopg2 ``copy_expert`` into a
      sink that drops the bytes, on a connection with the source's session settings: the ceiling of
      reading the table through this driver (one connection, no parsing).
-  3. ours, once per ``--workers`` count: a PostgresSource with ``snapshot: initial_only`` and that
-     many ``snapshot_workers`` (reader processes, snapshot/processes.py) (chunks of ``snapshot_chunk_pages``, the default unless given) in a
-     SourceRunner (this process, on a thread, as a worker runs it) into KafkaLog (acks=all), timed
+  3. ours, once per ``--workers`` count (each beside a COPY run just before it, printed too): a
+     PostgresSource with ``snapshot: initial_only`` and that many ``snapshot_workers`` (reader
+     processes, snapshot/processes.py; ``--threads`` also runs them as threads) (chunks of
+     ``snapshot_chunk_pages``, the default unless given) in a SourceRunner (this process, on a thread, as a worker runs it) into KafkaLog (acks=all), timed
      from its start (the slot with its exported snapshot included) until it finishes: every row
      acknowledged by Kafka and the position stored.
 Then slots, topics and the database are dropped. Target: ours >= 150,000 rows/s, and >= 40% of COPY.
 
-Where the time went (``--profile``, 300k rows, 2 cores shared with other work at load 5-8, so
-every figure is inflated alike; the profile covers the runner's thread only):
+Printed beside each run: the load average before and after it, and the CPU seconds per side
+(``ours``: this process with every thread, librdkafka's included, and the reader processes once
+they ended; ``PostgreSQL``: the backends of the run's database, sampled from /proc; ``broker``:
+the local Kafka broker's process). On these shared 2-core machines the wall-clock rates follow
+the load (COPY itself measured 0.2M-1.4M rows/s across runs of one afternoon); the CPU seconds
+per row do not, and they are what a snapshot costs. ``--producer KEY=VALUE`` overrides a
+producer setting (``compression.type=none`` ...).
 
-* reader threads (before): of 4.25 s, encoding and producing (``_speedups.emit`` with its Python
-  wrapper) took 1.8 s, the producer's ``poll`` 0.8 s and ``flush`` 0.8 s. The reader threads'
-  work (a Python ``write`` call per COPY row, cutting lines, building events) ran under the same
-  interpreter lock and shows up as those calls' own time: 2 readers did not add a reader's worth.
-* reader processes (now): of 6.0 s, 2.0 s waiting for the children's blocks (``select.poll``),
-  0.7 s reading them from the pipe, 0.8 s making events from the lines (split, int, Fragment),
-  1.0 s encoding and producing, 0.5 s the producer's ``poll``. The children's side (COPY rows
-  through psycopg2's per-row ``write``) and the server's (``row_to_json`` per row) run on the
-  same two cores as Kafka's broker and this process, so on this machine more processes than
-  cores only add contention.
+Where the time goes (1M rows; CPU per row, from those figures, py-spy and timing each step alone):
 
-Measured (1M rows, ``--threads``, 2 cores shared with other helpers, load average 10-12 during the
-runs; rows/s and share of the COPY rate measured in the same run):
+* before (issue #16 part 4 start): ours 4.4 us, PostgreSQL 3.1 us, broker 1.5 us per row. The
+  server's share was the row-JSON statement: 3.2 us of CPU per row for ``row_to_json`` over the
+  JSON expressions against 0.55 us for the plain ``COPY (SELECT <columns>)`` of the same table.
+* now the reader makes the row JSON from the plain COPY text (``sources/postgres/copy_json.py``,
+  C in ``_copyjson.c``, the same bytes): PostgreSQL 0.5 us per row. The publishing process spends
+  about 1.1 us per row making events (now in C for an integer key, ``int_key_events``), 0.25 us
+  encoding the envelopes (``_speedups.emit``), 0.9 us in ``Producer.produce`` and another 1.0 us
+  in librdkafka's threads (lz4, requests); the readers about 0.5-1 us (COPY, the JSON, the pipe,
+  and a second of process start-up per run). ``compression.type=none`` cost the broker more
+  (1.8-2.0 against 1.1 us per row in the same conditions) and this process no less, so lz4 stays.
+  ``produce_batch`` measured 0.3 us per record cheaper than ``produce`` alone, not enough to pay
+  for its per-record dicts and partial-failure handling.
 
-    COPY 409k; processes 1/2/4: 75k 70k 70k (17-18%); threads 1/2/4: 70k 97k 92k (17-24%)
-    COPY 468k; processes 1/2/4: 58k 69k 51k (11-15%); threads 1/2/4: 60k 78k 77k (13-17%)
+So a snapshot row now costs about 5.6 us of CPU in all with reader threads (ours 3.6, PostgreSQL
+0.5, broker 1.5) and 6.4-8.2 us with 1-4 reader processes (each pays its start-up and the pipe),
+against 8.4 and 9.8 us before, measured in the same hour at the same load (the "before" rows
+below: this bench with ``sources.postgres.copy_json._copyjson`` set to None, which is the code
+as it was); COPY costs about 0.7 us. Two cores at 5.6 us a row allow at most about 0.36M rows/s,
+25-35% of what COPY measured on a quiet machine (1.06-1.44M rows/s), and the Python producer
+path alone (produce, librdkafka, broker: about 3 us a row) is more than 40% of COPY allows on two
+cores. Under the loads these machines had (18-44), wall-clock rates follow the scheduler's share
+rather than the work: moving the row JSON from a server backend into our process cut the total
+CPU by a third but did not raise the loaded rates measurably.
 
-So on this machine the reader processes do not beat threads: with no idle core, moving the COPY
-reading out of the publishing process frees nothing that another process can use, and each block
-pays a pipe and a pickle. The 40%-of-COPY target is not reached either way; what is left per row
-in the publishing process (making the event, encoding the envelope, producing) is the limit.
+Measured (1M rows, 2 cores shared with other helpers; rows/s, share of the first COPY rate of the
+run and of the COPY run just before it, load average during the run):
+
+    before (code at the start of this work):
+      quiet:  COPY 1,441k; processes 1/2/4: 110k 104k 92k (8% 7% 6%)                      load 2-5
+      COPY 183k; processes 1/2: 24k 19k (13% 11%); threads 1/2: 38k 35k (21% 19%)        load 36-40
+              cpu per row: processes ours 5.0-5.6 + PostgreSQL 3.1 + broker 1.7 us;
+                           threads ours 3.9-4.0 + PostgreSQL 3.2 + broker 1.3-1.4 us
+    now:
+      COPY 405k; processes 1/2/4: 76k 66k 52k (19% 16% 13%)                               load 18-20
+      COPY 211k; processes 1/2/4: 33k 26k 20k (16% 13% 9%); threads 1/2/4: 30k 30k 29k (14%) load 33-41
+              cpu per row: processes ours 4.5-6.0 + PostgreSQL 0.5 + broker 1.4-1.7 us;
+                           threads ours 3.6-3.7 + PostgreSQL 0.5 + broker 1.4-1.5 us
+
+The 40%-of-COPY target was reached in no run. The new code could not be measured on a quiet
+machine (the load never fell below 18 after the change); by the CPU figures above it would not
+reach 40% there either.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import shutil
 import tempfile
 import time
@@ -55,6 +84,7 @@ import uuid
 
 import psycopg2
 
+from bench.bootstrap import ServerCpu
 from bench.pg_stream import (ORDERS_DDL, ORDERS_INSERT, RunnerThread, delete_topics, drop_slots, execute,
                              fresh_database, max_rss_mb, print_profile, source_config, stack_settings)
 
@@ -70,6 +100,73 @@ class NullSink:
     def write(self, data: bytes) -> int:
         self.bytes += len(data)
         return len(data)
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the local process listening on ``port`` (the dev stack's broker), from /proc;
+    None when it is not on this machine or not ours to see."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as file:
+                for row in file.readlines()[1:]:
+                    fields = row.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")
+        except OSError:
+            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by process ``pid`` (all its threads); 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of one run, per side: this process with its reader processes (every thread,
+    librdkafka's included), the PostgreSQL backends of the run's database, the Kafka broker."""
+
+    def __init__(self, dsn: str, database: str, broker_pid: int | None) -> None:
+        self.server = ServerCpu(dsn, database)
+        self.broker_pid = broker_pid
+
+    def __enter__(self) -> "CpuMeter":
+        self.load = os.getloadavg()[0]
+        self._ours = sum(os.times()[:4])
+        self._readers = sum(os.times()[2:4])
+        self._broker = process_cpu(self.broker_pid)
+        self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.__exit__(*exc)
+        self.ours = sum(os.times()[:4]) - self._ours
+        self.readers = sum(os.times()[2:4]) - self._readers  # the reader processes, once ended
+        self.broker = process_cpu(self.broker_pid) - self._broker
+        self.load_after = os.getloadavg()[0]
+
+    def text(self, rows: int) -> str:
+        server = self.server.total()
+        per_row = lambda s: f"{s:.1f}s ({s / rows * 1e6:.1f} us/row)"
+        parts = [f"ours {per_row(self.ours)}" + (f" of which readers {self.readers:.1f}s" if self.readers else ""),
+                 "PostgreSQL " + ("unknown" if server is None else per_row(server))]
+        if self.broker_pid is not None:
+            parts.append(f"broker {per_row(self.broker)}")
+        return f"    load {self.load:.1f} -> {self.load_after:.1f}; cpu: " + ", ".join(parts)
 
 
 def make_table(dsn: str, rows: int, step: int = 500_000) -> float:
@@ -141,6 +238,8 @@ def main() -> None:
     parser.add_argument("--chunk-pages", type=int, default=None,
                         help="snapshot_chunk_pages (default: the source's default)")
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
+                        help="a producer setting over the log's defaults (compression.type=none, linger.ms=50 ...)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
                         help="run the runner thread under cProfile (not the reader threads); top 15 by own time")
@@ -155,7 +254,8 @@ def main() -> None:
     run_id = uuid.uuid4().hex[:8]
     database = f"bench_snapshot_{run_id}"
     state_dir = tempfile.mkdtemp(prefix="bench-pg-snapshot-")
-    kafka = KafkaLog(settings["KAFKA_BOOTSTRAP"], TopicSettings(partitions=args.partitions))
+    producer = dict(item.split("=", 1) for item in args.producer)
+    kafka = KafkaLog(settings["KAFKA_BOOTSTRAP"], TopicSettings(partitions=args.partitions), producer_config=producer)
     prefixes = []
     try:
         with fresh_database(settings["PG_DSN"], database) as dsn:
@@ -163,11 +263,15 @@ def main() -> None:
             pages, size = execute(dsn, "SELECT pg_relation_size('orders') / 8192, "
                                        "pg_size_pretty(pg_relation_size('orders'))")[0]
             run_copy(dsn)  # once to warm the cache, not measured
-            seconds, nbytes = run_copy(dsn)
+            broker_pid = listening_pid(int(settings["KAFKA_BOOTSTRAP"].rsplit(":", 1)[1]))
+            with CpuMeter(settings["PG_DSN"], database, None) as cpu:
+                seconds, nbytes = run_copy(dsn)
             copy_rate = args.rows / seconds
             print(f"orders: {args.rows:,} rows, {size} ({pages:,} pages), made in {made:.1f}s; "
-                  f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions")
+                  f"{nbytes / args.rows:.0f} bytes of COPY text per row; Kafka acks=all, {args.partitions} partitions"
+                  + "".join(f", {k}={v}" for k, v in producer.items()))
             print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
+            print(cpu.text(args.rows), flush=True)
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
             for count, processes in runs:
                 kind = "p" if processes else "t"
@@ -179,13 +283,20 @@ def main() -> None:
                     overrides["snapshot_chunk_pages"] = args.chunk_pages
                 config = source_config(dsn, name, f"{state_dir}/{kind}{count}", **overrides)
                 profile = cProfile.Profile() if args.profile is not None else None
-                seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
+                # COPY again right before this run: on a shared machine the load moves within a
+                # run, and the ratio to the COPY next to it is the one less skewed by that.
+                copy_before = run_copy(dsn)[0]
+                with CpuMeter(settings["PG_DSN"], database, broker_pid) as cpu:
+                    seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
                          f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
+                      + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "
+                        f"{copy_before / seconds:.0%})"
                       + ("" if profile or rate >= TARGET else f"  BELOW the {TARGET:,} rows/s target")
                       + f"  peak RSS {max_rss_mb():.0f} MB")
+                print(cpu.text(args.rows), flush=True)
                 if stats.events != args.rows:
                     print(f"WARNING: {stats.events:,} events for {args.rows:,} rows")
                 if profile is not None:

@@ -3,9 +3,9 @@
     .venv/bin/cdc dev up --only kafka,spark
     .venv/bin/python -m bench.spark_merge [--changes 1000000] [--keys 100000] [--batch 100000]
                                           [--latency-seconds 30] [--rate 1000] [--trigger 1]
-                                          [--debezium-json]
+                                          [--debezium-json] [--event-log DIR]
 
-Steps, in one run, on one local Spark session (``local[2]``, shuffle partitions 4):
+Steps, in one run, on one local Spark session (``local[2]``, one shuffle partition per core):
   1. changes: ``--changes`` change events of an ``orders`` table over ``--keys`` keys (the
      columns of bench.sql_upsert), as the PostgreSQL source makes them: the first ``--keys`` are
      inserts of each key, the rest updates of random keys and 2% deletes, version = position.
@@ -29,23 +29,36 @@ metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the
 append), and the latency percentiles. Spark's fixed cost per job (seconds on a small machine)
 dominates small batches, so latency is bounded below by it.
 
-Where the time went (400k changes over 40k keys, batches of 40k, ``local[2]`` on a shared
-2-core machine at load 7-17, so every figure is several times what an idle machine gives), in
-seconds per run: merge 320-400, deletes 71-92, read 71-89, plan 4-15, table 5. Delta's MERGE
-is most of it: it materializes its source (a job and a local checkpoint), joins it with the
-table to find the touched files, then joins again to write them; the delete memory's append is
-a whole Delta write of its own per batch with deletes. Per-batch metadata (the table's schema,
-now read once per table until the sink changes it; properties; the schema topic's end offsets)
-is a few percent. Reading MERGE's source from the sink's own cache with
-``merge.materializeSource=none`` was tried and showed no gain within the noise of this
-machine. Figures of runs: append 7.1k rows/s vs MERGE 2.2k (0.31x, 1M changes, load 7-9);
-append 3.8k vs MERGE 0.8k (0.21x) and 2.7k vs 0.6k (0.23x) for 400k changes at load 7-17;
-micro-batches at 1k changes/s with a 1 s trigger took 13-31 s (p95) there.
+Where the time goes, by Spark's event log (``--event-log``; 40k-60k changes over 10k keys,
+batches of 10k, at load 17-41 on the shared 2-core machine, so every figure is many times what
+an idle machine gives). A type 1 batch with deletes is 17-20 Spark jobs: one reading and
+summarizing the batch (7-12 s there); Delta's snapshot of the table's new version (1 job); the
+MERGE: its source materialized (1-2 jobs), the table scanned for the files it touches (3 jobs),
+the changed rows written (2 jobs), deletion vectors written for the touched files (7-8 jobs);
+the delete memory: its snapshot and file listing for the join before the MERGE (2-3 jobs, 10-25
+s there), its append after it (1 job). Under half of a batch's wall time is inside those jobs:
+the rest is the driver (planning, Delta's log and snapshots, Py4J), which a loaded machine slows
+most. By phase (``spark_sinks.timing``) MERGE is ~60% of a batch, the delete memory's append
+~15%, the read ~13%. Tried: ``spark.sql.adaptive.enabled=false`` (the same jobs: Delta issues
+them itself), ``merge.materializeSource=none`` (no gain, an earlier round); kept: one shuffle
+partition per local core (four on ``local[2]`` wrote four files per batch, each then scanned and
+given a deletion vector by every later MERGE; now two), the delete memory as one file per batch,
+an absent delete memory asked for once.
+
+Figures, base (the sink before those three) and now run at the same time, 40k changes over 10k
+keys, batches of 10k, load 35-42: append 189 vs MERGE 67 rows/s (0.35x) before, append 194 vs
+MERGE 68 rows/s (0.35x) now: no difference within this machine's noise; neither reaches the
+0.5x the issue asks for. Latency at 1k changes/s, trigger 1 s, 20 s of writing at load 32-35:
+micro-batches of ~10k records took 73 s (now; 78 s before, the same run). Earlier rounds: append 7.1k
+rows/s vs MERGE 2.2k (0.31x, 1M changes, load 7-9); 3.8k vs 0.8k (0.21x) and 2.7k vs 0.6k
+(0.23x) for 400k changes at load 7-17; micro-batches at 1k changes/s with a 1 s trigger 13-31 s
+(p95) there.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -136,14 +149,14 @@ def batches(spark, path: str, changes: int, size: int):
 
 
 def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
-    from spark_sinks.parse import columns_of, envelopes
+    from spark_sinks.parse import RowDecoder, envelopes
     from spark_sinks.schemas import TableShape
 
-    struct = TableShape.from_record(schema_record()).struct()
+    decoder = RowDecoder(TableShape.from_record(schema_record()).struct(), {}, None, set())
     began = time.perf_counter()
     for _, batch in batches(spark, data, changes, size):
-        parsed = envelopes(batch)
-        (parsed.select(*columns_of(F.col("data"), struct, {}), "__cdc_key", F.col("version").alias("__cdc_version"),
+        parsed = decoder.prepare(envelopes(batch))
+        (parsed.select(*decoder.columns(), "__cdc_key", F.col("version").alias("__cdc_version"),
                        F.col("op").alias("__cdc_op"), F.col("ts_ms").alias("__cdc_ts_ms"))
          .write.format("delta").mode("append").save(target))
     return time.perf_counter() - began
@@ -241,6 +254,42 @@ def run_latency(spark, bootstrap: str, root: str, seconds: float, rate: int, tri
         log.close()
 
 
+def job_lines(event_dir: str, reports) -> list[str]:
+    """Spark's jobs during ``reports``' batches, from the event log in ``event_dir`` (written
+    uncompressed): seconds and count per job description, largest first, and the share of the
+    batches' wall time spent inside jobs (the rest is the driver: planning, Delta's log and
+    snapshots, Py4J)."""
+    import glob
+    import json
+
+    jobs: dict[int, dict] = {}
+    for path in sorted(glob.glob(f"{event_dir}/**/*", recursive=True)):
+        if os.path.isdir(path) or "appstatus" in path:
+            continue
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                event = json.loads(line)
+                if event["Event"] == "SparkListenerJobStart":
+                    props = event.get("Properties") or {}
+                    jobs[event["Job ID"]] = {"start": event["Submission Time"] / 1000, "end": None, "what": (
+                        props.get("spark.job.description") or props.get("callSite.short") or "?")[:90]}
+                elif event["Event"] == "SparkListenerJobEnd" and event["Job ID"] in jobs:
+                    jobs[event["Job ID"]]["end"] = event["Completion Time"] / 1000
+    spans = [(b.finished - b.seconds, b.finished) for b in reports]
+    seconds: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for job in jobs.values():
+        if job["end"] is not None and any(start <= job["start"] <= end for start, end in spans):
+            seconds[job["what"]] = seconds.get(job["what"], 0.0) + job["end"] - job["start"]
+            count[job["what"]] = count.get(job["what"], 0) + 1
+    wall = sum(end - start for start, end in spans)
+    out = [f"          Spark jobs: {sum(count.values())} in {len(reports)} batches, {sum(seconds.values()):.1f}s "
+           f"of {wall:.1f}s wall inside jobs"]
+    out += [f"            {secs:7.1f}s  x{count[what]:<3d} {what}"
+            for what, secs in sorted(seconds.items(), key=lambda item: -item[1])[:15]]
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -257,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--debezium-json", action="store_true",
                         help="also MERGE the same changes in the debezium-json format")
     parser.add_argument("--driver-memory", default="3g")
+    parser.add_argument("--event-log", metavar="DIR",
+                        help="write Spark's event log to DIR and print the MERGE batches' jobs from it")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark SQL setting for the run (repeatable)")
     args = parser.parse_args(argv)
@@ -266,8 +317,12 @@ def main(argv: list[str] | None = None) -> None:
 
     env = read_env()
     jars = env.get("SPARK_JARS")
+    if args.event_log:
+        os.makedirs(args.event_log, exist_ok=True)   # Spark refuses a directory that is not there
+    events = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log,
+              "spark.eventLog.compress": "false"} if args.event_log else {}
     spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else None,
-                          driver_memory=args.driver_memory)
+                          driver_memory=args.driver_memory, conf=events)
     for setting in args.conf:
         key, _, value = setting.partition("=")
         spark.conf.set(key, value)
@@ -277,16 +332,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"generating {args.changes:,} changes over {args.keys:,} keys ...", flush=True)
         make_changes(spark, data, args.changes, args.keys)
 
+        load = os.getloadavg()[0]
         append_s = run_append(spark, data, f"{work}/append", args.changes, args.batch)
         print(f"baseline  Delta append   {args.changes:>10,} rows in {append_s:7.1f}s  "
-              f"{args.changes / append_s:>10,.0f} rows/s", flush=True)
+              f"{args.changes / append_s:>10,.0f} rows/s  (load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+        load = os.getloadavg()[0]
         merge_s, merged = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
         live = check(spark, data, f"{work}/lake/public/orders")
         print(f"ours      MERGE          {args.changes:>10,} rows in {merge_s:7.1f}s  "
               f"{args.changes / merge_s:>10,.0f} rows/s  ({merge_s / append_s:.1f}x the append's time; "
-              f"{live:,} live keys checked)", flush=True)
+              f"{live:,} live keys checked; load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
         print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in merged) + " s")
         print(f"          seconds per phase: {phase_line(merged)}", flush=True)
+        if args.event_log:
+            print("\n".join(job_lines(args.event_log, merged)), flush=True)
 
         if args.debezium_json:
             connect_data = f"{work}/changes-debezium.parquet"
@@ -303,12 +362,14 @@ def main(argv: list[str] | None = None) -> None:
             bootstrap = env.get("KAFKA_BOOTSTRAP")
             if not bootstrap:
                 raise SystemExit("no KAFKA_BOOTSTRAP: run `.venv/bin/cdc dev up --only kafka`")
+            load = os.getloadavg()[0]
             reports = run_latency(spark, bootstrap, f"{work}/latency", args.latency_seconds, args.rate, args.trigger)
             oldest = [b.finished - b.oldest_ms / 1000 for b in reports]
             newest = [b.finished - b.newest_ms / 1000 for b in reports]
             durations = [b.seconds for b in reports]
             print(f"latency   {len(reports)} micro-batches at {args.rate:,} changes/s, trigger {args.trigger:g}s, "
-                  f"{statistics.mean(b.records for b in reports):,.0f} records/batch")
+                  f"{statistics.mean(b.records for b in reports):,.0f} records/batch  "
+                  f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})")
             print(f"          batch duration p50 {percentile(durations, .5):.1f}s  "
                   f"p95 {percentile(durations, .95):.1f}s  max {max(durations):.1f}s")
             print(f"          seconds per phase: {phase_line(reports)}")

@@ -1,4 +1,5 @@
-/* The encoding loop of cdc.serde.EnvelopeEncoder.emit, in C.
+/* The encoding loop of cdc.serde.EnvelopeEncoder.emit, in C; and, further down, the sink side's
+ * envelope decoder and COPY loop for rows left as JSON bytes (cdc/sink_events.py, sinks/sql/copy_rows.py).
  *
  * Optional: cdc/serde.py uses it when it was built (setup.py, `optional=True`) and otherwise
  * runs its own Python loop, which stays the reference. Both make the same bytes
@@ -350,20 +351,908 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 
+/* ---------------------------------------------------------------------------------------------
+ * The sink side: plain json envelopes read without building their rows (issue #18).
+ *
+ * decode_envelopes(records, SinkEvent, ops, loads) -> list, per LogRecord its SinkEvent with
+ *   `after` left as the bytes of the row object, or None. The value is checked as strictly as
+ *   orjson.loads checks it (UTF-8, escapes and surrogate pairs, numbers that fit a double, no
+ *   trailing bytes); the source block is built here (its names and repeated strings reused from
+ *   the record before), the key and a delete's before by loads (orjson.loads). None for anything
+ *   else: a tombstone, not JSON, not an object, Connect JSON or Avro, an unknown op, a version
+ *   that is not an int, an escaped member name; cdc/sink_events.py then decodes the record the
+ *   general way (which raises its PoisonRecord or reads the other format), so this path never
+ *   accepts what that one refuses.
+ * copy_rows(pairs, names, kinds, nested, rest) -> bytes: the COPY text lines of
+ *   sinks/sql/copy_rows.py's formatter for the (key JSON, SinkEvent) pairs whose after is JSON
+ *   bytes; the pairs with a decoded after are appended to the list rest, for the Python loop;
+ *   kinds has a byte per column: 'v' a value, 'j' a json column, 'x' skipped (NULL). nested(span)
+ *   gives the text of an object or array value and of any json column's value (orjson there, so
+ *   the bytes are the formatter's); floats are written as repr writes them.
+ * unknown_names(afters, names, loads) -> set of the member names of the after objects not in
+ *   names (loads, orjson.loads, decodes a name with escapes).
+ * ------------------------------------------------------------------------------------------- */
+
+#define MAX_DEPTH 1000
+
+typedef struct {
+    const unsigned char *p, *end;
+} Scan;
+
+static void
+skip_ws(Scan *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
+        s->p++;
+}
+
+static int
+hex4(const unsigned char *p, unsigned int *out)
+{
+    unsigned int v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= c - '0';
+        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Length of a valid UTF-8 sequence at p (first byte >= 0x80), 0 if invalid. */
+static int
+utf8_len(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char c = p[0];
+    int n;
+    unsigned int cp;
+    if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
+    else return 0;
+    if (end - p < n) return 0;
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        return 0;
+    return n;
+}
+
+/* s->p at '"': checks the string, moves past its closing quote; *escaped when it has a backslash. */
+static int
+scan_string(Scan *s, int *escaped)
+{
+    const unsigned char *p = s->p + 1, *end = s->end;
+    *escaped = 0;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c == '"') {
+            s->p = p + 1;
+            return 1;
+        }
+        if (c < 0x20)
+            return 0;
+        if (c == '\\') {
+            *escaped = 1;
+            if (p + 1 >= end) return 0;
+            unsigned char e = p[1];
+            if (e == 'u') {
+                unsigned int u, low;
+                if (end - p < 6 || !hex4(p + 2, &u)) return 0;
+                p += 6;
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !hex4(p + 2, &low) || low < 0xDC00 || low > 0xDFFF)
+                        return 0;
+                    p += 6;
+                } else if (u >= 0xDC00 && u <= 0xDFFF) {
+                    return 0;
+                }
+                continue;
+            }
+            if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't')
+                return 0;
+            p += 2;
+            continue;
+        }
+        if (c >= 0x80) {
+            int n = utf8_len(p, end);
+            if (!n) return 0;
+            p += n;
+            continue;
+        }
+        p++;
+    }
+    return 0;
+}
+
+/* An integer literal orjson reads as an int (-2**63 .. 2**64-1)? */
+static int
+int_fits(const unsigned char *p, Py_ssize_t n)
+{
+    int neg = p[0] == '-';
+    const unsigned char *d = p + neg;
+    Py_ssize_t len = n - neg;
+    const char *limit = neg ? "9223372036854775808" : "18446744073709551615";
+    if (len < 19 || (len == 19 && neg == 0)) return 1;
+    if (len > (Py_ssize_t)strlen(limit)) return 0;
+    if (len < (Py_ssize_t)strlen(limit)) return 1;
+    return memcmp(d, limit, len) <= 0;
+}
+
+/* The double of a number literal (which orjson reads as a float); 0 if it is out of range. */
+static int
+number_double(const unsigned char *p, Py_ssize_t n, double *out)
+{
+    char buf[128];
+    char *heap = NULL, *text = buf;
+    if (n >= (Py_ssize_t)sizeof(buf)) {
+        if ((heap = PyMem_Malloc(n + 1)) == NULL) return 0;
+        text = heap;
+    }
+    memcpy(text, p, n);
+    text[n] = 0;
+    char *stop;
+    double d = PyOS_string_to_double(text, &stop, NULL);
+    int ok = !(d == -1.0 && PyErr_Occurred()) && !Py_IS_INFINITY(d) && stop == text + n;
+    if (PyErr_Occurred()) PyErr_Clear();
+    PyMem_Free(heap);
+    *out = d;
+    return ok;
+}
+
+/* s->p at a number: checks it; *is_int when orjson reads it as an int. */
+static int
+scan_number(Scan *s, int *is_int)
+{
+    const unsigned char *start = s->p, *p = s->p, *end = s->end;
+    int integral = 1;
+    if (p < end && *p == '-') p++;
+    if (p >= end) return 0;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') { while (p < end && *p >= '0' && *p <= '9') p++; }
+    else return 0;
+    if (p < end && *p == '.') {
+        integral = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return 0;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        integral = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (p >= end || *p < '0' || *p > '9') return 0;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    s->p = p;
+    if (integral && int_fits(start, p - start)) {
+        *is_int = 1;
+        return 1;
+    }
+    *is_int = 0;
+    double d;
+    return number_double(start, p - start, &d);
+}
+
+static int
+scan_value(Scan *s, int depth)
+{
+    int flag;
+    skip_ws(s);
+    if (s->p >= s->end) return 0;
+    unsigned char c = *s->p;
+    if (c == '"') return scan_string(s, &flag);
+    if (c == '{' || c == '[') {
+        unsigned char close = c == '{' ? '}' : ']';
+        if (depth >= MAX_DEPTH) return 0;
+        s->p++;
+        skip_ws(s);
+        if (s->p < s->end && *s->p == close) { s->p++; return 1; }
+        for (;;) {
+            if (c == '{') {
+                skip_ws(s);
+                if (s->p >= s->end || *s->p != '"' || !scan_string(s, &flag)) return 0;
+                skip_ws(s);
+                if (s->p >= s->end || *s->p != ':') return 0;
+                s->p++;
+            }
+            if (!scan_value(s, depth + 1)) return 0;
+            skip_ws(s);
+            if (s->p >= s->end) return 0;
+            if (*s->p == ',') { s->p++; continue; }
+            if (*s->p == close) { s->p++; return 1; }
+            return 0;
+        }
+    }
+    if (c == 't' || c == 'f' || c == 'n') {
+        const char *word = c == 't' ? "true" : c == 'f' ? "false" : "null";
+        size_t n = strlen(word);
+        if ((size_t)(s->end - s->p) < n || memcmp(s->p, word, n) != 0) return 0;
+        s->p += n;
+        return 1;
+    }
+    return scan_number(s, &flag);
+}
+
+/* One member of an object: its name (raw, between the quotes) and its value's span. */
+typedef struct {
+    const unsigned char *name;
+    Py_ssize_t name_len;
+    int escaped;
+    const unsigned char *value, *value_end;
+} Member;
+
+typedef struct {
+    Member *items;
+    Py_ssize_t len, cap;
+} Members;
+
+/* The members of the object at s->p (checked); 0 if it is not a valid object. */
+static int
+scan_object(Scan *s, Members *m)
+{
+    m->len = 0;
+    skip_ws(s);
+    if (s->p >= s->end || *s->p != '{') return 0;
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == '}') { s->p++; return 1; }
+    for (;;) {
+        skip_ws(s);
+        if (s->p >= s->end || *s->p != '"') return 0;
+        Member item;
+        item.name = s->p + 1;
+        if (!scan_string(s, &item.escaped)) return 0;
+        item.name_len = s->p - 1 - item.name;
+        skip_ws(s);
+        if (s->p >= s->end || *s->p != ':') return 0;
+        s->p++;
+        skip_ws(s);
+        item.value = s->p;
+        if (!scan_value(s, 1)) return 0;
+        item.value_end = s->p;
+        if (m->len == m->cap) {
+            Py_ssize_t cap = m->cap ? m->cap * 2 : 16;
+            Member *grown = PyMem_Realloc(m->items, cap * sizeof(Member));
+            if (grown == NULL) { PyErr_NoMemory(); return -1; }
+            m->items = grown;
+            m->cap = cap;
+        }
+        m->items[m->len++] = item;
+        skip_ws(s);
+        if (s->p >= s->end) return 0;
+        if (*s->p == ',') { s->p++; continue; }
+        if (*s->p == '}') { s->p++; return 1; }
+        return 0;
+    }
+}
+
+static int
+name_is(const Member *m, const char *name)
+{
+    size_t n = strlen(name);
+    return !m->escaped && (size_t)m->name_len == n && memcmp(m->name, name, n) == 0;
+}
+
+static PyObject *
+span_bytes(const Member *m)
+{
+    return PyBytes_FromStringAndSize((const char *)m->value, m->value_end - m->value);
+}
+
+/* The last names and string values of a source block, reused while the next has the same bytes
+ * at the same place (a table's events repeat connector, name, db, table ...). */
+#define SOURCE_CACHE 32
+typedef struct {
+    PyObject *name[SOURCE_CACHE], *text[SOURCE_CACHE];
+    Py_ssize_t name_len[SOURCE_CACHE], text_len[SOURCE_CACHE];
+} SourceCache;
+
+static void
+source_cache_clear(SourceCache *c)
+{
+    for (int i = 0; i < SOURCE_CACHE; i++) {
+        Py_CLEAR(c->name[i]);
+        Py_CLEAR(c->text[i]);
+    }
+}
+
+/* A str for the checked, unescaped UTF-8 bytes [p, p+n), from the cache slot when it matches. */
+static PyObject *
+cached_str(PyObject **slot, Py_ssize_t *slot_len, const unsigned char *p, Py_ssize_t n)
+{
+    if (*slot != NULL && *slot_len == n) {
+        Py_ssize_t len;
+        const char *have = PyUnicode_AsUTF8AndSize(*slot, &len);
+        if (have != NULL && len == n && memcmp(have, p, n) == 0)
+            return Py_NewRef(*slot);
+    }
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    if (s == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(s));
+    *slot_len = n;
+    return s;
+}
+
+/* One member value of a source block as orjson gives it; loads() for anything but plain
+ * strings, integers of 64 bits, true, false and null. */
+static PyObject *
+member_value(const Member *m, PyObject *loads, SourceCache *cache, int index)
+{
+    const unsigned char *p = m->value;
+    Py_ssize_t n = m->value_end - p;
+    switch (*p) {
+    case '"':
+        if (!memchr(p, '\\', n)) {
+            if (index < SOURCE_CACHE)
+                return cached_str(&cache->text[index], &cache->text_len[index], p + 1, n - 2);
+            return PyUnicode_DecodeUTF8((const char *)p + 1, n - 2, NULL);
+        }
+        break;
+    case 't': Py_RETURN_TRUE;
+    case 'f': Py_RETURN_FALSE;
+    case 'n': Py_RETURN_NONE;
+    case '{': case '[': break;
+    default:
+        if (n < 19 && !memchr(p, '.', n) && !memchr(p, 'e', n) && !memchr(p, 'E', n)) {
+            long long v = 0;
+            int neg = *p == '-';
+            for (Py_ssize_t i = neg; i < n; i++) v = v * 10 + (p[i] - '0');
+            return PyLong_FromLongLong(neg ? -v : v);
+        }
+    }
+    PyObject *span = span_bytes(m);
+    if (span == NULL) return NULL;
+    PyObject *value = PyObject_CallOneArg(loads, span);
+    Py_DECREF(span);
+    return value;
+}
+
+/* The dict of a (checked) source object, or NULL with an error. */
+static PyObject *
+source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cache)
+{
+    Scan s = {source->value, source->value_end};
+    int ok = scan_object(&s, m);
+    if (ok < 0) return NULL;
+    PyObject *dict = PyDict_New();
+    if (dict == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < m->len; i++) {
+        const Member *item = &m->items[i];
+        PyObject *name;
+        if (item->escaped) {
+            PyObject *span = PyBytes_FromStringAndSize((const char *)item->name - 1, item->name_len + 2);
+            if (span == NULL) { Py_DECREF(dict); return NULL; }
+            name = PyObject_CallOneArg(loads, span);
+            Py_DECREF(span);
+        } else if (i < SOURCE_CACHE) {
+            name = cached_str(&cache->name[i], &cache->name_len[i], item->name, item->name_len);
+        } else {
+            name = PyUnicode_DecodeUTF8((const char *)item->name, item->name_len, NULL);
+        }
+        if (name == NULL) { Py_DECREF(dict); return NULL; }
+        PyObject *value = member_value(item, loads, cache, (int)i);
+        if (value == NULL || PyDict_SetItem(dict, name, value) < 0) {
+            Py_DECREF(name); Py_XDECREF(value); Py_DECREF(dict);
+            return NULL;
+        }
+        Py_DECREF(name);
+        Py_DECREF(value);
+    }
+    return dict;
+}
+
+/* The record key as decode_key gives it for a plain JSON object key; Py_None (a new reference)
+ * when it is anything else (Avro, Connect JSON, not an object, not JSON): the general path then. */
+static PyObject *
+plain_key(PyObject *key, PyObject *loads)
+{
+    if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) == 0 || PyBytes_AS_STRING(key)[0] == 0)
+        Py_RETURN_NONE;
+    PyObject *value = PyObject_CallOneArg(loads, key);
+    if (value == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!PyDict_CheckExact(value) || (PyDict_GET_SIZE(value) == 2 && PyDict_GetItemString(value, "payload") &&
+                                      PyDict_GetItemString(value, "schema"))) {
+        Py_DECREF(value);
+        Py_RETURN_NONE;
+    }
+    return value;
+}
+
+/* The SinkEvent of one record, or Py_None: see decode_envelopes. */
+static PyObject *
+decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, Members *m, Members *sm,
+           SourceCache *cache)
+{
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 5) {
+        PyErr_SetString(PyExc_TypeError, "a record is (topic, partition, offset, key, value, ...)");
+        return NULL;
+    }
+    PyObject *value = PyTuple_GET_ITEM(record, 4);
+    if (!PyBytes_Check(value))
+        Py_RETURN_NONE;
+    Scan s = {(const unsigned char *)PyBytes_AS_STRING(value),
+              (const unsigned char *)PyBytes_AS_STRING(value) + PyBytes_GET_SIZE(value)};
+    int ok = scan_object(&s, m);
+    if (ok < 0) return NULL;
+    skip_ws(&s);
+    if (!ok || s.p != s.end)
+        Py_RETURN_NONE;
+    const Member *op = NULL, *before = NULL, *after = NULL, *source = NULL, *ts = NULL;
+    for (Py_ssize_t i = 0; i < m->len; i++) {  /* a name given twice: the last one, as orjson */
+        const Member *item = &m->items[i];
+        if (item->escaped)
+            Py_RETURN_NONE;  /* an escaped name might be one of these: the general path */
+        if (name_is(item, "op")) op = item;
+        else if (name_is(item, "before")) before = item;
+        else if (name_is(item, "after")) after = item;
+        else if (name_is(item, "source")) source = item;
+        else if (name_is(item, "ts_ms")) ts = item;
+    }
+    if (op == NULL || *op->value != '"' || source == NULL || *source->value != '{')
+        Py_RETURN_NONE;
+    if (memchr(op->value, '\\', op->value_end - op->value))
+        Py_RETURN_NONE;
+    if ((before && *before->value != '{' && *before->value != 'n') || (after && *after->value != '{' && *after->value != 'n'))
+        Py_RETURN_NONE;
+    PyObject *op_text = PyUnicode_DecodeUTF8((const char *)op->value + 1, op->value_end - op->value - 2, NULL);
+    if (op_text == NULL) return NULL;
+    PyObject *op_value = PyDict_GetItemWithError(ops, op_text);  /* borrowed */
+    Py_DECREF(op_text);
+    if (op_value == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;  /* not an op: the general path says so (a PoisonRecord) */
+    }
+    PyObject *ts_ms;
+    if (ts == NULL || *ts->value == 'n') {
+        ts_ms = Py_NewRef(Py_None);
+    } else {
+        Py_ssize_t n = ts->value_end - ts->value;
+        char buf[32];
+        if (n >= (Py_ssize_t)sizeof(buf) || memchr(ts->value, '.', n) || memchr(ts->value, 'e', n) ||
+            memchr(ts->value, 'E', n) || *ts->value == '"' || *ts->value == '{' || *ts->value == '[' ||
+            *ts->value == 't' || *ts->value == 'f' || !int_fits(ts->value, n))
+            Py_RETURN_NONE;
+        memcpy(buf, ts->value, n);
+        buf[n] = 0;
+        if ((ts_ms = PyLong_FromString(buf, NULL, 10)) == NULL)
+            return NULL;
+    }
+    PyObject *key = NULL, *source_d = NULL, *before_d = NULL, *after_b = NULL, *event = NULL;
+    if ((key = plain_key(PyTuple_GET_ITEM(record, 3), loads)) == NULL) goto done;
+    if (key == Py_None) { event = Py_NewRef(Py_None); goto done; }
+    if ((source_d = source_dict(source, loads, sm, cache)) == NULL) goto done;
+    PyObject *version = PyDict_GetItemString(source_d, "version");  /* borrowed */
+    if (version == NULL || !PyLong_CheckExact(version)) { event = Py_NewRef(Py_None); goto done; }
+    if (before && *before->value == '{') {
+        PyObject *span = span_bytes(before);
+        if (span == NULL) goto done;
+        before_d = PyObject_CallOneArg(loads, span);
+        Py_DECREF(span);
+        if (before_d == NULL) goto done;
+    } else {
+        before_d = Py_NewRef(Py_None);
+    }
+    after_b = after && *after->value == '{' ? span_bytes(after) : Py_NewRef(Py_None);
+    if (after_b == NULL) goto done;
+    event = event_type->tp_alloc(event_type, 10);
+    if (event == NULL) goto done;
+    PyObject *items[10] = {PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), PyTuple_GET_ITEM(record, 2),
+                           key, op_value, before_d, after_b, version, source_d, ts_ms};
+    for (int i = 0; i < 10; i++)
+        PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(source_d);
+    Py_XDECREF(before_d);
+    Py_XDECREF(after_b);
+    Py_DECREF(ts_ms);
+    return event;
+}
+
+static PyObject *
+speedups_decode_envelopes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "decode_envelopes(records, SinkEvent, ops, loads)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "records must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    Members m = {NULL, 0, 0}, sm = {NULL, 0, 0};
+    SourceCache cache;
+    memset(&cache, 0, sizeof(cache));
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *one = decode_one(PySequence_Fast_GET_ITEM(seq, i), (PyTypeObject *)args[1], args[2], args[3],
+                                   &m, &sm, &cache);
+        if (one == NULL) goto fail;
+        PyList_SET_ITEM(out, i, one);
+    }
+    PyMem_Free(m.items);
+    PyMem_Free(sm.items);
+    source_cache_clear(&cache);
+    Py_DECREF(seq);
+    return out;
+fail:
+    PyMem_Free(m.items);
+    PyMem_Free(sm.items);
+    source_cache_clear(&cache);
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* A growing output buffer. */
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Out;
+
+static int
+out_reserve(Out *o, Py_ssize_t extra)
+{
+    if (o->len + extra <= o->cap) return 1;
+    Py_ssize_t cap = o->cap ? o->cap : 4096;
+    while (cap < o->len + extra) cap *= 2;
+    char *grown = PyMem_Realloc(o->data, cap);
+    if (grown == NULL) { PyErr_NoMemory(); return 0; }
+    o->data = grown;
+    o->cap = cap;
+    return 1;
+}
+
+static int
+out_put(Out *o, const char *p, Py_ssize_t n)
+{
+    if (!out_reserve(o, n)) return 0;
+    memcpy(o->data + o->len, p, n);
+    o->len += n;
+    return 1;
+}
+
+/* A byte as COPY text writes it: backslash, tab, newline and carriage return escaped. */
+static inline void
+copy_byte(Out *o, unsigned char c)
+{
+    switch (c) {
+    case '\\': o->data[o->len++] = '\\'; o->data[o->len++] = '\\'; break;
+    case '\t': o->data[o->len++] = '\\'; o->data[o->len++] = 't'; break;
+    case '\n': o->data[o->len++] = '\\'; o->data[o->len++] = 'n'; break;
+    case '\r': o->data[o->len++] = '\\'; o->data[o->len++] = 'r'; break;
+    default: o->data[o->len++] = (char)c;
+    }
+}
+
+static void
+put_utf8(Out *o, unsigned int cp)
+{
+    if (cp < 0x80) { copy_byte(o, (unsigned char)cp); return; }
+    if (cp < 0x800) {
+        o->data[o->len++] = (char)(0xC0 | (cp >> 6));
+    } else if (cp < 0x10000) {
+        o->data[o->len++] = (char)(0xE0 | (cp >> 12));
+        o->data[o->len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    } else {
+        o->data[o->len++] = (char)(0xF0 | (cp >> 18));
+        o->data[o->len++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        o->data[o->len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    }
+    o->data[o->len++] = (char)(0x80 | (cp & 0x3F));
+}
+
+/* The checked JSON string [p, end) (between its quotes) decoded, as COPY text. */
+static int
+put_string(Out *o, const unsigned char *p, const unsigned char *end)
+{
+    if (!out_reserve(o, 2 * (end - p))) return 0;  /* no escape grows past twice its bytes */
+    while (p < end) {
+        unsigned char c = *p;
+        if (c != '\\') { copy_byte(o, c); p++; continue; }
+        unsigned char e = p[1];
+        p += 2;
+        switch (e) {
+        case 'b': copy_byte(o, '\b'); break;
+        case 'f': copy_byte(o, '\f'); break;
+        case 'n': copy_byte(o, '\n'); break;
+        case 'r': copy_byte(o, '\r'); break;
+        case 't': copy_byte(o, '\t'); break;
+        case 'u': {
+            unsigned int u, low;
+            hex4(p, &u);
+            p += 4;
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                hex4(p + 2, &low);
+                p += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (low - 0xDC00);
+            }
+            put_utf8(o, u);
+            break;
+        }
+        default: copy_byte(o, e);  /* " \ / */
+        }
+    }
+    return 1;
+}
+
+static int
+put_text(Out *o, PyObject *text)
+{
+    Py_ssize_t n;
+    const char *p;
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "nested() must return a str");
+        return 0;
+    }
+    if ((p = PyUnicode_AsUTF8AndSize(text, &n)) == NULL) return 0;
+    return out_put(o, p, n);
+}
+
+static int
+put_nested(Out *o, PyObject *nested, const Member *m)
+{
+    PyObject *span = span_bytes(m);
+    if (span == NULL) return 0;
+    PyObject *text = PyObject_CallOneArg(nested, span);
+    Py_DECREF(span);
+    if (text == NULL) return 0;
+    int ok = put_text(o, text);
+    Py_DECREF(text);
+    return ok;
+}
+
+/* One value (kind 'v') as the formatter's text(value) writes it. */
+static int
+put_value(Out *o, PyObject *nested, const Member *m)
+{
+    const unsigned char *p = m->value;
+    Py_ssize_t n = m->value_end - p;
+    switch (*p) {
+    case '"': return put_string(o, p + 1, m->value_end - 1);
+    case 'n': return out_put(o, "\\N", 2);
+    case 't': return out_put(o, "true", 4);
+    case 'f': return out_put(o, "false", 5);
+    case '{': case '[': return put_nested(o, nested, m);
+    }
+    int integral = !memchr(p, '.', n) && !memchr(p, 'e', n) && !memchr(p, 'E', n);
+    if (integral && int_fits(p, n)) {
+        if (n == 2 && p[0] == '-' && p[1] == '0') return out_put(o, "0", 1);
+        return out_put(o, (const char *)p, n);
+    }
+    double d;
+    if (!number_double(p, n, &d)) {
+        PyErr_SetString(PyExc_ValueError, "a number out of range");
+        return 0;
+    }
+    char *repr = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (repr == NULL) return 0;
+    int ok = out_put(o, repr, strlen(repr));
+    PyMem_Free(repr);
+    return ok;
+}
+
+/* The index of the column a member names, -1 if none; `hint` is tried first (rows list their
+ * columns in order, so it is usually right). */
+static Py_ssize_t
+column_of(const Member *m, const char **names, const Py_ssize_t *lens, Py_ssize_t count, Py_ssize_t hint,
+          Out *scratch)
+{
+    const unsigned char *name = m->name;
+    Py_ssize_t len = m->name_len;
+    if (m->escaped) {  /* compare the decoded name (as COPY text it is the same unless it has \ tab nl cr) */
+        scratch->len = 0;
+        if (!put_string(scratch, m->name, m->name + m->name_len)) return -2;
+        if (memchr(scratch->data, '\\', scratch->len)) return -3;  /* needs the exact name: the caller decides */
+        name = (const unsigned char *)scratch->data;
+        len = scratch->len;
+    }
+    if (hint < count && lens[hint] == len && memcmp(names[hint], name, len) == 0) return hint;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (lens[i] == len && memcmp(names[i], name, len) == 0) return i;
+    return -1;
+}
+
+static PyObject *
+speedups_copy_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "copy_rows(pairs, names, kinds, nested, rest)");
+        return NULL;
+    }
+    PyObject *rest = args[4];
+    PyObject *rows = PySequence_Fast(args[0], "rows must be a sequence");
+    if (rows == NULL) return NULL;
+    PyObject *names_seq = PySequence_Fast(args[1], "names must be a sequence");
+    if (names_seq == NULL) { Py_DECREF(rows); return NULL; }
+    PyObject *kinds = args[2], *nested = args[3];
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(names_seq);
+    const char **names = NULL;
+    Py_ssize_t *lens = NULL;
+    const Member **values = NULL;
+    Members m = {NULL, 0, 0};
+    Out o = {NULL, 0, 0}, scratch = {NULL, 0, 0};
+    PyObject *result = NULL;
+    if (!PyBytes_Check(kinds) || PyBytes_GET_SIZE(kinds) != count) {
+        PyErr_SetString(PyExc_TypeError, "kinds must be bytes, one per name");
+        goto done;
+    }
+    const char *kind = PyBytes_AS_STRING(kinds);
+    names = PyMem_Calloc(count + 1, sizeof(char *));
+    lens = PyMem_Calloc(count + 1, sizeof(Py_ssize_t));
+    values = PyMem_Calloc(count + 1, sizeof(Member *));
+    if (names == NULL || lens == NULL || values == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PySequence_Fast_GET_ITEM(names_seq, i);
+        if (!PyUnicode_Check(name)) { PyErr_SetString(PyExc_TypeError, "names must be str"); goto done; }
+        if ((names[i] = PyUnicode_AsUTF8AndSize(name, &lens[i])) == NULL) goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(rows);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(rows, r);
+        PyObject *key, *event, *version, *after;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(row, 1)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(row, 1)) < 8) {
+            PyErr_SetString(PyExc_TypeError, "a row is (key JSON, SinkEvent)");
+            goto done;
+        }
+        key = PyTuple_GET_ITEM(row, 0);
+        event = PyTuple_GET_ITEM(row, 1);
+        after = PyTuple_GET_ITEM(event, 6);
+        version = PyTuple_GET_ITEM(event, 7);
+        if (!PyBytes_Check(after)) {  /* a decoded row: for the Python loop */
+            if (PyList_Append(rest, row) < 0) goto done;
+            continue;
+        }
+        if (!PyBytes_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "a row's key JSON is bytes");
+            goto done;
+        }
+        Scan s = {(const unsigned char *)PyBytes_AS_STRING(after),
+                  (const unsigned char *)PyBytes_AS_STRING(after) + PyBytes_GET_SIZE(after)};
+        int ok = scan_object(&s, &m);
+        if (ok < 0) goto done;
+        skip_ws(&s);
+        if (!ok || s.p != s.end) {
+            PyErr_SetString(PyExc_ValueError, "a row's after is not a JSON object");
+            goto done;
+        }
+        memset(values, 0, count * sizeof(Member *));
+        Py_ssize_t hint = 0;
+        for (Py_ssize_t i = 0; i < m.len; i++) {
+            Py_ssize_t c = column_of(&m.items[i], names, lens, count, hint, &scratch);
+            if (c == -2) goto done;
+            if (c == -3) {
+                PyErr_SetString(PyExc_ValueError, "a member name with a backslash");
+                goto done;
+            }
+            if (c >= 0) {
+                values[c] = &m.items[i];
+                hint = c + 1;
+            }
+        }
+        /* the key JSON (backslashes doubled), the version, the columns */
+        const char *k = PyBytes_AS_STRING(key);
+        Py_ssize_t kn = PyBytes_GET_SIZE(key);
+        if (!out_reserve(&o, 2 * kn + 32)) goto done;
+        for (Py_ssize_t i = 0; i < kn; i++) {
+            if (k[i] == '\\') o.data[o.len++] = '\\';
+            o.data[o.len++] = k[i];
+        }
+        o.data[o.len++] = '\t';
+        Py_ssize_t vn = format_int(version, o.data + o.len, "a row's version");
+        if (vn < 0) goto done;
+        o.len += vn;
+        for (Py_ssize_t c = 0; c < count; c++) {
+            if (!out_put(&o, "\t", 1)) goto done;
+            const Member *v = values[c];
+            if (kind[c] == 'x' || v == NULL || *v->value == 'n') {
+                if (!out_put(&o, "\\N", 2)) goto done;
+            } else if (kind[c] == 'j') {
+                if (!put_nested(&o, nested, v)) goto done;
+            } else if (!put_value(&o, nested, v)) {
+                goto done;
+            }
+        }
+        if (!out_put(&o, "\n", 1)) goto done;
+    }
+    result = PyBytes_FromStringAndSize(o.data ? o.data : "", o.len);
+done:
+    PyMem_Free(names);
+    PyMem_Free(lens);
+    PyMem_Free(values);
+    PyMem_Free(m.items);
+    PyMem_Free(o.data);
+    PyMem_Free(scratch.data);
+    Py_DECREF(names_seq);
+    Py_DECREF(rows);
+    return result;
+}
+
+static PyObject *
+speedups_unknown_names(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "unknown_names(afters, names, loads)");
+        return NULL;
+    }
+    PyObject *afters = PySequence_Fast(args[0], "afters must be a sequence");
+    if (afters == NULL) return NULL;
+    PyObject *names_seq = PySequence_Fast(args[1], "names must be a sequence");
+    if (names_seq == NULL) { Py_DECREF(afters); return NULL; }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(names_seq);
+    const char **names = PyMem_Calloc(count + 1, sizeof(char *));
+    Py_ssize_t *lens = PyMem_Calloc(count + 1, sizeof(Py_ssize_t));
+    Members m = {NULL, 0, 0};
+    Out scratch = {NULL, 0, 0};
+    PyObject *found = PySet_New(NULL), *result = NULL;
+    if (names == NULL || lens == NULL) { PyErr_NoMemory(); goto done; }
+    if (found == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PySequence_Fast_GET_ITEM(names_seq, i);
+        if (!PyUnicode_Check(name)) { PyErr_SetString(PyExc_TypeError, "names must be str"); goto done; }
+        if ((names[i] = PyUnicode_AsUTF8AndSize(name, &lens[i])) == NULL) goto done;
+    }
+    for (Py_ssize_t r = 0; r < PySequence_Fast_GET_SIZE(afters); r++) {
+        PyObject *after = PySequence_Fast_GET_ITEM(afters, r);
+        if (!PyBytes_Check(after)) { PyErr_SetString(PyExc_TypeError, "an after is bytes"); goto done; }
+        Scan s = {(const unsigned char *)PyBytes_AS_STRING(after),
+                  (const unsigned char *)PyBytes_AS_STRING(after) + PyBytes_GET_SIZE(after)};
+        int ok = scan_object(&s, &m);
+        if (ok < 0) goto done;
+        if (!ok) { PyErr_SetString(PyExc_ValueError, "an after is not a JSON object"); goto done; }
+        Py_ssize_t hint = 0;
+        for (Py_ssize_t i = 0; i < m.len; i++) {
+            Py_ssize_t c = column_of(&m.items[i], names, lens, count, hint, &scratch);
+            if (c == -2) goto done;
+            if (c >= 0) { hint = c + 1; continue; }
+            /* not a known name (or one with a backslash): the exact name, decoded by loads */
+            PyObject *span = PyBytes_FromStringAndSize((const char *)m.items[i].name - 1, m.items[i].name_len + 2);
+            if (span == NULL) goto done;
+            PyObject *text = PyObject_CallOneArg(args[2], span);
+            Py_DECREF(span);
+            if (text == NULL) goto done;
+            int known = PySequence_Contains(names_seq, text);
+            if (known < 0 || (!known && PySet_Add(found, text) < 0)) { Py_DECREF(text); goto done; }
+            Py_DECREF(text);
+        }
+    }
+    result = Py_NewRef(found);
+done:
+    Py_XDECREF(found);
+    PyMem_Free(names);
+    PyMem_Free(lens);
+    PyMem_Free(m.items);
+    PyMem_Free(scratch.data);
+    Py_DECREF(names_seq);
+    Py_DECREF(afters);
+    return result;
+}
+
 /* ---- decode_batch: cdc.sink_events.decode_batch's loop (LogRecords -> SinkEvents) ------------
  *
  * Only the common case is decoded here: a JSON key object and a JSON envelope (or a null value:
  * a tombstone), neither Avro nor Connect JSON, with a known op and an integer source.version.
- * Every other record goes to `fallback` (cdc.sink_events.decode_record), so what such a record
+ * Every other record goes to `db_fallback` (cdc.sink_events.decode_record), so what such a record
  * decodes to, or which PoisonRecord it raises, is the Python code's by construction. */
 
-static PyObject *loads = NULL;          /* orjson.loads */
-static PyObject *fallback = NULL;       /* decode_record(record) -> SinkEvent, raises PoisonRecord */
-static PyObject *poison_type = NULL;    /* PoisonRecord */
-static PyTypeObject *event_type = NULL; /* SinkEvent (a tuple subclass of 10 fields) */
-static PyObject *ops = NULL;            /* {"c": Op.CREATE, ...} */
-static PyObject *one = NULL;            /* 1 */
-static PyObject *s_op, *s_source, *s_version, *s_before, *s_after, *s_ts_ms, *s_payload;
+static PyObject *db_loads = NULL;          /* orjson.db_loads */
+static PyObject *db_fallback = NULL;       /* decode_record(record) -> SinkEvent, raises PoisonRecord */
+static PyObject *db_poison_type = NULL;    /* PoisonRecord */
+static PyTypeObject *db_event_type = NULL; /* SinkEvent (a tuple subclass of 10 fields) */
+static PyObject *db_ops = NULL;            /* {"c": Op.CREATE, ...} */
+static PyObject *db_one = NULL;            /* 1 */
+static PyObject *db_s_op, *db_s_source, *db_s_version, *db_s_before, *db_s_after, *db_s_ts_ms, *db_s_payload;
 
 static PyObject *
 decode_setup(PyObject *self, PyObject *args)
@@ -375,43 +1264,43 @@ decode_setup(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "the event type must be a tuple subclass");
         return NULL;
     }
-    Py_XSETREF(loads, Py_NewRef(l));
-    Py_XSETREF(fallback, Py_NewRef(f));
-    Py_XSETREF(poison_type, Py_NewRef(p));
-    Py_XSETREF(event_type, (PyTypeObject *)Py_NewRef(t));
-    Py_XSETREF(ops, Py_NewRef(o));
-    if (s_op == NULL) {
-        s_op = PyUnicode_InternFromString("op");
-        s_source = PyUnicode_InternFromString("source");
-        s_version = PyUnicode_InternFromString("version");
-        s_before = PyUnicode_InternFromString("before");
-        s_after = PyUnicode_InternFromString("after");
-        s_ts_ms = PyUnicode_InternFromString("ts_ms");
-        s_payload = PyUnicode_InternFromString("payload");
-        one = PyLong_FromLong(1);
-        if (!one || !s_op || !s_source || !s_version || !s_before || !s_after || !s_ts_ms || !s_payload)
+    Py_XSETREF(db_loads, Py_NewRef(l));
+    Py_XSETREF(db_fallback, Py_NewRef(f));
+    Py_XSETREF(db_poison_type, Py_NewRef(p));
+    Py_XSETREF(db_event_type, (PyTypeObject *)Py_NewRef(t));
+    Py_XSETREF(db_ops, Py_NewRef(o));
+    if (db_s_op == NULL) {
+        db_s_op = PyUnicode_InternFromString("op");
+        db_s_source = PyUnicode_InternFromString("source");
+        db_s_version = PyUnicode_InternFromString("version");
+        db_s_before = PyUnicode_InternFromString("before");
+        db_s_after = PyUnicode_InternFromString("after");
+        db_s_ts_ms = PyUnicode_InternFromString("ts_ms");
+        db_s_payload = PyUnicode_InternFromString("payload");
+        db_one = PyLong_FromLong(1);
+        if (!db_one || !db_s_op || !db_s_source || !db_s_version || !db_s_before || !db_s_after || !db_s_ts_ms || !db_s_payload)
             return NULL;
     }
     Py_RETURN_NONE;
 }
 
-/* orjson.loads(data) if it is a dict that is not Connect JSON's wrapper; NULL (no error set)
- * when the fallback should decide. -1: an error that is not the data's (out of memory). */
+/* orjson.db_loads(data) if it is a dict that is not Connect JSON's wrapper; NULL (no error set)
+ * when the db_fallback should decide. -1: an error that is not the data's (out of memory). */
 static PyObject *
-load_object(PyObject *data, int *failed)
+db_load_object(PyObject *data, int *failed)
 {
     if (!PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0 || PyBytes_AS_STRING(data)[0] != '{')
         return NULL;
-    PyObject *obj = PyObject_CallOneArg(loads, data);
+    PyObject *obj = PyObject_CallOneArg(db_loads, data);
     if (obj == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_ValueError)) {  /* orjson.JSONDecodeError: the fallback says why */
+        if (PyErr_ExceptionMatches(PyExc_ValueError)) {  /* orjson.JSONDecodeError: the db_fallback says why */
             PyErr_Clear();
         } else {
             *failed = 1;
         }
         return NULL;
     }
-    if (!PyDict_CheckExact(obj) || (PyDict_GET_SIZE(obj) == 2 && PyDict_GetItemWithError(obj, s_payload))) {
+    if (!PyDict_CheckExact(obj) || (PyDict_GET_SIZE(obj) == 2 && PyDict_GetItemWithError(obj, db_s_payload))) {
         Py_DECREF(obj);
         if (PyErr_Occurred())
             *failed = 1;
@@ -421,15 +1310,15 @@ load_object(PyObject *data, int *failed)
 }
 
 /* The SinkEvent of a record in the common case (a new reference); NULL with no error set: the
- * fallback decides; NULL with an error: a failure that is not the record's. */
+ * db_fallback decides; NULL with an error: a failure that is not the record's. */
 static PyObject *
-decode_one(PyObject *record, PyObject *topic, PyObject *partition, PyObject *offset)
+db_decode_one(PyObject *record, PyObject *topic, PyObject *partition, PyObject *offset)
 {
     int failed = 0;
     PyObject *key_data = PyTuple_GET_ITEM(record, 3), *value_data = PyTuple_GET_ITEM(record, 4);
     if (key_data == Py_None)
         return NULL;
-    PyObject *key = load_object(key_data, &failed);
+    PyObject *key = db_load_object(key_data, &failed);
     if (key == NULL)
         return NULL;
     PyObject *op = Py_None, *before = Py_None, *after = Py_None, *version = Py_None, *ts_ms = Py_None;
@@ -438,26 +1327,26 @@ decode_one(PyObject *record, PyObject *topic, PyObject *partition, PyObject *off
         if ((source = PyDict_New()) == NULL)
             goto fail;
     } else {
-        if ((value = load_object(value_data, &failed)) == NULL)
+        if ((value = db_load_object(value_data, &failed)) == NULL)
             goto fail;
-        PyObject *op_code = PyDict_GetItemWithError(value, s_op);
+        PyObject *op_code = PyDict_GetItemWithError(value, db_s_op);
         if (op_code == NULL || !PyUnicode_CheckExact(op_code))
             goto fail;
-        if ((op = PyDict_GetItemWithError(ops, op_code)) == NULL)
+        if ((op = PyDict_GetItemWithError(db_ops, op_code)) == NULL)
             goto fail;
-        source = PyDict_GetItemWithError(value, s_source);
+        source = PyDict_GetItemWithError(value, db_s_source);
         if (source == NULL || !PyDict_CheckExact(source))
             goto fail;
-        version = PyDict_GetItemWithError(source, s_version);
+        version = PyDict_GetItemWithError(source, db_s_version);
         if (version == NULL || !PyLong_Check(version))
             goto fail;
         Py_INCREF(source);
         PyObject *got;
-        if ((got = PyDict_GetItemWithError(value, s_before)) != NULL)
+        if ((got = PyDict_GetItemWithError(value, db_s_before)) != NULL)
             before = got;
-        if ((got = PyDict_GetItemWithError(value, s_after)) != NULL)
+        if ((got = PyDict_GetItemWithError(value, db_s_after)) != NULL)
             after = got;
-        if ((got = PyDict_GetItemWithError(value, s_ts_ms)) != NULL)
+        if ((got = PyDict_GetItemWithError(value, db_s_ts_ms)) != NULL)
             ts_ms = got;
         if (PyErr_Occurred()) {
             Py_DECREF(source);
@@ -465,7 +1354,7 @@ decode_one(PyObject *record, PyObject *topic, PyObject *partition, PyObject *off
             goto fail;
         }
     }
-    PyObject *event = event_type->tp_alloc(event_type, 10);
+    PyObject *event = db_event_type->tp_alloc(db_event_type, 10);
     if (event == NULL) {
         Py_DECREF(source);
         goto fail;
@@ -491,7 +1380,7 @@ speedups_decode_batch(PyObject *self, PyObject *args)
     PyObject *records, *ends;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &records, &PyDict_Type, &ends))
         return NULL;
-    if (loads == NULL) {
+    if (db_loads == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.decode_setup was not called");
         return NULL;
     }
@@ -510,7 +1399,7 @@ speedups_decode_batch(PyObject *self, PyObject *args)
         PyObject *topic = PyTuple_GET_ITEM(record, 0), *partition = PyTuple_GET_ITEM(record, 1);
         PyObject *offset = PyTuple_GET_ITEM(record, 2), *value_data = PyTuple_GET_ITEM(record, 4);
         PyObject *where = PyTuple_Pack(2, topic, partition);
-        PyObject *next = where ? PyNumber_Add(offset, one) : NULL;
+        PyObject *next = where ? PyNumber_Add(offset, db_one) : NULL;
         int stored = next ? PyDict_SetItem(ends, where, next) : -1;
         Py_XDECREF(where);
         Py_XDECREF(next);
@@ -522,13 +1411,13 @@ speedups_decode_batch(PyObject *self, PyObject *args)
                 goto fail_record;
             nbytes += size;
         }
-        PyObject *event = decode_one(record, topic, partition, offset);
+        PyObject *event = db_decode_one(record, topic, partition, offset);
         if (event == NULL) {
             if (PyErr_Occurred())
                 goto fail_record;
-            event = PyObject_CallOneArg(fallback, record);
+            event = PyObject_CallOneArg(db_fallback, record);
             if (event == NULL) {
-                if (!PyErr_ExceptionMatches(poison_type))
+                if (!PyErr_ExceptionMatches(db_poison_type))
                     goto fail_record;
                 PyObject *type, *exc, *tb;
                 PyErr_Fetch(&type, &exc, &tb);
@@ -575,10 +1464,10 @@ fail:
  * appended to `out`. The caller handles that message (end of partition, a transient error, ...)
  * in Python and calls again after it. */
 
-static PyObject *m_error, *m_topic, *m_partition, *m_offset, *m_key, *m_value, *m_timestamp;
+static PyObject *db_m_error, *db_m_topic, *db_m_partition, *db_m_offset, *db_m_key, *db_m_value, *db_m_timestamp;
 
 static PyObject *
-call0(PyObject *obj, PyObject *name)
+db_call0(PyObject *obj, PyObject *name)
 {
     return PyObject_CallMethodNoArgs(obj, name);
 }
@@ -590,15 +1479,15 @@ speedups_log_records(PyObject *self, PyObject *args)
     Py_ssize_t start;
     if (!PyArg_ParseTuple(args, "O!nO!O!", &PyList_Type, &messages, &start, &PyList_Type, &out, &PyType_Type, &type))
         return NULL;
-    if (m_error == NULL) {
-        m_error = PyUnicode_InternFromString("error");
-        m_topic = PyUnicode_InternFromString("topic");
-        m_partition = PyUnicode_InternFromString("partition");
-        m_offset = PyUnicode_InternFromString("offset");
-        m_key = PyUnicode_InternFromString("key");
-        m_value = PyUnicode_InternFromString("value");
-        m_timestamp = PyUnicode_InternFromString("timestamp");
-        if (!m_error || !m_topic || !m_partition || !m_offset || !m_key || !m_value || !m_timestamp)
+    if (db_m_error == NULL) {
+        db_m_error = PyUnicode_InternFromString("error");
+        db_m_topic = PyUnicode_InternFromString("topic");
+        db_m_partition = PyUnicode_InternFromString("partition");
+        db_m_offset = PyUnicode_InternFromString("offset");
+        db_m_key = PyUnicode_InternFromString("key");
+        db_m_value = PyUnicode_InternFromString("value");
+        db_m_timestamp = PyUnicode_InternFromString("timestamp");
+        if (!db_m_error || !db_m_topic || !db_m_partition || !db_m_offset || !db_m_key || !db_m_value || !db_m_timestamp)
             return NULL;
     }
     PyTypeObject *record_type = (PyTypeObject *)type;
@@ -608,7 +1497,7 @@ speedups_log_records(PyObject *self, PyObject *args)
     for (; i < PyList_GET_SIZE(messages); i++) {
         PyObject *msg = PyList_GET_ITEM(messages, i);
         Py_INCREF(msg);
-        PyObject *err = call0(msg, m_error);
+        PyObject *err = db_call0(msg, db_m_error);
         if (err == NULL)
             goto fail;
         Py_DECREF(err);
@@ -616,9 +1505,9 @@ speedups_log_records(PyObject *self, PyObject *args)
             Py_DECREF(msg);
             break;
         }
-        PyObject *fields[6] = {call0(msg, m_topic), call0(msg, m_partition), call0(msg, m_offset),
-                               call0(msg, m_key), call0(msg, m_value), NULL};
-        PyObject *stamp = call0(msg, m_timestamp);
+        PyObject *fields[6] = {db_call0(msg, db_m_topic), db_call0(msg, db_m_partition), db_call0(msg, db_m_offset),
+                               db_call0(msg, db_m_key), db_call0(msg, db_m_value), NULL};
+        PyObject *stamp = db_call0(msg, db_m_timestamp);
         if (stamp != NULL && PyTuple_Check(stamp) && PyTuple_GET_SIZE(stamp) == 2)
             fields[5] = Py_NewRef(PyTuple_GET_ITEM(stamp, 1));
         else if (stamp != NULL)
@@ -648,14 +1537,20 @@ speedups_log_records(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
-    {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
-     "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
     {"log_records", speedups_log_records, METH_VARARGS,
      "log_records(messages, start, out, LogRecord) -> index of the first message with an error"},
     {"decode_setup", decode_setup, METH_VARARGS, "decode_setup(loads, decode_record, PoisonRecord, SinkEvent, ops)"},
     {"decode_batch", speedups_decode_batch, METH_VARARGS,
      "decode_batch(records, ends) -> (events, [(record, PoisonRecord)], bytes of values)"},
+    {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
+    {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
+     "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
+    {"decode_envelopes", (PyCFunction)(void (*)(void))speedups_decode_envelopes, METH_FASTCALL,
+     "decode_envelopes(records, SinkEvent, ops, loads) -> per record a SinkEvent (after as bytes) or None"},
+    {"copy_rows", (PyCFunction)(void (*)(void))speedups_copy_rows, METH_FASTCALL,
+     "copy_rows(pairs, names, kinds, nested, rest) -> COPY text of the (key JSON, event) pairs with JSON bytes"},
+    {"unknown_names", (PyCFunction)(void (*)(void))speedups_unknown_names, METH_FASTCALL,
+     "unknown_names(afters, names, loads) -> set of member names not in names"},
     {NULL, NULL, 0, NULL},
 };
 

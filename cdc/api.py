@@ -389,6 +389,11 @@ class Sink(ABC):
     #: instead of writing into the one readers see (for a ``RebuildableSink`` whose readers must
     #: never see a partly filled store, e.g. a search index).
     bootstrap_by_rebuild: ClassVar[bool] = False
+    #: True (read before each batch): the runtime may hand an upsert's ``after`` as the JSON bytes
+    #: of the row object, undecoded, when the record is a plain ``json`` envelope (see
+    #: ``cdc.sink_events.decode_records``). A sink that writes rows without looking at most of
+    #: their values (the SQL sink's COPY into PostgreSQL) skips building a dict per row.
+    raw_rows: bool = False
 
     def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config

@@ -155,12 +155,16 @@ class Batch:
     the first event that carries it. ``snapshot_end`` is set on the batch whose checkpoint ends a
     snapshot (its events, if any, are the snapshot's last): the runner then deletes what an
     earlier attempt left in the topics that this snapshot did not read (snapshot/stale.py).
+    ``caught_up`` says the source had read everything its server had sent when it made the batch
+    (nothing follows at once): the runner has the log send it now rather than hold it back to
+    batch it with later records. A source that cannot tell leaves it False.
     """
 
     events: list[ChangeEvent]
     checkpoint: Position | None = None
     schema_changes: tuple[SchemaChange, ...] = ()
     snapshot_end: SnapshotEnd | None = None
+    caught_up: bool = False
 
     def with_schema_changes(self, changes: tuple[SchemaChange, ...]) -> "Batch":
         """This batch with ``changes`` published before its own schema changes."""

@@ -36,7 +36,7 @@ class SinkEvent(NamedTuple):
     key: dict[str, Any]
     op: Op | None                 # None: a tombstone
     before: dict[str, Any] | None
-    after: dict[str, Any] | None
+    after: dict[str, Any] | bytes | None  # bytes: the row's JSON, for a sink with raw_rows
     version: int | None           # None only for tombstones
     source: dict[str, Any]        # the envelope's source block ({} for tombstones)
     ts_ms: int | None = None
@@ -105,7 +105,8 @@ def decode_batch(records: list, ends: dict) -> tuple[list[SinkEvent], list[tuple
     partition's last record. Where setup.py built it, ``cdc/_speedups.c`` runs this loop in C: it
     decodes the common record (a JSON key object and a plain JSON envelope, or a tombstone) and
     hands every other one to ``decode_record``, so both give the same events and the same poisons
-    (tests/unit/test_speedups.py compares them). This Python loop is the reference."""
+    (tests/unit/test_sink_decode_batch.py compares them). This Python loop is the reference. A sink
+    with ``raw_rows`` is decoded by ``decode_records`` instead."""
     if _speedups is not None and USE_SPEEDUPS:
         return _speedups.decode_batch(records if type(records) is list else list(records), ends)
     events: list[SinkEvent] = []
@@ -130,3 +131,35 @@ except ImportError:  # pragma: no cover - a build without a compiler
     _speedups = None
 else:
     _speedups.decode_setup(orjson.loads, decode_record, PoisonRecord, SinkEvent, _OPS)
+try:  # the envelope decoder in C (cdc/_speedups.c), built by setup.py where a compiler is found
+    from cdc._speedups import decode_envelopes as _decode_envelopes
+except ImportError:  # pragma: no cover - a build without a compiler: every record the general way
+    _decode_envelopes = None
+
+RAW_ROWS = _decode_envelopes is not None  # whether decode_records can leave rows undecoded
+
+
+def decode_records(records: list, raw_rows: bool) -> list[SinkEvent | PoisonRecord]:
+    """Per record its SinkEvent, or the PoisonRecord saying why it has none (returned, not raised).
+
+    ``raw_rows`` (a sink's ``raw_rows``, and the C decoder built): an upsert whose value is a
+    plain ``json`` envelope keeps its ``after`` as the bytes of the row object. The decoder checks
+    each value as strictly as orjson does, builds the source block itself (reusing the names and
+    strings that repeat from record to record) and decodes only the key and a delete's before with
+    orjson: building the row's dict was most of decoding a record (bench/bootstrap.py). Anything it
+    does not take (a tombstone, Connect JSON, Avro, a malformed value) goes through
+    ``decode_record`` as before, so the same records are poison either way and the events are
+    equal once ``after`` is decoded (tests/unit/test_raw_rows.py)."""
+    out: list[SinkEvent | PoisonRecord] = []
+    append = out.append
+    fast = _decode_envelopes(records, SinkEvent, _OPS, orjson.loads) \
+        if raw_rows and _decode_envelopes is not None else [None] * len(records)
+    for record, event in zip(records, fast):
+        if event is not None:
+            append(event)
+            continue
+        try:
+            append(decode_record(record))
+        except PoisonRecord as err:
+            append(err)
+    return out

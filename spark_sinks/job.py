@@ -81,6 +81,10 @@ class DeltaJob:
         self.batches: deque[BatchReport] = deque(maxlen=1000)  # the latest batches, for metrics
         # Called after each table's MERGE with (batch id, table name): tests put a crash there.
         self.after_table: Callable[[int, str], None] | None = None
+        # Called with (batch id, table name) once a table followed a new shape of its source
+        # (columns added, renamed or widened) and before any row of the batch is written to it:
+        # tests put a crash between a schema change and its first row there.
+        self.after_shape: Callable[[int, str], None] | None = None
         self.query = None
         self._query_id: str | None = None
         self._started = threading.Event()
@@ -320,6 +324,8 @@ class DeltaJob:
                 if plan.widen and self.config.schema_policy == "fail":
                     self._refuse_widening(target, plan, target.schema(session))
                 target.evolve(session, plan)
+                if plan.changes_table and self.after_shape is not None:
+                    self.after_shape(batch_id, target.name)
             else:
                 target.create(session, shape, self.config.table_properties)
         if item["truncated_at"] is not None:

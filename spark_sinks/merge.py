@@ -83,7 +83,9 @@ def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFra
     a MERGE's cost, and readers of the memory take the newest version per key."""
     deletes = (latest.where((F.col(OP) == "d") & F.col(VERSION).isNotNull())
                .select(KEY, VERSION, F.current_timestamp().alias(DELETED_AT)))
-    deletes.write.format("delta").mode("append").save(target.deletes_path)
+    # One file per batch, not one per partition of the source: a batch's deletes are few, and
+    # every later batch reads the whole memory (its files listed, opened and joined).
+    deletes.coalesce(1).write.format("delta").mode("append").save(target.deletes_path)
     target.deletes_written()
 
 

@@ -8,6 +8,7 @@ to Spark as plain files through ``spark.jars``.
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping, Sequence
 
 LOOPBACK = "127.0.0.1"
@@ -29,6 +30,28 @@ def driver_address(master: str, conf: Mapping[str, str], environ: Mapping[str, s
     return {BIND_ADDRESS: LOOPBACK, DRIVER_HOST: LOOPBACK}
 
 
+def local_cores(master: str) -> int | None:
+    """The worker threads of a ``local``/``local[N]``/``local[*]`` master (``local[N, F]`` too);
+    None for any other master."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    count = match.group(1)
+    if count is None:
+        return 1
+    return (os.cpu_count() or 1) if count == "*" else int(count)
+
+
+def shuffle_partitions(master: str) -> dict[str, str]:
+    """One shuffle partition per local core. Each partition of a MERGE's output is a file, and
+    every later MERGE that touches a file scans it and writes a deletion vector for it (one
+    more task each, the table growing by a file per partition per batch): four partitions on
+    ``local[2]`` made twice the files for no more parallelism. Another master keeps the four it
+    had (a cluster's size is the user's to set, in the sink's ``spark.conf``)."""
+    cores = local_cores(master)
+    return {"spark.sql.shuffle.partitions": str(max(1, cores) if cores is not None else 4)}
+
+
 def local_session(app_name: str, *, jars: Sequence[str] | None = None, master: str = "local[2]",
                   warehouse: str | None = None, driver_memory: str = "2g", conf: Mapping[str, str] | None = None):
     """Build (or get) a SparkSession for ``master`` with Delta's SQL extension and catalog;
@@ -47,7 +70,7 @@ def local_session(app_name: str, *, jars: Sequence[str] | None = None, master: s
         "spark.driver.memory": driver_memory,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.shuffle.partitions": "4",
+        **shuffle_partitions(master),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",   # progress bars are noise in a daemon's log
         "spark.sql.session.timeZone": "UTC",

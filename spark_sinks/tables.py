@@ -83,7 +83,10 @@ class TableTarget:
         self.deletes_path = f"{root}/_cdc_deletes/{area + '/' if area else ''}{namespace}/{table}"
         self.root = root
         self._exists = False
-        self._deletes_exist = False
+        # None: not asked yet. Unlike the table's own existence an absent memory is cached too (a
+        # table without deletes would ask Delta each batch): this sink is its one writer, and
+        # deletes_written() and forget() keep the answer true.
+        self._deletes_exist: bool | None = None
         self._properties: dict[str, str] | None = None
         self._schema: T.StructType | None = None
         # A rebuild's staging table: the earlier names the live table knows (see former_names).
@@ -99,7 +102,7 @@ class TableTarget:
         return self._exists
 
     def deletes_exist(self, session: SparkSession) -> bool:
-        if not self._deletes_exist:
+        if self._deletes_exist is None:
             self._deletes_exist = DeltaTable.isDeltaTable(session, self.deletes_path)
         return self._deletes_exist
 
@@ -142,7 +145,8 @@ class TableTarget:
 
     def forget(self) -> None:
         """Drop what was cached (the tables were replaced)."""
-        self._exists = self._deletes_exist = False
+        self._exists = False
+        self._deletes_exist = None
         self._properties = None
         self._schema = None
 

@@ -1,6 +1,7 @@
 """The capture daemon (``cdc run``) and other ``cdc`` commands as processes of a test, shared by
 the end-to-end tests: each runs in a session of its own, so it is stopped or killed whole
-(``os.killpg``), children included."""
+(``os.killpg``), children included. ``kill_daemon`` also kills the sessions its descendants made
+for themselves (the Delta sink starts Spark's JVM in one of its own)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,18 @@ from pathlib import Path
 def cdc_process(config: Path, command: str, *args: str, log: str | None = None) -> subprocess.Popen:
     """``cdc <command> <config> <args>`` in a session of its own, run in the config's directory;
     its output appended to ``log`` (a file name beside the config), else discarded."""
+    return module_process(config, "cdc.cli", command, str(config), *args, log=log)
+
+
+def module_process(config: Path, module: str, *args: str, log: str | None = None) -> subprocess.Popen:
+    """``python -m <module> <args>`` in a session of its own, run in the config's directory (the
+    project's root on its path), its output appended to ``log`` as ``cdc_process`` does."""
     out = open(config.parent / log, "ab") if log else subprocess.DEVNULL
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
-        return subprocess.Popen([sys.executable, "-m", "cdc.cli", command, str(config), *args],
-                                cwd=config.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=config.parent, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         if log:
             out.close()
@@ -40,6 +49,40 @@ def stop_daemon(process: subprocess.Popen, grace: float = 30) -> None:
 
 
 def kill_daemon(process: subprocess.Popen) -> None:
-    """SIGKILL to its whole session (a crash)."""
-    os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL to its whole session and to the sessions of its descendants (a crash), all frozen
+    first so that none of them acts after another died (Spark's JVM would finish a commit)."""
+    groups = {process.pid} | {group for pid in _descendants(process.pid) if (group := _group(pid)) is not None}
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                pass
     process.wait()
+
+
+def _group(pid: int) -> int | None:
+    """The process group of ``pid``; None once it is gone."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux: /proc), whatever session it is in."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found

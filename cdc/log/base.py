@@ -89,6 +89,12 @@ class LogWriter(ABC):
     def flush(self, timeout: float = 30.0) -> Position | None:
         """Wait until every published record is acknowledged (or ``timeout``; then raise DeliveryError)."""
 
+    def send_now(self, timeout: float) -> None:
+        """The publisher has nothing more for now: send what waits to be batched with later
+        records at once, and serve acknowledgements for up to ``timeout`` seconds. Unlike
+        ``flush`` it never raises for records still unacknowledged after that. A writer that
+        holds nothing back (each publish written before it returns) needs nothing here."""
+
     @property
     @abstractmethod
     def outstanding(self) -> int:

@@ -17,8 +17,9 @@ Producer settings (each overridable through ``producer_config``):
 * ``allow.auto.create.topics=false``: a topic comes from ``ensure_topic`` (compacted) or not at all;
   never from a broker's auto-creation with the default delete policy.
 * ``linger.ms=10``, ``batch.size=1 MB``, ``batch.num.messages=10000``: a CDC stream arrives in
-  bursts; 10 ms of waiting fills large batches (fewer requests, less broker CPU) at a latency the
-  source's commit cadence dwarfs.
+  bursts; 10 ms of waiting fills large batches (fewer requests, less broker CPU) while a backlog
+  is read. When the source has caught up, the runner calls ``send_now`` and the records go at
+  once, so a trickle of transactions does not wait for the linger (cdc/runtime/runner.py).
 * ``queue.buffering.max.messages=200000`` / ``max.kbytes=256 MB``: the local queue bounds memory;
   when it is full ``produce`` raises ``BufferError`` and ``publish`` serves acknowledgements until
   there is room (that is the backpressure on the source).
@@ -438,6 +439,13 @@ class KafkaWriter(LogWriter):
             raise DeliveryError(f"{left} records not acknowledged within {timeout:g}s "
                                 f"(broker slow or unreachable?)", retriable=True)
         return safe
+
+    def send_now(self, timeout: float) -> None:
+        """librdkafka's flush sends every partition's batch regardless of ``linger.ms`` while it
+        runs; it returns once all are acknowledged, or after ``timeout`` with some in flight."""
+        producer = self._producer
+        if producer is not None and len(producer) and producer.flush(timeout) == 0:
+            self._tracker.drained()
 
     @property
     def outstanding(self) -> int:

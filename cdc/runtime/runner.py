@@ -13,6 +13,13 @@ A crash between any two steps leaves the stored offset at or behind what the log
 restart resends (at least once; sinks are idempotent by version) and never skips. Offsets are
 saved at most every ``offset_interval`` seconds while the source has batches, as soon as they
 become safe while it has none (it caught up), and always when draining.
+
+Latency: the log's writer may hold records back to batch them with later ones (Kafka's
+``linger.ms``), which pays off only while more follow at once. A batch made when the source had
+read everything its server had sent (``Batch.caught_up``: the end of a transaction in a trickle)
+is sent at once instead (``LogWriter.send_now``), and so is anything still held when the source
+has nothing. A source working through a backlog or a bulk load hands over batches that are not
+caught up, and they are batched as before.
 """
 
 from __future__ import annotations
@@ -44,6 +51,12 @@ log = logging.getLogger(__name__)
 
 ANNOUNCED = frozenset({"snapshot", "streaming"})  # phases sources log themselves
 IDLE_STORE_INTERVAL = 0.05  # seconds between stores while the source has nothing new
+# How long the thread waits in ``send_now``: long enough for librdkafka's broker threads to wake
+# and send (they skip the linger while a flush runs), short because it also waits for
+# acknowledgements meanwhile, and on a busy machine (acks in tens of ms) the next transaction
+# must not wait for them. If it returns before a broker thread woke, that batch lingers as it
+# would have (and the next idle poll sends it).
+SEND_NOW_TIMEOUT = 0.002
 
 
 def tune_gc() -> None:
@@ -159,6 +172,8 @@ class SourceRunner:
                         writer.publish_events(self.encoder, batch.events, batch.checkpoint)
                     stats.events += len(batch.events)
                     stats.bytes = self.encoder.value_bytes
+                if batch is None or batch.caught_up:  # nothing follows at once: holding records back gains nothing
+                    writer.send_now(SEND_NOW_TIMEOUT)
                 safe = writer.poll()
                 if safe != last_safe or not writer.outstanding:  # the log keeps up (health)
                     stats.progressed()

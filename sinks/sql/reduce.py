@@ -39,6 +39,15 @@ class TopicChanges:
     def __len__(self) -> int:
         return len(self.upserts) + len(self.deletes) + len(self.tombstones)
 
+    def materialize(self) -> None:
+        """Decode the upserts' rows the runtime left as JSON bytes (``SqlSink.raw_rows``): for the
+        paths that read values one by one (types inferred from values, renamed columns, other
+        dialects, naming a bad value)."""
+        loads = orjson.loads
+        for key, event in self.upserts.items():
+            if event.after.__class__ is bytes:
+                self.upserts[key] = event._replace(after=loads(event.after))
+
 
 def reduce_events(events: list[SinkEvent]) -> dict[str, TopicChanges]:
     """Per topic, the newest action per key (see the module docstring)."""

@@ -33,6 +33,7 @@ import sqlalchemy as sa
 
 from cdc.api import (CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError, Sink, SinkEvent,
                      servers)
+from sinks.sql import copy_rows
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -93,6 +94,13 @@ class SqlSink(Sink, RebuildableSink):
             self.target.engine.dispose()
 
     @property
+    def raw_rows(self) -> bool:
+        """Rows may come as JSON bytes (cdc.api.Sink.raw_rows) where they go into PostgreSQL's typed
+        COPY, whose C loop writes them without decoding (copy_rows.py); elsewhere ``write``
+        decodes them first."""
+        return copy_rows.RAW and getattr(getattr(self, "applier", None), "typed_upserts", False)
+
+    @property
     def engine(self) -> sa.engine.Engine:
         """The target's engine (for tests and tools that read what the sink wrote)."""
         self._started()
@@ -109,6 +117,9 @@ class SqlSink(Sink, RebuildableSink):
             return
         self._started()
         changes = reduce_events(events)
+        if not self.raw_rows:  # rows the runtime left as JSON bytes, for an applier that reads values
+            for topic_changes in changes.values():
+                topic_changes.materialize()
         # The deadline inside: a write it cut short is retriable, with no diagnosis of the server.
         with self._errors("write"), self.deadline.watch(f"sql sink {self.config.name}: write"):
             for _ in range(5):
@@ -158,6 +169,7 @@ class SqlSink(Sink, RebuildableSink):
     def _diagnose(self, plan: TablePlan, error: BaseException) -> PermanentError:
         """A data error, named as closely as a batch of one allows: the key, then the column
         (probing the row column by column in transactions that are rolled back)."""
+        plan.changes.materialize()
         upserts = list(plan.live_upserts())
         if len(plan.changes) != 1 or len(upserts) != 1:
             return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: a value does not fit "

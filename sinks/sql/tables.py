@@ -25,6 +25,7 @@ import orjson
 import sqlalchemy as sa
 
 from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
+from sinks.sql import copy_rows
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.evolve import (KEY, Incompatible, diff, infer_columns, record_columns, renamed_columns, widens,
@@ -105,7 +106,10 @@ class TableCatalog:
         if entry is None:
             entry = self._load(generation, name)
         record = self._shape_of(changes)
-        rows = [event.after for event in changes.upserts.values()]
+        if entry is None or (record is None and copy_rows.names_outside(
+                [event.after for event in changes.upserts.values()], entry.columns)):
+            changes.materialize()  # values decide the columns (or may): rows as dicts
+        rows = [event.after for event in changes.upserts.values()]  # JSON bytes or dicts
         key_names = _key_names(changes)
         if entry is None:
             if not rows and record is None:
@@ -136,7 +140,8 @@ class TableCatalog:
             if self.config.schema_policy != "rebuild":  # rebuild: tables hold the newest shape only
                 entry = self._older_columns(entry, rows, record, changes.topic)
         else:
-            unknown = infer_columns(rows, set(entry.columns), ())
+            # Rows still as JSON bytes carry only the table's columns (else they were decoded above).
+            unknown = infer_columns([r for r in rows if r.__class__ is not bytes], set(entry.columns), ())
             if unknown:
                 log.info("sql sink %s: %s: new column(s) %s inferred from values (the source publishes no "
                          "shape)", self.config.name, physical, ", ".join(f"{c.name} {c.type}" for c in unknown))
@@ -166,7 +171,7 @@ class TableCatalog:
         that shape: a column dropped before the table was made in the newest shape. Kept (with
         the values those rows had) under every policy but ``rebuild``, whose tables hold the
         newest shape only, so a bootstrap ends like a live sink that saw the drop."""
-        missing = set().union(*rows).difference(entry.columns)  # in C: this runs on every write
+        missing = copy_rows.names_outside(rows, entry.columns)  # in C: this runs on every write
         if not missing:
             return entry
         typed = [SourceColumn(c.name, c.type, False) for c in record_columns(record) if c.name in missing]
@@ -366,6 +371,7 @@ def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[
     former = {old: column.name for column in entry.columns.values() for old in column.was
               if old not in entry.columns}
     if former:
+        changes.materialize()
         for key, event in changes.upserts.items():
             after = event.after
             if not former.keys() & after.keys():

@@ -57,6 +57,21 @@ class SchemaTracker:
         self.captured = captured
         self.tables = dict(tables)
         self.stale: dict[tuple[str, str], str | None] = {}  # shape unknown until the next table map; its DDL
+        # Tables whose copy came from the catalog at a resume, which may be ahead of the binlog
+        # there (DDL while the source was down): their shape is published at their first table
+        # map or DDL, not at the resume point (``defer``).
+        self.unconfirmed: set[tuple[str, str]] = set()
+        # Per table, renames (new name -> name in the last shape rows were written under) since
+        # its last table map: several DDL statements with no row between publish several shapes,
+        # and a sink meets only the one its next rows name, so each carries the renames before it.
+        self.carried: dict[tuple[str, str], dict[str, str]] = {}
+
+    def defer(self) -> None:
+        """The copy is the catalog's as of now and the stream resumes behind it: publish no
+        shape from it until the binlog confirms or changes it (a table map, a DDL statement).
+        A sink that saw the catalog's names at the resume point would take a column renamed
+        while the source was down for a new one, and keep the values under the old name."""
+        self.unconfirmed = set(self.tables)
 
     def get(self, db: str, table: str) -> TableSchema | None:
         return self.tables.get((db, table))
@@ -93,6 +108,7 @@ class SchemaTracker:
             renamed: dict[str, str] = {}
             if schema is not None:
                 schema, renamed = self._alter(schema, statement.ops)
+                renamed = self._carry(name, schema, renamed)
             elif self.captured(*name):
                 self.stale[name] = ddl_text
             if statement.rename_to is not None:
@@ -108,6 +124,8 @@ class SchemaTracker:
             dropped = []
             for name in statement.tables:
                 self.stale.pop(name, None)
+                self.unconfirmed.discard(name)
+                self.carried.pop(name, None)
                 if self.tables.pop(name, None) is not None:
                     changes.append(_dropped(TableId(name[0], None, name[1]), version, ts_ms, ddl_text))
                     dropped.append(TableId(name[0], None, name[1]))
@@ -118,9 +136,21 @@ class SchemaTracker:
                 self.stale[name] = ddl_text
         return changes, []
 
+    def _carry(self, name: tuple[str, str], schema: TableSchema, renamed: dict[str, str]) -> dict[str, str]:
+        """``renamed`` composed with the table's renames since its last table map."""
+        carried = self.carried.get(name, {})
+        names = set(schema.names)
+        composed = {new: carried.get(old, old) for new, old in renamed.items()}
+        consumed = set(renamed.values())
+        composed.update({new: old for new, old in carried.items() if new in names and new not in consumed})
+        composed = {new: old for new, old in composed.items() if old not in names and new != old}
+        self.carried[name] = composed
+        return composed
+
     def _put(self, name: tuple[str, str], schema: TableSchema) -> None:
         self.tables[name] = schema
         self.stale.pop(name, None)
+        self.unconfirmed.discard(name)
 
     def _rename(self, old: tuple[str, str], new: tuple[str, str], schema: TableSchema | None, version: int,
                 ts_ms: int, ddl_text: str) -> list[SchemaChange]:
@@ -144,6 +174,9 @@ class SchemaTracker:
         columns = list(schema.columns)
         key = schema.key
         renamed: dict[str, str] = {}  # new name -> the name before the statement
+        # Renames the copy already shows (a catalog read at a resume, after the statement ran
+        # while the source was down): still renames for a sink that holds the old name.
+        past: dict[str, str] = {}
 
         def rename(old: str, new: str) -> None:
             if old != new:
@@ -175,6 +208,8 @@ class SchemaTracker:
                     key = tuple(k for k in key if k != op.name)
             elif isinstance(op, ddl.ChangeColumn):
                 if op.old not in names:
+                    if op.column.name in names and op.old != op.column.name:
+                        past[op.column.name] = op.old
                     continue
                 index = names.index(op.old)
                 columns.pop(index)
@@ -189,12 +224,16 @@ class SchemaTracker:
                     columns[index] = replace(columns[index], name=op.new)
                     rename(op.old, op.new)
                     key = tuple(op.new if k == op.old else k for k in key)
+                elif op.new in names:
+                    past[op.new] = op.old
             elif isinstance(op, ddl.SetPrimaryKey):
                 key = op.columns
                 columns = [replace(c, nullable=False) if c.name in key else c for c in columns]
         before = set(schema.names)
-        return TableSchema(schema.id, columns, key), {new: old for new, old in renamed.items()
-                                                      if old in before and new not in before}
+        after = {c.name for c in columns}
+        return TableSchema(schema.id, columns, key), {
+            **{new: old for new, old in past.items() if new in after and old not in after},
+            **{new: old for new, old in renamed.items() if old in before and new not in before}}
 
     def from_table_map(self, db: str, table: str, specs: list[ColumnSpec], key: tuple[str, ...],
                        load_json: Callable[[], set[str]], version: int, ts_ms: int) -> SchemaChange | None:
@@ -202,7 +241,11 @@ class SchemaTracker:
         name = (db, table)
         schema = self.tables.get(name)
         stale = name in self.stale
+        self.carried.pop(name, None)  # rows follow: a sink has met the shape that carried them
         if schema is not None and not stale and schema.names == [s.name for s in specs]:
+            if name in self.unconfirmed:  # the binlog agrees with the catalog read at the resume
+                self.unconfirmed.discard(name)
+                return schema.change(version, ts_ms, None)
             return None
         known = {c.name: c for c in schema.columns} if schema is not None else {}
         json_columns = load_json() if stale or schema is None or any(s.name not in known for s in specs) else set()
@@ -219,9 +262,13 @@ class SchemaTracker:
                                                            data_type in BINARY_TYPES or spec.charset == "binary"),
                                      spec.nullable, spec.name in key))
         ddl_text = self.stale.pop(name, None)
-        if schema is not None and not stale:
+        if name in self.unconfirmed:
+            log.info("table %s.%s: at the resume point its columns were %s (the catalog has %s since): following "
+                     "the binlog", db, table, [s.name for s in specs], schema.names)
+        elif schema is not None and not stale:
             log.warning("table %s.%s: the binlog's columns %s differ from the tracked definition %s; following "
                         "the binlog", db, table, [s.name for s in specs], schema.names)
         schema = TableSchema(TableId(db, None, table), columns, key)
         self.tables[name] = schema
+        self.unconfirmed.discard(name)
         return schema.change(version, ts_ms, ddl_text)

@@ -49,17 +49,13 @@ log = logging.getLogger(__name__)
 
 
 class _Stream:
-    """The binlog stream as the coordinator drives it; the tables' shapes first when it resumes
-    without a snapshot before it."""
+    """The binlog stream as the coordinator drives it."""
 
-    def __init__(self, stream: BinlogStream, max_events: int, shapes: tuple) -> None:
-        self.binlog, self.max_events, self.shapes = stream, max_events, shapes
+    def __init__(self, stream: BinlogStream, max_events: int) -> None:
+        self.binlog, self.max_events = stream, max_events
         self.idle = False  # the last poll brought nothing (lag: MySqlSource._caught_up)
 
     def poll(self, timeout: float) -> Batch | None:
-        if self.shapes:
-            shapes, self.shapes = self.shapes, ()
-            return Batch([], schema_changes=shapes)
         batch = self.binlog.poll(self.max_events, timeout)
         self.idle = batch is None
         return batch
@@ -190,20 +186,19 @@ class MySqlSource(SnapshotThenStream):
         if position is None:  # snapshot: never, nothing stored: from the server's position now
             file, pos = current_position(self.conn)
             position = MySqlPosition(file, pos, gtid_at(self.conn, file, pos) if self.dbms == "mariadb" else None)
-        shapes: tuple = ()
         if not after_snapshot:
-            # Every row names its shape (cdc/schema_order.py): the shapes as of the resume point go
-            # out first, with its version, below every row the stream sends from there. They are the
-            # catalog's (as the decoder's are) until the stream reaches a DDL, which publishes its own.
-            version, now = version_of(position.file_index, position.pos), int(time.time() * 1000)
-            shapes = tuple(s.change(version, now, None) for s in self.tracker.tables.values())
+            # Every row names its shape (cdc/schema_order.py). The catalog read at start may be
+            # ahead of the resume point (DDL while the source was down), so a table's shape goes
+            # out at its first table map (the binlog's columns as of there) or DDL statement,
+            # before its rows, not from the catalog here (schema.py, ``defer``).
+            self.tracker.defer()
         by_gtid = self._by_gtid(position)
         connection = BinlogConnection(self.cfg, position, by_gtid)
         stream = BinlogStream(connection, position, self.tracker, self._streamed, self.cfg.key_columns,
                               self.dbms, self._json_columns, self.cfg.name)
         log.info("streaming after %s (by %s)", position, "GTID" if by_gtid else "file and position",
                  extra=self._extra())
-        return _Stream(stream, self.cfg.max_batch_events, shapes)
+        return _Stream(stream, self.cfg.max_batch_events)
 
     def _json_columns(self, db: str, table: str) -> set[str]:
         """The catalog's JSON columns of a table the stream meets without a known definition. The

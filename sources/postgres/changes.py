@@ -65,10 +65,13 @@ class ChangeBuilder:
         self.filled = filled                  # (oid, new column names) -> the values existing rows got
         self.attnums = attnums                # oid -> {column name: attnum}, from the catalog as it is now
         # Per relation OID, the attnums of the columns of its last published shape (at start: of
-        # the catalog then): a column whose attnum comes back under another name was renamed
-        # (attnums are never reused in a table). A rename while the source was down is not seen
-        # (the catalog at start has the new name): for sinks, a drop and an add.
+        # the last shape the stored position covers, kept in relations.py; else of the catalog
+        # then): a column whose attnum comes back under another name was renamed (attnums are
+        # never reused in a table), while the source ran or while it was down.
         self.column_ids: dict[int, dict[str, int]] = {}
+        # (table, oid, column name -> attnum, lsn): told each shape's columns from the LSN it governs.
+        self.on_columns: Callable[[TableId, int, dict[str, int], int], None] = lambda table, oid, ids, lsn: None
+        self._fresh_columns: list[tuple[TableId, int, dict[str, int]]] = []   # waiting for their LSN
         self.type_name = type_name            # (type oid, modifier) -> "numeric(10,2)"
         self.lookup_table = lookup_table      # oid -> TableMeta, or None when not captured
         self.converters_for = converters_for  # type oids -> converters
@@ -134,8 +137,10 @@ class ChangeBuilder:
             (self.schema_changes if lsn else self.unstamped).append(change)
             if lsn:
                 self.on_oid(meta.id, message.oid, lsn)
+                self.on_columns(meta.id, message.oid, self.column_ids[message.oid], lsn)
             else:
                 self._fresh.append(relation)
+                self._fresh_columns.append((meta.id, message.oid, self.column_ids[message.oid]))
         if self.oids.get(meta.id, message.oid) != message.oid:
             log.info("table %s was dropped and created again (OID %d -> %d): its old rows are truncated",
                      meta.id, self.oids[meta.id], message.oid)
@@ -147,11 +152,15 @@ class ChangeBuilder:
 
     def _renamed(self, oid: int, names: tuple[str, ...]) -> dict[str, str]:
         """New name -> old name of the columns of ``oid`` renamed since its last shape. The
-        catalog is read as it is now (like ``filled``): a column renamed again or dropped before
-        the stream reaches this shape is not recognised, and counts as dropped and added."""
+        catalog is read as it is now (like ``filled``); a name it no longer has (the stream is
+        behind a rename or a drop) keeps the attnum its last shape had, so the rename is still
+        recognised when the stream reaches it. A column renamed twice before the stream reaches
+        either, or dropped and added, counts as dropped and added."""
         now = self.attnums(oid)
-        ids = {name: now[name] for name in names if name in now}
-        before = {attnum: name for name, attnum in self.column_ids.get(oid, {}).items()}
+        previous = self.column_ids.get(oid, {})
+        ids = {name: now[name] if name in now else previous[name] for name in names
+               if name in now or name in previous}
+        before = {attnum: name for name, attnum in previous.items()}
         self.column_ids[oid] = ids
         return {name: before[attnum] for name, attnum in ids.items()
                 if before.get(attnum, name) != name and before[attnum] not in names}
@@ -178,6 +187,9 @@ class ChangeBuilder:
         for rel in self._fresh:
             self.on_oid(rel.table, rel.oid, lsn)
         self._fresh = []
+        for table, oid, ids in self._fresh_columns:
+            self.on_columns(table, oid, ids, lsn)
+        self._fresh_columns = []
         for rel in self.recreated:
             self.toast.forget_table(rel.qualified)
         truncates = [ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,

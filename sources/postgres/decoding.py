@@ -88,9 +88,11 @@ class LogicalStream:
                 return batch
             self.replay = None
         inbox = self.inbox
+        caught_up = False
         if not inbox:
             inbox.extend(self.transport.read(self.cfg.max_batch_events, timeout))
             self._idle = not inbox
+            caught_up = len(inbox) < self.cfg.max_batch_events  # the read emptied what the server sent
             if not inbox:
                 if time.monotonic() - self.last_activity >= self.cfg.heartbeat_interval:
                     self._heartbeat()
@@ -129,7 +131,7 @@ class LogicalStream:
         self.toast.flush()
         changes = builder.take_schema_changes()
         if events or self._checkpoint is not None or changes:
-            return Batch(events, self._checkpoint, changes)
+            return Batch(events, self._checkpoint, changes, caught_up=caught_up)
         return None
 
     def commit(self, position: Position) -> None:

@@ -12,7 +12,9 @@
    expression (``types/server_json.py``), the server prints each row's JSON and only the key
    columns' text goes through the converters; otherwise every column's text does, the same text
    pgoutput sends. Either way a snapshot row and a streamed row with the same contents give the
-   same JSON values, and the same key bytes.
+   same JSON values, and the same key bytes. Where ``_copyjson.c`` was built, the server only
+   prints the plain COPY text of such a table and the reader makes the very lines that statement
+   would have printed (``copy_json.py``): the JSON functions were most of the server's work.
 4. Streaming starts at the slot's consistent point: no gap, no overlap.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Mapping
 
 import orjson
@@ -28,6 +31,7 @@ import psycopg2
 
 from cdc.events import ChangeEvent, Op, SnapshotMarker
 from sources.postgres.catalog import TableMeta
+from sources.postgres.copy_json import CopyJson, _copyjson
 from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
 from sources.postgres.types import TypeInfo, parse_copy_text_line
@@ -86,7 +90,11 @@ class _CopySink:
     """
 
     def __init__(self, build: Callable[[bytes], ChangeEvent], emit: Callable[[list], None], batch: int,
-                 build_batch: Callable[[list[bytes], bytes], list[ChangeEvent] | None] | None = None) -> None:
+                 build_batch: Callable[[list[bytes], bytes], list[ChangeEvent] | None] | None = None,
+                 rewrite: Callable[[bytes], bytes] | None = None,
+                 block_events: Callable[[bytes], list[ChangeEvent] | None] | None = None) -> None:
+        self.rewrite = rewrite  # whole lines -> the lines the builders read (copy_json.py), or None
+        self.block_events = block_events  # whole lines -> their events, or None (see ChunkPlan)
         self.build = build
         self.build_batch = build_batch  # a whole batch at once, or None to go line by line
         self.emit = emit
@@ -106,8 +114,19 @@ class _CopySink:
         if self.rest:
             chunks.insert(0, self.rest)
         joined = b"".join(chunks)
+        if self.rewrite is not None:
+            cut = joined.rfind(b"\n") + 1
+            self.rest = joined[cut:]
+            joined = self.rewrite(joined[:cut]) if cut else b""
+            events = self.block_events(joined) if self.block_events is not None and joined else None
+            if events is not None:
+                self.rows += len(events)
+                self.emit(events)
+                return
         lines = joined.split(b"\n")
-        self.rest = lines.pop()
+        rest = lines.pop()
+        if self.rewrite is None:
+            self.rest = rest
         if lines:
             self.rows += len(lines)
             events = self.build_batch(lines, joined) if self.build_batch is not None else None
@@ -148,9 +167,11 @@ class SnapshotRows:
 
     def __init__(self, version: int, ts_ms: int, converters_for: Callable[[list[int]], list],
                  toast: ToastStore, batch: int, types: Mapping[int, TypeInfo] | None = None,
-                 server_json: bool = True) -> None:
+                 server_json: bool = True, client_json: bool = True) -> None:
         self.types = types or {}
         self.server_json = server_json  # False: always the converters (tests compare the two)
+        # False: the server prints the row JSON even where the reader could (copy_json.py)
+        self.client_json = client_json
         self.version = version
         self.ts_ms = ts_ms
         self.converters_for = converters_for
@@ -169,7 +190,7 @@ class SnapshotRows:
         toastable: list = []
         new, read, marker = tuple.__new__, Op.READ, SnapshotMarker.TRUE
         dumps, fragment = orjson.dumps, orjson.Fragment
-        expressions = build_batch = None
+        expressions = build_batch = rewrite = block_events = None
         if self.server_json:
             expressions = [json_expression(c.type_oid, self.types, "x." + quote_ident(c.name)) for c in table.columns]
             if None in expressions:
@@ -240,6 +261,15 @@ class SnapshotRows:
                                               fragment(j), version, ts_ms, marker, source, None))
                             for k, j in (line.split(b"\t", 2)[:2] for line in lines)]
 
+                if convert_key is int and _copyjson is not None:
+                    # build_batch's int case for a whole block, in C (_copyjson.c): the same events.
+                    head, tail = (read, table_id), (version, ts_ms, marker, source, None)
+                    make = partial(new, ChangeEvent)
+
+                    def block_events(block: bytes) -> list[ChangeEvent] | None:
+                        return _copyjson.int_key_events(block, make, head, single_key, fragment, tail,
+                                                        MIN_TOASTABLE_CHARS)
+
             keys = ", ".join("x." + quote_ident(k) for k in key_names)
             json_columns = ", ".join(f"{e} AS {quote_ident(n)}" for e, n in zip(expressions, names))
             toast = "".join(
@@ -248,9 +278,20 @@ class SnapshotRows:
             sql = (f"COPY (SELECT {keys}, row_to_json(j){toast} "
                    f"FROM {quote_ident(table_id.schema)}.{quote_ident(table_id.table)} x "
                    f"CROSS JOIN LATERAL (SELECT {json_columns}) j{chunk.where('x')}) TO STDOUT")
+            if self.client_json:
+                # The same lines, made in the reader from the plain COPY text (copy_json.py).
+                rewrite = CopyJson.for_table(f"{table_id.schema}.{table_id.table}",
+                                             [(c.name, c.type_oid) for c in table.columns], self.types,
+                                             [names.index(k) for k in key_names], may_be_toasted,
+                                             MIN_TOASTABLE_CHARS)
+                if rewrite is not None:
+                    sql = (f"COPY (SELECT {', '.join(quote_ident(n) for n in names)} "
+                           f"FROM {quote_ident(table_id.schema)}.{quote_ident(table_id.table)}"
+                           f"{chunk.where()}) TO STDOUT")
 
         return ChunkPlan(sql, build, build_batch,
-                         f"{table_id.schema}.{table_id.table}", toastable, expressions is not None)
+                         f"{table_id.schema}.{table_id.table}", toastable, expressions is not None, rewrite,
+                         block_events)
 
     def read(self, reader: SnapshotReader, chunk: Chunk, emit: Callable[[list], None]) -> None:
         """Read ``chunk`` on this thread: ``emit((events, table, toastable values))`` per batch."""
@@ -263,7 +304,7 @@ class SnapshotRows:
             toastable.clear()
             emit((events, plan.qualified, batch_toast))
 
-        sink = _CopySink(plan.build, emit_with_toast, self.batch, plan.build_batch)
+        sink = _CopySink(plan.build, emit_with_toast, self.batch, plan.build_batch, plan.rewrite, plan.block_events)
         began = time.monotonic()
         try:
             with reader.conn.cursor() as cur:
@@ -272,14 +313,18 @@ class SnapshotRows:
             raise wrap(err, f"reading {chunk.table.id} for the snapshot") from err
         sink.close()
         log.debug("snapshot of %s%s: %d rows in %.1fs (%s)", chunk.table.id, chunk.where(), sink.rows,
-                  time.monotonic() - began, "server JSON" if plan.server_json else "converters")
+                  time.monotonic() - began, "converters" if not plan.server_json
+                  else "row JSON made here" if plan.rewrite is not None else "server JSON")
 
 
 @dataclass(slots=True)
 class ChunkPlan:
     """A chunk's COPY statement and its line -> event builders (``build_batch``: a whole batch
     in C-level steps, or None where it does not apply); the builders append the values the TOAST
-    store must keep to ``toastable``."""
+    store must keep to ``toastable``. ``rewrite``: where the statement is the plain COPY, what
+    turns a block of its whole lines into the lines the builders read (``copy_json.CopyJson``).
+    ``block_events``: ``build_batch`` for a whole block in C, without splitting it into lines
+    first (a single integer key), or None."""
 
     sql: str
     build: Callable[[bytes], ChangeEvent]
@@ -287,9 +332,15 @@ class ChunkPlan:
     qualified: str
     toastable: list
     server_json: bool
+    rewrite: CopyJson | None = None
+    block_events: Callable[[bytes], list[ChangeEvent] | None] | None = None
 
     def events(self, block: bytes) -> list[ChangeEvent]:
         """The events of ``block``: whole COPY lines, each ending in a newline."""
+        if self.block_events is not None and block:
+            events = self.block_events(block)
+            if events is not None:
+                return events
         lines = block.split(b"\n")
         lines.pop()
         events = self.build_batch(lines, block) if self.build_batch is not None else None

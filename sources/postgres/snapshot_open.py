@@ -95,7 +95,8 @@ def open_snapshot(config: PostgresConfig, conn, slot: ReplicationSlot, tables: l
                 plan.toastable.clear()
             return events
 
-        pool.submit([(i, str(chunk.table.id), plan.sql, block) for i, (chunk, plan) in enumerate(zip(chunks, plans))])
+        pool.submit([(i, str(chunk.table.id), plan.sql, block, plan.rewrite)
+                     for i, (chunk, plan) in enumerate(zip(chunks, plans))])
 
     # Each table's shape goes out with the first snapshot batch: a sink that types its columns
     # from the schema records (the Delta sink) must not wait for a table's first streamed change.

@@ -3,7 +3,9 @@
 Each child opens a connection, imports the exported snapshot (``SET TRANSACTION SNAPSHOT``, as
 the reader threads do, so every process reads the same consistent state) and runs each chunk's
 COPY, handing back blocks of whole COPY lines: one bytes object per block, the cheapest thing to
-pickle. The source's process turns a block into events with the chunk's plan
+pickle. Where the chunk's statement is the plain COPY of the table (``copy_json.py``), the child
+also makes each block's row JSON, so the lines it hands back are those the server would have
+printed for the row-JSON statement. The source's process turns a block into events with the chunk's plan
 (``SnapshotRows.plan``): for the common table that is a few C-level steps per row (split, int,
 a Fragment of the row JSON the server printed), so the per-row Python work of driving COPY (a
 ``write`` call per row, cutting lines) runs in the children, beside the GIL, not under it.
@@ -42,8 +44,8 @@ class _LineBlocks:
     """A file for ``copy_expert`` that hands on blocks of whole lines (``lines`` writes each; libpq
     gives COPY data a row at a time)."""
 
-    def __init__(self, index: int, emit: Callable, lines: int) -> None:
-        self.index, self.emit, self.lines = index, emit, lines
+    def __init__(self, index: int, emit: Callable, lines: int, rewrite: Callable[[bytes], bytes] | None) -> None:
+        self.index, self.emit, self.lines, self.rewrite = index, emit, lines, rewrite
         self.chunks: list[bytes] = []
         self.rest = b""
         self.bytes = 0
@@ -63,7 +65,8 @@ class _LineBlocks:
         self.rest = joined[cut:]
         if cut:
             self.bytes += cut
-            self.emit((self.index, joined[:cut] if cut < len(joined) else joined))
+            block = joined[:cut] if cut < len(joined) else joined
+            self.emit((self.index, block if self.rewrite is None else self.rewrite(block)))
 
     def close(self) -> None:
         if self.chunks:
@@ -72,10 +75,11 @@ class _LineBlocks:
             raise ValueError("COPY output ended in the middle of a row")
 
 
-def copy_lines(reader: SnapshotReader, task: tuple[int, str, str, int], emit: Callable) -> None:
-    """Runs in a child: ``task`` is (chunk index, table name, COPY statement, lines per block)."""
-    index, table, sql, lines = task
-    sink = _LineBlocks(index, emit, lines)
+def copy_lines(reader: SnapshotReader, task: tuple[int, str, str, int, Callable | None], emit: Callable) -> None:
+    """Runs in a child: ``task`` is (chunk index, table name, COPY statement, lines per block,
+    what makes a block's row JSON or None)."""
+    index, table, sql, lines, rewrite = task
+    sink = _LineBlocks(index, emit, lines, rewrite)
     began = time.monotonic()
     try:
         with reader.conn.cursor() as cur:

@@ -6,7 +6,8 @@ this module wires the PostgreSQL parts into it:
   slot.py             the replication slot: name, state, taking it back from a dead process,
                       dropping and creating it; whether a stored LSN can still be streamed from
   snapshot_open.py    the snapshot half: a fresh slot with an exported snapshot, readers in it
-                      (snapshot.py reads the chunks)
+                      (snapshot.py reads the chunks; copy_json.py makes their row JSON from
+                      the plain COPY text where _copyjson.c is built)
   decoding.py         the streaming half: pgoutput messages into batches; ``commit`` confirms an
                       LSN to the slot, the only place the server is told it may drop WAL
   lookup.py           what the stream looks up in the catalog (tables, types, missing values)
@@ -155,8 +156,10 @@ class PostgresSource(SnapshotThenStream):
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: opening the snapshot", setting=self.setting,
                        role=self.role) from err
+        columns = self.lookup.all_attnums([t.oid for t in tables])
         for table in tables:  # the snapshot reads these relations as of its consistent point
             self.relations.seen(table.id, table.oid, opened.consistent.lsn)
+            self.relations.shaped(table.id, table.oid, columns.get(table.oid, {}), opened.consistent.lsn)
         return opened
 
     def open_stream(self, position: PgLsn | None, after_snapshot: bool) -> LogicalStream:
@@ -173,10 +176,13 @@ class PostgresSource(SnapshotThenStream):
                                 self.lookup.type_name, self.lookup.filled,
                                 self.lookup.attnums)
         builder.oids.update(self.relations.known(self.slot.database))
-        # The captured tables' columns as they are now: a column renamed before the table's first
-        # Relation message of this session is then told from a dropped one (changes.py, _renamed).
+        # The captured tables' columns as of the stored position (relations.py), else as they are
+        # now: a column renamed before the table's first Relation message of this session, even
+        # while the source was down, is then told from a dropped one (changes.py, _renamed).
         builder.column_ids.update(self.lookup.all_attnums(list(self.tables)))
+        builder.column_ids.update(self.relations.columns())
         builder.on_oid = self.relations.seen
+        builder.on_columns = self.relations.shaped
         builder.gone_table = self.lookup.gone_table
         transport = ReplicationStream(self.dsn, self.options, self.slot.name, cfg.publication_name, self.protocol,
                                       position.lsn, cfg.status_interval, self.app_name, self.setting,

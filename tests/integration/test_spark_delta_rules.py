@@ -137,3 +137,40 @@ def test_the_sink_runs_itself_and_needs_kafka():
     sink.log_config = LogConfig.model_validate({"embedded": {}})
     with pytest.raises(ConfigError, match="needs Kafka"):
         sink.start()
+
+
+def test_a_local_session_has_one_shuffle_partition_per_core():
+    """Each shuffle partition of a MERGE's output is a file that later MERGEs scan and mark;
+    local[2] had four."""
+    from spark_sinks.session import local_cores, shuffle_partitions
+
+    assert local_cores("local") == 1
+    assert local_cores("local[2]") == 2
+    assert local_cores("local[3, 2]") == 3
+    assert local_cores("local[*]") >= 1
+    assert local_cores("spark://host:7077") is None and local_cores("local-cluster[2,1,1024]") is None
+    assert shuffle_partitions("local[2]") == {"spark.sql.shuffle.partitions": "2"}
+    assert shuffle_partitions("yarn") == {"spark.sql.shuffle.partitions": "4"}
+
+
+def test_an_absent_delete_memory_is_asked_for_once(monkeypatch):
+    """A table without deletes asked Delta whether its memory exists in every batch (a read of
+    the memory's log); the sink is the memory's one writer, so the answer is kept until it
+    writes the memory or forgets its tables."""
+    from spark_sinks import tables
+    from spark_sinks.tables import TableTarget
+
+    asked = []
+
+    def is_delta_table(session, path):
+        asked.append(path)
+        return False
+
+    monkeypatch.setattr(tables.DeltaTable, "isDeltaTable", is_delta_table)
+    target = TableTarget("/lake", "cdc.public.orders", "cdc", "type1")
+    assert not target.deletes_exist(None) and not target.deletes_exist(None)
+    assert asked == ["/lake/_cdc_deletes/public/orders"]
+    target.deletes_written()
+    assert target.deletes_exist(None) and len(asked) == 1
+    target.forget()
+    assert not target.deletes_exist(None) and len(asked) == 2

@@ -1,11 +1,11 @@
-"""The DDL script of tests/live_ddl.py against the Delta sink: PostgreSQL -> capture -> Kafka ->
-the delta sink's query (``schema_policy: rebuild``), a writer writing while each DDL runs.
-After each step the Delta tables equal the source on the source's columns, with the types the
-README's table says (a widened decimal in place; int -> text and numeric -> double rebuilt)."""
+"""The DDL script of tests/live_ddl.py against the Delta sink, for each source: PostgreSQL or
+MariaDB -> capture -> Kafka -> the delta sink's query (``schema_policy: rebuild``), a writer
+writing while each DDL runs. After each step the Delta tables equal the source on the source's
+columns, with the types the README's table says (a widened decimal in place; int -> text and
+numeric -> double rebuilt). One Spark session for the whole script (the ``spark`` fixture)."""
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 
 import pytest
@@ -14,10 +14,12 @@ from cdc.log.kafka import KafkaLog
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from tests.integration.pg_capture import capturing, pg_config, topic_state, wait_until
-from tests.live_ddl import STEPS, PgDb, Writer, rows_of, source_columns
+from tests.integration.test_mysql_source import mysql_config
+from tests.live_ddl import STEPS, MyDb, PgDb, Writer, rows_of, source_columns
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.postgres]
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
+# spark_sinks/README.md (types.py): both sources' types of the changed columns after each step.
 DELTA_TYPES = {"widen a numeric": {"amount": "decimal(14,4)"}, "int to text": {"qty": "string"},
                "numeric to double": {"amount": "double"}}
 
@@ -39,22 +41,39 @@ def delta_state(spark, path: str, columns: list[str]) -> dict:
     return {r[0]: tuple(_norm(v) for v in r[1:]) for r in frame.select(*columns).collect()}
 
 
-def test_the_ddl_script_reaches_delta_in_order(spark, pg_dsn, kafka_bootstrap, kafka_topic, tmp_path):
-    db = PgDb(pg_dsn)
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres),
+                        pytest.param("mysql", marks=pytest.mark.mysql)])
+def source_db(request):
+    if request.param == "postgres":
+        return PgDb(request.getfixturevalue("pg_dsn"))
+    return MyDb(request.getfixturevalue("mysql_url"), request.getfixturevalue("mysql_db"))
+
+
+def capture_config(db, tmp_path, prefix: str):
+    """(the source's config, the namespace of its topics: ``<prefix>.<namespace>.<table>``)."""
+    if db.kind == "postgres":
+        return pg_config(db.dsn, tmp_path, slot=f"dl_{prefix}"), "public"
+    return mysql_config(db.base, db.db, heartbeat_interval=1.0), db.db
+
+
+def test_the_ddl_script_reaches_delta_in_order(spark, source_db, kafka_bootstrap, kafka_topic, tmp_path):
+    db = source_db
     db.seed()
     source = db.url
     prefix = kafka_topic
     log = KafkaLog(kafka_bootstrap)
+    capture, namespace = capture_config(db, tmp_path, prefix)
     config = DeltaSinkConfig.model_validate(dict(
-        name="lake", type="delta", topics=[f"{prefix}.public.*"], path=str(tmp_path / "lake"),
+        name="lake", type="delta", topics=[f"{prefix}.{namespace}.*"], path=str(tmp_path / "lake"),
         checkpoint=str(tmp_path / "checkpoint"), trigger_seconds=0.5, topic_prefix=prefix, schema_policy="rebuild",
         kafka={"bootstrap_servers": kafka_bootstrap}, spark={"conf": {"spark.sql.shuffle.partitions": "2"}}))
+    orders = f"{prefix}.{namespace}.orders"
     writer = Writer(db)
     marker = [0]
     try:
-        with capturing(pg_config(pg_dsn, tmp_path, slot=f"dl_{prefix}"), log, prefix) as capture:
-            wait_until(lambda: len(topic_state(log, f"{prefix}.public.orders")) == 30, capture=capture)
-            writer.thread.start()
+        with capturing(capture, log, prefix) as running:
+            wait_until(lambda: len(topic_state(log, orders)) == 30, capture=running)
+            writer.start()
             for step, ddl in zip(STEPS, db.script):
                 writer.resume()
                 db.execute(ddl)  # while the writer writes
@@ -64,8 +83,8 @@ def test_the_ddl_script_reaches_delta_in_order(spark, pg_dsn, kafka_bootstrap, k
                 # A marker row: once it is in the topic, everything before it is.
                 marker[0] -= 1
                 db.execute(f"INSERT INTO orders (id) VALUES ({marker[0]})")
-                wait_until(lambda: f'{{"id":{marker[0]}}}' in topic_state(log, f"{prefix}.public.orders"),
-                           what="the capture to catch up", capture=capture)
+                wait_until(lambda: f'{{"id":{marker[0]}}}' in topic_state(log, orders),
+                           what="the capture to catch up", capture=running)
                 # The query runs from its checkpoint over what the step added (a few micro-batches:
                 # a running query would make one per trigger while the writer writes, minutes in all).
                 sink = DeltaSink(config)
@@ -79,16 +98,16 @@ def test_the_ddl_script_reaches_delta_in_order(spark, pg_dsn, kafka_bootstrap, k
                     columns = source_columns(source, table)
                     if columns:
                         expected = rows_of(source, table, columns)
-                        actual = delta_state(spark, f"{config.path}/public/{table}", columns)
+                        actual = delta_state(spark, f"{config.path}/{namespace}/{table}", columns)
                         assert actual == expected, (step, table, {k: (expected.get(k), actual.get(k))
                                                                   for k in set(expected) | set(actual)
                                                                   if expected.get(k) != actual.get(k)})
-                types = dict(spark.read.format("delta").load(f"{config.path}/public/orders").dtypes)
+                types = dict(spark.read.format("delta").load(f"{config.path}/{namespace}/orders").dtypes)
                 for column, type_ in DELTA_TYPES.get(step, {}).items():
                     assert types[column] == type_, (step, column, types[column])
+                if step == "rename a column":
+                    assert "c1" not in types and "c1r" in types, (step, types)
             assert writer.error is None, writer.error
     finally:
-        writer.stop.set()
-        if writer.thread.is_alive():
-            writer.thread.join()
+        writer.close()
         log.close()

@@ -85,7 +85,36 @@ def test_renames_in_one_statement_are_told_from_the_names_before_it():
                                      "RENAME COLUMN b TO b2, DROP COLUMN b2, CHANGE c c INT", "shop"), "", 8, 1)
     assert {c.name: c.renamed_from for c in change.columns} == {"id": None, "a3": "a", "c": None}
     (change,), _ = t.apply(ddl.parse("ALTER TABLE orders ADD COLUMN z INT", "shop"), "", 9, 1)
-    assert not any(c.renamed_from for c in change.columns)  # only the statement's own renames
+    # No row in between: a sink meets this shape only, so it carries the renames before it ...
+    assert {c.name: c.renamed_from for c in change.columns} == {"id": None, "a3": "a", "c": None, "z": None}
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE orders RENAME COLUMN a3 TO a4", "shop"), "", 10, 1)
+    assert {c.name: c.renamed_from for c in change.columns}["a4"] == "a"
+    # ... until a table map: rows of that shape follow, so a sink has met it.
+    specs = [ColumnSpec("id", LONG, nullable=False), ColumnSpec("a4", LONG), ColumnSpec("c", LONG),
+             ColumnSpec("z", LONG)]
+    assert t.from_table_map("shop", "orders", specs, ("id",), lambda: set(), 11, 1) is None
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE orders ADD COLUMN y INT", "shop"), "", 12, 1)
+    assert not any(c.renamed_from for c in change.columns)
+
+
+def test_a_resume_behind_the_catalog_publishes_the_binlogs_shapes_and_still_tells_renames():
+    """The catalog read at a resume already has a rename made while the source was down: no shape
+    goes out from it until the binlog says what the table was there, and the replayed RENAME is
+    still a rename for a sink that holds the old name."""
+    t = tracker(create("CREATE TABLE items (id INT PRIMARY KEY, title TEXT, extra INT)"))
+    t.defer()
+    specs = [ColumnSpec("id", LONG, nullable=False), ColumnSpec("title", BLOB, length=2, charset="utf8mb4"),
+             ColumnSpec("extra", LONG)]
+    change = t.from_table_map("shop", "items", specs, ("id",), lambda: set(), 5, 1)
+    assert change is not None and [c.name for c in change.columns] == ["id", "title", "extra"]  # confirmed
+    assert t.from_table_map("shop", "items", specs, ("id",), lambda: set(), 6, 1) is None
+    # Nothing pending: the first thing the stream meets is the rename itself.
+    t = tracker(create("CREATE TABLE items (id INT PRIMARY KEY, title TEXT, extra INT)"))
+    t.defer()
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE items RENAME COLUMN label TO title", "shop"), "", 7, 1)
+    assert {c.name: c.renamed_from for c in change.columns} == {"id": None, "title": "label", "extra": None}
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE items DROP COLUMN qty", "shop"), "", 8, 1)
+    assert {c.name: c.renamed_from for c in change.columns}["title"] == "label"
 
 
 def test_alter_is_idempotent_over_a_catalog_that_already_has_the_change():

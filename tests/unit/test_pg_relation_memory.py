@@ -28,3 +28,38 @@ def test_an_unreadable_file_forgets_rather_than_stops(tmp_path):
     path = tmp_path / "relations.json"
     path.write_text("not json")
     assert RelationMemory(path).known("shop") == {}
+
+
+def test_columns_are_stored_once_the_position_covers_their_shape(tmp_path):
+    path = tmp_path / "relations.json"
+    memory = RelationMemory(path)
+    memory.seen(ITEMS, 100, lsn=500)
+    memory.shaped(ITEMS, 100, {"id": 1, "label": 2}, lsn=500)
+    memory.shaped(ITEMS, 100, {"id": 1, "title": 2}, lsn=700)   # renamed at 700
+    memory.committed(600)
+    assert RelationMemory(path).columns() == {100: {"id": 1, "label": 2}}
+    memory.committed(700)
+    assert RelationMemory(path).columns() == {100: {"id": 1, "title": 2}}
+    memory.seen(ITEMS, 200, lsn=900)                             # dropped and created again
+    memory.committed(900)
+    assert RelationMemory(path).columns() == {} and RelationMemory(path).known("shop") == {ITEMS: 200}
+
+
+def test_a_file_of_oids_alone_is_still_read(tmp_path):
+    path = tmp_path / "relations.json"
+    path.write_text('{"public.items": 100}')
+    memory = RelationMemory(path)
+    assert memory.known("shop") == {ITEMS: 100} and memory.columns() == {}
+
+
+def test_a_rename_the_stream_is_behind_is_still_told_from_a_drop():
+    """The catalog already has ``title`` (attnum 2) when the stream still shows ``label``: the
+    old name keeps the attnum of the last shape, so ``title`` is a rename when it comes."""
+    from sources.postgres.changes import ChangeBuilder
+
+    catalog = {"id": 1, "title": 2, "extra": 4}
+    builder = ChangeBuilder("shop", lambda oid: None, lambda oids: [], None, lambda oid, mod: "",
+                            attnums=lambda oid: dict(catalog))
+    builder.column_ids[100] = {"id": 1, "label": 2, "qty": 3}        # relations.json, as stored
+    assert builder._renamed(100, ("id", "label", "qty")) == {}       # rows of the old shape first
+    assert builder._renamed(100, ("id", "title", "extra")) == {"title": "label"}

@@ -20,7 +20,7 @@ text = st.text(max_size=8)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1), text, st.floats(allow_nan=False))
 rows = st.dictionaries(text, scalars, max_size=4)
 ops = st.sampled_from(["c", "u", "d", "r", "t", "x", 5, None])
-versions = st.one_of(st.integers(-(2 ** 63), 2 ** 64), st.just(True), st.just("7"), st.none())
+versions = st.one_of(st.integers(-(2 ** 63), 2 ** 64 - 1), st.just(True), st.just("7"), st.none())
 
 
 @st.composite

@@ -72,3 +72,36 @@ def json_expression(type_oid: int, catalog: Mapping[int, TypeInfo], column: str,
     if info.kind in (TypeKind.ARRAY, TypeKind.RANGE, TypeKind.MULTIRANGE) or info.name == "hstore":
         return None
     return _text(column)  # numeric, date, enums, composites, other and non-built-in types
+
+
+# How the reader makes each column's JSON from its COPY text instead (sources/postgres/copy_json.py):
+# one kind per expression above, the same decisions in the same order.
+RAW, FLOAT, BOOL, STRING, TIMESTAMP, TIMESTAMPTZ, BYTEA = range(1, 8)
+_KIND_AS_IS = {16: BOOL, 20: RAW, 21: RAW, 23: RAW, 700: FLOAT, 701: FLOAT}
+
+
+def json_kind(type_oid: int, catalog: Mapping[int, TypeInfo], _depth: int = 0) -> int | None:
+    """The kind of value ``json_expression(type_oid, ...)`` makes row_to_json print: None where
+    that has no expression."""
+    if _depth > _MAX_DEPTH or type_oid in _NONE:
+        return None
+    if type_oid in _AS_IS:
+        return _KIND_AS_IS[type_oid]
+    if type_oid in _STRING:
+        return STRING
+    if type_oid == 26:  # oid, as int8
+        return RAW
+    if type_oid == 17:
+        return BYTEA
+    if type_oid == 1114:
+        return TIMESTAMP
+    if type_oid == 1184:
+        return TIMESTAMPTZ
+    info = catalog.get(type_oid) or BUILTIN_TYPES.get(type_oid)
+    if info is None:
+        return STRING
+    if info.kind is TypeKind.DOMAIN:
+        return json_kind(info.base_oid, catalog, _depth + 1)
+    if info.kind in (TypeKind.ARRAY, TypeKind.RANGE, TypeKind.MULTIRANGE) or info.name == "hstore":
+        return None
+    return STRING
