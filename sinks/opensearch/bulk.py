@@ -45,9 +45,14 @@ class Item(NamedTuple):
     body: dict[str, Any]
     event: Any = None                 # the SinkEvent it comes from (for the dead letters)
     version_type: str = "external"
+    # The item encoded already (lines.py makes a write's items with their lines in one pass; its
+    # ``body`` is then the document without the version field, which is in the line).
+    line: bytes | None = None
 
     def encode(self) -> bytes:
-        # The action line by hand (names and ids escaped by orjson): the hot path of a bulk.
+        if self.line is not None:
+            return self.line
+        # The action line by hand (names and ids escaped by orjson).
         return b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}\n%b\n' % (
             _quoted(self.index), orjson.dumps(self.doc_id), self.version, _VERSION_TYPES[self.version_type],
             orjson.dumps(self.body, option=orjson.OPT_NON_STR_KEYS))
@@ -94,12 +99,13 @@ class BulkWriter:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
-    def send(self, items: list[Item]) -> Outcome:
+    def send(self, items: list[Item], lines: list[bytes] | None = None) -> Outcome:
+        """Write ``items``; ``lines``: their encodings, made already (else ``Item.encode``)."""
         outcome = Outcome()
         pending = items
         backoff = FIRST_BACKOFF_S
         for attempt in range(RETRIES + 1):
-            retry = self._send_once(pending, outcome)
+            retry = self._send_once(pending, outcome, lines if attempt == 0 else None)
             if not retry:
                 return outcome
             if attempt == RETRIES:
@@ -112,34 +118,38 @@ class BulkWriter:
         raise RetriableError(f"{self.what}: OpenSearch kept refusing {len(pending)} documents for now "
                              f"({retry[0][1]}); the batch will be retried")
 
-    def _send_once(self, items: list[Item], outcome: Outcome) -> list[tuple[Item, str]]:
+    def _send_once(self, items: list[Item], outcome: Outcome, lines: list[bytes] | None) -> list[tuple[Item, str]]:
+        chunks = self._chunks(items, lines if lines is not None else [item.encode() for item in items])
         if self.pool is None:
-            results = [self._request(chunk) for chunk in self._chunks(items)]
+            results = [self._request(chunk) for chunk in chunks]
         else:
-            # Each chunk is sent as soon as it is encoded: encoding the next overlaps the requests
-            # in flight.
-            futures = [self.pool.submit(self._request, chunk) for chunk in self._chunks(items)]
+            # Each chunk is sent as soon as it is cut: cutting the next overlaps the requests in
+            # flight.
+            futures = [self.pool.submit(self._request, chunk) for chunk in chunks]
             results = [future.result() for future in futures]
         retry: list[tuple[Item, str]] = []
         for chunk_items, answer in results:
             self._classify(chunk_items, answer, outcome, retry)
         return retry
 
-    def _chunks(self, items: list[Item]):
+    def _chunks(self, items: list[Item], lines: list[bytes]):
+        """Requests of at most ``max_docs`` documents (evened out, see per_request) and
+        ``max_bytes`` bytes, as (items, body). Cut by slices of the lists: a request of
+        documents that fit costs one sum of their sizes and one join, nothing per document in
+        Python."""
         max_docs = per_request(len(items), self.max_docs, self.concurrency)
-        chunk: list[Item] = []
-        parts: list[bytes] = []
-        size = 0
-        for item in items:
-            data = item.encode()
-            if chunk and (len(chunk) >= max_docs or size + len(data) > self.max_bytes):
-                yield chunk, b"".join(parts)
-                chunk, parts, size = [], [], 0
-            chunk.append(item)
-            parts.append(data)
-            size += len(data)
-        if chunk:
-            yield chunk, b"".join(parts)
+        max_bytes = self.max_bytes
+        start, count = 0, len(items)
+        while start < count:
+            end = min(start + max_docs, count)
+            size = sum(map(len, lines[start:end]))
+            if size > max_bytes:  # fewer documents: as many as fit (at least one)
+                end, size = start + 1, len(lines[start])
+                while end < count and end - start < max_docs and size + len(lines[end]) <= max_bytes:
+                    size += len(lines[end])
+                    end += 1
+            yield items[start:end], b"".join(lines[start:end])
+            start = end
 
     def _request(self, chunk: tuple[list[Item], bytes]) -> tuple[list[Item], dict]:
         chunk_items, payload = chunk

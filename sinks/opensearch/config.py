@@ -9,6 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from cdc.api import SinkConfig, template_fields
 
 TEMPLATE_FIELDS = ("topic", "schema", "db", "table")
+# OpenSearch 2.x (what this sink is tested against) has no API keys: its security plugin takes
+# `Authorization: ApiKey` only from 3.7 on. A header the node ignores would fail as 401 at the
+# first request, far from the config line that caused it; so the option is refused here.
+API_KEY_REFUSED = ("api_key (api_key_file): OpenSearch 2.x has no API keys (its security plugin accepts "
+                   "'Authorization: ApiKey' from OpenSearch 3.7 on, which this sink is not tested against); "
+                   "authenticate with username and password (password_file), or with a client certificate "
+                   "(client_cert_file, client_key_file) that the node's clientcert authentication maps to a user")
 
 
 class IndexOptions(BaseModel):
@@ -42,9 +49,16 @@ class OpenSearchSinkConfig(SinkConfig):
                              description="node URLs (http:// or https://)")
     username: str | None = Field(default=None, description="basic auth user")
     password: SecretStr | None = Field(default=None, description="basic auth password (password_file: a path)")
-    api_key: SecretStr | None = Field(default=None,
-                                      description="API key, sent as 'Authorization: ApiKey <key>' (api_key_file)")
+    # Refused with the reason (see _no_api_key): kept as a field so that a config naming it gets
+    # that reason, not "extra fields not permitted".
+    api_key: SecretStr | None = Field(default=None, description="not supported: OpenSearch 2.x has no API keys; "
+                                                                 "use username/password or client_cert_file")
     ca_file: str | None = Field(default=None, description="CA bundle (PEM) that signs the nodes' certificates")
+    client_cert_file: str | None = Field(
+        default=None, description="client certificate (PEM) presented over TLS: with the security plugin's "
+                                  "clientcert authentication, the sink authenticates with it and needs no password")
+    client_key_file: str | None = Field(default=None, description="the client certificate's private key (PEM), "
+                                                                  "if not in client_cert_file")
     verify_certs: bool = Field(default=True, description="check the nodes' TLS certificates (keep it on)")
     request_timeout_s: float = Field(default=60, gt=0)
     index_name: str = Field(default="{topic}",
@@ -70,11 +84,16 @@ class OpenSearchSinkConfig(SinkConfig):
     bulk_concurrency: int = Field(default=2, ge=1, le=16, description="bulk requests in flight at once")
 
     @model_validator(mode="after")
-    def _one_auth(self) -> "OpenSearchSinkConfig":
-        if self.api_key is not None and (self.username or self.password):
-            raise ValueError("set either api_key or username/password, not both")
+    def _auth(self) -> "OpenSearchSinkConfig":
+        if self.api_key is not None:
+            raise ValueError(API_KEY_REFUSED)
         if (self.username is None) != (self.password is None):
             raise ValueError("basic auth needs both username and password")
+        if self.client_key_file is not None and self.client_cert_file is None:
+            raise ValueError("client_key_file is set but client_cert_file is not")
+        if self.client_cert_file is not None and not all(h.startswith("https://") for h in self.hosts):
+            raise ValueError("client_cert_file is set but not every host is https:// (a client certificate "
+                             "is presented over TLS only)")
         return self
 
     @field_validator("index_name")

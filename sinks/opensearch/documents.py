@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from cdc.api import Op
 from sinks.opensearch.config import IndexOptions
-from sinks.opensearch.naming import document_id
+from sinks.opensearch.naming import MAX_ID_BYTES, document_id
 
 _NO_OPTIONS = IndexOptions()
 
@@ -33,6 +33,12 @@ class TableLayout:
             if fnmatch.fnmatchcase(qualified, pattern):
                 return cls(options)
         return cls(_NO_OPTIONS)
+
+    @property
+    def identity(self) -> bool:
+        """Whether the document is the row as it is (no include, exclude or rename)."""
+        options = self.options
+        return options.include is None and not options.exclude and not options.rename
 
     def keeps(self, column: str) -> bool:
         options = self.options
@@ -85,7 +91,18 @@ class TopicActions:
 
 
 def reduce(events: list) -> dict[str, TopicActions]:
-    """topic -> its newest action per document, in the order of the batch."""
+    """topic -> its newest action per document, in the order of the batch. Where setup.py built
+    it, ``_lines.c`` runs this loop in C for the common batch (inserts, updates, deletes and
+    tombstones keyed by one int or text column) and hands any other batch back to this one, the
+    reference (tests/unit/test_opensearch_lines.py compares them)."""
+    if _lines is not None and USE_SPEEDUPS and type(events) is list:
+        out = _lines.reduce(events, TopicActions, Op.TRUNCATE, Op.DELETE, Upsert, Delete, Tombstone, MAX_ID_BYTES)
+        if out is not None:
+            return out
+    return _reduce(events)
+
+
+def _reduce(events: list) -> dict[str, TopicActions]:
     out: dict[str, TopicActions] = {}
     new = tuple.__new__
     for event in events:
@@ -116,3 +133,10 @@ def reduce(events: list) -> dict[str, TopicActions]:
         else:
             topic.actions[doc_id] = new(Upsert, (doc_id, event.version, event.after or {}, event))
     return out
+
+
+USE_SPEEDUPS = True  # tests turn it off to compare the two loops
+try:  # the same loop in C (_lines.c), built by setup.py where a compiler is found
+    from sinks.opensearch import _lines
+except ImportError:  # pragma: no cover - a build without a compiler
+    _lines = None

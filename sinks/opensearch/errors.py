@@ -3,7 +3,7 @@
 * no connection, a timeout, 429 (``es_rejected_execution_exception``: a full write queue),
   5xx: ``RetriableError``; the runtime retries the same batch later (that is the backpressure).
 * a node certificate that the CA in ``ca_file`` (or the system's) does not verify, 401 (the
-  username/password or API key) and 403 (the user may not do this): ``ConfigError``, naming the
+  username/password or client certificate) and 403 (the user may not do this): ``ConfigError``, naming the
   node URLs (without any credentials in them) and the setting to correct. Retrying cannot help.
 * 404 (an index that should exist) and every other 4xx: ``PermanentError``.
 """
@@ -53,7 +53,8 @@ def translate(err: BaseException, what: str, hosts=()) -> CdcError:
             return RetriableError(f"{what}: OpenSearch answered {status} {error_type}: {_reason(err)}")
         if status == 401:
             return ConfigError(f"{what}: {where} refused the credentials (401): correct username and password "
-                               f"(or password_file), or api_key (or api_key_file)")
+                               f"(or password_file), or the client certificate (client_cert_file) and the "
+                               f"node's mapping of it to a user")
         if status == 403:
             return ConfigError(f"{what}: {where} refused the request for lack of permissions (403): give the "
                                f"user the permission, or use one that has it: {_reason(err)}")

@@ -14,7 +14,8 @@ A write (see cdc/sink_events.py for the semantics it implements):
    into a new generation).
 3. A truncate clears the index of documents older than its version and remembers the version.
 4. Tombstone records without a delete in the batch are resolved against the index (mget).
-5. One bulk of versioned ``index`` items (bulk.py). It has returned once every item is written,
+5. The bulk items and their NDJSON, made in one pass (lines.py; C where built), then one bulk of
+   versioned ``index`` items (bulk.py). It has returned once every item is written,
    refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
    only once it is in the translog, which is fsynced per request by default, so it is durable.
    A document refused for good (a mapping error) goes to the dead-letter topic alone, with
@@ -35,11 +36,11 @@ from cdc.api import CdcError, DescribedSink, PermanentError, RebuildableSink, Si
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
-from sinks.opensearch.documents import Delete, Tombstone, Upsert, reduce
+from sinks.opensearch.documents import reduce
 from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
-from sinks.opensearch.mapping import VERSION_FIELD
+from sinks.opensearch.lines import encode as encode_items
 from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
 
 log = logging.getLogger(__name__)
@@ -107,44 +108,34 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         generation = self._writing()
         with self._errors("write"):
             items: list[Item] = []
+            lines: list[bytes] = []
             for topic, changes in reduce(events).items():
                 self.shape_of(changes.first)  # the shape the rows name is there (or the wait is over)
                 target = self.catalog.prepare(topic, changes.first.source, generation,
                                               following=self.generation is None)
                 if changes.truncate is not None:
                     self.catalog.truncate(target, changes.truncate)
+                # Upserts and deletes with their NDJSON in one pass (C where built); the
+                # tombstones come back: they are resolved against the index first.
+                layout = target.layout
                 floor = target.truncated_before
-                actions = changes.actions.values()
-                tombstones = [a.doc_id for a in actions if type(a) is Tombstone]
-                live = live_versions(self.client, target.index, tombstones)
-                self._items(items, target, actions, floor, live)
-            outcome = self.bulk.send(items)
+                rest = encode_items(list(changes.actions.values()), target.index, floor,
+                                    None if layout.identity else layout.body, items, lines)
+                if rest:
+                    live = live_versions(self.client, target.index, [a.doc_id for a in rest])
+                    for action in rest:
+                        if action.doc_id in live:
+                            version = max(live[action.doc_id], action.floor or 0)
+                            item = Item(target.index, action.doc_id, version, tombstone_body(version), action.event,
+                                        "external_gte")
+                            items.append(item)
+                            lines.append(item.encode())
+            outcome = self.bulk.send(items, lines)
         self.counters["written"] += outcome.written
         self.counters["conflicts"] += outcome.conflicts
         if outcome.refused:
             self._set_aside(outcome.refused, len(items))
         self._maintain()
-
-    @staticmethod
-    def _items(items: list[Item], target, actions, floor: int | None, live: dict[str, int]) -> None:
-        """The bulk items of one topic's actions. One pass, per document: the hottest loop of a
-        write (the classes are compared by identity, and the items made as plain tuples)."""
-        index, body_of, new, append = target.index, target.layout.body, tuple.__new__, items.append
-        for action in actions:
-            kind = type(action)
-            if kind is Upsert:
-                doc_id, version, row, event = action
-                if floor is None or version >= floor:
-                    body = body_of(row)
-                    append(new(Item, (index, doc_id, version, {**body, VERSION_FIELD: version}, event, "external")))
-            elif kind is Delete:
-                doc_id, version, event = action
-                if floor is None or version >= floor:
-                    append(new(Item, (index, doc_id, version, tombstone_body(version), event, "external")))
-            elif action.doc_id in live:
-                version = max(live[action.doc_id], action.floor or 0)
-                append(new(Item, (index, action.doc_id, version, tombstone_body(version), action.event,
-                                  "external_gte")))
 
     def _set_aside(self, refused: list, total: int) -> None:
         """Documents OpenSearch refuses for good: unless the table's schema moved meanwhile (then

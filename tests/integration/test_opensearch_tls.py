@@ -4,7 +4,9 @@
 The sink is configured from a config file as a user would: an https URL, ``ca_file``, the user
 from the environment and its password from ``password_file``; it writes as ``cdc_sink``, a user
 that is not an admin. A wrong CA or a wrong password is a ``ConfigError`` that names the URL and
-not the password, raised at once by the runtime (never retried).
+not the password, raised at once by the runtime (never retried). With a client certificate
+(``client_cert_file``, ``client_key_file``) and no password, the node's clientcert authentication
+takes the certificate as ``cdc_sink``: what OpenSearch 2.x offers instead of API keys.
 """
 
 from __future__ import annotations
@@ -132,3 +134,38 @@ def test_credentials_written_into_the_url_stay_out_of_messages(tmp_path, secure,
         _run(sink, log)
     message = str(caught.value)
     assert "in-url-secret-99" not in message and secure["OPENSEARCH_SECURE_URL"] in message
+
+
+def test_the_sink_authenticates_with_a_client_certificate_and_no_password(tmp_path, secure, admin, log, name):
+    """OpenSearch 2.x has no API keys; what it has for a service without a password is a client
+    certificate: the node's ``clientcert`` domain takes the certificate's CN (``cdc_sink``) as
+    the user. The sink is configured with the certificate and its key, and no username or
+    password at all."""
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, _row(i, 10 + i), 10 + i, 0) for i in range(20)]
+    events += [ChangeEvent(Op.DELETE, TABLE, {"id": i}, _row(i, 10 + i), None, 100 + i, 0) for i in range(0, 20, 5)]
+    _publish(log, events)
+    sink = _sink(tmp_path, secure, name, username=None, password_file=None,
+                 client_cert_file="'${OPENSEARCH_SECURE_CLIENT_CERT_FILE}'",
+                 client_key_file="'${OPENSEARCH_SECURE_CLIENT_KEY_FILE}'")
+    assert sink.config.username is None and sink.config.password is None and sink.config.client_cert_file
+    _run(sink, log)
+    assert _documents(admin, f"{name}.items") == {i: _row(i, 10 + i) for i in range(20) if i % 5}
+    # The node took the certificate as the user cdc_sink (not an admin), with no password sent.
+    as_cert = OpenSearch(secure["OPENSEARCH_SECURE_URL"], use_ssl=True, ca_certs=secure["OPENSEARCH_SECURE_CA_FILE"],
+                         client_cert=secure["OPENSEARCH_SECURE_CLIENT_CERT_FILE"],
+                         client_key=secure["OPENSEARCH_SECURE_CLIENT_KEY_FILE"])
+    try:
+        who = as_cert.transport.perform_request("GET", "/_plugins/_security/authinfo")
+        assert who["user_name"] == "cdc_sink" and who["roles"] == ["cdc_sink"]
+    finally:
+        as_cert.close()
+
+
+def test_without_credentials_or_certificate_the_node_refuses_with_a_config_error(tmp_path, secure, log, name):
+    """The counterpart of the test above: the same sink with neither password nor certificate is
+    refused (401), so it is the certificate that authenticated it there."""
+    _publish(log, [ChangeEvent(Op.CREATE, TABLE, {"id": 1}, None, _row(1, 1), 1, 0)])
+    sink = _sink(tmp_path, secure, name, username=None, password_file=None)
+    with pytest.raises(ConfigError) as caught:
+        _run(sink, log)
+    assert "401" in str(caught.value) and "client_cert_file" in str(caught.value)

@@ -109,8 +109,8 @@ def test_layout_selects_and_renames_columns():
 
 
 def test_config_refuses_two_kinds_of_auth_and_unknown_placeholders():
-    with pytest.raises(ValidationError, match="either api_key or username"):
-        OpenSearchSinkConfig(name="s", topics=["p.*"], api_key="k", username="u", password="p")
+    with pytest.raises(ValidationError, match="basic auth needs both"):
+        OpenSearchSinkConfig(name="s", topics=["p.*"], username="u")
     with pytest.raises(ValidationError, match="unknown placeholder"):
         OpenSearchSinkConfig(name="s", topics=["p.*"], index_name="{prefix}.{table}")
     assert OpenSearchSinkConfig(name="s", topics=["p.*"]).verify_certs is True
@@ -175,23 +175,56 @@ def test_the_example_and_secret_files_load(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENSEARCH_URL", "https://search.example:9200")
     [sink] = load_config(root / "examples" / "postgres-opensearch.yaml").sinks
     assert isinstance(sink, OpenSearchSinkConfig) and sink.hosts == ["https://search.example:9200"]
+    (tmp_path / "password").write_text("s3cret")
+    (tmp_path / "cdc.yaml").write_text(
+        "sinks:\n  - {name: s, type: opensearch, topics: ['p.*'], hosts: ['https://h:9200'], "
+        "username: u, password_file: password, ca_file: ca.pem}\n")
+    [sink] = load_config(tmp_path / "cdc.yaml").sinks
+    assert sink.password.get_secret_value() == "s3cret" and "s3cret" not in repr(sink)
+
+
+def test_an_api_key_is_refused_with_what_opensearch_supports_instead(tmp_path):
+    """OpenSearch 2.x has no API keys (the security plugin takes them from 3.7 on): a config
+    naming one, inline or from a file, is a config error that says what to use."""
+    from cdc.config import load_config
+    from cdc.errors import ConfigError
+
     (tmp_path / "key").write_text("s3cret")
     (tmp_path / "cdc.yaml").write_text(
         "sinks:\n  - {name: s, type: opensearch, topics: ['p.*'], hosts: ['https://h:9200'], "
         "api_key_file: key, ca_file: ca.pem}\n")
-    [sink] = load_config(tmp_path / "cdc.yaml").sinks
-    assert sink.api_key.get_secret_value() == "s3cret" and "s3cret" not in repr(sink)
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "cdc.yaml")
+    message = str(caught.value)
+    assert "OpenSearch 2.x has no API keys" in message and "3.7" in message
+    assert "client_cert_file" in message and "password_file" in message and "s3cret" not in message
+    with pytest.raises(ValidationError, match="no API keys"):
+        OpenSearchSinkConfig(name="s", topics=["p.*"], api_key="k")
 
 
-def test_the_client_uses_tls_with_verification_and_the_api_key():
+def test_the_client_uses_tls_with_verification_and_a_client_certificate(tmp_path):
+    from cdc.errors import ConfigError
     from sinks.opensearch.client import make_client
+    from tests.integration.redis_tls import make_tls_files
 
-    config = OpenSearchSinkConfig(name="s", topics=["p.*"], hosts=["https://h:9200"], api_key="k")
+    files = make_tls_files(tmp_path / "tls")
+    config = OpenSearchSinkConfig(name="s", topics=["p.*"], hosts=["https://h:9200"], ca_file=str(files.ca),
+                                  client_cert_file=str(files.client_cert), client_key_file=str(files.client_key))
     client = make_client(config)
     [connection] = client.transport.connection_pool.connections
-    assert connection.use_ssl and connection.headers["authorization"] == "ApiKey k"
+    assert connection.use_ssl and "authorization" not in connection.headers
     assert connection.pool.cert_reqs == "CERT_REQUIRED"
+    assert (connection.pool.cert_file, connection.pool.key_file) == (str(files.client_cert), str(files.client_key))
     client.close()
+    # A key that is not the certificate's, or a missing file: refused at once, naming the setting.
+    for cert, key in ((files.client_cert, files.ca), (tmp_path / "missing.pem", files.client_key)):
+        wrong = config.model_copy(update={"client_cert_file": str(cert), "client_key_file": str(key)})
+        with pytest.raises(ConfigError, match="client_cert_file .* client_key_file"):
+            make_client(wrong)
+    with pytest.raises(ValidationError, match="not every host is https://"):
+        OpenSearchSinkConfig(name="s", topics=["p.*"], client_cert_file="c.pem")
+    with pytest.raises(ValidationError, match="client_cert_file is not"):
+        OpenSearchSinkConfig(name="s", topics=["p.*"], hosts=["https://h:9200"], client_key_file="k.pem")
 
 
 def test_bulk_requests_fill_every_slot_in_flight():

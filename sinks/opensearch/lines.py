@@ -1,0 +1,93 @@
+"""A topic's reduced actions -> bulk items with their NDJSON lines, made in one pass.
+
+The hottest loop of a write: per document, the action line (``index`` with the external version)
+and the document (the row, after the table's layout, plus ``__cdc_version``). The document's
+JSON is the row's JSON with the version field spliced in before its closing brace: the same
+bytes as ``orjson.dumps({**row, VERSION_FIELD: version})`` without copying the row into a new
+dict (a row that already has a field of that name is copied, so the version replaces it).
+
+Where setup.py built it, ``_lines.c`` runs this same loop in C (the per-document work around
+``orjson.dumps``); this Python loop is the reference, and tests/unit/test_opensearch_lines.py
+checks that both make the same items and the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import orjson
+
+from sinks.opensearch.bulk import Item
+from sinks.opensearch.documents import Delete, Upsert
+from sinks.opensearch.mapping import VERSION_FIELD
+from sinks.opensearch.tombstones import tombstone_body
+
+_OPTION = orjson.OPT_NON_STR_KEYS
+_VERSION_KEY = orjson.dumps(VERSION_FIELD)
+USE_SPEEDUPS = True  # tests turn it off to compare the two loops
+
+
+def _dumps(value: Any) -> bytes:
+    """orjson.dumps, with OPT_NON_STR_KEYS only where plain fails (keys that are not strings:
+    rare, and the option costs about as much as the rest of the call)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return orjson.dumps(value, option=_OPTION)
+
+
+def document_json(body: Any, version: int) -> bytes:
+    if type(body) is dict and VERSION_FIELD not in body:
+        json = _dumps(body)
+        return b"%b%b%b:%d}" % (json[:-1], b"," if len(json) > 2 else b"", _VERSION_KEY, version)
+    return _dumps({**body, VERSION_FIELD: version})
+
+
+def _encode(actions: Iterable, index: str, index_json: bytes, floor: int | None,
+            body_of: Callable | None, items: list, lines: list, rest: list) -> None:
+    new = tuple.__new__
+    for action in actions:
+        kind = type(action)
+        if kind is Upsert:
+            doc_id, version, row, event = action
+            if floor is not None and version < floor:
+                continue
+            body = row if body_of is None else body_of(row)
+            document = document_json(body, version)
+        elif kind is Delete:
+            doc_id, version, event = action
+            if floor is not None and version < floor:
+                continue
+            body = tombstone_body(version)
+            document = _dumps(body)
+        else:
+            rest.append(action)
+            continue
+        line = b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"external"}}\n%b\n' % (
+            index_json, orjson.dumps(doc_id), version, document)
+        items.append(new(Item, (index, doc_id, version, body, event, "external", line)))
+        lines.append(line)
+
+
+def encode(actions: Iterable, index: str, floor: int | None, body_of: Callable | None,
+           items: list[Item], lines: list[bytes]) -> list:
+    """Append the items of the upserts and deletes in ``actions`` not older than ``floor`` to
+    ``items``, their NDJSON (action line and document) to ``lines``; returns the other actions
+    (tombstones, which need a lookup in the index first). ``body_of`` None: the row is the
+    document. An item's ``body`` is the document without the version field (it is in ``line``)."""
+    rest: list = []
+    index_json = orjson.dumps(index)
+    if _lines is not None and USE_SPEEDUPS:
+        _lines.encode(actions if type(actions) is list else list(actions), index, index_json, floor, body_of,
+                      items, lines, rest)
+    else:
+        _encode(actions, index, index_json, floor, body_of, items, lines, rest)
+    return rest
+
+
+try:  # the same loop in C (_lines.c), built by setup.py where a compiler is found
+    from sinks.opensearch import _lines
+except ImportError:  # pragma: no cover - a build without a compiler
+    _lines = None
+else:
+    _lines.setup(orjson.dumps, _OPTION, Upsert, Delete, Item, tombstone_body, VERSION_FIELD, "external")

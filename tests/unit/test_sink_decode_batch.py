@@ -1,0 +1,128 @@
+"""The sink runtime's decoding loop in C (cdc/_speedups.c, ``decode_batch``) against the Python
+loop of cdc/sink_events.py, the reference: for any records, both must give the same events (field
+for field, and the same type), the same poison records with the same reasons, the same ends and
+the same byte count."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdc import sink_events
+from cdc.log.base import LogRecord
+from cdc.sink_events import SinkEvent, decode_batch
+
+needs_c = pytest.mark.skipif(sink_events._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
+
+text = st.text(max_size=8)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1), text, st.floats(allow_nan=False))
+rows = st.dictionaries(text, scalars, max_size=4)
+ops = st.sampled_from(["c", "u", "d", "r", "t", "x", 5, None])
+versions = st.one_of(st.integers(-(2 ** 63), 2 ** 64 - 1), st.just(True), st.just("7"), st.none())
+
+
+@st.composite
+def values(draw) -> bytes | None:
+    """Envelopes, most of them well formed, and every way one can be wrong or unusual."""
+    kind = draw(st.sampled_from(["envelope"] * 6 + ["tombstone", "no-source", "no-version", "not-json",
+                                                       "not-object", "connect", "list-source", "empty"]))
+    if kind == "tombstone":
+        return None
+    if kind == "not-json":
+        return b"{not json"
+    if kind == "empty":
+        return b""
+    if kind == "not-object":
+        return orjson.dumps(draw(st.one_of(st.lists(scalars, max_size=2), scalars)))
+    source = {"table": "t", "version": draw(versions)} if kind != "no-version" else {"table": "t"}
+    envelope = {"before": draw(st.one_of(st.none(), rows)), "after": draw(st.one_of(st.none(), rows)),
+                "op": draw(ops), "ts_ms": draw(st.one_of(st.none(), st.integers(0, 2 ** 50)))}
+    if kind == "list-source":
+        envelope["source"] = [1]
+    elif kind != "no-source":
+        envelope["source"] = source
+    if draw(st.booleans()):
+        del envelope["ts_ms"]
+    if kind == "connect":
+        return orjson.dumps({"schema": {"type": "struct"}, "payload": envelope})
+    return orjson.dumps(envelope)
+
+
+keys = st.one_of(rows.map(orjson.dumps), st.just(b'{"schema":{"type":"struct"},"payload":{"id":1}}'),
+                 st.just(b"not json"), st.just(b"7"), st.just(b""), st.none())
+
+
+@st.composite
+def records(draw) -> list[LogRecord]:
+    out = []
+    for offset in range(draw(st.integers(0, 12))):
+        out.append(LogRecord(draw(st.sampled_from(["p.s.a", "p.s.b"])), draw(st.integers(0, 2)), offset,
+                             draw(keys), draw(values()), 0))
+    return out
+
+
+def run(batch: list[LogRecord], use_c: bool) -> tuple:
+    sink_events.USE_SPEEDUPS = use_c
+    try:
+        ends: dict = {}
+        events, poisons, nbytes = decode_batch(batch, ends)
+    finally:
+        sink_events.USE_SPEEDUPS = True
+    return ([(type(e), tuple(e)) for e in events], [(r, type(err), str(err)) for r, err in poisons], ends, nbytes)
+
+
+@needs_c
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records())
+def test_the_c_loop_decodes_as_the_python_loop(batch):
+    assert run(batch, True) == run(batch, False)
+
+
+@needs_c
+def test_the_c_loop_makes_sink_events_of_plain_envelopes(monkeypatch):
+    """The common record is decoded in C (not handed back to Python): its event is a SinkEvent
+    with every field, and a record that is no envelope is a poison with the reason."""
+    value = orjson.dumps({"before": None, "after": {"id": 1}, "op": "c", "ts_ms": 5,
+                          "source": {"table": "t", "version": 42}})
+    monkeypatch.setattr(sink_events, "decode_record", lambda record: pytest.fail("handed to Python"))
+    ends: dict = {}
+    events, poisons, nbytes = sink_events._speedups.decode_batch(
+        [LogRecord("p.s.t", 1, 9, b'{"id":1}', value, 0), LogRecord("p.s.t", 1, 10, b'{"id":1}', None, 0)], ends)
+    assert events[0] == SinkEvent("p.s.t", 1, 9, {"id": 1}, sink_events.Op.CREATE, None, {"id": 1}, 42,
+                                  {"table": "t", "version": 42}, 5)
+    assert type(events[0]) is SinkEvent and events[0].table == "t"
+    assert events[1] == SinkEvent("p.s.t", 1, 10, {"id": 1}, None, None, None, None, {}, None)
+    assert (poisons, ends, nbytes) == ([], {("p.s.t", 1): 11}, len(value))
+    _, poisons, _ = decode_batch([LogRecord("p.s.t", 0, 3, b'{"id":1}', b'{"op":"c"}', 0)], {})
+    assert [(r.offset, str(err)) for r, err in poisons] == [(3, "not a change event envelope: KeyError: 'version'")]
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.binary(max_size=4)), st.integers(0, 2 ** 40)),
+                max_size=12), st.integers(0, 3))
+def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
+    """cdc.log.kafka.log_records: records up to the first message with an error, in C and in
+    Python alike (real confluent-kafka Message objects)."""
+    from confluent_kafka import KafkaError, Message
+
+    from cdc.log import kafka
+
+    messages = [Message(topic="p.s.t", partition=n % 3, offset=n, key=value, value=value, timestamp=(1, stamp),
+                        error=KafkaError(KafkaError._PARTITION_EOF) if failed else None)
+                for n, (failed, value, stamp) in enumerate(made)]
+    results = []
+    for use_c in (True, False):
+        kafka.USE_SPEEDUPS = use_c
+        try:
+            out: list = []
+            at = kafka.log_records(messages, start, out)
+        finally:
+            kafka.USE_SPEEDUPS = True
+        results.append((at, [(type(r), tuple(r)) for r in out]))
+    assert results[0] == results[1]
+    first_error = next((n for n, (failed, _, _) in enumerate(made) if failed and n >= start), len(made))
+    assert results[0][0] == max(first_error, min(start, len(made)))
+    assert [r[1][2] for r in results[0][1]] == list(range(start, max(first_error, start)))[:len(made)]
