@@ -16,6 +16,7 @@ from decimal import Decimal
 import orjson
 import psycopg2
 import pymysql
+import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -119,6 +120,15 @@ class MyDb:
         return cur.fetchone()[0] > 0
 
     missing_table = pymysql.err.ProgrammingError
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres),
+                        pytest.param("mysql", marks=pytest.mark.mysql)])
+def source_db(request):
+    """The script's source database, once per source kind (a test imports this fixture)."""
+    if request.param == "postgres":
+        return PgDb(request.getfixturevalue("pg_dsn"))
+    return MyDb(request.getfixturevalue("mysql_url"), request.getfixturevalue("mysql_db"))
 
 
 class Writer:

@@ -38,8 +38,9 @@ import pytest
 
 from tests.daemon import run_daemon, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
-from tests.live_ddl import (STEPS, MyDb, PgDb, Reader, Writer, caught_up, converge, differences, query,
-                            rows_of, shape_version, source_columns, target_types)
+from tests.live_ddl import (STEPS, PgDb, Reader, Writer, caught_up, converge, differences, query, rows_of,
+                            shape_version, source_columns, target_types)
+from tests.live_ddl import source_db  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.kafka]
 
@@ -98,14 +99,6 @@ def _config(tmp_path: Path, db, urls: dict[str, str], kafka: str) -> tuple[Path,
 
 def _run(config: Path, only: str) -> subprocess.Popen:
     return run_daemon(config, only, log=f"{only}.log")  # a restart appends
-
-
-@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres),
-                        pytest.param("mysql", marks=pytest.mark.mysql)])
-def source_db(request):
-    if request.param == "postgres":
-        return PgDb(request.getfixturevalue("pg_dsn"))
-    return MyDb(request.getfixturevalue("mysql_url"), request.getfixturevalue("mysql_db"))
 
 
 @pytest.fixture(params=["postgres", "sqlite", "duckdb"])

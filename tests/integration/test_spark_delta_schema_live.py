@@ -15,7 +15,8 @@ from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from tests.integration.pg_capture import capturing, pg_config, topic_state, wait_until
 from tests.integration.test_mysql_source import mysql_config
-from tests.live_ddl import STEPS, MyDb, PgDb, Writer, rows_of, source_columns
+from tests.live_ddl import STEPS, Writer, rows_of, source_columns
+from tests.live_ddl import source_db  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -39,14 +40,6 @@ def delta_state(spark, path: str, columns: list[str]) -> dict:
     if present != columns:
         return {}
     return {r[0]: tuple(_norm(v) for v in r[1:]) for r in frame.select(*columns).collect()}
-
-
-@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres),
-                        pytest.param("mysql", marks=pytest.mark.mysql)])
-def source_db(request):
-    if request.param == "postgres":
-        return PgDb(request.getfixturevalue("pg_dsn"))
-    return MyDb(request.getfixturevalue("mysql_url"), request.getfixturevalue("mysql_db"))
 
 
 def capture_config(db, tmp_path, prefix: str):
