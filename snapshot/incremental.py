@@ -422,6 +422,41 @@ class IncrementalSnapshots:
                  f" ({', '.join(self.tables)} to read)" if self.tables else "", extra=self._extra())
 
 
+def condition_error(where: str) -> str | None:
+    """Why ``where`` cannot stand as one self-contained SQL condition (None if it can), checked
+    before any server sees it. The chunk query places it as ``key > last AND (where) ORDER BY key
+    LIMIT n``: a ``;`` would add a statement, a comment would cut off the rest, and a parenthesis
+    closed too early (``x) OR (1=1``) would take the key range out of the condition, so every
+    chunk would read the same first rows again and the snapshot would never end. Quotes are
+    followed ('...', "...", `...`; a backslash escapes inside '...', as MySQL reads it)."""
+    depth, quote, at = 0, None, 0
+    while at < len(where):
+        char = where[at]
+        if quote is not None:
+            if char == "\\" and quote == "'":
+                at += 1
+            elif char == quote:
+                quote = None
+        elif char in "'\"`":
+            quote = char
+        elif char == ";":
+            return "a condition is one SQL expression: it has no ';'"
+        elif where.startswith(("--", "/*"), at) or char == "#":
+            return "a condition has no comments (--, /*, #): they would cut off the chunk's key range"
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                return "a ')' closes more than the condition opened"
+        at += 1
+    if quote is not None:
+        return f"a quote ({quote}) is not closed"
+    if depth:
+        return "a '(' is not closed"
+    return None
+
+
 def conditions_of(data: dict[str, Any]) -> dict[str, str] | None:
     """Table -> SQL condition from a signal's ``additional-conditions`` (Debezium's shape: a list
     of ``{"data-collection": ..., "filter": ...}``); None when it is malformed."""

@@ -19,7 +19,7 @@ import pymysql
 from pymysql.converters import encoders
 
 from cdc.events import ChangeEvent, TableId
-from snapshot.incremental import OPEN, SIGNAL_COLUMNS, WATERMARKS
+from snapshot.incremental import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
 from sources.mysql.catalog import connect, current_position, query
 from sources.mysql.changes import version_of
 from sources.mysql.config import MySqlConfig
@@ -120,9 +120,10 @@ class ChunkReader:
 
 def filter_error(conn, table: TableId, where: str) -> str | None:
     """Why the server refuses ``where`` as a condition on ``table`` (EXPLAINed, never run); None
-    if it takes it. One condition, one statement: a ``;`` is refused before the server sees it."""
-    if ";" in where:
-        return "a condition is one SQL expression: it has no ';'"
+    if it takes it. Its shape is checked before the server sees it (``condition_error``)."""
+    shape = condition_error(where)
+    if shape is not None:
+        return shape
     try:
         with conn.cursor() as cur:
             cur.execute(f"EXPLAIN SELECT 1 FROM {_quote(table.db)}.{_quote(table.table)} WHERE ({where})")

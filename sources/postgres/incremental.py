@@ -26,7 +26,7 @@ import time
 import psycopg2
 
 from cdc.events import ChangeEvent, TableId
-from snapshot.incremental import OPEN, SIGNAL_COLUMNS, WATERMARKS
+from snapshot.incremental import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
 from sources.postgres.catalog import TableMeta, table_meta
 from sources.postgres.errors import wrap
 from sources.postgres.lookup import CatalogLookup
@@ -170,9 +170,10 @@ def read_chunk(conn, lookup: CatalogLookup, toast: ToastStore, table: TableMeta,
 
 def filter_error(conn, table: TableId, where: str) -> str | None:
     """Why PostgreSQL refuses ``where`` as a condition on ``table`` (planned, never run); None if
-    it takes it. One condition, one statement: a ``;`` is refused before the server sees it."""
-    if ";" in where:
-        return "a condition is one SQL expression: it has no ';'"
+    it takes it. Its shape is checked before the server sees it (``condition_error``)."""
+    shape = condition_error(where)
+    if shape is not None:
+        return shape
     try:
         with conn.cursor() as cur:
             cur.execute(f"EXPLAIN SELECT FROM {quote_ident(table.schema)}.{quote_ident(table.table)} WHERE ({where})")

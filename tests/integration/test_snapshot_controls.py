@@ -70,6 +70,8 @@ def check_controls(tmp_path: Path, source_yaml: str, table: str, even: str, inse
         refused = snapshot_command(config, table, "--where", "no_such_column = 1")
         assert refused.returncode != 0, refused.stderr
         assert "no_such_column" in refused.stderr and "refused" in refused.stderr, refused.stderr
+        escaping = snapshot_command(config, table, "--where", "v = 0) OR (1 = 1")  # the server would take it
+        assert escaping.returncode != 0 and "closes more than the condition opened" in escaping.stderr, escaping.stderr
         misplaced = snapshot_command(config, "--pause", "--where", even)
         assert misplaced.returncode != 0 and "--where goes with the tables" in misplaced.stderr, misplaced.stderr
 

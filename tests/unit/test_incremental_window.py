@@ -356,3 +356,16 @@ def _line(snapshots: IncrementalSnapshots) -> str:
 
     return status_line({"kind": "source", "name": "s", "phase": "streaming", "position": "2", "lag_seconds": 0.0,
                         "incremental_snapshot": snapshots.status()})
+
+
+def test_a_condition_that_would_escape_its_place_in_the_chunk_query_is_refused():
+    from snapshot.incremental import condition_error
+
+    for fine in ("id % 2 = 0", "region = 'eu' AND (a > 1 OR b < 2)", "note = 'a) OR (1=1'",
+                 "name = 'it''s'", "\"odd)name\" = 1", "`odd(name` = 1", "note = 'a\\' OR ('"):
+        assert condition_error(fine) is None, fine
+    for bad, why in (("x) OR (1=1", "closes more"), ("(x = 1", "not closed"), ("x = 1; DROP TABLE t", "';'"),
+                     ("x = 1 -- rest", "comments"), ("x = 1 /* rest */", "comments"), ("x = 1 # rest", "comments"),
+                     ("note = 'open", "quote")):
+        refused = condition_error(bad)
+        assert refused is not None and why in refused, (bad, refused)
