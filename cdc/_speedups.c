@@ -354,12 +354,14 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* ---------------------------------------------------------------------------------------------
  * The sink side: plain json envelopes read without building their rows (issue #18).
  *
- * decode_envelopes(records, SinkEvent, ops, loads) -> list, per LogRecord its SinkEvent with
- *   `after` left as the bytes of the row object, or None. The value is checked as strictly as
- *   orjson.loads checks it (UTF-8, escapes and surrogate pairs, numbers that fit a double, no
- *   trailing bytes); the source block is built here (its names and repeated strings reused from
- *   the record before), the key and a delete's before by loads (orjson.loads). None for anything
- *   else: a tombstone, not JSON, not an object, Connect JSON or Avro, an unknown op, a version
+ * decode_envelopes(records, SinkEvent, ops, loads, raw=True) -> list, per LogRecord its SinkEvent
+ *   (with `raw`, an upsert's `after` left as the bytes of the row object; else its dict), or None.
+ *   One parser (decode_one) serves this and decode_batch further down. The value is checked as
+ *   strictly as orjson.loads checks it (UTF-8, escapes and surrogate pairs, numbers that fit a
+ *   double, no trailing bytes); the source block is built here (its names and repeated strings
+ *   reused from the record before), the key, a delete's before and (without `raw`) the after by
+ *   loads (orjson.loads). A tombstone (null value) with a plain JSON key is an event too. None
+ *   for anything else: not JSON, not an object, Connect JSON or Avro, an unknown op, a version
  *   that is not an int, an escaped member name; cdc/sink_events.py then decodes the record the
  *   general way (which raises its PoisonRecord or reads the other format), so this path never
  *   accepts what that one refuses.
@@ -767,16 +769,42 @@ plain_key(PyObject *key, PyObject *loads)
     return value;
 }
 
-/* The SinkEvent of one record, or Py_None: see decode_envelopes. */
+/* A tombstone's SinkEvent (no op, no version, an empty source), or Py_None when its key is not a
+ * plain JSON object (the general path then). */
 static PyObject *
-decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, Members *m, Members *sm,
-           SourceCache *cache)
+tombstone_event(PyObject *record, PyTypeObject *event_type, PyObject *loads)
+{
+    PyObject *key = plain_key(PyTuple_GET_ITEM(record, 3), loads);
+    if (key == NULL || key == Py_None)
+        return key;
+    PyObject *source = PyDict_New();
+    PyObject *event = source ? event_type->tp_alloc(event_type, 10) : NULL;
+    if (event != NULL) {
+        PyObject *items[10] = {PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), PyTuple_GET_ITEM(record, 2),
+                               key, Py_None, Py_None, Py_None, Py_None, source, Py_None};
+        for (int i = 0; i < 10; i++)
+            PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
+    }
+    Py_XDECREF(source);
+    Py_DECREF(key);
+    return event;
+}
+
+/* The SinkEvent of one record (a new reference), Py_None when the general path must decide, or
+ * NULL with an error that is not the record's. The one parser of the json envelope on the sink
+ * side: `raw` leaves an upsert's after as the bytes of the row object, else loads makes its dict
+ * (decode_batch, decode_envelopes). */
+static PyObject *
+decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, int raw, Members *m,
+           Members *sm, SourceCache *cache)
 {
     if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 5) {
         PyErr_SetString(PyExc_TypeError, "a record is (topic, partition, offset, key, value, ...)");
         return NULL;
     }
     PyObject *value = PyTuple_GET_ITEM(record, 4);
+    if (value == Py_None)
+        return tombstone_event(record, event_type, loads);
     if (!PyBytes_Check(value))
         Py_RETURN_NONE;
     Scan s = {(const unsigned char *)PyBytes_AS_STRING(value),
@@ -826,7 +854,7 @@ decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *
         if ((ts_ms = PyLong_FromString(buf, NULL, 10)) == NULL)
             return NULL;
     }
-    PyObject *key = NULL, *source_d = NULL, *before_d = NULL, *after_b = NULL, *event = NULL;
+    PyObject *key = NULL, *source_d = NULL, *before_d = NULL, *after_v = NULL, *event = NULL;
     if ((key = plain_key(PyTuple_GET_ITEM(record, 3), loads)) == NULL) goto done;
     if (key == Py_None) { event = Py_NewRef(Py_None); goto done; }
     if ((source_d = source_dict(source, loads, sm, cache)) == NULL) goto done;
@@ -841,54 +869,72 @@ decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *
     } else {
         before_d = Py_NewRef(Py_None);
     }
-    after_b = after && *after->value == '{' ? span_bytes(after) : Py_NewRef(Py_None);
-    if (after_b == NULL) goto done;
+    if (after && *after->value == '{') {
+        after_v = span_bytes(after);
+        if (after_v != NULL && !raw)
+            Py_SETREF(after_v, PyObject_CallOneArg(loads, after_v));
+    } else {
+        after_v = Py_NewRef(Py_None);
+    }
+    if (after_v == NULL) goto done;
     event = event_type->tp_alloc(event_type, 10);
     if (event == NULL) goto done;
     PyObject *items[10] = {PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), PyTuple_GET_ITEM(record, 2),
-                           key, op_value, before_d, after_b, version, source_d, ts_ms};
+                           key, op_value, before_d, after_v, version, source_d, ts_ms};
     for (int i = 0; i < 10; i++)
         PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
 done:
     Py_XDECREF(key);
     Py_XDECREF(source_d);
     Py_XDECREF(before_d);
-    Py_XDECREF(after_b);
+    Py_XDECREF(after_v);
     Py_DECREF(ts_ms);
     return event;
+}
+
+/* The parser's scratch space, kept across the records of one call. */
+typedef struct {
+    Members m, sm;
+    SourceCache cache;
+} Scratch;
+
+static void
+scratch_free(Scratch *x)
+{
+    PyMem_Free(x->m.items);
+    PyMem_Free(x->sm.items);
+    source_cache_clear(&x->cache);
 }
 
 static PyObject *
 speedups_decode_envelopes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type) ||
+    if (nargs < 4 || nargs > 5 || !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type) ||
         !PyDict_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "decode_envelopes(records, SinkEvent, ops, loads)");
+        PyErr_SetString(PyExc_TypeError, "decode_envelopes(records, SinkEvent, ops, loads, raw=True)");
         return NULL;
     }
+    int raw = 1;
+    if (nargs == 5 && (raw = PyObject_IsTrue(args[4])) < 0)
+        return NULL;
     PyObject *seq = PySequence_Fast(args[0], "records must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *out = PyList_New(n);
-    Members m = {NULL, 0, 0}, sm = {NULL, 0, 0};
-    SourceCache cache;
-    memset(&cache, 0, sizeof(cache));
+    Scratch x;
+    memset(&x, 0, sizeof(x));
     if (out == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *one = decode_one(PySequence_Fast_GET_ITEM(seq, i), (PyTypeObject *)args[1], args[2], args[3],
-                                   &m, &sm, &cache);
+        PyObject *one = decode_one(PySequence_Fast_GET_ITEM(seq, i), (PyTypeObject *)args[1], args[2], args[3], raw,
+                                   &x.m, &x.sm, &x.cache);
         if (one == NULL) goto fail;
         PyList_SET_ITEM(out, i, one);
     }
-    PyMem_Free(m.items);
-    PyMem_Free(sm.items);
-    source_cache_clear(&cache);
+    scratch_free(&x);
     Py_DECREF(seq);
     return out;
 fail:
-    PyMem_Free(m.items);
-    PyMem_Free(sm.items);
-    source_cache_clear(&cache);
+    scratch_free(&x);
     Py_XDECREF(out);
     Py_DECREF(seq);
     return NULL;
@@ -1241,18 +1287,18 @@ done:
 
 /* ---- decode_batch: cdc.sink_events.decode_batch's loop (LogRecords -> SinkEvents) ------------
  *
- * Only the common case is decoded here: a JSON key object and a JSON envelope (or a null value:
- * a tombstone), neither Avro nor Connect JSON, with a known op and an integer source.version.
- * Every other record goes to `db_fallback` (cdc.sink_events.decode_record), so what such a record
- * decodes to, or which PoisonRecord it raises, is the Python code's by construction. */
+ * decode_batch(records, ends, raw_rows=False) -> (events, [(record, PoisonRecord)], bytes of values)
+ * Each record through decode_one, the parser above (with `raw_rows`, an upsert's after stays the
+ * row's JSON bytes); every record it does not take goes to `db_fallback`
+ * (cdc.sink_events.decode_record), so what such a record decodes to, or which PoisonRecord it
+ * raises, is the Python code's by construction. */
 
-static PyObject *db_loads = NULL;          /* orjson.db_loads */
+static PyObject *db_loads = NULL;          /* orjson.loads */
 static PyObject *db_fallback = NULL;       /* decode_record(record) -> SinkEvent, raises PoisonRecord */
 static PyObject *db_poison_type = NULL;    /* PoisonRecord */
 static PyTypeObject *db_event_type = NULL; /* SinkEvent (a tuple subclass of 10 fields) */
 static PyObject *db_ops = NULL;            /* {"c": Op.CREATE, ...} */
 static PyObject *db_one = NULL;            /* 1 */
-static PyObject *db_s_op, *db_s_source, *db_s_version, *db_s_before, *db_s_after, *db_s_ts_ms, *db_s_payload;
 
 static PyObject *
 decode_setup(PyObject *self, PyObject *args)
@@ -1269,116 +1315,17 @@ decode_setup(PyObject *self, PyObject *args)
     Py_XSETREF(db_poison_type, Py_NewRef(p));
     Py_XSETREF(db_event_type, (PyTypeObject *)Py_NewRef(t));
     Py_XSETREF(db_ops, Py_NewRef(o));
-    if (db_s_op == NULL) {
-        db_s_op = PyUnicode_InternFromString("op");
-        db_s_source = PyUnicode_InternFromString("source");
-        db_s_version = PyUnicode_InternFromString("version");
-        db_s_before = PyUnicode_InternFromString("before");
-        db_s_after = PyUnicode_InternFromString("after");
-        db_s_ts_ms = PyUnicode_InternFromString("ts_ms");
-        db_s_payload = PyUnicode_InternFromString("payload");
-        db_one = PyLong_FromLong(1);
-        if (!db_one || !db_s_op || !db_s_source || !db_s_version || !db_s_before || !db_s_after || !db_s_ts_ms || !db_s_payload)
-            return NULL;
-    }
+    if (db_one == NULL && (db_one = PyLong_FromLong(1)) == NULL)
+        return NULL;
     Py_RETURN_NONE;
-}
-
-/* orjson.db_loads(data) if it is a dict that is not Connect JSON's wrapper; NULL (no error set)
- * when the db_fallback should decide. -1: an error that is not the data's (out of memory). */
-static PyObject *
-db_load_object(PyObject *data, int *failed)
-{
-    if (!PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0 || PyBytes_AS_STRING(data)[0] != '{')
-        return NULL;
-    PyObject *obj = PyObject_CallOneArg(db_loads, data);
-    if (obj == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_ValueError)) {  /* orjson.JSONDecodeError: the db_fallback says why */
-            PyErr_Clear();
-        } else {
-            *failed = 1;
-        }
-        return NULL;
-    }
-    if (!PyDict_CheckExact(obj) || (PyDict_GET_SIZE(obj) == 2 && PyDict_GetItemWithError(obj, db_s_payload))) {
-        Py_DECREF(obj);
-        if (PyErr_Occurred())
-            *failed = 1;
-        return NULL;
-    }
-    return obj;
-}
-
-/* The SinkEvent of a record in the common case (a new reference); NULL with no error set: the
- * db_fallback decides; NULL with an error: a failure that is not the record's. */
-static PyObject *
-db_decode_one(PyObject *record, PyObject *topic, PyObject *partition, PyObject *offset)
-{
-    int failed = 0;
-    PyObject *key_data = PyTuple_GET_ITEM(record, 3), *value_data = PyTuple_GET_ITEM(record, 4);
-    if (key_data == Py_None)
-        return NULL;
-    PyObject *key = db_load_object(key_data, &failed);
-    if (key == NULL)
-        return NULL;
-    PyObject *op = Py_None, *before = Py_None, *after = Py_None, *version = Py_None, *ts_ms = Py_None;
-    PyObject *source = NULL, *value = NULL;
-    if (value_data == Py_None) {
-        if ((source = PyDict_New()) == NULL)
-            goto fail;
-    } else {
-        if ((value = db_load_object(value_data, &failed)) == NULL)
-            goto fail;
-        PyObject *op_code = PyDict_GetItemWithError(value, db_s_op);
-        if (op_code == NULL || !PyUnicode_CheckExact(op_code))
-            goto fail;
-        if ((op = PyDict_GetItemWithError(db_ops, op_code)) == NULL)
-            goto fail;
-        source = PyDict_GetItemWithError(value, db_s_source);
-        if (source == NULL || !PyDict_CheckExact(source))
-            goto fail;
-        version = PyDict_GetItemWithError(source, db_s_version);
-        if (version == NULL || !PyLong_Check(version))
-            goto fail;
-        Py_INCREF(source);
-        PyObject *got;
-        if ((got = PyDict_GetItemWithError(value, db_s_before)) != NULL)
-            before = got;
-        if ((got = PyDict_GetItemWithError(value, db_s_after)) != NULL)
-            after = got;
-        if ((got = PyDict_GetItemWithError(value, db_s_ts_ms)) != NULL)
-            ts_ms = got;
-        if (PyErr_Occurred()) {
-            Py_DECREF(source);
-            source = NULL;
-            goto fail;
-        }
-    }
-    PyObject *event = db_event_type->tp_alloc(db_event_type, 10);
-    if (event == NULL) {
-        Py_DECREF(source);
-        goto fail;
-    }
-    PyObject *fields[10] = {topic, partition, offset, key, op, before, after, version, source, ts_ms};
-    for (int i = 0; i < 10; i++) {
-        Py_INCREF(fields[i]);
-        PyTuple_SET_ITEM(event, i, fields[i]);
-    }
-    Py_DECREF(source);
-    Py_DECREF(key);
-    Py_XDECREF(value);
-    return event;
-fail:
-    Py_DECREF(key);
-    Py_XDECREF(value);
-    return NULL;
 }
 
 static PyObject *
 speedups_decode_batch(PyObject *self, PyObject *args)
 {
     PyObject *records, *ends;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &records, &PyDict_Type, &ends))
+    int raw = 0;
+    if (!PyArg_ParseTuple(args, "O!O!|p", &PyList_Type, &records, &PyDict_Type, &ends, &raw))
         return NULL;
     if (db_loads == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.decode_setup was not called");
@@ -1386,6 +1333,8 @@ speedups_decode_batch(PyObject *self, PyObject *args)
     }
     PyObject *events = PyList_New(0), *poisons = PyList_New(0);
     long long nbytes = 0;
+    Scratch x;
+    memset(&x, 0, sizeof(x));
     if (events == NULL || poisons == NULL)
         goto fail;
     Py_INCREF(records);  /* the list may not change under us (a callback could) */
@@ -1411,10 +1360,11 @@ speedups_decode_batch(PyObject *self, PyObject *args)
                 goto fail_record;
             nbytes += size;
         }
-        PyObject *event = db_decode_one(record, topic, partition, offset);
-        if (event == NULL) {
-            if (PyErr_Occurred())
-                goto fail_record;
+        PyObject *event = decode_one(record, db_event_type, db_ops, db_loads, raw, &x.m, &x.sm, &x.cache);
+        if (event == NULL)
+            goto fail_record;
+        if (event == Py_None) {
+            Py_DECREF(event);
             event = PyObject_CallOneArg(db_fallback, record);
             if (event == NULL) {
                 if (!PyErr_ExceptionMatches(db_poison_type))
@@ -1449,8 +1399,10 @@ speedups_decode_batch(PyObject *self, PyObject *args)
         goto fail;
     }
     Py_DECREF(records);
+    scratch_free(&x);
     return Py_BuildValue("(NNL)", events, poisons, nbytes);
 fail:
+    scratch_free(&x);
     Py_XDECREF(events);
     Py_XDECREF(poisons);
     return NULL;
@@ -1541,12 +1493,12 @@ static PyMethodDef methods[] = {
      "log_records(messages, start, out, LogRecord) -> index of the first message with an error"},
     {"decode_setup", decode_setup, METH_VARARGS, "decode_setup(loads, decode_record, PoisonRecord, SinkEvent, ops)"},
     {"decode_batch", speedups_decode_batch, METH_VARARGS,
-     "decode_batch(records, ends) -> (events, [(record, PoisonRecord)], bytes of values)"},
+     "decode_batch(records, ends, raw_rows=False) -> (events, [(record, PoisonRecord)], bytes of values)"},
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
      "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
     {"decode_envelopes", (PyCFunction)(void (*)(void))speedups_decode_envelopes, METH_FASTCALL,
-     "decode_envelopes(records, SinkEvent, ops, loads) -> per record a SinkEvent (after as bytes) or None"},
+     "decode_envelopes(records, SinkEvent, ops, loads, raw=True) -> per record a SinkEvent or None"},
     {"copy_rows", (PyCFunction)(void (*)(void))speedups_copy_rows, METH_FASTCALL,
      "copy_rows(pairs, names, kinds, nested, rest) -> COPY text of the (key JSON, event) pairs with JSON bytes"},
     {"unknown_names", (PyCFunction)(void (*)(void))speedups_unknown_names, METH_FASTCALL,

@@ -99,16 +99,19 @@ def decode_record(record) -> SinkEvent:
         raise PoisonRecord(f"not a change event envelope: {type(err).__name__}: {err}") from err
 
 
-def decode_batch(records: list, ends: dict) -> tuple[list[SinkEvent], list[tuple[Any, PoisonRecord]], int]:
+def decode_batch(records: list, ends: dict, raw_rows: bool = False
+                 ) -> tuple[list[SinkEvent], list[tuple[Any, PoisonRecord]], int]:
     """A batch of LogRecords -> (their SinkEvents in order, the records that are poison with why,
     the bytes of their values); ``ends[(topic, partition)]`` is set to the offset after each
-    partition's last record. Where setup.py built it, ``cdc/_speedups.c`` runs this loop in C: it
-    decodes the common record (a JSON key object and a plain JSON envelope, or a tombstone) and
-    hands every other one to ``decode_record``, so both give the same events and the same poisons
-    (tests/unit/test_sink_decode_batch.py compares them). This Python loop is the reference. A sink
-    with ``raw_rows`` is decoded by ``decode_records`` instead."""
+    partition's last record. Where setup.py built it, ``cdc/_speedups.c`` runs this loop in C: its
+    one envelope parser (``decode_one``) decodes the common record (a JSON key object and a plain
+    JSON envelope, or a tombstone) and hands every other one to ``decode_record``, so both give the
+    same events and the same poisons (tests/unit/test_sink_decode_batch.py compares them). This
+    Python loop is the reference. ``raw_rows`` (a sink's ``raw_rows``): the C parser leaves an
+    upsert's ``after`` as the JSON bytes of the row (see ``decode_records``); without the C
+    module every row is a dict."""
     if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.decode_batch(records if type(records) is list else list(records), ends)
+        return _speedups.decode_batch(records if type(records) is list else list(records), ends, raw_rows)
     events: list[SinkEvent] = []
     poisons: list[tuple[Any, PoisonRecord]] = []
     nbytes = 0
@@ -147,9 +150,9 @@ def decode_records(records: list, raw_rows: bool) -> list[SinkEvent | PoisonReco
     each value as strictly as orjson does, builds the source block itself (reusing the names and
     strings that repeat from record to record) and decodes only the key and a delete's before with
     orjson: building the row's dict was most of decoding a record (bench/bootstrap.py). Anything it
-    does not take (a tombstone, Connect JSON, Avro, a malformed value) goes through
-    ``decode_record`` as before, so the same records are poison either way and the events are
-    equal once ``after`` is decoded (tests/unit/test_raw_rows.py)."""
+    does not take (Connect JSON, Avro, a malformed value) goes through ``decode_record`` as
+    before, so the same records are poison either way and the events are equal once ``after`` is
+    decoded (tests/unit/test_raw_rows.py). The parser is ``decode_batch``'s (one in C for both)."""
     out: list[SinkEvent | PoisonRecord] = []
     append = out.append
     fast = _decode_envelopes(records, SinkEvent, _OPS, orjson.loads) \

@@ -45,7 +45,7 @@ from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
 from cdc.schema_order import split_by_schema
-from cdc.sink_events import PoisonRecord, SinkEvent, decode_batch, decode_records
+from cdc.sink_events import SinkEvent, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -238,23 +238,10 @@ class SinkRunner:
         if self._membership is not None:
             records = self._membership.keep(records)
         ends: dict[TopicPartition, int] = {}
-        if not getattr(self.sink, "raw_rows", False):
-            # Decoded in one loop (C where built), every row a dict.
-            events, poisons, self._batch_bytes = decode_batch(records, ends)
-            for record, err in poisons:
-                self._poison(record.topic, record.partition, record.offset, str(err), record)
-            self._read.update(ends)
-            return events, ends
-        events: list[SinkEvent] = []
-        self._batch_bytes = sum(len(r.value) for r in records if r.value is not None)
-        append = events.append
-        # Decoded in one call per batch; a sink with raw_rows gets upserts' rows as JSON bytes.
-        for record, event in zip(records, decode_records(records, True)):
-            ends[(record.topic, record.partition)] = record.offset + 1
-            if event.__class__ is PoisonRecord:
-                self._poison(record.topic, record.partition, record.offset, str(event), record)
-            else:
-                append(event)
+        # Decoded in one loop (C where built); a sink with raw_rows gets upserts' rows as JSON bytes.
+        events, poisons, self._batch_bytes = decode_batch(records, ends, getattr(self.sink, "raw_rows", False))
+        for record, err in poisons:
+            self._poison(record.topic, record.partition, record.offset, str(err), record)
         self._read.update(ends)
         return events, ends
 
