@@ -16,6 +16,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import orjson
+
 from cdc.api import Op
 from sinks.opensearch.config import IndexOptions
 from sinks.opensearch.naming import MAX_ID_BYTES, document_id
@@ -47,6 +49,17 @@ class TableLayout:
     def field_names(self, columns: list[str]) -> dict[str, str]:
         """column -> field name, for the columns the document keeps."""
         return {c: self.options.rename.get(c, c) for c in columns if self.keeps(c)}
+
+    def raw_fields(self) -> tuple | None:
+        """The layout for rows as JSON bytes (lines.encode's ``fields``): None when the row is the
+        document, else (keep_unknown, column names as UTF-8, their fields as JSON strings or None
+        for left out), the columns ``body`` treats by name."""
+        if self.identity:
+            return None
+        options = self.options
+        named = dict.fromkeys([*(options.include or ()), *options.exclude, *options.rename])
+        fields = tuple(None if not self.keeps(c) else orjson.dumps(options.rename.get(c, c)) for c in named)
+        return options.include is None, tuple(c.encode("utf-8", "surrogatepass") for c in named), fields
 
     def body(self, row: dict[str, Any]) -> dict[str, Any]:
         options = self.options

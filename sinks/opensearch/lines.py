@@ -8,7 +8,9 @@ dict (a row that already has a field of that name is copied, so the version repl
 
 Where setup.py built it, ``_lines.c`` runs this same loop in C (the per-document work around
 ``orjson.dumps``); this Python loop is the reference, and tests/unit/test_opensearch_lines.py
-checks that both make the same items and the same bytes.
+checks that both make the same items and the same bytes. A row the runtime hands over as its JSON
+bytes (``raw_rows``) never becomes a dict in C: its document is the row's bytes with the version
+spliced in (or its members picked and renamed by the table layout).
 """
 
 from __future__ import annotations
@@ -46,12 +48,15 @@ def document_json(body: Any, version: int) -> bytes:
 def _encode(actions: Iterable, index: str, index_json: bytes, floor: int | None,
             body_of: Callable | None, items: list, lines: list, rest: list) -> None:
     new = tuple.__new__
+    loads = orjson.loads
     for action in actions:
         kind = type(action)
         if kind is Upsert:
             doc_id, version, row, event = action
             if floor is not None and version < floor:
                 continue
+            if type(row) is bytes:  # the row's JSON (raw_rows): here, as a dict (C takes the bytes)
+                row = loads(row)
             body = row if body_of is None else body_of(row)
             document = document_json(body, version)
         elif kind is Delete:
@@ -70,16 +75,22 @@ def _encode(actions: Iterable, index: str, index_json: bytes, floor: int | None,
 
 
 def encode(actions: Iterable, index: str, floor: int | None, body_of: Callable | None,
-           items: list[Item], lines: list[bytes]) -> list:
+           items: list[Item], lines: list[bytes], fields: tuple | None = None) -> list:
     """Append the items of the upserts and deletes in ``actions`` not older than ``floor`` to
     ``items``, their NDJSON (action line and document) to ``lines``; returns the other actions
     (tombstones, which need a lookup in the index first). ``body_of`` None: the row is the
-    document. An item's ``body`` is the document without the version field (it is in ``line``)."""
+    document. An item's ``body`` is the document without the version field (it is in ``line``).
+
+    A row may be the JSON bytes of its object (the runtime's ``raw_rows``): the C loop makes its
+    document from the bytes (``fields``: the same layout as ``body_of``, ``TableLayout.raw_fields``;
+    None with ``body_of`` None), and the item's ``body`` is then the document's JSON bytes; this
+    Python loop decodes the row and goes the dict way. Both make documents with the same fields
+    and values in the same order (tests/unit/test_opensearch_lines.py)."""
     rest: list = []
     index_json = orjson.dumps(index)
     if _lines is not None and USE_SPEEDUPS:
         _lines.encode(actions if type(actions) is list else list(actions), index, index_json, floor, body_of,
-                      items, lines, rest)
+                      items, lines, rest, fields)
     else:
         _encode(actions, index, index_json, floor, body_of, items, lines, rest)
     return rest
@@ -90,4 +101,8 @@ try:  # the same loop in C (_lines.c), built by setup.py where a compiler is fou
 except ImportError:  # pragma: no cover - a build without a compiler
     _lines = None
 else:
-    _lines.setup(orjson.dumps, _OPTION, Upsert, Delete, Item, tombstone_body, VERSION_FIELD, "external")
+    _lines.setup(orjson.dumps, _OPTION, Upsert, Delete, Item, tombstone_body, VERSION_FIELD, "external", orjson.loads)
+
+# Whether this sink takes rows as JSON bytes (OpenSearchSink.raw_rows): only where the C loop makes
+# their documents; the Python loop would decode each row anyway, as the runtime does.
+RAW = _lines is not None

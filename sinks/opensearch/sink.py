@@ -14,7 +14,8 @@ A write (see cdc/sink_events.py for the semantics it implements):
    into a new generation).
 3. A truncate clears the index of documents older than its version and remembers the version.
 4. Tombstone records without a delete in the batch are resolved against the index (mget).
-5. The bulk items and their NDJSON, made in one pass (lines.py; C where built), then one bulk of
+5. The bulk items and their NDJSON, made in one pass (lines.py; C where built; there a row the
+   runtime left as its JSON bytes, ``raw_rows``, becomes its document without a dict), then one bulk of
    versioned ``index`` items (bulk.py). It has returned once every item is written,
    refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
    only once it is in the translog, which is fsynced per request by default, so it is durable.
@@ -40,15 +41,17 @@ from sinks.opensearch.documents import reduce
 from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
-from sinks.opensearch.lines import encode as encode_items
+from sinks.opensearch.lines import RAW as RAW_ROWS, encode as encode_items
 from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
 
 log = logging.getLogger(__name__)
 
 
 def _envelope(event: SinkEvent) -> bytes:
-    """The event as an envelope again, for the dead letters (the record's own bytes are not kept)."""
-    return orjson.dumps({"before": event.before, "after": event.after, "op": event.op, "ts_ms": event.ts_ms,
+    """The event as an envelope again, for the dead letters (the record's own bytes are not kept;
+    a row left as JSON bytes, ``raw_rows``, is decoded first, so the envelope is the same either way)."""
+    after = orjson.loads(event.after) if type(event.after) is bytes else event.after
+    return orjson.dumps({"before": event.before, "after": after, "op": event.op, "ts_ms": event.ts_ms,
                          "source": event.source})
 
 
@@ -60,6 +63,9 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
     # `cdc bootstrap` fills a new generation and switches the aliases once it caught up, so
     # readers never query a half-filled index.
     bootstrap_by_rebuild = True
+    # Upserts' rows may come as their JSON bytes (cdc.api.Sink.raw_rows) where the C loop of
+    # lines.py makes documents from them: no dict per row, in the runtime or here.
+    raw_rows = RAW_ROWS
 
     def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
@@ -120,7 +126,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
                 layout = target.layout
                 floor = target.truncated_before
                 rest = encode_items(list(changes.actions.values()), target.index, floor,
-                                    None if layout.identity else layout.body, items, lines)
+                                    None if layout.identity else layout.body, items, lines, layout.raw_fields())
                 if rest:
                     live = live_versions(self.client, target.index, [a.doc_id for a in rest])
                     for action in rest:

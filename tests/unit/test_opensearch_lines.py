@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from sinks.opensearch import lines, tombstones
 from sinks.opensearch.bulk import Item
-from sinks.opensearch.documents import Delete, Tombstone, Upsert
+from sinks.opensearch.config import IndexOptions
+from sinks.opensearch.documents import Delete, TableLayout, Tombstone, Upsert
 from sinks.opensearch.mapping import VERSION_FIELD
 
 needs_c = pytest.mark.skipif(lines._lines is None, reason="sinks.opensearch._lines not built")
@@ -53,6 +54,67 @@ def test_the_c_loop_makes_the_python_loops_items_and_lines(batch, floor, body_of
         assert run(batch, floor, body_of, True) == run(batch, floor, body_of, False)
     finally:
         tombstones.time.time = real
+
+
+names = st.sampled_from(["a", "b", "é", "0", VERSION_FIELD, 'q"'])
+layouts = st.one_of(st.none(), st.builds(
+    lambda include, exclude, rename: TableLayout(IndexOptions(include=include, exclude=sorted(exclude - set(include or ())),
+                                                              rename=rename)),
+    st.one_of(st.none(), st.lists(names, unique=True, max_size=3)), st.sets(names, max_size=2),
+    st.dictionaries(names, names, max_size=2)))
+
+
+def _as_json(batch):
+    """The upserts' rows as the runtime's raw_rows hands them over: their JSON bytes."""
+    return [Upsert(a.doc_id, a.version, orjson.dumps(a.row, option=orjson.OPT_NON_STR_KEYS), a.event)
+            if type(a) is Upsert else a for a in batch]
+
+
+@needs_c
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(actions, max_size=10), st.one_of(st.none(), versions), layouts)
+def test_rows_as_json_bytes_make_the_documents_their_dicts_make(batch, floor, layout):
+    """Rows as JSON bytes (raw_rows): the C loop makes each document from the bytes (the
+    layout's picks and renames, the version spliced in; a name with escapes, a name given twice,
+    the version field in the row: the dict way) and the lines are the bytes the Python loop
+    makes of the decoded rows."""
+    tombstones.time.time, real = (lambda: 1_700_000_000.0), tombstones.time.time
+    raw = _as_json(batch)
+    body_of = None if layout is None or layout.identity else layout.body
+    fields = None if layout is None else layout.raw_fields()
+    try:
+        out = {}
+        for use_c in (True, False):
+            lines.USE_SPEEDUPS = use_c
+            items, made = [], []
+            rest = lines.encode(raw, "idx.é", floor, body_of, items, made, fields)
+            out[use_c] = ([(*i[:3], orjson.loads(i.body) if type(i.body) is bytes else i.body, *i[4:]) for i in items],
+                          made, rest)
+    finally:
+        lines.USE_SPEEDUPS = True
+        tombstones.time.time = real
+    assert out[True] == out[False]
+
+
+@needs_c
+def test_a_row_as_json_bytes_is_its_document_without_a_dict():
+    """The common row is not decoded: its document is its bytes with the version spliced in."""
+    row = b'{"id":1,"s":"x y"}'
+    items, made = [], []
+    lines.encode([Upsert("1", 16, row, "e1")], "idx", None, None, items, made)
+    assert items[0].body is row
+    assert made[0].split(b"\n")[1] == b'{"id":1,"s":"x y","__cdc_version":16}'
+    layout = TableLayout(IndexOptions(exclude=["s"], rename={"id": "key"}))
+    items, made = [], []
+    lines.encode([Upsert("1", 16, row, "e1")], "idx", None, layout.body, items, made, layout.raw_fields())
+    assert items[0].body == b'{"key":1}' and made[0].split(b"\n")[1] == b'{"key":1,"__cdc_version":16}'
+    # Rows the bytes cannot stand for as they are go the dict way: a name given twice (the last
+    # value wins), a name with escapes, the version field in the row (the event's replaces it).
+    odd = [b'{"a":1,"b":0,"a":2}', b'{"\\u0061":1}', b'{"__cdc_version":"theirs","a":1}']
+    items, made = [], []
+    lines.encode([Upsert(str(i), 16, row, "e") for i, row in enumerate(odd)], "idx", None, None, items, made)
+    assert [m.split(b"\n")[1] for m in made] == [b'{"a":2,"b":0,"__cdc_version":16}', b'{"a":1,"__cdc_version":16}',
+                                                 b'{"__cdc_version":16,"a":1}']
 
 
 @pytest.mark.parametrize("use_c", [True, False])
