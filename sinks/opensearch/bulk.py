@@ -46,7 +46,8 @@ class Item(NamedTuple):
     event: Any = None                 # the SinkEvent it comes from (for the dead letters)
     version_type: str = "external"
     # The item encoded already (lines.py makes a write's items with their lines in one pass; its
-    # ``body`` is then the document without the version field, which is in the line).
+    # ``body`` is then the document without the version field, which is in the line: the JSON
+    # bytes of it for a row the runtime left as bytes, raw_rows).
     line: bytes | None = None
 
     def encode(self) -> bytes:
