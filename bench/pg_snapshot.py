@@ -230,7 +230,7 @@ def run_ours(config, kafka, prefix: str, partitions: int, profile: cProfile.Prof
 
 def line(label: str, rows: int, seconds: float, nbytes: int, baseline: float | None = None) -> str:
     rate = rows / seconds
-    text = f"{label:<22} {rate:>10,.0f} rows/s {nbytes / seconds / 1e6:>7.1f} MB/s  ({seconds:.2f}s)"
+    text = f"{label:<30} {rate:>10,.0f} rows/s {nbytes / seconds / 1e6:>7.1f} MB/s  ({seconds:.2f}s)"
     if baseline:
         text += f"  = {rate / baseline:.0%} of COPY"
     return text
@@ -247,6 +247,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
                         help="a producer setting over the log's defaults (compression.type=none, linger.ms=50 ...)")
+    parser.add_argument("--compare-events", action="store_true",
+                        help="run each count twice in a row, first with the rows made into events in this "
+                             "process (sources.postgres.snapshot.ROW_BLOCKS off: the code before RowBlock), "
+                             "then as RowBlocks, to compare the two in the same conditions")
+    parser.add_argument("--rounds", type=int, default=1, help="times to run the whole list of runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
                         help="run the runner thread under cProfile (not the reader threads); top 15 by own time")
@@ -279,16 +284,22 @@ def main() -> None:
                   + "".join(f", {k}={v}" for k, v in producer.items()))
             print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
             print(cpu.text(args.rows), flush=True)
+            from sources.postgres import snapshot as pg_snapshot
+
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
-            for count, processes in runs:
-                kind = "p" if processes else "t"
-                name = f"bench_snap_{run_id}_{kind}{count}"
-                prefix = f"bench_{run_id}_{kind}{count}"
+            blocks = [False, True] if args.compare_events else [pg_snapshot.ROW_BLOCKS]
+            runs = [(count, processes, row_blocks) for _ in range(args.rounds) for count, processes in runs
+                    for row_blocks in blocks]
+            for number, (count, processes, row_blocks) in enumerate(runs):
+                pg_snapshot.ROW_BLOCKS = row_blocks
+                kind = ("p" if processes else "t") + ("" if row_blocks else "e")
+                name = f"bench_snap_{run_id}_{kind}{count}_{number}"
+                prefix = f"bench_{run_id}_{kind}{count}_{number}"
                 prefixes.append(prefix)
                 overrides = dict(snapshot="initial_only", snapshot_workers=count, snapshot_processes=processes)
                 if args.chunk_pages:
                     overrides["snapshot_chunk_pages"] = args.chunk_pages
-                config = source_config(dsn, name, f"{state_dir}/{kind}{count}", **overrides)
+                config = source_config(dsn, name, f"{state_dir}/{kind}{count}_{number}", **overrides)
                 profile = cProfile.Profile() if args.profile is not None else None
                 # COPY again right before this run: on a shared machine the load moves within a
                 # run, and the ratio to the COPY next to it is the one less skewed by that.
@@ -296,7 +307,8 @@ def main() -> None:
                 with CpuMeter(settings["PG_DSN"], database, broker_pid) as cpu:
                     seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
-                         f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else ""))
+                         f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else "")
+                         + ("" if row_blocks else ", events"))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "
@@ -307,7 +319,7 @@ def main() -> None:
                 if stats.events != args.rows:
                     print(f"WARNING: {stats.events:,} events for {args.rows:,} rows")
                 if profile is not None:
-                    print_profile(profile, f"{args.profile}.{kind}{count}" if args.profile else None)
+                    print_profile(profile, f"{args.profile}.{kind}{count}_{number}" if args.profile else None)
                 drop_slots(settings["PG_DSN"], database)  # initial_only leaves its slot behind
                 delete_topics(kafka, prefix)
             chunk_pages = args.chunk_pages or PostgresConfig.model_fields["snapshot_chunk_pages"].default
