@@ -149,3 +149,35 @@ def test_the_last_row_of_a_snapshot_of_blocks_is_marked_last():
     assert [e.key["id"] for e in events] == [1, 2, 3, 4, 5, 6]
     assert events[-1].snapshot is SnapshotMarker.LAST and all(e.snapshot is SnapshotMarker.TRUE for e in events[:-1])
     assert batches[-1].checkpoint == Counter(10) and isinstance(batches[-1], Batch)
+
+
+def test_a_snapshot_of_blocks_taken_again_deletes_the_rows_it_no_longer_has(tmp_path):
+    """A repeated snapshot into a topic that already had records notes the keys of its RowBlocks
+    (made into events for that alone) and deletes what it did not read; into an empty topic it
+    notes nothing."""
+    from cdc.log.embedded import EmbeddedLog
+    from cdc.serde import Record
+    from snapshot.stale import StaleRows
+
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        topic = "p.public.orders"
+        log.ensure_topic(topic)
+        writer = log.writer()
+        writer.publish([Record(topic, b'{"id":%d}' % k, b'{"op":"c"}') for k in (1, 2, 7)])
+        writer.flush()
+        writer.close()
+        encoder = EnvelopeEncoder("postgresql", "src", "p")
+        stale = StaleRows(log, encoder.topic, encoder.record_key)
+        rows = _row_block(_block([1, 2, 3]))
+        assert stale.before_publish(Batch(rows)) == []
+        assert rows._events is not None  # tracked: its keys were noted from its events
+        last = _materializer()(_block([4]))[0]._replace(snapshot=SnapshotMarker.LAST)
+        deletes = stale.before_publish(Batch([last], Counter(10), snapshot_end=SnapshotEnd((TABLE,), 4242)))
+        assert [(e.op, e.key) for e in deletes] == [(Op.DELETE, {"id": 7})]
+
+        empty = StaleRows(log, lambda table: "p.public.nothing", encoder.record_key)
+        untouched = _row_block(_block([1, 2]))
+        assert empty.before_publish(Batch(untouched)) == [] and untouched._events is None
+    finally:
+        log.close()
