@@ -60,6 +60,8 @@ processes 1/2/4: 348k 341k 308k (24% 23% 21%); threads 1/2: 360k 417k (25% 28%);
 processes ours 3.6-4.3 + PostgreSQL 0.5 + broker 0.5-0.7 us, threads ours 3.3 + 0.5 + 0.5 us (the
 code before copy_json: processes 110k 104k 92k, 6-8% of COPY).
 
+Message sizes: values ~500 bytes (the envelope around a ~190-byte row JSON), keys ~10 bytes.
+
 Paired runs (1M rows; each count first with events, ``--compare-events``, then with RowBlocks, in
 one session at loads 27-45 while other helpers ran test suites; rows/s and CPU us per row):
 
@@ -69,7 +71,8 @@ one session at loads 27-45 while other helpers ran test suites; rows/s and CPU u
     1 thread     events 32k, ours 3.4, PostgreSQL 0.5, broker 1.3 | blocks 40k, ours 2.7, PostgreSQL 0.5, broker 1.2
     2 threads    events 34k, ours 3.6, PostgreSQL 0.5, broker 2.9 | blocks 36k, ours 3.0, PostgreSQL 0.5, broker 1.0
     4 threads    events 25k, ours 3.6, PostgreSQL 0.5, broker 1.4 | blocks 28k, ours 2.9, PostgreSQL 0.5, broker 1.1
-    (an earlier pair at load 20-25: 1 process ours 4.4 -> 3.5 us, 1 thread 3.4 -> 2.6 us)
+    (an earlier pair at load 20-25: 1 process ours 4.4 -> 3.5 us, 1 thread 3.4 -> 2.6 us; two more
+     rounds at load 34-48: 1 process 4.1 -> 3.4 and 4.3 -> 3.3 us, 1 thread 3.2 -> 2.8 and 3.5 -> 2.9 us)
 
 So RowBlocks take 0.6-0.9 us of CPU per row off the publishing process (about a fifth), in every
 mode. The wall-clock rates and their share of COPY follow the load on these machines (COPY itself
