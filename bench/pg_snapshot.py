@@ -60,7 +60,7 @@ processes 1/2/4: 348k 341k 308k (24% 23% 21%); threads 1/2: 360k 417k (25% 28%);
 processes ours 3.6-4.3 + PostgreSQL 0.5 + broker 0.5-0.7 us, threads ours 3.3 + 0.5 + 0.5 us (the
 code before copy_json: processes 110k 104k 92k, 6-8% of COPY).
 
-Message sizes: values ~500 bytes (the envelope around a ~190-byte row JSON), keys ~10 bytes.
+Message sizes: values ~500 bytes (~300 bytes of envelope around a ~200-byte row JSON), keys ~10 bytes.
 
 Paired runs (1M rows; each count first with events, ``--compare-events``, then with RowBlocks, in
 one session at loads 27-45 while other helpers ran test suites; rows/s and CPU us per row):
