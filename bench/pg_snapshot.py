@@ -72,7 +72,8 @@ one session at loads 27-45 while other helpers ran test suites; rows/s and CPU u
     2 threads    events 34k, ours 3.6, PostgreSQL 0.5, broker 2.9 | blocks 36k, ours 3.0, PostgreSQL 0.5, broker 1.0
     4 threads    events 25k, ours 3.6, PostgreSQL 0.5, broker 1.4 | blocks 28k, ours 2.9, PostgreSQL 0.5, broker 1.1
     (an earlier pair at load 20-25: 1 process ours 4.4 -> 3.5 us, 1 thread 3.4 -> 2.6 us; two more
-     rounds at load 34-48: 1 process 4.1 -> 3.4 and 4.3 -> 3.3 us, 1 thread 3.2 -> 2.8 and 3.5 -> 2.9 us)
+     rounds at load 34-48: 1 process 4.1 -> 3.4 and 4.3 -> 3.3 us, 1 thread 3.2 -> 2.8 and 3.5 -> 2.9 us;
+     one at load 36-56: 2 processes 5.0 -> 3.9 us, 4 processes 5.5 -> 4.7 us)
 
 So RowBlocks take 0.6-0.9 us of CPU per row off the publishing process (about a fifth), in every
 mode. The wall-clock rates and their share of COPY follow the load on these machines (COPY itself
