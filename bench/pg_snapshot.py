@@ -1,8 +1,8 @@
 """Snapshot throughput: a PostgreSQL table read by the source's snapshot into Kafka, beside COPY.
 
     .venv/bin/cdc dev up --only postgres,kafka
-    .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--chunk-pages 2048]
-                                          [--profile snapshot.prof]
+    .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--threads] [--chunk-pages 2048]
+                                          [--compare-events] [--rounds 1] [--profile snapshot.prof]
 
 Steps, in one run on this machine:
   1. a fresh database with an ``orders`` table of ``--rows`` rows (the columns of bench.pg_stream:
@@ -27,56 +27,69 @@ the load (COPY itself measured 0.2M-1.4M rows/s across runs of one afternoon); t
 per row do not, and they are what a snapshot costs. ``--producer KEY=VALUE`` overrides a
 producer setting (``compression.type=none`` ...).
 
-Where the time goes (1M rows; CPU per row, from those figures, py-spy and timing each step alone):
+Where the time goes (1M rows; CPU per row, from those figures, perf, and timing each step alone):
 
 * before (issue #16 part 4 start): ours 4.4 us, PostgreSQL 3.1 us, broker 1.5 us per row. The
   server's share was the row-JSON statement: 3.2 us of CPU per row for ``row_to_json`` over the
   JSON expressions against 0.55 us for the plain ``COPY (SELECT <columns>)`` of the same table.
-* now the reader makes the row JSON from the plain COPY text (``sources/postgres/copy_json.py``,
-  C in ``_copyjson.c``, the same bytes): PostgreSQL 0.5 us per row. The publishing process spends
-  about 1.1 us per row making events (now in C for an integer key, ``int_key_events``), 0.25 us
-  encoding the envelopes (``_speedups.emit``), 0.9 us in ``Producer.produce`` and another 1.0 us
-  in librdkafka's threads (lz4, requests); the readers about 0.5-1 us (COPY, the JSON, the pipe,
-  and a second of process start-up per run). ``compression.type=none`` cost the broker more
-  (1.8-2.0 against 1.1 us per row in the same conditions) and this process no less, so lz4 stays.
-  ``produce_batch`` measured 0.3 us per record cheaper than ``produce`` alone, not enough to pay
-  for its per-record dicts and partial-failure handling.
+  Since then the reader makes the row JSON from the plain COPY text (``sources/postgres/
+  copy_json.py``, C in ``_copyjson.c``, the same bytes): PostgreSQL 0.5 us per row.
+* then each row became an event in the publishing process (a tuple, a key dict, an int, an
+  ``orjson.Fragment``: 0.26 us, ``_copyjson.int_key_events``) and was encoded from it (0.31 us,
+  ``_speedups.emit``). Now a block of plain rows goes on as it was read, a ``RowBlock``
+  (cdc/events.py), and the json format makes each record from its line (``_speedups.emit_rows``,
+  0.10 us per row for both steps; the same bytes). ``--compare-events`` runs the old path
+  (``sources.postgres.snapshot.ROW_BLOCKS`` off) right before the new one.
+* what is left of the publishing process is mostly confluent-kafka and librdkafka. Timed alone
+  (bench/snapshot_produce.py, the same record shapes and producer settings, load ~10): 0.6 us per
+  record inside ``Producer.produce`` (argument parsing, a per-message state, librdkafka's copy and
+  partitioner), 0.3 us serving acknowledgements in ``poll``/``flush`` (confluent-kafka's delivery
+  trampoline takes the GIL and frees that state for every message even when only failures are
+  reported, and with no ``on_delivery`` at all alike: cdc/log/delivery.py), and 0.9 us in
+  librdkafka's own threads (perf: lz4 about a third of it, then copies, per-message bookkeeping
+  after the acks, locks and the socket). The broker took 0.7-0.8 us per record at that load (and
+  1-2.5 us at loads of 30-40). Compression: ``none`` and ``snappy`` cost the broker 3-4.5x what
+  lz4 costs it (3.0-3.5 against 0.7-0.8 us; it must read every record of a compacted topic) and
+  librdkafka no less; ``zstd`` costs librdkafka 0.5 us more: lz4 stays. Lingering longer or
+  batches of 100k records changed nothing measurable. ``produce_batch`` with the dicts it needs
+  measured no cheaper than ``produce``. The readers (COPY through psycopg2 and the row JSON) take
+  0.9 us per row in one process, more with several (each pays its interpreter's start-up, ~0.3 s).
 
-So a snapshot row now costs about 5.6 us of CPU in all with reader threads (ours 3.6, PostgreSQL
-0.5, broker 1.5) and 6.4-8.2 us with 1-4 reader processes (each pays its start-up and the pipe),
-against 8.4 and 9.8 us before, measured in the same hour at the same load (the "before" rows
-below: this bench with ``sources.postgres.copy_json._copyjson`` set to None, which is the code
-as it was); COPY costs about 0.7 us. Two cores at 5.6 us a row allow at most about 0.36M rows/s,
-25-35% of what COPY measured on a quiet machine (1.06-1.44M rows/s), and the Python producer
-path alone (produce, librdkafka, broker: about 3 us a row) is more than 40% of COPY allows on two
-cores. Under the loads these machines had (18-44), wall-clock rates follow the scheduler's share
-rather than the work: moving the row JSON from a server backend into our process cut the total
-CPU by a third but did not raise the loaded rates measurably.
+Before RowBlocks, on a quiet machine (load 0.9-1.4, after the copy_json merge): COPY 1,467k rows/s;
+processes 1/2/4: 348k 341k 308k (24% 23% 21%); threads 1/2: 360k 417k (25% 28%); CPU per row:
+processes ours 3.6-4.3 + PostgreSQL 0.5 + broker 0.5-0.7 us, threads ours 3.3 + 0.5 + 0.5 us (the
+code before copy_json: processes 110k 104k 92k, 6-8% of COPY).
 
-Measured (1M rows, 2 cores shared with other helpers; rows/s, share of the first COPY rate of the
-run and of the COPY run just before it, load average during the run):
+Message sizes: values ~500 bytes (~300 bytes of envelope around a ~200-byte row JSON), keys ~10 bytes.
 
-    before (code at the start of this work):
-      quiet:  COPY 1,441k; processes 1/2/4: 110k 104k 92k (8% 7% 6%)                      load 2-5
-      COPY 183k; processes 1/2: 24k 19k (13% 11%); threads 1/2: 38k 35k (21% 19%)        load 36-40
-              cpu per row: processes ours 5.0-5.6 + PostgreSQL 3.1 + broker 1.7 us;
-                           threads ours 3.9-4.0 + PostgreSQL 3.2 + broker 1.3-1.4 us
-    now:
-      COPY 405k; processes 1/2/4: 76k 66k 52k (19% 16% 13%)                               load 18-20
-      COPY 211k; processes 1/2/4: 33k 26k 20k (16% 13% 9%); threads 1/2/4: 30k 30k 29k (14%) load 33-41
-              cpu per row: processes ours 4.5-6.0 + PostgreSQL 0.5 + broker 1.4-1.7 us;
-                           threads ours 3.6-3.7 + PostgreSQL 0.5 + broker 1.4-1.5 us
+Paired runs (1M rows; each count first with events, ``--compare-events``, then with RowBlocks, in
+one session at loads 27-45 while other helpers ran test suites; rows/s and CPU us per row):
 
-      quiet, after the merge (three runs back to back, load 0.9-1.4):
-      COPY 1,467k; processes 1/2/4: 348k 341k 308k (24% 23% 21%)
-      COPY 1,463k; processes 1/2: 323k 318k (22% 22%); threads 1/2: 360k 417k (25% 28%)
-              cpu per row: processes ours 3.6-4.3 + PostgreSQL 0.5 + broker 0.5-0.7 us;
-                           threads ours 3.3 + PostgreSQL 0.5 + broker 0.5 us
+    1 process    events 47k, ours 4.2, PostgreSQL 0.6, broker 1.4 | blocks 56k, ours 3.3, PostgreSQL 0.5, broker 1.0
+    2 processes  events 25k, ours 4.5, PostgreSQL 0.5, broker 1.6 | blocks 38k, ours 3.9, PostgreSQL 0.5, broker 0.9
+    4 processes  events 25k, ours 5.3, PostgreSQL 0.5, broker 1.3 | blocks 31k, ours 4.5, PostgreSQL 0.5, broker 1.0
+    1 thread     events 32k, ours 3.4, PostgreSQL 0.5, broker 1.3 | blocks 40k, ours 2.7, PostgreSQL 0.5, broker 1.2
+    2 threads    events 34k, ours 3.6, PostgreSQL 0.5, broker 2.9 | blocks 36k, ours 3.0, PostgreSQL 0.5, broker 1.0
+    4 threads    events 25k, ours 3.6, PostgreSQL 0.5, broker 1.4 | blocks 28k, ours 2.9, PostgreSQL 0.5, broker 1.1
+    (an earlier pair at load 20-25: 1 process ours 4.4 -> 3.5 us, 1 thread 3.4 -> 2.6 us; two more
+     rounds at load 34-48: 1 process 4.1 -> 3.4 and 4.3 -> 3.3 us, 1 thread 3.2 -> 2.8 and 3.5 -> 2.9 us;
+     one at load 36-56: 2 processes 5.0 -> 3.9 us, 4 processes 5.5 -> 4.7 us)
 
-The 40%-of-COPY target was reached in no run. On the quiet machine the same code reads 3x the
-rows/s of the code before (348k against 110k with one reader process; 22-28% of COPY against
-6-8%), and issue #18's 150,000 rows/s is passed with every reader count; what is left is our
-process's ~3.3-3.8 us a row (producing through librdkafka most of it), against COPY's 0.7.
+So RowBlocks take 0.6-0.9 us of CPU per row off the publishing process (about a fifth), in every
+mode. The wall-clock rates and their share of COPY follow the load on these machines (COPY itself
+measured 0.15M-0.66M rows/s in this session, 1.46M quiet) and are no measure of the change.
+
+Why 40% of COPY is out of reach on two cores with the broker on them: 40% of the quiet COPY rate
+(1.46M rows/s) is 584k rows/s, which two cores allow only if everything together costs at most
+3.4 us of CPU per row. The floor of the pieces we do not write, measured alone: the server's
+plain COPY 0.5 us, confluent-kafka and librdkafka 1.8 us (produce 0.6 + acknowledgements 0.3 +
+librdkafka's threads 0.9), the broker 0.7-0.8 us: 3.0-3.1 us before a row is read off the
+connection, turned into its JSON or made into a record. With the readers (0.9 us) the floor is
+about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; measured, a row
+costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
+means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
+call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
+cores; neither is done here.
 """
 
 from __future__ import annotations
@@ -230,7 +243,7 @@ def run_ours(config, kafka, prefix: str, partitions: int, profile: cProfile.Prof
 
 def line(label: str, rows: int, seconds: float, nbytes: int, baseline: float | None = None) -> str:
     rate = rows / seconds
-    text = f"{label:<22} {rate:>10,.0f} rows/s {nbytes / seconds / 1e6:>7.1f} MB/s  ({seconds:.2f}s)"
+    text = f"{label:<30} {rate:>10,.0f} rows/s {nbytes / seconds / 1e6:>7.1f} MB/s  ({seconds:.2f}s)"
     if baseline:
         text += f"  = {rate / baseline:.0%} of COPY"
     return text
@@ -247,6 +260,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
                         help="a producer setting over the log's defaults (compression.type=none, linger.ms=50 ...)")
+    parser.add_argument("--compare-events", action="store_true",
+                        help="run each count twice in a row, first with the rows made into events in this "
+                             "process (sources.postgres.snapshot.ROW_BLOCKS off: the code before RowBlock), "
+                             "then as RowBlocks, to compare the two in the same conditions")
+    parser.add_argument("--rounds", type=int, default=1, help="times to run the whole list of runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
                         help="run the runner thread under cProfile (not the reader threads); top 15 by own time")
@@ -279,16 +297,22 @@ def main() -> None:
                   + "".join(f", {k}={v}" for k, v in producer.items()))
             print(line("COPY (copy_expert)", args.rows, seconds, nbytes))
             print(cpu.text(args.rows), flush=True)
+            from sources.postgres import snapshot as pg_snapshot
+
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
-            for count, processes in runs:
-                kind = "p" if processes else "t"
-                name = f"bench_snap_{run_id}_{kind}{count}"
-                prefix = f"bench_{run_id}_{kind}{count}"
+            blocks = [False, True] if args.compare_events else [pg_snapshot.ROW_BLOCKS]
+            runs = [(count, processes, row_blocks) for _ in range(args.rounds) for count, processes in runs
+                    for row_blocks in blocks]
+            for number, (count, processes, row_blocks) in enumerate(runs):
+                pg_snapshot.ROW_BLOCKS = row_blocks
+                kind = ("p" if processes else "t") + ("" if row_blocks else "e")
+                name = f"bench_snap_{run_id}_{kind}{count}_{number}"
+                prefix = f"bench_{run_id}_{kind}{count}_{number}"
                 prefixes.append(prefix)
                 overrides = dict(snapshot="initial_only", snapshot_workers=count, snapshot_processes=processes)
                 if args.chunk_pages:
                     overrides["snapshot_chunk_pages"] = args.chunk_pages
-                config = source_config(dsn, name, f"{state_dir}/{kind}{count}", **overrides)
+                config = source_config(dsn, name, f"{state_dir}/{kind}{count}_{number}", **overrides)
                 profile = cProfile.Profile() if args.profile is not None else None
                 # COPY again right before this run: on a shared machine the load moves within a
                 # run, and the ratio to the COPY next to it is the one less skewed by that.
@@ -296,7 +320,8 @@ def main() -> None:
                 with CpuMeter(settings["PG_DSN"], database, broker_pid) as cpu:
                     seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
-                         f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else ""))
+                         f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else "")
+                         + ("" if row_blocks else ", events"))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "
@@ -307,7 +332,7 @@ def main() -> None:
                 if stats.events != args.rows:
                     print(f"WARNING: {stats.events:,} events for {args.rows:,} rows")
                 if profile is not None:
-                    print_profile(profile, f"{args.profile}.{kind}{count}" if args.profile else None)
+                    print_profile(profile, f"{args.profile}.{kind}{count}_{number}" if args.profile else None)
                 drop_slots(settings["PG_DSN"], database)  # initial_only leaves its slot behind
                 delete_topics(kafka, prefix)
             chunk_pages = args.chunk_pages or PostgresConfig.model_fields["snapshot_chunk_pages"].default

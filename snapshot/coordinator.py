@@ -37,8 +37,8 @@ those it did not, so the changes streamed from the stored position never lose to
 of complete tables is written at the first position stored after a snapshot or backfill ends
 (``commit``), so a crash before that reads the new tables again rather than never.
 
-Snapshot rows: the newest one is held back until the next batch, so the last row of the snapshot
-goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends the snapshot and
+Snapshot rows: the newest batch of them is held back until the next, so the last row of the
+snapshot goes out marked ``last``, in the batch whose checkpoint (``stream_from``) ends the snapshot and
 whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
 
 Incremental snapshots: while streaming, tables asked for (``request_snapshot``, or a signal row)
@@ -63,7 +63,7 @@ from typing import Any, Callable, ClassVar, Protocol
 
 from cdc.api import Source
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
-from cdc.events import Batch, SchemaChange, SnapshotEnd, SnapshotMarker
+from cdc.events import Batch, RowBlock, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import IncrementalProgress, Position, SnapshotProgress
 from snapshot.incremental import SIGNALS, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
@@ -135,7 +135,7 @@ class SnapshotThenStream(Source):
         self.stream: Stream | None = None
         self.snapshot: ParallelSnapshot | None = None
         self._opened: OpenedSnapshot | None = None
-        self._held = None                  # the newest snapshot event, held back to mark the last one
+        self._held = None                  # the newest snapshot item (events or a RowBlock), held back to mark the last row
         self._pending_changes: tuple = ()  # schema records for the next batch
         self._progress: SnapshotProgress | None = None
         self._progress_stored = False
@@ -366,18 +366,26 @@ class SnapshotThenStream(Source):
         if item is None:
             return None
         events = self._opened.accept(item)
+        if not len(events):
+            return None
         self._snapshot_rows += len(events)
-        out = ([self._held] if self._held is not None else []) + events[:-1]
-        self._held = events[-1]
-        return self._with_changes(Batch(out)) if out else None
+        # The newest item is held back whole (a list of events or a RowBlock, which goes to the
+        # log as it came), so the snapshot's very last row can still be marked ``last``.
+        out, self._held = self._held, events
+        return self._with_changes(Batch(out)) if out is not None else None
 
     def _finish_snapshot(self) -> Batch:
         opened = self._opened
         self._close_snapshot()
         events = []
         if self._held is not None:
-            events.append(self._held._replace(snapshot=SnapshotMarker.LAST))
-            self._held = None
+            held, self._held = self._held, None
+            if isinstance(held, RowBlock):
+                rest, last = held.split_last()
+                events = rest.events() if rest is not None else []
+            else:
+                events, last = held[:-1], held[-1]
+            events.append(last._replace(snapshot=SnapshotMarker.LAST))
         self.log.info("snapshot done: %d rows; streaming from %s", self._snapshot_rows, self.stream_from,
                  extra=self._extra())
         self._record_tables = self._tables_at_end

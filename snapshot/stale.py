@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
+from cdc.events import Batch, ChangeEvent, Op, RowBlock, SnapshotMarker, TableId
 from cdc.log.base import Log
 from cdc.sink_events import decode_key, decode_value
 
@@ -46,6 +46,13 @@ class StaleRows:
         record_key = self.record_key
         last_table, entry = None, None
         of_snapshot = (SnapshotMarker.TRUE, SnapshotMarker.LAST)
+        if type(events) is RowBlock:  # one table: its rows are made into events only if it is tracked
+            topic = self.topic_of(events.table)
+            entry = self.tracked.get(topic, False)
+            if entry is False:
+                entry = self._track(topic, events.table, events.version)
+            if entry is None:
+                return
         for event in events:
             table = event.table
             if table is not last_table:  # by identity: a TableId hash runs Python code

@@ -514,9 +514,51 @@ error:
     return NULL;
 }
 
+/* int_key_rows(block, min_chars) -> number of lines | None
+ *   Whether a block can go to the log as it is (cdc.events.RowBlock): int_key_events would take it
+ *   (no backslash, every line shorter than min_chars with a key of decimal digits) and every key is
+ *   written as orjson writes the int (no leading zero, no "-0"), so that the key text is the
+ *   record key's digits. The number of lines, or None when not. */
+static PyObject *
+copyjson_int_key_rows(PyObject *self, PyObject *args)
+{
+    Py_buffer block;
+    Py_ssize_t min_chars, lines = 0;
+    if (!PyArg_ParseTuple(args, "y*n", &block, &min_chars))
+        return NULL;
+    const char *p = block.buf, *end = p + block.len;
+    if (block.len == 0 || memchr(p, '\\', (size_t)block.len) != NULL)
+        goto refuse;
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL || eol - p >= min_chars)
+            goto refuse;
+        const char *tab = memchr(p, '\t', (size_t)(eol - p));
+        if (tab == NULL || tab == p || tab - p > 19)
+            goto refuse;
+        const char *q = p;
+        if (*q == '-')
+            q++;
+        if (q == tab || (*q == '0' && (tab - q > 1 || q > p)))
+            goto refuse;
+        for (; q < tab; q++)
+            if (*q < '0' || *q > '9')
+                goto refuse;
+        lines++;
+        p = eol + 1;
+    }
+    PyBuffer_Release(&block);
+    return PyLong_FromSsize_t(lines);
+refuse:
+    PyBuffer_Release(&block);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"int_key_events", copyjson_int_key_events, METH_VARARGS,
      "int_key_events(block, new_event, head, key_name, fragment, tail, min_chars) -> list, or None"},
+    {"int_key_rows", copyjson_int_key_rows, METH_VARARGS,
+     "int_key_rows(block, min_chars) -> number of lines, or None for a block that cannot go to the log as it is"},
     {"rewrite", copyjson_rewrite, METH_VARARGS,
      "rewrite(block, kinds, heads, keys, toast, min_chars) -> bytes, or None for a block it does not take"},
     {NULL, NULL, 0, NULL},
