@@ -103,6 +103,8 @@ def main() -> None:
                         help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
     parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
     parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
+    parser.add_argument("--window-mb", type=int, default=None,
+                        help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -175,7 +177,7 @@ def main() -> None:
         # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
         gc.freeze()
         for round_ in range(args.rounds):
-            variants = [("now", True)] + ([("probed", True)] if args.probed_deletes else []) + \
+            variants = [("now", True), ("bulk", True)] + ([("probed", True)] if args.probed_deletes else []) + \
                 ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
@@ -185,7 +187,8 @@ def main() -> None:
                 try:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
                     config = SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
-                                           batch_size=args.batch)
+                                           batch_size=args.batch,
+                                           **({"bulk_window_mb": args.window_mb} if args.window_mb else {}))
                     # "dicts" and "before": every row decoded to a dict, as before the raw rows
                     sink = (SqlSink if label not in ("dicts", "before") else DictRowsSqlSink)(config)
                     if label in ("probed", "before"):  # set once the sink has its applier
@@ -204,7 +207,10 @@ def main() -> None:
                     ours = sum(os.times()[:2])
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label in ("rebuild", "rb-seq"):
+                        if label == "bulk":  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
+                            runner.rebuild(threading.Event())
+                        elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
+                            runner._fill_in_windows = runner._fill_in_batches
                             runner.rebuild(threading.Event())
                         else:
                             runner.run(threading.Event(), from_start=True, until_caught_up=True)
@@ -221,8 +227,10 @@ def main() -> None:
                 assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
                 print(f"bootstrap {label:6} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
                       f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
-                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s, "
-                      f"PostgreSQL " + ("unknown (not local)" if cpu[1] is None else f"{cpu[1]:.1f}s"), flush=True)
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s "
+                      f"({cpu[0] / records * 1e6:.2f} us/record), PostgreSQL " +
+                      ("unknown (not local)" if cpu[1] is None else
+                       f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)"), flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()
