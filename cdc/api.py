@@ -513,8 +513,13 @@ class BulkLoadableSink(Protocol):
     watermark kept; tombstones need nothing in a generation that held none of the keys) and
     returns True, or returns False without writing anything (e.g. a target without a bulk path).
     If it raises, nothing of the part may be written: the runtime writes the part through
-    ``write`` instead. Called on the thread that calls ``write``.
+    ``write`` instead. Called on the thread that calls ``write``. ``bulk_loads`` (read once the
+    sink started): False makes a rebuild write batch by batch, as for any other sink.
     """
+
+    @property
+    @abstractmethod
+    def bulk_loads(self) -> bool: ...
 
     @abstractmethod
     def bulk_load(self, part: WindowPart) -> bool: ...

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 TOPIC_REFRESH_S = 5.0
 BULK_POLL_RECORDS = 50_000  # records per read of a bulk rebuild (no write waits on them)
+BULK_ADD_RECORDS = 5_000    # records added to a window between checks of its size
 BULK_PART_KEYS = 100_000    # keys per part of a window handed to the sink (Python objects held at once)
 
 
@@ -487,7 +488,7 @@ class SinkRunner:
         self._read = {}
         reader.assign(dict(self.positions))
         began = time.monotonic()
-        if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE:
+        if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and self._sink_call(lambda: sink.bulk_loads):
             self._fill_in_windows(reader, stop_event, targets, new, old)
         else:
             self._fill_in_batches(reader, stop_event, targets, new, old)
@@ -558,11 +559,12 @@ class SinkRunner:
             if stop_event.is_set():
                 raise self._stopped_rebuild(new, old)
             records = reader.poll(BULK_POLL_RECORDS, wait)
-            for record, err in window.add(records, read):
-                self._poison(record.topic, record.partition, record.offset, str(err), record)
-            if window.full():
-                self._load_window(window, first, new)
-                first = False
+            for at in range(0, len(records), BULK_ADD_RECORDS):  # a window overshoots its bound by one slice at most
+                for record, err in window.add(records[at:at + BULK_ADD_RECORDS], read):
+                    self._poison(record.topic, record.partition, record.offset, str(err), record)
+                if window.full():
+                    self._load_window(window, first, new)
+                    first = False
             self.stats.progressed()
             if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
                 self.report(self.stats)

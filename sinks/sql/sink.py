@@ -63,6 +63,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         self._current = 1
         self._next_prune = 0.0
         self._seen_tables: set[str] = set()
+        self.bulk: BulkLoader | None = None  # made by start()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -233,6 +234,11 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
             pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
         if pruned > 0:  # -1: the driver (DuckDB) does not say how many; nothing worth a line then
             log.info("sql sink %s: forgot %d deletes older than %s h", self.config.name, pruned, hours)
+
+    @property
+    def bulk_loads(self) -> bool:
+        """PostgreSQL without soft deletes (bulk_load.py); elsewhere rebuilds write batch by batch."""
+        return self.bulk is not None and self.bulk.able
 
     def bulk_load(self, part: WindowPart) -> bool:
         """A part of a rebuild's first window into the generation being written (cdc.api.BulkLoadableSink)."""

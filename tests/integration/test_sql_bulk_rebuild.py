@@ -1,0 +1,169 @@
+"""A bulk rebuild into PostgreSQL (cdc.bulk_window, sinks/sql/bulk_load.py) through the real runtime.
+
+A history larger than a small window (several windows: the first loaded by plain COPY, the later
+ones through the guarded writes), with updates, deletes, re-inserts, awkward values, a poison
+record and replays of older versions at later offsets, must end equal to the source's final state
+and to what the batch-by-batch path makes of the same topic, remembered deletes included; and a
+live event older than a delete must not bring the row back afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+
+import psycopg2
+import pytest
+
+from cdc.events import ChangeEvent, Op, TableId
+from cdc.log.base import TopicSettings
+from cdc.log.kafka import KafkaLog
+from cdc.positions import Counter
+from cdc.runtime.sink_runner import SinkRunner
+from cdc.serde import EnvelopeEncoder, Record
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.sink import SqlSink
+from tests.integration.pg_capture import execute
+
+pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
+
+TABLE = TableId("shop", "public", "things")
+VALUES = ["plain", "tab\there", "new\nline\r", "back\\slash \\N", 'quote"', "é 日本 😀", ""]
+KEYS = 12000
+
+
+def _row(key: int, n: int) -> dict:
+    return {"id": key, "name": VALUES[(key + n) % len(VALUES)] + "x" * (n % 90), "amount": f"{key * 1.25 + n:.2f}",
+            "doc": {"n": n, "k": [key, None]} if key % 3 else None}
+
+
+def _history() -> tuple[list[ChangeEvent], list[ChangeEvent], dict[int, tuple[int, dict | None]]]:
+    """(events in log order, older events replayed at the end, key -> (newest version, row or None))."""
+    rng = random.Random(18)
+    events: list[ChangeEvent] = []
+    final: dict[int, tuple[int, dict | None]] = {}
+    version = 0
+    for n in range(4 * KEYS):
+        key = rng.randrange(KEYS) if n >= KEYS else n  # every key created, then random changes
+        version += 1
+        if key in final and final[key][1] is not None and rng.random() < 0.15:
+            events.append(ChangeEvent(Op.DELETE, TABLE, {"id": key}, {"id": key}, None, version, 0))
+            final[key] = (version, None)
+        else:  # an update, or a re-insert of a deleted key
+            row = _row(key, n)
+            events.append(ChangeEvent(Op.UPDATE if key in final else Op.CREATE, TABLE, {"id": key}, None, row,
+                                      version, 0))
+            final[key] = (version, row)
+    # A replay after a crash: older versions again, at later offsets (of deleted keys and live ones).
+    # Not deletes: the tombstone after a delete removes a key's row whatever its version, by contract.
+    replays = [event for event in rng.sample(events, 800)
+               if event.version < final[event.key["id"]][0] and event.op is not Op.DELETE]
+    return events, replays, final
+
+
+def _schema_record() -> dict:
+    columns = [("id", "bigint", True), ("name", "text", False), ("amount", "numeric(14,2)", False),
+               ("doc", "jsonb", False)]
+    return {"source": "src", "db": "shop", "schema": "public", "table": "things", "version": 1, "ts_ms": 0,
+            "ddl": None, "columns": [{"name": n, "type": t, "key": k, "nullable": not k} for n, t, k in columns]}
+
+
+def _table(dsn: str) -> list[tuple]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id, name, amount::text, doc::text, __cdc_version FROM things ORDER BY id")
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def _deletes(dsn: str) -> dict[str, int]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT key_json, version FROM cdc_sink_deletes")
+            return dict(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def _runner(kafka, prefix: str, url: str, group: str, **settings) -> SinkRunner:
+    sink = SqlSink(SqlSinkConfig(name="bulk", type="sql", url=url, topics=[f"{prefix}.*"], **settings))
+    runner = SinkRunner(sink, kafka, prefix, group=group)
+    runner.schema_for = lambda topic, version=None: _schema_record()
+    return runner
+
+
+def test_a_history_larger_than_the_window_rebuilds_equal_to_its_final_state(pg_admin_dsn, kafka_bootstrap):
+    run = uuid.uuid4().hex[:8]
+    prefix = f"bulk_{run}"
+    kafka = KafkaLog(kafka_bootstrap)
+    topic = TABLE.topic(prefix)
+    databases = []
+    events, replays, final = _history()
+    try:
+        kafka.ensure_topic(topic, TopicSettings(partitions=2))
+        writer = kafka.writer()
+        encoder = EnvelopeEncoder("postgresql", "src", prefix)
+        for at in range(0, len(events), 5000):
+            writer.publish_events(encoder, events[at:at + 5000], None)
+            writer.poll()
+        writer.publish([Record(topic, b'{"id":3}', b'{"before":null,"after":{"id":3,"name":"x"},"op":"u",')])
+        writer.publish_events(encoder, replays, Counter(1))
+        writer.flush(60)
+        urls = {}
+        for path in ("bulk", "batches"):
+            name = f"bulk_{run}_{path}"
+            execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
+            databases.append(name)
+            urls[path] = pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
+        # The bulk rebuild in 1 MiB windows: the history holds several.
+        runner = _runner(kafka, prefix, urls["bulk"].replace("postgresql://", "postgresql+psycopg2://", 1),
+                         f"bulk-{run}", bulk_window_mb=1)
+        loads: list[bool] = []
+        load_window = runner._load_window
+
+        def counting(window, first, generation):
+            loads.append(first)
+            load_window(window, first, generation)
+        runner._load_window = counting
+        runner.rebuild(threading.Event())
+        assert loads[0] is True and len(loads) >= 3 and not any(loads[1:]), loads
+        assert runner.stats.errors == 1  # the cut-off record went to the dead-letter topic
+        # The same topic batch by batch, into the generation readers see.
+        batches = _runner(kafka, prefix, urls["batches"].replace("postgresql://", "postgresql+psycopg2://", 1),
+                          f"batches-{run}", batch_size=500)
+        batches.run(threading.Event(), from_start=True, until_caught_up=True)
+
+        expected = sorted((key, row["name"], row["amount"], None if row["doc"] is None else row["doc"], version)
+                          for key, (version, row) in final.items() if row is not None)
+        bulk = _table(urls["bulk"])
+        assert [(k, name, amount, version) for k, name, amount, _, version in bulk] == \
+            [(k, name, amount, version) for k, name, amount, _, version in expected]
+        assert bulk == _table(urls["batches"])
+        # Every key deleted now is remembered at its delete's version (so an older event cannot bring
+        # it back), in both; the bulk path remembers only deletes the history has.
+        deleted = {f'{{"id":{key}}}': version for key, (version, row) in final.items() if row is None}
+        remembered = _deletes(urls["bulk"])
+        assert deleted and deleted.items() <= remembered.items() and deleted.items() <= _deletes(urls["batches"]).items()
+        history = {(f'{{"id":{e.key["id"]}}}', e.version) for e in events if e.op is Op.DELETE}
+        assert set(remembered.items()) <= history
+
+        # Live, after the switch: an event older than a key's delete leaves the key deleted.
+        key = next(k for k, (_, row) in final.items() if row is None)
+        older = ChangeEvent(Op.UPDATE, TABLE, {"id": key}, None, _row(key, 1), final[key][0] - 1, 0)
+        writer.publish_events(encoder, [older], Counter(2))
+        writer.flush(30)
+        live = _runner(kafka, prefix, urls["bulk"].replace("postgresql://", "postgresql+psycopg2://", 1),
+                       f"bulk-{run}")
+        live.run(threading.Event(), until_caught_up=True)
+        assert live.stats.events == 1  # only the new event: the rebuild committed the offsets it covered
+        assert _table(urls["bulk"]) == bulk
+        writer.close()
+    finally:
+        kafka.delete_topic(topic)
+        kafka.close()
+        for name in databases:
+            execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
