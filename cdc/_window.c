@@ -76,6 +76,7 @@ typedef struct {
     Py_ssize_t ntopics;
     int busy;
     PyObject *event_type, *ops;
+    PyObject *op_objects[128];  /* borrowed from ops: op code -> Op */
 } Window;
 
 /* ---- hashing and the table -------------------------------------------------------------------- */
@@ -666,10 +667,9 @@ window_shapes(Window *w, PyObject *args)
 static PyObject *
 make_event(Window *w, Entry *e, PyObject *topic, PyObject *source, PyObject *loads)
 {
-    char code[2] = {e->op, 0};
-    PyObject *op = PyDict_GetItemString(w->ops, code);
+    PyObject *op = w->op_objects[(unsigned char)e->op];
     if (op == NULL) {
-        PyErr_Format(PyExc_KeyError, "op %s", code);
+        PyErr_Format(PyExc_KeyError, "op %c", e->op);
         return NULL;
     }
     PyObject *key;
@@ -776,6 +776,15 @@ window_init(Window *w, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &type, &PyDict_Type, &ops)) return -1;
     Py_XSETREF(w->event_type, Py_NewRef(type));
     Py_XSETREF(w->ops, Py_NewRef(ops));
+    memset(w->op_objects, 0, sizeof(w->op_objects));
+    PyObject *code, *op;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(ops, &at, &code, &op)) {
+        Py_ssize_t n;
+        const char *text = PyUnicode_Check(code) ? PyUnicode_AsUTF8AndSize(code, &n) : NULL;
+        if (text != NULL && n == 1 && (unsigned char)text[0] < 128) w->op_objects[(unsigned char)text[0]] = op;
+        PyErr_Clear();
+    }
     return 0;
 }
 

@@ -550,6 +550,11 @@ class SinkRunner:
         is loaded before the next is read, so memory holds one (``bulk_window_mb``). Nothing is
         committed before the switch: a failure or a kill anywhere leaves readers on the old
         generation, and the next rebuild opens the new one empty again and starts over."""
+        with bulk_window.collection_paused():
+            self._fill_windows(reader, stop_event, targets, new, old)
+
+    def _fill_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
+                      new: int, old: int) -> None:
         window = NewestWindow(self.config.bulk_window_mb << 20)
         first = True
         read: dict[TopicPartition, int] = {}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
+from pathlib import Path
 
 import psycopg2
 import pytest
@@ -24,7 +26,8 @@ from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, Record
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
-from tests.integration.pg_capture import execute
+from tests.daemon import cdc_process, kill_daemon
+from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 
@@ -36,6 +39,16 @@ KEYS = 12000
 def _row(key: int, n: int) -> dict:
     return {"id": key, "name": VALUES[(key + n) % len(VALUES)] + "x" * (n % 90), "amount": f"{key * 1.25 + n:.2f}",
             "doc": {"n": n, "k": [key, None]} if key % 3 else None}
+
+
+def query(dsn: str, sql: str, params: tuple = ()) -> list[tuple]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+    finally:
+        conn.close()
 
 
 def _history() -> tuple[list[ChangeEvent], list[ChangeEvent], dict[int, tuple[int, dict | None]]]:
@@ -167,3 +180,74 @@ def test_a_history_larger_than_the_window_rebuilds_equal_to_its_final_state(pg_a
         kafka.close()
         for name in databases:
             execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _publish(kafka: KafkaLog, prefix: str, events: list[ChangeEvent]) -> None:
+    writer = kafka.writer()
+    encoder = EnvelopeEncoder("postgresql", "src", prefix)
+    for at in range(0, len(events), 5000):
+        writer.publish_events(encoder, events[at:at + 5000], None)
+        writer.poll()
+    writer.publish_events(encoder, [], Counter(1))
+    writer.flush(60)
+    writer.close()
+
+
+def test_a_bulk_rebuild_killed_once_a_window_landed_leaves_readers_on_the_old_generation_and_starts_over(
+        pg_admin_dsn, kafka_bootstrap, tmp_path: Path):
+    """kill -9 of `cdc rebuild` (bulk, 1 MiB windows) once rows of its first window are in the
+    open generation and later windows are being read and written: readers keep the complete
+    generation the bootstrap made, and the rebuild run again ends equal to the source."""
+    run = uuid.uuid4().hex[:8]
+    prefix, name = f"bulkkill_{run}", f"bulkkill_{run}"
+    kafka = KafkaLog(kafka_bootstrap)
+    topic = TABLE.topic(prefix)
+    events, replays, final = _history()
+    execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
+    dsn = pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
+    url = dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {prefix}}}\n"
+                      f"sources: []\n"
+                      f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.*'], bulk_window_mb: 1}}\n"
+                      f"http: null\n")
+    expected = {key: (row["name"], version) for key, (version, row) in final.items() if row is not None}
+
+    def table(physical: str = "things") -> dict[int, tuple]:
+        return {key: (text, version) for key, text, version in query(dsn, f"SELECT id, name, __cdc_version FROM {physical}")}
+
+    try:
+        kafka.ensure_topic(topic, TopicSettings(partitions=2))
+        _publish(kafka, prefix, events + replays)
+        bootstrap = cdc_process(config, "bootstrap", "wh", "--no-follow", log="bootstrap.log")
+        assert bootstrap.wait(300) == 0, (tmp_path / "bootstrap.log").read_text()[-3000:]
+        assert table() == expected
+        current = query(dsn, "SELECT generation FROM cdc_sink_generations WHERE state = 'current'")[0][0]
+
+        rebuild = cdc_process(config, "rebuild", "wh", log="rebuild.log")
+        try:
+            landed = f"things__g{current + 1}"
+            deadline = time.monotonic() + 120
+            while not (query(dsn, "SELECT 1 FROM cdc_sink_generations WHERE state = 'open'")
+                       and query(dsn, f"SELECT to_regclass('{landed}') IS NOT NULL")[0][0]
+                       and query(dsn, f"SELECT count(*) FROM {landed}")[0][0] > 0):
+                assert rebuild.poll() is None, (tmp_path / "rebuild.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no window landed in the open generation"
+                time.sleep(0.01)
+        finally:
+            kill_daemon(rebuild)
+        # Struck in the middle: the generation is still open, readers on the bootstrap's.
+        assert query(dsn, "SELECT state FROM cdc_sink_generations WHERE generation = %s", (current + 1,)) == [("open",)]
+        assert query(dsn, "SELECT generation FROM cdc_sink_generations WHERE state = 'current'") == [(current,)]
+        assert table() == expected
+        assert len(table(landed)) < len(expected)
+
+        again = cdc_process(config, "rebuild", "wh", log="rebuild.log")
+        assert again.wait(300) == 0, (tmp_path / "rebuild.log").read_text()[-3000:]
+        wait_until(lambda: query(dsn, "SELECT state FROM cdc_sink_generations") == [("current",)], timeout=30,
+                   what="one generation left")
+        assert table() == expected
+    finally:
+        kafka.delete_topic(topic)
+        kafka.close()
+        execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
