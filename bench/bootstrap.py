@@ -103,6 +103,7 @@ def main() -> None:
                         help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
     parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
     parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
+    parser.add_argument("--bulk-only", action="store_true", help="only the \"bulk\" runs")
     parser.add_argument("--window-mb", type=int, default=None,
                         help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
@@ -177,7 +178,7 @@ def main() -> None:
         # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
         gc.freeze()
         for round_ in range(args.rounds):
-            variants = [("now", True), ("bulk", True)] + ([("probed", True)] if args.probed_deletes else []) + \
+            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + ([("probed", True)] if args.probed_deletes else []) + \
                 ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:

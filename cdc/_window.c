@@ -9,12 +9,13 @@
  * key and the newest row's bytes.
  *
  * Window(SinkEvent, ops)            ops: {"c": Op.CREATE, ...}
- * add(records, topics, ends) -> [index]
+ * add(records, topics, ends, resolve)
  *                                   records: LogRecords (topic, partition, offset, key, value, ...);
  *                                   topics: {topic: id}, ids added for new topics; ends[(topic,
- *                                   partition)]: set to the offset after its last record. Returns the
- *                                   indexes of the records it did not take (see below), in order;
- *                                   the caller decodes those the general way and calls put/truncate.
+ *                                   partition)]: set to the offset after its last record. A record
+ *                                   it does not take (see below) is handed to resolve(index), in its
+ *                                   place in the order, which decodes it the general way and says
+ *                                   what to keep (see window_add).
  * put(topic_id, key, op, version, row, schema_version, partition, offset)
  *                                   one decoded change (op "c u r d", row: after / delete's before
  *                                   as JSON bytes or None) or, with op None, a tombstone
@@ -463,6 +464,8 @@ ensure_topics(Window *w, Py_ssize_t n)
     return 1;
 }
 
+static void truncate_topic(Window *w, Py_ssize_t topic, int64_t version);
+
 typedef struct {
     const char *key, *value;
     Py_ssize_t key_len, value_len;
@@ -474,8 +477,9 @@ typedef struct {
 static PyObject *
 window_add(Window *w, PyObject *args)
 {
-    PyObject *records, *topics, *ends;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &records, &PyDict_Type, &topics, &PyDict_Type, &ends))
+    PyObject *records, *topics, *ends, *resolve;
+    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyList_Type, &records, &PyDict_Type, &topics, &PyDict_Type, &ends,
+                          &resolve))
         return NULL;
     if (!enter(w)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(records);
@@ -514,21 +518,57 @@ window_add(Window *w, PyObject *args)
         it->fallback = 0;
     }
     int oom = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n && !oom; i++) {
-        Item *it = &items[i];
-        if (it->fallback) continue;
-        if (!compact_key((const unsigned char *)it->key, it->key_len)) { it->fallback = 1; continue; }
-        if (it->value == NULL) {
-            oom = !apply(w, it->topic, it->key, it->key_len, 0, 0, NULL, 0, NO_SCHEMA, it->partition, it->offset);
-            continue;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_BEGIN_ALLOW_THREADS
+        for (; i < n && !oom; i++) {
+            Item *it = &items[i];
+            if (it->fallback) break;
+            if (!compact_key((const unsigned char *)it->key, it->key_len)) { it->fallback = 1; break; }
+            if (it->value == NULL) {
+                oom = !apply(w, it->topic, it->key, it->key_len, 0, 0, NULL, 0, NO_SCHEMA, it->partition, it->offset);
+                continue;
+            }
+            Envelope env;
+            if (!parse_envelope((const unsigned char *)it->value, it->value_len, &env)) { it->fallback = 1; break; }
+            oom = !apply(w, it->topic, it->key, it->key_len, env.op, env.version, (const char *)env.row, env.row_len,
+                         env.schema_version, it->partition, it->offset);
         }
-        Envelope env;
-        if (!parse_envelope((const unsigned char *)it->value, it->value_len, &env)) { it->fallback = 1; continue; }
-        oom = !apply(w, it->topic, it->key, it->key_len, env.op, env.version, (const char *)env.row, env.row_len,
-                     env.schema_version, it->partition, it->offset);
+        Py_END_ALLOW_THREADS
+        if (oom || i >= n) break;
+        /* A record for the general decoder, in its place (a tombstone's effect depends on order):
+         * resolve(index) -> None (nothing to keep: poison), or (topic id, key JSON, op, version, row,
+         * schema_version) with op "c" "u" "r" "d", None (a tombstone) or "t" (a truncate). */
+        PyObject *index = PyLong_FromSsize_t(i);
+        PyObject *action = index ? PyObject_CallOneArg(resolve, index) : NULL;
+        Py_XDECREF(index);
+        if (action == NULL) goto done;
+        if (action != Py_None) {
+            Py_ssize_t tid, key_len = 0, row_len = 0;
+            const char *key = NULL, *op = NULL, *row = NULL;
+            long long version = 0;
+            PyObject *schema;
+            if (!PyArg_ParseTuple(action, "ny#zLz#O", &tid, &key, &key_len, &op, &version, &row, &row_len, &schema)
+                    || tid < 0 || !ensure_topics(w, tid + 1)) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a topic id is >= 0");
+                Py_DECREF(action);
+                goto done;
+            }
+            int64_t schema_version = NO_SCHEMA;
+            if (schema != Py_None && (schema_version = PyLong_AsLongLong(schema)) == -1 && PyErr_Occurred()) {
+                Py_DECREF(action);
+                goto done;
+            }
+            if (op != NULL && op[0] == 't') {
+                truncate_topic(w, tid, version);
+            } else {
+                oom = !apply(w, (int32_t)tid, key, key_len, op ? op[0] : 0, version, row, row_len, schema_version,
+                             items[i].partition, items[i].offset);
+            }
+        }
+        Py_DECREF(action);
+        i++;
     }
-    Py_END_ALLOW_THREADS
     if (oom) { PyErr_NoMemory(); goto done; }
     /* ends[(topic, partition)]: the offset after each partition's last record (from the back:
      * a partition's records are in order, and a batch has few partitions) */
@@ -561,13 +601,7 @@ window_add(Window *w, PyObject *args)
         Py_XDECREF(end);
         if (!ok) goto done;
     }
-    result = PyList_New(0);
-    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
-        if (!items[i].fallback) continue;
-        PyObject *index = PyLong_FromSsize_t(i);
-        if (index == NULL || PyList_Append(result, index) < 0) Py_CLEAR(result);
-        Py_XDECREF(index);
-    }
+    result = Py_NewRef(Py_None);
 done:
     Py_DECREF(records);
     PyMem_Free(items);
@@ -613,17 +647,12 @@ window_put(Window *w, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-window_truncate(Window *w, PyObject *args)
+/* Rows and deletes under `version` go (a tombstone-only entry stays: it names no version), and
+ * later records older than it are ignored. */
+static void
+truncate_topic(Window *w, Py_ssize_t topic, int64_t version)
 {
-    Py_ssize_t topic;
-    long long version;
-    if (!PyArg_ParseTuple(args, "nL", &topic, &version)) return NULL;
-    if (topic < 0) { PyErr_SetString(PyExc_ValueError, "a topic id is >= 0"); return NULL; }
-    if (!enter(w)) return NULL;
-    if (!ensure_topics(w, topic + 1)) { w->busy = 0; return NULL; }
     if (version > w->truncates[topic]) w->truncates[topic] = version;
-    /* Rows and deletes under it go (a tombstone-only entry stays: it names no version). */
     for (Py_ssize_t i = 0; i < w->count; i++) {
         Entry *e = &w->entries[i];
         if (e->topic != topic || !e->op || e->version >= version) continue;
@@ -634,6 +663,18 @@ window_truncate(Window *w, PyObject *args)
         e->op = 0;
         e->version = INT64_MIN;
     }
+}
+
+static PyObject *
+window_truncate(Window *w, PyObject *args)
+{
+    Py_ssize_t topic;
+    long long version;
+    if (!PyArg_ParseTuple(args, "nL", &topic, &version)) return NULL;
+    if (topic < 0) { PyErr_SetString(PyExc_ValueError, "a topic id is >= 0"); return NULL; }
+    if (!enter(w)) return NULL;
+    if (!ensure_topics(w, topic + 1)) { w->busy = 0; return NULL; }
+    truncate_topic(w, topic, version);
     w->busy = 0;
     Py_RETURN_NONE;
 }
@@ -799,7 +840,7 @@ window_dealloc(Window *w)
 }
 
 static PyMethodDef window_methods[] = {
-    {"add", (PyCFunction)window_add, METH_VARARGS, "add(records, topics, ends) -> indexes of the records not taken"},
+    {"add", (PyCFunction)window_add, METH_VARARGS, "add(records, topics, ends, resolve)"},
     {"put", (PyCFunction)window_put, METH_VARARGS,
      "put(topic_id, key, op, version, row, schema_version, partition, offset)"},
     {"truncate", (PyCFunction)window_truncate, METH_VARARGS, "truncate(topic_id, version)"},

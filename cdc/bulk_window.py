@@ -115,33 +115,34 @@ class NewestWindow:
         window, topics = self._window, self._topics
         known = len(topics)
         records = records if records.__class__ is list else list(records)
-        rest = [records[i] for i in window.add(records, topics, ends)]
+        poisons: list[tuple[object, PoisonRecord]] = []
+        dumps = orjson.dumps
+
+        def resolve(index: int) -> tuple | None:
+            """A record the C loop does not take, decoded the general way in its place."""
+            record = records[index]
+            event = decode_records([record], True)[0]
+            if event.__class__ is PoisonRecord:
+                poisons.append((record, event))
+                return None
+            tid = topics[record.topic]
+            if event.source and record.topic not in self._sources:
+                self._sources[record.topic] = event.source
+            if event.op is Op.TRUNCATE:
+                return tid, b"", "t", event.version, None, None
+            key = dumps(event.key)
+            if event.op is None:
+                return tid, key, None, 0, None, None
+            row = event.before if event.op is Op.DELETE else event.after
+            if row is not None and row.__class__ is not bytes:
+                row = dumps(row)
+            if row is None and event.op is not Op.DELETE:
+                row = b"null"  # an upsert without a row: kept as reduce.py keeps it, for the sink to judge
+            return tid, key, _KEY_OPS[event.op], event.version, row, event.source.get("schema_version")
+
+        window.add(records, topics, ends, resolve)
         if len(topics) > known:
             self._name_new_topics(records)
-        poisons: list[tuple[object, PoisonRecord]] = []
-        if rest:
-            dumps = orjson.dumps
-            for record, event in zip(rest, decode_records(rest, True)):
-                if event.__class__ is PoisonRecord:
-                    poisons.append((record, event))
-                    continue
-                tid = topics[record.topic]
-                if event.source and record.topic not in self._sources:
-                    self._sources[record.topic] = event.source
-                if event.op is Op.TRUNCATE:
-                    window.truncate(tid, event.version)
-                    continue
-                key = dumps(event.key)
-                if event.op is None:
-                    window.put(tid, key, None, 0, None, None, record.partition, record.offset)
-                    continue
-                row = event.before if event.op is Op.DELETE else event.after
-                if row is not None and row.__class__ is not bytes:
-                    row = dumps(row)
-                if row is None and event.op is not Op.DELETE:
-                    row = b"null"  # an upsert without a row: kept as reduce.py keeps it, for the sink to judge
-                window.put(tid, key, _KEY_OPS[event.op], event.version, row, event.source.get("schema_version"),
-                           record.partition, record.offset)
         return poisons
 
     def _name_new_topics(self, records: list) -> None:
