@@ -576,14 +576,16 @@ class SinkRunner:
                 reported = time.monotonic()
             if self.progress:
                 self.progress(sum(min(read.get(tp, 0), e) for tp, e in targets.items()), sum(targets.values()))
-        self._load_window(window, first, new)
+        if window.records:
+            self._load_window(window, first, new)
         self.positions.update(read)
 
     def _load_window(self, window: NewestWindow, first: bool, generation: int) -> None:
         keys, nbytes = window.stats()
-        self.stats.bytes += window.read_bytes()
         began = time.monotonic()
         self._sink_call(self._load_parts, window, first)
+        self.stats.bytes += window.read_bytes()
+        self.stats.events += window.records  # every record of the window is in the store now
         log.info("generation %d: a window of %d records reduced to %d keys (%.0f MiB) loaded %s in %.1fs",
                  generation, window.records, keys, nbytes / (1 << 20), "in bulk" if first else "as guarded writes",
                  time.monotonic() - began, extra=self._extra())
@@ -598,7 +600,6 @@ class SinkRunner:
                     continue
                 try:
                     if self.sink.bulk_load(part):
-                        self.stats.events += len(part.upserts) + len(part.deletes)
                         self.stats.progressed()
                         continue
                 except SchemaChangeError:
@@ -606,9 +607,7 @@ class SinkRunner:
                 except Exception as err:  # noqa: BLE001 - nothing of the part was written: write it as events
                     log.warning("bulk load of %d keys of %s failed (%s); writing them as events",
                                 len(part.upserts) + len(part.deletes), part.topic, err, extra=self._extra())
-            events = part.events()
-            self._write_in_shape(events)
-            self.stats.events += len(events)
+            self._write_in_shape(part.events())
             self.stats.progressed()
 
     def _rebuilt(self, pending: PendingWrite) -> None:
