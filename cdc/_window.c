@@ -16,9 +16,6 @@
  *                                   it does not take (see below) is handed to resolve(index), in its
  *                                   place in the order, which decodes it the general way and says
  *                                   what to keep (see window_add).
- * put(topic_id, key, op, version, row, schema_version, partition, offset)
- *                                   one decoded change (op "c u r d", row: after / delete's before
- *                                   as JSON bytes or None) or, with op None, a tombstone
  * truncate(topic_id, version)       drops what is older; later records older than it are ignored
  * stats() -> (keys, bytes, read)    what the window holds (bytes: keys, rows and bookkeeping), and
  *                                   the bytes of the values of the records it took
@@ -609,44 +606,6 @@ done:
     return result;
 }
 
-static PyObject *
-window_put(Window *w, PyObject *args)
-{
-    Py_ssize_t topic;
-    const char *key, *row = NULL, *op = NULL;
-    Py_ssize_t key_len, row_len = 0;
-    long long version = 0, offset;
-    PyObject *schema;
-    int partition;
-    if (!PyArg_ParseTuple(args, "ny#zLz#OiL", &topic, &key, &key_len, &op, &version, &row, &row_len, &schema,
-                          &partition, &offset))
-        return NULL;
-    if (op != NULL && (strlen(op) != 1 || !strchr("curd", op[0]))) {
-        PyErr_Format(PyExc_ValueError, "op %s is not one of c u r d", op);
-        return NULL;
-    }
-    if ((op == NULL || op[0] != 'd') && row == NULL && op != NULL) {
-        PyErr_SetString(PyExc_ValueError, "an upsert needs its row");
-        return NULL;
-    }
-    int64_t schema_version = NO_SCHEMA;
-    if (schema != Py_None) {
-        schema_version = PyLong_AsLongLong(schema);
-        if (schema_version == -1 && PyErr_Occurred()) return NULL;
-    }
-    if (topic < 0) { PyErr_SetString(PyExc_ValueError, "a topic id is >= 0"); return NULL; }
-    if (!enter(w)) return NULL;
-    int ok = ensure_topics(w, topic + 1);
-    if (ok && !apply(w, (int32_t)topic, key, key_len, op ? op[0] : 0, version, row, row_len, schema_version,
-                     partition, offset)) {
-        PyErr_NoMemory();
-        ok = 0;
-    }
-    w->busy = 0;
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
-}
-
 /* Rows and deletes under `version` go (a tombstone-only entry stays: it names no version), and
  * later records older than it are ignored. */
 static void
@@ -841,8 +800,6 @@ window_dealloc(Window *w)
 
 static PyMethodDef window_methods[] = {
     {"add", (PyCFunction)window_add, METH_VARARGS, "add(records, topics, ends, resolve)"},
-    {"put", (PyCFunction)window_put, METH_VARARGS,
-     "put(topic_id, key, op, version, row, schema_version, partition, offset)"},
     {"truncate", (PyCFunction)window_truncate, METH_VARARGS, "truncate(topic_id, version)"},
     {"stats", (PyCFunction)window_stats, METH_NOARGS, "stats() -> (keys, bytes, bytes of values read)"},
     {"shapes", (PyCFunction)window_shapes, METH_VARARGS, "shapes(topic_id) -> [schema_version or None]"},
