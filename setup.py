@@ -1,5 +1,6 @@
 """The optional C parts: cdc/_speedups.c (the encoding loop; the sink side's envelope decoders
-and COPY loop; Kafka messages to records), sinks/opensearch/_lines.c (the OpenSearch sink's
+and COPY loop; Kafka messages to records), cdc/_window.c (the newest version per key
+of a bulk load's window), sinks/opensearch/_lines.c (the OpenSearch sink's
 reduction and bulk lines), sources/mysql/_rowdecode.c (binlog row images of the common column
 types) and sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text). Without a
 compiler the build goes on without them, and the Python code they mirror runs instead (the same
@@ -11,6 +12,7 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 
 setup(ext_modules=[
     Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("cdc._window", ["cdc/_window.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sinks.opensearch._lines", ["sinks/opensearch/_lines.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.postgres._copyjson", ["sources/postgres/_copyjson.c"], optional=True,

@@ -4,7 +4,14 @@
     .venv/bin/python -m bench.bootstrap [--events 500000] [--keys 200000] [--rounds 1]
     .venv/bin/python -m bench.bootstrap --events 3000000 --keys 1000000     # issue #18's size
 
-Measures, in one run (the topic is published once):
+Measures, in one run (the topic is published once), "now" (batch by batch, below) beside "bulk":
+what `cdc bootstrap` runs into PostgreSQL since the bulk path (``SinkRunner.rebuild``: the history
+reduced to the newest version per key in windows in C, cdc/_window.c, the first window COPYed
+straight into the new generation, sinks/sql/bulk_load.py; ``--window-mb`` sets
+``bulk_window_mb``, ``--bulk-only`` skips "now"). Each line prints the CPU seconds of this process
+and of the server also per record: on a loaded machine those are the figures to compare.
+
+
   copy       COPY of the final rows (one per live key) into a plain PostgreSQL table: the floor
              for loading that data.
   bootstrap  what `cdc bootstrap` does: a SinkRunner reads the topic from offset 0 to its end
@@ -71,7 +78,25 @@ alone, more among a batch's scattered objects. The server's CPU is unchanged by 
 statements): at issue #18's size it is about as much as the Python side and bounds a bootstrap
 on two shared cores as much as Python does.
 
-Not done, and why: reducing before decoding pays only for keys repeated within one batch
+At issue #18's size (3M over 1M keys, --bulk-only, load 25-27): "bulk" 26.4k records/s, 15% of the
+same run's COPY, CPU ours 11.8 s (3.71 us a record), PostgreSQL 3.4 s (1.05 us); main's "now" on
+the quiet machine took 26.6 s and 28.1 s.
+
+Where the time goes in "bulk" (1M changes over 333k keys, 1.06M records with tombstones; load
+38-40 on 2 cores, so CPU per record; each step also timed alone): this process 3.4 us a record
+(11.4 for "now" in the same run), PostgreSQL 0.9 us (8.2). Of ours, reading is most of it: the
+consumer's ``consume`` (librdkafka's fetch and lz4 in its threads, a Message object per record)
+about 1.5 us a record and turning Messages into LogRecords 0.75-0.8 us; the window's C loop
+(parse the envelope in place, hash the key, copy the newest row's bytes) 0.5-1.1 us a record,
+without the GIL; per kept key, building its event 0.35 us and its COPY line 0.4 us. Garbage
+collection had been the largest cost of the load side (building a window's events took 2.5 us a
+key with it on, 0.35 off: the collector walked hundreds of thousands of live tuples again and
+again), so it is paused during a bulk rebuild. The server's part is a plain COPY into an empty
+indexed table plus the deletes' COPY. What is left: reading (2.3 us a record, two thirds of ours)
+runs on one thread while the window's parse could overlap it on a second core; records could go
+from librdkafka's messages to the window without LogRecords (about 0.8 us a record).
+
+Not done (for "now"), and why: reducing before decoding pays only for keys repeated within one batch
 (about 1% at 20k records over 1M keys), and the decode it would skip is now the light one (no
 row); several partitions in parallel has no core to run on here, the Python thread and the
 server already take both.
@@ -103,6 +128,9 @@ def main() -> None:
                         help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
     parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
     parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
+    parser.add_argument("--bulk-only", action="store_true", help="only the \"bulk\" runs")
+    parser.add_argument("--window-mb", type=int, default=None,
+                        help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
@@ -175,7 +203,7 @@ def main() -> None:
         # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
         gc.freeze()
         for round_ in range(args.rounds):
-            variants = [("now", True)] + ([("probed", True)] if args.probed_deletes else []) + \
+            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + ([("probed", True)] if args.probed_deletes else []) + \
                 ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
@@ -185,7 +213,8 @@ def main() -> None:
                 try:
                     url = (target.rsplit("/", 1)[0] + "/" + name).replace("postgresql://", "postgresql+psycopg2://", 1)
                     config = SqlSinkConfig(name="bench", type="sql", url=url, topics=[f"{prefix}.*"],
-                                           batch_size=args.batch)
+                                           batch_size=args.batch,
+                                           **({"bulk_window_mb": args.window_mb} if args.window_mb else {}))
                     # "dicts" and "before": every row decoded to a dict, as before the raw rows
                     sink = (SqlSink if label not in ("dicts", "before") else DictRowsSqlSink)(config)
                     if label in ("probed", "before"):  # set once the sink has its applier
@@ -204,7 +233,10 @@ def main() -> None:
                     ours = sum(os.times()[:2])
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label in ("rebuild", "rb-seq"):
+                        if label == "bulk":  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
+                            runner.rebuild(threading.Event())
+                        elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
+                            runner._fill_in_windows = runner._fill_in_batches
                             runner.rebuild(threading.Event())
                         else:
                             runner.run(threading.Event(), from_start=True, until_caught_up=True)
@@ -221,8 +253,10 @@ def main() -> None:
                 assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
                 print(f"bootstrap {label:6} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
                       f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
-                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s, "
-                      f"PostgreSQL " + ("unknown (not local)" if cpu[1] is None else f"{cpu[1]:.1f}s"), flush=True)
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s "
+                      f"({cpu[0] / records * 1e6:.2f} us/record), PostgreSQL " +
+                      ("unknown (not local)" if cpu[1] is None else
+                       f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)"), flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()

@@ -38,6 +38,8 @@ Capabilities beyond ``write`` are declared by subclassing, and the runtime asks 
 
 * ``RebuildableSink`` (a Protocol): the store has generations, so ``cdc rebuild`` and the ``rebuild`` schema
   policy can fill a new one from offset 0 while readers keep seeing the current one.
+* ``BulkLoadableSink`` (a Protocol): a rebuild's first window, reduced to the newest version per
+  key in memory (``cdc.bulk_window``), goes into the new generation in bulk (``bulk_load``).
 * ``SelfDrivenSink``: the sink consumes the topics with its own machinery (Spark Structured
   Streaming keeps its offsets in its checkpoint); the runtime calls ``run`` instead of ``write``.
 
@@ -102,6 +104,11 @@ try:  # for sinks that take rows as JSON bytes (Sink.raw_rows): their COPY text 
     from cdc._speedups import copy_rows as raw_copy_rows, unknown_names as raw_unknown_names
 except ImportError:  # pragma: no cover - no compiler: the runtime decodes every row, none are raw
     raw_copy_rows = raw_unknown_names = None
+from cdc.bulk_window import WindowPart
+try:  # raw_copy_rows' lines with the key dropped and the version last (a bulk load's plain COPY)
+    from cdc._window import columns_first as raw_columns_first
+except ImportError:  # pragma: no cover - no compiler: no bulk loads either (cdc.bulk_window.AVAILABLE)
+    raw_columns_first = None
 
 __all__ = [
     "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
@@ -113,6 +120,7 @@ __all__ = [
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
     "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
+    "BulkLoadableSink", "WindowPart", "raw_columns_first",
 ]
 
 
@@ -209,6 +217,12 @@ class SinkConfig(PluginConfig):
         default="single", description="single: one process reads every partition of the topics; group: "
                                       "every process running this sink joins one Kafka consumer group and "
                                       "the partitions are shared among them (Kafka only; no rebuilds)")
+    bulk_window_mb: int = Field(
+        default=512, ge=1, description="a rebuild or bootstrap of a sink that bulk-loads (BulkLoadableSink) "
+                                       "reduces the history to the newest version per key in memory, in "
+                                       "windows of at most this many MiB (keys, newest rows, the window's "
+                                       "tables; about 200 MiB per million keys of 100-byte rows); a history "
+                                       "with more takes several windows, each loaded before the next is read")
 
 
 class Source(ABC):
@@ -483,6 +497,32 @@ class RebuildableSink(Protocol):
 
     @abstractmethod
     def drop_generation(self, generation: int) -> None: ...
+
+
+@runtime_checkable
+class BulkLoadableSink(Protocol):
+    """A ``RebuildableSink`` that can load a rebuild's first window in bulk (declared by naming it
+    among the sink's bases). A rebuild then reads the topics from offset 0 into windows reduced
+    to the newest version per key (``cdc.bulk_window``) instead of writing batch by batch: the
+    first window goes to ``bulk_load`` part by part, into the generation just opened, which holds
+    none of the part's keys (each key is in one part; the parts of a window have disjoint keys);
+    every later window, and any part ``bulk_load`` declines or fails, goes through ``write`` as
+    events (version-guarded, as always).
+
+    ``bulk_load(part)`` writes the part durably (upserts as rows, deletes remembered, the truncate
+    watermark kept; tombstones need nothing in a generation that held none of the keys) and
+    returns True, or returns False without writing anything (e.g. a target without a bulk path).
+    If it raises, nothing of the part may be written: the runtime writes the part through
+    ``write`` instead. Called on the thread that calls ``write``. ``bulk_loads`` (read once the
+    sink started): False makes a rebuild write batch by batch, as for any other sink.
+    """
+
+    @property
+    @abstractmethod
+    def bulk_loads(self) -> bool: ...
+
+    @abstractmethod
+    def bulk_load(self, part: WindowPart) -> bool: ...
 
 
 @runtime_checkable

@@ -18,7 +18,9 @@ Correctness rests on three rules:
 
 A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequired``) writes a new
 generation of the store from offset 0 while readers keep seeing the current one, and switches
-readers once the new one has caught up with the topics' ends as of the start of the rebuild.
+readers once the new one has caught up with the topics' ends as of the start of the rebuild. For a
+``BulkLoadableSink`` it reads the history into windows reduced to the newest version per key
+(``cdc.bulk_window``) and loads the first one in bulk (``_fill_in_windows``).
 
 With ``scale_out: group`` the runner is one member of the sink's consumer group and reads only the
 partitions the group assigns it; ``sink_group`` states what happens on a rebalance. A rebuild or a
@@ -36,7 +38,9 @@ import time
 from typing import Callable
 
 
-from cdc.api import RebuildableSink, Sink, SinkContext
+from cdc import bulk_window
+from cdc.api import BulkLoadableSink, RebuildableSink, Sink, SinkContext
+from cdc.bulk_window import NewestWindow
 from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
@@ -51,6 +55,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 TOPIC_REFRESH_S = 5.0
+BULK_POLL_RECORDS = 50_000  # records per read of a bulk rebuild (no write waits on them)
+BULK_ADD_RECORDS = 5_000    # records added to a window between checks of its size
+BULK_PART_KEYS = 100_000    # keys per part of a window handed to the sink (Python objects held at once)
 
 
 class SinkRunner:
@@ -467,7 +474,26 @@ class SinkRunner:
         self.positions = {tp: 0 for tp in targets}
         self._read = {}
         reader.assign(dict(self.positions))
-        began = reported = time.monotonic()
+        began = time.monotonic()
+        if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and self._sink_call(lambda: sink.bulk_loads):
+            self._fill_in_windows(reader, stop_event, targets, new, old)
+        else:
+            self._fill_in_batches(reader, stop_event, targets, new, old)
+        self._sink_call(sink.switch_generation, new)
+        reader.commit(dict(self.positions))
+        self._sink_call(sink.drop_generation, old)
+        self.stats.phase = "streaming"
+        log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
+                 time.monotonic() - began, old, extra=self._extra())
+
+    def _stopped_rebuild(self, new: int, old: int) -> PermanentError:
+        return PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
+                              f"incomplete and readers still see {old}; start again to redo it")
+
+    def _fill_in_batches(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
+                         new: int, old: int) -> None:
+        """The new generation written batch by batch, as the topics are read."""
+        reported = time.monotonic()
         # Read ahead as run() does: the next batch is read and decoded while the sink writes one.
         # Positions move only once a write succeeded, in order; nothing is committed before the
         # switch, so a failure anywhere leaves readers on the old generation (and a restart redoes it).
@@ -475,8 +501,7 @@ class SinkRunner:
         try:
             while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
                 if stop_event.is_set():
-                    raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
-                                         f"incomplete and readers still see {old}; start again to redo it")
+                    raise self._stopped_rebuild(new, old)
                 if pending is not None and self._covers(pending, targets):
                     events, ends = [], {}  # the last batch is in flight: nothing past the ends to read
                 else:
@@ -503,12 +528,74 @@ class SinkRunner:
             if pending is not None:  # an error: let the write in flight end before anything else runs
                 pending.future.exception()
                 self._bytes_of.pop(pending.future, None)
-        self._sink_call(sink.switch_generation, new)
-        reader.commit(dict(self.positions))
-        self._sink_call(sink.drop_generation, old)
-        self.stats.phase = "streaming"
-        log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
-                 time.monotonic() - began, old, extra=self._extra())
+
+    def _fill_in_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
+                         new: int, old: int) -> None:
+        """The new generation filled from windows of the history reduced to the newest version per
+        key (cdc.bulk_window): the first window in bulk (``bulk_load``: the generation holds none
+        of its keys), every later one through ``write`` (version-guarded, as a batch is). A window
+        is loaded before the next is read, so memory holds one (``bulk_window_mb``). Nothing is
+        committed before the switch: a failure or a kill anywhere leaves readers on the old
+        generation, and the next rebuild opens the new one empty again and starts over."""
+        with bulk_window.collection_paused():
+            self._fill_windows(reader, stop_event, targets, new, old)
+
+    def _fill_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
+                      new: int, old: int) -> None:
+        window = NewestWindow(self.config.bulk_window_mb << 20)
+        first = True
+        read: dict[TopicPartition, int] = {}
+        wait = self.config.batch_wait_ms / 1000
+        reported = time.monotonic()
+        while not all(read.get(tp, 0) >= end for tp, end in targets.items()):
+            if stop_event.is_set():
+                raise self._stopped_rebuild(new, old)
+            records = reader.poll(BULK_POLL_RECORDS, wait)
+            for at in range(0, len(records), BULK_ADD_RECORDS):  # a window overshoots its bound by one slice at most
+                for record, err in window.add(records[at:at + BULK_ADD_RECORDS], read):
+                    self._poison(record.topic, record.partition, record.offset, str(err), record)
+                if window.full():
+                    self._load_window(window, first, new)
+                    first = False
+            self.stats.progressed()
+            if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                self.report(self.stats)
+                reported = time.monotonic()
+            if self.progress:
+                self.progress(sum(min(read.get(tp, 0), e) for tp, e in targets.items()), sum(targets.values()))
+        if window.records:
+            self._load_window(window, first, new)
+        self.positions.update(read)
+
+    def _load_window(self, window: NewestWindow, first: bool, generation: int) -> None:
+        keys, nbytes = window.stats()
+        began = time.monotonic()
+        self._sink_call(self._load_parts, window, first)
+        self.stats.bytes += window.read_bytes()
+        self.stats.events += window.records  # every record of the window is in the store now
+        log.info("generation %d: a window of %d records reduced to %d keys (%.0f MiB) loaded %s in %.1fs",
+                 generation, window.records, keys, nbytes / (1 << 20), "in bulk" if first else "as guarded writes",
+                 time.monotonic() - began, extra=self._extra())
+        window.clear()
+
+    def _load_parts(self, window: NewestWindow, first: bool) -> None:
+        """On the sink's thread: every part of ``window``, in bulk if ``first`` and the sink takes
+        it, else (or if that fails) through ``write`` with its retries and poison isolation."""
+        for part in window.parts(BULK_PART_KEYS):
+            if first:
+                if part.tombstones:  # the generation never held these keys: nothing to remove
+                    continue
+                try:
+                    if self.sink.bulk_load(part):
+                        self.stats.progressed()
+                        continue
+                except SchemaChangeError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - nothing of the part was written: write it as events
+                    log.warning("bulk load of %d keys of %s failed (%s); writing them as events",
+                                len(part.upserts) + len(part.deletes), part.topic, err, extra=self._extra())
+            self._write_in_shape(part.events())
+            self.stats.progressed()
 
     def _rebuilt(self, pending: PendingWrite) -> None:
         """Wait for a rebuild's write; its positions count only once it succeeded."""

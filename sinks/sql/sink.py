@@ -31,12 +31,13 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from cdc.api import (CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError, Sink, SinkEvent,
-                     servers)
+from cdc.api import (BulkLoadableSink, CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError,
+                     Sink, SinkEvent, WindowPart, servers)
 from sinks.sql import copy_rows
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
+from sinks.sql.bulk_load import BulkLoader
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.deadline import WriteDeadline
 from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
@@ -48,9 +49,10 @@ from sinks.sql.target import Target
 
 log = logging.getLogger(__name__)
 
-class SqlSink(Sink, RebuildableSink):
+class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
-    ``switch_generation``, ``drop_generation`` (generations.py)."""
+    ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's first window in bulk:
+    ``bulk_load`` (bulk_load.py)."""
 
     config_model = SqlSinkConfig
 
@@ -61,6 +63,7 @@ class SqlSink(Sink, RebuildableSink):
         self._current = 1
         self._next_prune = 0.0
         self._seen_tables: set[str] = set()
+        self.bulk: BulkLoader | None = None  # made by start()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -85,6 +88,7 @@ class SqlSink(Sink, RebuildableSink):
         self.deadline = deadline
         applier_class = StagedApplier if target.kind in ("postgresql", "duckdb") else GenericApplier
         self.applier = applier_class(target, books, config.soft_delete)
+        self.bulk = BulkLoader(target, books, catalog, config.soft_delete)
         log.info("sql sink %s: started on %s (%s), writing generation %s", config.name, target.kind,
                  target.engine.url.render_as_string(hide_password=True),
                  self.generation if self.generation is not None else f"{self._current} (current)")
@@ -99,6 +103,14 @@ class SqlSink(Sink, RebuildableSink):
         COPY, whose C loop writes them without decoding (copy_rows.py); elsewhere ``write``
         decodes them first."""
         return copy_rows.RAW and getattr(getattr(self, "applier", None), "typed_upserts", False)
+
+    @property
+    def bootstrap_by_rebuild(self) -> bool:
+        """``cdc bootstrap`` into PostgreSQL fills a new generation (the first window of the history
+        in bulk, bulk_load.py) and switches readers to it once complete; elsewhere it writes into
+        the generation readers see, batch by batch."""
+        url = self.config.url.get_secret_value()
+        return url.startswith(("postgresql", "postgres:")) and not self.config.soft_delete
 
     @property
     def engine(self) -> sa.engine.Engine:
@@ -222,6 +234,19 @@ class SqlSink(Sink, RebuildableSink):
             pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
         if pruned > 0:  # -1: the driver (DuckDB) does not say how many; nothing worth a line then
             log.info("sql sink %s: forgot %d deletes older than %s h", self.config.name, pruned, hours)
+
+    @property
+    def bulk_loads(self) -> bool:
+        """PostgreSQL without soft deletes (bulk_load.py); elsewhere rebuilds write batch by batch."""
+        return self.bulk is not None and self.bulk.able
+
+    def bulk_load(self, part: WindowPart) -> bool:
+        """A part of a rebuild's first window into the generation being written (cdc.api.BulkLoadableSink)."""
+        self._started()
+        if self.generation is None:  # only into a generation opened for it, never the one readers see
+            return False
+        with self._errors("bulk load"), self.deadline.watch(f"sql sink {self.config.name}: bulk load"):
+            return self.bulk.load(part, self.generation)
 
     # --- generations ----------------------------------------------------------------------------
 

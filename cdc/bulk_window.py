@@ -1,0 +1,197 @@
+"""A window of a topic's history reduced to the newest version per key, for bulk loads.
+
+A rebuild (``cdc rebuild``, and ``cdc bootstrap`` of a sink that bootstraps by rebuilding) fills
+a generation of the store that no reader sees, from offset 0. Written record by record, nearly
+every record of a long history is an update that a later one overrides. Here the records are
+reduced before the store sees anything: per (topic, key) only the record with the highest
+``source.version`` stays (by version, never by offset: a replay after a crash can put an older
+version at a later offset; a delete wins by version like any change). The per-record work runs in
+C without the GIL (``cdc/_window.c``); this module hands it the records and decodes, the general
+way, those it does not take (Connect JSON, Avro, truncates, odd keys, malformed values).
+
+A window holds at most ``max_bytes`` (keys, the newest rows' JSON and its own tables): a history
+with more live keys than that takes several windows, each loaded before the next is read.
+
+Per key the result is what ``sinks/sql/reduce.py`` makes of one batch as large as the window: an
+upsert (the newest is r/c/u), a delete (the newest is d: a sink remembers it), and, separately, a
+tombstone (the key's last word is a tombstone: a sink removes the key's row whatever its version).
+A truncate is the topic's newest truncate version; what is older than it is dropped.
+
+Threading: one thread at a time.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
+
+import orjson
+
+from cdc.events import Op
+from cdc.sink_events import _OPS, PoisonRecord, SinkEvent, decode_records
+
+log = logging.getLogger(__name__)
+
+try:  # built by setup.py where a compiler is found; without it rebuilds write record batches
+    from cdc._window import Window as _Window
+except ImportError:  # pragma: no cover - a build without a compiler
+    _Window = None
+
+AVAILABLE = _Window is not None
+_KEY_OPS = {Op.CREATE: "c", Op.UPDATE: "u", Op.READ: "r", Op.DELETE: "d"}
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """No automatic garbage collection while a bulk load reads and loads its windows: it makes
+    hundreds of thousands of short-lived tuples a second (records, events), none in a cycle, and
+    Python's collector walked the live ones again and again (in bench/bootstrap.py building a
+    window's events took 7x as long with it on). Whatever cycles others make meanwhile are
+    collected once it is back on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class WindowPart(NamedTuple):
+    """A piece of a window for a sink: one topic's keys of one shape (``source`` names the table
+    and its ``schema_version``), at most ``chunk`` of them.
+
+    ``upserts``: (key JSON, SinkEvent) whose ``after`` is the row's JSON bytes; ``deletes``:
+    (key JSON, SinkEvent) whose ``before`` is JSON bytes or None; ``tombstones``: key JSON ->
+    key; ``truncate``: the topic's newest truncate version (what is older is already dropped).
+    Keys are decoded (``SinkEvent.key``) only where asked (``decode_keys``)."""
+
+    topic: str
+    source: dict
+    upserts: list[tuple[bytes, SinkEvent]]
+    deletes: list[tuple[bytes, SinkEvent]]
+    tombstones: dict[bytes, dict]
+    truncate: int | None
+
+    def events(self) -> list[SinkEvent]:
+        """The part as events for ``Sink.write`` (truncate first, tombstones last), keys and
+        deletes' rows decoded."""
+        loads = orjson.loads
+        out: list[SinkEvent] = []
+        first = (self.upserts or self.deletes or [(b"{}", None)])[0][1]
+        if self.truncate is not None:
+            out.append(SinkEvent(self.topic, -1, -1, {}, Op.TRUNCATE, None, None, self.truncate, self.source))
+        for key, event in self.upserts:
+            out.append(event if event.key is not None else event._replace(key=loads(key)))
+        for key, event in self.deletes:
+            before = loads(event.before) if event.before.__class__ is bytes else event.before
+            out.append(event._replace(key=loads(key) if event.key is None else event.key, before=before))
+        partition, offset = (first.partition, first.offset) if first is not None else (-1, -1)
+        for key in self.tombstones.values():
+            out.append(SinkEvent(self.topic, partition, offset, key, None, None, None, None, {}))
+        return out
+
+
+class NewestWindow:
+    """See the module docstring. ``add`` records; ``full`` once it holds ``max_bytes``;
+    ``parts`` to load it; ``clear`` for the next window."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if _Window is None:
+            raise RuntimeError("cdc._window was not built (no C compiler at install time)")
+        self.max_bytes = max_bytes
+        self._window = _Window(SinkEvent, _OPS)
+        self._topics: dict[str, int] = {}
+        self._sources: dict[str, dict] = {}  # per topic: a source block naming its table
+        self.records = 0
+
+    def add(self, records: list, ends: dict) -> list[tuple[object, PoisonRecord]]:
+        """Reduce ``records`` (LogRecords) into the window; the poison ones, with why, are
+        returned (not in the window) for the caller to set aside. ``ends[(topic, partition)]`` is
+        set to the offset after each partition's last record."""
+        self.records += len(records)
+        window, topics = self._window, self._topics
+        known = len(topics)
+        records = records if records.__class__ is list else list(records)
+        poisons: list[tuple[object, PoisonRecord]] = []
+        dumps = orjson.dumps
+
+        def resolve(index: int) -> tuple | None:
+            """A record the C loop does not take, decoded the general way in its place."""
+            record = records[index]
+            event = decode_records([record], True)[0]
+            if event.__class__ is PoisonRecord:
+                poisons.append((record, event))
+                return None
+            tid = topics[record.topic]
+            if event.source and record.topic not in self._sources:
+                self._sources[record.topic] = event.source
+            if event.op is Op.TRUNCATE:
+                return tid, b"", "t", event.version, None, None
+            key = dumps(event.key)
+            if event.op is None:
+                return tid, key, None, 0, None, None
+            row = event.before if event.op is Op.DELETE else event.after
+            if row is not None and row.__class__ is not bytes:
+                row = dumps(row)
+            if row is None and event.op is not Op.DELETE:
+                row = b"null"  # an upsert without a row: kept as reduce.py keeps it, for the sink to judge
+            return tid, key, _KEY_OPS[event.op], event.version, row, event.source.get("schema_version")
+
+        window.add(records, topics, ends, resolve)
+        if len(topics) > known:
+            self._name_new_topics(records)
+        return poisons
+
+    def _name_new_topics(self, records: list) -> None:
+        """A source block for each topic first seen here, from its first record that has one."""
+        for record in records:
+            if record.topic not in self._sources and record.value is not None:
+                event = decode_records([record], True)[0]
+                if event.__class__ is not PoisonRecord and event.source:
+                    self._sources[record.topic] = event.source
+
+    def stats(self) -> tuple[int, int]:
+        """(keys, bytes) held."""
+        return self._window.stats()[:2]
+
+    def read_bytes(self) -> int:
+        """Bytes of the record values the C loop took since the last ``clear``."""
+        return self._window.stats()[2]
+
+    def full(self) -> bool:
+        return self._window.stats()[1] >= self.max_bytes
+
+    def empty(self) -> bool:
+        return self._window.stats()[0] == 0
+
+    def parts(self, chunk: int, decode_keys: bool = False) -> Iterator[WindowPart]:
+        """The window as parts of at most ``chunk`` keys: per topic, per shape (oldest first),
+        then the topic's tombstones."""
+        window, loads = self._window, orjson.loads  # loads: for the tombstones' keys
+        for topic, tid in self._topics.items():
+            source = self._sources.get(topic, {})
+            truncate = window.truncated(tid)
+            shapes = sorted(window.shapes(tid), key=lambda v: (v is not None, v or 0))
+            for shape in shapes:  # each key is in one shape: parts of one window have disjoint keys
+                named = {k: v for k, v in source.items() if k != "schema_version"}
+                if shape is not None:
+                    named["schema_version"] = shape
+                start = 0
+                while start >= 0:
+                    upserts, deletes, start = window.take(tid, shape, topic, named, loads if decode_keys else None,
+                                                          start, chunk)
+                    if upserts or deletes or truncate is not None:
+                        yield WindowPart(topic, named, upserts, deletes, {}, truncate)
+            if truncate is not None and not shapes:
+                yield WindowPart(topic, source, [], [], {}, truncate)
+            tombstones = window.tombstones(tid)
+            for at in range(0, len(tombstones), chunk):
+                keys = tombstones[at:at + chunk]
+                yield WindowPart(topic, source, [], [], {k: loads(k) for k in keys}, None)
+
+    def clear(self) -> None:
+        self._window.clear()
+        self.records = 0

@@ -1,0 +1,123 @@
+"""cdc.bulk_window (C: cdc/_window.c) against sinks/sql/reduce.py over one batch as large as the
+window: random histories with updates, deletes, tombstones, re-inserts and replays of older
+versions at later offsets give the same upserts, deletes and tombstones; so do records only the
+general decoder takes (keys not in orjson's compact form, truncates, poison) or that the C parser
+reads in another layout (indented values)."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from cdc import bulk_window
+from cdc.events import ChangeEvent, Op, TableId
+from cdc.log.base import LogRecord
+from cdc.serde import EnvelopeEncoder
+from cdc.sink_events import decode_records
+from sinks.sql.reduce import reduce_events
+
+pytestmark = pytest.mark.skipif(not bulk_window.AVAILABLE, reason="cdc._window not built")
+
+TABLE = TableId("shop", "public", "things")
+
+
+def _records(seed: int) -> list[LogRecord]:
+    rng = random.Random(seed)
+    encoder = EnvelopeEncoder("postgresql", "src", "p")
+    events = []
+    for version in range(1, 3000):
+        key = rng.randrange(300)
+        if rng.random() < 0.2:
+            events.append(ChangeEvent(Op.DELETE, TABLE, {"id": key}, {"id": key, "n": version}, None, version, 0))
+        else:
+            events.append(ChangeEvent(Op.UPDATE, TABLE, {"id": key}, None,
+                                      {"id": key, "n": version, "s": "tab\t\\ é" * (version % 3)}, version, 0))
+    events += rng.sample(events, 300)  # replays: older versions at later offsets
+    records, offset = [], 0
+    for event in events:
+        for record in encoder.encode([event]):
+            records.append(LogRecord(record.topic, 0, offset, record.key, record.value, 0))
+            offset += 1
+    return records
+
+
+def _window(records: list[LogRecord], size: int = 997) -> dict:
+    window = bulk_window.NewestWindow(1 << 30)
+    ends: dict = {}
+    for at in range(0, len(records), size):
+        assert window.add(records[at:at + size], ends) == []
+    assert ends == {(records[0].topic, 0): records[-1].offset + 1}
+    out = {"upserts": {}, "deletes": {}, "tombstones": {}}
+    for part in window.parts(50):
+        for key, event in part.upserts:
+            out["upserts"][key] = (event.version, orjson.loads(event.after))
+        for key, event in part.deletes:
+            out["deletes"][key] = (event.version, orjson.loads(event.before))
+        out["tombstones"].update(part.tombstones)
+    return out
+
+
+def _reduced(records: list[LogRecord]) -> dict:
+    [changes] = reduce_events(decode_records(records, False)).values()
+    return {"upserts": {k: (e.version, e.after) for k, e in changes.upserts.items()},
+            "deletes": {k: (e.version, e.before) for k, e in changes.deletes.items()},
+            "tombstones": changes.tombstones}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_window_keeps_what_one_batch_as_large_reduces_to(seed):
+    records = _records(seed)
+    assert _window(records) == _reduced(records)
+
+
+def test_odd_keys_and_indented_values_reduce_the_same(seed=4):
+    records = _records(seed)
+    odd = []
+    for record in records:
+        if record.offset % 5 == 0 and record.value is not None:  # whitespace everywhere (the C parser's)
+            record = record._replace(value=orjson.dumps(orjson.loads(record.value), option=orjson.OPT_INDENT_2))
+        elif record.offset % 7 == 0:  # a key orjson writes otherwise (spaces)
+            record = record._replace(key=record.key.replace(b":", b": "))
+        odd.append(record)
+    assert _window(odd) == _reduced(odd)
+
+
+def test_a_truncate_drops_what_is_older_and_what_comes_later_older():
+    encoder = EnvelopeEncoder("postgresql", "src", "p")
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": 1}, None, {"id": 1}, 5, 0),
+              ChangeEvent(Op.CREATE, TABLE, {"id": 2}, None, {"id": 2}, 20, 0),
+              ChangeEvent(Op.TRUNCATE, TABLE, {}, None, None, 10, 0),
+              ChangeEvent(Op.CREATE, TABLE, {"id": 3}, None, {"id": 3}, 7, 0),  # replayed, under the truncate
+              ChangeEvent(Op.CREATE, TABLE, {"id": 4}, None, {"id": 4}, 30, 0)]
+    records = [LogRecord(r.topic, 0, i, r.key, r.value, 0) for i, r in enumerate(encoder.encode(events))]
+    window = bulk_window.NewestWindow(1 << 30)
+    assert window.add(records, {}) == []
+    parts = list(window.parts(10))
+    assert {key for part in parts for key, _ in part.upserts} == {b'{"id":2}', b'{"id":4}'}
+    assert {part.truncate for part in parts} == {10}
+
+
+def test_poison_records_are_returned_not_kept():
+    records = [LogRecord("t", 0, 0, b'{"id":1}', b'{"op":"u","after":{"id":1},', 0),
+               LogRecord("t", 0, 1, b'{"id":2}', b'{"op":"u","before":null,"after":{"id":2},"source":{"version":3}}', 0)]
+    window = bulk_window.NewestWindow(1 << 30)
+    poisons = window.add(records, {})
+    assert [record.offset for record, _ in poisons] == [0]
+    assert [key for part in window.parts(10) for key, _ in part.upserts] == [b'{"id":2}']
+
+
+def test_the_window_says_when_it_holds_its_bound():
+    window = bulk_window.NewestWindow(200_000)
+    records = [LogRecord("t", 0, i, b'{"id":%d}' % i,
+                         b'{"op":"c","before":null,"after":{"id":%d,"x":"%s"},"source":{"version":%d}}' % (i, b"y" * 100, i),
+                         0) for i in range(3000)]
+    added = 0
+    while not window.full():
+        window.add(records[added:added + 100], {})
+        added += 100
+    keys, held = window.stats()
+    assert 200_000 <= held < 260_000 and keys == added < 3000
+    window.clear()
+    assert window.stats() == (0, 0) and window.empty()
