@@ -120,16 +120,21 @@ def run_copy(dsn: str, data: bytes) -> float:
 
 
 def run_sink(dsn: str, events: list[SinkEvent], batch: int, profile: cProfile.Profile | None,
-             typed: bool = True) -> float:
+             typed: bool = True, admin_dsn: str = "", database: str = "",
+             connections: int | None = None) -> tuple[float, float | None]:
+    """Seconds of the writes, and the CPU seconds of the database's backends meanwhile (None: the
+    server is not on this machine)."""
     from sinks.sql import SqlSink, SqlSinkConfig
 
-    sink = SqlSink(SqlSinkConfig(name="bench", topics=[TOPIC], url=dsn))
+    more = {} if connections is None else {"write_connections": connections}
+    sink = SqlSink(SqlSinkConfig(name="bench", topics=[TOPIC], url=dsn, **more))
     record = schema_record()
     sink.schema_for = lambda topic, version=None: record
     sink.start()
     sink.applier.typed_upserts = typed
     sink.write(events[:1])  # the table and view exist before the clock starts
     try:
+        server_before = backend_cpu(admin_dsn, database)
         began = time.perf_counter()
         if profile is not None:
             profile.enable()
@@ -137,9 +142,30 @@ def run_sink(dsn: str, events: list[SinkEvent], batch: int, profile: cProfile.Pr
             sink.write(events[start:start + batch])
         if profile is not None:
             profile.disable()
-        return time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        server_after = backend_cpu(admin_dsn, database)
+        if server_before is None or server_after is None:
+            return seconds, None
+        return seconds, sum(cpu - server_before.get(pid, 0.0) for pid, cpu in server_after.items())
     finally:
         sink.stop()
+
+
+def backend_cpu(admin_dsn: str, database: str) -> dict[int, float] | None:
+    """CPU seconds so far of each PostgreSQL backend connected to ``database``, from
+    /proc/PID/schedstat (nanoseconds on a CPU, not clock ticks); None if the server is not local.
+    The sink keeps its connections open for the whole run, so the difference of two readings is
+    what its backends spent in between (a backend that joined meanwhile counts from its start)."""
+    rows = execute(admin_dsn, "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                   params=(database,))
+    out = {}
+    for (pid,) in rows:
+        try:
+            with open(f"/proc/{pid}/schedstat") as file:
+                out[pid] = int(file.read().split()[0]) / 1e9
+        except OSError:
+            return None
+    return out
 
 
 def check(dsn: str, events: list[SinkEvent]) -> None:
@@ -160,6 +186,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5000, help="events per SqlSink.write")
     parser.add_argument("--profile", help="write a cProfile of ours to this file and print the top")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each staging, alternated")
+    parser.add_argument("--labels", default="raw,typed,jsonb",
+                        help="which stagings to run, in this order each round (raw, typed, jsonb); LABEL/N: "
+                             "with write_connections N (raw/1: one transaction per write)")
     args = parser.parse_args()
 
     settings = stack_settings()
@@ -178,24 +207,29 @@ def main() -> None:
     raw_events = [e._replace(after=orjson.dumps(e.after)) for e in events]
     gc.freeze()
     for round_ in range(args.rounds):
-        for label in ("raw", "typed", "jsonb"):
+        for index, variant in enumerate(args.labels.split(",")):
+            label, _, connections = variant.partition("/")
             typed = label != "jsonb"
-            with fresh_database(settings["PG_DSN"], f"{name}_{round_}{label}") as dsn:
+            with fresh_database(settings["PG_DSN"], f"{name}_{round_}_{index}{label}") as dsn:
                 copy_seconds = run_copy(dsn, data)
-                url = url.set(database=f"{name}_{round_}{label}")
+                url = url.set(database=f"{name}_{round_}_{index}{label}")
                 cpu_before = time.process_time()
-                ours_seconds = run_sink(url.render_as_string(hide_password=False),
-                                        raw_events if label == "raw" else events, args.batch,
-                                        profile if label == "raw" and round_ == 0 else None, typed)
+                ours_seconds, server_cpu = run_sink(url.render_as_string(hide_password=False),
+                                                    raw_events if label == "raw" else events, args.batch,
+                                                    profile if label == "raw" and round_ == 0 else None, typed,
+                                                    settings["PG_DSN"], f"{name}_{round_}_{index}{label}",
+                                                    int(connections) if connections else None)
                 cpu_ours = time.process_time() - cpu_before
                 check(dsn, events)
             copy_rate, ours_rate = len(events) / copy_seconds, n / ours_seconds
             print(f"round {round_ + 1}  COPY into a plain table       {len(events):>9,} rows   {copy_seconds:7.2f} s   "
                   f"{copy_rate:>10,.0f} rows/s")
-            print(f"round {round_ + 1}  SqlSink.write, {label:5} rows   {n:>9,} events {ours_seconds:7.2f} s   "
+            print(f"round {round_ + 1}  SqlSink.write, {variant:5} rows   {n:>9,} events {ours_seconds:7.2f} s   "
                   f"{ours_rate:>10,.0f} events/s   {ours_rate / copy_rate:.2f} x COPY   "
                   f"(target {TARGET:,}: {'met' if ours_rate >= TARGET else 'NOT met'})   "
-                  f"(load {os.getloadavg()[0]:.1f}, cpu ours {cpu_ours:.1f}s)", flush=True)
+                  f"(load {os.getloadavg()[0]:.1f}, cpu ours {cpu_ours:.2f}s = {cpu_ours / n * 1e6:.2f} us/event, "
+                  f"server " + ("unknown (not local)" if server_cpu is None else
+                                f"{server_cpu:.2f}s = {server_cpu / n * 1e6:.2f} us/event") + ")", flush=True)
     if profile is not None:
         print_profile(profile, args.profile)
 
