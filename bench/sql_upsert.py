@@ -2,7 +2,7 @@
 
     .venv/bin/cdc dev up --only postgres
     .venv/bin/python -m bench.sql_upsert [--events 500000] [--updates 0.3] [--batch 5000]
-                                         [--profile sql.prof]
+                                         [--rounds 2] [--labels raw,typed,jsonb] [--profile sql.prof]
 
 Steps, in one run on this machine, in a fresh database:
   1. events: ``--events`` change events of an ``orders`` table (the columns of bench.pg_stream:
@@ -18,11 +18,14 @@ Steps, in one run on this machine, in a fresh database:
      "raw", the rows as the runtime hands them to this sink now (``raw_rows``: each row's JSON
      bytes, written into the typed COPY by the C loop of cdc/_speedups.c); "typed", the same
      staging from rows decoded to dicts (how the runtime handed them before); "jsonb", the earlier
-     staging of each row as one jsonb document; alternately ``--rounds`` times.
+     staging of each row as one jsonb document; alternately ``--rounds`` times. ``LABEL/N`` in
+     ``--labels`` runs that staging with ``write_connections: N`` (``raw/1``: one transaction per
+     write, as before the parts; ``raw/2``: the default, two parts at once).
 Prints rows/s of each and the ratio to COPY; checks that the table holds every key at its newest
 version. Target (issue #18): live upserts >= 150,000 events/s. Each line also prints the
-machine's load and the CPU seconds of this process for the writes (the figure load does not
-inflate; the server's are not counted).
+machine's load, the CPU seconds of this process for the writes and those of the database's
+PostgreSQL backends meanwhile (from /proc/PID/schedstat, so only with the server on this
+machine), in total and per event: the figures load does not inflate the way it inflates wall time.
 
 Where the time went (cProfile of 300k events, 30% updates, batches of 5,000, quiet machine):
 jsonb staging: 2.6 s of 3.45 s in the server: the upsert's ``INSERT ... SELECT CAST(s.j->>'c' AS
@@ -40,6 +43,38 @@ COPY 70k-82k rows/s; this process's CPU for the writes 0.8-1.1 s per 300k events
 dict rows (2.7-3.7 us an event: the reduction, the COPY text, the statements' client side), 0.7 s
 with jsonb, whose cost is in the server. The server is the bound here: the decoding that raw rows
 save happens before ``write`` (bench/bootstrap.py shows it).
+
+Where the server's time went (each statement's backend CPU from /proc/PID/schedstat around it,
+300k events, batches of 5,000, load about 9): 6.0 us of backend CPU an event against 3.1 us of
+this process's, of which the version-guarded ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``
+4.1 us, the typed COPY into the stage 1.4 us, the per-transaction statements (generation lock,
+watermarks, the remembered-deletes check, ``CREATE TEMPORARY TABLE IF NOT EXISTS``, the pool's
+ping) and the commit 0.5 us. ``EXPLAIN (ANALYZE, BUFFERS, WAL)`` of the upsert: a sequential scan
+of the stage (under 2% of it), then per new key a speculative insertion (index probe, heap insert,
+index insert, a confirmation: three WAL records) and per existing key the row locked, updated and
+indexed again (also three), about 250 bytes of WAL a row. No remembered deletes in this
+benchmark, so no anti-join. Against a 350k-row table (5,000 staged rows, 70% new keys, median of
+8): ``MERGE`` 4.8 us a row, ``ON CONFLICT`` 5.1, an ``UPDATE ... FROM`` of the existing keys and a
+plain ``INSERT`` of the new ones 6.1 (and unsafe beside another writer; sinks/sql/README.md,
+"Speed"): the statement's form is not where the time is, the heap and index work is. So the
+server's share was kept and spread instead: with ``write_connections: 2`` (now the default) a
+write's keys go to two transactions on two connections at once, and the server's side runs on
+two cores while one part's COPY text is made beside the other's statements.
+
+Paired, alternating runs of 500k events in one session, main's code, then ``raw/2``, then
+``raw/1``, three times (load 31-54 on 2 cores shared with up to 7 other sessions, so wall time
+says little; CPU per event is the figure to compare):
+
+    main's code   13.8k, 10.8k, 12.5k events/s   this process 2.76-2.93 us/event   backends 6.27-6.38 us/event
+    raw/1         17.7k, 12.6k, 10.5k events/s   this process 2.32-2.47 us/event   backends 6.13-6.44 us/event
+    raw/2         21.5k, 15.3k, 11.5k events/s   this process 3.39-3.57 us/event   backends 6.71-6.94 us/event
+
+``raw/1`` is main's path (one transaction per write) on this branch's build; main's checkout ran
+an older build of cdc/_speedups.c, hence its 0.4 us more of this process's. ``raw/2`` was faster
+than ``raw/1`` in each pair (10-22%), and paid for the overlap with about 1.1 us an event more of
+this process's CPU (the split, a second transaction's statements and round trips, the threads'
+hand-offs, all inflated by the load) and 0.4-0.6 us more of the server's (a second transaction's
+fixed statements and commit). Quiet-machine figures are the ones to settle the default by.
 """
 
 from __future__ import annotations

@@ -61,9 +61,10 @@ from sinks.sql.target import Target
 log = logging.getLogger(__name__)
 
 # The fewest keys worth a part of their own (see ``SqlSink._parts``): a part pays a transaction's
-# fixed statements (generation lock, watermarks, staging, commit), a few hundred microseconds of
-# the server's, against some 5 us a key.
-MIN_PART_KEYS = 1000
+# fixed statements (connection check, generation lock, watermarks, staging, commit), about half a
+# millisecond of the server's, against some 5 us a key; 500 lets the runtime's default batch of
+# 2,000 events go over two connections.
+MIN_PART_KEYS = 500
 
 
 class SqlSink(Sink, RebuildableSink):
