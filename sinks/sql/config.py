@@ -41,6 +41,11 @@ class SqlSinkConfig(SinkConfig):
                                       "ones (a hung server or a network that drops packets). null: no limit")
     connect_timeout: int = Field(default=15, gt=0, description="seconds to open a connection to the target "
                                                                "(PostgreSQL, MySQL)")
+    write_connections: int = Field(
+        default=2, ge=1, le=16,
+        description="PostgreSQL: connections a large write is applied over at once, its keys split "
+                    "between them, one transaction each, all committed before the write returns (the "
+                    "server's side of a write then runs on that many cores); 1: one transaction per write")
     delete_memory_hours: float = Field(default=168, gt=0,
                                        description="how long a deleted key's version is remembered, so a "
                                                    "late older insert cannot bring the row back")

@@ -39,6 +39,17 @@ class TopicChanges:
     def __len__(self) -> int:
         return len(self.upserts) + len(self.deletes) + len(self.tombstones)
 
+    def split(self, parts: int) -> list["TopicChanges"]:
+        """The changes in ``parts`` pieces with no key in two of them (a key's upsert, delete and
+        tombstone stay together), for applying the pieces at once on several connections. A
+        truncate is table-wide: the caller splits only changes without one."""
+        pieces = [TopicChanges(self.topic, self.first) for _ in range(parts)]
+        for name in ("upserts", "deletes", "tombstones"):
+            into = [getattr(piece, name) for piece in pieces]
+            for key, value in getattr(self, name).items():
+                into[hash(key) % parts][key] = value
+        return pieces
+
     def materialize(self) -> None:
         """Decode the upserts' rows the runtime left as JSON bytes (``SqlSink.raw_rows``): for the
         paths that read values one by one (types inferred from values, renamed columns, other

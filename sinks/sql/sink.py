@@ -14,6 +14,17 @@ A write (see cdc/sink_events.py for the semantics it implements):
    remove older rows; apply tombstones; upsert what no newer row, remembered delete or watermark
    overrides. Committed before ``write`` returns, so it is durable.
 
+   On PostgreSQL a large write is split by key into ``write_connections`` parts (``_parts``), each
+   step 3 in a transaction of its own on its own connection, all at once: the server's side of a
+   write, most of its time (bench/sql_upsert.py), then runs on several cores, and one part's
+   staging text is made while another's statements run. Every key is in one part, and whatever
+   the version guard, remembered deletes and watermarks decide for a key is decided inside its
+   part's transaction, so the parts need no order among them. ``write`` returns only when every
+   part has committed; if one fails, the others may have committed, and the retried batch applies
+   their keys again as no-ops (the guard), as a replay after a crash would. A batch with a
+   truncate (table-wide) stays one transaction, as does a table whose key is not its events' key
+   (two event keys may be one row).
+
 Errors: connection trouble, deadlocks, serialization failures and lock timeouts are
 ``RetriableError``; a value that does not fit is a ``PermanentError`` naming the table, the key
 and (for a batch of one, which the runtime's split reaches) the column; an incompatible schema
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
@@ -49,6 +61,13 @@ from sinks.sql.target import Target
 
 log = logging.getLogger(__name__)
 
+# The fewest keys worth a part of their own (see ``SqlSink._parts``): a part pays a transaction's
+# fixed statements (connection check, generation lock, watermarks, staging, commit), about half a
+# millisecond of the server's, against some 5 us a key; 500 lets the runtime's default batch of
+# 2,000 events go over two connections.
+MIN_PART_KEYS = 500
+
+
 class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's first window in bulk:
@@ -64,6 +83,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         self._next_prune = 0.0
         self._seen_tables: set[str] = set()
         self.bulk: BulkLoader | None = None  # made by start()
+        self._pool: ThreadPoolExecutor | None = None  # applies the other parts of a split write
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -89,11 +109,17 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         applier_class = StagedApplier if target.kind in ("postgresql", "duckdb") else GenericApplier
         self.applier = applier_class(target, books, config.soft_delete)
         self.bulk = BulkLoader(target, books, catalog, config.soft_delete)
+        if target.kind == "postgresql" and config.write_connections > 1:
+            self._pool = ThreadPoolExecutor(config.write_connections - 1,
+                                            thread_name_prefix=f"sql-sink-{config.name}")
         log.info("sql sink %s: started on %s (%s), writing generation %s", config.name, target.kind,
                  target.engine.url.render_as_string(hide_password=True),
                  self.generation if self.generation is not None else f"{self._current} (current)")
 
     def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         if self.target is not None:
             self.target.engine.dispose()
 
@@ -160,6 +186,38 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
             self._prune_deletes()
 
     def _commit(self, plans: list[TablePlan], generation: int) -> bool:
+        """Apply ``plans``, in parts at once where ``_parts`` splits them; False if readers moved to
+        another generation first (then some parts may be in the old one: the write is retried)."""
+        parts = self._parts(plans)
+        if len(parts) == 1:
+            return self._commit_part(plans, generation)
+        futures = [self._pool.submit(self._commit_part, part, generation) for part in parts[1:]]
+        error: Exception | None = None
+        try:
+            results = [self._commit_part(parts[0], generation)]
+        except Exception as err:
+            error, results = err, []
+        for future in futures:  # every part has ended before the write returns or raises
+            try:
+                results.append(future.result())
+            except Exception as err:
+                error = error or err
+        if error is not None:
+            raise error
+        return all(results)
+
+    def _parts(self, plans: list[TablePlan]) -> list[list[TablePlan]]:
+        """``plans`` split by key into parts to apply at once (module docstring), or ``[plans]``."""
+        if self._pool is None:
+            return [plans]
+        parts = min(self.config.write_connections, sum(len(plan.changes) for plan in plans) // MIN_PART_KEYS)
+        if parts < 2 or not all(_splittable(plan) for plan in plans):
+            return [plans]
+        pieces = [plan.changes.split(parts) for plan in plans]
+        return [[TablePlan(changes[n], plan.tbl, plan.entry, plan.columns)
+                 for plan, changes in zip(plans, pieces) if len(changes[n])] for n in range(parts)]
+
+    def _commit_part(self, plans: list[TablePlan], generation: int) -> bool:
         """Apply ``plans`` in one transaction; False if readers moved to another generation first."""
         with self.target.engine.begin() as conn:
             if self.generation is None:
@@ -288,6 +346,19 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
             url = self.config.url.get_secret_value()
             raise translate(err, f"sql sink {self.config.name}: {what}", url=url, role=_user_of(url),
                             setting=servers.setting_of("sink", self.config.name, "url")) from err
+
+
+def _splittable(plan: TablePlan) -> bool:
+    """Whether ``plan``'s keys may go to different transactions: its table exists, the batch has
+    no truncate for it, and the table's key is its events' key (else two event keys may be one row,
+    which two parts would then both write)."""
+    changes = plan.changes
+    if plan.entry is None or changes.truncate is not None:
+        return False
+    firsts = [next(iter(events.values()), None) for events in (changes.upserts, changes.deletes)]
+    keys = [event.key for event in firsts if event is not None] + [next(iter(changes.tombstones.values()), {})]
+    table_key = {column.name for column in plan.key_columns}
+    return all(set(key) == table_key for key in keys if key)
 
 
 def _user_of(url: str) -> str | None:
