@@ -392,9 +392,13 @@ class DeltaJob:
             remember = self.mode == "type1" and item["deletes"]
             if remember:
                 source = source.persist(StorageLevel.MEMORY_AND_DISK)
+            # A table this job created and has not written yet has no row to match: its first
+            # MERGE (a new table's first batch, a rebuild's staging table) only inserts. Cleared
+            # before the MERGE: one that failed may still have committed.
+            empty, target.empty = target.empty, False
             try:
                 with clock.phase("merge"), self._txn(session, batch_id, "merge"):
-                    merge.merge(session, target, source, data_columns, self.mode == "soft")
+                    merge.merge(session, target, source, data_columns, self.mode == "soft", insert_only=empty)
                 if remember:
                     with clock.phase("deletes"), self._txn(session, batch_id, "deletes"):
                         merge.remember_deletes(session, target, source)

@@ -52,28 +52,35 @@ def without_remembered_deletes(session: SparkSession, target: TableTarget, lates
 
 
 def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_columns: list[str],
-          soft_delete: bool) -> None:
+          soft_delete: bool, insert_only: bool = False) -> None:
     """MERGE ``source`` (data columns, __cdc_key, __cdc_version, __cdc_op, __cdc_ts_ms; one row
-    per key) into ``target``."""
+    per key) into ``target``.
+
+    ``insert_only``: the table holds no row (the job created it and has not written it yet), so
+    no clause can match and only the insert clauses are given: Delta's insert-only MERGE reads
+    the source and writes its rows, without finding matched files or writing deletion vectors.
+    The rows written are the same as the full MERGE's."""
     table = DeltaTable.forPath(session, target.path).alias("t")
     is_delete = _s(OP) == "d"
     newer = _s(VERSION) > _t(VERSION)
     row = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS)}
     builder = table.merge(source.alias("s"), _t(KEY) == _s(KEY))
     if soft_delete:
-        # A tombstone (no version) marks a live row deleted; a versioned delete also bumps the
-        # remembered version of a row already deleted.
-        builder = builder.whenMatchedUpdate(
-            condition=is_delete & ((_s(VERSION).isNull() & ~_t(DELETED)) | newer),
-            set={quote(DELETED): F.lit(True), quote(OP): F.lit("d"),
-                 quote(VERSION): F.coalesce(_s(VERSION), _t(VERSION)), quote(TS): F.coalesce(_s(TS), _t(TS))})
-        builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set={**row, quote(DELETED): F.lit(False)})
+        if not insert_only:
+            # A tombstone (no version) marks a live row deleted; a versioned delete also bumps the
+            # remembered version of a row already deleted.
+            builder = builder.whenMatchedUpdate(
+                condition=is_delete & ((_s(VERSION).isNull() & ~_t(DELETED)) | newer),
+                set={quote(DELETED): F.lit(True), quote(OP): F.lit("d"),
+                     quote(VERSION): F.coalesce(_s(VERSION), _t(VERSION)), quote(TS): F.coalesce(_s(TS), _t(TS))})
+            builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set={**row, quote(DELETED): F.lit(False)})
         builder = builder.whenNotMatchedInsert(condition=~is_delete, values={**row, quote(DELETED): F.lit(False)})
         builder = builder.whenNotMatchedInsert(condition=is_delete & _s(VERSION).isNotNull(),
                                                values={**row, quote(DELETED): F.lit(True)})
     else:
-        builder = builder.whenMatchedDelete(condition=is_delete & (_s(VERSION).isNull() | newer))
-        builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set=row)
+        if not insert_only:
+            builder = builder.whenMatchedDelete(condition=is_delete & (_s(VERSION).isNull() | newer))
+            builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set=row)
         builder = builder.whenNotMatchedInsert(condition=~is_delete, values=row)
     builder.execute()
 

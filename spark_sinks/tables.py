@@ -83,6 +83,9 @@ class TableTarget:
         self.deletes_path = f"{root}/_cdc_deletes/{area + '/' if area else ''}{namespace}/{table}"
         self.root = root
         self._exists = False
+        # True from create() until the first write: a table this job made and has not written
+        # yet holds no row (a MERGE into it needs no matched clauses).
+        self.empty = False
         # None: not asked yet. Unlike the table's own existence an absent memory is cached too (a
         # table without deletes would ask Delta each batch): this sink is its one writer, and
         # deletes_written() and forget() keep the answer true.
@@ -146,6 +149,7 @@ class TableTarget:
     def forget(self) -> None:
         """Drop what was cached (the tables were replaced)."""
         self._exists = False
+        self.empty = False
         self._deletes_exist = None
         self._properties = None
         self._schema = None
@@ -162,6 +166,7 @@ class TableTarget:
             builder = builder.property(name, value)
         builder.execute()
         self._exists = True
+        self.empty = True
         self._properties = None
         self._schema = None
         log.info("created Delta table %s at %s (%s, key %s)", self.name, self.path, self.mode,
