@@ -311,13 +311,14 @@ def target_types(url: str, table: str) -> dict[str, str]:
                                                f"AND a.attnum > 0 AND NOT a.attisdropped")}
 
 
-def shape_version(kafka: str, prefix: str, table: str, has) -> int:
-    """The version of the first shape of ``table`` whose columns (name -> column record) satisfy ``has``."""
+def shape_version(kafka: str, prefix: str, table: str, has, source: str | None = None) -> int:
+    """The version of the first shape of ``table`` (of connector ``source``, if given) whose
+    columns (name -> column record) satisfy ``has``."""
     log = KafkaLog(kafka)
     try:
         for record in log.read_all(f"{prefix}.schema-changes"):
             value = orjson.loads(record.value)
-            if value["table"] == table and has({c["name"]: c for c in value["columns"]}):
+            if value["table"] == table and source in (None, value["source"]) and has({c["name"]: c for c in value["columns"]}):
                 return value["version"]
     finally:
         log.close()

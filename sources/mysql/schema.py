@@ -65,6 +65,11 @@ class SchemaTracker:
         # its last table map: several DDL statements with no row between publish several shapes,
         # and a sink meets only the one its next rows name, so each carries the renames before it.
         self.carried: dict[tuple[str, str], dict[str, str]] = {}
+        # Per table, renames the stream met whose old and new names the copy both lacks: the copy
+        # came from the catalog at a resume, after the column was renamed again (new name -> the
+        # name before the first of them). The next rename of the column, or a table map showing
+        # it, then still names the column's name from before (see ``_alter``, ``from_table_map``).
+        self.ahead: dict[tuple[str, str], dict[str, str]] = {}
 
     def defer(self) -> None:
         """The copy is the catalog's as of now and the stream resumes behind it: publish no
@@ -90,6 +95,7 @@ class SchemaTracker:
                 schema = TableSchema(TableId(statement.db, None, statement.table), list(statement.columns),
                                      statement.key)
                 self._put(name, schema)
+                self.ahead.pop(name, None)
                 changes.append(schema.change(version, ts_ms, ddl_text))
         elif isinstance(statement, ddl.CreateTableLike):
             name = (statement.db, statement.table)
@@ -107,7 +113,7 @@ class SchemaTracker:
             schema = self.tables.get(name)
             renamed: dict[str, str] = {}
             if schema is not None:
-                schema, renamed = self._alter(schema, statement.ops)
+                schema, renamed = self._alter(schema, statement.ops, self.ahead.setdefault(name, {}))
                 renamed = self._carry(name, schema, renamed)
             elif self.captured(*name):
                 self.stale[name] = ddl_text
@@ -126,6 +132,7 @@ class SchemaTracker:
                 self.stale.pop(name, None)
                 self.unconfirmed.discard(name)
                 self.carried.pop(name, None)
+                self.ahead.pop(name, None)
                 if self.tables.pop(name, None) is not None:
                     changes.append(_dropped(TableId(name[0], None, name[1]), version, ts_ms, ddl_text))
                     dropped.append(TableId(name[0], None, name[1]))
@@ -168,9 +175,12 @@ class SchemaTracker:
         return changes
 
     @staticmethod
-    def _alter(schema: TableSchema, ops: tuple) -> tuple[TableSchema, dict[str, str]]:
+    def _alter(schema: TableSchema, ops: tuple, ahead: dict[str, str] | None = None) -> tuple[TableSchema,
+                                                                                             dict[str, str]]:
         """The table after ``ops``, and its renamed columns (new name -> name before the statement):
-        a sink renames those in place, keeping their values, instead of adding a new empty column."""
+        a sink renames those in place, keeping their values, instead of adding a new empty column.
+        ``ahead``: the table's renames of names the copy lacks (``SchemaTracker.ahead``), updated."""
+        ahead = {} if ahead is None else ahead
         columns = list(schema.columns)
         key = schema.key
         renamed: dict[str, str] = {}  # new name -> the name before the statement
@@ -208,8 +218,11 @@ class SchemaTracker:
                     key = tuple(k for k in key if k != op.name)
             elif isinstance(op, ddl.ChangeColumn):
                 if op.old not in names:
-                    if op.column.name in names and op.old != op.column.name:
-                        past[op.column.name] = op.old
+                    if op.old != op.column.name:
+                        if op.column.name in names:
+                            past[op.column.name] = ahead.pop(op.old, op.old)
+                        else:
+                            ahead[op.column.name] = ahead.pop(op.old, op.old)
                     continue
                 index = names.index(op.old)
                 columns.pop(index)
@@ -225,7 +238,9 @@ class SchemaTracker:
                     rename(op.old, op.new)
                     key = tuple(op.new if k == op.old else k for k in key)
                 elif op.new in names:
-                    past[op.new] = op.old
+                    past[op.new] = ahead.pop(op.old, op.old)
+                elif op.old != op.new:   # renamed again later: the copy has a newer name
+                    ahead[op.new] = ahead.pop(op.old, op.old)
             elif isinstance(op, ddl.SetPrimaryKey):
                 key = op.columns
                 columns = [replace(c, nullable=False) if c.name in key else c for c in columns]
@@ -241,11 +256,12 @@ class SchemaTracker:
         name = (db, table)
         schema = self.tables.get(name)
         stale = name in self.stale
-        self.carried.pop(name, None)  # rows follow: a sink has met the shape that carried them
-        if schema is not None and not stale and schema.names == [s.name for s in specs]:
+        carried = self.carried.pop(name, {})  # rows follow: a sink has met the shape that carried them
+        spec_names = [s.name for s in specs]
+        if schema is not None and not stale and schema.names == spec_names:
             if name in self.unconfirmed:  # the binlog agrees with the catalog read at the resume
                 self.unconfirmed.discard(name)
-                return schema.change(version, ts_ms, None)
+                return schema.change(version, ts_ms, None, _renames(carried, spec_names))
             return None
         known = {c.name: c for c in schema.columns} if schema is not None else {}
         json_columns = load_json() if stale or schema is None or any(s.name not in known for s in specs) else set()
@@ -268,7 +284,16 @@ class SchemaTracker:
         elif schema is not None and not stale:
             log.warning("table %s.%s: the binlog's columns %s differ from the tracked definition %s; following "
                         "the binlog", db, table, [s.name for s in specs], schema.names)
+        # A column the copy lacks under a name the stream renamed it to (the copy is ahead): the
+        # rows' shape names the column it was, for a sink that holds it.
+        ahead = self.ahead.pop(name, {})
+        renames = {**{new: old for new, old in ahead.items() if new not in known}, **carried}
         schema = TableSchema(TableId(db, None, table), columns, key)
         self.tables[name] = schema
         self.unconfirmed.discard(name)
-        return schema.change(version, ts_ms, ddl_text)
+        return schema.change(version, ts_ms, ddl_text, _renames(renames, spec_names))
+
+
+def _renames(renames: dict[str, str], names: list[str]) -> dict[str, str]:
+    """The renames (new name -> old) that ``names`` shows: the new name there, the old one gone."""
+    return {new: old for new, old in renames.items() if new in names and old not in names}

@@ -154,12 +154,14 @@ class ChangeBuilder:
         """New name -> old name of the columns of ``oid`` renamed since its last shape. The
         catalog is read as it is now (like ``filled``); a name it no longer has (the stream is
         behind a rename or a drop) keeps the attnum its last shape had, so the rename is still
-        recognised when the stream reaches it. A column renamed twice before the stream reaches
-        either, or dropped and added, counts as dropped and added."""
+        recognised when the stream reaches it. A name neither knows (renamed again since, before
+        the stream reached it) is placed by its position (``_placed``) where that is certain;
+        else it counts as dropped and added, as does a column dropped and added."""
         now = self.attnums(oid)
         previous = self.column_ids.get(oid, {})
         ids = {name: now[name] if name in now else previous[name] for name in names
                if name in now or name in previous}
+        ids.update(_placed(names, ids, set(previous.values())))
         before = {attnum: name for name, attnum in previous.items()}
         self.column_ids[oid] = ids
         return {name: before[attnum] for name, attnum in ids.items()
@@ -359,3 +361,29 @@ class ChangeBuilder:
             events.append(ChangeEvent(Op.TRUNCATE, rel.table, None, None, None, lsn, self.commit_ms,
                                       source_fields=self._source(lsn), transaction=self._tx(rel)))
         return events
+
+
+def _placed(names: tuple[str, ...], ids: dict[str, int], previous: set[int]) -> dict[str, int]:
+    """Attnums of the columns in ``names`` that ``ids`` lacks, where their place makes them
+    certain. A Relation message lists the table's live columns in attnum order, and attnums only
+    grow. Take a run of unknown names between two known columns with attnums ``low`` < ``high``,
+    where ``high`` was a column of the last shape (``previous``, its attnums). Every column of
+    the run is older than ``high``, so it was live at the last shape too: it is one of the last
+    shape's attnums between ``low`` and ``high`` that no known name took. When there are as many
+    of those as names in the run, they match in order (a column of them dropped since would
+    leave fewer names than attnums). A run at the end has no such bound (a column added since
+    sits there too) and stays unknown."""
+    placed: dict[str, int] = {}
+    taken = set(ids.values())
+    low, run = 0, []
+    for name in names:
+        if name not in ids:
+            run.append(name)
+            continue
+        high = ids[name]
+        if run and low < high and high in previous:
+            candidates = sorted(a for a in previous if low < a < high and a not in taken)
+            if len(candidates) == len(run):
+                placed.update(zip(run, candidates))
+        low, run = high, []
+    return placed

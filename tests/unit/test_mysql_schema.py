@@ -117,6 +117,29 @@ def test_a_resume_behind_the_catalog_publishes_the_binlogs_shapes_and_still_tell
     assert {c.name: c.renamed_from for c in change.columns}["title"] == "label"
 
 
+def test_a_column_renamed_twice_while_the_source_was_down_keeps_its_first_name():
+    """The catalog read at the resume has ``remark``; the binlog renames ``note`` to ``memo``
+    (names the copy lacks both), then ``memo`` to ``remark``: the shape says ``remark`` was
+    ``note``. With rows between the renames, their table map shows ``memo``, which was ``note``."""
+    catalog = "CREATE TABLE items (id INT PRIMARY KEY, title TEXT, remark TEXT)"
+    t = tracker(create(catalog))
+    t.defer()
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE items RENAME COLUMN note TO memo", "shop"), "", 7, 1)
+    assert not any(c.renamed_from for c in change.columns)
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE items RENAME COLUMN memo TO remark", "shop"), "", 8, 1)
+    assert {c.name: c.renamed_from for c in change.columns}["remark"] == "note"
+    t = tracker(create(catalog))
+    t.defer()
+    t.apply(ddl.parse("ALTER TABLE items RENAME COLUMN label TO title", "shop"), "", 7, 1)
+    t.apply(ddl.parse("ALTER TABLE items CHANGE note memo TEXT", "shop"), "", 8, 1)
+    specs = [ColumnSpec("id", LONG, nullable=False), ColumnSpec("title", BLOB, length=2, charset="utf8mb4"),
+             ColumnSpec("memo", BLOB, length=2, charset="utf8mb4")]
+    change = t.from_table_map("shop", "items", specs, ("id",), lambda: set(), 9, 1)
+    assert {c.name: c.renamed_from for c in change.columns} == {"id": None, "title": "label", "memo": "note"}
+    (change,), _ = t.apply(ddl.parse("ALTER TABLE items RENAME COLUMN memo TO remark", "shop"), "", 10, 1)
+    assert {c.name: c.renamed_from for c in change.columns}["remark"] == "memo"
+
+
 def test_alter_is_idempotent_over_a_catalog_that_already_has_the_change():
     t = tracker(create(ORDERS))
     for _ in range(2):

@@ -63,3 +63,23 @@ def test_a_rename_the_stream_is_behind_is_still_told_from_a_drop():
     builder.column_ids[100] = {"id": 1, "label": 2, "qty": 3}        # relations.json, as stored
     assert builder._renamed(100, ("id", "label", "qty")) == {}       # rows of the old shape first
     assert builder._renamed(100, ("id", "title", "extra")) == {"title": "label"}
+
+
+def test_a_middle_name_of_a_column_renamed_twice_is_placed_by_its_position():
+    """``note`` (attnum 3) became ``memo``, rows were written, then ``remark``: the stream's
+    ``memo`` is in neither the catalog nor the last shape, but it sits between ``title`` (2) and
+    ``qty`` (4, of the last shape), where the last shape had only attnum 3 free. At the end of
+    the columns nothing bounds it (a column added since could sit there): not placed."""
+    from sources.postgres.changes import ChangeBuilder
+
+    catalog = {"id": 1, "title": 2, "remark": 3, "extra": 5}
+    builder = ChangeBuilder("shop", lambda oid: None, lambda oids: [], None, lambda oid, mod: "",
+                            attnums=lambda oid: dict(catalog))
+    builder.column_ids[100] = {"id": 1, "label": 2, "note": 3, "qty": 4}
+    assert builder._renamed(100, ("id", "title", "memo", "qty")) == {"title": "label", "memo": "note"}
+    assert builder._renamed(100, ("id", "title", "remark", "extra")) == {"remark": "memo"}
+    builder.column_ids[100] = {"id": 1, "note": 3}
+    assert builder._renamed(100, ("id", "memo")) == {}
+    # Two names between the same bounds, one attnum free there (a column dropped since): unsure.
+    builder.column_ids[100] = {"id": 1, "note": 3, "qty": 4}
+    assert builder._renamed(100, ("id", "memo", "other", "qty")) == {}
