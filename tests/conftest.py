@@ -53,8 +53,9 @@ def pytest_addoption(parser):
     parser.addoption(
         "--phase", choices=("all", "parallel", "serial"), default="all",
         help="which tests to run: 'parallel' leaves out the tests marked serial (they stop, freeze, "
-             "restart or kill a server of the shared stack, or change its global settings), so the "
-             "rest may run in pytest-xdist workers side by side; 'serial' runs only those, alone. "
+             "restart or kill a server of the shared stack, or change its global settings) and the "
+             "Spark tests, so the rest may run in pytest-xdist workers side by side; 'serial' runs "
+             "only those, one at a time. "
              "scripts/test runs both phases one after the other.")
 
 
@@ -71,20 +72,18 @@ def _select_phase(config, items) -> None:
         return
     keep, drop = [], []
     for item in items:
-        alone = item.get_closest_marker("serial") is not None
+        # The Spark tests run in the serial phase too: each xdist worker would start a Spark JVM of
+        # its own (seconds of CPU and a GB of memory each), two of them on two cores starve each
+        # other's first batches, and `xdist_group` cannot keep them on one worker (pytest-xdist 3.8
+        # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads).
+        alone = item.get_closest_marker("serial") is not None or item.get_closest_marker("spark") is not None
         (keep if alone == (phase == "serial") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    # One worker runs every Spark test: each worker would start a Spark JVM of its own (a local
-    # session costs seconds of CPU and a GB of memory), and they would fight over the two cores.
-    for item in items:
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group("spark"))
     # A test using a service fixture must carry that service's marker, so `-m` selections and
     # the per-service suites in CI stay truthful.
     needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "pg17_dsn": "postgres17",
