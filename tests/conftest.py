@@ -49,7 +49,41 @@ def _unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+    parser.addoption(
+        "--phase", choices=("all", "parallel", "serial"), default="all",
+        help="which tests to run: 'parallel' leaves out the tests marked serial (they stop, freeze, "
+             "restart or kill a server of the shared stack, or change its global settings) and the "
+             "Spark tests, so the rest may run in pytest-xdist workers side by side; 'serial' runs "
+             "only those, one at a time. "
+             "scripts/test runs both phases one after the other.")
+
+
+def pytest_configure(config):
+    # Workers beside a test that restarts a shared server would see it go away under them.
+    if (getattr(config.option, "numprocesses", None) or 0) and config.getoption("--phase") != "parallel":
+        raise pytest.UsageError("with -n (pytest-xdist workers) pass --phase parallel: the tests marked "
+                                "serial must not run beside others (run them with --phase serial)")
+
+
+def _select_phase(config, items) -> None:
+    phase = config.getoption("--phase")
+    if phase == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        # The Spark tests run in the serial phase too: each xdist worker would start a Spark JVM of
+        # its own (seconds of CPU and a GB of memory each), two of them on two cores starve each
+        # other's first batches, and `xdist_group` cannot keep them on one worker (pytest-xdist 3.8
+        # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads).
+        alone = item.get_closest_marker("serial") is not None or item.get_closest_marker("spark") is not None
+        (keep if alone == (phase == "serial") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_collection_modifyitems(config, items):
     # A test using a service fixture must carry that service's marker, so `-m` selections and
     # the per-service suites in CI stay truthful.
     needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "pg17_dsn": "postgres17",
@@ -62,6 +96,7 @@ def pytest_collection_modifyitems(items):
         for fixture, marker in needs.items():
             if fixture in fixtures and item.get_closest_marker(marker) is None:
                 raise pytest.UsageError(f"{item.nodeid} uses {fixture} but is not marked @pytest.mark.{marker}")
+    _select_phase(config, items)
 
 
 # --- PostgreSQL -------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ from tests.faults import databases
 from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, delete_topics, dev, differences, \
     proxy_for, topic_rows, wait_for
 
-pytestmark = [pytest.mark.faults, pytest.mark.kafka, pytest.mark.postgres]
+# serial: the faults restart and kill the stack's PostgreSQL, MariaDB and Kafka.
+pytestmark = [pytest.mark.faults, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.serial]
 
 # What the daemon prints (cdc/runtime/supervisor.py, worker.py, runner.py, sink_runner.py):
 SOURCE_RETRIES = r"\[src/.*(retriable\)|exited with 75; restarting)"

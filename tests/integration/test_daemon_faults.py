@@ -130,6 +130,7 @@ def _kafka_pid() -> int:
     return kafka.pid
 
 
+@pytest.mark.serial
 @pytest.mark.kafka
 def test_a_frozen_kafka_turns_healthz_503_and_recovery_clears_it(tmp_path, kafka_bootstrap):
     port = free_port()
@@ -241,6 +242,7 @@ def test_the_postgres_state_dir_is_next_to_the_config_file_wherever_the_daemon_s
         _stop(process)
 
 
+@pytest.mark.serial
 @pytest.mark.kafka
 def test_sigterm_with_kafka_frozen_mid_stream_exits_in_time_and_stores_nothing_ahead(tmp_path, kafka_bootstrap):
     from tests.integration.test_daemon import _assert_offset_not_ahead, _open_log, _stored, _write_config

@@ -376,6 +376,7 @@ def test_a_snapshot_taken_again_empties_a_table_emptied_in_between(mysql_url, my
         assert set(topic_state(log, f"empt.{mysql_db}.kept")) == {'{"id":1}', '{"id":2}'}
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("gtid", [True, False])
 def test_a_purged_binlog_stops_the_source_or_resnapshots_when_needed(mysql_url, mysql_db, log, gtid):
     execute(mysql_url, mysql_db, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")

@@ -154,6 +154,7 @@ class Offsets:
         self.consumer.close()
 
 
+@pytest.mark.serial
 def test_sink_killed_again_and_again_and_a_node_restart_ends_equal_to_the_source(
         pg_dsn, kafka_bootstrap, opensearch_url, opensearch_index, tmp_path):
     prefix = opensearch_index

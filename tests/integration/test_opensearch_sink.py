@@ -133,6 +133,7 @@ def test_replays_never_move_a_document_backwards(make_sink, log, client, opensea
     assert replay.counters["written"] == 0 and replay.counters["conflicts"] > 0  # equal versions: no-ops
 
 
+@pytest.mark.serial
 def test_deletes_stay_remembered_past_gc_deletes_and_a_node_restart(make_sink, log, client, opensearch_index):
     """A replay of the whole topic after the node forgot its own delete tombstones (index.gc_deletes
     of 1 s, then a restart) brings no deleted document back and moves none backwards. The same

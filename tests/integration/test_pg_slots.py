@@ -20,7 +20,9 @@ from cdc.runtime.http import render_metrics
 from sources.postgres.config import default_slot_name
 from tests.integration.pg_capture import Capture, capturing, execute, pg_config, slot_name, wait_until
 
-pytestmark = pytest.mark.postgres
+# serial: these tests list every slot of the server, make slots of fixed names (cdc_pg, taken,
+# left_behind) and change max_slot_wal_keep_size for the whole server.
+pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 
 
 @pytest.fixture

@@ -58,6 +58,9 @@ def _same_as_slow(config: Path, args: tuple[str, ...], capsys) -> str:
     raise AssertionError(f"the quick and slow answers differ:\n{seen[-1][0]}\n---- slow:\n{seen[-1][1]}")
 
 
+# serial: `cdc status` lists every replication slot of the server, and the slots of tests running
+# beside it come and go and move between the quick answer and the slow one.
+@pytest.mark.serial
 @pytest.mark.postgres
 def test_status_from_the_daemon_imports_nothing_heavy_and_prints_what_the_slow_path_prints(tmp_path, pg_dsn,
                                                                                            capsys):

@@ -243,6 +243,7 @@ def _cluster_ok(client: RedisCluster) -> bool:
         return False
 
 
+@pytest.mark.serial
 def test_cluster_sink_killed_at_random_moments_and_a_master_killed(pg_dsn, kafka_bootstrap, redis_cluster_url,
                                                                   tmp_path):
     client = RedisCluster.from_url(redis_cluster_url)
