@@ -103,6 +103,9 @@ def test_a_stalled_sql_target_connection_is_noticed(pg_admin_dsn, tmp_path):
         f"the write on a stalled connection did not fail within {NOTICE_WITHIN:.0f}s"
 
 
+# Serial: it needs a server with no WAL from anyone else; another test's writes make the walsender
+# send keepalives of its own, so the source never has to ask for one (it failed so beside others).
+@pytest.mark.serial
 def test_an_idle_postgres_source_is_not_taken_for_stalled(pg_dsn, tmp_path):
     """No change and no heartbeat for a while: the keepalive replies the stream asks for are the
     only signs of life, and they must be enough."""

@@ -130,6 +130,23 @@ def _kafka_pid() -> int:
     return kafka.pid
 
 
+def _wait_until_kafka_answers(bootstrap: str, timeout: float = 120) -> None:
+    """After SIGCONT the broker needs a moment before it serves metadata again (its sessions and
+    sockets wake up): reading the log before that failed with a transport error, not with what the
+    test checks."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=5)
+            return
+        except Exception:  # noqa: BLE001 - not answering yet
+            if time.monotonic() > deadline:
+                raise
+
+
 @pytest.mark.serial
 @pytest.mark.kafka
 def test_a_frozen_kafka_turns_healthz_503_and_recovery_clears_it(tmp_path, kafka_bootstrap):
@@ -267,6 +284,7 @@ def test_sigterm_with_kafka_frozen_mid_stream_exits_in_time_and_stores_nothing_a
         if frozen:
             os.killpg(kafka, signal.SIGCONT)
         _stop(process)
+    _wait_until_kafka_answers(kafka_bootstrap)
     log_, prefix = _open_log(config)
     try:
         offset, _ = _assert_offset_not_ahead(log_, prefix, _stored(log_, prefix) + 100_000)
