@@ -78,6 +78,9 @@ one session at loads 27-45 while other helpers ran test suites; rows/s and CPU u
 So RowBlocks take 0.6-0.9 us of CPU per row off the publishing process (about a fifth), in every
 mode. The wall-clock rates and their share of COPY follow the load on these machines (COPY itself
 measured 0.15M-0.66M rows/s in this session, 1.46M quiet) and are no measure of the change.
+Quiet, after the merge (load 1.9-2.8, two runs of ``--workers 1,2,4 --threads``): COPY 1.42-1.54M
+rows/s; processes 1/2/4 27%/22-26%/20-22% of COPY (384k/354-369k/306-324k rows/s); threads 1/2/4
+29-30%/31-32%/29-32% (411-483k/449-493k/406-514k rows/s); ours 2.2-2.6 us/row with threads.
 
 Why 40% of COPY is out of reach on two cores with the broker on them: 40% of the quiet COPY rate
 (1.46M rows/s) is 584k rows/s, which two cores allow only if everything together costs at most
