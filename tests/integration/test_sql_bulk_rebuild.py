@@ -83,23 +83,11 @@ def _schema_record() -> dict:
 
 
 def _table(dsn: str) -> list[tuple]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT id, name, amount::text, doc::text, __cdc_version FROM things ORDER BY id")
-            return cur.fetchall()
-    finally:
-        conn.close()
+    return query(dsn, "SELECT id, name, amount::text, doc::text, __cdc_version FROM things ORDER BY id")
 
 
 def _deletes(dsn: str) -> dict[str, int]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT key_json, version FROM cdc_sink_deletes")
-            return dict(cur.fetchall())
-    finally:
-        conn.close()
+    return dict(query(dsn, "SELECT key_json, version FROM cdc_sink_deletes"))
 
 
 def _runner(kafka, prefix: str, url: str, group: str, **settings) -> SinkRunner:
