@@ -13,12 +13,20 @@ One run, on this machine, with the real daemon:
    table in a temporary folder, read by a Spark session of this process);
 2. ``cdc run`` of a config file holding the source (``snapshot: never``, a signal table), the log
    (Kafka by default) and the sink of the table's topic;
-3. a writer on ``t`` at ``--rate`` changes a second: updates, deletes, primary-key changes to new
-   keys, inserts of new keys and inserts again of keys it deleted. Every write sets ``v`` from one
-   counter that only goes up, so a row's ``v`` only grows (bench/sink_regressions.py);
+3. one update, alone, until the sink shows it (a sink's first batch is its slowest: Spark's took
+   minutes on the shared machine, and a writer running meanwhile left the sink that many minutes
+   of changes to catch up with before the snapshot began); then a writer on ``t`` at ``--rate``
+   changes a second: updates, deletes, primary-key changes to new keys, inserts of new keys and
+   inserts again of keys it deleted. Every write sets ``v`` from one counter that only goes up,
+   so a row's ``v`` only grows (bench/sink_regressions.py);
 4. a sampler that reads a sample of keys from the sink's target again and again (keys of the
    table at random, and every key the writer touches) and counts every regression: a row's
-   version or value going back, or a deleted row coming back that the source did not insert again;
+   version or value going back, or a deleted row coming back that the source did not insert again.
+   The SQL sink's table is read as it is every 50 ms; the Delta table changes only by commits, so
+   the sampler reads each committed version once, in order (time travel), none skipped, and reads
+   the ones left once the writer stopped: a regression one commit showed and the next one mended
+   is still seen (``DeltaTarget``). Reading the newest version every 50 ms instead cost its JVM as
+   much CPU as the sink's batches and could still miss a version;
 5. ``cdc snapshot FILE src TABLE``, as a user asks for one; timed until the daemon logs that it
    ended; the writer and sampler run all along, and a while after;
 6. the writer stops; once the sink shows its last change, the compacted topic (the last record
@@ -202,7 +210,8 @@ class Writer(threading.Thread):
         self.changes += 1
 
     def last_change(self) -> tuple[int, int]:
-        """After the writer stopped: one more update, of a key the table holds; (key, value)."""
+        """Before the writer starts or after it stopped: one update, of a key the table holds;
+        (key, value)."""
         conn = self.side.connect()
         try:
             with conn.cursor() as cur:
@@ -267,6 +276,13 @@ class SqlTarget:
 
         return table_rows(psycopg2.connect(self.dsn))
 
+    def readings(self, keys: list[int]) -> list[dict[int, Shown]]:
+        """What the sampler reads in one round: the table as it is now."""
+        return [self.sample(keys)]
+
+    def coverage(self) -> str:
+        return ""
+
     def twin(self) -> "SqlTarget":
         """Another reader of the same table, for another thread (a connection is for one)."""
         return SqlTarget(self.dsn)
@@ -279,31 +295,69 @@ class SqlTarget:
 
 class DeltaTarget:
     """The Delta sink's table of ``t`` under ``lake``, read through a Spark session of this
-    process (each read sees one committed version of the table)."""
+    process.
 
-    def __init__(self, lake: Path, namespace: str) -> None:
+    The table changes only by commits, each a version readers can still read later (time
+    travel; nothing is vacuumed here). So the sampler reads every committed version, in order,
+    once each (``readings``), instead of the newest one at random moments: no state the sink
+    ever committed escapes it, and it costs one Spark read per commit rather than one per round
+    (re-reading an unchanged table took as much CPU as the sink's own batches on 2 cores)."""
+
+    def __init__(self, lake: Path, namespace: str, spark=None) -> None:
         self.lake = lake
         self.path = lake / namespace / "t"
-        self.spark = None
+        self.spark = spark     # None: a local[1] session of its own, made at the first read
+        self.read_up_to = -1   # the last version the sampler read
+        self.versions = 0      # versions it read
 
     def sink_yaml(self, topic: str) -> str:
         return (f"{{name: wh, type: delta, topics: ['{topic}'], path: '{self.lake}', "
                 f"checkpoint: '{self.lake}-checkpoint', trigger_seconds: 2}}")
 
-    def _table(self):
+    def _session(self):
         if self.spark is None:
             from spark_sinks.session import local_session
 
             self.spark = local_session("incremental-verify-sampler", master="local[1]", driver_memory="1g")
-        return self.spark.read.format("delta").load(str(self.path))
+        return self.spark
 
-    def sample(self, keys: list[int]) -> dict[int, Shown]:
+    def _table(self, version: int | None = None):
+        reader = self._session().read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(str(self.path))
+
+    def committed(self) -> list[int]:
+        """The table's committed versions (its log's commit files), oldest first."""
+        log_dir = self.path / "_delta_log"
+        if not log_dir.exists():
+            return []  # the sink has not made its table yet
+        return sorted(int(f.stem) for f in log_dir.glob("*.json") if f.stem.isdigit())
+
+    def _read(self, keys: list[int], version: int | None) -> dict[int, Shown]:
         from pyspark.sql import functions as F
 
-        if not (self.path / "_delta_log").exists():
-            return {}  # the sink has not made its table yet
-        rows = self._table().where(F.col("id").isin(keys)).select("id", "__cdc_version", "v").collect()
+        rows = self._table(version).where(F.col("id").isin(keys)).select("id", "__cdc_version", "v").collect()
         return {r["id"]: Shown(r["__cdc_version"], r["v"]) for r in rows}
+
+    def sample(self, keys: list[int]) -> dict[int, Shown]:
+        """The newest version's rows of ``keys``."""
+        if not self.committed():
+            return {}
+        return self._read(keys, None)
+
+    def readings(self, keys: list[int]) -> list[dict[int, Shown]]:
+        """Every version committed since the last call, oldest first: the rows of ``keys`` in each."""
+        out = []
+        for version in self.committed():
+            if version > self.read_up_to:
+                out.append(self._read(keys, version))
+                self.read_up_to = version
+                self.versions += 1
+        return out
+
+    def coverage(self) -> str:
+        return f"; read every committed version of the Delta table, {self.versions} (0..{self.read_up_to})"
 
     def rows(self) -> dict[int, tuple[int, str]]:
         return {r["id"]: (r["v"], r["note"]) for r in self._table().select("id", "v", "note").toLocalIterator()}
@@ -342,14 +396,19 @@ class Sampler(threading.Thread):
                 self.keys.append(key)
         self._taken = end
 
+    def _round(self) -> None:
+        self._watch_new_keys()
+        keys = list(self.keys)
+        for shown in self.target.readings(keys):
+            self.check.observe_all(keys, shown, self.writer.reinserts)
+            self.rounds += 1
+
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                self._watch_new_keys()
-                keys = list(self.keys)
-                self.check.observe_all(keys, self.target.sample(keys), self.writer.reinserts)
-                self.rounds += 1
+                self._round()
                 self.stop.wait(0.05)
+            self._round()  # after the stop: what the target holds by now (a Delta table: each version not read yet)
         except BaseException as err:  # noqa: BLE001 - reported by finish()
             self.error = err
         finally:
@@ -417,12 +476,13 @@ class Verification:
     view: TopicView
     changes: int                # the writer's
     check: RegressionCheck
-    rounds: int                 # the sampler's
+    rounds: int                 # the sampler's readings of its keys (a Delta table: one per version)
     watched: int                # keys it read each round, at the end
     topic_equal: bool
     sink_equal: bool
     table_rows: int
     load: tuple[float, float, float]
+    coverage: str = ""          # what of the sink the sampler read (target.coverage())
 
     @property
     def rate(self) -> float:
@@ -436,7 +496,7 @@ class Verification:
             f"  snapshot: {self.rate:,.0f} rows/s ({self.seconds:.1f} s); rows read {self.view.reads:,}, "
             f"read again {self.view.reread:,}",
             f"  sampler: {self.rounds:,} rounds over up to {self.watched:,} keys ({self.check.readings:,} readings, "
-            f"{shown:,} keys seen in the sink, {len(self.check.deleted):,} of them deleted since); "
+            f"{shown:,} keys seen in the sink, {len(self.check.deleted):,} of them deleted since){self.coverage}; "
             f"regressions: {len(self.check.regressions)}",
             f"  compacted topic == table: {self.topic_equal}; sink == table: {self.sink_equal} "
             f"({self.table_rows:,} rows)",
@@ -512,6 +572,11 @@ def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, pre
              startup)
         wait("the sink to run", lambda: status(port).get("wh", {}).get("phase") == "streaming",
              startup)
+        # One change through first, alone: a sink's first batch can take minutes (Spark's on a busy
+        # machine), and a writer started meanwhile would leave it that many minutes of changes to
+        # catch up with before the snapshot even begins.
+        key, value = writer.last_change()
+        wait("a first change in the sink", lambda: _sink_value(target.twin(), key) == value, startup)
         writer.start()
         sampler.start()
         wait("the writer's first change in the sink", lambda: sampler.check.present, startup)
@@ -539,7 +604,7 @@ def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, pre
             raise RuntimeError(f"the stored position still holds a snapshot: {stored}")
         return Verification(side.kind, rows, seconds, view, writer.changes, sampler.check, sampler.rounds,
                             len(sampler.keys), view.rows == table, target.twin().rows() == table,
-                            len(table), os.getloadavg())
+                            len(table), os.getloadavg(), target.coverage())
     finally:
         writer.stop.set()
         sampler.stop.set()
@@ -632,9 +697,8 @@ def main() -> None:
                   f"{args.chunk_rows:,}, writer at "
                   f"{args.rate:g} changes/s, load {os.getloadavg()[0]:.1f}", flush=True)
             target = SqlTarget(target_dsn) if args.sink == "sql" else DeltaTarget(folder / "lake", side.table.split(".")[0])
-            # A Spark read of the Delta table per round: fewer keys, so that rounds stay frequent.
-            watch = {"sample_keys": 2000, "watch_cap": 20_000} if args.sink == "sql" else {
-                "sample_keys": 1000, "watch_cap": 5000, "startup": 1200}
+            # Spark on a busy machine takes minutes to start (the sink's and the sampler's).
+            watch = {"sample_keys": 2000, "watch_cap": 20_000} | ({"startup": 1200} if args.sink == "delta" else {})
             result = verify(side, target, folder, args.rows, log_yaml, prefix, args.chunk_rows, args.rate,
                             args.seed, **watch)
         print("\n".join(result.lines()))
