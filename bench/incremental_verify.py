@@ -339,8 +339,9 @@ class DeltaTarget:
 
         # One SQL expression, one Py4J call: Column.isin makes a JVM literal per key, a call each,
         # and 20,000 of them took the sampler's first read 13 minutes at load 50.
+        table = self._table(version)  # first: it makes the session F.expr needs
         wanted = F.expr(f"id IN ({','.join(str(int(k)) for k in keys)})") if keys else F.lit(False)
-        rows = self._table(version).where(wanted).select("id", "__cdc_version", "v").collect()
+        rows = table.where(wanted).select("id", "__cdc_version", "v").collect()
         return {r["id"]: Shown(r["__cdc_version"], r["v"]) for r in rows}
 
     def sample(self, keys: list[int]) -> dict[int, Shown]:
