@@ -18,6 +18,7 @@ ROWS = 20_000
 
 @pytest.mark.postgres
 @pytest.mark.kafka
+@pytest.mark.timeout(1200)  # the daemon's Spark and the sampler's start, each batch: minutes on a loaded machine
 def test_postgres_incremental_snapshot_never_regresses_the_delta_sink(pg_dsn, tmp_path, kafka_bootstrap,
                                                                      kafka_topic, spark):
     side = PostgresSide(pg_dsn)
