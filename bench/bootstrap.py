@@ -129,6 +129,9 @@ def main() -> None:
     parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
     parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
     parser.add_argument("--bulk-only", action="store_true", help="only the \"bulk\" runs")
+    parser.add_argument("--confluent-reads", action="store_true",
+                        help="also run \"bulk-ck\": the bulk path reading through confluent-kafka (LogRecords), "
+                             "as before the packed reader")
     parser.add_argument("--window-mb", type=int, default=None,
                         help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
@@ -203,7 +206,8 @@ def main() -> None:
         # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
         gc.freeze()
         for round_ in range(args.rounds):
-            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + ([("probed", True)] if args.probed_deletes else []) + \
+            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + \
+                ([("bulk-ck", True)] if args.confluent_reads else []) + ([("probed", True)] if args.probed_deletes else []) + \
                 ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
@@ -229,11 +233,13 @@ def main() -> None:
                         sink.start = start_variant
                     runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
                                         read_ahead=now)
+                    runner.packed_reads = label != "bulk-ck"
                     load = os.getloadavg()[0]
                     ours = sum(os.times()[:2])
+                    broker = broker_cpu()
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label == "bulk":  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
+                        if label in ("bulk", "bulk-ck"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
                             runner.rebuild(threading.Event())
                         elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
                             runner._fill_in_windows = runner._fill_in_batches
@@ -242,6 +248,7 @@ def main() -> None:
                             runner.run(threading.Event(), from_start=True, until_caught_up=True)
                         seconds = time.perf_counter() - began
                     cpu = [sum(os.times()[:2]) - ours, server.total()]
+                    broker = None if broker is None else broker_cpu() - broker
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
                     with conn.cursor() as cur:
                         cur.execute("SELECT count(*) FROM orders")
@@ -256,7 +263,9 @@ def main() -> None:
                       f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s "
                       f"({cpu[0] / records * 1e6:.2f} us/record), PostgreSQL " +
                       ("unknown (not local)" if cpu[1] is None else
-                       f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)"), flush=True)
+                       f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)") +
+                      ("" if broker is None else f", broker {broker:.1f}s ({broker / records * 1e6:.2f} us/record)"),
+                      flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()
@@ -271,6 +280,20 @@ def _dict_rows_sink():
     class DictRowsSqlSink(SqlSink):
         raw_rows = False  # the runtime decodes every row to a dict (how it ran before the raw rows)
     return DictRowsSqlSink
+
+
+def broker_cpu() -> float | None:
+    """CPU seconds the dev stack's Kafka broker (its JVM) used so far, from /proc; None when the
+    broker is not the local dev stack's. Other users of the broker count too: the bench is the
+    only one on a dev stack of its own."""
+    from cdc.dev.stack import status
+    try:
+        pid = next(row.pid for row in status() if row.name == "kafka")
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except (OSError, StopIteration, TypeError, ValueError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ServerCpu:

@@ -9,8 +9,10 @@ in place (``NewestWindow.add_packed``).
 
 It is a plain consumer with an assignment (no group: it commits nothing; the rebuild commits
 through its confluent reader after the switch, as before). Its settings are the log's consumer
-settings (``KafkaLog.consumer_config``: bootstrap, security, the user's ``consumer_config``) with
-``BULK_FETCH`` under them; Python callables (the logger and error callback) are left out and
+settings (``KafkaLog.consumer_config``: bootstrap, security, the user's ``consumer_config``);
+librdkafka's fetch defaults stay (larger fetches and queues, ``max.partition.fetch.bytes`` 8 MB,
+``fetch.max.bytes`` 64 MB, ``queued.max.messages.kbytes`` 128 MB, measured no less CPU here, ours
+or the broker's: bench/bootstrap.py). Python callables (the logger and error callback) are left out and
 librdkafka's log lines and client errors go through the same logger and repeat filter instead.
 It links the system's librdkafka (apt's librdkafka-dev), an older or newer one than confluent-
 kafka's own: a setting that library does not know makes ``open_bulk_reader`` return None, and the
@@ -45,15 +47,6 @@ except ImportError:  # pragma: no cover - a build without them
 
 AVAILABLE = _rdconsume is not None
 
-# Fetch settings for reading a topic from its start as fast as it comes (each overridable through
-# the log's consumer_config): larger fetches per partition mean fewer requests, less broker CPU per
-# record, and librdkafka's queue may hold more while the window parses.
-BULK_FETCH: dict[str, Any] = {
-    "max.partition.fetch.bytes": 8 << 20,
-    "fetch.max.bytes": 64 << 20,
-    "queued.max.messages.kbytes": 128 << 10,
-    "queued.min.messages": 500_000,
-}
 # confluent-kafka's own settings (Python objects, not librdkafka properties): left out here.
 _PYTHON_ONLY = frozenset({"logger", "error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit",
                           "key.deserializer", "value.deserializer"})
@@ -92,7 +85,7 @@ def open_bulk_reader(consumer_config: dict[str, Any], group: str) -> "KafkaBulkR
     refuses a setting: said in the log)."""
     if _rdconsume is None:
         return None
-    config = {name: _setting(value) for name, value in {**BULK_FETCH, **consumer_config, "group.id": group}.items()
+    config = {name: _setting(value) for name, value in {**consumer_config, "group.id": group}.items()
               if name not in _PYTHON_ONLY and not callable(value)}
     try:
         return KafkaBulkReader(_rdconsume.Reader(config))

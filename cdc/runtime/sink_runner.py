@@ -549,6 +549,8 @@ class SinkRunner:
         try:
             if bulk is not None:
                 bulk.assign(dict(self.positions))
+            log.info("generation %d: reading the history %s", new,
+                     "packed (cdc.log.kafka_bulk)" if bulk is not None else "record by record", extra=self._extra())
             self._fill_windows_from(bulk or reader, bulk is not None, stop_event, targets, new, old)
         finally:
             if bulk is not None:
