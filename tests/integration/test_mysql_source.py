@@ -26,7 +26,7 @@ from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
-from tests.integration.pg_capture import Capture, capturing, topic_state, wait_until
+from tests.integration.pg_capture import Capture, capturing, crash_mid_snapshot, topic_state, wait_until
 
 pytestmark = pytest.mark.mysql
 
@@ -329,22 +329,11 @@ def test_a_snapshot_cut_short_is_taken_again_and_streams_from_the_first_attempt(
     execute(mysql_url, mysql_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
             "INSERT INTO t SELECT seq, 0 FROM seq_1_to_3000")
     config = mysql_config(mysql_url, mysql_db, snapshot_workers=1, max_batch_events=100)
-    real_poll = MySqlSource._poll_snapshot
-    batches = []
-
-    def crash_after_three(self, timeout):
-        batch = real_poll(self, timeout)
-        if batch is not None and batch.events:
-            batches.append(batch)
-            if len(batches) > 3:
-                raise RuntimeError("crash in the middle of the snapshot")
-        return batch
-
-    monkeypatch.setattr(MySqlSource, "_poll_snapshot", crash_after_three)
+    crash_mid_snapshot(MySqlSource, monkeypatch)
     capture = Capture(config, log, "again").start()
     capture.thread.join(60)
     assert isinstance(capture.error, RuntimeError)
-    monkeypatch.setattr(MySqlSource, "_poll_snapshot", real_poll)
+    monkeypatch.undo()
     from cdc.positions import SnapshotProgress
 
     stored = OffsetStore(log, "again").load("my")
