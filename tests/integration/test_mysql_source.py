@@ -20,13 +20,13 @@ import pytest
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import Op
 from cdc.log.base import Log
-from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
 from tests.integration.pg_capture import Capture, capturing, crash_mid_snapshot, topic_state, wait_until
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.mysql
 
@@ -86,13 +86,6 @@ def purge_all_but_the_current_binlog(url: str) -> None:
                 time.sleep(0.2)
     finally:
         conn.close()
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 # --- tests ------------------------------------------------------------------------------------------
