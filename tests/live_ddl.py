@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from cdc.log.kafka import KafkaLog
 from tests.conftest import mysql_connect
 from tests.integration.pg_capture import execute, wait_until
+from tests.sql import query as rows_of_statement
 
 # The script: (step, PostgreSQL statement, MariaDB statement). A rename comes before the type
 # changes so that the sinks which stop at a type change meet it too.
@@ -245,14 +246,10 @@ def _norm(value):
 
 def query(url: str, sql: str) -> list[tuple] | None:
     """Rows of ``sql`` (None when it fails: a table not there yet)."""
-    engine = sa.create_engine(url)
     try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(sql)]
+        return rows_of_statement(url, sql)
     except sa.exc.DBAPIError:
         return None
-    finally:
-        engine.dispose()
 
 
 def source_columns(url: str, table: str) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.daemon import run_daemon, stop_daemon
 from tests.integration.pg_capture import wait_until
-from tests.integration.test_recreate_while_down import _config, db  # noqa: F401 - the fixture
+from tests.integration.test_recreate_while_down import _config, assert_logs_clean, db  # noqa: F401 - the fixture
 from tests.live_ddl import converge, query, target_types
 
 pytestmark = [pytest.mark.kafka]
@@ -55,6 +55,4 @@ def test_columns_renamed_while_the_source_is_down_keep_their_values(db, kafka_bo
     finally:
         stop_daemon(source)
         stop_daemon(sink)
-    for name in ("src", "ev"):
-        log_text = (tmp_path / f"{name}.log").read_text(errors="replace")
-        assert "Traceback" not in log_text and "permanent" not in log_text, log_text[-3000:]
+    assert_logs_clean(tmp_path)
