@@ -328,8 +328,11 @@ def caught_up(kafka: str, group: str, topics: list[str]) -> bool:
     consumer = Consumer({"bootstrap.servers": kafka, "group.id": group, "enable.auto.commit": False})
     try:
         return _caught_up(consumer, group, topics)
-    except KafkaException as err:  # a loaded broker timing out an answer: not known yet, ask again
-        if err.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT):
+    except KafkaException as err:  # a loaded broker timing out, a new topic's leader not elected yet: ask again
+        error = err.args[0]
+        if error.retriable() or error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                                                 KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                                                 KafkaError.UNKNOWN_TOPIC_OR_PART):
             return False
         raise
     finally:
