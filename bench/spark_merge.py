@@ -30,7 +30,8 @@ Prints rows/s of 2 and 3, their ratio, the CPU seconds each took in Spark's JVM 
 process (from /proc: unlike wall time, barely inflated by other work on a shared machine, so
 the figure to compare across runs), the seconds per phase of a batch (``spark_sinks.timing``:
 read = Kafka/Parquet read, envelope parse and the per-topic summary; table = shape and table
-metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the delete memory's
+metadata; plan = building the MERGE source (and reading the delete memory, once per run);
+source = computing it into a cache; merge = Delta's MERGE; deletes = the delete memory's
 append), and the latency percentiles. Spark's fixed cost per job (seconds on a small machine)
 dominates small batches, so latency is bounded below by it.
 
