@@ -180,12 +180,6 @@ class DeltaJob:
                 self.apply_topic(session, rows.where(F.col("topic") == item["topic"]), item, batch_id, target)
             with clock.phase("purge"):
                 self._purge(session, [self._target(s["topic"]) for s in summary])
-        except BaseException:
-            # A held delete memory may now lag its Delta table (an append that committed before
-            # the failure): the batch's re-run reads the memory from Delta.
-            for target in self._targets.values():
-                target.drop_memory()
-            raise
         finally:
             with clock.phase("unpersist"):
                 rows.unpersist()
@@ -396,29 +390,20 @@ class DeltaJob:
                 source = latest.select(*decoder.columns(), KEY, F.col("version").alias(VERSION), F.col("op").alias(OP),
                                        F.col("ts_ms").alias(TS))
             remember = self.mode == "type1" and item["deletes"]
+            if remember:
+                source = source.persist(StorageLevel.MEMORY_AND_DISK)
             # A table this job created and has not written yet has no row to match: its first
             # MERGE (a new table's first batch, a rebuild's staging table) only inserts. Cleared
             # before the MERGE: one that failed may still have committed.
             empty, target.empty = target.empty, False
-            # A full MERGE reads its source twice (the files it touches, then the rows it
-            # writes), and the delete memory's append reads it a third time: it is computed once
-            # here (one job) and Delta told not to make a copy of its own (merge.materialize_source).
-            # An insert-only MERGE reads it once, and fills the cache for the append on the way.
-            shared = remember or not empty
-            if shared:
-                source = source.persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                if not empty:
-                    with clock.phase("source"):
-                        source.count()
                 with clock.phase("merge"), self._txn(session, batch_id, "merge"):
-                    merge.merge(session, target, source, data_columns, self.mode == "soft", insert_only=empty,
-                                materialized=not empty)
+                    merge.merge(session, target, source, data_columns, self.mode == "soft", insert_only=empty)
                 if remember:
                     with clock.phase("deletes"), self._txn(session, batch_id, "deletes"):
                         merge.remember_deletes(session, target, source)
             finally:
-                if shared:
+                if remember:
                     source.unpersist()
         if self.after_table is not None:
             self.after_table(batch_id, target.name)

@@ -28,7 +28,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_sinks.parse import DELETED, KEY, OP, TS, VERSION
-from spark_sinks.tables import DELETED_AT, TRUNCATED_PROPERTY, TableTarget, quote, release_checkpoint
+from spark_sinks.tables import DELETED_AT, TRUNCATED_PROPERTY, TableTarget, quote
 
 
 def _s(name: str) -> Column:
@@ -39,53 +39,27 @@ def _t(name: str) -> Column:
     return F.col(f"t.{quote(name)}")
 
 
-def remembered(session: SparkSession, target: TableTarget) -> DataFrame | None:
-    """The delete memory, one row per key (``__cdc_key``, ``__remembered``: its newest deleted
-    version), or None if nothing was ever remembered.
-
-    Read from Delta once, then held by Spark (locally checkpointed) and kept in step by
-    ``remember_deletes``: the memory gets a new Delta version every batch with deletes, and
-    reading that version cost the next batch a snapshot and a file listing of its own (a few
-    Spark jobs, more driver time). The sink is the memory's one writer; whatever changes it
-    otherwise (purge, truncate, rebuild, a batch that failed) drops the held copy."""
-    if not target.deletes_exist(session):
-        return None
-    if target.memory is None:
-        memory = (DeltaTable.forPath(session, target.deletes_path).toDF()
-                  .groupBy(KEY).agg(F.max(VERSION).alias("__remembered")))
-        target.keep_memory(memory.localCheckpoint(eager=True))
-    return target.memory
-
-
 def without_remembered_deletes(session: SparkSession, target: TableTarget, latest: DataFrame) -> DataFrame:
     """``latest`` (``parse.latest_per_key``) without the upserts that a remembered delete of the
     same key outranks."""
-    memory = remembered(session, target)
-    if memory is None:
+    if not target.deletes_exist(session):
         return latest
+    memory = (DeltaTable.forPath(session, target.deletes_path).toDF()
+              .groupBy(KEY).agg(F.max(VERSION).alias("__remembered")))
     joined = latest.join(memory, KEY, "left")
     keep = F.col("__remembered").isNull() | (F.col("op") == "d") | (F.col("version") > F.col("__remembered"))
     return joined.where(keep).drop("__remembered")
 
 
-MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-
-
 def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_columns: list[str],
-          soft_delete: bool, insert_only: bool = False, materialized: bool = False) -> None:
+          soft_delete: bool, insert_only: bool = False) -> None:
     """MERGE ``source`` (data columns, __cdc_key, __cdc_version, __cdc_op, __cdc_ts_ms; one row
     per key) into ``target``.
 
     ``insert_only``: the table holds no row (the job created it and has not written it yet), so
     no clause can match and only the insert clauses are given: Delta's insert-only MERGE reads
     the source and writes its rows, without finding matched files or writing deletion vectors.
-    The rows written are the same as the full MERGE's.
-
-    ``materialized``: ``source`` is persisted and already computed, so Delta need not copy it
-    (its own materialization exists because a source computed twice could differ between
-    MERGE's two passes; a cached one is read the same both times, and recomputing it after a
-    lost block gives the same rows: the batch's offsets are fixed and the reduction is ordered
-    by version, offset and partition)."""
+    The rows written are the same as the full MERGE's."""
     table = DeltaTable.forPath(session, target.path).alias("t")
     is_delete = _s(OP) == "d"
     newer = _s(VERSION) > _t(VERSION)
@@ -108,19 +82,7 @@ def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_co
             builder = builder.whenMatchedDelete(condition=is_delete & (_s(VERSION).isNull() | newer))
             builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set=row)
         builder = builder.whenNotMatchedInsert(condition=~is_delete, values=row)
-    if not materialized:
-        builder.execute()
-        return
-    conf = session.conf
-    before = conf.get(MATERIALIZE_SOURCE, None)
-    conf.set(MATERIALIZE_SOURCE, "none")
-    try:
-        builder.execute()
-    finally:
-        if before is None:
-            conf.unset(MATERIALIZE_SOURCE)
-        else:
-            conf.set(MATERIALIZE_SOURCE, before)
+    builder.execute()
 
 
 def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFrame) -> None:
@@ -128,27 +90,16 @@ def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFra
     a MERGE's cost, and readers of the memory take the newest version per key."""
     deletes = (latest.where((F.col(OP) == "d") & F.col(VERSION).isNotNull())
                .select(KEY, VERSION, F.current_timestamp().alias(DELETED_AT)))
-    # Dropped first: if the append fails (or commits and the process goes on failing), the next
-    # batch reads the memory from Delta rather than a held copy that may lack these deletes.
-    held = target.take_memory()
     # One file per batch, not one per partition of the source: a batch's deletes are few, and
     # every later batch reads the whole memory (its files listed, opened and joined).
     deletes.coalesce(1).write.format("delta").mode("append").save(target.deletes_path)
     target.deletes_written()
-    if held is not None:
-        # The held copy with this batch's deletes: what Delta's memory now holds (an append a
-        # replayed batch skipped, its transaction id being there, holds the same rows).
-        fresh = (held.unionByName(deletes.select(KEY, F.col(VERSION).alias("__remembered")))
-                 .groupBy(KEY).agg(F.max("__remembered").alias("__remembered")))
-        target.keep_memory(fresh.localCheckpoint(eager=True))
-        release_checkpoint(held)
 
 
 def purge_deletes(session: SparkSession, target: TableTarget, retention_hours: float) -> None:
     if target.deletes_exist(session):
         cutoff = F.current_timestamp() - F.expr(f"INTERVAL {int(retention_hours * 3600)} SECONDS")
         DeltaTable.forPath(session, target.deletes_path).delete(F.col(DELETED_AT) < cutoff)
-        target.drop_memory()
 
 
 def truncate(session: SparkSession, target: TableTarget, version: int, soft_delete: bool) -> None:
@@ -166,5 +117,4 @@ def truncate(session: SparkSession, target: TableTarget, version: int, soft_dele
     else:
         table.delete(older)
     if target.deletes_exist(session):
-        target.drop_memory()
         DeltaTable.forPath(session, target.deletes_path).delete(older)

@@ -25,7 +25,7 @@ import logging
 import time
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from cdc.api import PermanentError
@@ -92,9 +92,6 @@ class TableTarget:
         self._deletes_exist: bool | None = None
         self._properties: dict[str, str] | None = None
         self._schema: T.StructType | None = None
-        # The delete memory as Spark holds it between batches (merge.remembered): a new version
-        # of the memory each batch would otherwise cost a Delta snapshot and a file listing.
-        self._memory: DataFrame | None = None
         # A rebuild's staging table: the earlier names the live table knows (see former_names).
         self.inherited_former: dict[str, list[str]] = {}
         # time.monotonic() of the last purge of the delete memory: a purge runs an hour after the
@@ -156,27 +153,6 @@ class TableTarget:
         self._deletes_exist = None
         self._properties = None
         self._schema = None
-        self.drop_memory()
-
-    @property
-    def memory(self) -> DataFrame | None:
-        return self._memory
-
-    def keep_memory(self, frame: DataFrame | None) -> None:
-        """Hold ``frame`` (locally checkpointed) as the delete memory; release the one before."""
-        old, self._memory = self._memory, frame
-        if old is not None:
-            release_checkpoint(old)
-
-    def take_memory(self) -> DataFrame | None:
-        """The held delete memory, no longer held (nor released: the caller's now)."""
-        frame, self._memory = self._memory, None
-        return frame
-
-    def drop_memory(self) -> None:
-        """The delete memory is read from Delta again at its next use (it changed in a way the
-        held copy does not follow: a purge, a truncate, a failed batch)."""
-        self.keep_memory(None)
 
     # -- creating and evolving -------------------------------------------------------------------
     def create(self, session: SparkSession, shape: TableShape, properties: dict[str, str]) -> None:
@@ -243,15 +219,6 @@ class TableTarget:
 
     def deletes_written(self) -> None:
         self._deletes_exist = True  # the first append created the table
-
-
-def release_checkpoint(frame: DataFrame) -> None:
-    """Free the blocks of a ``localCheckpoint``ed frame now (DataFrame.unpersist does not reach
-    them; left alone they go when the JVM collects the RDD)."""
-    try:
-        frame._jdf.queryExecution().analyzed().rdd().unpersist(False)  # noqa: SLF001 - no public way
-    except Exception:  # noqa: BLE001 - freeing early is an optimization; the collector frees them too
-        log.debug("could not release a checkpointed frame", exc_info=True)
 
 
 def with_renames(former: dict[str, list[str]], renamed) -> dict[str, list[str]]:
