@@ -30,8 +30,7 @@ Prints rows/s of 2 and 3, their ratio, the CPU seconds each took in Spark's JVM 
 process (from /proc: unlike wall time, barely inflated by other work on a shared machine, so
 the figure to compare across runs), the seconds per phase of a batch (``spark_sinks.timing``:
 read = Kafka/Parquet read, envelope parse and the per-topic summary; table = shape and table
-metadata; plan = building the MERGE source (and reading the delete memory, once per run);
-source = computing it into a cache; merge = Delta's MERGE; deletes = the delete memory's
+metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the delete memory's
 append), and the latency percentiles. Spark's fixed cost per job (seconds on a small machine)
 dominates small batches, so latency is bounded below by it.
 
@@ -69,6 +68,15 @@ The insert-only first MERGE is within this noise on four batches (57.3 against 5
 the closer pair; its first batch took 27 s against 35 s, at a lower load): no gain shown beyond
 noise, and a small one expected (a new table's first batch only). By CPU the MERGE costs 4-5x
 the append of the same rows.
+
+Tried after that, not kept (branch s6delta, reverted): the MERGE source computed once by the
+sink (persisted, counted, ``merge.materializeSource=none``, the delete memory's append reading
+the cache) and the delete memory held in Spark between batches. A batch stayed at about 33 jobs
+(the source's jobs moved from Delta's copy into the sink's count; the memory's append still
+snapshots its new version). Main's sink and that one run side by side in the same minutes
+(120k changes over 30k keys, batches of 30k, latency skipped, load 30-39): append 14.7 against
+13.7 s of JVM CPU; MERGE 67.2 s JVM + 1.6 s Python, 540 s wall, 0.25x (main) against 68.5 +
+1.7 s, 545 s, 0.24x: no gain beyond noise.
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
