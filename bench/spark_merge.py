@@ -76,7 +76,8 @@ the cache) and the delete memory held in Spark between batches. A batch stayed a
 snapshots its new version). Main's sink and that one run side by side in the same minutes
 (120k changes over 30k keys, batches of 30k, latency skipped, load 30-39): append 14.7 against
 13.7 s of JVM CPU; MERGE 67.2 s JVM + 1.6 s Python, 540 s wall, 0.25x (main) against 68.5 +
-1.7 s, 545 s, 0.24x: no gain beyond noise.
+1.7 s, 545 s, 0.24x: no gain beyond noise. The same without transaction ids on the memory's
+append, another such pair (load 35 -> 24): 66.0 s of JVM CPU each, 102 jobs in 4 batches each.
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
