@@ -8,8 +8,10 @@ Measures, in one run (the topic is published once), "now" (batch by batch, below
 what `cdc bootstrap` runs into PostgreSQL since the bulk path (``SinkRunner.rebuild``: the history
 reduced to the newest version per key in windows in C, cdc/_window.c, the first window COPYed
 straight into the new generation, sinks/sql/bulk_load.py; ``--window-mb`` sets
-``bulk_window_mb``, ``--bulk-only`` skips "now"). Each line prints the CPU seconds of this process
-and of the server also per record: on a loaded machine those are the figures to compare.
+``bulk_window_mb``, ``--bulk-only`` skips "now", ``--confluent-reads`` also runs it reading through
+confluent-kafka, "bulk-ck", as before the packed reader). Each line prints the CPU seconds of this
+process, of the server and of the dev stack's Kafka broker, also per record: on a loaded machine
+those are the figures to compare.
 
 
   copy       COPY of the final rows (one per live key) into a plain PostgreSQL table: the floor
@@ -92,9 +94,41 @@ without the GIL; per kept key, building its event 0.35 us and its COPY line 0.4 
 collection had been the largest cost of the load side (building a window's events took 2.5 us a
 key with it on, 0.35 off: the collector walked hundreds of thousands of live tuples again and
 again), so it is paused during a bulk rebuild. The server's part is a plain COPY into an empty
-indexed table plus the deletes' COPY. What is left: reading (2.3 us a record, two thirds of ours)
-runs on one thread while the window's parse could overlap it on a second core; records could go
-from librdkafka's messages to the window without LogRecords (about 0.8 us a record).
+indexed table plus the deletes' COPY. What was left: reading (2.3 us a record, two thirds of ours).
+
+Reading packed (cdc/log/kafka_bulk.py, cdc/_rdconsume.c: librdkafka's queue drained in C with the
+GIL released into one bytes object per read, parsed in place by the window, no Message or
+LogRecord per record; ``--confluent-reads`` also runs the bulk path the old way, "bulk-ck").
+Each piece alone, 300k records over 100k keys from 3 partitions, CPU per record (all of this
+process's threads / its main thread / the broker's JVM), load 35-49, two rounds:
+
+  confluent-kafka, read only          1.53-2.45 us   1.13-1.49 us   0.40-0.57 us
+  packed, read only                   0.52-0.65      0.14-0.15      0.17
+  confluent-kafka, read + window      2.48-3.18      2.06-2.37      0.57-0.80
+  packed, read + window               1.49-1.63      1.04-1.12      0.33
+
+So reading went from 1.5-2.5 us a record to about 0.5 (most of it librdkafka's fetch and lz4 on
+its own threads; 0.15 on the main thread), and the window's C loop (parse the envelope, hash the
+key, copy the newest row) is now most of the main thread's part, about 0.9 us a record. Fetch
+settings for a bulk read (``max.partition.fetch.bytes`` 8 MB, ``fetch.max.bytes`` 64 MB,
+``queued.max.messages.kbytes`` 128 MB, ``queued.min.messages`` 500k) against librdkafka's
+defaults, packed read only, two rounds: 0.55 against 0.40-0.48 us a record of ours, broker
+0.20-0.27 against 0.13-0.33: no gain, so the defaults stay.
+
+At issue #18's size (3M changes over 1M keys, 3.19M records, --bulk-only --confluent-reads, the
+same topic, alternating; load 33-61, so CPU only), round 1: "bulk" ours 8.3 s (2.60 us a
+record), PostgreSQL 4.2 s (1.32), broker 3.6 s (1.12); "bulk-ck" ours 11.7 s (3.67), PostgreSQL
+3.9 s (1.22), broker 4.7 s (1.46) (round 1's broker figures include other reads of the same
+broker of mine meanwhile); round 2, a new topic, load 32-34: "bulk" ours 7.4 s (2.31), PostgreSQL
+3.3 s (1.02), broker 1.4 s (0.44), 97 s, 31% of that run's COPY; "bulk-ck" ours 10.9 s (3.43),
+PostgreSQL 3.4 s (1.05), broker 1.5 s (0.48), 123 s, 25%. So the sink process uses about 3.3 s
+(30%) less CPU at this size, PostgreSQL and the broker the same.
+What is left: the window is loaded only once it is read (one window holds issue #18's 1M keys),
+so on a quiet machine the load's Python side (events and COPY text per key) and the server's COPY
+add to the reading's wall time instead of overlapping it; loading a partition's keys as soon as
+it is read to its end (a key lives in one partition) would overlap them, but not while a key's
+records may be in two partitions (a topic whose partition count grew), which the window would
+have to detect first. Not done.
 
 Not done (for "now"), and why: reducing before decoding pays only for keys repeated within one batch
 (about 1% at 20k records over 1M keys), and the decode it would skip is now the light one (no
@@ -129,6 +163,9 @@ def main() -> None:
     parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
     parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
     parser.add_argument("--bulk-only", action="store_true", help="only the \"bulk\" runs")
+    parser.add_argument("--confluent-reads", action="store_true",
+                        help="also run \"bulk-ck\": the bulk path reading through confluent-kafka (LogRecords), "
+                             "as before the packed reader")
     parser.add_argument("--window-mb", type=int, default=None,
                         help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
@@ -203,8 +240,10 @@ def main() -> None:
         # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
         gc.freeze()
         for round_ in range(args.rounds):
-            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + ([("probed", True)] if args.probed_deletes else []) + \
-                ([] if args.now_only else [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
+            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + \
+                ([("bulk-ck", True)] if args.confluent_reads else []) + ([("probed", True)] if args.probed_deletes else []) + \
+                ([] if args.now_only or args.bulk_only else
+                 [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
             for label, now in variants:
                 name = f"{database}_{round_}{label}"
@@ -229,11 +268,13 @@ def main() -> None:
                         sink.start = start_variant
                     runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
                                         read_ahead=now)
+                    runner.packed_reads = label != "bulk-ck"
                     load = os.getloadavg()[0]
                     ours = sum(os.times()[:2])
+                    broker = broker_cpu()
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label == "bulk":  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
+                        if label in ("bulk", "bulk-ck"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
                             runner.rebuild(threading.Event())
                         elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
                             runner._fill_in_windows = runner._fill_in_batches
@@ -242,6 +283,7 @@ def main() -> None:
                             runner.run(threading.Event(), from_start=True, until_caught_up=True)
                         seconds = time.perf_counter() - began
                     cpu = [sum(os.times()[:2]) - ours, server.total()]
+                    broker = None if broker is None else broker_cpu() - broker
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
                     with conn.cursor() as cur:
                         cur.execute("SELECT count(*) FROM orders")
@@ -256,7 +298,9 @@ def main() -> None:
                       f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s "
                       f"({cpu[0] / records * 1e6:.2f} us/record), PostgreSQL " +
                       ("unknown (not local)" if cpu[1] is None else
-                       f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)"), flush=True)
+                       f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)") +
+                      ("" if broker is None else f", broker {broker:.1f}s ({broker / records * 1e6:.2f} us/record)"),
+                      flush=True)
     finally:
         kafka.delete_topic(topic)
         kafka.close()
@@ -271,6 +315,20 @@ def _dict_rows_sink():
     class DictRowsSqlSink(SqlSink):
         raw_rows = False  # the runtime decodes every row to a dict (how it ran before the raw rows)
     return DictRowsSqlSink
+
+
+def broker_cpu() -> float | None:
+    """CPU seconds the dev stack's Kafka broker (its JVM) used so far, from /proc; None when the
+    broker is not the local dev stack's. Other users of the broker count too: the bench is the
+    only one on a dev stack of its own."""
+    from cdc.dev.stack import status
+    try:
+        pid = next(row.pid for row in status() if row.name == "kafka")
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except (OSError, StopIteration, TypeError, ValueError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ServerCpu:

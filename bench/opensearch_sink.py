@@ -35,6 +35,17 @@ Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. `
 of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop overlaps
 reading and writing the same way.
 
+After each side, outside its clock and inside its window of the node's CPU: its index is
+refreshed (the segment of what was indexed since the last periodic refresh), counted and deleted
+at once, so neither side's tail (that refresh, the merges it starts) runs in the other's window
+(before, the raw index's was done in the sink path's). The sink path's line also gives the Kafka
+broker's CPU per document (``broker``: serving the topic, which the raw bulk does not read).
+With ``--via-rebuild`` the raw index is filled as the sink fills a generation nobody reads yet:
+made with ``refresh_interval: -1``, set back and refreshed at the end inside its clock (the
+sink's switch does both before the aliases move), so both sides write into indexes with the same
+settings. Where the node's CPU per document went, and paired figures: sinks/opensearch/README.md
+("Throughput").
+
 Both clocks include making the index: the raw side's ``indices.create``, the sink's start (its
 state, the index behind its alias) and its consumer joining the topic. The documents' rows name
 their shape (``source.schema_version``), as a capture's rows do.
@@ -157,7 +168,10 @@ def ndjson_chunks(index: str, rows: list[dict], per_request: int, versioned: boo
     return chunks
 
 
-def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: int) -> float:
+def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: int, fill: bool = False) -> float:
+    """``fill``: as the sink fills a generation nobody reads yet (``--via-rebuild``): the index
+    made without periodic refreshes, its refresh interval set back and the index refreshed at the
+    end, inside the clock (the sink's switch does both before readers see the index)."""
     def send(chunk: bytes) -> None:
         answer = client.bulk(body=chunk, params={"filter_path": "errors"})
         if answer.get("errors"):
@@ -165,9 +179,13 @@ def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: in
 
     # The clock runs from the index's creation, as the sink's does (its run makes its index).
     began = time.perf_counter()
-    client.indices.create(index=index, body=body)
+    client.indices.create(index=index, body={**body, "settings": {"index": {"refresh_interval": "-1"}}} if fill
+                          else body)
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(send, chunks))
+    if fill:
+        client.indices.put_settings(index=index, body={"index": {"refresh_interval": None}})
+        client.indices.refresh(index=index)
     return time.perf_counter() - began
 
 
@@ -186,6 +204,16 @@ def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_requ
     else:
         runner.run(threading.Event(), from_start=True, until_caught_up=True)
     return time.perf_counter() - began, runner
+
+
+def settle(client, index: str, count: int, delete: str | None = None) -> None:
+    """Refresh ``index`` (or alias), check it counts ``count`` documents, delete ``delete`` (the
+    indexes; default ``index``)."""
+    client.indices.refresh(index=index)
+    landed = client.count(index=index)["count"]
+    if landed != count:
+        raise SystemExit(f"{index} counts {landed} documents, not {count}")
+    client.indices.delete(index=delete or index, params={"ignore_unavailable": "true"})
 
 
 def stages(rows: list[dict], repeat: int = 3) -> None:
@@ -269,6 +297,7 @@ def main() -> None:
     env = read_env()
     url = env["OPENSEARCH_URL"]
     node_pid = listening_pid(int(url.rsplit(":", 1)[1].split("/")[0]))
+    broker_pid = listening_pid(int(env["KAFKA_BOOTSTRAP"].split(",")[0].rsplit(":", 1)[1]))
     run_id = uuid.uuid4().hex[:8]
     prefix = f"bench_{run_id}"
     kafka = KafkaLog(env["KAFKA_BOOTSTRAP"])
@@ -278,7 +307,7 @@ def main() -> None:
     columns = [{"name": n, "type": t, "key": k} for n, t, k in COLUMNS]
     body = {"mappings": shape_of(columns, {n: n for n, _, _ in COLUMNS}, {}).mappings}
     figures: dict[str, list[float]] = {k: [] for k in ("raw", "ours", "ratio", "raw_cpu", "ours_cpu", "raw_node",
-                                                       "ours_node")}
+                                                       "ours_node", "raw_broker", "ours_broker")}
 
     def us(seconds: float) -> str:
         return f"{seconds / count * 1e6:5.1f}"
@@ -293,37 +322,41 @@ def main() -> None:
         print("CPU per document in us: client = this process, node = the OpenSearch node")
         for round_ in range(1 - args.warmup, args.rounds + 1):
             chunks = ndjson_chunks(f"{prefix}-raw{round_}", rows, args.per_request, args.versioned_raw)
-            cpu, node = time.process_time(), process_cpu(node_pid)
-            raw_s = run_raw(client, f"{prefix}-raw{round_}", body, chunks, args.concurrency)
-            raw_cpu, raw_node = time.process_time() - cpu, process_cpu(node_pid) - node
+            cpu, node, broker = time.process_time(), process_cpu(node_pid), process_cpu(broker_pid)
+            raw_s = run_raw(client, f"{prefix}-raw{round_}", body, chunks, args.concurrency, args.via_rebuild)
+            raw_cpu = time.process_time() - cpu
+            # Outside the clock and inside the node's window, the same for both sides: the last
+            # refresh (the segment of the documents indexed since the one before), the count, and
+            # the index deleted at once, so that neither side's tail (that refresh, the merges it
+            # starts) is done and counted in the other's window.
+            settle(client, f"{prefix}-raw{round_}", count)
+            raw_node, raw_broker = process_cpu(node_pid) - node, process_cpu(broker_pid) - broker
             del chunks
             name = f"{prefix}-ours{round_}"
-            cpu, node = time.process_time(), process_cpu(node_pid)
+            cpu, node, broker = time.process_time(), process_cpu(node_pid), process_cpu(broker_pid)
             ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch,
                                       not args.no_read_ahead, args.via_rebuild)
-            ours_cpu, ours_node = time.process_time() - cpu, process_cpu(node_pid) - node
-            alias = f"{name}.orders"
-            client.indices.refresh(index=alias)
-            landed = client.count(index=alias)["count"]
-            if landed != count:
-                raise SystemExit(f"the alias {alias} counts {landed} documents, not {count}")
+            ours_cpu = time.process_time() - cpu
+            settle(client, f"{name}.orders", count, f"{name}.*")
+            ours_node, ours_broker = process_cpu(node_pid) - node, process_cpu(broker_pid) - broker
             raw_rate, ours_rate = count / raw_s, count / ours_s
             label = f"round {round_}" if round_ > 0 else "warm-up"
             print(f"{label:>8}: raw bulk {raw_rate:>9,.0f} docs/s (client {us(raw_cpu)}, node {us(raw_node)})   "
-                  f"sink path {ours_rate:>9,.0f} docs/s (client {us(ours_cpu)}, node {us(ours_node)})   "
-                  f"ratio {ours_rate / raw_rate:.2f}   load {os.getloadavg()[0]:.1f}")
+                  f"sink path {ours_rate:>9,.0f} docs/s (client {us(ours_cpu)}, node {us(ours_node)}, "
+                  f"broker {us(ours_broker)})   ratio {ours_rate / raw_rate:.2f}   load {os.getloadavg()[0]:.1f}",
+                  flush=True)
             if round_ > 0:
                 for key, value in (("raw", raw_rate), ("ours", ours_rate), ("ratio", ours_rate / raw_rate),
                                    ("raw_cpu", raw_cpu), ("ours_cpu", ours_cpu), ("raw_node", raw_node),
-                                   ("ours_node", ours_node)):
+                                   ("ours_node", ours_node), ("raw_broker", raw_broker),
+                                   ("ours_broker", ours_broker)):
                     figures[key].append(value)
-            client.indices.delete(index=f"{prefix}-raw{round_},{name}.*")
             client.delete(index=STATE_INDEX, id=name, params={"ignore": 404})
         median = {key: statistics.median(values) for key, values in figures.items()}
         ratio = median["ours"] / median["raw"]
         print(f"  median: raw bulk {median['raw']:>9,.0f} docs/s (client {us(median['raw_cpu'])}, node "
               f"{us(median['raw_node'])})   sink path {median['ours']:>9,.0f} docs/s (client "
-              f"{us(median['ours_cpu'])}, node {us(median['ours_node'])})")
+              f"{us(median['ours_cpu'])}, node {us(median['ours_node'])}, broker {us(median['ours_broker'])})")
         print(f"ratio of medians {ratio:.2f}, median ratio {median['ratio']:.2f} (target {TARGET:.0%}: "
               f"{'met' if ratio >= TARGET else 'NOT met'}); load after: {os.getloadavg()[0]:.2f}")
     finally:

@@ -69,6 +69,16 @@ the closer pair; its first batch took 27 s against 35 s, at a lower load): no ga
 noise, and a small one expected (a new table's first batch only). By CPU the MERGE costs 4-5x
 the append of the same rows.
 
+Tried after that, not kept (branch s6delta, reverted): the MERGE source computed once by the
+sink (persisted, counted, ``merge.materializeSource=none``, the delete memory's append reading
+the cache) and the delete memory held in Spark between batches. A batch stayed at about 33 jobs
+(the source's jobs moved from Delta's copy into the sink's count; the memory's append still
+snapshots its new version). Main's sink and that one run side by side in the same minutes
+(120k changes over 30k keys, batches of 30k, latency skipped, load 30-39): append 14.7 against
+13.7 s of JVM CPU; MERGE 67.2 s JVM + 1.6 s Python, 540 s wall, 0.25x (main) against 68.5 +
+1.7 s, 545 s, 0.24x: no gain beyond noise. The same without transaction ids on the memory's
+append, another such pair (load 35 -> 24): 66.0 s of JVM CPU each, 102 jobs in 4 batches each.
+
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
 4.2, read 1.7, deletes 0.9 s); latency at 1k changes/s, trigger 1 s: batch p50 2.7 s, p95 3.6 s,

@@ -16,6 +16,9 @@
  *                                   it does not take (see below) is handed to resolve(index), in its
  *                                   place in the order, which decodes it the general way and says
  *                                   what to keep (see window_add).
+ * add_packed(data, count, names, topics, ends, resolve)
+ *                                   the same for `count` records packed in `data` (bytes) as
+ *                                   cdc/_rdconsume.c packs them, topic indexes into `names`
  * truncate(topic_id, version)       drops what is older; later records older than it are ignored
  * stats() -> (keys, bytes, read)    what the window holds (bytes: keys, rows and bookkeeping), and
  *                                   the bytes of the values of the records it took
@@ -469,7 +472,29 @@ typedef struct {
     int64_t offset;
     int32_t topic, partition;
     char fallback;
+    PyObject *topic_name;  /* borrowed; NULL: the record named none the window could read */
 } Item;
+
+static PyObject *reduce_items(Window *w, Item *items, Py_ssize_t n, PyObject *ends, PyObject *resolve);
+
+/* The topic id of `topic` in `topics` ({name: id}), added if new; -1 with an exception set. */
+static Py_ssize_t
+topic_id(Window *w, PyObject *topics, PyObject *topic)
+{
+    PyObject *id = PyDict_GetItemWithError(topics, topic);
+    if (id == NULL) {
+        if (PyErr_Occurred()) return -1;
+        id = PyLong_FromSsize_t(PyDict_GET_SIZE(topics));
+        if (id == NULL || PyDict_SetItem(topics, topic, id) < 0) { Py_XDECREF(id); return -1; }
+        Py_DECREF(id);
+    }
+    Py_ssize_t tid = PyLong_AsSsize_t(id);
+    if (tid < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a topic id is >= 0");
+        return -1;
+    }
+    return ensure_topics(w, tid + 1) ? tid : -1;
+}
 
 static PyObject *
 window_add(Window *w, PyObject *args)
@@ -490,22 +515,15 @@ window_add(Window *w, PyObject *args)
         it->fallback = 1;
         if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 5) continue;
         PyObject *topic = PyTuple_GET_ITEM(r, 0), *key = PyTuple_GET_ITEM(r, 3), *value = PyTuple_GET_ITEM(r, 4);
-        PyObject *id = PyDict_GetItemWithError(topics, topic);
-        if (id == NULL) {
-            if (PyErr_Occurred()) goto done;
-            id = PyLong_FromSsize_t(PyDict_GET_SIZE(topics));
-            if (id == NULL || PyDict_SetItem(topics, topic, id) < 0) { Py_XDECREF(id); goto done; }
-            Py_DECREF(id);
-        }
-        Py_ssize_t tid = PyLong_AsSsize_t(id);
-        if (tid < 0 && PyErr_Occurred()) goto done;
-        if (!ensure_topics(w, tid + 1)) goto done;
+        Py_ssize_t tid = topic_id(w, topics, topic);
+        if (tid < 0) goto done;
         long partition = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
         long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
         if (PyErr_Occurred()) { PyErr_Clear(); continue; }
         it->topic = (int32_t)tid;
         it->partition = (int32_t)partition;
         it->offset = offset;
+        it->topic_name = topic;
         if (!PyBytes_Check(key) || (value != Py_None && !PyBytes_Check(value))) continue;
         it->key = PyBytes_AS_STRING(key);
         it->key_len = PyBytes_GET_SIZE(key);
@@ -514,6 +532,81 @@ window_add(Window *w, PyObject *args)
         w->read_bytes += it->value_len;
         it->fallback = 0;
     }
+    result = reduce_items(w, items, n, ends, resolve);
+done:
+    Py_DECREF(records);
+    PyMem_Free(items);
+    w->busy = 0;
+    return result;
+}
+
+/* add_packed(data, count, names, topics, ends, resolve): as add, for `count` records packed in
+ * `data` as cdc/_rdconsume.c's Reader.read packs them (a 32-byte header, then the key's and the
+ * value's bytes), whose topic indexes name `names`. */
+static PyObject *
+window_add_packed(Window *w, PyObject *args)
+{
+    PyObject *data, *names, *topics, *ends, *resolve;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!nO!O!O!O", &PyBytes_Type, &data, &n, &PyList_Type, &names, &PyDict_Type, &topics,
+                          &PyDict_Type, &ends, &resolve))
+        return NULL;
+    if (!enter(w)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t nnames = PyList_GET_SIZE(names);
+    Item *items = PyMem_Calloc(n > 0 ? n : 1, sizeof(Item));
+    Py_ssize_t *tids = PyMem_Calloc(nnames ? nnames : 1, sizeof(Py_ssize_t));
+    Py_INCREF(data);
+    Py_INCREF(names);
+    if (items == NULL || tids == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t t = 0; t < nnames; t++)
+        if ((tids[t] = topic_id(w, topics, PyList_GET_ITEM(names, t))) < 0) goto done;
+    const char *p = PyBytes_AS_STRING(data), *end = p + PyBytes_GET_SIZE(data);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t topic, partition, key_len, value_len;
+        int64_t offset;
+        if (end - p < 32) goto damaged;
+        memcpy(&topic, p, 4);
+        memcpy(&partition, p + 4, 4);
+        memcpy(&offset, p + 8, 8);
+        memcpy(&key_len, p + 24, 4);
+        memcpy(&value_len, p + 28, 4);
+        p += 32;
+        if (topic < 0 || topic >= nnames || key_len < -1 || value_len < -1
+                || end - p < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0))
+            goto damaged;
+        Item *it = &items[i];
+        it->topic = (int32_t)tids[topic];
+        it->topic_name = PyList_GET_ITEM(names, topic);
+        it->partition = partition;
+        it->offset = offset;
+        it->key = key_len < 0 ? NULL : p;
+        it->key_len = key_len < 0 ? 0 : key_len;
+        p += it->key_len;
+        it->value = value_len < 0 ? NULL : p;
+        it->value_len = value_len < 0 ? 0 : value_len;
+        p += it->value_len;
+        w->read_bytes += it->value_len;
+        it->fallback = it->key == NULL;  /* a record without a key: the general decoder names it */
+    }
+    result = reduce_items(w, items, n, ends, resolve);
+    goto done;
+damaged:
+    PyErr_SetString(PyExc_ValueError, "add_packed: the data is not `count` packed records");
+done:
+    Py_DECREF(data);
+    Py_DECREF(names);
+    PyMem_Free(items);
+    PyMem_Free(tids);
+    w->busy = 0;
+    return result;
+}
+
+/* The records of `items` into the window, in order (see add). */
+static PyObject *
+reduce_items(Window *w, Item *items, Py_ssize_t n, PyObject *ends, PyObject *resolve)
+{
+    PyObject *result = NULL;
     int oom = 0;
     Py_ssize_t i = 0;
     while (i < n) {
@@ -572,13 +665,14 @@ window_add(Window *w, PyObject *args)
     int32_t seen_topic[64], seen_partition[64];
     Py_ssize_t seen_count = 0;
     for (Py_ssize_t i = n - 1; i >= 0; i--) {
-        PyObject *r = PyList_GET_ITEM(records, i);
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 5) continue;
+        if (items[i].topic_name == NULL) continue;
         int seen = 0;
         for (Py_ssize_t j = 0; j < seen_count && !seen; j++)
             seen = seen_topic[j] == items[i].topic && seen_partition[j] == items[i].partition;
         if (seen) continue;
-        PyObject *tp = PyTuple_Pack(2, PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1));
+        PyObject *partition = PyLong_FromLong(items[i].partition);
+        PyObject *tp = partition ? PyTuple_Pack(2, items[i].topic_name, partition) : NULL;
+        Py_XDECREF(partition);
         PyObject *end = PyLong_FromLongLong(items[i].offset + 1);
         int ok = tp != NULL && end != NULL;
         if (ok && seen_count == 64) {  /* more partitions than that: keep the greatest end */
@@ -600,9 +694,6 @@ window_add(Window *w, PyObject *args)
     }
     result = Py_NewRef(Py_None);
 done:
-    Py_DECREF(records);
-    PyMem_Free(items);
-    w->busy = 0;
     return result;
 }
 
@@ -800,6 +891,7 @@ window_dealloc(Window *w)
 
 static PyMethodDef window_methods[] = {
     {"add", (PyCFunction)window_add, METH_VARARGS, "add(records, topics, ends, resolve)"},
+    {"add_packed", (PyCFunction)window_add_packed, METH_VARARGS, "add_packed(data, count, names, topics, ends, resolve)"},
     {"truncate", (PyCFunction)window_truncate, METH_VARARGS, "truncate(topic_id, version)"},
     {"stats", (PyCFunction)window_stats, METH_NOARGS, "stats() -> (keys, bytes, bytes of values read)"},
     {"shapes", (PyCFunction)window_shapes, METH_VARARGS, "shapes(topic_id) -> [schema_version or None]"},

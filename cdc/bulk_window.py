@@ -111,16 +111,38 @@ class NewestWindow:
         """Reduce ``records`` (LogRecords) into the window; the poison ones, with why, are
         returned (not in the window) for the caller to set aside. ``ends[(topic, partition)]`` is
         set to the offset after each partition's last record."""
-        self.records += len(records)
-        window, topics = self._window, self._topics
-        known = len(topics)
         records = records if records.__class__ is list else list(records)
-        poisons: list[tuple[object, PoisonRecord]] = []
-        dumps = orjson.dumps
+        known, poisons = len(self._topics), []
+        self.records += len(records)
+        self._window.add(records, self._topics, ends, self._resolver(lambda: records, poisons))
+        if len(self._topics) > known:
+            self._name_new_topics(records)
+        return poisons
+
+    def add_packed(self, batch, ends: dict) -> list[tuple[object, PoisonRecord]]:
+        """``add`` for a ``cdc.log.kafka_bulk.PackedBatch``: the records parsed where they lie, a
+        LogRecord made only for those the C loop does not take."""
+        unpacked: list = []
+
+        def records() -> list:
+            if not unpacked:
+                unpacked.extend(batch.records())
+            return unpacked
+        known, poisons = len(self._topics), []
+        self.records += batch.count
+        self._window.add_packed(batch.data, batch.count, batch.topics, self._topics, ends,
+                                self._resolver(records, poisons))
+        if len(self._topics) > known:
+            self._name_new_topics(records())
+        return poisons
+
+    def _resolver(self, records, poisons: list):
+        """``resolve(index)`` for the C loop: the record it does not take, decoded the general way
+        in its place; ``records()`` gives the batch's LogRecords."""
+        topics, dumps = self._topics, orjson.dumps
 
         def resolve(index: int) -> tuple | None:
-            """A record the C loop does not take, decoded the general way in its place."""
-            record = records[index]
+            record = records()[index]
             event = decode_records([record], True)[0]
             if event.__class__ is PoisonRecord:
                 poisons.append((record, event))
@@ -139,11 +161,7 @@ class NewestWindow:
             if row is None and event.op is not Op.DELETE:
                 row = b"null"  # an upsert without a row: kept as reduce.py keeps it, for the sink to judge
             return tid, key, _KEY_OPS[event.op], event.version, row, event.source.get("schema_version")
-
-        window.add(records, topics, ends, resolve)
-        if len(topics) > known:
-            self._name_new_topics(records)
-        return poisons
+        return resolve
 
     def _name_new_topics(self, records: list) -> None:
         """A source block for each topic first seen here, from its first record that has one."""

@@ -196,6 +196,11 @@ class Log(ABC):
         """How long ``topic`` keeps a tombstone (None: unknown)."""
         return None
 
+    def bulk_reader(self):
+        """A reader for bulk loads that hands out batches packed in one bytes object
+        (cdc.log.kafka_bulk), or None: the log has none, and bulk loads read through ``reader``."""
+        return None
+
     def compact(self, topic: str) -> None:
         """Ask for compaction now. The embedded log runs it; Kafka's broker cleans on its own."""
 

@@ -46,6 +46,7 @@ from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentEr
 from cdc.log.base import (GroupListener, GroupLog, GroupReader, Log, LogReader, LogRecord, LogWriter,
                           TopicPartition, TopicSettings)
 from cdc.log.delivery import DeliveryTracker
+from cdc.log.kafka_bulk import KafkaBulkReader, open_bulk_reader
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 from cdc.positions import Position
 from cdc.events import ChangeEvent
@@ -290,6 +291,10 @@ class KafkaLog(Log, GroupLog):
         reader = KafkaReader(Consumer(config), group, self.timeout)
         self._open.add(reader)
         return reader
+
+    def bulk_reader(self) -> KafkaBulkReader | None:
+        """A bulk load's reader (cdc.log.kafka_bulk), from the same consumer settings as ``reader``."""
+        return open_bulk_reader(self.consumer_config, f"cdc-bulk-{uuid.uuid4().hex}")
 
     def member_reader(self, group: str) -> KafkaMemberReader:
         """A reader that joins ``group``: cooperative-sticky assignment unless ``consumer`` config

@@ -82,6 +82,7 @@ class SinkRunner:
         self.report = locked_report
         self.progress = progress
         self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
+        self.packed_reads = True  # False: bulk loads read through reader() even where the log has a bulk reader (bench/)
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
         self._batch_bytes = 0  # bytes of record values of the batch read last (cdc_bytes_total)
@@ -542,6 +543,21 @@ class SinkRunner:
 
     def _fill_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
                       new: int, old: int) -> None:
+        # The log's bulk reader, where it has one, hands out batches packed in one bytes object
+        # (no Python object per record); it commits nothing. Else ``reader`` (assigned already).
+        bulk = self.log.bulk_reader() if self.packed_reads else None
+        try:
+            if bulk is not None:
+                bulk.assign(dict(self.positions))
+            log.info("generation %d: reading the history %s", new,
+                     "packed (cdc.log.kafka_bulk)" if bulk is not None else "record by record", extra=self._extra())
+            self._fill_windows_from(bulk or reader, bulk is not None, stop_event, targets, new, old)
+        finally:
+            if bulk is not None:
+                bulk.close()
+
+    def _fill_windows_from(self, reader, packed: bool, stop_event: threading.Event,
+                           targets: dict[TopicPartition, int], new: int, old: int) -> None:
         window = NewestWindow(self.config.bulk_window_mb << 20)
         first = True
         read: dict[TopicPartition, int] = {}
@@ -550,13 +566,20 @@ class SinkRunner:
         while not all(read.get(tp, 0) >= end for tp, end in targets.items()):
             if stop_event.is_set():
                 raise self._stopped_rebuild(new, old)
-            records = reader.poll(BULK_POLL_RECORDS, wait)
-            for at in range(0, len(records), BULK_ADD_RECORDS):  # a window overshoots its bound by one slice at most
-                for record, err in window.add(records[at:at + BULK_ADD_RECORDS], read):
+            if packed:  # a read at a time (a window overshoots its bound by one read at most)
+                batches = [reader.poll(BULK_ADD_RECORDS, wait)]
+            else:
+                records = reader.poll(BULK_POLL_RECORDS, wait)
+                batches = [records[at:at + BULK_ADD_RECORDS] for at in range(0, len(records), BULK_ADD_RECORDS)]
+            for batch in batches:  # a window overshoots its bound by one slice at most
+                for record, err in (window.add_packed(batch, read) if packed else window.add(batch, read)):
                     self._poison(record.topic, record.partition, record.offset, str(err), record)
                 if window.full():
                     self._load_window(window, first, new)
                     first = False
+            if packed:  # a partition's end, seen after its last record (compaction may leave none there)
+                for tp, end in reader.ends.items():
+                    read[tp] = max(read.get(tp, 0), end)
             self.stats.progressed()
             if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
                 self.report(self.stats)

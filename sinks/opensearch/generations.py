@@ -125,9 +125,12 @@ class Generations:
         log.info("opensearch sink %s: generation %d opened (readers stay on %d)", self.sink_name, generation,
                  self.state.current)
 
-    def switch(self, generation: int, create_missing: Callable[[str, str], None]) -> None:
+    def switch(self, generation: int, create_missing: Callable[[str, str], None],
+               finish_fill: Callable[[str, str], None] = lambda alias, topic: None) -> None:
         """Every alias of the sink shows ``generation``, in one ``_aliases`` call. An alias whose
-        topic had no rows in the rebuild gets an empty index first (``create_missing(alias, topic)``)."""
+        topic had no rows in the rebuild gets an empty index first (``create_missing(alias, topic)``);
+        each index gets the settings readers need back (``finish_fill(alias, topic)``: it was filled
+        without periodic refreshes) and is refreshed before any alias moves."""
         old = self.state.current
         if generation == old:
             return
@@ -139,6 +142,7 @@ class Generations:
             new_index = generation_index(alias, generation)
             if not self.client.indices.exists(index=new_index):
                 create_missing(alias, topic)
+            finish_fill(alias, topic)
             self.client.indices.refresh(index=new_index)
             if pointed.get(alias) is not None and pointed[alias] != generation:
                 actions.append({"remove": {"index": generation_index(alias, pointed[alias]), "alias": alias}})

@@ -207,7 +207,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         self._started()
         with self._errors(f"switch_generation({generation})"):
             self.generations.switch(generation, lambda alias, topic: self.catalog.create_empty(
-                alias, topic, generation))
+                alias, topic, generation), lambda alias, topic: self.catalog.finish_fill(alias, topic, generation))
         self.catalog.forget()
         self.generation = None  # from now on: follow the current generation (this one)
 

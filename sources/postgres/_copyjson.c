@@ -424,6 +424,31 @@ done:
     return result;
 }
 
+/* The next line of an integer-keyed block from p: its end (the '\n'), with *tab at the tab after
+ * the key, or NULL when the line is not the common case (no '\n' before end, min_chars bytes or
+ * more, a key that is not 1-19 plain decimal digits with an optional '-'; with canonical, also a
+ * key orjson would not write so: a leading zero or "-0"). */
+static const char *
+int_key_line(const char *p, const char *end, Py_ssize_t min_chars, int canonical, const char **tab)
+{
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    if (eol == NULL || eol - p >= min_chars)
+        return NULL;
+    const char *t = memchr(p, '\t', (size_t)(eol - p));
+    if (t == NULL || t == p || t - p > 19)
+        return NULL;
+    const char *q = p;
+    if (*q == '-')
+        q++;
+    if (q == t || (canonical && *q == '0' && (t - q > 1 || q > p)))
+        return NULL;
+    for (; q < t; q++)
+        if (*q < '0' || *q > '9')
+            return NULL;
+    *tab = t;
+    return eol;
+}
+
 /* int_key_events(block, new_event, head, key_name, fragment, tail, min_chars) -> list | None
  *   The snapshot's events of a block of the statement's lines (key text, row JSON, TOAST fields)
  *   for a table keyed by one integer column, in C: per line the event
@@ -448,20 +473,9 @@ copyjson_int_key_events(PyObject *self, PyObject *args)
     if ((events = PyList_New(0)) == NULL)
         goto error;
     while (p < end) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL || eol - p >= min_chars)
+        const char *tab, *eol = int_key_line(p, end, min_chars, 0, &tab);
+        if (eol == NULL)
             goto refuse;
-        const char *tab = memchr(p, '\t', (size_t)(eol - p));
-        if (tab == NULL || tab == p || tab - p > 19)
-            goto refuse;
-        const char *q = p;
-        if (*q == '-')
-            q++;
-        if (q == tab)
-            goto refuse;
-        for (; q < tab; q++)
-            if (*q < '0' || *q > '9')
-                goto refuse;
         const char *json = tab + 1, *json_end = memchr(json, '\t', (size_t)(eol - json));
         if (json_end == NULL)
             json_end = eol;
@@ -530,20 +544,9 @@ copyjson_int_key_rows(PyObject *self, PyObject *args)
     if (block.len == 0 || memchr(p, '\\', (size_t)block.len) != NULL)
         goto refuse;
     while (p < end) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL || eol - p >= min_chars)
+        const char *tab, *eol = int_key_line(p, end, min_chars, 1, &tab);
+        if (eol == NULL)
             goto refuse;
-        const char *tab = memchr(p, '\t', (size_t)(eol - p));
-        if (tab == NULL || tab == p || tab - p > 19)
-            goto refuse;
-        const char *q = p;
-        if (*q == '-')
-            q++;
-        if (q == tab || (*q == '0' && (tab - q > 1 || q > p)))
-            goto refuse;
-        for (; q < tab; q++)
-            if (*q < '0' || *q > '9')
-                goto refuse;
         lines++;
         p = eol + 1;
     }

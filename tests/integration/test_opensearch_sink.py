@@ -306,6 +306,35 @@ def test_a_rebuild_never_shows_readers_a_partial_index(make_sink, log, client, o
     assert not client.indices.exists(index=f"{alias}__g1")
 
 
+def _refresh_interval(client, index: str):
+    return client.indices.get_settings(index=index)[index]["settings"]["index"].get("refresh_interval")
+
+
+def test_a_generation_fills_without_periodic_refreshes_and_readers_get_the_configured_interval(
+        make_sink, log, client, opensearch_index):
+    """Nobody reads a generation being filled: it is made with refresh_interval -1 (no segment
+    written every second), and takes the configured interval (or the default) back before the
+    aliases move to it."""
+    events, rows = _history(40, 1)
+    _publish(log, events)
+    alias = f"{opensearch_index}.items"
+    while_filled = {}
+    for configured in (None, "7s"):
+        sink = make_sink(**({"settings": {"index": {"refresh_interval": configured}}} if configured else {}))
+        switch = sink.switch_generation
+
+        def observed(generation, switch=switch, configured=configured):
+            while_filled[configured] = _refresh_interval(client, f"{alias}__g{generation}")
+            switch(generation)
+
+        sink.switch_generation = observed
+        SinkRunner(sink, log, "p").rebuild(threading.Event())
+        (live,) = client.indices.get_alias(name=alias)
+        assert _refresh_interval(client, live) == configured
+        assert _documents(client, alias) == rows
+    assert while_filled == {None: "-1", "7s": "-1"}
+
+
 def sink_describe(sink: OpenSearchSink) -> list[dict]:
     sink.start()
     try:

@@ -2,7 +2,8 @@
 window: random histories with updates, deletes, tombstones, re-inserts and replays of older
 versions at later offsets give the same upserts, deletes and tombstones; so do records only the
 general decoder takes (keys not in orjson's compact form, truncates, poison) or that the C parser
-reads in another layout (indented values)."""
+reads in another layout (indented values). Each also packed as the bulk reader packs a batch
+(cdc.log.kafka_bulk, ``add_packed``): the same result."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from cdc import bulk_window
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import LogRecord
+from cdc.log.kafka_bulk import _HEADER, PackedBatch
 from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import decode_records
 from sinks.sql.reduce import reduce_events
@@ -43,11 +45,24 @@ def _records(seed: int) -> list[LogRecord]:
     return records
 
 
-def _window(records: list[LogRecord], size: int = 997) -> dict:
+def packed(records: list[LogRecord]) -> PackedBatch:
+    """The records as cdc/_rdconsume.c packs a batch."""
+    topics = list(dict.fromkeys(r.topic for r in records))
+    data = b"".join(_HEADER.pack(topics.index(r.topic), r.partition, r.offset, r.timestamp_ms,
+                                 -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value))
+                    + (r.key or b"") + (r.value or b"") for r in records)
+    return PackedBatch(data, len(records), topics)
+
+
+def _add(window, records: list[LogRecord], ends: dict, pack: bool) -> list:
+    return window.add_packed(packed(records), ends) if pack else window.add(records, ends)
+
+
+def _window(records: list[LogRecord], size: int = 997, pack: bool = False) -> dict:
     window = bulk_window.NewestWindow(1 << 30)
     ends: dict = {}
     for at in range(0, len(records), size):
-        assert window.add(records[at:at + size], ends) == []
+        assert _add(window, records[at:at + size], ends, pack) == []
     assert ends == {(records[0].topic, 0): records[-1].offset + 1}
     out = {"upserts": {}, "deletes": {}, "tombstones": {}}
     for part in window.parts(50):
@@ -66,13 +81,21 @@ def _reduced(records: list[LogRecord]) -> dict:
             "tombstones": changes.tombstones}
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["records", "packed"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_window_keeps_what_one_batch_as_large_reduces_to(seed):
+def test_the_window_keeps_what_one_batch_as_large_reduces_to(seed, pack):
     records = _records(seed)
-    assert _window(records) == _reduced(records)
+    assert _window(records, pack=pack) == _reduced(records)
 
 
-def test_odd_keys_and_indented_values_reduce_the_same(seed=4):
+def test_a_packed_batch_unpacks_to_its_records():
+    records = _records(5)[:500] + [LogRecord("other", 3, 9, None, b"v", 7), LogRecord("t", 1, 2, b"k", None, -1)]
+    batch = packed(records)
+    assert batch.records() == records
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["records", "packed"])
+def test_odd_keys_and_indented_values_reduce_the_same(pack, seed=4):
     records = _records(seed)
     odd = []
     for record in records:
@@ -81,7 +104,7 @@ def test_odd_keys_and_indented_values_reduce_the_same(seed=4):
         elif record.offset % 7 == 0:  # a key orjson writes otherwise (spaces)
             record = record._replace(key=record.key.replace(b":", b": "))
         odd.append(record)
-    assert _window(odd) == _reduced(odd)
+    assert _window(odd, pack=pack) == _reduced(odd)
 
 
 def test_a_truncate_drops_what_is_older_and_what_comes_later_older():
@@ -99,13 +122,19 @@ def test_a_truncate_drops_what_is_older_and_what_comes_later_older():
     assert {part.truncate for part in parts} == {10}
 
 
-def test_poison_records_are_returned_not_kept():
+@pytest.mark.parametrize("pack", [False, True], ids=["records", "packed"])
+def test_poison_records_are_returned_not_kept(pack):
     records = [LogRecord("t", 0, 0, b'{"id":1}', b'{"op":"u","after":{"id":1},', 0),
-               LogRecord("t", 0, 1, b'{"id":2}', b'{"op":"u","before":null,"after":{"id":2},"source":{"version":3}}', 0)]
+               LogRecord("t", 0, 1, b'{"id":2}', b'{"op":"u","before":null,"after":{"id":2},"source":{"version":3}}', 0),
+               LogRecord("t", 1, 5, None, b'not json', 0)]  # no key: the general decoder's
     window = bulk_window.NewestWindow(1 << 30)
-    poisons = window.add(records, {})
-    assert [record.offset for record, _ in poisons] == [0]
+    ends: dict = {}
+    poisons = _add(window, records, ends, pack)
+    assert [record for record, _ in poisons] == [records[0], records[2]]
+    assert [(type(err), str(err)) for _, err in poisons] == \
+        [(type(err), str(err)) for err in decode_records([records[0], records[2]], True)]
     assert [key for part in window.parts(10) for key, _ in part.upserts] == [b'{"id":2}']
+    assert ends == {("t", 0): 2, ("t", 1): 6}
 
 
 def test_the_window_says_when_it_holds_its_bound():
