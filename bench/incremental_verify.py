@@ -604,10 +604,10 @@ def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, pre
         writer.start()
         sampler.start()
         wait("the writer's first change in the sink", lambda: sampler.check.present, startup)
+        began = time.monotonic()  # before the command: a small table's snapshot can end before it returns
         asked = cdc_process(config, "snapshot", "src", side.table, log="snapshot.log")
         if asked.wait(120) != 0:
             raise RuntimeError(f"cdc snapshot failed: {(folder / 'snapshot.log').read_text()}")
-        began = time.monotonic()
         # The daemon's log line, not its status: a short snapshot can start and end between two
         # status updates, the line stays.
         done = f"incremental snapshot of {side.table} done"
