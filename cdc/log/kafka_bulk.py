@@ -10,9 +10,14 @@ in place (``NewestWindow.add_packed``).
 It is a plain consumer with an assignment (no group: it commits nothing; the rebuild commits
 through its confluent reader after the switch, as before). Its settings are the log's consumer
 settings (``KafkaLog.consumer_config``: bootstrap, security, the user's ``consumer_config``);
-librdkafka's fetch defaults stay (larger fetches and queues, ``max.partition.fetch.bytes`` 8 MB,
-``fetch.max.bytes`` 64 MB, ``queued.max.messages.kbytes`` 128 MB, measured no less CPU here, ours
-or the broker's: bench/bootstrap.py). Python callables (the logger and error callback) are left out and
+over the bulk read's own prefetch bounds (``BULK_PREFETCH``; the user's ``consumer_config`` still
+wins). librdkafka stops fetching a partition once its local queue holds ``queued.min.messages``
+(100,000 by default) or ``queued.max.messages.kbytes`` (64 MB), and then waits up to a second
+before it looks again, whatever the reader does meanwhile: a bulk read that drains the queue in
+microseconds spent most of its time in that wait (3.19M records: 27 s of wall time for 6 s of
+CPU, bench/bootstrap.py). With a million messages and 256 MB it keeps fetching, and the same read
+took 7 s. The 256 MB bound the prefetched records (on top of the window, ``bulk_window_mb``). Larger
+fetches (``max.partition.fetch.bytes`` 8 MB, ``fetch.max.bytes`` 64 MB) changed nothing. Python callables (the logger and error callback) are left out and
 librdkafka's log lines and client errors go through the same logger and repeat filter instead.
 It links the system's librdkafka (apt's librdkafka-dev), an older or newer one than confluent-
 kafka's own: a setting that library does not know makes ``open_bulk_reader`` return None, and the
@@ -47,6 +52,9 @@ except ImportError:  # pragma: no cover - a build without them
 
 AVAILABLE = _rdconsume is not None
 
+# What a bulk read may prefetch (see the module docstring): enough that librdkafka never pauses
+# fetching while the window takes records faster than the broker sends them.
+BULK_PREFETCH = {"queued.min.messages": 1_000_000, "queued.max.messages.kbytes": 256 * 1024}
 # confluent-kafka's own settings (Python objects, not librdkafka properties): left out here.
 _PYTHON_ONLY = frozenset({"logger", "error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit",
                           "key.deserializer", "value.deserializer"})
@@ -85,7 +93,7 @@ def open_bulk_reader(consumer_config: dict[str, Any], group: str) -> "KafkaBulkR
     refuses a setting: said in the log)."""
     if _rdconsume is None:
         return None
-    config = {name: _setting(value) for name, value in {**consumer_config, "group.id": group}.items()
+    config = {name: _setting(value) for name, value in {**BULK_PREFETCH, **consumer_config, "group.id": group}.items()
               if name not in _PYTHON_ONLY and not callable(value)}
     try:
         return KafkaBulkReader(_rdconsume.Reader(config))
