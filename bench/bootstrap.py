@@ -113,7 +113,17 @@ key, copy the newest row) is now most of the main thread's part, about 0.9 us a 
 settings for a bulk read (``max.partition.fetch.bytes`` 8 MB, ``fetch.max.bytes`` 64 MB,
 ``queued.max.messages.kbytes`` 128 MB, ``queued.min.messages`` 500k) against librdkafka's
 defaults, packed read only, two rounds: 0.55 against 0.40-0.48 us a record of ours, broker
-0.20-0.27 against 0.13-0.33: no gain, so the defaults stay.
+0.20-0.27 against 0.13-0.33: no CPU gain. But CPU was not what bounded the wall time: on the quiet
+machine (load 0.9-1.6) the packed "bulk" at issue #18's size took 27 s of wall for 6 s of our CPU,
+1.9 s of PostgreSQL's and 0.6 s of the broker's, the main thread waiting in librdkafka's poll.
+librdkafka stops fetching once its local queue holds ``queued.min.messages`` (100,000) or
+``queued.max.messages.kbytes`` (64 MB) and looks again only after a backoff (up to a second), so
+a reader that drains the queue at once mostly waits. With a million messages and 256 MB
+(``BULK_PREFETCH`` in cdc/log/kafka_bulk.py; either alone: 13 s) the same bootstrap took 7.0-8.0 s,
+five runs: 398,593-453,408 records/s, 109-124k final rows/s, 23%, 24%, 25%, 25%, 26% of the same
+run's COPY (426-512k rows/s), max RSS 1.5 GB. The confluent-kafka path ("bulk-ck") has the same
+wait, cut by ``fetch.queue.backoff.ms`` 10 ms (cdc/log/kafka.py, every consumer of the log;
+librdkafka 2.0's packed reader has no such setting): 26.4 s -> 11.9-12.1 s, 15-17% of COPY.
 
 At issue #18's size (3M changes over 1M keys, 3.19M records, --bulk-only --confluent-reads, the
 same topic, alternating; load 33-61, so CPU only), round 1: "bulk" ours 8.3 s (2.60 us a
