@@ -22,6 +22,15 @@ from sources.postgres.config import PostgresConfig
 
 
 @pytest.fixture(name="log")
+def kafka_log(kafka_bootstrap):
+    """A KafkaLog on the stack's broker; import it into a test module to use it as ``log``."""
+    from cdc.log.kafka import KafkaLog
+    instance = KafkaLog(kafka_bootstrap)
+    yield instance
+    instance.close()
+
+
+@pytest.fixture(name="log")
 def embedded_log(tmp_path):
     """An embedded log in the test's directory; import it into a test module to use it as ``log``."""
     instance = EmbeddedLog(tmp_path / "log", fsync=False)

@@ -14,16 +14,9 @@ from confluent_kafka import Producer
 from cdc.errors import PermanentError
 from cdc.log import kafka_bulk
 from cdc.log.base import TopicSettings
-from cdc.log.kafka import KafkaLog
+from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def log(kafka_bootstrap):
-    instance = KafkaLog(kafka_bootstrap)
-    yield instance
-    instance.close()
 
 
 def _read_all(reader, ends: dict) -> list:

@@ -13,15 +13,9 @@ from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
 from cdc.positions import Counter
 from cdc.serde import Record
+from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def log(kafka_bootstrap):
-    instance = KafkaLog(kafka_bootstrap)
-    yield instance
-    instance.close()
 
 
 def _closed_port() -> int:

@@ -16,18 +16,12 @@ from cdc.runtime.sink_runner import SinkRunner
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
 from tests.shapes import ShapedTopics
+from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.kafka
 
 TABLE = TableId("shop", "public", "items")
 KNOWN, NEVER = 100, 150  # the shape published, and the one rows name that never is
-
-
-@pytest.fixture
-def log(kafka_bootstrap):
-    instance = KafkaLog(kafka_bootstrap)
-    yield instance
-    instance.close()
 
 
 def _publish(log: KafkaLog, prefix: str) -> None:

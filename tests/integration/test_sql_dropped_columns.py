@@ -10,24 +10,17 @@ import pytest
 import sqlalchemy as sa
 
 from cdc.events import Column, Op, TableId
-from cdc.log.kafka import KafkaLog
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
 from tests.shapes import ShapedTopics
+from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.kafka
 
 TABLE = TableId("shop", "public", "items")
 WITH_NOTE = (Column("id", "int4", key=True, nullable=False), Column("qty", "int4"), Column("note", "text"))
 WITHOUT_NOTE = WITH_NOTE[:2]
-
-
-@pytest.fixture
-def log(kafka_bootstrap):
-    instance = KafkaLog(kafka_bootstrap)
-    yield instance
-    instance.close()
 
 
 def _catch_up(log, prefix, url, policy, name="wh") -> None:
