@@ -58,8 +58,9 @@ BULK_PREFETCH = {"queued.min.messages": 1_000_000, "queued.max.messages.kbytes":
 # confluent-kafka's own settings (Python objects, not librdkafka properties): left out here.
 _PYTHON_ONLY = frozenset({"logger", "error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit",
                           "key.deserializer", "value.deserializer"})
-# Defaults of the log's consumers that this reader does without: fetch.queue.backoff.ms (newer than
-# the system's librdkafka 2.0) matters only when the queue bound is reached, which BULK_PREFETCH avoids.
+# Consumer settings this reader does without: fetch.queue.backoff.ms (the log's consumers' default,
+# unknown to the system's librdkafka 2.0) matters only when the queue bound is reached, which
+# BULK_PREFETCH avoids.
 _NOT_FOR_BULK = frozenset({"fetch.queue.backoff.ms"})
 _HEADER = struct.Struct("=iiqqii")
 _SYSLOG = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING,
@@ -96,10 +97,8 @@ def open_bulk_reader(consumer_config: dict[str, Any], group: str) -> "KafkaBulkR
     refuses a setting: said in the log)."""
     if _rdconsume is None:
         return None
-    from cdc.log.kafka import CONSUMER_DEFAULTS
     config = {name: _setting(value) for name, value in {**BULK_PREFETCH, **consumer_config, "group.id": group}.items()
-              if name not in _PYTHON_ONLY and not callable(value)
-              and not (name in _NOT_FOR_BULK and consumer_config.get(name) == CONSUMER_DEFAULTS.get(name))}
+              if name not in _PYTHON_ONLY and name not in _NOT_FOR_BULK and not callable(value)}
     try:
         return KafkaBulkReader(_rdconsume.Reader(config))
     except ValueError as err:
