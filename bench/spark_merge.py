@@ -172,19 +172,20 @@ def same_tables(spark, left: str, right: str, fmt: str = "debezium-json") -> Non
         f"the {fmt} table differs from the json one"
 
 
-def batches(spark, path: str, changes: int, size: int):
+def batches(spark, path: str, changes: int, size: int, first: int = 0):
+    """Batches of ``size`` of the changes at offsets ``first`` .. ``changes``, with their ids."""
     rows = spark.read.parquet(path)
-    for batch_id, start in enumerate(range(0, changes, size)):
-        yield batch_id, rows.where((F.col("offset") >= start) & (F.col("offset") < start + size))
+    for batch_id, start in enumerate(range(first, changes, size)):
+        yield batch_id, rows.where((F.col("offset") >= start) & (F.col("offset") < min(start + size, changes)))
 
 
-def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
+def run_append(spark, data: str, target: str, changes: int, size: int, first: int = 0) -> float:
     from spark_sinks.parse import RowDecoder, envelopes
     from spark_sinks.schemas import TableShape
 
     decoder = RowDecoder(TableShape.from_record(schema_record()).struct(), {}, None, set())
     began = time.perf_counter()
-    for _, batch in batches(spark, data, changes, size):
+    for _, batch in batches(spark, data, changes, size, first):
         parsed = decoder.prepare(envelopes(batch))
         (parsed.select(*decoder.columns(), "__cdc_key", F.col("version").alias("__cdc_version"),
                        F.col("op").alias("__cdc_op"), F.col("ts_ms").alias("__cdc_ts_ms"))
@@ -192,20 +193,29 @@ def run_append(spark, data: str, target: str, changes: int, size: int) -> float:
     return time.perf_counter() - began
 
 
-def run_merge(spark, data: str, root: str, changes: int, size: int,
-              registry_url: str | None = None) -> tuple[float, list]:
+def merge_job(root: str, registry_url: str | None = None, table_properties: dict[str, str] | None = None):
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
     config = DeltaSinkConfig(name="bench", type="delta", topics=["bench.*"], path=root,
-                             checkpoint=root + "-checkpoint")
+                             checkpoint=root + "-checkpoint",
+                             **({"table_properties": table_properties} if table_properties else {}))
     job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url)
     job.registry.remember(TOPIC, schema_record())
     job.bind(f"bench-{uuid.uuid4().hex}")
+    return job
+
+
+def run_merge(spark, data: str, root: str, changes: int, size: int,
+              registry_url: str | None = None, first: int = 0, job=None) -> tuple[float, list]:
+    """The changes from offset ``first`` on through ``DeltaJob.apply`` in batches of ``size``
+    (``job``: one that already wrote the changes before ``first``)."""
+    job = job or merge_job(root, registry_url)
+    done = len(job.batches)
     began = time.perf_counter()
-    for batch_id, batch in batches(spark, data, changes, size):
-        job.apply(batch, batch_id)
-    return time.perf_counter() - began, list(job.batches)
+    for batch_id, batch in batches(spark, data, changes, size, first):
+        job.apply(batch, done + batch_id)
+    return time.perf_counter() - began, list(job.batches)[done:]
 
 
 def phase_line(reports) -> str:
@@ -285,6 +295,61 @@ def run_latency(spark, bootstrap: str, root: str, seconds: float, rate: int, tri
         log.close()
 
 
+def job_count(event_dir: str, reports) -> int:
+    """How many Spark jobs started during ``reports``' batches (the event log in ``event_dir``)."""
+    import glob
+    import json
+
+    spans = [(b.finished - b.seconds, b.finished) for b in reports]
+    count = 0
+    for path in sorted(glob.glob(f"{event_dir}/**/*", recursive=True)):
+        if os.path.isdir(path) or "appstatus" in path:
+            continue
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                if '"SparkListenerJobStart"' in line:
+                    start = json.loads(line)["Submission Time"] / 1000
+                    count += any(a <= start <= b for a, b in spans)
+    return count
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """``LABEL:KEY=VALUE;KEY=VALUE`` -> (label, Spark SQL settings, table properties: the keys
+    written ``table.NAME``)."""
+    label, _, spec = text.partition(":")
+    conf, props = {}, {}
+    for item in filter(None, spec.split(";")):
+        key, _, value = item.partition("=")
+        if key.startswith("table."):
+            props[key[len("table."):]] = value
+        else:
+            conf[key] = value
+    return label, conf, props
+
+
+def run_variant(spark, cpu, data: str, root: str, changes: int, size: int, conf: dict[str, str],
+                props: dict[str, str], first: int = 0) -> tuple[float, list, str]:
+    """``run_merge`` with ``conf`` set for the run and tables made with ``props``; with ``first``,
+    the changes before it are written first, untimed, as one batch (the table then holds every
+    key: the steady state of a live sink). Returns the seconds, the batches and the CPU spent."""
+    previous = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        job = merge_job(root, table_properties=props or None)
+        if first:
+            run_merge(spark, data, root, first, first, job=job)
+        before = cpu.read()
+        seconds, reports = run_merge(spark, data, root, changes, size, first=first, job=job)
+        return seconds, reports, cpu.since(before)
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 def job_lines(event_dir: str, reports) -> list[str]:
     """Spark's jobs during ``reports``' batches, from the event log in ``event_dir`` (written
     uncompressed): seconds and count per job description, largest first, and the share of the
@@ -361,6 +426,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="write Spark's event log to DIR and print the MERGE batches' jobs from it")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark SQL setting for the run (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE;...",
+                        help="also MERGE with these Spark SQL settings (table.NAME=VALUE: a table property), "
+                             "alternating with the defaults in the same session, --rounds times (repeatable)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of --variant runs")
+    parser.add_argument("--sweep", metavar="SIZES",
+                        help="comma-separated batch sizes: per size, append and MERGE of the changes after "
+                             "the first --keys (written before, untimed: every key in the table), rate ratio")
     args = parser.parse_args(argv)
 
     from cdc.dev.stack import read_env
@@ -383,25 +455,33 @@ def main(argv: list[str] | None = None) -> None:
         print(f"generating {args.changes:,} changes over {args.keys:,} keys ...", flush=True)
         make_changes(spark, data, args.changes, args.keys)
 
-        # One batch appended untimed first: whichever run came first paid the JVM's warm-up (JIT).
+        # Both sides warmed untimed first: whichever run came first paid the JVM's warm-up (JIT) of
+        # its code. One batch appended; two batches MERGEd (an insert-only one, then one with
+        # updates and deletes: the matched clauses and the delete memory), else the first MERGE
+        # run paid a third more JVM CPU than the next one of the same batches.
         run_append(spark, data, f"{work}/warm-up", min(args.batch, args.changes), args.batch)
+        run_merge(spark, data, f"{work}/warm-up-merge", min(2 * args.batch, args.changes), args.batch)
         cpu = CpuClock(spark)
         load, before = os.getloadavg()[0], cpu.read()
         append_s = run_append(spark, data, f"{work}/append", args.changes, args.batch)
         print(f"baseline  Delta append   {args.changes:>10,} rows in {append_s:7.1f}s  "
               f"{args.changes / append_s:>10,.0f} rows/s  (load {load:.1f} -> {os.getloadavg()[0]:.1f}; "
               f"{cpu.since(before)})", flush=True)
+        # --variant and --sweep make their own MERGE runs (the first variant is the defaults)
+        headline = not (args.variant or args.sweep)
         load, before = os.getloadavg()[0], cpu.read()
-        merge_s, merged = run_merge(spark, data, f"{work}/lake", args.changes, args.batch)
+        merge_s, merged = run_merge(spark, data, f"{work}/lake", args.changes, args.batch) if headline \
+            else (0.0, [])
         spent = cpu.since(before)
-        live = check(spark, data, f"{work}/lake/public/orders")
-        print(f"ours      MERGE          {args.changes:>10,} rows in {merge_s:7.1f}s  "
-              f"{args.changes / merge_s:>10,.0f} rows/s  ({append_s / merge_s:.2f}x the append's rate; "
-              f"{live:,} live keys checked; load {load:.1f} -> {os.getloadavg()[0]:.1f}; {spent})", flush=True)
-        print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in merged) + " s")
-        print(f"          seconds per phase: {phase_line(merged)}", flush=True)
-        if args.event_log:
-            print("\n".join(job_lines(args.event_log, merged)), flush=True)
+        live = check(spark, data, f"{work}/lake/public/orders") if headline else 0
+        if headline:
+            print(f"ours      MERGE          {args.changes:>10,} rows in {merge_s:7.1f}s  "
+                  f"{args.changes / merge_s:>10,.0f} rows/s  ({append_s / merge_s:.2f}x the append's rate; "
+                  f"{live:,} live keys checked; load {load:.1f} -> {os.getloadavg()[0]:.1f}; {spent})", flush=True)
+            print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in merged) + " s")
+            print(f"          seconds per phase: {phase_line(merged)}", flush=True)
+            if args.event_log:
+                print("\n".join(job_lines(args.event_log, merged)), flush=True)
 
         formats = (["debezium-json"] if args.debezium_json else []) + (["avro"] if args.avro else [])
         registry = env.get("REGISTRY_URL") if args.avro else None
@@ -417,6 +497,42 @@ def main(argv: list[str] | None = None) -> None:
                   f"table equal to the json one; load {os.getloadavg()[0]:.1f})", flush=True)
             print(f"          per batch of {args.batch:,}: " + " ".join(f"{b.seconds:.1f}" for b in done) + " s")
             print(f"          seconds per phase: {phase_line(done)}", flush=True)
+
+        variants = [parse_variant(v) for v in args.variant]
+        for round_ in range(args.rounds if variants else 0):
+            for label, conf, props in [("defaults", {}, {}), *variants]:
+                load = os.getloadavg()[0]
+                root = f"{work}/v{round_}-{label}"
+                seconds, done, spent = run_variant(spark, cpu, data, root, args.changes, args.batch, conf, props)
+                check(spark, data, f"{root}/public/orders")
+                jobs = f"; {job_count(args.event_log, done)} Spark jobs" if args.event_log else ""
+                print(f"round {round_ + 1} {label:<14} MERGE {args.changes:,} rows in {seconds:6.1f}s "
+                      f"{args.changes / seconds:>8,.0f} rows/s ({append_s / seconds:.2f}x the append; load "
+                      f"{load:.1f} -> {os.getloadavg()[0]:.1f}; {spent}{jobs})", flush=True)
+                print(f"          per batch: " + " ".join(f"{b.seconds:.1f}" for b in done)
+                      + f" s; phases: {phase_line(done)}", flush=True)
+                shutil.rmtree(root, ignore_errors=True)
+
+        for size in [int(s) for s in args.sweep.split(",")] if args.sweep else []:
+            first = min(args.keys, args.changes)
+            rest = args.changes - first
+            load = os.getloadavg()[0]
+            target = f"{work}/sweep-append-{size}"
+            run_append(spark, data, target, first, first)
+            before = cpu.read()
+            append_each = run_append(spark, data, target, args.changes, size, first)
+            append_cpu = cpu.since(before)
+            root = f"{work}/sweep-{size}"
+            seconds, done, spent = run_variant(spark, cpu, data, root, args.changes, size, {}, {}, first)
+            jobs = f"; {job_count(args.event_log, done)} Spark jobs" if args.event_log else ""
+            print(f"sweep batch {size:>9,}: {rest:,} changes after {first:,} inserts: append {rest / append_each:>8,.0f} "
+                  f"rows/s ({append_cpu}), MERGE {rest / seconds:>8,.0f} rows/s ({spent}{jobs}): "
+                  f"{append_each / seconds:.2f}x; {len(done)} batches, load {load:.1f} -> {os.getloadavg()[0]:.1f}",
+                  flush=True)
+            print(f"          MERGE per batch: " + " ".join(f"{b.seconds:.1f}" for b in done)
+                  + f" s; phases: {phase_line(done)}", flush=True)
+            for path in (target, root, root + "-checkpoint"):
+                shutil.rmtree(path, ignore_errors=True)
 
         if args.latency_seconds > 0:
             bootstrap = env.get("KAFKA_BOOTSTRAP")
