@@ -525,7 +525,8 @@ def main(argv: list[str] | None = None) -> None:
             root = f"{work}/sweep-{size}"
             seconds, done, spent = run_variant(spark, cpu, data, root, args.changes, size, {}, {}, first)
             jobs = f"; {job_count(args.event_log, done)} Spark jobs" if args.event_log else ""
-            print(f"sweep batch {size:>9,}: {rest:,} changes after {first:,} inserts: append {rest / append_each:>8,.0f} "
+            print(f"sweep batch {size:>9,}: {rest:,} changes after {first:,} inserts: "
+                  f"append {rest / append_each:>8,.0f} "
                   f"rows/s ({append_cpu}), MERGE {rest / seconds:>8,.0f} rows/s ({spent}{jobs}): "
                   f"{append_each / seconds:.2f}x; {len(done)} batches, load {load:.1f} -> {os.getloadavg()[0]:.1f}",
                   flush=True)
