@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.spark_merge [--changes 1000000] [--keys 100000] [--batch 100000]
                                           [--latency-seconds 30] [--rate 1000] [--trigger 1]
                                           [--debezium-json] [--avro] [--event-log DIR]
+                                          [--variant LABEL:KEY=VALUE;... --rounds N] [--sweep SIZES]
 
 Steps, in one run, on one local Spark session (``local[2]``, one shuffle partition per core):
   1. changes: ``--changes`` change events of an ``orders`` table over ``--keys`` keys (the
@@ -23,6 +24,13 @@ Steps, in one run, on one local Spark session (``local[2]``, one shuffle partiti
      that format (the schema in every record, the logical types converted in Spark SQL).
   3c. with ``--avro``: the same in the ``avro`` format (schemas in the stack's registry, records
      decoded with spark-avro, then read as debezium-json rows), checked equal to the first.
+  3d. with ``--variant``: MERGE runs with other Delta settings or table properties
+     (``cow:table.delta.enableDeletionVectors=false``), alternating with the defaults in the same
+     session for ``--rounds`` rounds, each checked like 3: JVM CPU, Spark jobs, phases per run.
+  3e. with ``--sweep 25000,100000,...``: per batch size, append and MERGE of the changes after
+     the first ``--keys`` (written untimed before: the table holds every key, a live sink's
+     steady state), and their ratio by wall and by CPU. The ratio depends on the batch size: the
+     MERGE's cost follows the batches and the keys they touch, the append's the changes.
   4. latency: a streaming query of the sink on a Kafka topic while a producer writes ``--rate``
      changes/s for ``--latency-seconds``; per micro-batch, the time from the oldest change's commit
      time (ts_ms, set when produced) to the end of the batch's commits.
@@ -78,6 +86,16 @@ snapshots its new version). Main's sink and that one run side by side in the sam
 13.7 s of JVM CPU; MERGE 67.2 s JVM + 1.6 s Python, 540 s wall, 0.25x (main) against 68.5 +
 1.7 s, 545 s, 0.24x: no gain beyond noise. The same without transaction ids on the memory's
 append, another such pair (load 35 -> 24): 66.0 s of JVM CPU each, 102 jobs in 4 batches each.
+
+Session s7 (load 8-18 on the shared machine; the README's "Speed" has the tables). The bench's
+warm-up covered only the append: a cold first MERGE run took 83.0 s of JVM CPU, the same
+batches warm 49.4 s (400k changes over 100k keys, batches of 100k), so main's figures
+understated the MERGE; both sides are warmed now. ``--variant`` in that session: copy-on-write
+43.7-54.9 s and 81 jobs against 49.4 s and 102 jobs, no statistics 44.4-48.4 s and 105 jobs
+(neither kept: see the README). ``--sweep`` (350k changes over 50k keys): batches of 100k
+0.10x by wall, 0.20x by CPU (8.8 against 43.9 s, 91 jobs in 3 batches); one batch of 300k
+0.53x by wall, 0.32x by CPU (6.0 against 18.9 s, 26 jobs). The sink's own batch for a backlog
+is ``max_offsets_per_trigger``, 1M records by default, 10x this bench's default batch.
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
