@@ -94,8 +94,12 @@ understated the MERGE; both sides are warmed now. ``--variant`` in that session:
 43.7-54.9 s and 81 jobs against 49.4 s and 102 jobs, no statistics 44.4-48.4 s and 105 jobs
 (neither kept: see the README). ``--sweep`` (350k changes over 50k keys): batches of 100k
 0.10x by wall, 0.20x by CPU (8.8 against 43.9 s, 91 jobs in 3 batches); one batch of 300k
-0.53x by wall, 0.32x by CPU (6.0 against 18.9 s, 26 jobs). The sink's own batch for a backlog
-is ``max_offsets_per_trigger``, 1M records by default, 10x this bench's default batch.
+0.53x by wall, 0.32x by CPU (6.0 against 18.9 s, 26 jobs); batches of 25k 0.26x by wall, 0.15x
+by CPU (17.7 against 117.1 s, 395 jobs in 12 batches). Another run, 1.1M changes over 100k keys,
+one batch of 1M after the 100k inserts: append 69,445 rows/s (12.9 s), MERGE 22,438 (31.6 s,
+26 jobs), 0.32x by wall, 0.41x by CPU. The sink's own batch for a backlog is
+``max_offsets_per_trigger``, 1M records by default, 10x this bench's default batch: the default
+batch here measures many small MERGEs, the sweep's 1M a backlog.
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
