@@ -99,7 +99,9 @@ by CPU (17.7 against 117.1 s, 395 jobs in 12 batches). Another run, 1.1M changes
 one batch of 1M after the 100k inserts: append 69,445 rows/s (12.9 s), MERGE 22,438 (31.6 s,
 26 jobs), 0.32x by wall, 0.41x by CPU. The sink's own batch for a backlog is
 ``max_offsets_per_trigger``, 1M records by default, 10x this bench's default batch: the default
-batch here measures many small MERGEs, the sweep's 1M a backlog.
+batch here measures many small MERGEs, the sweep's 1M a backlog. Latency (30 s at 1k
+changes/s, trigger 1 s) at load 5-6, consecutive runs: micro-batches p50 7.5 s, p95 9.4 s (this
+bench), p50 7.0 s, p95 8.3 s (main's): the sink's 5 s p95 needs a quiet machine.
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
