@@ -5,7 +5,9 @@ hands out one row per call; the ``size`` argument only applies to COPY FROM): a 
 bytes object and a Python call per row, before our code has even cut the lines. Where
 ``_copyjson.c`` was built, ``copy_blocks`` runs that libpq loop in C without the GIL instead and
 hands on whole blocks of lines, the snapshot's row JSON already made in the same loop
-(``copy_json.py``), so no Python object is made per row.
+(``copy_json.py``), so no Python object is made per row. It runs the statement as it is, so it
+is used where psycopg2 would send nothing before it: on an autocommit connection or inside an
+open transaction (the snapshot readers'); elsewhere ``copy_expert`` runs, with its BEGIN.
 
 The connection stays psycopg2's (it is inside the exported snapshot): the loop drives its
 ``PGconn`` (``connection.pgconn_ptr``) with the functions of the very libpq psycopg2 loaded. A
@@ -31,6 +33,7 @@ from typing import Callable
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 
 from sources.postgres.copy_json import CopyJson, _copyjson
 
@@ -95,7 +98,9 @@ def copy_blocks(conn, sql: str, lines: int, emit: Callable[[bytes], None], rewri
     each block of up to ``lines`` whole lines, each made by ``rewrite`` where given. Returns the
     number of rows read; raises ``psycopg2.Error`` as ``copy_expert`` does."""
     functions = libpq_functions() if USE_C else None
-    if functions is None:
+    if functions is None or not (conn.autocommit or conn.status == psycopg2.extensions.STATUS_BEGIN):
+        # Outside a transaction on a connection that is not autocommit, psycopg2 would send BEGIN
+        # first (incremental.py's chunk reads): it keeps doing so.
         return _copy_expert(conn, sql, lines, emit, rewrite)
     spec = None
     if rewrite is not None:

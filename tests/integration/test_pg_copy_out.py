@@ -9,6 +9,7 @@ import io
 import time
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 
 from cdc.errors import PermanentError, RetriableError
@@ -115,3 +116,16 @@ def test_a_connection_killed_mid_copy_is_a_retriable_error(pg_dsn, use_c):
     finally:
         conn.close()
         killer.close()
+
+
+def test_outside_a_transaction_psycopg2_still_begins_one(pg_dsn, use_c):
+    # incremental.py reads its chunks on a connection that is not autocommit, between transactions:
+    # psycopg2 sends BEGIN before the COPY there, and so it must stay.
+    conn = psycopg2.connect(pg_dsn)
+    try:
+        assert conn.status == psycopg2.extensions.STATUS_READY
+        assert _blocks(conn, "COPY (SELECT 1, 'a') TO STDOUT", 10) == [b"1\ta\n"]
+        assert conn.status == psycopg2.extensions.STATUS_BEGIN
+        conn.rollback()
+    finally:
+        conn.close()
