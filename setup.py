@@ -2,9 +2,10 @@
 and COPY loop; Kafka messages to records), cdc/_window.c (the newest version per key
 of a bulk load's window), sinks/opensearch/_lines.c (the OpenSearch sink's
 reduction and bulk lines), sources/mysql/_rowdecode.c (binlog row images of the common column
-types) and sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text). Without a
-compiler the build goes on without them, and the Python code they mirror runs instead (the same
-output, slower)."""
+types), sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text) and
+cdc/_rdproduce.c (snapshot rows to Kafka a block per call, over the system's librdkafka: apt's
+librdkafka-dev). Without a compiler (or, for the last, librdkafka's headers) the build goes on
+without them, and the Python code they mirror runs instead (the same output, slower)."""
 
 from setuptools import Extension, setup
 
@@ -17,4 +18,5 @@ setup(ext_modules=[
     Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.postgres._copyjson", ["sources/postgres/_copyjson.c"], optional=True,
               extra_compile_args=FLAGS),
+    Extension("cdc._rdproduce", ["cdc/_rdproduce.c"], optional=True, libraries=["rdkafka"], extra_compile_args=FLAGS),
 ])

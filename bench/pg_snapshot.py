@@ -267,6 +267,10 @@ def main() -> None:
                         help="run each count twice in a row, first with the rows made into events in this "
                              "process (sources.postgres.snapshot.ROW_BLOCKS off: the code before RowBlock), "
                              "then as RowBlocks, to compare the two in the same conditions")
+    parser.add_argument("--compare-producer", action="store_true",
+                        help="run each count twice in a row, first with every record through confluent-kafka "
+                             "(cdc.log.block_producer.ENABLED off: the code before the block producer), then "
+                             "with RowBlocks through the block producer, alternating, in the same conditions")
     parser.add_argument("--rounds", type=int, default=1, help="times to run the whole list of runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
@@ -303,12 +307,20 @@ def main() -> None:
             from sources.postgres import snapshot as pg_snapshot
 
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
-            blocks = [False, True] if args.compare_events else [pg_snapshot.ROW_BLOCKS]
-            runs = [(count, processes, row_blocks) for _ in range(args.rounds) for count, processes in runs
-                    for row_blocks in blocks]
-            for number, (count, processes, row_blocks) in enumerate(runs):
+            from cdc.log import block_producer
+
+            # (RowBlocks, through the block producer) per run of a count
+            blocks = [(False, False), (True, False)] if args.compare_events else [(pg_snapshot.ROW_BLOCKS, False)]
+            if args.compare_producer:
+                blocks = [(row_blocks, ours) for row_blocks, _ in blocks for ours in (False, True)]
+            elif block_producer.available():
+                blocks = [(row_blocks, row_blocks) for row_blocks, _ in blocks]
+            runs = [(count, processes, row_blocks, ours) for _ in range(args.rounds) for count, processes in runs
+                    for row_blocks, ours in blocks]
+            for number, (count, processes, row_blocks, ours) in enumerate(runs):
                 pg_snapshot.ROW_BLOCKS = row_blocks
-                kind = ("p" if processes else "t") + ("" if row_blocks else "e")
+                block_producer.ENABLED = ours
+                kind = ("p" if processes else "t") + ("" if row_blocks else "e") + ("b" if ours else "")
                 name = f"bench_snap_{run_id}_{kind}{count}_{number}"
                 prefix = f"bench_{run_id}_{kind}{count}_{number}"
                 prefixes.append(prefix)
@@ -324,7 +336,7 @@ def main() -> None:
                     seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
                          f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else "")
-                         + ("" if row_blocks else ", events"))
+                         + ("" if row_blocks else ", events") + (", block producer" if ours else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "
