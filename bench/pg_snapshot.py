@@ -2,7 +2,8 @@
 
     .venv/bin/cdc dev up --only postgres,kafka
     .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--threads] [--chunk-pages 2048]
-                                          [--compare-events] [--rounds 1] [--profile snapshot.prof]
+                                          [--compare-events] [--compare-producer] [--rounds 1]
+                                          [--profile snapshot.prof]
 
 Steps, in one run on this machine:
   1. a fresh database with an ``orders`` table of ``--rows`` rows (the columns of bench.pg_stream:

@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover - a build without librdkafka-dev
 
 log = logging.getLogger(__name__)
 
+# librdkafka reports failed records only (``delivery.report.only.error``): successes are freed on
+# its own threads rather than served on the publishing one. bench/snapshot_produce.py compares.
+ONLY_FAILURES = False
 ENABLED = True  # tests and bench/pg_snapshot.py turn it off to compare with confluent-kafka alone
 PYTHON_ONLY = frozenset({"logger", "error_cb", "on_delivery", "delivery.report.only.error"})
 # syslog levels (librdkafka's) -> logging levels
@@ -129,4 +132,11 @@ def open_block_producer(config: dict[str, Any]) -> BlockProducer | None:
     if settings is None:
         log.info("snapshot rows go through confluent-kafka: a producer setting is a Python callable")
         return None
-    return BlockProducer(settings)
+    if ONLY_FAILURES:
+        settings["delivery.report.only.error"] = "true"
+    try:
+        return BlockProducer(settings)
+    except ValueError as exc:  # a setting the system's (older) librdkafka does not know
+        log.warning("snapshot rows go through confluent-kafka: the block producer (librdkafka %s) refused the "
+                    "producer settings: %s", _rdproduce.version(), exc)
+        return None

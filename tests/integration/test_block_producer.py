@@ -112,3 +112,49 @@ def test_the_writer_switches_producers_only_when_the_one_it_leaves_is_acknowledg
         newest[record.key] = orjson.loads(record.value)["after"].get("note")
     assert newest[b'{"id":1}'] == "streamed"  # the change is after the snapshot's row of its key
     assert len(newest) == len(KEYS)
+
+
+def _compacted(log: KafkaLog, topic: str) -> dict[str, dict]:
+    """What compaction keeps: the last record of each key in its partition (no versions compared),
+    rows only."""
+    last: dict[bytes, bytes | None] = {}
+    for record in sorted(log.read_all(topic), key=lambda r: (r.partition, r.offset)):
+        last[record.key] = record.value
+    out = {}
+    for key, value in last.items():
+        envelope = orjson.loads(value) if value is not None else None
+        if envelope is not None and envelope["op"] != "d":
+            out[key.decode()] = envelope["after"]
+    return out
+
+
+@pytest.mark.postgres
+def test_a_snapshot_through_the_block_producer_then_the_stream_compacts_to_the_table(pg_dsn, kafka_bootstrap,
+                                                                                    tmp_path, kafka_topic,
+                                                                                    monkeypatch):
+    """Reader processes, small chunks, changes to the snapshotted keys right after it: the last
+    record of every key (what compaction keeps, whatever the versions) is the table's row."""
+    from tests.integration.pg_capture import capturing, execute, pg_config, table_rows, wait_until
+
+    execute(pg_dsn, "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
+            "INSERT INTO accounts SELECT g, 100, 'n' FROM generate_series(1, 5000) g")
+    opened = []
+    monkeypatch.setattr("cdc.log.kafka.open_block_producer",
+                        lambda config: opened.append(block_producer.open_block_producer(config)) or opened[-1])
+    log = KafkaLog(kafka_bootstrap, TopicSettings(partitions=3))
+    topic = f"{kafka_topic}.public.accounts"
+    try:
+        config = pg_config(pg_dsn, tmp_path, snapshot_chunk_pages=4, snapshot_workers=2)
+        with capturing(config, log, kafka_topic) as capture:
+            wait_until(lambda: capture.runner.stats.phase == "streaming", timeout=120, what="streaming",
+                       capture=capture)
+            execute(pg_dsn, "UPDATE accounts SET balance = balance + 1, note = 'streamed' WHERE id % 7 = 0",
+                    "DELETE FROM accounts WHERE id % 11 = 0")
+            expected = table_rows(pg_dsn, "accounts")
+            wait_until(lambda: _compacted(log, topic) == expected, timeout=120, what="the compacted topic",
+                       capture=capture)
+        records = [orjson.loads(r.value) for r in log.read_all(topic) if r.value is not None]
+        assert sum(r["op"] == "r" for r in records) == 5000
+        assert opened and opened[0] is not None  # the snapshot's rows went through the block producer
+    finally:
+        log.close()
