@@ -83,7 +83,39 @@ Quiet, after the merge (load 1.9-2.8, two runs of ``--workers 1,2,4 --threads``)
 rows/s; processes 1/2/4 27%/22-26%/20-22% of COPY (384k/354-369k/306-324k rows/s); threads 1/2/4
 29-30%/31-32%/29-32% (411-483k/449-493k/406-514k rows/s); ours 2.2-2.6 us/row with threads.
 
-Why 40% of COPY is out of reach on two cores with the broker on them: 40% of the quiet COPY rate
+The block producer (cdc/log/block_producer.py over cdc/_rdproduce.c, our own librdkafka binding):
+a RowBlock goes to librdkafka in one call, each record made from its line in C and produced with
+the GIL released, delivery reports counted in C. ``--compare-producer`` runs each count first with
+every record through confluent-kafka (the code before it) and then through the block producer.
+Timed alone (bench/snapshot_produce.py, 300k records, two rounds at load 36-37), CPU us per
+record: confluent-kafka produce 0.65-0.72 + acknowledgements 0.39-0.41 + librdkafka's threads
+1.03-1.14 + broker 0.83-1.03 = 3.10; the block producer (reports for every record counted in C)
+produce_rows 0.49-0.55 + final flush 0.12-0.15 + librdkafka's threads 0.93 + broker 0.57-0.60 =
+2.13-2.20. So about 1 us a record less, a third of it in the broker (it took the block
+producer's fuller batches more cheaply in every pair). Reporting failures only
+(``delivery.report.only.error``, ``block``) moved 0.1 us from the calling thread to librdkafka's
+and saved nothing in total, so the writer counts every report.
+
+Paired in one session (1M rows; each count first confluent-kafka, then the block producer; load
+40-67 while other helpers ran test suites; rows/s, % of the COPY measured in the same run, CPU us
+per row ours/PostgreSQL/broker):
+
+    1 process    11k 12%  3.8/0.6/4.3 | 15k 15%  3.0/0.5/1.8
+    2 processes  21k 22%  4.1/0.5/3.1 | 30k 31%  3.6/0.5/2.3
+    4 processes  19k 19%  5.1/0.5/3.2 | 22k 23%  4.6/0.5/2.6
+    1 thread     24k 25%  3.3/0.6/2.5 | 34k 36%  2.7/0.6/1.6
+    2 threads    32k 33%  3.1/0.5/1.7 | 29k 30%  3.1/0.6/1.4
+    4 threads    29k 30%  3.0/0.5/1.5 | 35k 36%  2.9/0.5/1.5
+ROUND2
+
+Why 40% of COPY is still out of reach on two cores with the broker on them: with the block
+producer, producing a record costs about 2.1-2.2 us of CPU in all (our call ~0.5, its reports
+~0.13, librdkafka's threads ~0.93, the broker alone ~0.6 at load 36, 0.7-0.8 quiet before); with
+the server's plain COPY (0.5) and the readers' COPY and row JSON (~0.9) a row costs at least
+3.5-3.6 us, while 40% of the quiet COPY rate (1.46M rows/s, 584k rows/s) allows 3.4 us a row on
+two cores used to the last cycle, which a pipeline of a server, a reader, a producer and a broker
+never does. Measured, the best pairs came to 2.7-2.9 us in our process (threads) plus 0.5
+(PostgreSQL) and 1.5-1.6 (the broker, at load 40-60). Before the block producer: 40% of the quiet COPY rate
 (1.46M rows/s) is 584k rows/s, which two cores allow only if everything together costs at most
 3.4 us of CPU per row. The floor of the pieces we do not write, measured alone: the server's
 plain COPY 0.5 us, confluent-kafka and librdkafka 1.8 us (produce 0.6 + acknowledgements 0.3 +
@@ -93,7 +125,10 @@ about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; 
 costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
 means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
 call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
-cores; neither is done here.
+cores. The binding is built now (above): it saved 0.4-0.8 us a row in our process and some of the
+broker's; what remains is librdkafka's per-message work (its copy, partitioner, queue and
+per-message bookkeeping after the acks, ~1.5 us on both sides of our call) and the broker's
+(~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off.
 """
 
 from __future__ import annotations
