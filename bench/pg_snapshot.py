@@ -106,7 +106,16 @@ per row ours/PostgreSQL/broker):
     1 thread     24k 25%  3.3/0.6/2.5 | 34k 36%  2.7/0.6/1.6
     2 threads    32k 33%  3.1/0.5/1.7 | 29k 30%  3.1/0.6/1.4
     4 threads    29k 30%  3.0/0.5/1.5 | 35k 36%  2.9/0.5/1.5
-ROUND2
+    a second session at load 33-36 (COPY 223k rows/s at its start):
+    1 process    38k 17%  3.4/0.5/1.0 | 56k 25%  2.8/0.5/0.7
+    2 processes  45k 20%  4.0/0.5/0.8 | 56k 25%  3.4/0.5/0.8
+    1 thread     40k 18%  2.7/0.5/0.8 | 33k 15%  2.8/0.5/0.8
+    2 threads    37k 17%  2.8/0.5/0.9 | 41k 18%  2.5/0.5/0.7
+
+With reader processes the capture process spends 0.5-0.8 us a row less in every pair (the
+records no longer pass through Python); with reader threads (the default) 0.6, 0.3, 0.1 and 0.0
+less and once 0.1 more: the block producer releases the GIL for the whole block, so the reader
+threads take it in between, and the handoffs cost part of what was saved.
 
 Why 40% of COPY is still out of reach on two cores with the broker on them: with the block
 producer, producing a record costs about 2.1-2.2 us of CPU in all (our call ~0.5, its reports
@@ -125,7 +134,7 @@ about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; 
 costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
 means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
 call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
-cores. The binding is built now (above): it saved 0.4-0.8 us a row in our process and some of the
+cores. The binding is built now (above): it saved 0.5-0.8 us a row in our process with reader processes (less with threads) and some of the
 broker's; what remains is librdkafka's per-message work (its copy, partitioner, queue and
 per-message bookkeeping after the acks, ~1.5 us on both sides of our call) and the broker's
 (~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off.

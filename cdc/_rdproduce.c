@@ -22,6 +22,16 @@
 
 static PyObject *ProduceError;  /* args: (code, name, description) */
 
+static void
+set_produce_error(rd_kafka_resp_err_t err)
+{
+    PyObject *args = Py_BuildValue("(iss)", err, rd_kafka_err2name(err), rd_kafka_err2str(err));
+    if (args != NULL) {
+        PyErr_SetObject(ProduceError, args);
+        Py_DECREF(args);
+    }
+}
+
 typedef struct {
     PyObject_HEAD
     rd_kafka_t *rk;
@@ -212,8 +222,7 @@ topic_handle(Producer *self, PyObject *name)
         return NULL;
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(self->rk, text, NULL);  /* the partitioner of the config */
     if (rkt == NULL) {
-        rd_kafka_resp_err_t err = rd_kafka_last_error();
-        PyErr_SetObject(ProduceError, Py_BuildValue("(iss)", err, rd_kafka_err2name(err), rd_kafka_err2str(err)));
+        set_produce_error(rd_kafka_last_error());
         return NULL;
     }
     capsule = PyCapsule_New(rkt, NULL, NULL);
@@ -339,7 +348,7 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&block);
     self->busy = 0;
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        PyErr_SetObject(ProduceError, Py_BuildValue("(iss)", err, rd_kafka_err2name(err), rd_kafka_err2str(err)));
+        set_produce_error(err);
         return NULL;
     }
     return PyLong_FromLongLong(nbytes);

@@ -31,3 +31,22 @@ def test_a_setting_only_python_can_serve_keeps_every_record_on_confluent_kafka()
 @pytest.mark.skipif(block_producer._rdproduce is None, reason="cdc/_rdproduce.c was not built")
 def test_a_setting_the_systems_librdkafka_refuses_keeps_every_record_on_confluent_kafka():
     assert open_block_producer({"bootstrap.servers": "127.0.0.1:9092", "no.such.setting": "1"}) is None
+
+
+@pytest.mark.skipif(block_producer._rdproduce is None, reason="cdc/_rdproduce.c was not built")
+def test_a_record_librdkafka_refuses_at_once_is_a_typed_error_and_nothing_after_it_goes():
+    from cdc.errors import DeliveryError
+
+    producer = open_block_producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": 1000})
+    try:
+        block = b"1\t{}\n2\t" + b'"' + b"x" * 2000 + b'"\n3\t{}\n'
+        with pytest.raises(DeliveryError) as caught:
+            producer.produce_rows("some.topic", block, b"", b"", b"", b"")
+        assert caught.value.retriable is False and "MSG_SIZE_TOO_LARGE" in str(caught.value)
+        assert "some.topic" in str(caught.value)
+        assert producer.outstanding == 1  # the record before it, queued; the one after it never made
+        with pytest.raises(TypeError):  # a line without its key's tab: nothing of the block is produced
+            producer.produce_rows("some.topic", b"1\t{}\n2{}\n", b"", b"", b"", b"")
+        assert producer.outstanding == 1
+    finally:
+        assert producer.close(0) == 1  # dropped, as a writer's close drops what is left
