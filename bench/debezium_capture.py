@@ -48,19 +48,17 @@ Debezium default 30,150/s (33.2 s), tuned 41,594/s (24.0 s): 4.34x and 3.14x.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 from psycopg2.extensions import parse_dsn
 
 from bench.pg_stream import ORDERS_DDL, delete_topics, execute, fresh_database, run_workload, stack_settings
+from bench.side_by_side import load, time_cdc, time_connect, wait_until_done
 
 # Debezium's connector limits as its docs tune them for throughput; the producer as ours is set.
 DEBEZIUM_TUNED = {"max.batch.size": "20480", "max.queue.size": "81920", "poll.interval.ms": "10"}
@@ -91,55 +89,28 @@ def records_in(consumer, topic: str) -> int:
         return 0
 
 
-def wait_for_records(consumer, topic: str, expected: int, began: float, alive, describe, timeout: float) -> float:
-    """Seconds from ``began`` until ``topic`` holds ``expected`` records."""
-    deadline = time.monotonic() + timeout
-    while (count := records_in(consumer, topic)) < expected:
-        if not alive():
-            raise RuntimeError(f"the reader ended with {count:,} of {expected:,} records in {topic}:\n{describe()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{count:,} of {expected:,} records in {topic} after {timeout:g}s:\n{describe()}")
-        time.sleep(0.05)
-    return time.perf_counter() - began
+def wait_for_records(consumer, topic: str, expected: int, timeout: float):
+    """``wait(began, alive, describe)`` for bench.side_by_side: the seconds from ``began`` until
+    ``topic`` holds ``expected`` records."""
+    def probe() -> tuple[bool, str]:
+        count = records_in(consumer, topic)
+        return count >= expected, f"{count:,} of {expected:,} records in {topic}"
 
-
-def stop_group(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    return lambda began, alive, describe: wait_until_done(probe, began, alive, describe, timeout, "reader", 0.05)
 
 
 def run_ours(directory: Path, dsn: str, slot: str, bootstrap: str, prefix: str, partitions: int,
              consumer, expected: int, timeout: float) -> float:
-    directory.mkdir()
-    config = directory / "cdc.yaml"
-    config.write_text(
-        f"log:\n  kafka: {{bootstrap_servers: '{bootstrap}', topic_prefix: {prefix}, partitions: {partitions}}}\n"
-        f"sources:\n  - {{name: pg, type: postgres, dsn: '{dsn}', tables: ['public.orders'], slot: {slot}, "
-        f"publication: {slot}, snapshot: never, state_dir: '{directory / 'state'}'}}\n"
-        f"http: null\n")
-    log = directory / "cdc.log"
-    began = time.perf_counter()
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=directory,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return wait_for_records(consumer, f"{prefix}.public.orders", expected, began,
-                                lambda: process.poll() is None,
-                                lambda: "\n".join(log.read_text(errors="replace").splitlines()[-30:]), timeout)
-    finally:
-        stop_group(process)
+    return time_cdc(directory,
+                    f"log:\n  kafka: {{bootstrap_servers: '{bootstrap}', topic_prefix: {prefix}, partitions: {partitions}}}\n"
+                    f"sources:\n  - {{name: pg, type: postgres, dsn: '{dsn}', tables: ['public.orders'], slot: {slot}, "
+                    f"publication: {slot}, snapshot: never, state_dir: '{directory / 'state'}'}}\n"
+                    f"http: null\n",
+                    [], wait_for_records(consumer, f"{prefix}.public.orders", expected, timeout))
 
 
 def run_debezium(directory: Path, dsn: str, slot: str, bootstrap: str, prefix: str, partitions: int,
                  consumer, expected: int, timeout: float, tuned: bool) -> float:
-    from cdc.dev.connect import ConnectStandalone
-
-    directory.mkdir()
     url = parse_dsn(dsn)  # the fresh database's DSN is in key=value form
     connector = {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector", "tasks.max": "1",
@@ -155,18 +126,8 @@ def run_debezium(directory: Path, dsn: str, slot: str, bootstrap: str, prefix: s
     if tuned:
         connector.update(DEBEZIUM_TUNED)
         worker.update(PRODUCER_AS_OURS)
-    connect = ConnectStandalone(directory, bootstrap)
-    began = time.perf_counter()
-    connect.start({"pg-source": connector}, worker_settings=worker, heap="1g")
-    try:
-        return wait_for_records(consumer, f"{prefix}.public.orders", expected, began,
-                                lambda: connect.alive() and not connect.task_failed(), connect.log_tail, timeout)
-    finally:
-        connect.stop()
-
-
-def load() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return time_connect(directory, bootstrap, {"pg-source": connector}, worker,
+                        wait_for_records(consumer, f"{prefix}.public.orders", expected, timeout))
 
 
 def main() -> None:

@@ -44,14 +44,11 @@ ratio, and run it again on a quiet machine before quoting the rates.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -59,8 +56,8 @@ from pathlib import Path
 import psycopg2
 from psycopg2.extensions import parse_dsn
 
-from bench.debezium_capture import load, stop_group
 from bench.pg_stream import delete_topics, execute, stack_settings
+from bench.side_by_side import load, time_cdc, time_connect, wait_until_done
 
 COLUMNS = ("id", "customer_id", "status", "total", "note", "updated_at", "seq")
 DEBEZIUM_TUNED = {"batch.size": "10000", "use.reduction.buffer": "true"}
@@ -142,16 +139,14 @@ def target_state(dsn: str) -> tuple[int, int] | None:
     return int(rows[0][0]), int(rows[0][1])
 
 
-def wait_for_target(dsn: str, expected: tuple[int, int], began: float, alive, describe, timeout: float) -> float:
-    """Seconds from ``began`` until the target's count and sum(seq) are the workload's."""
-    deadline = time.monotonic() + timeout
-    while (state := target_state(dsn)) != expected:
-        if not alive():
-            raise RuntimeError(f"the applier ended with the target at {state} of {expected}:\n{describe()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the target at {state} of {expected} after {timeout:g}s:\n{describe()}")
-        time.sleep(0.2)
-    return time.perf_counter() - began
+def wait_for_target(dsn: str, expected: tuple[int, int], timeout: float):
+    """``wait(began, alive, describe)`` for bench.side_by_side: the seconds from ``began`` until
+    the target's count and sum(seq) are the workload's."""
+    def probe() -> tuple[bool, str]:
+        state = target_state(dsn)
+        return state == expected, f"the target at {state} of {expected}"
+
+    return lambda began, alive, describe: wait_until_done(probe, began, alive, describe, timeout, "applier", 0.2)
 
 
 def check_rows(dsn: str, workload: Workload) -> None:
@@ -167,30 +162,16 @@ def check_rows(dsn: str, workload: Workload) -> None:
 
 
 def run_ours(directory: Path, bootstrap: str, prefix: str, topic: str, dsn_url: str, expected, timeout: float) -> float:
-    directory.mkdir()
     url = dsn_url.replace("postgresql://", "postgresql+psycopg2://", 1)
-    config = directory / "cdc.yaml"
-    config.write_text(
-        f"log:\n  kafka: {{bootstrap_servers: '{bootstrap}', topic_prefix: {prefix}}}\n"
-        f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{topic}']}}\n"
-        f"http: null\n")
-    log = directory / "cdc.log"
-    began = time.perf_counter()
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config), "--only", "wh"],
-                                   cwd=directory, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return wait_for_target(dsn_url, expected, began, lambda: process.poll() is None,
-                               lambda: "\n".join(log.read_text(errors="replace").splitlines()[-30:]), timeout)
-    finally:
-        stop_group(process)
+    return time_cdc(directory,
+                    f"log:\n  kafka: {{bootstrap_servers: '{bootstrap}', topic_prefix: {prefix}}}\n"
+                    f"sinks:\n  - {{name: wh, type: sql, url: '{url}', topics: ['{topic}']}}\n"
+                    f"http: null\n",
+                    ["--only", "wh"], wait_for_target(dsn_url, expected, timeout))
 
 
 def run_debezium(directory: Path, bootstrap: str, topic: str, dsn_url: str, expected, timeout: float,
                  tuned: bool) -> float:
-    from cdc.dev.connect import ConnectStandalone
-
-    directory.mkdir()
     dsn = parse_dsn(dsn_url)
     url = f"jdbc:postgresql://{dsn.get('host', '127.0.0.1')}:{dsn.get('port', '5432')}/{dsn['dbname']}"
     connector = {
@@ -202,16 +183,9 @@ def run_debezium(directory: Path, bootstrap: str, topic: str, dsn_url: str, expe
     }
     if tuned:
         connector.update(DEBEZIUM_TUNED)
-    connect = ConnectStandalone(directory, bootstrap)
-    began = time.perf_counter()
     # A name of its own per run: Connect's consumer group (connect-<name>) starts at the topic's start.
-    connect.start({f"jdbc-{uuid.uuid4().hex[:8]}": connector}, worker_settings=WORKER_TUNED if tuned else None,
-                  heap="1g")
-    try:
-        return wait_for_target(dsn_url, expected, began, lambda: connect.alive() and not connect.task_failed(),
-                               connect.log_tail, timeout)
-    finally:
-        connect.stop()
+    return time_connect(directory, bootstrap, {f"jdbc-{uuid.uuid4().hex[:8]}": connector},
+                        WORKER_TUNED if tuned else None, wait_for_target(dsn_url, expected, timeout))
 
 
 def main() -> None:

@@ -72,7 +72,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -84,6 +83,7 @@ import orjson
 import psycopg2
 
 from bench.pg_stream import drop_slots, execute, stack_settings
+from bench.side_by_side import stop_group
 
 TICK = 0.01  # one source transaction every 10 ms
 mp = multiprocessing.get_context("spawn")  # no fork of a process holding librdkafka's threads
@@ -298,13 +298,8 @@ def main() -> None:
                       flush=True)
                 first_id = max(committed) + 1
     finally:
-        if daemon is not None and daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                daemon.wait()
+        if daemon is not None:
+            stop_group(daemon)
         for topic in log.topics():
             if topic.startswith(prefix + "."):
                 log.delete_topic(topic)

@@ -45,7 +45,8 @@ from urllib.parse import urlparse
 
 import pymysql
 
-from bench.pg_stream import RunnerThread, Workload, delete_topics, max_rss_mb, plan, print_profile
+from bench.pg_stream import (Workload, add_capture_arguments, delete_topics, max_rss_mb, plan, print_profile,
+                              time_capture)
 
 
 def stack_settings() -> dict[str, str]:
@@ -215,36 +216,13 @@ def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, i
 
 def run_ours(config, start, kafka, prefix: str, partitions: int, files: list[str], end: int,
              offset_interval: float, profile: cProfile.Profile | None, timeout: float):
-    from cdc.log.base import TopicSettings
-    from cdc.offsets import OffsetStore
-    from cdc.runtime.runner import SourceRunner
     from sources.mysql.source import MySqlSource
 
-    offsets = OffsetStore(kafka, prefix)
-    source = MySqlSource(config, start)
-    runner = SourceRunner(source, kafka, offsets, prefix, TopicSettings(partitions=partitions),
-                          offset_interval=offset_interval)
-    capture = RunnerThread(runner, profile)
-    began = time.perf_counter()
-    capture.start()
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            stored = runner.stored
-            if stored is not None and stored is not start and stored.file == files[-1] and stored.pos >= end:
-                break
-            capture.check()
-            if not capture.thread.is_alive():
-                raise RuntimeError("the capture ended before reaching the end of the workload")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the capture did not reach {files[-1]}:{end} within {timeout:g}s "
-                                   f"(stored {runner.stored}, {runner.stats.events} events)")
-            time.sleep(0.005)
-        elapsed = time.perf_counter() - began
-    finally:
-        capture.stop()
-        offsets.close()
-    return elapsed, runner.stats
+    def reached(stored) -> bool:
+        return stored is not None and stored is not start and stored.file == files[-1] and stored.pos >= end
+
+    return time_capture(lambda offsets: MySqlSource(config, start), kafka, prefix, partitions, offset_interval,
+                        profile, timeout, reached, f"{files[-1]}:{end}")
 
 
 def line(label: str, n: int, seconds: float, baseline: float | None = None) -> str:
@@ -257,14 +235,7 @@ def line(label: str, n: int, seconds: float, baseline: float | None = None) -> s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--changes", type=int, default=1_000_000, help="row changes in the workload")
-    parser.add_argument("--txn-rows", type=int, default=5000, help="rows per workload transaction")
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--offset-interval", type=float, default=1.0,
-                        help="seconds between offset saves (the runtime default: 1.0)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds ours may take at most")
-    parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
-                        help="run the capture under cProfile; print the top 15 by own time (and save FILE)")
+    add_capture_arguments(parser)
     parser.add_argument("--skip-baselines", action="store_true")
     args = parser.parse_args()
 

@@ -302,28 +302,29 @@ def run_recvlogical(bindir: str, dsn: str, slot: str, options: dict[str, str], e
     return elapsed
 
 
-def run_ours(config, kafka, prefix: str, partitions: int, end: int, offset_interval: float,
-             profile: cProfile.Profile | None, timeout: float) -> tuple[float, object]:
+def time_capture(make_source, kafka, prefix: str, partitions: int, offset_interval: float,
+                 profile: cProfile.Profile | None, timeout: float, reached, end: str) -> tuple[float, object]:
+    """Seconds until ``reached(stored position)`` of a SourceRunner of ``make_source(offsets)``
+    into ``kafka``, and its stats; ``end`` names the workload's end in the error of a timeout.
+    Shared by this benchmark and bench.mysql_stream."""
     from cdc.log.base import TopicSettings
     from cdc.offsets import OffsetStore
     from cdc.runtime.runner import SourceRunner
-    from sources.postgres.source import PostgresSource
 
     offsets = OffsetStore(kafka, prefix)
-    source = PostgresSource(config, offsets.load(config.name))
-    runner = SourceRunner(source, kafka, offsets, prefix, TopicSettings(partitions=partitions),
+    runner = SourceRunner(make_source(offsets), kafka, offsets, prefix, TopicSettings(partitions=partitions),
                           offset_interval=offset_interval)
     capture = RunnerThread(runner, profile)
     began = time.perf_counter()
     capture.start()
     try:
         deadline = time.monotonic() + timeout
-        while runner.stored is None or runner.stored.lsn <= end:
+        while not reached(runner.stored):
             capture.check()
             if not capture.thread.is_alive():
                 raise RuntimeError("the capture ended before reaching the end of the workload")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the capture did not reach {end:X} within {timeout:g}s "
+                raise RuntimeError(f"the capture did not reach {end} within {timeout:g}s "
                                    f"(stored {runner.stored}, {runner.stats.events} events)")
             time.sleep(0.005)
         elapsed = time.perf_counter() - began
@@ -331,6 +332,27 @@ def run_ours(config, kafka, prefix: str, partitions: int, end: int, offset_inter
         capture.stop()
         offsets.close()
     return elapsed, runner.stats
+
+
+def run_ours(config, kafka, prefix: str, partitions: int, end: int, offset_interval: float,
+             profile: cProfile.Profile | None, timeout: float) -> tuple[float, object]:
+    from sources.postgres.source import PostgresSource
+
+    return time_capture(lambda offsets: PostgresSource(config, offsets.load(config.name)), kafka, prefix, partitions,
+                        offset_interval, profile, timeout, lambda stored: stored is not None and stored.lsn > end,
+                        f"{end:X}")
+
+
+def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options this benchmark and bench.mysql_stream share."""
+    parser.add_argument("--changes", type=int, default=1_000_000, help="row changes in the workload")
+    parser.add_argument("--txn-rows", type=int, default=5000, help="rows per workload transaction")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--offset-interval", type=float, default=1.0,
+                        help="seconds between offset saves (the runtime default: 1.0)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds ours may take at most")
+    parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
+                        help="run the capture under cProfile; print the top 15 by own time (and save FILE)")
 
 
 def line(label: str, n: int, seconds: float, nbytes: int | None = None, baseline: float | None = None) -> str:
@@ -345,14 +367,7 @@ def line(label: str, n: int, seconds: float, nbytes: int | None = None, baseline
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--changes", type=int, default=1_000_000, help="row changes in the workload")
-    parser.add_argument("--txn-rows", type=int, default=5000, help="rows per workload transaction")
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--offset-interval", type=float, default=1.0,
-                        help="seconds between offset saves (the runtime default: 1.0)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds ours may take at most")
-    parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
-                        help="run the capture under cProfile; print the top 15 by own time (and save FILE)")
+    add_capture_arguments(parser)
     parser.add_argument("--skip-baseline", action="store_true")
     args = parser.parse_args()
 

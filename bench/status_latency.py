@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import uuid
 from pathlib import Path
 
 from bench.pg_stream import drop_slots, execute, with_dbname
+from bench.side_by_side import stop_group
 
 
 LABELS = {"baseline": "python -c pass", "status": "cdc status FILE", "slow": "cdc -v status FILE"}
@@ -120,12 +120,7 @@ def main() -> None:
             print(f"  {name:<9} median {statistics.median(samples) * 1000:7.0f} ms   "
                   f"max {max(samples) * 1000:7.0f} ms   {LABELS[name]}")
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()
+        stop_group(daemon)
         drop_slots(admin, database)
         execute(admin, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         shutil.rmtree(work, ignore_errors=True)

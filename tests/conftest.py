@@ -86,7 +86,7 @@ def _select_phase(config, items) -> None:
 def pytest_collection_modifyitems(config, items):
     # A test using a service fixture must carry that service's marker, so `-m` selections and
     # the per-service suites in CI stay truthful.
-    needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "pg17_dsn": "postgres17",
+    needs = {"pg_dsn": "postgres", "pg_admin_dsn": "postgres", "target_dsn": "postgres", "pg17_dsn": "postgres17",
              "pg17_admin_dsn": "postgres17", "pg17_bindir": "postgres17", "mysql_url": "mysql",
              "mysql_db": "mysql", "kafka_bootstrap": "kafka", "kafka_topic": "kafka",
              "redis_url": "redis", "redis_prefix": "redis", "redis_cluster_url": "redis", "opensearch_url": "opensearch",
@@ -109,6 +109,12 @@ def pg_admin_dsn(dev_env_for) -> str:
 @pytest.fixture
 def pg_dsn(pg_admin_dsn):
     """A fresh database; dropped (with its replication slots) after the test."""
+    yield from _fresh_database(pg_admin_dsn)
+
+
+@pytest.fixture
+def target_dsn(pg_admin_dsn):
+    """A second fresh database on the same server, for a sink to write into; dropped after the test."""
     yield from _fresh_database(pg_admin_dsn)
 
 

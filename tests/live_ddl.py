@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from cdc.log.kafka import KafkaLog
 from tests.conftest import mysql_connect
 from tests.integration.pg_capture import execute, wait_until
+from tests.sql import query as rows_of_statement
 
 # The script: (step, PostgreSQL statement, MariaDB statement). A rename comes before the type
 # changes so that the sinks which stop at a type change meet it too.
@@ -245,14 +246,10 @@ def _norm(value):
 
 def query(url: str, sql: str) -> list[tuple] | None:
     """Rows of ``sql`` (None when it fails: a table not there yet)."""
-    engine = sa.create_engine(url)
     try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(sql)]
+        return rows_of_statement(url, sql)
     except sa.exc.DBAPIError:
         return None
-    finally:
-        engine.dispose()
 
 
 def source_columns(url: str, table: str) -> list[str]:
@@ -330,24 +327,69 @@ def caught_up(kafka: str, group: str, topics: list[str]) -> bool:
     (a sink between a rebuild's start and its switch commits nothing, so it is not caught up)."""
     consumer = Consumer({"bootstrap.servers": kafka, "group.id": group, "enable.auto.commit": False})
     try:
-        metadata = consumer.list_topics(timeout=10).topics
-        if any(t not in metadata for t in topics):
+        return _caught_up(consumer, group, topics)
+    except KafkaException as err:  # a loaded broker timing out, a new topic's leader not elected yet: ask again
+        error = err.args[0]
+        if error.retriable() or error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                                                 KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                                                 KafkaError.UNKNOWN_TOPIC_OR_PART):
             return False
-        partitions = [TopicPartition(t, p) for t in topics for p in metadata[t].partitions]
-        for _ in range(30):  # the group coordinator may still be moving: ask again
-            try:
-                committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)}
-                break
-            except KafkaException as err:
-                if not err.args[0].retriable() and err.args[0].code() != KafkaError.NOT_COORDINATOR:
-                    raise
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"group {group}: committed offsets could not be read")
-        for tp in partitions:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            if high > low and committed[(tp.topic, tp.partition)] < high:
-                return False
-        return True
+        raise
     finally:
         consumer.close()
+
+
+def _caught_up(consumer: Consumer, group: str, topics: list[str]) -> bool:
+    metadata = consumer.list_topics(timeout=10).topics
+    if any(t not in metadata for t in topics):
+        return False
+    partitions = [TopicPartition(t, p) for t in topics for p in metadata[t].partitions]
+    for _ in range(30):  # the group coordinator may still be moving: ask again
+        try:
+            committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)}
+            break
+        except KafkaException as err:
+            if not err.args[0].retriable() and err.args[0].code() != KafkaError.NOT_COORDINATOR:
+                raise
+            time.sleep(0.5)
+    else:
+        raise AssertionError(f"group {group}: committed offsets could not be read")
+    for tp in partitions:
+        low, high = consumer.get_watermark_offsets(tp, timeout=10)
+        if high > low and committed[(tp.topic, tp.partition)] < high:
+            return False
+    return True
+
+
+def explain_missing(kafka: str, prefix: str, topic: str, keys, sink: str, log_path) -> str:
+    """Why a sink lacks ``keys`` of ``topic``: what the topic holds for them (did the source
+    publish them?), what the sink's dead-letter topic holds, the group's committed offsets, and the
+    warnings and errors of the sink's log. For the message of a failed comparison."""
+    wanted = {orjson.dumps({"id": k}) if not isinstance(k, bytes) else k for k in keys}
+    log = KafkaLog(kafka)
+    lines = []
+    try:
+        for record in log.read_all(topic):
+            if record.key in wanted or any(str(k).encode() in (record.key or b"") for k in keys):
+                lines.append(f"{topic}[{record.partition}]@{record.offset} key={record.key!r} "
+                             f"value={(record.value or b'')[:300]!r}")
+        letters = f"{prefix}.dead-letter.{sink}"
+        if letters in log.topics():
+            lines += [f"dead letter @{r.offset}: {(r.value or b'')[:400]!r}" for r in log.read_all(letters)]
+        consumer = Consumer({"bootstrap.servers": kafka, "group.id": sink, "enable.auto.commit": False})
+        try:
+            parts = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions]
+            lines += [f"committed {tp.topic}[{tp.partition}] = {tp.offset}, end "
+                      f"{consumer.get_watermark_offsets(tp, timeout=10)}" for tp in consumer.committed(parts, timeout=10)]
+        finally:
+            consumer.close()
+    except Exception as err:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+        lines.append(f"(diagnosis failed: {err!r})")
+    finally:
+        log.close()
+    try:
+        noted = [line for line in open(log_path, errors="replace") if " WARNING " in line or " ERROR " in line]
+        lines += ["sink log:"] + [line.rstrip()[:300] for line in noted[-25:]]
+    except OSError as err:
+        lines.append(f"(no sink log: {err})")
+    return "\n".join(lines)

@@ -13,19 +13,23 @@
 The daemon and the stack stay up for poking (``cdc demo --stop`` stops the daemon, ``cdc dev
 down`` the stack); ``--then-stop`` stops the daemon at the end. Running the demo again starts
 over: it stops the daemon of the previous run and recreates the databases and stores.
+
+Whenever the demo stops its daemon (``--then-stop``, ``--stop``, a failed step) it also drops
+what its PostgreSQL source made on the server, as ``cdc drop`` does: the replication slot (left
+behind it would hold the server's WAL until the next run), the publication and the stored offset.
+While the daemon runs the slot stays: the daemon streams from it. The databases and the stores
+stay for poking until the next run recreates them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from cdc.demo import shop, stores
@@ -76,6 +80,26 @@ def stop_daemon(home: Path) -> bool:
         time.sleep(0.2)
     os.killpg(pid, signal.SIGKILL)
     return True
+
+
+def release_source(home: Path) -> None:
+    """After the daemon stopped: ``cdc drop`` of the PostgreSQL source of the demo's config, once
+    the server has let go of the slot (a walsender ends a moment after its client)."""
+    import psycopg2
+
+    from cdc.config import load_config
+    from cdc.errors import CdcError
+    from cdc.runtime.slots_cli import cmd_drop
+
+    config = home / "cdc.yaml"
+    if not config.exists():
+        return
+    try:
+        dsn = next(s for s in load_config(str(config)).sources if s.name == "shop_pg").dsn.get_secret_value()
+        shop.wait_slots_released(dsn, timeout=30)
+        cmd_drop(argparse.Namespace(file=str(config), source="shop_pg", yes=True))
+    except (CdcError, OSError, psycopg2.Error) as err:  # the stack is down, or the config no longer the demo's
+        print(f"the demo's replication slot is not dropped ({err}); `cdc drop {config} shop_pg` drops it")
 
 
 def _config(dsn: str, maria_url: str, opensearch: str, redis: str, home: Path, http: str) -> str:
@@ -137,11 +161,9 @@ def _reset_stores(opensearch_url: str, redis_url: str, home: Path) -> None:
 
 
 def _status(http: str) -> dict[str, dict]:
-    try:
-        with urllib.request.urlopen(f"http://{http}/status", timeout=2) as response:
-            return {row["name"]: row for row in json.loads(response.read())}
-    except OSError:
-        return {}
+    from cdc.runtime.cli import _daemon_status
+
+    return {row["name"]: row for row in _daemon_status(http) or []}
 
 
 class Failed(Exception):
@@ -251,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
     home.mkdir(parents=True, exist_ok=True)
     if args.stop:
         print("stopped the demo's daemon" if stop_daemon(home) else "no demo daemon was running")
+        release_source(home)
         return 0
     try:
         return _run(args, home)
@@ -355,6 +378,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
         log_.close()
     except Failed:
         stop_daemon(home)
+        release_source(home)
         raise
     print(f"\nconsole:  http://{http}/       (also /status, /metrics, /healthz)")
     print(f"poke:     the warehouse: {home / 'warehouse.db'} (SQLite: customers, orders, products)")
@@ -362,7 +386,9 @@ def _run(args: argparse.Namespace, home: Path) -> int:
     print(f"          redis-cli -u {env['REDIS_URL']} HGETALL {CACHE_PREFIX}:public.customers:1")
     if args.then_stop:
         stop_daemon(home)
+        release_source(home)
         print("the daemon is stopped (--then-stop)")
     else:
-        print("the daemon keeps running: `cdc demo --stop` stops it; `cdc dev down` the stack")
+        print("the daemon keeps running (it streams from its replication slot): `cdc demo --stop` stops it "
+              "and drops the slot; `cdc dev down` the stack")
     return 0

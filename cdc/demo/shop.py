@@ -61,6 +61,26 @@ def reset_postgres(admin_dsn: str) -> str:
     return dsn
 
 
+def wait_slots_released(dsn: str, timeout: float) -> None:
+    """Until no walsender holds a slot of the database of ``dsn`` (at most ``timeout`` seconds)."""
+    import time
+
+    import psycopg2
+
+    conn = psycopg2.connect(dsn, connect_timeout=5)
+    conn.autocommit = True
+    deadline = time.monotonic() + timeout
+    try:
+        with conn.cursor() as cur:
+            while time.monotonic() < deadline:
+                cur.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND active")
+                if cur.fetchone()[0] == 0:
+                    return
+                time.sleep(0.2)
+    finally:
+        conn.close()
+
+
 def maria_connect(url: str, database: str | None = None):
     import pymysql
 

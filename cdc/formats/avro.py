@@ -33,6 +33,7 @@ from cdc.errors import FormatError, SchemaRegistryError
 from cdc.events import ChangeEvent, Column, Op
 from cdc.formats import avro_schema, connect_decode
 from cdc.formats.avro_write import compile_writer
+from cdc.formats.connect_decode import apply_converters
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.formats.debezium_json import DebeziumJsonEncoder, TableFormat
 from cdc.serde import EmitError, put_record
@@ -162,16 +163,6 @@ def _field_mappers(struct: dict, to_bytes: bool) -> list[tuple[str, Callable[[An
     return out
 
 
-def _apply(row: dict | None, mappers: list) -> dict | None:
-    if row is None or not mappers:
-        return row
-    for name, mapper in mappers:
-        value = row.get(name)
-        if value is not None:
-            row[name] = mapper(value)
-    return row
-
-
 # --- writing ------------------------------------------------------------------------------------
 
 class AvroTableFormat(TableFormat):
@@ -256,14 +247,14 @@ class AvroEncoder(DebeziumJsonEncoder):
     def _key(self, event: ChangeEvent, fmt: AvroTableFormat) -> bytes:
         key = event.key or {}
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) or {}
-        return self._avro(fmt.key_header, fmt.write_key, _apply(payload, fmt.key_mappers))
+        return self._avro(fmt.key_header, fmt.write_key, apply_converters(payload, fmt.key_mappers))
 
     def _value(self, event: ChangeEvent, fmt: AvroTableFormat, head: dict[str, Any], now_ms: int) -> bytes:
         payload = self._payload(event, fmt, head, now_ms)
         mappers = fmt.row_mappers
         if mappers:
-            _apply(payload["before"], mappers)
-            _apply(payload["after"], mappers)
+            apply_converters(payload["before"], mappers)
+            apply_converters(payload["after"], mappers)
         return self._avro(fmt.value_header, fmt.write_value, payload)
 
     def record_key(self, event: ChangeEvent) -> bytes:
@@ -355,7 +346,7 @@ class AvroReader:
         decoder, value = self._decode(data)
         if decoder.envelope or not isinstance(value, dict):
             raise ValueError("an Avro key that is not a record of key columns")
-        return _apply(value, decoder.key)
+        return apply_converters(value, decoder.key)
 
     def value(self, data: bytes) -> dict:
         """The json format's envelope (rows in its forms, ``source.version`` ours), as

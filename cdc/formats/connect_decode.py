@@ -124,9 +124,11 @@ def _converters_for(schema: dict) -> tuple[list, list]:
     return cached
 
 
-def _apply(row: dict | None, converters: list) -> dict | None:
-    if row is None:
-        return None
+def apply_converters(row: dict | None, converters: list) -> dict | None:
+    """``row`` with each (column, convert) of ``converters`` applied in place to its non-null
+    value; also the Avro format's mappers (cdc/formats/avro.py)."""
+    if row is None or not converters:
+        return row
     for name, convert in converters:
         value = row.get(name)
         if value is not None:
@@ -139,7 +141,7 @@ def key_payload(key: dict) -> dict:
     payload = key.get("payload")
     if not isinstance(payload, dict):
         raise TypeError(f"a Connect JSON key's payload is {type(payload).__name__}, not an object")
-    return _apply(payload, row_converters(key["schema"]))
+    return apply_converters(payload, row_converters(key["schema"]))
 
 
 def envelope(value: dict) -> dict:
@@ -155,8 +157,8 @@ def envelope(value: dict) -> dict:
 def as_envelope(payload: dict, before_conv: list, after_conv: list) -> dict:
     """A Debezium envelope (decoded from Connect JSON or Avro) in the json format's forms: rows
     through their converters, and ``source.version``/``schema_version`` from our fields."""
-    payload["before"] = _apply(payload.get("before"), before_conv)
-    payload["after"] = _apply(payload.get("after"), after_conv)
+    payload["before"] = apply_converters(payload.get("before"), before_conv)
+    payload["after"] = apply_converters(payload.get("after"), after_conv)
     source = payload.get("source") or {}
     source["connector_version"] = source.get("version")
     source["version"] = source.pop("cdc_version", None)

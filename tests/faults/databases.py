@@ -23,7 +23,35 @@ def mysql_connect(url: str, database: str | None, **kwargs):
                            password=parsed.password or "", database=database, **kwargs)
 
 
-class PostgresDocs:
+class _DocsStatements:
+    """The writer's statements that read the same in both databases (``%s`` placeholders in both
+    drivers); each database's class adds its ``insert`` and ``update_big``."""
+
+    @staticmethod
+    def ids(conn) -> list[int]:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id FROM docs")
+            ids = [r[0] for r in cur.fetchall()]
+        conn.commit()
+        return ids
+
+    @staticmethod
+    def update_small(conn, id_: int, seq: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute("UPDATE docs SET seq = %s, small = %s WHERE id = %s", (seq, f"upd {seq}", id_))
+
+    @staticmethod
+    def update_key(conn, old: int, new: int, seq: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute("UPDATE docs SET id = %s, seq = %s WHERE id = %s", (new, seq, old))
+
+    @staticmethod
+    def delete(conn, id_: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute("DELETE FROM docs WHERE id = %s", (id_,))
+
+
+class PostgresDocs(_DocsStatements):
     columns = ("id", "seq", "small", "big")
 
     def __init__(self, dsn: str) -> None:
@@ -46,37 +74,14 @@ class PostgresDocs:
         return isinstance(err, (psycopg2.OperationalError, psycopg2.InterfaceError))
 
     @staticmethod
-    def ids(conn) -> list[int]:
-        with conn.cursor() as cur:
-            cur.execute("SELECT id FROM docs")
-            ids = [r[0] for r in cur.fetchall()]
-        conn.commit()
-        return ids
-
-    @staticmethod
     def insert(conn, id_: int, seq: int, small: str, big: str) -> None:
         with conn.cursor() as cur:
             cur.execute("INSERT INTO docs VALUES (%s, %s, %s, %s)", (id_, seq, small, big))
 
     @staticmethod
-    def update_small(conn, id_: int, seq: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute("UPDATE docs SET seq = %s, small = %s WHERE id = %s", (seq, f"upd {seq}", id_))
-
-    @staticmethod
     def update_big(conn, id_: int, seq: int, big: str) -> None:
         with conn.cursor() as cur:
             cur.execute("UPDATE docs SET seq = %s, big = %s WHERE id = %s", (seq, big, id_))
-
-    @staticmethod
-    def update_key(conn, old: int, new: int, seq: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute("UPDATE docs SET id = %s, seq = %s WHERE id = %s", (new, seq, old))
-
-    @staticmethod
-    def delete(conn, id_: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute("DELETE FROM docs WHERE id = %s", (id_,))
 
     def rows(self) -> dict[int, dict]:
         return pg_rows(self.dsn, self.columns)
@@ -86,7 +91,7 @@ class PostgresDocs:
         return row
 
 
-class MariaDbDocs:
+class MariaDbDocs(_DocsStatements):
     columns = ("id", "seq", "small", "big", "blob")
 
     def __init__(self, url: str, database: str) -> None:
@@ -113,37 +118,14 @@ class MariaDbDocs:
         return isinstance(err, (pymysql.err.OperationalError, pymysql.err.InterfaceError))
 
     @staticmethod
-    def ids(conn) -> list[int]:
-        with conn.cursor() as cur:
-            cur.execute("SELECT id FROM docs")
-            ids = [r[0] for r in cur.fetchall()]
-        conn.commit()
-        return ids
-
-    @staticmethod
     def insert(conn, id_: int, seq: int, small: str, big: str) -> None:
         with conn.cursor() as cur:
             cur.execute("INSERT INTO docs VALUES (%s, %s, %s, %s, %s)", (id_, seq, small, big, _blob(big)))
 
     @staticmethod
-    def update_small(conn, id_: int, seq: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute("UPDATE docs SET seq = %s, small = %s WHERE id = %s", (seq, f"upd {seq}", id_))
-
-    @staticmethod
     def update_big(conn, id_: int, seq: int, big: str) -> None:
         with conn.cursor() as cur:
             cur.execute("UPDATE docs SET seq = %s, big = %s, `blob` = %s WHERE id = %s", (seq, big, _blob(big), id_))
-
-    @staticmethod
-    def update_key(conn, old: int, new: int, seq: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute("UPDATE docs SET id = %s, seq = %s WHERE id = %s", (new, seq, old))
-
-    @staticmethod
-    def delete(conn, id_: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute("DELETE FROM docs WHERE id = %s", (id_,))
 
     def rows(self) -> dict[int, dict]:
         conn = mysql_connect(self.url, self.database)

@@ -8,26 +8,16 @@ if the runner sends it at once when the source has caught up (``Batch.caught_up`
 
 from __future__ import annotations
 
-import psycopg2
 import pytest
 
 from cdc.log.kafka import KafkaLog, KafkaWriter
 from cdc.plugins import source_plugin
 from tests.integration.pg_capture import Capture, execute, pg_config, wait_until
+from tests.sql import query
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 
 LINGER_FOREVER = {"linger.ms": 250_000}  # below message.timeout.ms (300 s), as librdkafka requires
-
-
-def query(dsn: str, sql: str, params: tuple = ()) -> list:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall()
-    finally:
-        conn.close()
 
 
 class NoForcedDrain(KafkaLog):

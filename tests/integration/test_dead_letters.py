@@ -30,6 +30,18 @@ def log(kafka_bootstrap):
     instance.close()
 
 
+def _publish_creates(log, prefix: str, count: int) -> str:
+    """Creates of ids 0 .. count-1 in TABLE's topic of ``prefix`` (made here); returns the topic."""
+    topic = TABLE.topic(prefix)
+    log.ensure_topic(topic)
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(count)]
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(30)
+    writer.close()
+    return topic
+
+
 def test_an_oversized_poison_record_is_referenced_and_the_sink_goes_on(log, kafka_topic):
     prefix = kafka_topic  # a fresh prefix per test: its own table topic and dead-letter topic
     topic = TABLE.topic(prefix)
@@ -69,13 +81,7 @@ def test_an_oversized_poison_record_is_referenced_and_the_sink_goes_on(log, kafk
 
 def test_a_small_poison_record_is_copied_inline(log, kafka_topic):
     prefix = kafka_topic
-    topic = TABLE.topic(prefix)
-    log.ensure_topic(topic)
-    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(5)]
-    writer = log.writer()
-    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
-    writer.flush(30)
-    writer.close()
+    _publish_creates(log, prefix, 5)
     sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}), poison_ids={3})
     SinkRunner(sink, log, prefix).run(threading.Event(), until_caught_up=True)
     [letter] = [orjson.loads(r.value) for r in log.read_all(f"{prefix}.dead-letter.rec")]
@@ -88,12 +94,7 @@ def test_the_dead_letter_topic_is_created_with_a_size_limit_every_letter_fits(lo
     from cdc.runtime import dead_letters
 
     prefix = kafka_topic
-    log.ensure_topic(TABLE.topic(prefix))
-    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(3)]
-    writer = log.writer()
-    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
-    writer.flush(30)
-    writer.close()
+    _publish_creates(log, prefix, 3)
     sink = RecordingSink(_config().model_copy(update={"topics": [f"{prefix}.*"]}), poison_ids={1})
     SinkRunner(sink, log, prefix).run(threading.Event(), until_caught_up=True)
     resource = ConfigResource(ResourceType.TOPIC, f"{prefix}.dead-letter.rec")
@@ -109,13 +110,7 @@ def test_a_dead_letter_the_broker_refuses_stops_the_sink_before_its_offset_is_co
     from cdc.errors import DeliveryError
 
     prefix = kafka_topic
-    topic = TABLE.topic(prefix)
-    log.ensure_topic(topic)
-    events = [ChangeEvent(Op.CREATE, TABLE, {"id": i}, None, {"id": i}, i + 1, 0) for i in range(6)]
-    writer = log.writer()
-    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
-    writer.flush(30)
-    writer.close()
+    topic = _publish_creates(log, prefix, 6)
     log.ensure_topic(f"{prefix}.dead-letter.rec", TopicSettings(partitions=1, extra={"max.message.bytes": "64"}))
     poison = next(r.offset for r in log.read_all(topic) if orjson.loads(r.value)["after"]["id"] == 3)
 

@@ -202,14 +202,6 @@ def _jdbc(dsn: str) -> tuple[str, str, str]:
             parsed.password or "")
 
 
-@pytest.fixture
-def target_dsn(pg_admin_dsn):
-    name = f"target_{uuid.uuid4().hex[:8]}"
-    execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
-    yield pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
-    execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def _diff(expected: dict, actual: dict | None) -> str:
     if actual is None:
         return "no target table yet"

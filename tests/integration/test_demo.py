@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 
+import psycopg2
 import pytest
 import redis
 
@@ -31,6 +32,13 @@ def test_the_demo_twice_ends_with_every_store_equal_to_its_source(pg_admin_dsn, 
         assert "5. every store equals its source:" in out
         assert "now reads generation 2" in out  # the schema change rebuilt the index
         assert "console:  http://127.0.0.1:" in out
+
+    # --then-stop dropped what the demo's PostgreSQL source made: no slot holds the server's WAL.
+    admin = psycopg2.connect(pg_admin_dsn)
+    with admin.cursor() as cur:
+        cur.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (shop.PG_DATABASE,))
+        assert cur.fetchall() == []
+    admin.close()
 
     dsn = pg_admin_dsn.rsplit("/", 1)[0] + "/" + shop.PG_DATABASE
     checked = Shop(dsn, mysql_url, opensearch_url, redis_url, _home() / "warehouse.db")

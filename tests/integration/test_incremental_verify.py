@@ -9,15 +9,8 @@ from __future__ import annotations
 import pytest
 
 from bench.incremental_verify import MariaDbSide, PostgresSide, SqlTarget, Verification, verify
-from tests.conftest import _fresh_database
 
 ROWS = 10_000
-
-
-@pytest.fixture
-def target_dsn(pg_admin_dsn):
-    """A second fresh database: the SQL sink's target."""
-    yield from _fresh_database(pg_admin_dsn)
 
 
 def run(side, target_dsn: str, tmp_path, kafka_bootstrap: str, prefix: str) -> Verification:

@@ -6,18 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from cdc.log.embedded import EmbeddedLog
 from tests.integration.pg_capture import topic_state, wait_until
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 from tests.integration.test_mysql_source import capturing, execute, mysql_config, records
 
 pytestmark = pytest.mark.mysql
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 def shapes(log, table: str) -> list[list[tuple[str, str]]]:

@@ -20,13 +20,13 @@ import pytest
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import Op
 from cdc.log.base import Log
-from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
-from tests.integration.pg_capture import Capture, capturing, topic_state, wait_until
+from tests.integration.pg_capture import Capture, capturing, crash_mid_snapshot, topic_state, wait_until
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.mysql
 
@@ -86,13 +86,6 @@ def purge_all_but_the_current_binlog(url: str) -> None:
                 time.sleep(0.2)
     finally:
         conn.close()
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 # --- tests ------------------------------------------------------------------------------------------
@@ -329,22 +322,11 @@ def test_a_snapshot_cut_short_is_taken_again_and_streams_from_the_first_attempt(
     execute(mysql_url, mysql_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
             "INSERT INTO t SELECT seq, 0 FROM seq_1_to_3000")
     config = mysql_config(mysql_url, mysql_db, snapshot_workers=1, max_batch_events=100)
-    real_poll = MySqlSource._poll_snapshot
-    batches = []
-
-    def crash_after_three(self, timeout):
-        batch = real_poll(self, timeout)
-        if batch is not None and batch.events:
-            batches.append(batch)
-            if len(batches) > 3:
-                raise RuntimeError("crash in the middle of the snapshot")
-        return batch
-
-    monkeypatch.setattr(MySqlSource, "_poll_snapshot", crash_after_three)
+    crash_mid_snapshot(MySqlSource, monkeypatch)
     capture = Capture(config, log, "again").start()
     capture.thread.join(60)
     assert isinstance(capture.error, RuntimeError)
-    monkeypatch.setattr(MySqlSource, "_poll_snapshot", real_poll)
+    monkeypatch.undo()
     from cdc.positions import SnapshotProgress
 
     stored = OffsetStore(log, "again").load("my")

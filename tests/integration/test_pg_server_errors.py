@@ -15,9 +15,9 @@ from pydantic import SecretStr
 
 from cdc.config.validate import parse_config
 from cdc.errors import ConfigError, PrerequisiteError, RetriableError
-from cdc.log.embedded import EmbeddedLog
 from sources.postgres.source import PostgresSource
 from tests.integration.pg_capture import capturing, execute, pg_config, topic_state, wait_until
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.postgres
 
@@ -170,13 +170,6 @@ def test_a_server_that_does_not_answer_is_retriable(tmp_path):
 
 
 # --- a role that is not a superuser -----------------------------------------------------------------
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
-
 
 def test_a_replication_role_that_owns_its_tables_captures_public_star(pg_dsn, role, tmp_path, log):
     """README: REPLICATION, plus ownership of the tables and CREATE on the database, is enough for

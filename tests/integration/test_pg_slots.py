@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import orjson
@@ -18,6 +17,7 @@ from cdc.errors import PermanentError, PositionLostError
 from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.http import render_metrics
 from sources.postgres.config import default_slot_name
+from tests.conftest import _fresh_database
 from tests.integration.pg_capture import Capture, capturing, execute, pg_config, slot_name, wait_until
 
 # serial: these tests list every slot of the server, make slots of fixed names (cdc_pg, taken,
@@ -28,14 +28,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 @pytest.fixture
 def second_db(pg_admin_dsn):
     """Another fresh database on the same server, dropped with its slots afterwards."""
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
-    yield pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
-    execute(pg_admin_dsn,
-            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
-            f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' "
-            "AND NOT active")
-    execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from _fresh_database(pg_admin_dsn)
 
 
 def _slots(dsn: str) -> dict[str, str]:

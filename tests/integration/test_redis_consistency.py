@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from contextlib import closing, contextmanager
 
 import psycopg2
 import pytest
@@ -25,17 +26,31 @@ def _counts(client, prefix: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(stats_key(prefix)).items()}
 
 
-@pytest.mark.parametrize("server", ["redis", "valkey"])
-def test_a_replay_from_offset_0_after_deletes_resurrects_nothing(pg_dsn, kafka_bootstrap, server, request, tmp_path):
-    redis_url = request.getfixturevalue("redis_url" if server == "redis" else "valkey_url")
-    _seed(pg_dsn, rows=1000)
+@contextmanager
+def _cached(pg_dsn: str, kafka_bootstrap: str, redis_url: str, tmp_path, rows: int, letter: str):
+    """``accounts`` seeded with ``rows`` rows, captured by a source daemon into Kafka and cached by
+    a sink daemon under a fresh key prefix starting with ``letter``: (client, prefix, config, sink)
+    once the cache holds every row; both daemons stopped and the keys gone afterwards."""
+    _seed(pg_dsn, rows=rows)
     client = redis.Redis.from_url(redis_url)
-    prefix = f"r{uuid.uuid4().hex[:8]}"
+    prefix = f"{letter}{uuid.uuid4().hex[:8]}"
     config = _config(tmp_path, pg_dsn, kafka_bootstrap, redis_url, False, prefix, f"t_{uuid.uuid4().hex[:8]}")
     source = _cli(config, "run", "--only", "src")
     sink = _cli(config, "run", "--only", "cache")
     try:
-        wait_until(lambda: len(_cache_rows(client, prefix)) == 1000, timeout=120, what="the first fill")
+        wait_until(lambda: len(_cache_rows(client, prefix)) == rows, timeout=120, what="the first fill")
+        yield client, prefix, config, sink
+    finally:
+        _stop(sink)
+        _stop(source)
+        _clear(client, prefix)
+        client.close()
+
+
+@pytest.mark.parametrize("server", ["redis", "valkey"])
+def test_a_replay_from_offset_0_after_deletes_resurrects_nothing(pg_dsn, kafka_bootstrap, server, request, tmp_path):
+    redis_url = request.getfixturevalue("redis_url" if server == "redis" else "valkey_url")
+    with _cached(pg_dsn, kafka_bootstrap, redis_url, tmp_path, 1000, "r") as (client, prefix, config, sink):
         # Updates, then deletes of half the rows (some updated first), then a few reinserts.
         execute(pg_dsn, "UPDATE accounts SET balance = balance + id, note = 'updated' WHERE id % 3 = 0",
                 "DELETE FROM accounts WHERE id % 2 = 0",
@@ -54,23 +69,11 @@ def test_a_replay_from_offset_0_after_deletes_resurrects_nothing(pg_dsn, kafka_b
         assert after["written"] == before["written"]            # a replay writes nothing...
         assert after["deleted"] == before["deleted"]
         assert after["skipped"] > before["skipped"]             # ...though it did read the topic again
-    finally:
-        _stop(sink)
-        _stop(source)
-        _clear(client, prefix)
-        client.close()
 
 
 def test_an_application_that_waits_reads_its_own_writes(pg_dsn, kafka_bootstrap, redis_url, tmp_path):
-    _seed(pg_dsn, rows=200)
-    client = redis.Redis.from_url(redis_url)
-    prefix = f"w{uuid.uuid4().hex[:8]}"
-    config = _config(tmp_path, pg_dsn, kafka_bootstrap, redis_url, False, prefix, f"t_{uuid.uuid4().hex[:8]}")
-    source = _cli(config, "run", "--only", "src")
-    sink = _cli(config, "run", "--only", "cache")
-    app = psycopg2.connect(pg_dsn)
-    try:
-        wait_until(lambda: len(_cache_rows(client, prefix)) == 200, timeout=120, what="the first fill")
+    with _cached(pg_dsn, kafka_bootstrap, redis_url, tmp_path, 200, "w") as (client, prefix, _, _), \
+            closing(psycopg2.connect(pg_dsn)) as app:
         for attempt in range(30):
             account = 1 + attempt * 7 % 200
             note = f"write {attempt} {uuid.uuid4().hex[:6]}"
@@ -84,24 +87,11 @@ def test_an_application_that_waits_reads_its_own_writes(pg_dsn, kafka_bootstrap,
             wait_for(client, prefix, "src", position, timeout=60)
             key = row_key(client, prefix, "public", "accounts", {"id": account})
             assert client.hget(key, "note") == note.encode(), f"attempt {attempt}: a stale read after the wait"
-    finally:
-        app.close()
-        _stop(sink)
-        _stop(source)
-        _clear(client, prefix)
-        client.close()
 
 
 def test_cdc_rebuild_writes_a_new_generation_switches_readers_and_drops_the_old(pg_dsn, kafka_bootstrap,
                                                                                redis_url, tmp_path):
-    _seed(pg_dsn, rows=500)
-    client = redis.Redis.from_url(redis_url)
-    prefix = f"b{uuid.uuid4().hex[:8]}"
-    config = _config(tmp_path, pg_dsn, kafka_bootstrap, redis_url, False, prefix, f"t_{uuid.uuid4().hex[:8]}")
-    source = _cli(config, "run", "--only", "src")
-    sink = _cli(config, "run", "--only", "cache")
-    try:
-        wait_until(lambda: len(_cache_rows(client, prefix)) == 500, timeout=120, what="the first fill")
+    with _cached(pg_dsn, kafka_bootstrap, redis_url, tmp_path, 500, "b") as (client, prefix, config, sink):
         _stop(sink)
         execute(pg_dsn, "DELETE FROM accounts WHERE id > 400", "UPDATE accounts SET note = 'after' WHERE id < 10")
         rebuild = subprocess.run([sys.executable, "-m", "cdc.cli", "rebuild", str(config), "cache"],
@@ -110,8 +100,3 @@ def test_cdc_rebuild_writes_a_new_generation_switches_readers_and_drops_the_old(
         assert client.get(f"{prefix}.generation") == b"2"
         assert _cache_rows(client, f"{prefix}.g2") == _source_rows(pg_dsn)
         assert list(client.scan_iter(match=f"{prefix}:*")) == []  # generation 1 is gone, keys and all
-    finally:
-        _stop(sink)
-        _stop(source)
-        _clear(client, prefix)
-        client.close()

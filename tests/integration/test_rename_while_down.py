@@ -16,7 +16,8 @@ import pytest
 
 from tests.daemon import run_daemon, stop_daemon
 from tests.integration.pg_capture import wait_until
-from tests.integration.test_recreate_while_down import _config, db  # noqa: F401 - the fixture
+from tests.integration.test_recreate_while_down import (_config, assert_logs_clean, db,  # noqa: F401 - the fixture
+                                                        stop_once_the_shape_is_stored)
 from tests.live_ddl import converge, query, target_types
 
 pytestmark = [pytest.mark.kafka]
@@ -37,7 +38,7 @@ def test_columns_renamed_while_the_source_is_down_keep_their_values(db, kafka_bo
     source, sink = run_daemon(config, "src", log="src.log"), run_daemon(config, "ev", log="ev.log")
     try:
         converge(target, db.url, "items", ["id", "label", "note", "qty"], "before the restart")
-        stop_daemon(source)
+        stop_once_the_shape_is_stored(source, db, tmp_path)
         if pending:
             db.execute("UPDATE items SET label = 'changed' WHERE id <= 3")
         db.execute("ALTER TABLE items RENAME COLUMN label TO title")
@@ -55,6 +56,4 @@ def test_columns_renamed_while_the_source_is_down_keep_their_values(db, kafka_bo
     finally:
         stop_daemon(source)
         stop_daemon(sink)
-    for name in ("src", "ev"):
-        log_text = (tmp_path / f"{name}.log").read_text(errors="replace")
-        assert "Traceback" not in log_text and "permanent" not in log_text, log_text[-3000:]
+    assert_logs_clean(tmp_path)

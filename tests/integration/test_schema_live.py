@@ -38,8 +38,8 @@ import pytest
 
 from tests.daemon import run_daemon, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
-from tests.live_ddl import (STEPS, PgDb, Reader, Writer, caught_up, converge, differences, query, rows_of,
-                            shape_version, source_columns, target_types)
+from tests.live_ddl import (STEPS, PgDb, Reader, Writer, caught_up, converge, differences, explain_missing, query,
+                            rows_of, shape_version, source_columns, target_types)
 from tests.live_ddl import source_db  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.kafka]
@@ -149,7 +149,10 @@ def _equal_after(step: str, kind: str, urls: dict[str, str], source: str, proces
                 for name, url in urls.items():
                     _check_types(step, kind, name, url)
                 return
-            assert time.monotonic() < deadline, f"after '{step}': {str(differ)[:800]}"
+            if time.monotonic() >= deadline:
+                why = "\n".join(explain_missing(kafka, prefix, f"{prefix}.{namespace}.{t}", list(d)[:10], name,
+                                                 config.parent / f"{name}.log") for (name, t), d in differ.items())
+                raise AssertionError(f"after '{step}': {str(differ)[:800]}\n{why}")
         finally:
             for name in urls:
                 processes[name] = _run(config, name)

@@ -12,10 +12,10 @@ import pytest
 from cdc.api import PermanentError, RebuildableSink, SelfDrivenSink, Sink, SinkConfig, SinkContext
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import TopicSettings
-from cdc.log.embedded import EmbeddedLog
 from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, encode_schema_change
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 TABLE = TableId("db", "public", "items")
 
@@ -44,13 +44,6 @@ class ContextSink(Sink):
 
     def stop(self) -> None:
         pass
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 def _publish(log, n: int) -> None:

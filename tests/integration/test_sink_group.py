@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.daemon import kill_daemon, run_daemon, stop_daemon
 from tests.integration.pg_capture import wait_until
-from tests.integration.test_sql_pipeline import Writer, _rows, _seed, target_dsn  # noqa: F401 - a fixture
+from tests.integration.test_sql_pipeline import Writer, _rows, _seed
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 

@@ -15,7 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import psycopg2
 import pytest
 
 from cdc.events import ChangeEvent, Op, TableId
@@ -28,6 +27,7 @@ from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
 from tests.daemon import cdc_process, kill_daemon
 from tests.integration.pg_capture import execute, wait_until
+from tests.sql import query
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 
@@ -39,16 +39,6 @@ KEYS = 12000
 def _row(key: int, n: int) -> dict:
     return {"id": key, "name": VALUES[(key + n) % len(VALUES)] + "x" * (n % 90), "amount": f"{key * 1.25 + n:.2f}",
             "doc": {"n": n, "k": [key, None]} if key % 3 else None}
-
-
-def query(dsn: str, sql: str, params: tuple = ()) -> list[tuple]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall()
-    finally:
-        conn.close()
 
 
 def _history() -> tuple[list[ChangeEvent], list[ChangeEvent], dict[int, tuple[int, dict | None]]]:

@@ -25,14 +25,6 @@ from tests.integration.pg_capture import execute, wait_until
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 
 
-@pytest.fixture
-def target_dsn(pg_admin_dsn):
-    name = f"target_{uuid.uuid4().hex[:8]}"
-    execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
-    yield pg_admin_dsn.rsplit("/", 1)[0] + "/" + name
-    execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def _config(tmp_path: Path, source_dsn: str, target_dsn: str, kafka: str) -> Path:
     prefix = f"t_{uuid.uuid4().hex[:8]}"
     url = target_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)

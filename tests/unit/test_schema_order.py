@@ -26,6 +26,7 @@ from cdc.schema_order import segments, split_by_schema
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import decode_record
 from sinks.sql import SqlSink, SqlSinkConfig
+from tests.sql import query
 
 ORDERS = TableId("shop", "public", "orders")
 ITEMS = TableId("shop", "public", "items")
@@ -244,12 +245,12 @@ class LiveSink:
             if self.error is not None or not self.thread.is_alive():
                 break
             try:
-                if read(self.url, sql) == expected:
+                if query(self.url, sql) == expected:
                     return
             except Exception:  # noqa: BLE001 - the table is not there yet
                 pass
             self.stop.wait(0.05)
-        assert read(self.url, sql) == expected, f"sink error: {self.error!r}"
+        assert query(self.url, sql) == expected, f"sink error: {self.error!r}"
 
     def stopped_with(self) -> BaseException:
         self.thread.join(20)
@@ -274,16 +275,6 @@ def live(log, target_url):
         sink.close()
 
 
-def read(url: str, sql: str) -> list[tuple]:
-    import sqlalchemy as sa
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(sql)]
-    finally:
-        engine.dispose()
-
-
 def test_numeric_to_double_stops_before_its_first_row_and_rounds_nothing(capture, live, target_url):
     """The issue's case: amount numeric(12,2) -> double precision while the sink runs. The rows
     of the old shape are written; the first row of the new shape stops the sink with the table,
@@ -297,7 +288,7 @@ def test_numeric_to_double_stops_before_its_first_row_and_rounds_nothing(capture
     assert isinstance(error, SchemaChangeError)
     for part in ("orders__g1", "column amount", "numeric(12,2) -> double precision", "cdc rebuild CONFIG wh"):
         assert part in str(error)
-    stored = {k: Decimal(str(v)) for k, v in read(target_url, "SELECT id, amount FROM orders")}
+    stored = {k: Decimal(str(v)) for k, v in query(target_url, "SELECT id, amount FROM orders")}
     assert stored == {1: Decimal("1.25"), 2: Decimal("2.50")}
 
 
@@ -309,10 +300,10 @@ def test_evolve_widens_in_place_where_the_target_can(capture, live, target_url):
     if target_url.startswith("sqlite"):  # SQLite cannot change a column's type: evolve stops
         error = sink.stopped_with()
         assert isinstance(error, SchemaChangeError) and "numeric(12,2) -> numeric(14,4)" in str(error)
-        assert read(target_url, "SELECT id FROM orders") == [(1,)]
+        assert query(target_url, "SELECT id FROM orders") == [(1,)]
         return
     sink.wait("SELECT id FROM orders ORDER BY id", [(1,), (2,)])
-    stored = {k: Decimal(str(v)) for k, v in read(target_url, "SELECT id, amount FROM orders")}
+    stored = {k: Decimal(str(v)) for k, v in query(target_url, "SELECT id, amount FROM orders")}
     assert stored == {1: Decimal("1.25"), 2: Decimal("12345678.1234")}
 
 
@@ -324,9 +315,9 @@ def test_a_new_column_takes_the_type_the_source_published(capture, live, target_
     event = ChangeEvent(Op.CREATE, ORDERS, {"id": 2}, None, {"id": 2, "amount": "2.00", "discount": "0.15"}, 20, 0)
     capture([Batch([event], Counter(2), (change(ORDERS, added, 20),))])
     sink.wait("SELECT id FROM orders ORDER BY id", [(1,), (2,)])
-    types = {r[1]: r[2].upper() for r in read(target_url, "PRAGMA table_info(orders__g1)")} \
+    types = {r[1]: r[2].upper() for r in query(target_url, "PRAGMA table_info(orders__g1)")} \
         if target_url.startswith("sqlite") else \
-        {r[0]: r[1].upper() for r in read(target_url, "SELECT column_name, data_type FROM information_schema.columns "
+        {r[0]: r[1].upper() for r in query(target_url, "SELECT column_name, data_type FROM information_schema.columns "
                                                       "WHERE table_name = 'orders__g1'")}
     assert types["discount"].startswith(("NUMERIC(5", "DECIMAL(5")), types
 
@@ -337,7 +328,7 @@ def test_a_rebuild_makes_tables_in_the_newest_shape_and_writes_older_rows_into_i
     sink.wait("SELECT id FROM orders", [(1,)])
     capture([Batch([row(ORDERS, 2, 20, 560.846)], Counter(2), (change(ORDERS, NEW, 20),))])
     sink.wait("SELECT id, amount FROM orders ORDER BY id", [(1, 1.25), (2, 560.846)])
-    assert read(target_url, "SELECT id FROM orders__g2 ORDER BY id") == [(1,), (2,)]
+    assert query(target_url, "SELECT id FROM orders__g2 ORDER BY id") == [(1,), (2,)]
 
 
 def test_rows_older_than_a_shape_get_the_value_its_new_column_gave_existing_rows(capture, live, target_url):
