@@ -134,8 +134,8 @@ about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; 
 costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
 means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
 call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
-cores. The binding is built now (above): it saved 0.5-0.8 us a row in our process with reader processes (less with threads) and some of the
-broker's; what remains is librdkafka's per-message work (its copy, partitioner, queue and
+cores. The binding is built now (above): it saved 0.5-0.8 us a row in our process with reader
+processes (less with threads) and some of the broker's; what remains is librdkafka's per-message work (its copy, partitioner, queue and
 per-message bookkeeping after the acks, ~1.5 us on both sides of our call) and the broker's
 (~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off.
 """
