@@ -2,7 +2,8 @@
 
     .venv/bin/cdc dev up --only postgres,kafka
     .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--threads] [--chunk-pages 2048]
-                                          [--compare-events] [--rounds 1] [--profile snapshot.prof]
+                                          [--compare-events] [--compare-producer] [--rounds 1]
+                                          [--profile snapshot.prof]
 
 Steps, in one run on this machine:
   1. a fresh database with an ``orders`` table of ``--rows`` rows (the columns of bench.pg_stream:
@@ -82,7 +83,48 @@ Quiet, after the merge (load 1.9-2.8, two runs of ``--workers 1,2,4 --threads``)
 rows/s; processes 1/2/4 27%/22-26%/20-22% of COPY (384k/354-369k/306-324k rows/s); threads 1/2/4
 29-30%/31-32%/29-32% (411-483k/449-493k/406-514k rows/s); ours 2.2-2.6 us/row with threads.
 
-Why 40% of COPY is out of reach on two cores with the broker on them: 40% of the quiet COPY rate
+The block producer (cdc/log/block_producer.py over cdc/_rdproduce.c, our own librdkafka binding):
+a RowBlock goes to librdkafka in one call, each record made from its line in C and produced with
+the GIL released, delivery reports counted in C. ``--compare-producer`` runs each count first with
+every record through confluent-kafka (the code before it) and then through the block producer.
+Timed alone (bench/snapshot_produce.py, 300k records, two rounds at load 36-37), CPU us per
+record: confluent-kafka produce 0.65-0.72 + acknowledgements 0.39-0.41 + librdkafka's threads
+1.03-1.14 + broker 0.83-1.03 = 3.10; the block producer (reports for every record counted in C)
+produce_rows 0.49-0.55 + final flush 0.12-0.15 + librdkafka's threads 0.93 + broker 0.57-0.60 =
+2.13-2.20. So about 1 us a record less, a third of it in the broker (it took the block
+producer's fuller batches more cheaply in every pair). Reporting failures only
+(``delivery.report.only.error``, ``block``) moved 0.1 us from the calling thread to librdkafka's
+and saved nothing in total, so the writer counts every report.
+
+Paired in one session (1M rows; each count first confluent-kafka, then the block producer; load
+40-67 while other helpers ran test suites; rows/s, % of the COPY measured in the same run, CPU us
+per row ours/PostgreSQL/broker):
+
+    1 process    11k 12%  3.8/0.6/4.3 | 15k 15%  3.0/0.5/1.8
+    2 processes  21k 22%  4.1/0.5/3.1 | 30k 31%  3.6/0.5/2.3
+    4 processes  19k 19%  5.1/0.5/3.2 | 22k 23%  4.6/0.5/2.6
+    1 thread     24k 25%  3.3/0.6/2.5 | 34k 36%  2.7/0.6/1.6
+    2 threads    32k 33%  3.1/0.5/1.7 | 29k 30%  3.1/0.6/1.4
+    4 threads    29k 30%  3.0/0.5/1.5 | 35k 36%  2.9/0.5/1.5
+    a second session at load 33-36 (COPY 223k rows/s at its start):
+    1 process    38k 17%  3.4/0.5/1.0 | 56k 25%  2.8/0.5/0.7
+    2 processes  45k 20%  4.0/0.5/0.8 | 56k 25%  3.4/0.5/0.8
+    1 thread     40k 18%  2.7/0.5/0.8 | 33k 15%  2.8/0.5/0.8
+    2 threads    37k 17%  2.8/0.5/0.9 | 41k 18%  2.5/0.5/0.7
+
+With reader processes the capture process spends 0.5-0.8 us a row less in every pair (the
+records no longer pass through Python); with reader threads (the default) 0.6, 0.3, 0.1 and 0.0
+less and once 0.1 more: the block producer releases the GIL for the whole block, so the reader
+threads take it in between, and the handoffs cost part of what was saved.
+
+Why 40% of COPY is still out of reach on two cores with the broker on them: with the block
+producer, producing a record costs about 2.1-2.2 us of CPU in all (our call ~0.5, its reports
+~0.13, librdkafka's threads ~0.93, the broker alone ~0.6 at load 36, 0.7-0.8 quiet before); with
+the server's plain COPY (0.5) and the readers' COPY and row JSON (~0.9) a row costs at least
+3.5-3.6 us, while 40% of the quiet COPY rate (1.46M rows/s, 584k rows/s) allows 3.4 us a row on
+two cores used to the last cycle, which a pipeline of a server, a reader, a producer and a broker
+never does. Measured, the best pairs came to 2.7-2.9 us in our process (threads) plus 0.5
+(PostgreSQL) and 1.5-1.6 (the broker, at load 40-60). Before the block producer: 40% of the quiet COPY rate
 (1.46M rows/s) is 584k rows/s, which two cores allow only if everything together costs at most
 3.4 us of CPU per row. The floor of the pieces we do not write, measured alone: the server's
 plain COPY 0.5 us, confluent-kafka and librdkafka 1.8 us (produce 0.6 + acknowledgements 0.3 +
@@ -92,7 +134,10 @@ about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; 
 costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
 means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
 call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
-cores; neither is done here.
+cores. The binding is built now (above): it saved 0.5-0.8 us a row in our process with reader
+processes (less with threads) and some of the broker's; what remains is librdkafka's per-message work (its copy, partitioner, queue and
+per-message bookkeeping after the acks, ~1.5 us on both sides of our call) and the broker's
+(~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off.
 """
 
 from __future__ import annotations
@@ -267,6 +312,10 @@ def main() -> None:
                         help="run each count twice in a row, first with the rows made into events in this "
                              "process (sources.postgres.snapshot.ROW_BLOCKS off: the code before RowBlock), "
                              "then as RowBlocks, to compare the two in the same conditions")
+    parser.add_argument("--compare-producer", action="store_true",
+                        help="run each count twice in a row, first with every record through confluent-kafka "
+                             "(cdc.log.block_producer.ENABLED off: the code before the block producer), then "
+                             "with RowBlocks through the block producer, alternating, in the same conditions")
     parser.add_argument("--rounds", type=int, default=1, help="times to run the whole list of runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
@@ -303,12 +352,20 @@ def main() -> None:
             from sources.postgres import snapshot as pg_snapshot
 
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
-            blocks = [False, True] if args.compare_events else [pg_snapshot.ROW_BLOCKS]
-            runs = [(count, processes, row_blocks) for _ in range(args.rounds) for count, processes in runs
-                    for row_blocks in blocks]
-            for number, (count, processes, row_blocks) in enumerate(runs):
+            from cdc.log import block_producer
+
+            # (RowBlocks, through the block producer) per run of a count
+            blocks = [(False, False), (True, False)] if args.compare_events else [(pg_snapshot.ROW_BLOCKS, False)]
+            if args.compare_producer:
+                blocks = [(row_blocks, ours) for row_blocks, _ in blocks for ours in (False, True)]
+            elif block_producer.available():
+                blocks = [(row_blocks, row_blocks) for row_blocks, _ in blocks]
+            runs = [(count, processes, row_blocks, ours) for _ in range(args.rounds) for count, processes in runs
+                    for row_blocks, ours in blocks]
+            for number, (count, processes, row_blocks, ours) in enumerate(runs):
                 pg_snapshot.ROW_BLOCKS = row_blocks
-                kind = ("p" if processes else "t") + ("" if row_blocks else "e")
+                block_producer.ENABLED = ours
+                kind = ("p" if processes else "t") + ("" if row_blocks else "e") + ("b" if ours else "")
                 name = f"bench_snap_{run_id}_{kind}{count}_{number}"
                 prefix = f"bench_{run_id}_{kind}{count}_{number}"
                 prefixes.append(prefix)
@@ -324,7 +381,7 @@ def main() -> None:
                     seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
                          f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else "")
-                         + ("" if row_blocks else ", events"))
+                         + ("" if row_blocks else ", events") + (", block producer" if ours else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "
