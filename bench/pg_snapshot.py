@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--threads] [--chunk-pages 2048]
                                           [--compare-events] [--compare-producer] [--rounds 1]
                                           [--profile snapshot.prof]
+    .venv/bin/python -m bench.pg_copy_read       # the reader alone, each way (its docstring)
 
 Steps, in one run on this machine:
   1. a fresh database with an ``orders`` table of ``--rows`` rows (the columns of bench.pg_stream:
@@ -117,27 +118,52 @@ records no longer pass through Python); with reader threads (the default) 0.6, 0
 less and once 0.1 more: the block producer releases the GIL for the whole block, so the reader
 threads take it in between, and the handoffs cost part of what was saved.
 
-Why 40% of COPY is still out of reach on two cores with the broker on them: with the block
-producer, producing a record costs about 2.1-2.2 us of CPU in all (our call ~0.5, its reports
-~0.13, librdkafka's threads ~0.93, the broker alone ~0.6 at load 36, 0.7-0.8 quiet before); with
-the server's plain COPY (0.5) and the readers' COPY and row JSON (~0.9) a row costs at least
-3.5-3.6 us, while 40% of the quiet COPY rate (1.46M rows/s, 584k rows/s) allows 3.4 us a row on
-two cores used to the last cycle, which a pipeline of a server, a reader, a producer and a broker
-never does. Measured, the best pairs came to 2.7-2.9 us in our process (threads) plus 0.5
-(PostgreSQL) and 1.5-1.6 (the broker, at load 40-60). Before the block producer: 40% of the quiet COPY rate
-(1.46M rows/s) is 584k rows/s, which two cores allow only if everything together costs at most
-3.4 us of CPU per row. The floor of the pieces we do not write, measured alone: the server's
-plain COPY 0.5 us, confluent-kafka and librdkafka 1.8 us (produce 0.6 + acknowledgements 0.3 +
-librdkafka's threads 0.9), the broker 0.7-0.8 us: 3.0-3.1 us before a row is read off the
-connection, turned into its JSON or made into a record. With the readers (0.9 us) the floor is
-about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; measured, a row
-costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
-means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
-call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
-cores. The binding is built now (above): it saved 0.5-0.8 us a row in our process with reader
-processes (less with threads) and some of the broker's; what remains is librdkafka's per-message work (its copy, partitioner, queue and
-per-message bookkeeping after the acks, ~1.5 us on both sides of our call) and the broker's
-(~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off.
+The block reader (sources/postgres/copy_out.py, ``_copyjson.copy_out``): psycopg2's
+``copy_expert`` called the reader's ``write`` once per row (libpq hands COPY data out a row per
+``PQgetCopyData``), a GIL round trip, a bytes object and a Python call per row; now a C loop over
+the libpq psycopg2 loaded reads blocks of 2048 rows without the GIL, makes their row JSON in the
+same loop and hands each block to Python once. The reader alone (bench/pg_copy_read.py, 1M rows,
+load 11-12, this process's CPU): copy_expert into the bench's null sink 0.17-0.23 us a row, into
+the readers' line blocks 0.25-0.27 and 0.40-0.57 with the row JSON; the C loop 0.09-0.10 and
+0.22-0.29. So the reader took 0.15-0.3 us a row, not the 0.9 us once assumed below: most of the
+0.7-2.2 s the reader processes take (``of which readers``) is their start-up (importing the source
+package costs a spawned reader ~0.27 s of CPU, 0.04 s of it psycopg2), a fixed cost per process.
+
+Paired in two sessions (main, the block reader alone, s6snap's block producer alone, both
+together, each a whole ``--workers 1,2,4 --threads`` run in turn, two rounds a session; loads 9-13 and 10-17 while other helpers ran suites; CPU us
+a row of our process, means over the rounds, readers' share in brackets; PostgreSQL 0.4-0.6 and
+the broker 0.5-0.8 in every run, 1.2 once):
+
+                 1 process     2 processes   4 processes   1 thread   2 threads   4 threads
+    main         3.4 [0.85]    3.7 [1.2]     4.4 [2.0]     2.8        2.9         2.8
+    block reader 3.4 [0.7]     3.9 [1.15]    4.4 [1.85]    2.6        2.6         2.7
+    producer     3.1 [0.85]    3.5 [1.3]     4.1 [2.15]    2.6        2.6         2.5
+    both         3.1 [0.75]    3.3 [1.1]     4.1 [1.85]    2.2        2.2         2.2
+    (four rounds of main, the block reader and both, two of the producer; in threads, per round:
+     main 2.4-3.4, the block reader 2.4-2.9, the producer 2.4-2.7, both 2.0-2.4)
+
+The block reader alone takes 0.1-0.2 us a row off the readers, and off the totals less than the
+noise between rounds with processes, ~0.2 us with threads; the block producer alone 0.3 us;
+together, with reader threads (the default), 0.6 us a row (2.2 against 2.8, a fifth of our
+process): the producer releases the GIL for a whole block, and only now that the reader threads
+no longer take it back for every row is that time saved rather than spent on handoffs. With
+reader processes together 0.3-0.4 us.
+
+Why 40% of COPY is still not shown on two cores with the broker on them: 40% of the quiet COPY
+rate (1.46M rows/s, 584k rows/s) allows 3.4 us of CPU a row on two cores used to the last cycle.
+The floor of the pieces, measured alone: the server's plain COPY 0.5 us, the reader's COPY and
+row JSON 0.25 (above; the reader processes' start-up on top), producing a record with the block
+producer 2.1-2.2 (our call ~0.5, its reports ~0.13, librdkafka's threads ~0.93, the broker ~0.6
+at load 36, 0.7-0.8 quiet): about 2.9-3.0 us, under the 3.4 on paper. Measured end to end with
+both blocks and reader threads: 2.0-2.4 us in our process plus 0.5 (PostgreSQL) plus 0.5-0.8
+(the broker), 3.0-3.5 us a row: at the edge of the budget, and a pipeline of a server, a reader,
+a publishing thread, librdkafka's threads and a broker never keeps two cores busy to the last
+cycle. At load 9-17 both together made 13-35% of the run's COPY rate (15-41% of the COPY run
+just before each, which the load moved as much), main 19-41%: a quiet run is needed to say where
+it lands. What remains is librdkafka's per-message work (its
+copy, partitioner, queue and bookkeeping after the acks, ~1 us on both sides of our call) and the
+broker's (~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off,
+and, with processes, each reader's start-up.
 """
 
 from __future__ import annotations
