@@ -12,18 +12,11 @@ import psycopg2
 import pytest
 
 from cdc.errors import PrerequisiteError
-from cdc.log.embedded import EmbeddedLog
 from tests.integration.pg_capture import (capturing, execute, pg_config, slot_name, table_rows, topic_state,
                                           wait_until, write_accounts)
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 def test_snapshot_then_stream_gives_the_table(pg_dsn, tmp_path, log):

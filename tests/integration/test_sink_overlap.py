@@ -11,6 +11,7 @@ import pytest
 from cdc.errors import PermanentError, SchemaChangeError
 from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.sink_runner import SinkRunner
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 from tests.integration.test_sink_runner import RecordingSink, _config, _publish
 
 WAIT = 30.0  # a bound on waiting for evidence, not a timing assertion
@@ -78,13 +79,6 @@ class FailsAfterReadAhead(RecordingSink):
             raise self.error
         super().write(events)
         self.written.update((e.partition, e.offset) for e in events)
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 @pytest.mark.parametrize("error", [SchemaChangeError("a column changed type"),

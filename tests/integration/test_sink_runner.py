@@ -11,10 +11,10 @@ from cdc.api import Sink, SinkConfig
 from cdc.errors import PermanentError, RebuildRequired, RetriableError
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import TopicSettings
-from cdc.log.embedded import EmbeddedLog
 from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, Record
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 TABLE = TableId("db", "public", "items")
 
@@ -72,13 +72,6 @@ class RecordingSink(Sink):
 
     def drop_generation(self, generation):
         del self.generations[generation]
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 def _publish(log, n: int, keys: int, prefix: str = "p", start: int = 0) -> None:
