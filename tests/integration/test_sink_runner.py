@@ -89,6 +89,16 @@ def _config(**kw) -> SinkConfig:
     return SinkConfig(name="rec", type="recording", topics=["p.*"], batch_size=50, batch_wait_ms=10, **kw)
 
 
+def _committed(log, topic: str = "p.public.items") -> tuple[dict, dict]:
+    """The topic's end offsets and what group ``rec`` (the runners' here) committed of them."""
+    ends = log.end_offsets(topic)
+    reader = log.reader("rec")
+    try:
+        return ends, reader.committed(list(ends))
+    finally:
+        reader.close()
+
+
 def _run_until_caught_up(runner) -> None:
     runner.run(threading.Event(), until_caught_up=True)
 
@@ -100,10 +110,8 @@ def test_everything_is_written_and_offsets_committed_after(log):
     _run_until_caught_up(runner)
     assert {k: v[1]["v"] for k, v in sink.generations[1].items()} == \
         {orjson.dumps({"id": k}): max(i for i in range(500) if i % 40 == k) for k in range(40)}
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    assert reader.committed(list(ends)) == ends
-    reader.close()
+    ends, committed = _committed(log)
+    assert committed == ends
     # A second runner in the same group has nothing left to do.
     again = RecordingSink(_config())
     _run_until_caught_up(SinkRunner(again, log, "p"))
