@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import orjson
 import psycopg2
@@ -173,6 +173,11 @@ def snapshot_row_as_streamed(log: Log, topic: str) -> dict:
 def execute(dsn: str, *statements: str) -> None:
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
+    execute_then_close(conn, statements)
+
+
+def execute_then_close(conn, statements: Iterable[str]) -> None:
+    """Runs ``statements`` one by one on ``conn`` (any DB-API connection), then closes it."""
     try:
         with conn.cursor() as cur:
             for statement in statements:

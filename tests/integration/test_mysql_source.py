@@ -25,8 +25,8 @@ from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
-from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, topic_state, wait_until,
-                                          write_accounts)
+from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, execute_then_close, topic_state,
+                                          wait_until, write_accounts)
 from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.mysql
@@ -42,13 +42,7 @@ def mysql_config(url: str, db: str, **overrides) -> MySqlConfig:
 
 
 def execute(url: str, db: str | None, *statements: str) -> None:
-    conn = mysql_connect(url, db)
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-    finally:
-        conn.close()
+    execute_then_close(mysql_connect(url, db), statements)
 
 
 def table_rows(url: str, db: str, table: str, key: str = "id") -> dict[str, dict]:
