@@ -17,11 +17,12 @@ printed too, and it is mostly the server's):
 * ``C loop -> blocks``: ``copy_out.copy_blocks``, libpq's loop in C without the GIL, without and
   with the row JSON made in the same loop.
 
-Measured (load 11-12 on the shared 2-core machine, 1M rows, two rounds): copy_expert into the null
-sink 0.17-0.23 us a row, into BytesIO 0.21-0.33, into the line blocks 0.25-0.27 and 0.40-0.57 with
-the row JSON; the C loop 0.09-0.10 and 0.22-0.29 with the row JSON. So driving COPY through
-psycopg2 a row at a time costs a reader about 0.15-0.3 us a row, which the C loop takes off; the
-reader was never the large part of a snapshot row's 3-4 us (bench.pg_snapshot's docstring).
+Measured (load 11-12 on the shared 2-core machine, 1M rows, two sessions of two rounds): copy_expert
+into the null sink 0.17-0.23 us a row, into BytesIO 0.21-0.33, into the line blocks 0.24-0.32 and
+0.40-0.65 with the row JSON; the C loop 0.09-0.19 (0.09-0.10 in three rounds of four) and
+0.22-0.29 with the row JSON. So driving COPY through psycopg2 a row at a time costs a reader about
+0.15-0.4 us a row, which the C loop takes off; the reader was never the large part of a snapshot
+row's 3-4 us (bench.pg_snapshot's docstring).
 """
 
 from __future__ import annotations

@@ -124,10 +124,11 @@ The block reader (sources/postgres/copy_out.py, ``_copyjson.copy_out``): psycopg
 the libpq psycopg2 loaded reads blocks of 2048 rows without the GIL, makes their row JSON in the
 same loop and hands each block to Python once. The reader alone (bench/pg_copy_read.py, 1M rows,
 load 11-12, this process's CPU): copy_expert into the bench's null sink 0.17-0.23 us a row, into
-the readers' line blocks 0.25-0.27 and 0.40-0.57 with the row JSON; the C loop 0.09-0.10 and
-0.22-0.29. So the reader took 0.15-0.3 us a row, not the 0.9 us once assumed below: most of the
-0.7-2.2 s the reader processes take (``of which readers``) is their start-up (importing the source
-package costs a spawned reader ~0.27 s of CPU, 0.04 s of it psycopg2), a fixed cost per process.
+the readers' line blocks 0.24-0.32 and 0.40-0.65 with the row JSON; the C loop 0.09-0.19 and
+0.22-0.29. So the reader took 0.4-0.65 us a row with its row JSON and takes 0.25 now; the 0.9 us
+counted above included its process's start-up. Most of the 0.7-2.2 s the reader processes take
+(``of which readers``) is their start-up (importing the source package costs a spawned reader
+~0.27 s of CPU, 0.04 s of it psycopg2), a fixed cost per process, not per row.
 
 Paired in two sessions (main, the block reader alone, s6snap's block producer alone, both
 together, each a whole ``--workers 1,2,4 --threads`` run in turn, two rounds a session; loads 9-13 and 10-17 while other helpers ran suites; CPU us
@@ -141,6 +142,12 @@ the broker 0.5-0.8 in every run, 1.2 once):
     both         3.1 [0.75]    3.3 [1.1]     4.1 [1.85]    2.2        2.2         2.2
     (four rounds of main, the block reader and both, two of the producer; in threads, per round:
      main 2.4-3.4, the block reader 2.4-2.9, the producer 2.4-2.7, both 2.0-2.4)
+    a third session, main against this branch with both merged, two rounds at load 8-16:
+    main         3.3-3.6       3.8-3.9       4.5-4.6       2.8        3.0-3.1     2.8-3.0
+    both         2.9-3.0       3.2-3.6       4.0           2.0-2.4    2.0-2.5     2.2-2.3
+    (threads, as a share of the run's COPY rate and of the COPY just before each: both, second
+     round, 37%, 43% and 39% / 32%, 36% and 23%; both, first round, 16-23% / 24-30%; main
+     18-27% / 15-30%: the rates follow the load)
 
 The block reader alone takes 0.1-0.2 us a row off the readers, and off the totals less than the
 noise between rounds with processes, ~0.2 us with threads; the block producer alone 0.3 us;
