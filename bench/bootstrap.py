@@ -176,6 +176,12 @@ def main() -> None:
     parser.add_argument("--confluent-reads", action="store_true",
                         help="also run \"bulk-ck\": the bulk path reading through confluent-kafka (LogRecords), "
                              "as before the packed reader")
+    parser.add_argument("--seq-reads", action="store_true",
+                        help="also run \"bulk-seq\": the bulk path reading every partition at once and loading only "
+                             "once all is read (as before the staged reads)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="also run \"read\": the bulk path's reading alone (packed reads into the windows, "
+                             "no load)")
     parser.add_argument("--window-mb", type=int, default=None,
                         help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
@@ -251,7 +257,8 @@ def main() -> None:
         gc.freeze()
         for round_ in range(args.rounds):
             variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + \
-                ([("bulk-ck", True)] if args.confluent_reads else []) + ([("probed", True)] if args.probed_deletes else []) + \
+                ([("bulk-ck", True)] if args.confluent_reads else []) + \
+                ([("bulk-seq", True)] if args.seq_reads else []) + ([("read", True)] if args.read_only else []) + ([("probed", True)] if args.probed_deletes else []) + \
                 ([] if args.now_only or args.bulk_only else
                  [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
@@ -279,12 +286,14 @@ def main() -> None:
                     runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
                                         read_ahead=now)
                     runner.packed_reads = label != "bulk-ck"
+                    runner.staged_reads = label != "bulk-seq"
+                    loading = _timed_loads(runner, skip=label == "read")
                     load = os.getloadavg()[0]
                     ours = sum(os.times()[:2])
                     broker = broker_cpu()
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label in ("bulk", "bulk-ck"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
+                        if label in ("bulk", "bulk-ck", "bulk-seq", "read"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
                             runner.rebuild(threading.Event())
                         elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
                             runner._fill_in_windows = runner._fill_in_batches
@@ -296,20 +305,22 @@ def main() -> None:
                     broker = None if broker is None else broker_cpu() - broker
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
                     with conn.cursor() as cur:
-                        cur.execute("SELECT count(*) FROM orders")
+                        cur.execute("SELECT count(*) FROM orders" if label != "read" else "SELECT 0")
                         landed = cur.fetchone()[0]
                     conn.close()
                 finally:
                     with admin.cursor() as cur:
                         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
+                assert landed == len(rows) or label == "read", f"the target has {landed} rows, the source {len(rows)}"
                 print(f"bootstrap {label:6} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
                       f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
                       f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s "
                       f"({cpu[0] / records * 1e6:.2f} us/record), PostgreSQL " +
                       ("unknown (not local)" if cpu[1] is None else
                        f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)") +
-                      ("" if broker is None else f", broker {broker:.1f}s ({broker / records * 1e6:.2f} us/record)"),
+                      ("" if broker is None else f", broker {broker:.1f}s ({broker / records * 1e6:.2f} us/record)") +
+                      ("" if not loading[0] else f"; windows loaded: {loading[0]:.2f}s of wall, "
+                       f"{loading[1]:.2f}s of the sink thread's CPU"),
                       flush=True)
     finally:
         kafka.delete_topic(topic)
@@ -317,6 +328,22 @@ def main() -> None:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def _timed_loads(runner, skip: bool) -> list[float]:
+    """[wall seconds, sink thread CPU seconds] spent loading windows (bulk paths), filled as the
+    run goes; ``skip``: the windows are dropped instead of loaded (reading alone)."""
+    spent = [0.0, 0.0]
+    load_window = runner._load_window
+
+    def timed(window, bulk, generation):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        if not skip:
+            load_window(window, bulk, generation)
+        spent[0] += time.perf_counter() - wall
+        spent[1] += time.thread_time() - cpu
+    runner._load_window = timed
+    return spent
 
 
 def _dict_rows_sink():
