@@ -6,8 +6,9 @@
 
 Measures, in one run (the topic is published once), "now" (batch by batch, below) beside "bulk":
 what `cdc bootstrap` runs into PostgreSQL since the bulk path (``SinkRunner.rebuild``: the history
-reduced to the newest version per key in windows in C, cdc/_window.c, the first window COPYed
-straight into the new generation, sinks/sql/bulk_load.py; ``--window-mb`` sets
+reduced to the newest version per key in windows in C, cdc/_window.c, read partition after
+partition, each window whose keys the new generation does not hold yet COPYed straight into it
+while the next is read, sinks/sql/bulk_load.py; ``--window-mb`` sets
 ``bulk_window_mb``, ``--bulk-only`` skips "now", ``--confluent-reads`` also runs it reading through
 confluent-kafka, "bulk-ck", as before the packed reader). Each line prints the CPU seconds of this
 process, of the server and of the dev stack's Kafka broker, also per record: on a loaded machine
@@ -133,12 +134,37 @@ broker of mine meanwhile); round 2, a new topic, load 32-34: "bulk" ours 7.4 s (
 3.3 s (1.02), broker 1.4 s (0.44), 97 s, 31% of that run's COPY; "bulk-ck" ours 10.9 s (3.43),
 PostgreSQL 3.4 s (1.05), broker 1.5 s (0.48), 123 s, 25%. So the sink process uses about 3.3 s
 (30%) less CPU at this size, PostgreSQL and the broker the same.
-What is left: the window is loaded only once it is read (one window holds issue #18's 1M keys),
-so on a quiet machine the load's Python side (events and COPY text per key) and the server's COPY
-add to the reading's wall time instead of overlapping it; loading a partition's keys as soon as
-it is read to its end (a key lives in one partition) would overlap them, but not while a key's
-records may be in two partitions (a topic whose partition count grew), which the window would
-have to detect first. Not done.
+Reading and loading overlapped. Until here the window was loaded only once the whole topic was
+read: about 3.5 s of reading, then 3.6 s of loading on the quiet machine, never at once. Now the
+partitions are read one after another (``SinkRunner._stages``; the packed reader is assigned one
+partition at a time), and once a partition is read to its end its keys' newest versions are
+final: its window is loaded on the sink's thread (cdc/runtime/window_loads.py) while the next
+partition is read. A window goes in by plain COPY only if the generation holds none of its keys:
+the keys loaded so far are kept as sorted 64-bit hashes (8 bytes a key, inside the window's
+bound), and a window that shares one (a key in two partitions of a topic whose partition count
+grew, the rest of a partition whose window filled up) goes through the guarded writes.
+``--seq-reads`` also runs "bulk-seq", the old order (every partition at once, then the load), and
+``--read-only`` "read", the reading alone (packed reads into the windows, nothing loaded); each
+bulk line also prints the time spent loading windows and the sink thread's CPU for it.
+
+Each piece alone, at issue #18's size (3M over 1M keys, 3.19M records, --bulk-only --seq-reads
+--read-only --rounds 3, one session, load 10-13 on 2 cores shared with other work, so CPU seconds
+are the figures to read):
+
+  read alone (packed reads into windows)   ours 4.8 s (1.50 us a record)   broker 0.4-0.6 s
+  load alone ("bulk-seq"'s windows)        sink thread 1.81-1.99 s          PostgreSQL 2.6-2.9 s
+  bulk-seq (read, then load)               ours 6.8-7.5 s                   PostgreSQL 2.6-2.9 s   broker 0.5-1.2 s
+  bulk (staged: overlapped)                ours 7.1-7.7 s                   PostgreSQL 3.0-3.3 s   broker 0.7-1.2 s
+
+So of this process's 7 s, reading (librdkafka's threads, the window's C loop) is about 4.8 and
+loading's Python side (events and COPY text per key, on the sink's thread) about 1.9; PostgreSQL's
+COPY about 2.8. The staged order cost about 0.3 s more of ours and of PostgreSQL's CPU in these
+runs (within the load's noise, but in every round). Wall time at that load follows the load
+(bulk 30.9, 40.5, 28.7 s against bulk-seq 42.3, 34.6, 26.9 s, paired rounds): two cores shared
+by four workloads give the overlap no free core to run on. On a quiet machine the sum of the CPU
+above (about 10 s under load, about 8.5 s quiet before this change) spread over two cores bounds
+a bootstrap at 4-5 s against the 7-8 s of the old order; not measured quietly here (the lead
+does after merging).
 
 Not done (for "now"), and why: reducing before decoding pays only for keys repeated within one batch
 (about 1% at 20k records over 1M keys), and the decode it would skip is now the light one (no

@@ -10,7 +10,9 @@ C without the GIL (``cdc/_window.c``); this module hands it the records and deco
 way, those it does not take (Connect JSON, Avro, truncates, odd keys, malformed values).
 
 A window holds at most ``max_bytes`` (keys, the newest rows' JSON and its own tables): a history
-with more live keys than that takes several windows, each loaded before the next is read.
+with more live keys than that takes several windows. A runner that loads one window while it
+fills the next (``cdc.runtime.window_loads``) keeps ``LoadedKeys``, the hashes of the keys loaded
+so far, to tell whether the next window may go in without the version guard.
 
 Per key the result is what ``sinks/sql/reduce.py`` makes of one batch as large as the window: an
 upsert (the newest is r/c/u), a delete (the newest is d: a sink remembers it), and, separately, a

@@ -20,7 +20,8 @@ A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequire
 generation of the store from offset 0 while readers keep seeing the current one, and switches
 readers once the new one has caught up with the topics' ends as of the start of the rebuild. For a
 ``BulkLoadableSink`` it reads the history into windows reduced to the newest version per key
-(``cdc.bulk_window``) and loads the first one in bulk (``_fill_in_windows``).
+(``cdc.bulk_window``), partition after partition, and loads each window whose keys the new
+generation does not hold yet in bulk, while the next is read (``_fill_in_windows``).
 
 With ``scale_out: group`` the runner is one member of the sink's consumer group and reads only the
 partitions the group assigns it; ``sink_group`` states what happens on a rebalance. A rebuild or a
@@ -535,11 +536,14 @@ class SinkRunner:
     def _fill_in_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
                          new: int, old: int) -> None:
         """The new generation filled from windows of the history reduced to the newest version per
-        key (cdc.bulk_window): the first window in bulk (``bulk_load``: the generation holds none
-        of its keys), every later one through ``write`` (version-guarded, as a batch is). A window
-        is loaded before the next is read, so memory holds one (``bulk_window_mb``). Nothing is
-        committed before the switch: a failure or a kill anywhere leaves readers on the old
-        generation, and the next rebuild opens the new one empty again and starts over."""
+        key (cdc.bulk_window), read partition after partition where the reader allows it
+        (``_stages``): a partition read to its end has its keys' newest versions, and its window
+        is loaded on the sink's thread while the next is read (cdc.runtime.window_loads). A window
+        goes in bulk (``bulk_load``) only if the generation holds none of its keys, else through
+        ``write`` (version-guarded, as a batch is). The window in flight and the one being filled
+        share the bound (``bulk_window_mb``). Nothing is committed before the switch: a failure or
+        a kill anywhere leaves readers on the old generation, and the next rebuild opens the new
+        one empty again and starts over."""
         with bulk_window.collection_paused():
             self._fill_windows(reader, stop_event, targets, new, old)
 
@@ -595,7 +599,7 @@ class SinkRunner:
                             self._poison(record.topic, record.partition, record.offset, str(err), record)
                         if window.stats()[1] + loads.held() >= bound:
                             loads.wait()  # the window in flight loaded: its memory is free
-                            if window.full():  # this one alone fills the bound: loaded before more is read
+                            if window.stats()[1] + loads.held() >= bound:  # still: loaded before more is read
                                 loads.submit(window, whole=False)
                                 loads.wait()
                                 window, cut = window.following(), True
