@@ -85,7 +85,7 @@ class SinkRunner:
         self.progress = progress
         self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
         self.packed_reads = True  # False: bulk loads read through reader() even where the log has a bulk reader (bench/)
-        self.staged_reads = True  # False: a bulk load reads every partition at once, then loads (bench/)
+        self.staged_reads = True  # False: a bulk load reads all partitions at once, then loads (bench/)
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
         self._batch_bytes = 0  # bytes of record values of the batch read last (cdc_bytes_total)
