@@ -60,6 +60,8 @@ TOPIC_REFRESH_S = 5.0
 BULK_POLL_RECORDS = 50_000  # records per read of a bulk rebuild (no write waits on them)
 BULK_ADD_RECORDS = 5_000    # records added to a window between checks of its size
 BULK_PART_KEYS = 100_000    # keys per part of a window handed to the sink (Python objects held at once)
+BULK_STAGES = 8             # a bulk read in about this many stages of whole partitions at most
+BULK_STAGE_RECORDS = 10_000  # records (offsets) of a stage at least: no stage switch for a few records
 
 
 class SinkRunner:
@@ -561,13 +563,25 @@ class SinkRunner:
                 bulk.close()
 
     def _stages(self, targets: dict[TopicPartition, int], packed: bool) -> list[list[TopicPartition]]:
-        """The partitions in the order they are read: one after another where the reader can be
-        assigned anew (the packed reader), so that once one is read to its end its keys are final
-        and its window loads while the next is read; else all at once (one stage)."""
+        """The partitions in the order they are read, in stages: one stage after another where the
+        reader can be assigned anew (the packed reader), so that once a stage is read to its ends
+        its keys are final and its window loads while the next stage is read; else all at once
+        (one stage). A stage is one partition, or several small ones."""
         wanted = sorted(tp for tp, end in targets.items() if end > 0)
-        if packed and self.staged_reads:
-            return [[tp] for tp in wanted]
-        return [wanted]
+        if not (packed and self.staged_reads):
+            return [wanted]
+        # Small partitions share a stage: each stage costs a new assignment and the fetch's start,
+        # so a sink of many small topics would otherwise pay that per partition.
+        least = max(sum(targets.values()) // BULK_STAGES, BULK_STAGE_RECORDS)
+        stages: list[list[TopicPartition]] = [[]]
+        held = 0
+        for tp in wanted:
+            if held >= least:
+                stages.append([])
+                held = 0
+            stages[-1].append(tp)
+            held += targets[tp]
+        return stages if wanted else []
 
     def _fill_windows_from(self, reader, packed: bool, stop_event: threading.Event,
                            targets: dict[TopicPartition, int], new: int, old: int) -> None:

@@ -21,6 +21,7 @@ from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
 from cdc.positions import Counter
+from cdc.runtime import sink_runner
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, Record
 from sinks.sql.config import SqlSinkConfig
@@ -235,7 +236,7 @@ def test_a_bulk_rebuild_killed_once_a_window_landed_leaves_readers_on_the_old_ge
 
 
 def test_a_key_in_two_partitions_of_a_grown_topic_goes_through_the_guarded_writes(pg_admin_dsn, kafka_bootstrap,
-                                                                                   caplog):
+                                                                                   caplog, monkeypatch):
     """A topic whose partition count grew holds some keys' older records in partition 0 and their
     newer ones in partition 1. The bulk rebuild reads partition after partition and loads each one
     as soon as it is read; the second partition's window shares keys with the first's, which is
@@ -279,6 +280,7 @@ def test_a_key_in_two_partitions_of_a_grown_topic_goes_through_the_guarded_write
         _publish(kafka, prefix, after)
         assert kafka.end_offsets(topic)[(topic, 1)] > 0  # some keys' newer records are in partition 1 now
 
+        monkeypatch.setattr(sink_runner, "BULK_STAGE_RECORDS", 1)  # a stage per partition, however small
         runner = _runner(kafka, prefix, dsn.replace("postgresql://", "postgresql+psycopg2://", 1), f"grow-{run}")
         loads: list[bool] = []
         load_window = runner._load_window
