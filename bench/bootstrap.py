@@ -139,9 +139,9 @@ read: about 3.5 s of reading, then 3.6 s of loading on the quiet machine, never 
 partitions are read one after another (``SinkRunner._stages``; the packed reader is assigned one
 partition at a time, small ones together), and once a partition is read to its end its keys'
 newest versions are final: its window is loaded on the sink's thread
-(cdc/runtime/window_loads.py) while the next partition is read. A window goes in by plain COPY only if the generation holds none of its keys:
-the keys loaded so far are kept as sorted 64-bit hashes (8 bytes a key, inside the window's
-bound), and a window that shares one (a key in two partitions of a topic whose partition count
+(cdc/runtime/window_loads.py) while the next partition is read. A window goes in by plain COPY
+only if the generation holds none of its keys: the keys loaded so far are kept as sorted 64-bit
+hashes (8 bytes a key, inside the window's bound), and a window that shares one (a key in two partitions of a topic whose partition count
 grew, the rest of a partition whose window filled up) goes through the guarded writes.
 ``--seq-reads`` also runs "bulk-seq", the old order (every partition at once, then the load), and
 ``--read-only`` "read", the reading alone (packed reads into the windows, nothing loaded); each
@@ -153,18 +153,18 @@ are the figures to read):
 
   read alone (packed reads into windows)   ours 4.8 s (1.50 us a record)   broker 0.4-0.6 s
   load alone ("bulk-seq"'s windows)        sink thread 1.81-1.99 s          PostgreSQL 2.6-2.9 s
-  bulk-seq (read, then load)               ours 6.8-7.5 s                   PostgreSQL 2.6-2.9 s   broker 0.5-1.2 s
-  bulk (staged: overlapped)                ours 7.1-7.7 s                   PostgreSQL 3.0-3.3 s   broker 0.7-1.2 s
 
 So of this process's 7 s, reading (librdkafka's threads, the window's C loop) is about 4.8 and
 loading's Python side (events and COPY text per key, on the sink's thread) about 1.9; PostgreSQL's
-COPY about 2.8. The staged order cost about 0.3 s more of ours and of PostgreSQL's CPU in these
-runs (within the load's noise, but in every round). Wall time at that load follows the load
-(bulk 30.9, 40.5, 28.7 s against bulk-seq 42.3, 34.6, 26.9 s, paired rounds): two cores shared
-by four workloads give the overlap no free core to run on. On a quiet machine the sum of the CPU
-above (about 10 s under load, about 8.5 s quiet before this change) spread over two cores bounds
-a bootstrap at 4-5 s against the 7-8 s of the old order; not measured quietly here (the lead
-does after merging).
+COPY about 2.8. Eight paired rounds of "bulk" (staged) and "bulk-seq" in three sessions (load
+9-18): this process 6.5-8.1 s (mean 7.29) against 6.8-8.0 s (mean 7.35), PostgreSQL 2.6-3.5 s
+(mean 3.14) against 2.5-3.2 s (mean 2.85), the sink thread's load 1.88-2.51 s against 1.81-1.99 s;
+wall 30.9, 40.5, 28.7, 40.7, 37.2, 26.6, 24.9, 10.6 s against 42.3, 34.6, 26.9, 43.8, 35.9, 43.2,
+23.6, 11.9 s (main's own bench between them, load 13.5-15: 57.2, 56.9, 61.6 s; this process
+7.9-8.2 s, PostgreSQL 3.5-3.6 s). At that load the wall time follows the load: two cores shared
+by four workloads give the overlap no free core. On a quiet machine the CPU above (about 10 s
+under load, about 8.5 s quiet before this change) spread over two cores bounds a bootstrap at
+4-5 s against the 7-8 s of the old order; not measured quietly here (the lead does after merging).
 
 Not done (for "now"), and why: reducing before decoding pays only for keys repeated within one batch
 (about 1% at 20k records over 1M keys), and the decode it would skip is now the light one (no
