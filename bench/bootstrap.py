@@ -156,11 +156,11 @@ are the figures to read):
 
 So of this process's 7 s, reading (librdkafka's threads, the window's C loop) is about 4.8 and
 loading's Python side (events and COPY text per key, on the sink's thread) about 1.9; PostgreSQL's
-COPY about 2.8. Eight paired rounds of "bulk" (staged) and "bulk-seq" in three sessions (load
-9-18): this process 6.5-8.1 s (mean 7.29) against 6.8-8.0 s (mean 7.35), PostgreSQL 2.6-3.5 s
-(mean 3.14) against 2.5-3.2 s (mean 2.85), the sink thread's load 1.88-2.51 s against 1.81-1.99 s;
-wall 30.9, 40.5, 28.7, 40.7, 37.2, 26.6, 24.9, 10.6 s against 42.3, 34.6, 26.9, 43.8, 35.9, 43.2,
-23.6, 11.9 s (main's own bench between them, five rounds, load 13.5-17: 56.9-61.6 s; this
+COPY about 2.8. Ten paired rounds of "bulk" (staged) and "bulk-seq" in four sessions (load
+6.5-18): this process 6.5-8.1 s (mean 7.27) against 6.8-8.0 s (mean 7.33), PostgreSQL 2.6-3.5 s
+(mean 3.10) against 2.5-3.2 s (mean 2.88), the sink thread's load 1.88-2.51 s against 1.81-1.99 s;
+wall 30.9, 40.5, 28.7, 40.7, 37.2, 26.6, 24.9, 10.6, 14.1, 19.9 s against 42.3, 34.6, 26.9, 43.8,
+35.9, 43.2, 23.6, 11.9, 23.3, 21.6 s (main's own bench between them, five rounds, load 13.5-17: 56.9-61.6 s; this
 process 7.9-8.2 s, PostgreSQL 3.3-3.6 s). At that load the wall time follows the load: two cores shared
 by four workloads give the overlap no free core. On a quiet machine the CPU above (about 10 s
 under load, about 8.5 s quiet before this change) spread over two cores bounds a bootstrap at
