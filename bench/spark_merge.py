@@ -99,9 +99,9 @@ by CPU (17.7 against 117.1 s, 395 jobs in 12 batches). Another run, 1.1M changes
 one batch of 1M after the 100k inserts: append 69,445 rows/s (12.9 s), MERGE 22,438 (31.6 s,
 26 jobs), 0.32x by wall, 0.41x by CPU; a third run at load 5 -> 3: append 138,903 rows/s
 (12.3 s), MERGE 59,537 (30.0 s), 0.43x by wall, 0.41x by CPU, and the same 1M changes in four
-batches of up to 300k: 0.29x by wall, 0.21x by CPU (16.1 against 74.9 s, 125 jobs). The sink's own batch for a backlog is
-``max_offsets_per_trigger``, 1M records by default, 10x this bench's default batch: the default
-batch here measures many small MERGEs, the sweep's 1M a backlog. Latency (30 s at 1k
+batches of up to 300k: 0.29x by wall, 0.21x by CPU (16.1 against 74.9 s, 125 jobs). The sink's
+own batch for a backlog is ``max_offsets_per_trigger``, 1M records by default, 10x this bench's
+default batch: the default batch here measures many small MERGEs, the sweep's 1M a backlog. Latency (30 s at 1k
 changes/s, trigger 1 s) at load 5-6, consecutive runs: micro-batches p50 7.5 s, p95 9.4 s (this
 bench), p50 7.0 s, p95 8.3 s (main's): the sink's 5 s p95 needs a quiet machine.
 
