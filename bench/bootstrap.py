@@ -178,7 +178,6 @@ import argparse
 import gc
 import io
 import os
-import random
 import threading
 import time
 import uuid
@@ -213,12 +212,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from cdc.dev.stack import read_env
-    from cdc.events import ChangeEvent, Op, TableId
-    from cdc.log.base import TopicSettings
+    from bench.sink_group import publish_orders
+    from cdc.events import TableId
     from cdc.log.kafka import KafkaLog
-    from cdc.positions import Counter
     from cdc.runtime.sink_runner import SinkRunner
-    from cdc.serde import EnvelopeEncoder
     from sinks.sql.config import SqlSinkConfig
     from sinks.sql.sink import SqlSink
     DictRowsSqlSink = _dict_rows_sink()
@@ -235,30 +232,7 @@ def main() -> None:
     table = TableId("shop", "public", "orders")
     topic = table.topic(prefix)
     try:
-        kafka.ensure_topic(topic, TopicSettings(partitions=3))
-        rng = random.Random(1)
-        final: dict[int, dict | None] = {}
-        encoder = EnvelopeEncoder("postgresql", "bench", prefix)
-        writer = kafka.writer()
-        batch = []
-        for i in range(args.events):
-            key = rng.randrange(args.keys)
-            if final.get(key) is not None and rng.random() < 0.1:
-                batch.append(ChangeEvent(Op.DELETE, table, {"id": key}, {"id": key}, None, i + 1, 0))
-                final[key] = None
-            else:
-                row = {"id": key, "customer_id": key % 5000, "status": rng.choice(["new", "paid", "shipped"]),
-                       "total": f"{rng.randrange(100_000) / 100:.2f}", "note": "x" * rng.randrange(0, 40)}
-                batch.append(ChangeEvent(Op.UPDATE if key in final else Op.CREATE, table, {"id": key}, None,
-                                         row, i + 1, 0))
-                final[key] = row
-            if len(batch) == 5000:
-                writer.publish_events(encoder, batch, None)
-                writer.poll()
-                batch = []
-        writer.publish_events(encoder, batch, Counter(1))
-        writer.flush(120)
-        writer.close()
+        final = publish_orders(kafka, prefix, args.events, args.keys, 3)
         rows = [r for r in final.values() if r is not None]
         records = sum(kafka.end_offsets(topic).values())
         print(f"history: {args.events:,} changes over {args.keys:,} keys ({records:,} records incl. tombstones); "
