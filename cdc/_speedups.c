@@ -1543,6 +1543,79 @@ fail:
     return NULL;
 }
 
+/* split_by_schema(events) -> parts, or None
+ *   cdc.schema_order.split_by_schema's loop: `events` (SinkEvents) cut where a topic's
+ *   source["schema_version"] changes, so that each part has one shape per topic; an event whose
+ *   source is empty or names no shape never cuts. None (the Python loop decides) for anything
+ *   but a list of SinkEvent-like tuples whose sources are dicts or empty. */
+static PyObject *split_version_key = NULL;
+
+static PyObject *
+speedups_split_by_schema(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "split_by_schema(events: list)");
+        return NULL;
+    }
+    if (split_version_key == NULL && (split_version_key = PyUnicode_InternFromString("schema_version")) == NULL)
+        return NULL;
+    PyObject *events = args[0];
+    Py_ssize_t count = PyList_GET_SIZE(events), start = 0;
+    PyObject *parts = PyList_New(0), *shapes = PyDict_New();
+    if (parts == NULL || shapes == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *event = PyList_GET_ITEM(events, i);
+        if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) < 9)
+            goto python;
+        PyObject *topic = PyTuple_GET_ITEM(event, 0), *source = PyTuple_GET_ITEM(event, 8);
+        if (source == Py_None)
+            continue;
+        if (!PyDict_CheckExact(source))
+            goto python;
+        if (PyDict_GET_SIZE(source) == 0)
+            continue;
+        PyObject *version = PyDict_GetItemWithError(source, split_version_key);  /* borrowed */
+        if (version == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            continue;
+        }
+        if (version == Py_None)
+            continue;
+        PyObject *seen = PyDict_GetItemWithError(shapes, topic);  /* borrowed */
+        if (seen == NULL && PyErr_Occurred())
+            goto fail;
+        if (seen != NULL && seen != Py_None) {
+            int differs = PyObject_RichCompareBool(seen, version, Py_NE);
+            if (differs < 0) goto fail;
+            if (differs) {
+                PyObject *part = PyList_GetSlice(events, start, i);
+                int appended = part != NULL && PyList_Append(parts, part) == 0;
+                Py_XDECREF(part);
+                if (!appended) goto fail;
+                start = i;
+                PyDict_Clear(shapes);
+            }
+        }
+        if (PyDict_SetItem(shapes, topic, version) < 0)
+            goto fail;
+    }
+    PyObject *last = PyList_GetSlice(events, start, count);
+    int appended = last != NULL && PyList_Append(parts, last) == 0;
+    Py_XDECREF(last);
+    if (!appended) goto fail;
+    Py_DECREF(shapes);
+    return parts;
+python:
+    Py_DECREF(parts);
+    Py_DECREF(shapes);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(parts);
+    Py_XDECREF(shapes);
+    return NULL;
+}
+
 
 /* ---- log_records: cdc.log.kafka.log_records's loop (confluent-kafka Messages -> LogRecords) ----
  *
@@ -1705,6 +1778,8 @@ static PyMethodDef methods[] = {
      "decode_batch(records, ends, raw_rows=False) -> (events, [(record, PoisonRecord)], bytes of values)"},
     {"decode_packed", (PyCFunction)(void (*)(void))speedups_decode_packed, METH_FASTCALL,
      "decode_packed(data, count, topics, ends, raw_rows, LogRecord) -> decode_batch's answer for a packed batch"},
+    {"split_by_schema", (PyCFunction)(void (*)(void))speedups_split_by_schema, METH_FASTCALL,
+     "split_by_schema(events) -> cdc.schema_order.split_by_schema's parts, or None (the Python loop decides)"},
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
      "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
