@@ -22,6 +22,11 @@ readers once the new one has caught up with the topics' ends as of the start of 
 ``BulkLoadableSink`` it reads the history into windows reduced to the newest version per key
 (``cdc.bulk_window``) and loads the first one in bulk (``_fill_in_windows``).
 
+Reads: through the log's bulk reader where it has one (Kafka: ``cdc.log.kafka_bulk``, a batch as
+one bytes object decoded by ``decode_packed``), the group's reader then only saying where to start
+and committing after each write (``_open_packed``); else, and as a group member, through the
+group's reader itself.
+
 With ``scale_out: group`` the runner is one member of the sink's consumer group and reads only the
 partitions the group assigns it; ``sink_group`` states what happens on a rebalance. A rebuild or a
 bootstrap reads every partition from offset 0 and cannot be split among members: it runs only

@@ -12,6 +12,10 @@ raises ``RetriableError`` and the runtime retries the batch (versions make that 
 refused for good (a mapping error) are returned in ``refused`` with OpenSearch's reason; the rest
 of the batch is written.
 
+A write may come in parts (``sending``: the sink encodes a request's worth of documents at a
+time and each part's requests go out at once, so the node indexes the first while the rest is
+encoded); it has returned, as ``send`` has, once every request of every part has.
+
 Threading: ``send`` may run several requests at once on its own pool (``concurrency``); the
 client is thread-safe. One caller thread at a time.
 """

@@ -15,8 +15,10 @@ A write (see cdc/sink_events.py for the semantics it implements):
 3. A truncate clears the index of documents older than its version and remembers the version.
 4. Tombstone records without a delete in the batch are resolved against the index (mget).
 5. The bulk items and their NDJSON, made in one pass (lines.py; C where built; there a row the
-   runtime left as its JSON bytes, ``raw_rows``, becomes its document without a dict), then one bulk of
-   versioned ``index`` items (bulk.py). It has returned once every item is written,
+   runtime left as its JSON bytes, ``raw_rows``, becomes its document without a dict), a
+   request's worth at a time, each sent as soon as it is made (bulk.py ``sending``: the node
+   indexes the first requests while the rest is encoded), after every topic's index is
+   prepared: versioned ``index`` items. The write has returned once every item is written,
    refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
    only once it is in the translog, which is fsynced per request by default, so it is durable.
    A document refused for good (a mapping error) goes to the dead-letter topic alone, with
