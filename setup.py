@@ -2,8 +2,9 @@
 and COPY loop; Kafka messages to records), cdc/_window.c (the newest version per key
 of a bulk load's window), sinks/opensearch/_lines.c (the OpenSearch sink's
 reduction and bulk lines), sources/mysql/_rowdecode.c (binlog row images of the common column
-types), sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text) and cdc/_rdconsume.c
-(a bulk load's Kafka reader, linked to the system's librdkafka: apt's librdkafka-dev). Without a
+types), sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text, and its COPY read
+in blocks), cdc/_rdconsume.c (a bulk load's Kafka reader) and cdc/_rdproduce.c (snapshot rows to
+Kafka a block per call), both linked to the system's librdkafka: apt's librdkafka-dev. Without a
 compiler (or librdkafka's headers) the build goes on without them, and the Python code they mirror
 runs instead (the same output, slower)."""
 
@@ -20,4 +21,5 @@ setup(ext_modules=[
               extra_compile_args=FLAGS),
     Extension("cdc._rdconsume", ["cdc/_rdconsume.c"], optional=True, extra_compile_args=FLAGS,
               libraries=["rdkafka"]),
+    Extension("cdc._rdproduce", ["cdc/_rdproduce.c"], optional=True, libraries=["rdkafka"], extra_compile_args=FLAGS),
 ])

@@ -6,8 +6,9 @@
 
 Measures, in one run (the topic is published once), "now" (batch by batch, below) beside "bulk":
 what `cdc bootstrap` runs into PostgreSQL since the bulk path (``SinkRunner.rebuild``: the history
-reduced to the newest version per key in windows in C, cdc/_window.c, the first window COPYed
-straight into the new generation, sinks/sql/bulk_load.py; ``--window-mb`` sets
+reduced to the newest version per key in windows in C, cdc/_window.c, read partition after
+partition, each window whose keys the new generation does not hold yet COPYed straight into it
+while the next is read, sinks/sql/bulk_load.py; ``--window-mb`` sets
 ``bulk_window_mb``, ``--bulk-only`` skips "now", ``--confluent-reads`` also runs it reading through
 confluent-kafka, "bulk-ck", as before the packed reader). Each line prints the CPU seconds of this
 process, of the server and of the dev stack's Kafka broker, also per record: on a loaded machine
@@ -133,12 +134,37 @@ broker of mine meanwhile); round 2, a new topic, load 32-34: "bulk" ours 7.4 s (
 3.3 s (1.02), broker 1.4 s (0.44), 97 s, 31% of that run's COPY; "bulk-ck" ours 10.9 s (3.43),
 PostgreSQL 3.4 s (1.05), broker 1.5 s (0.48), 123 s, 25%. So the sink process uses about 3.3 s
 (30%) less CPU at this size, PostgreSQL and the broker the same.
-What is left: the window is loaded only once it is read (one window holds issue #18's 1M keys),
-so on a quiet machine the load's Python side (events and COPY text per key) and the server's COPY
-add to the reading's wall time instead of overlapping it; loading a partition's keys as soon as
-it is read to its end (a key lives in one partition) would overlap them, but not while a key's
-records may be in two partitions (a topic whose partition count grew), which the window would
-have to detect first. Not done.
+Reading and loading overlapped. Until here the window was loaded only once the whole topic was
+read: about 3.5 s of reading, then 3.6 s of loading on the quiet machine, never at once. Now the
+partitions are read one after another (``SinkRunner._stages``; the packed reader is assigned one
+partition at a time, small ones together), and once a partition is read to its end its keys'
+newest versions are final: its window is loaded on the sink's thread
+(cdc/runtime/window_loads.py) while the next partition is read. A window goes in by plain COPY
+only if the generation holds none of its keys: the keys loaded so far are kept as sorted 64-bit
+hashes (8 bytes a key, inside the window's bound), and a window that shares one (a key in two partitions of a topic whose partition count
+grew, the rest of a partition whose window filled up) goes through the guarded writes.
+``--seq-reads`` also runs "bulk-seq", the old order (every partition at once, then the load), and
+``--read-only`` "read", the reading alone (packed reads into the windows, nothing loaded); each
+bulk line also prints the time spent loading windows and the sink thread's CPU for it.
+
+Each piece alone, at issue #18's size (3M over 1M keys, 3.19M records, --bulk-only --seq-reads
+--read-only --rounds 3, one session, load 10-13 on 2 cores shared with other work, so CPU seconds
+are the figures to read):
+
+  read alone (packed reads into windows)   ours 4.8 s (1.50 us a record)   broker 0.4-0.6 s
+  load alone ("bulk-seq"'s windows)        sink thread 1.81-1.99 s          PostgreSQL 2.6-2.9 s
+
+So of this process's 7 s, reading (librdkafka's threads, the window's C loop) is about 4.8 and
+loading's Python side (events and COPY text per key, on the sink's thread) about 1.9; PostgreSQL's
+COPY about 2.8. Ten paired rounds of "bulk" (staged) and "bulk-seq" in four sessions (load
+6.5-18): this process 6.5-8.1 s (mean 7.27) against 6.8-8.0 s (mean 7.33), PostgreSQL 2.6-3.5 s
+(mean 3.10) against 2.5-3.2 s (mean 2.88), the sink thread's load 1.88-2.51 s against 1.81-1.99 s;
+wall 30.9, 40.5, 28.7, 40.7, 37.2, 26.6, 24.9, 10.6, 14.1, 19.9 s against 42.3, 34.6, 26.9, 43.8,
+35.9, 43.2, 23.6, 11.9, 23.3, 21.6 s (main's own bench between them, five rounds, load 13.5-17: 56.9-61.6 s; this
+process 7.9-8.2 s, PostgreSQL 3.3-3.6 s). At that load the wall time follows the load: two cores shared
+by four workloads give the overlap no free core. On a quiet machine the CPU above (about 10 s
+under load, about 8.5 s quiet before this change) spread over two cores bounds a bootstrap at
+4-5 s against the 7-8 s of the old order; not measured quietly here (the lead does after merging).
 
 Not done (for "now"), and why: reducing before decoding pays only for keys repeated within one batch
 (about 1% at 20k records over 1M keys), and the decode it would skip is now the light one (no
@@ -176,6 +202,12 @@ def main() -> None:
     parser.add_argument("--confluent-reads", action="store_true",
                         help="also run \"bulk-ck\": the bulk path reading through confluent-kafka (LogRecords), "
                              "as before the packed reader")
+    parser.add_argument("--seq-reads", action="store_true",
+                        help="also run \"bulk-seq\": the bulk path reading every partition at once and loading only "
+                             "once all is read (as before the staged reads)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="also run \"read\": the bulk path's reading alone (packed reads into the windows, "
+                             "no load)")
     parser.add_argument("--window-mb", type=int, default=None,
                         help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
@@ -251,7 +283,8 @@ def main() -> None:
         gc.freeze()
         for round_ in range(args.rounds):
             variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + \
-                ([("bulk-ck", True)] if args.confluent_reads else []) + ([("probed", True)] if args.probed_deletes else []) + \
+                ([("bulk-ck", True)] if args.confluent_reads else []) + \
+                ([("bulk-seq", True)] if args.seq_reads else []) + ([("read", True)] if args.read_only else []) + ([("probed", True)] if args.probed_deletes else []) + \
                 ([] if args.now_only or args.bulk_only else
                  [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
                 ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
@@ -279,12 +312,14 @@ def main() -> None:
                     runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
                                         read_ahead=now)
                     runner.packed_reads = label != "bulk-ck"
+                    runner.staged_reads = label != "bulk-seq"
+                    loading = _timed_loads(runner, skip=label == "read")
                     load = os.getloadavg()[0]
                     ours = sum(os.times()[:2])
                     broker = broker_cpu()
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label in ("bulk", "bulk-ck"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
+                        if label in ("bulk", "bulk-ck", "bulk-seq", "read"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
                             runner.rebuild(threading.Event())
                         elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
                             runner._fill_in_windows = runner._fill_in_batches
@@ -296,20 +331,22 @@ def main() -> None:
                     broker = None if broker is None else broker_cpu() - broker
                     conn = psycopg2.connect(target.rsplit("/", 1)[0] + "/" + name)
                     with conn.cursor() as cur:
-                        cur.execute("SELECT count(*) FROM orders")
+                        cur.execute("SELECT count(*) FROM orders" if label != "read" else "SELECT 0")
                         landed = cur.fetchone()[0]
                     conn.close()
                 finally:
                     with admin.cursor() as cur:
                         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                assert landed == len(rows), f"the target has {landed} rows, the source {len(rows)}"
+                assert landed == len(rows) or label == "read", f"the target has {landed} rows, the source {len(rows)}"
                 print(f"bootstrap {label:6} {records / seconds:>10,.0f} records/s  {len(rows) / seconds:>9,.0f} final rows/s  "
                       f"({seconds:6.2f}s)  = {len(rows) / seconds / (len(rows) / copy_s):4.0%} of COPY's rows/s   "
                       f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})   cpu: ours {cpu[0]:.1f}s "
                       f"({cpu[0] / records * 1e6:.2f} us/record), PostgreSQL " +
                       ("unknown (not local)" if cpu[1] is None else
                        f"{cpu[1]:.1f}s ({cpu[1] / records * 1e6:.2f} us/record)") +
-                      ("" if broker is None else f", broker {broker:.1f}s ({broker / records * 1e6:.2f} us/record)"),
+                      ("" if broker is None else f", broker {broker:.1f}s ({broker / records * 1e6:.2f} us/record)") +
+                      ("" if not loading[0] else f"; windows loaded: {loading[0]:.2f}s of wall, "
+                       f"{loading[1]:.2f}s of the sink thread's CPU"),
                       flush=True)
     finally:
         kafka.delete_topic(topic)
@@ -317,6 +354,22 @@ def main() -> None:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def _timed_loads(runner, skip: bool) -> list[float]:
+    """[wall seconds, sink thread CPU seconds] spent loading windows (bulk paths), filled as the
+    run goes; ``skip``: the windows are dropped instead of loaded (reading alone)."""
+    spent = [0.0, 0.0]
+    load_window = runner._load_window
+
+    def timed(window, bulk, generation):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        if not skip:
+            load_window(window, bulk, generation)
+        spent[0] += time.perf_counter() - wall
+        spent[1] += time.thread_time() - cpu
+    runner._load_window = timed
+    return spent
 
 
 def _dict_rows_sink():

@@ -58,7 +58,8 @@ from pathlib import Path
 from psycopg2.extensions import parse_dsn
 
 from bench.pg_stream import ORDERS_DDL, delete_topics, execute, fresh_database, run_workload, stack_settings
-from bench.side_by_side import load, time_cdc, time_connect, wait_until_done
+from bench.side_by_side import (add_contender_arguments, contenders, load, time_cdc, time_connect,
+                               wait_until_done)
 
 # Debezium's connector limits as its docs tune them for throughput; the producer as ours is set.
 DEBEZIUM_TUNED = {"max.batch.size": "20480", "max.queue.size": "81920", "poll.interval.ms": "10"}
@@ -136,10 +137,7 @@ def main() -> None:
     parser.add_argument("--million", action="store_const", dest="changes", const=1_000_000,
                         help="1M changes (as the issue measured)")
     parser.add_argument("--txn-rows", type=int, default=5000, help="rows per workload transaction")
-    parser.add_argument("--partitions", type=int, default=3, help="partitions of each side's topic")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds each reader may take at most")
-    parser.add_argument("--skip-default", action="store_true", help="no Debezium run with Connect's defaults")
-    parser.add_argument("--skip-tuned", action="store_true", help="no tuned Debezium run")
+    add_contender_arguments(parser, "reader")
     args = parser.parse_args()
 
     from confluent_kafka import Consumer
@@ -150,11 +148,7 @@ def main() -> None:
     bootstrap = settings["KAFKA_BOOTSTRAP"]
     run_id = uuid.uuid4().hex[:8]
     name = f"bench_dbz_{run_id}"
-    readers = [("ours", None)]
-    if not args.skip_default:
-        readers.append(("debezium default", False))
-    if not args.skip_tuned:
-        readers.append(("debezium tuned", True))
+    readers = contenders(args)
     prefixes = {label: f"bench_{run_id}_{i}" for i, (label, _) in enumerate(readers)}
     work_dir = Path(tempfile.mkdtemp(prefix="bench-debezium-"))
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{run_id}"})

@@ -57,7 +57,8 @@ import psycopg2
 from psycopg2.extensions import parse_dsn
 
 from bench.pg_stream import delete_topics, execute, stack_settings
-from bench.side_by_side import load, time_cdc, time_connect, wait_until_done
+from bench.side_by_side import (add_contender_arguments, contenders, load, time_cdc, time_connect,
+                               wait_until_done)
 
 COLUMNS = ("id", "customer_id", "status", "total", "note", "updated_at", "seq")
 DEBEZIUM_TUNED = {"batch.size": "10000", "use.reduction.buffer": "true"}
@@ -192,10 +193,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=200_000, help="changes in the topic")
     parser.add_argument("--keys", type=int, default=50_000, help="distinct keys they change")
-    parser.add_argument("--partitions", type=int, default=3, help="partitions of the topic")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds each applier may take at most")
-    parser.add_argument("--skip-default", action="store_true", help="no Debezium run with its defaults")
-    parser.add_argument("--skip-tuned", action="store_true", help="no tuned Debezium run")
+    add_contender_arguments(parser, "applier")
     args = parser.parse_args()
 
     from cdc.log.base import TopicSettings
@@ -207,8 +205,7 @@ def main() -> None:
     admin, bootstrap = settings["PG_DSN"], settings["KAFKA_BOOTSTRAP"]
     run_id = uuid.uuid4().hex[:8]
     prefix = f"bench_jdbc_{run_id}"
-    appliers = [("ours", None)] + ([] if args.skip_default else [("debezium default", False)]) + \
-        ([] if args.skip_tuned else [("debezium tuned", True)])
+    appliers = contenders(args)
     databases = {label: f"bench_jdbc_{run_id}_{i}" for i, (label, _) in enumerate(appliers)}
     work_dir = Path(tempfile.mkdtemp(prefix="bench-jdbc-"))
     kafka = KafkaLog(bootstrap, TopicSettings(partitions=args.partitions))

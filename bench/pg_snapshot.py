@@ -2,7 +2,9 @@
 
     .venv/bin/cdc dev up --only postgres,kafka
     .venv/bin/python -m bench.pg_snapshot [--rows 1000000] [--workers 1,2,4] [--threads] [--chunk-pages 2048]
-                                          [--compare-events] [--rounds 1] [--profile snapshot.prof]
+                                          [--compare-events] [--compare-producer] [--rounds 1]
+                                          [--profile snapshot.prof]
+    .venv/bin/python -m bench.pg_copy_read       # the reader alone, each way (its docstring)
 
 Steps, in one run on this machine:
   1. a fresh database with an ``orders`` table of ``--rows`` rows (the columns of bench.pg_stream:
@@ -82,17 +84,93 @@ Quiet, after the merge (load 1.9-2.8, two runs of ``--workers 1,2,4 --threads``)
 rows/s; processes 1/2/4 27%/22-26%/20-22% of COPY (384k/354-369k/306-324k rows/s); threads 1/2/4
 29-30%/31-32%/29-32% (411-483k/449-493k/406-514k rows/s); ours 2.2-2.6 us/row with threads.
 
-Why 40% of COPY is out of reach on two cores with the broker on them: 40% of the quiet COPY rate
-(1.46M rows/s) is 584k rows/s, which two cores allow only if everything together costs at most
-3.4 us of CPU per row. The floor of the pieces we do not write, measured alone: the server's
-plain COPY 0.5 us, confluent-kafka and librdkafka 1.8 us (produce 0.6 + acknowledgements 0.3 +
-librdkafka's threads 0.9), the broker 0.7-0.8 us: 3.0-3.1 us before a row is read off the
-connection, turned into its JSON or made into a record. With the readers (0.9 us) the floor is
-about 4 us a row, 0.5M rows/s at the very best on two idle cores, ~34% of COPY; measured, a row
-costs 2.7-3.3 us in our process at best plus 0.5 (PostgreSQL) and 0.5-1.0 (broker). Going further
-means leaving confluent-kafka's per-message API (our own librdkafka binding producing a block per
-call, which would save at most the 0.9 us of produce and acknowledgements) or a broker on other
-cores; neither is done here.
+The block producer (cdc/log/block_producer.py over cdc/_rdproduce.c, our own librdkafka binding):
+a RowBlock goes to librdkafka in one call, each record made from its line in C and produced with
+the GIL released, delivery reports counted in C. ``--compare-producer`` runs each count first with
+every record through confluent-kafka (the code before it) and then through the block producer.
+Timed alone (bench/snapshot_produce.py, 300k records, two rounds at load 36-37), CPU us per
+record: confluent-kafka produce 0.65-0.72 + acknowledgements 0.39-0.41 + librdkafka's threads
+1.03-1.14 + broker 0.83-1.03 = 3.10; the block producer (reports for every record counted in C)
+produce_rows 0.49-0.55 + final flush 0.12-0.15 + librdkafka's threads 0.93 + broker 0.57-0.60 =
+2.13-2.20. So about 1 us a record less, a third of it in the broker (it took the block
+producer's fuller batches more cheaply in every pair). Reporting failures only
+(``delivery.report.only.error``, ``block``) moved 0.1 us from the calling thread to librdkafka's
+and saved nothing in total, so the writer counts every report.
+
+Paired in one session (1M rows; each count first confluent-kafka, then the block producer; load
+40-67 while other helpers ran test suites; rows/s, % of the COPY measured in the same run, CPU us
+per row ours/PostgreSQL/broker):
+
+    1 process    11k 12%  3.8/0.6/4.3 | 15k 15%  3.0/0.5/1.8
+    2 processes  21k 22%  4.1/0.5/3.1 | 30k 31%  3.6/0.5/2.3
+    4 processes  19k 19%  5.1/0.5/3.2 | 22k 23%  4.6/0.5/2.6
+    1 thread     24k 25%  3.3/0.6/2.5 | 34k 36%  2.7/0.6/1.6
+    2 threads    32k 33%  3.1/0.5/1.7 | 29k 30%  3.1/0.6/1.4
+    4 threads    29k 30%  3.0/0.5/1.5 | 35k 36%  2.9/0.5/1.5
+    a second session at load 33-36 (COPY 223k rows/s at its start):
+    1 process    38k 17%  3.4/0.5/1.0 | 56k 25%  2.8/0.5/0.7
+    2 processes  45k 20%  4.0/0.5/0.8 | 56k 25%  3.4/0.5/0.8
+    1 thread     40k 18%  2.7/0.5/0.8 | 33k 15%  2.8/0.5/0.8
+    2 threads    37k 17%  2.8/0.5/0.9 | 41k 18%  2.5/0.5/0.7
+
+With reader processes the capture process spends 0.5-0.8 us a row less in every pair (the
+records no longer pass through Python); with reader threads (the default) 0.6, 0.3, 0.1 and 0.0
+less and once 0.1 more: the block producer releases the GIL for the whole block, so the reader
+threads take it in between, and the handoffs cost part of what was saved.
+
+The block reader (sources/postgres/copy_out.py, ``_copyjson.copy_out``): psycopg2's
+``copy_expert`` called the reader's ``write`` once per row (libpq hands COPY data out a row per
+``PQgetCopyData``), a GIL round trip, a bytes object and a Python call per row; now a C loop over
+the libpq psycopg2 loaded reads blocks of 2048 rows without the GIL, makes their row JSON in the
+same loop and hands each block to Python once. The reader alone (bench/pg_copy_read.py, 1M rows,
+load 11-12, this process's CPU): copy_expert into the bench's null sink 0.17-0.23 us a row, into
+the readers' line blocks 0.24-0.32 and 0.40-0.65 with the row JSON; the C loop 0.09-0.19 and
+0.22-0.29. So the reader took 0.4-0.65 us a row with its row JSON and takes 0.25 now; the 0.9 us
+counted above included its process's start-up. Most of the 0.7-2.2 s the reader processes take
+(``of which readers``) is their start-up (importing the source package costs a spawned reader
+~0.27 s of CPU, 0.04 s of it psycopg2), a fixed cost per process, not per row.
+
+Paired in two sessions (main, the block reader alone, s6snap's block producer alone, both
+together, each a whole ``--workers 1,2,4 --threads`` run in turn, two rounds a session; loads 9-13 and 10-17 while other helpers ran suites; CPU us
+a row of our process, means over the rounds, readers' share in brackets; PostgreSQL 0.4-0.6 and
+the broker 0.5-0.8 in every run, 1.2 once):
+
+                 1 process     2 processes   4 processes   1 thread   2 threads   4 threads
+    main         3.4 [0.85]    3.7 [1.2]     4.4 [2.0]     2.8        2.9         2.8
+    block reader 3.4 [0.7]     3.9 [1.15]    4.4 [1.85]    2.6        2.6         2.7
+    producer     3.1 [0.85]    3.5 [1.3]     4.1 [2.15]    2.6        2.6         2.5
+    both         3.1 [0.75]    3.3 [1.1]     4.1 [1.85]    2.2        2.2         2.2
+    (four rounds of main, the block reader and both, two of the producer; in threads, per round:
+     main 2.4-3.4, the block reader 2.4-2.9, the producer 2.4-2.7, both 2.0-2.4)
+    a third session, main against this branch with both merged, two rounds at load 8-16:
+    main         3.3-3.6       3.8-3.9       4.5-4.6       2.8        3.0-3.1     2.8-3.0
+    both         2.9-3.0       3.2-3.6       4.0           2.0-2.4    2.0-2.5     2.2-2.3
+    (threads, as a share of the run's COPY rate and of the COPY just before each: both, second
+     round, 37%, 43% and 39% / 32%, 36% and 23%; both, first round, 16-23% / 24-30%; main
+     18-27% / 15-30%: the rates follow the load)
+
+The block reader alone takes 0.1-0.2 us a row off the readers, and off the totals less than the
+noise between rounds with processes, ~0.2 us with threads; the block producer alone 0.3 us;
+together, with reader threads (the default), 0.6 us a row (2.2 against 2.8, a fifth of our
+process): the producer releases the GIL for a whole block, and only now that the reader threads
+no longer take it back for every row is that time saved rather than spent on handoffs. With
+reader processes together 0.3-0.4 us.
+
+Why 40% of COPY is still not shown on two cores with the broker on them: 40% of the quiet COPY
+rate (1.46M rows/s, 584k rows/s) allows 3.4 us of CPU a row on two cores used to the last cycle.
+The floor of the pieces, measured alone: the server's plain COPY 0.5 us, the reader's COPY and
+row JSON 0.25 (above; the reader processes' start-up on top), producing a record with the block
+producer 2.1-2.2 (our call ~0.5, its reports ~0.13, librdkafka's threads ~0.93, the broker ~0.6
+at load 36, 0.7-0.8 quiet): about 2.9-3.0 us, under the 3.4 on paper. Measured end to end with
+both blocks and reader threads: 2.0-2.4 us in our process plus 0.5 (PostgreSQL) plus 0.5-0.8
+(the broker), 3.0-3.5 us a row: at the edge of the budget, and a pipeline of a server, a reader,
+a publishing thread, librdkafka's threads and a broker never keeps two cores busy to the last
+cycle. At load 9-17 both together made 13-35% of the run's COPY rate (15-41% of the COPY run
+just before each, which the load moved as much), main 19-41%: a quiet run is needed to say where
+it lands. What remains is librdkafka's per-message work (its
+copy, partitioner, queue and bookkeeping after the acks, ~1 us on both sides of our call) and the
+broker's (~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off,
+and, with processes, each reader's start-up.
 """
 
 from __future__ import annotations
@@ -267,6 +345,10 @@ def main() -> None:
                         help="run each count twice in a row, first with the rows made into events in this "
                              "process (sources.postgres.snapshot.ROW_BLOCKS off: the code before RowBlock), "
                              "then as RowBlocks, to compare the two in the same conditions")
+    parser.add_argument("--compare-producer", action="store_true",
+                        help="run each count twice in a row, first with every record through confluent-kafka "
+                             "(cdc.log.block_producer.ENABLED off: the code before the block producer), then "
+                             "with RowBlocks through the block producer, alternating, in the same conditions")
     parser.add_argument("--rounds", type=int, default=1, help="times to run the whole list of runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
     parser.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
@@ -303,12 +385,20 @@ def main() -> None:
             from sources.postgres import snapshot as pg_snapshot
 
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
-            blocks = [False, True] if args.compare_events else [pg_snapshot.ROW_BLOCKS]
-            runs = [(count, processes, row_blocks) for _ in range(args.rounds) for count, processes in runs
-                    for row_blocks in blocks]
-            for number, (count, processes, row_blocks) in enumerate(runs):
+            from cdc.log import block_producer
+
+            # (RowBlocks, through the block producer) per run of a count
+            blocks = [(False, False), (True, False)] if args.compare_events else [(pg_snapshot.ROW_BLOCKS, False)]
+            if args.compare_producer:
+                blocks = [(row_blocks, ours) for row_blocks, _ in blocks for ours in (False, True)]
+            elif block_producer.available():
+                blocks = [(row_blocks, row_blocks) for row_blocks, _ in blocks]
+            runs = [(count, processes, row_blocks, ours) for _ in range(args.rounds) for count, processes in runs
+                    for row_blocks, ours in blocks]
+            for number, (count, processes, row_blocks, ours) in enumerate(runs):
                 pg_snapshot.ROW_BLOCKS = row_blocks
-                kind = ("p" if processes else "t") + ("" if row_blocks else "e")
+                block_producer.ENABLED = ours
+                kind = ("p" if processes else "t") + ("" if row_blocks else "e") + ("b" if ours else "")
                 name = f"bench_snap_{run_id}_{kind}{count}_{number}"
                 prefix = f"bench_{run_id}_{kind}{count}_{number}"
                 prefixes.append(prefix)
@@ -324,7 +414,7 @@ def main() -> None:
                     seconds, stats = run_ours(config, kafka, prefix, args.partitions, profile, args.timeout)
                 label = (f"ours, {count} {'process' if processes else 'thread'}{'es' if processes and count > 1 else ''}"
                          f"{'s' if not processes and count > 1 else ''}" + (" (prof)" if profile else "")
-                         + ("" if row_blocks else ", events"))
+                         + ("" if row_blocks else ", events") + (", block producer" if ours else ""))
                 rate = args.rows / seconds
                 print(line(label, args.rows, seconds, stats.bytes, copy_rate)
                       + f"  (COPY just before: {args.rows / copy_before:,.0f} rows/s, "

@@ -3,7 +3,8 @@ connectors in Kafka Connect standalone (``cdc.dev.connect``), each started in a 
 own, timed from the start of its process until a probe says the work is done, then ended whole.
 
 Used by bench/debezium_capture.py (records in a topic) and bench/jdbc_sink.py (rows in a table);
-the probe is theirs, the starting, waiting and stopping are here.
+the probe is theirs; their shared options, the list of contenders, the starting, waiting and
+stopping are here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,26 @@ from typing import Callable
 
 # (done, where it stands): "1,200 of 5,000 records in t", "the target at (3, 9) of (5, 15)".
 Probe = Callable[[], tuple[bool, str]]
+
+
+def add_contender_arguments(parser, each: str) -> None:
+    """The options of a bench of ours against Debezium: partitions, a time limit for ``each``
+    contender ("reader", "applier"), which Debezium runs to leave out."""
+    parser.add_argument("--partitions", type=int, default=3, help="partitions of each topic")
+    parser.add_argument("--timeout", type=float, default=1200, help=f"seconds each {each} may take at most")
+    parser.add_argument("--skip-default", action="store_true", help="no Debezium run with its defaults")
+    parser.add_argument("--skip-tuned", action="store_true", help="no tuned Debezium run")
+
+
+def contenders(args) -> list[tuple[str, bool | None]]:
+    """(label, tuned) in the order they run: ours (None), then Debezium with its defaults (False)
+    and tuned (True) unless ``--skip-default``/``--skip-tuned``."""
+    runs: list[tuple[str, bool | None]] = [("ours", None)]
+    if not args.skip_default:
+        runs.append(("debezium default", False))
+    if not args.skip_tuned:
+        runs.append(("debezium tuned", True))
+    return runs
 
 
 def load() -> str:

@@ -62,8 +62,10 @@ def member(args: argparse.Namespace) -> None:
         kafka.close()
 
 
-def publish(kafka, prefix: str, events: int, keys: int, partitions: int) -> int:
-    """The changes into one topic; returns how many keys are live at the end."""
+def publish_orders(kafka, prefix: str, events: int, keys: int, partitions: int) -> dict[int, dict | None]:
+    """``events`` changes of random keys of ``keys`` into the orders topic of ``prefix`` (updates,
+    10% deletes of live keys; made with ``partitions``), always the same for the same arguments;
+    returns each key's final row (None: deleted)."""
     from cdc.events import ChangeEvent, Op, TableId
     from cdc.log.base import TopicSettings
     from cdc.positions import Counter
@@ -72,20 +74,21 @@ def publish(kafka, prefix: str, events: int, keys: int, partitions: int) -> int:
     table = TableId("shop", "public", "orders")
     kafka.ensure_topic(table.topic(prefix), TopicSettings(partitions=partitions))
     rng = random.Random(1)
-    live: dict[int, bool] = {}
+    final: dict[int, dict | None] = {}
     encoder = EnvelopeEncoder("postgresql", "bench", prefix)
     writer = kafka.writer()
     batch = []
     for i in range(events):
         key = rng.randrange(keys)
-        if live.get(key) and rng.random() < 0.1:
+        if final.get(key) is not None and rng.random() < 0.1:
             batch.append(ChangeEvent(Op.DELETE, table, {"id": key}, {"id": key}, None, i + 1, 0))
-            live[key] = False
+            final[key] = None
         else:
             row = {"id": key, "customer_id": key % 5000, "status": rng.choice(["new", "paid", "shipped"]),
                    "total": f"{rng.randrange(100_000) / 100:.2f}", "note": "x" * rng.randrange(0, 40)}
-            batch.append(ChangeEvent(Op.UPDATE if key in live else Op.CREATE, table, {"id": key}, None, row, i + 1, 0))
-            live[key] = True
+            batch.append(ChangeEvent(Op.UPDATE if key in final else Op.CREATE, table, {"id": key}, None, row,
+                                     i + 1, 0))
+            final[key] = row
         if len(batch) == 5000:
             writer.publish_events(encoder, batch, None)
             writer.poll()
@@ -93,7 +96,7 @@ def publish(kafka, prefix: str, events: int, keys: int, partitions: int) -> int:
     writer.publish_events(encoder, batch, Counter(1))
     writer.flush(120)
     writer.close()
-    return sum(live.values())
+    return final
 
 
 def run_group(args, kafka, prefix: str, topic: str, members: int, url: str, group: str) -> tuple[float, int]:
@@ -163,7 +166,8 @@ def main() -> None:
     admin = psycopg2.connect(env["PG_DSN"])
     admin.autocommit = True
     try:
-        live = publish(kafka, prefix, args.events, args.keys, args.partitions)
+        final = publish_orders(kafka, prefix, args.events, args.keys, args.partitions)
+        live = sum(row is not None for row in final.values())
         print(f"topic: {args.events:,} changes over {args.keys:,} keys in {args.partitions} partitions; "
               f"{live:,} keys live at the end; {os.cpu_count()} cores")
         rates: dict[int, list[float]] = {}

@@ -19,8 +19,14 @@ the load of a shared machine does not inflate the way it does wall-clock rates):
   appending), from /proc.
 
 Variants: ``now`` (the log's settings), ``no-reports`` (no ``on_delivery`` at all), compression
-``none``/``snappy``/``zstd``, and longer lingering/bigger batches. See bench.pg_snapshot's
-docstring for the figures and what they mean for the snapshot.
+``none``/``snappy``/``zstd``, and longer lingering/bigger batches, all through confluent-kafka; and
+``block``/``block-every``: the same records as RowBlock lines (10,000 a block) through our block
+producer (cdc/log/block_producer.py over cdc/_rdproduce.c, with the same settings), librdkafka
+reporting failures only (``block``) or every record, counted in C (``block-every``, what the
+writer runs). For those, ``produce`` is the calling thread inside ``produce_rows`` (making each
+record from its line, librdkafka's copy, partitioner and queue, and the reports served on the
+way) and ``deliveries`` the final flush. See bench.pg_snapshot's docstring for the figures and
+what they mean for the snapshot.
 """
 
 from __future__ import annotations
@@ -45,27 +51,80 @@ VARIANTS: dict[str, tuple[dict, bool]] = {  # name -> (producer settings over th
     "snappy": ({"compression.type": "snappy"}, True),
     "zstd": ({"compression.type": "zstd"}, True),
     "linger-100": ({"linger.ms": 100, "batch.num.messages": 100_000, "batch.size": 4_000_000}, True),
+    "block": ({}, True),
+    "block-every": ({}, False),  # our block producer (cdc/log/block_producer.py), a RowBlock's lines per call
 }
 
 
-def record(i: int) -> tuple[bytes, bytes]:
-    after = (b'{"id":%d,"customer_id":%d,"status":"%s","total":"%d.%02d","created_at":"2026-01-01T00:%02d:%02d.%06dZ",'
+VALUE_HEAD = b'{"before":null,"after":'
+VALUE_TAIL = (b',"op":"r","ts_ms":1764000000000,"source":{"connector":'
+              b'"postgresql","name":"bench_snap","db":"bench_snapshot","schema":"public","table":"orders",'
+              b'"snapshot":"true","ts_ms":1764000000000,"version":123456789,"txId":null,"lsn":123456789},'
+              b'"transaction":null}')
+
+
+def row(i: int) -> bytes:
+    return (b'{"id":%d,"customer_id":%d,"status":"%s","total":"%d.%02d","created_at":"2026-01-01T00:%02d:%02d.%06dZ",'
              b'"updated_at":"2026-01-01T00:%02d:%02d.%06dZ","note":null}'
              % (i, (i * 7919) % 50000 + 1, STATUSES[i % 5], (i * 104729) % 100000 // 100, i % 100,
                 i % 60, i % 59, i % 1000, i % 60, i % 53, i % 997))
-    value = (b'{"before":null,"after":' + after + b',"op":"r","ts_ms":1764000000000,"source":{"connector":'
-             b'"postgresql","name":"bench_snap","db":"bench_snapshot","schema":"public","table":"orders",'
-             b'"snapshot":"true","ts_ms":1764000000000,"version":123456789,"txId":null,"lsn":123456789},'
-             b'"transaction":null}')
-    return value, b'{"id":%d}' % i
+
+
+def record(i: int) -> tuple[bytes, bytes]:
+    return VALUE_HEAD + row(i) + VALUE_TAIL, b'{"id":%d}' % i
+
+
+def blocks(count: int, rows_per_block: int = 10_000) -> list[bytes]:
+    """The same records as RowBlock lines (``<key>\t<row JSON>\n``), for the block producer."""
+    return [b"".join(b"%d\t%s\n" % (i, row(i)) for i in range(first, min(count, first + rows_per_block - 1) + 1))
+            for first in range(1, count + 1, rows_per_block)]
+
+
+def run_blocks(topic: str, lines: list[bytes], count: int, config: dict, broker: int | None) -> tuple:
+    """(produce, deliveries, ours, broker, wall seconds) of the block producer: ``produce`` is the
+    calling thread inside ``produce_rows`` (making the records from the lines, librdkafka's copy and
+    partitioner, the delivery reports served on the way), ``deliveries`` inside the final flush."""
+    from cdc.log.block_producer import open_block_producer
+
+    producer = open_block_producer(config)
+    if producer is None:
+        raise RuntimeError("the block producer is not built (cdc/_rdproduce.c)")
+    try:
+        producer.produce_rows(topic, b"0\t{}\n", b"", b"", b"warm-", b"up")
+        producer.flush(30)
+        ours, main, brk, wall = sum(os.times()[:2]), time.thread_time(), process_cpu(broker), time.perf_counter()
+        for block in lines:
+            producer.produce_rows(topic, block, VALUE_HEAD, VALUE_TAIL, b'{"id":', b"}")
+        in_produce = time.thread_time() - main
+        if producer.flush(120):
+            raise RuntimeError("records left unacknowledged after 120s")
+        if producer.error() is not None:
+            raise producer.error()
+        ours, main = sum(os.times()[:2]) - ours, time.thread_time() - main
+        return in_produce, main - in_produce, ours, process_cpu(broker) - brk, time.perf_counter() - wall
+    finally:
+        producer.close(5)
 
 
 def run(name: str, records: list[tuple[bytes, bytes]], bootstrap: str, admin: AdminClient,
-        broker: int | None) -> str:
+        broker: int | None, lines: list[bytes]) -> str:
     extra, reports = VARIANTS[name]
     topic = f"bench_produce_{uuid.uuid4().hex[:8]}"
     admin.create_topics([NewTopic(topic, 3, 1, config={"cleanup.policy": "compact"})])[topic].result(15)
     config = {"bootstrap.servers": bootstrap, **PRODUCER_DEFAULTS, **extra}
+    if name.startswith("block"):
+        from cdc.log import block_producer
+        block_producer.ONLY_FAILURES = reports
+        load = os.getloadavg()[0]
+        count = len(records)
+        try:
+            in_produce, deliveries, ours, brk, wall = run_blocks(topic, lines, count, config, broker)
+        finally:
+            admin.delete_topics([topic])
+        us = lambda seconds: f"{seconds / count * 1e6:5.2f}"
+        return (f"{name:<11} produce {us(in_produce)}  deliveries {us(deliveries)}  "
+                f"librdkafka {us(ours - in_produce - deliveries)}  broker {us(brk) if broker else '  ?  '}  "
+                f"= {(ours + brk) / count * 1e6:.2f} us/record;  {count / wall:>9,.0f} records/s, load {load:.1f}")
     if reports:
         config.update({"on_delivery": lambda err, msg: None, "delivery.report.only.error": True})
     producer = Producer(config)
@@ -108,13 +167,14 @@ def main() -> None:
     args = parser.parse_args()
     bootstrap = stack_settings()["KAFKA_BOOTSTRAP"]
     records = [record(i) for i in range(1, args.records + 1)]
+    lines = blocks(args.records)
     print(f"{len(records):,} records, {sum(len(v) for v, _ in records) / len(records):.0f} bytes of value each; "
           "CPU microseconds per record")
     admin = AdminClient({"bootstrap.servers": bootstrap})
     broker = listening_pid(int(bootstrap.rsplit(":", 1)[1]))
     for _ in range(args.rounds):
         for name in args.variant or list(VARIANTS):
-            print(run(name, records, bootstrap, admin, broker), flush=True)
+            print(run(name, records, bootstrap, admin, broker, lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,15 @@
  *                                   decoded by loads (None: left None)
  * tombstones(topic_id) -> [key JSON] keys whose last word is a tombstone
  * truncated(topic_id) -> the newest truncate's version, or None
+ * key_hashes() -> bytes             the 64-bit hash of every (topic id, key) held, sorted (native
+ *                                   uint64s): for hashes_meet/hashes_union below
  * clear()
+ *
+ * hashes_meet(a, b) -> bool         whether two sorted hash arrays share a value
+ * hashes_union(a, b) -> bytes       their sorted union (a value in both once)
+ *                                   (a staged bulk load, cdc/runtime/sink_runner.py, checks that a
+ *                                   window holds no key an earlier window loaded: a shared hash,
+ *                                   even a collision, only sends the window the guarded way)
  *
  * Per key the semantics are reduce.py's over one batch as large as the window: the newest
  * version wins; a tombstone marks the key until a newer version arrives; the result is an upsert
@@ -851,6 +859,29 @@ window_truncated(Window *w, PyObject *args)
     return PyLong_FromLongLong(w->truncates[topic]);
 }
 
+static int
+compare_hashes(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static PyObject *
+window_key_hashes(Window *w, PyObject *unused)
+{
+    if (!enter(w)) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, w->count * (Py_ssize_t)sizeof(uint64_t));
+    if (out != NULL) {
+        uint64_t *h = (uint64_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < w->count; i++) h[i] = w->entries[i].hash;
+        Py_BEGIN_ALLOW_THREADS
+        qsort(h, (size_t)w->count, sizeof(uint64_t), compare_hashes);
+        Py_END_ALLOW_THREADS
+    }
+    w->busy = 0;
+    return out;
+}
+
 static PyObject *
 window_clear(Window *w, PyObject *unused)
 {
@@ -899,6 +930,7 @@ static PyMethodDef window_methods[] = {
      "take(topic_id, schema_version, topic, source, loads, start, limit) -> (upserts, deletes, next)"},
     {"tombstones", (PyCFunction)window_tombstones, METH_VARARGS, "tombstones(topic_id) -> [key JSON]"},
     {"truncated", (PyCFunction)window_truncated, METH_VARARGS, "truncated(topic_id) -> version or None"},
+    {"key_hashes", (PyCFunction)window_key_hashes, METH_NOARGS, "key_hashes() -> sorted uint64 hashes of the keys held"},
     {"clear", (PyCFunction)window_clear, METH_NOARGS, "clear()"},
     {NULL, NULL, 0, NULL},
 };
@@ -956,7 +988,63 @@ columns_first(PyObject *self, PyObject *arg)
     return out;
 }
 
+/* Two sorted uint64 arrays (bytes) as pointers and lengths; 0 with an exception set. */
+static int
+hash_arrays(PyObject *args, const char *name, const uint64_t **a, Py_ssize_t *na, const uint64_t **b, Py_ssize_t *nb)
+{
+    PyObject *x, *y;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyBytes_Type, &x, &PyBytes_Type, &y)) return 0;
+    if (PyBytes_GET_SIZE(x) % sizeof(uint64_t) || PyBytes_GET_SIZE(y) % sizeof(uint64_t)) {
+        PyErr_Format(PyExc_ValueError, "%s: arrays of 8-byte hashes", name);
+        return 0;
+    }
+    *a = (const uint64_t *)PyBytes_AS_STRING(x);
+    *na = PyBytes_GET_SIZE(x) / (Py_ssize_t)sizeof(uint64_t);
+    *b = (const uint64_t *)PyBytes_AS_STRING(y);
+    *nb = PyBytes_GET_SIZE(y) / (Py_ssize_t)sizeof(uint64_t);
+    return 1;
+}
+
+static PyObject *
+hashes_meet(PyObject *self, PyObject *args)
+{
+    const uint64_t *a, *b;
+    Py_ssize_t na, nb, i = 0, j = 0;
+    if (!hash_arrays(args, "hashes_meet", &a, &na, &b, &nb)) return NULL;
+    int met = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (i < na && j < nb) {
+        if (a[i] == b[j]) { met = 1; break; }
+        if (a[i] < b[j]) i++; else j++;
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(met);
+}
+
+static PyObject *
+hashes_union(PyObject *self, PyObject *args)
+{
+    const uint64_t *a, *b;
+    Py_ssize_t na, nb, i = 0, j = 0, n = 0;
+    if (!hash_arrays(args, "hashes_union", &a, &na, &b, &nb)) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (na + nb) * (Py_ssize_t)sizeof(uint64_t));
+    if (out == NULL) return NULL;
+    uint64_t *o = (uint64_t *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    while (i < na || j < nb) {
+        uint64_t v = j >= nb || (i < na && a[i] <= b[j]) ? a[i] : b[j];
+        while (i < na && a[i] == v) i++;
+        while (j < nb && b[j] == v) j++;
+        if (!n || o[n - 1] != v) o[n++] = v;
+    }
+    Py_END_ALLOW_THREADS
+    if (_PyBytes_Resize(&out, n * (Py_ssize_t)sizeof(uint64_t)) < 0) return NULL;
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"hashes_meet", hashes_meet, METH_VARARGS, "hashes_meet(a, b) -> whether two sorted uint64 arrays share a value"},
+    {"hashes_union", hashes_union, METH_VARARGS, "hashes_union(a, b) -> the sorted union of two sorted uint64 arrays"},
     {"columns_first", columns_first, METH_O, "columns_first(COPY text) -> the lines without the key, version last"},
     {NULL, NULL, 0, NULL},
 };

@@ -501,13 +501,14 @@ class RebuildableSink(Protocol):
 
 @runtime_checkable
 class BulkLoadableSink(Protocol):
-    """A ``RebuildableSink`` that can load a rebuild's first window in bulk (declared by naming it
+    """A ``RebuildableSink`` that can load a rebuild's windows in bulk (declared by naming it
     among the sink's bases). A rebuild then reads the topics from offset 0 into windows reduced
-    to the newest version per key (``cdc.bulk_window``) instead of writing batch by batch: the
-    first window goes to ``bulk_load`` part by part, into the generation just opened, which holds
-    none of the part's keys (each key is in one part; the parts of a window have disjoint keys);
-    every later window, and any part ``bulk_load`` declines or fails, goes through ``write`` as
-    events (version-guarded, as always).
+    to the newest version per key (``cdc.bulk_window``) instead of writing batch by batch: a
+    window whose keys the generation being written does not hold yet (the first one, and on Kafka
+    each partition's first one: a key lives in one partition) goes to ``bulk_load`` part by part
+    (each key is in one part; the parts of a window have disjoint keys); any other window, and
+    any part ``bulk_load`` declines or fails, goes through ``write`` as events (version-guarded,
+    as always). Calls of both may alternate within one rebuild.
 
     ``bulk_load(part)`` writes the part durably (upserts as rows, deletes remembered, the truncate
     watermark kept; tombstones need nothing in a generation that held none of the keys) and

@@ -10,7 +10,9 @@ C without the GIL (``cdc/_window.c``); this module hands it the records and deco
 way, those it does not take (Connect JSON, Avro, truncates, odd keys, malformed values).
 
 A window holds at most ``max_bytes`` (keys, the newest rows' JSON and its own tables): a history
-with more live keys than that takes several windows, each loaded before the next is read.
+with more live keys than that takes several windows. A runner that loads one window while it
+fills the next (``cdc.runtime.window_loads``) keeps ``LoadedKeys``, the hashes of the keys loaded
+so far, to tell whether the next window may go in without the version guard.
 
 Per key the result is what ``sinks/sql/reduce.py`` makes of one batch as large as the window: an
 upsert (the newest is r/c/u), a delete (the newest is d: a sink remembers it), and, separately, a
@@ -35,7 +37,7 @@ from cdc.sink_events import _OPS, PoisonRecord, SinkEvent, decode_records
 log = logging.getLogger(__name__)
 
 try:  # built by setup.py where a compiler is found; without it rebuilds write record batches
-    from cdc._window import Window as _Window
+    from cdc._window import Window as _Window, hashes_meet, hashes_union
 except ImportError:  # pragma: no cover - a build without a compiler
     _Window = None
 
@@ -213,3 +215,54 @@ class NewestWindow:
     def clear(self) -> None:
         self._window.clear()
         self.records = 0
+
+    def following(self) -> "NewestWindow":
+        """An empty window for the next records of the same load: the same topic ids, so that
+        its keys' hashes compare with this one's (``LoadedKeys``), and the source blocks known."""
+        nxt = NewestWindow(self.max_bytes)
+        nxt._topics = dict(self._topics)
+        nxt._sources = dict(self._sources)
+        return nxt
+
+    def key_hashes(self) -> bytes:
+        """The sorted 64-bit hashes of the (topic, key)s held (native uint64s)."""
+        return self._window.key_hashes()
+
+    def truncates(self) -> bool:
+        """Whether a topic's truncate is in the window."""
+        return any(self._window.truncated(tid) is not None for tid in self._topics.values())
+
+
+class LoadedKeys:
+    """The keys the windows of one bulk load put into the generation so far (their hashes), to
+    tell whether the next window may go in without the guard: only if the generation holds none of
+    its keys. A key lives in one partition of its topic, so windows of different partitions never
+    share one; but a topic whose partition count grew holds a key's older records in another
+    partition than its newer ones, and a window cut where it filled up shares keys with the next.
+    A shared hash (or a collision, about one in 10^7 at a million keys each side) only sends a
+    window the guarded way. A truncate makes every later window guarded, and a window with a
+    truncate is guarded once anything was loaded: the truncate drops older rows, which a plain
+    COPY would not see. 8 bytes a key (counted in the window's bound by the caller)."""
+
+    def __init__(self) -> None:
+        self.hashes = b""
+        self.truncated = False
+        self.windows = 0
+
+    def nbytes(self) -> int:
+        return len(self.hashes)
+
+    def conflict(self, window: NewestWindow, hashes: bytes) -> str | None:
+        """Why ``window`` (whose ``key_hashes`` are ``hashes``) must go the guarded way, or None."""
+        if self.truncated:
+            return "a truncate was loaded before it"
+        if self.windows and window.truncates():
+            return "it holds a truncate and windows were loaded before it"
+        if hashes_meet(self.hashes, hashes):
+            return "it holds keys an earlier window loaded"
+        return None
+
+    def add(self, window: NewestWindow, hashes: bytes) -> None:
+        self.hashes = hashes_union(self.hashes, hashes) if self.hashes else hashes
+        self.truncated = self.truncated or window.truncates()
+        self.windows += 1

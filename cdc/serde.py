@@ -222,20 +222,42 @@ class EnvelopeEncoder:
         finally:
             self.value_bytes += nbytes
 
-    def _emit_rows(self, rows: RowBlock, emit, when_room, now_ms: int) -> None:
-        """The records of a ``RowBlock`` straight from its lines (cdc/_speedups.c ``emit_rows``):
-        per line the value is the envelope's constant head, the row JSON and its constant tail,
-        the key ``{"<key>":`` + the key's digits + ``}``, the bytes ``emit`` makes from the
-        block's events (tests/unit/test_row_block.py compares the two)."""
+    @property
+    def row_blocks_as_lines(self) -> bool:
+        """Whether this encoder's records of a ``RowBlock`` are ``row_block_parts`` around its lines:
+        the json format's are; a format that encodes events its own way (a subclass with its own
+        ``emit``) makes them from the events instead."""
+        return type(self).emit is EnvelopeEncoder.emit
+
+    def row_block_parts(self, rows: RowBlock, now_ms: int) -> tuple[str, bytes, bytes, bytes, bytes]:
+        """(topic, value head, value tail, key head, key tail) of a ``RowBlock``'s records: per line
+        the value is head + row JSON + tail and the key head + the key's digits + tail, the bytes
+        ``emit`` makes from the block's events (tests/unit/test_row_block.py compares the two)."""
+        topic, middle = self._middle(rows.table, _READ, _SNAPSHOT_TRUE, now_ms)
+        fields = rows.source_fields
+        tail = (_VALUE_F % (b"null", b"", middle, rows.ts_ms, rows.version, orjson.dumps(fields)[1:]) if fields
+                else _VALUE % (b"null", b"", middle, rows.ts_ms, rows.version))[len(_AFTER_AT):]
+        return topic, _AFTER_AT, tail, orjson.dumps({rows.key_name: 0})[:-2], b"}"
+
+    def emit_row_block(self, rows: RowBlock, produce_rows: Callable[..., int], now_ms: int | None = None) -> None:
+        """Hand a whole ``RowBlock`` over at once: ``produce_rows(topic, block, value_head,
+        value_tail, key_head, key_tail)`` makes and produces its records (the Kafka writer's block
+        producer, cdc/log/block_producer.py) and returns the bytes of values made. Failures as
+        ``emit``'s, an ``EmitError``."""
         topic = None
         try:
-            topic, middle = self._middle(rows.table, _READ, _SNAPSHOT_TRUE, now_ms)
-            fields = rows.source_fields
-            tail = (_VALUE_F % (b"null", b"", middle, rows.ts_ms, rows.version, orjson.dumps(fields)[1:]) if fields
-                    else _VALUE % (b"null", b"", middle, rows.ts_ms, rows.version))[len(_AFTER_AT):]
-            key_head = orjson.dumps({rows.key_name: 0})[:-2]
-            self.value_bytes += _speedups.emit_rows(rows.block, emit, when_room, topic, _AFTER_AT, tail,
-                                                    key_head, b"}")
+            topic, *parts = self.row_block_parts(rows, time.time_ns() // 1_000_000 if now_ms is None else now_ms)
+            self.value_bytes += produce_rows(topic, rows.block, *parts)
+        except Exception as exc:
+            raise EmitError(topic, exc) from exc
+
+    def _emit_rows(self, rows: RowBlock, emit, when_room, now_ms: int) -> None:
+        """The records of a ``RowBlock`` straight from its lines (cdc/_speedups.c ``emit_rows``),
+        made from ``row_block_parts``."""
+        topic = None
+        try:
+            topic, *parts = self.row_block_parts(rows, now_ms)
+            self.value_bytes += _speedups.emit_rows(rows.block, emit, when_room, topic, *parts)
         except Exception as exc:
             raise EmitError(topic, exc) from exc
 

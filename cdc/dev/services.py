@@ -602,15 +602,19 @@ class OpenSearch(Service):
         return self.dir.parent.name
 
     def probe(self) -> bool:
-        url = f"http://{LOOPBACK}:{self.port}/_cluster/health?wait_for_status=yellow&timeout=1s"
         try:
-            with urllib.request.urlopen(url, timeout=3) as response:
-                health = json.load(response)
+            health = self._cluster_health()
         except (OSError, ValueError):
             return False
         if health.get("cluster_name") != self.cluster_name:
             return _foreign(self, f"cluster {health.get('cluster_name')!r}, ours {self.cluster_name!r}")
         return health.get("status") in ("yellow", "green")
+
+    def _cluster_health(self) -> dict:
+        """``/_cluster/health`` once it is yellow or after 1 s; OSError or ValueError if unanswered."""
+        url = f"http://{LOOPBACK}:{self.port}/_cluster/health?wait_for_status=yellow&timeout=1s"
+        with urllib.request.urlopen(url, timeout=3) as response:
+            return json.load(response)
 
     def settings(self) -> dict[str, str]:
         return {"OPENSEARCH_URL": f"http://{LOOPBACK}:{self.port}"}
@@ -657,25 +661,19 @@ class OpenSearchSecure(OpenSearch):
         (config / "opensearch.yml").write_text(secure_node.node_settings())
         secure_node.write_security_config(config, plugin, self.dir)
 
-    def probe(self) -> bool:
+    def _cluster_health(self) -> dict:
         import base64 as b64
         import ssl
 
         from cdc.dev.secure_node import ADMIN_USER
 
         url = f"https://{LOOPBACK}:{self.port}/_cluster/health?wait_for_status=yellow&timeout=1s"
-        try:
-            password = self.password_file(ADMIN_USER).read_text()
-            context = ssl.create_default_context(cafile=str(self.ca_file))
-            token = b64.b64encode(f"{ADMIN_USER}:{password}".encode()).decode()
-            request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
-            with urllib.request.urlopen(request, timeout=3, context=context) as response:
-                health = json.load(response)
-        except (OSError, ValueError):
-            return False
-        if health.get("cluster_name") != self.cluster_name:
-            return _foreign(self, f"cluster {health.get('cluster_name')!r}, ours {self.cluster_name!r}")
-        return health.get("status") in ("yellow", "green")
+        password = self.password_file(ADMIN_USER).read_text()
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        token = b64.b64encode(f"{ADMIN_USER}:{password}".encode()).decode()
+        request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+        with urllib.request.urlopen(request, timeout=3, context=context) as response:
+            return json.load(response)
 
     @property
     def cluster_name(self) -> str:

@@ -43,13 +43,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
+from cdc.log.block_producer import BlockProducer, open_block_producer
 from cdc.log.base import (GroupListener, GroupLog, GroupReader, Log, LogReader, LogRecord, LogWriter,
                           TopicPartition, TopicSettings)
 from cdc.log.delivery import DeliveryTracker
 from cdc.log.kafka_bulk import KafkaBulkReader, open_bulk_reader
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 from cdc.positions import Position
-from cdc.events import ChangeEvent
+from cdc.events import ChangeEvent, RowBlock
 from cdc.serde import EmitError, EnvelopeEncoder, Record
 
 log = logging.getLogger(__name__)
@@ -325,15 +326,30 @@ class KafkaLog(Log, GroupLog):
 
 class KafkaWriter(LogWriter):
     """Publishes through one idempotent producer; acknowledgements are taken in bulk at drain
-    points (see ``cdc.log.delivery``), so librdkafka reports only failures back to Python."""
+    points (see ``cdc.log.delivery``), so librdkafka reports only failures back to Python.
+
+    Snapshot rows that come as a ``RowBlock`` go through a second producer, our own binding
+    (cdc/log/block_producer.py), a block per call, where it is built and the encoder writes such
+    rows as lines (the json format). It is made at the first block and closed once drained. Two
+    producers keep no order between them, so the writer switches between them only when the one
+    it leaves holds nothing unacknowledged: before a block goes out, every record of the
+    confluent-kafka producer is acknowledged (a streamed change before a new snapshot's rows), and
+    before any other record goes out, every record of the blocks is (the snapshot's rows before
+    the stream's changes of the same keys: otherwise compaction could keep an older snapshot row
+    over a newer change). A failed block record fails the writer like any failed record.
+    """
 
     close_timeout = 5.0  # seconds close() waits for records in flight
+    drain_wait = 1.0     # seconds per wait while switching producers (until all is acknowledged or failed)
 
     def __init__(self, log: KafkaLog, config: dict[str, Any], barrier_interval: float = 1.0) -> None:
         self._log = log
+        self._config = config
         self._tracker: DeliveryTracker[Position] = DeliveryTracker(barrier_interval)
         self._producer: Producer | None = Producer(
             {**config, "on_delivery": self._on_failure, "delivery.report.only.error": True})
+        self._blocks: BlockProducer | None = None  # while a snapshot's RowBlocks are in flight
+        self._no_blocks = False                    # no block producer to be had with this config
 
     def _on_failure(self, err: KafkaError, msg: Any) -> None:
         self._tracker.failed(_delivery_error(err, msg.topic(), msg.partition()))
@@ -343,6 +359,7 @@ class KafkaWriter(LogWriter):
         producer = self._producer
         if producer is None:
             raise DeliveryError("publish on a closed writer", retriable=False)
+        self._drain_blocks()
         produce = producer.produce
         try:
             for record in records:
@@ -377,6 +394,12 @@ class KafkaWriter(LogWriter):
         producer = self._producer
         if producer is None:
             raise DeliveryError("publish on a closed writer", retriable=False)
+        if type(events) is RowBlock and encoder.row_blocks_as_lines:
+            blocks = self._block_producer()
+            if blocks is not None:
+                self._publish_block(encoder, events, blocks, checkpoint)
+                return
+        self._drain_blocks()
         try:
             encoder.emit(events, producer.produce, self._produce_when_room, self._produce_everywhere)
         except EmitError as exc:
@@ -389,6 +412,51 @@ class KafkaWriter(LogWriter):
 
     def fail(self, error: DeliveryError) -> None:
         self._tracker.failed(error)
+
+    # --- RowBlocks through the block producer ----------------------------------------------------
+
+    def _block_producer(self) -> BlockProducer | None:
+        if self._blocks is None and not self._no_blocks:
+            self._blocks = open_block_producer(self._config)
+            self._no_blocks = self._blocks is None
+        return self._blocks
+
+    def _publish_block(self, encoder: EnvelopeEncoder, rows: RowBlock, blocks: BlockProducer,
+                       checkpoint: Position | None) -> None:
+        producer = self._producer
+        while len(producer):  # the confluent-kafka producer's records first (see the class docstring)
+            producer.flush(self.drain_wait)
+        self._tracker.safe()  # one of them failed: raise it now, before anything past it goes out
+        try:
+            encoder.emit_row_block(rows, blocks.produce_rows)
+        except EmitError as exc:
+            cause = exc.cause
+            if isinstance(cause, DeliveryError):  # refused by librdkafka
+                self.fail(cause)
+                raise cause from cause.__cause__
+            raise self._refuse(cause, exc.topic or "?") from cause
+        self._block_failures(blocks)
+        self._tracker.published(checkpoint)
+
+    def _block_failures(self, blocks: BlockProducer) -> None:
+        """Record (and raise) the first block record that was not acknowledged, if one was."""
+        error = blocks.error()
+        if error is not None:
+            self.fail(error)
+            raise error
+
+    def _drain_blocks(self) -> None:
+        """Every block record acknowledged (or failed: raised) before any other record goes out;
+        then the block producer is closed. librdkafka fails a record after ``message.timeout.ms``,
+        so this wait ends."""
+        blocks = self._blocks
+        if blocks is None:
+            return
+        while blocks.flush(self.drain_wait):
+            self._block_failures(blocks)
+        self._block_failures(blocks)
+        self._blocks = None
+        blocks.close(0)
 
     def _produce_when_room(self, *args: Any) -> None:
         """The local queue is full: serve acknowledgements until it has room (the backpressure)."""
@@ -429,18 +497,26 @@ class KafkaWriter(LogWriter):
     def poll(self) -> Position | None:
         """The safe checkpoint; a drain point when nothing is outstanding, and a forced one (a
         flush) when the stream has not paused for ``barrier_interval`` seconds."""
-        producer, tracker = self._producer, self._tracker
+        producer, tracker, blocks = self._producer, self._tracker, self._blocks
+        if blocks is not None:
+            blocks.poll()
+            self._block_failures(blocks)
         if producer is not None:
             producer.poll(0)
-            if len(producer) == 0:
+            if len(producer) == 0 and (blocks is None or blocks.outstanding == 0):
                 tracker.drained()
             elif tracker.barrier_due():
                 return self.flush()
         return tracker.safe()
 
     def flush(self, timeout: float = 30.0) -> Position | None:
-        producer, tracker = self._producer, self._tracker
+        producer, tracker, blocks = self._producer, self._tracker, self._blocks
         left = producer.flush(timeout) if producer is not None else 0
+        if blocks is not None:  # at most one of the two holds records (see the class docstring)
+            left += blocks.flush(timeout)
+            error = blocks.error()
+            if error is not None:
+                tracker.failed(error)
         if not left:
             tracker.drained()
         safe = tracker.safe()  # a failed delivery outranks the timeout
@@ -452,15 +528,22 @@ class KafkaWriter(LogWriter):
     def send_now(self, timeout: float) -> None:
         """librdkafka's flush sends every partition's batch regardless of ``linger.ms`` while it
         runs; it returns once all are acknowledged, or after ``timeout`` with some in flight."""
-        producer = self._producer
-        if producer is not None and len(producer) and producer.flush(timeout) == 0:
+        producer, blocks = self._producer, self._blocks
+        if blocks is not None and blocks.outstanding:
+            if blocks.flush(timeout) == 0 and blocks.error() is None:
+                self._tracker.drained()  # the other producer holds nothing while blocks are out
+        elif producer is not None and len(producer) and producer.flush(timeout) == 0:
             self._tracker.drained()
 
     @property
     def outstanding(self) -> int:
-        return len(self._producer) if self._producer is not None else 0
+        blocks = self._blocks.outstanding if self._blocks is not None else 0
+        return (len(self._producer) if self._producer is not None else 0) + blocks
 
     def close(self) -> None:
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:  # whatever it drops never becomes safe
+            blocks.close(self.close_timeout)
         producer, self._producer = self._producer, None
         if producer is None:
             return

@@ -35,47 +35,42 @@ def render_metrics(rows: list[dict]) -> str:
             text = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
             out.append(f"{name}{{{text}}} {value}")
 
+    def field(name: str, kind: str, help_: str, key: str, of: list[tuple[dict, dict]],
+              optional: bool = False) -> None:
+        """One family of ``key`` in each of ``of``'s (labels, dict) pairs; ``optional``: where it is set."""
+        family(name, kind, help_, [(l, d[key]) for l, d in of if not optional or d.get(key) is not None])
+
     ids = [({"connector": r["name"], "kind": r["kind"]}, r) for r in rows]
-    family("cdc_events_total", "counter", "Change events published (sources) or written (sinks).",
-           [(l, r["events"]) for l, r in ids])
-    family("cdc_bytes_total", "counter", "Bytes of record values published or written.",
-           [(l, r["bytes"]) for l, r in ids])
-    family("cdc_errors_total", "counter", "Errors, each ending a worker process.",
-           [(l, r["errors"]) for l, r in ids])
-    family("cdc_restarts_total", "counter", "Worker restarts after retriable errors.",
-           [(l, r["restarts"]) for l, r in ids])
-    family("cdc_lag_seconds", "gauge", "Sources: 0 when caught up with the server, else now minus the commit "
-                                       "time of the newest change handled; sinks: the largest topic lag.",
-           [(l, r["lag_seconds"]) for l, r in ids if r["lag_seconds"] is not None])
-    family("cdc_sink_lag_records", "gauge", "Records of the topic the sink has not written yet.",
-           [({"connector": r["name"], "topic": t}, f["records"]) for r in rows
-            for t, f in (r.get("topics") or {}).items()])
-    family("cdc_sink_lag_seconds", "gauge", "Age of the oldest record of the topic the sink has not written "
-                                            "yet (0: caught up).",
-           [({"connector": r["name"], "topic": t}, f["seconds"]) for r in rows
-            for t, f in (r.get("topics") or {}).items()])
-    family("cdc_retained_wal_bytes", "gauge", "WAL the source's replication slot keeps on the server.",
-           [({"connector": r["name"]}, r["retained_wal_bytes"]) for r in rows
-            if r.get("retained_wal_bytes") is not None])
+    field("cdc_events_total", "counter", "Change events published (sources) or written (sinks).", "events", ids)
+    field("cdc_bytes_total", "counter", "Bytes of record values published or written.", "bytes", ids)
+    field("cdc_errors_total", "counter", "Errors, each ending a worker process.", "errors", ids)
+    field("cdc_restarts_total", "counter", "Worker restarts after retriable errors.", "restarts", ids)
+    field("cdc_lag_seconds", "gauge", "Sources: 0 when caught up with the server, else now minus the commit "
+                                      "time of the newest change handled; sinks: the largest topic lag.",
+          "lag_seconds", ids, optional=True)
+    topics = [({"connector": r["name"], "topic": t}, f) for r in rows for t, f in (r.get("topics") or {}).items()]
+    field("cdc_sink_lag_records", "gauge", "Records of the topic the sink has not written yet.", "records", topics)
+    field("cdc_sink_lag_seconds", "gauge", "Age of the oldest record of the topic the sink has not written "
+                                           "yet (0: caught up).", "seconds", topics)
+    field("cdc_retained_wal_bytes", "gauge", "WAL the source's replication slot keeps on the server.",
+          "retained_wal_bytes", [({"connector": r["name"]}, r) for r in rows], optional=True)
     snapshots = [(l, r["snapshot_progress"]) for l, r in ids if r.get("snapshot_progress")]
-    family("cdc_snapshot_rows", "gauge", "Rows the snapshot under way has published.",
-           [(l, s["rows"]) for l, s in snapshots])
-    family("cdc_snapshot_chunks_done", "gauge", "Chunks of the snapshot under way that are read.",
-           [(l, s["chunks_done"]) for l, s in snapshots])
-    family("cdc_snapshot_chunks_total", "gauge", "Chunks of the snapshot under way in all.",
-           [(l, s["chunks_total"]) for l, s in snapshots])
-    family("cdc_snapshot_eta_seconds", "gauge", "Estimated seconds until the snapshot under way is read.",
-           [(l, s["eta_seconds"]) for l, s in snapshots if s["eta_seconds"] is not None])
+    field("cdc_snapshot_rows", "gauge", "Rows the snapshot under way has published.", "rows", snapshots)
+    field("cdc_snapshot_chunks_done", "gauge", "Chunks of the snapshot under way that are read.", "chunks_done",
+          snapshots)
+    field("cdc_snapshot_chunks_total", "gauge", "Chunks of the snapshot under way in all.", "chunks_total", snapshots)
+    field("cdc_snapshot_eta_seconds", "gauge", "Estimated seconds until the snapshot under way is read.",
+          "eta_seconds", snapshots, optional=True)
     family("cdc_phase", "gauge", "1 for the phase the connector is in, 0 for the others.",
            [({**l, "phase": p}, int(r["phase"] == p)) for l, r in ids for p in PHASES])
     family("cdc_healthy", "gauge", "1 while the connector is healthy (what /healthz checks), else 0.",
            [(l, int(r.get("healthy", True))) for l, r in ids])
     family("cdc_retry_attempts", "gauge", "Consecutive failed attempts since the last progress.",
            [(l, r.get("attempts", 0)) for l, r in ids])
-    family("cdc_seconds_since_progress", "gauge", "Seconds since the connector last got work done.",
-           [(l, r["seconds_since_progress"]) for l, r in ids if r.get("seconds_since_progress") is not None])
-    family("cdc_last_error_timestamp_seconds", "gauge", "Unix time of the last error not yet cleared by progress.",
-           [(l, r["last_error_at"]) for l, r in ids if r.get("last_error_at") is not None])
+    field("cdc_seconds_since_progress", "gauge", "Seconds since the connector last got work done.",
+          "seconds_since_progress", ids, optional=True)
+    field("cdc_last_error_timestamp_seconds", "gauge", "Unix time of the last error not yet cleared by progress.",
+          "last_error_at", ids, optional=True)
     return "\n".join(out) + "\n"
 
 

@@ -20,7 +20,8 @@ A rebuild (``rebuild()``, or automatically when the sink raises ``RebuildRequire
 generation of the store from offset 0 while readers keep seeing the current one, and switches
 readers once the new one has caught up with the topics' ends as of the start of the rebuild. For a
 ``BulkLoadableSink`` it reads the history into windows reduced to the newest version per key
-(``cdc.bulk_window``) and loads the first one in bulk (``_fill_in_windows``).
+(``cdc.bulk_window``), partition after partition, and loads each window whose keys the new
+generation does not hold yet in bulk, while the next is read (``_fill_in_windows``).
 
 Reads: through the log's bulk reader where it has one (Kafka: ``cdc.log.kafka_bulk``, a batch as
 one bytes object decoded by ``decode_packed``), the group's reader then only saying where to start
@@ -54,6 +55,7 @@ from cdc.runtime.sink_group import GroupMembership
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
+from cdc.runtime.window_loads import WindowLoads
 from cdc.schema_order import split_by_schema
 from cdc.sink_events import SinkEvent, decode_batch, decode_packed
 
@@ -64,6 +66,8 @@ TOPIC_REFRESH_S = 5.0
 BULK_POLL_RECORDS = 50_000  # records per read of a bulk rebuild (no write waits on them)
 BULK_ADD_RECORDS = 5_000    # records added to a window between checks of its size
 BULK_PART_KEYS = 100_000    # keys per part of a window handed to the sink (Python objects held at once)
+BULK_STAGES = 8             # a bulk read in about this many stages of whole partitions at most
+BULK_STAGE_RECORDS = 10_000  # records (offsets) of a stage at least: no stage switch for a few records
 
 
 class SinkRunner:
@@ -89,8 +93,9 @@ class SinkRunner:
         self.progress = progress
         self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
         self.packed_reads = True  # False: reads go through reader() even where the log has a bulk reader (bench/)
+        self.staged_reads = True  # False: a bulk load reads all partitions at once, then loads (bench/)
         # The log's bulk reader, where it has one, fetches for run() (unless scale_out) and rebuild():
-        # see _open_packed. ``reader`` then only reads and commits the group's offsets.
+        # see _open_packed. ``reader`` then only says where to start and commits the group's offsets.
         self._packed = None
         self._packed_start: dict[TopicPartition, int] | None = None  # assigned at its next poll
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
@@ -527,6 +532,9 @@ class SinkRunner:
             self._fill_in_windows(reader, stop_event, targets, new, old)
         else:
             self._fill_in_batches(reader, stop_event, targets, new, old)
+        # Streaming after the rebuild (run()) goes on from where the fill ended, not from offset 0
+        # (a windowed fill reads through a bulk reader of its own).
+        self._assign_reader(reader, dict(self.positions))
         self._sink_call(sink.switch_generation, new)
         reader.commit(dict(self.positions))
         self._sink_call(sink.drop_generation, old)
@@ -580,11 +588,14 @@ class SinkRunner:
     def _fill_in_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
                          new: int, old: int) -> None:
         """The new generation filled from windows of the history reduced to the newest version per
-        key (cdc.bulk_window): the first window in bulk (``bulk_load``: the generation holds none
-        of its keys), every later one through ``write`` (version-guarded, as a batch is). A window
-        is loaded before the next is read, so memory holds one (``bulk_window_mb``). Nothing is
-        committed before the switch: a failure or a kill anywhere leaves readers on the old
-        generation, and the next rebuild opens the new one empty again and starts over."""
+        key (cdc.bulk_window), read partition after partition where the reader allows it
+        (``_stages``): a partition read to its end has its keys' newest versions, and its window
+        is loaded on the sink's thread while the next is read (cdc.runtime.window_loads). A window
+        goes in bulk (``bulk_load``) only if the generation holds none of its keys, else through
+        ``write`` (version-guarded, as a batch is). The window in flight and the one being filled
+        share the bound (``bulk_window_mb``). Nothing is committed before the switch: a failure or
+        a kill anywhere leaves readers on the old generation, and the next rebuild opens the new
+        one empty again and starts over."""
         with bulk_window.collection_paused():
             self._fill_windows(reader, stop_event, targets, new, old)
 
@@ -594,8 +605,6 @@ class SinkRunner:
         # (no Python object per record); it commits nothing. Else ``reader`` (assigned already).
         bulk = self.log.bulk_reader() if self.packed_reads else None
         try:
-            if bulk is not None:
-                bulk.assign(dict(self.positions))
             log.info("generation %d: reading the history %s", new,
                      "packed (cdc.log.kafka_bulk)" if bulk is not None else "record by record", extra=self._extra())
             self._fill_windows_from(bulk or reader, bulk is not None, stop_event, targets, new, old)
@@ -603,56 +612,95 @@ class SinkRunner:
             if bulk is not None:
                 bulk.close()
 
+    def _stages(self, targets: dict[TopicPartition, int], packed: bool) -> list[list[TopicPartition]]:
+        """The partitions in the order they are read, in stages: one stage after another where the
+        reader can be assigned anew (the packed reader), so that once a stage is read to its ends
+        its keys are final and its window loads while the next stage is read; else all at once
+        (one stage). A stage is one partition, or several small ones."""
+        wanted = sorted(tp for tp, end in targets.items() if end > 0)
+        if not (packed and self.staged_reads):
+            return [wanted]
+        # Small partitions share a stage: each stage costs a new assignment and the fetch's start,
+        # so a sink of many small topics would otherwise pay that per partition.
+        least = max(sum(targets.values()) // BULK_STAGES, BULK_STAGE_RECORDS)
+        stages: list[list[TopicPartition]] = [[]]
+        held = 0
+        for tp in wanted:
+            if held >= least:
+                stages.append([])
+                held = 0
+            stages[-1].append(tp)
+            held += targets[tp]
+        return stages if wanted else []
+
     def _fill_windows_from(self, reader, packed: bool, stop_event: threading.Event,
                            targets: dict[TopicPartition, int], new: int, old: int) -> None:
-        window = NewestWindow(self.config.bulk_window_mb << 20)
-        first = True
+        bound = self.config.bulk_window_mb << 20
+        window = NewestWindow(bound)
+        sink_thread = self._sink_thread
+        loads = WindowLoads(sink_thread.submit if sink_thread is not None else None,
+                            lambda w, bulk: self._load_window(w, bulk, new), self._extra())
         read: dict[TopicPartition, int] = {}
         wait = self.config.batch_wait_ms / 1000
         reported = time.monotonic()
-        while not all(read.get(tp, 0) >= end for tp, end in targets.items()):
-            if stop_event.is_set():
-                raise self._stopped_rebuild(new, old)
-            if packed:  # a read at a time (a window overshoots its bound by one read at most)
-                batches = [reader.poll(BULK_ADD_RECORDS, wait)]
-            else:
-                records = reader.poll(BULK_POLL_RECORDS, wait)
-                batches = [records[at:at + BULK_ADD_RECORDS] for at in range(0, len(records), BULK_ADD_RECORDS)]
-            for batch in batches:  # a window overshoots its bound by one slice at most
-                for record, err in (window.add_packed(batch, read) if packed else window.add(batch, read)):
-                    self._poison(record.topic, record.partition, record.offset, str(err), record)
-                if window.full():
-                    self._load_window(window, first, new)
-                    first = False
-            if packed:  # a partition's end, seen after its last record (compaction may leave none there)
-                for tp, end in reader.ends.items():
-                    read[tp] = max(read.get(tp, 0), end)
-            self.stats.progressed()
-            if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
-                self.report(self.stats)
-                reported = time.monotonic()
-            if self.progress:
-                self.progress(sum(min(read.get(tp, 0), e) for tp, e in targets.items()), sum(targets.values()))
-        if window.records:
-            self._load_window(window, first, new)
+        stages = self._stages(targets, packed)
+        try:
+            for stage in stages:
+                if packed:  # only this stage's partitions: nothing of the next mixes in
+                    reader.assign({tp: self.positions.get(tp, 0) for tp in stage})
+                cut = False  # a window of this stage was loaded before the stage's ends
+                while not all(read.get(tp, 0) >= targets[tp] for tp in stage):
+                    if stop_event.is_set():
+                        raise self._stopped_rebuild(new, old)
+                    loads.raise_failed()
+                    if packed:  # a read at a time (a window overshoots its bound by one read at most)
+                        batches = [reader.poll(BULK_ADD_RECORDS, wait)]
+                    else:
+                        records = reader.poll(BULK_POLL_RECORDS, wait)
+                        batches = [records[at:at + BULK_ADD_RECORDS] for at in range(0, len(records), BULK_ADD_RECORDS)]
+                    for batch in batches:  # a window overshoots its bound by one slice at most
+                        for record, err in (window.add_packed(batch, read) if packed else window.add(batch, read)):
+                            self._poison(record.topic, record.partition, record.offset, str(err), record)
+                        if window.stats()[1] + loads.held() >= bound:
+                            loads.wait()  # the window in flight loaded: its memory is free
+                            if window.stats()[1] + loads.held() >= bound:  # still: loaded before more is read
+                                loads.submit(window, whole=False)
+                                loads.wait()
+                                window, cut = window.following(), True
+                    if packed:  # a partition's end, seen after its last record (compaction may leave none there)
+                        for tp, end in reader.ends.items():
+                            read[tp] = max(read.get(tp, 0), end)
+                    self.stats.progressed()
+                    if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                        self.report(self.stats)
+                        reported = time.monotonic()
+                    if self.progress:
+                        self.progress(sum(min(read.get(tp, 0), e) for tp, e in targets.items()), sum(targets.values()))
+                if window.records:  # the stage read to its ends: loaded while the next stage is read
+                    loads.submit(window, whole=not cut)
+                    window = window.following()
+            loads.wait()
+        finally:
+            loads.settle()
         self.positions.update(read)
 
-    def _load_window(self, window: NewestWindow, first: bool, generation: int) -> None:
+    def _load_window(self, window: NewestWindow, bulk: bool, generation: int) -> None:
+        """On the sink's thread: ``window`` into ``generation`` (see ``_load_parts``)."""
         keys, nbytes = window.stats()
         began = time.monotonic()
-        self._sink_call(self._load_parts, window, first)
+        self._load_parts(window, bulk)
         self.stats.bytes += window.read_bytes()
         self.stats.events += window.records  # every record of the window is in the store now
         log.info("generation %d: a window of %d records reduced to %d keys (%.0f MiB) loaded %s in %.1fs",
-                 generation, window.records, keys, nbytes / (1 << 20), "in bulk" if first else "as guarded writes",
+                 generation, window.records, keys, nbytes / (1 << 20), "in bulk" if bulk else "as guarded writes",
                  time.monotonic() - began, extra=self._extra())
-        window.clear()
 
-    def _load_parts(self, window: NewestWindow, first: bool) -> None:
-        """On the sink's thread: every part of ``window``, in bulk if ``first`` and the sink takes
-        it, else (or if that fails) through ``write`` with its retries and poison isolation."""
+    def _load_parts(self, window: NewestWindow, bulk: bool) -> None:
+        """On the sink's thread: every part of ``window``, in bulk if ``bulk`` (the generation
+        holds none of its keys) and the sink takes it, else (or if that fails) through ``write``
+        with its retries and poison isolation."""
         for part in window.parts(BULK_PART_KEYS):
-            if first:
+            if bulk:
                 if part.tombstones:  # the generation never held these keys: nothing to remove
                     continue
                 try:

@@ -11,7 +11,7 @@ or DuckDB, through SQLAlchemy 2.
     plan.py          what one write does to one table
     apply_staged.py  PostgreSQL, DuckDB: the batch staged once (COPY / one JSON value), set-based SQL
     copy_rows.py     PostgreSQL: upserts as typed COPY text rows, per table shape
-    bulk_load.py     PostgreSQL: a rebuild's first window COPYed straight into the new generation
+    bulk_load.py     PostgreSQL: a rebuild's windows COPYed straight into the new generation
     apply_generic.py MySQL/MariaDB, SQLite: executemany upserts/deletes
     bookkeeping.py   cdc_sink_generations, cdc_sink_tables, cdc_sink_deletes, cdc_sink_state
     generations.py   open/switch/drop generations behind views

@@ -1,12 +1,13 @@
-"""A rebuild's first window into the new generation in bulk (PostgreSQL): plain COPY, no guard.
+"""A rebuild's window into the new generation in bulk (PostgreSQL): plain COPY, no guard.
 
 The runtime reduces the history to the newest version per key before the database sees anything
-(``cdc.bulk_window``) and hands the first window over part by part (``cdc.api.BulkLoadableSink``).
-The generation was opened empty and each key is in one part, so no row of a part can meet a row
-already there: its upserts go into the table with one plain ``COPY`` (no staging, no ``ON
-CONFLICT``, no version guard, no anti-join on remembered deletes), its deletes into
-``cdc_sink_deletes`` with another (so a later live event older than a delete never brings the
-row back, as for any delete), and its truncate raises the table's watermark. Tombstones need
+(``cdc.bulk_window``) and hands a window whose keys the generation does not hold yet over part by
+part (``cdc.api.BulkLoadableSink``). Each key is in one part and the generation holds none of
+them, so no row of a part can meet a row already there: its upserts go into the table with one
+plain ``COPY`` (no staging, no ``ON CONFLICT``, no version guard, no anti-join on remembered
+deletes), its deletes into ``cdc_sink_deletes`` with another (so a later live event older than a
+delete never brings the row back, as for any delete), and its truncate raises the table's
+watermark. Tombstones need
 nothing: the generation never held those keys. One transaction per part: a part either landed
 whole or not at all, and then the runtime writes it through the guarded path instead.
 

@@ -70,7 +70,7 @@ MIN_PART_KEYS = 500
 
 class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
-    ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's first window in bulk:
+    ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's windows in bulk:
     ``bulk_load`` (bulk_load.py)."""
 
     config_model = SqlSinkConfig
@@ -132,8 +132,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
 
     @property
     def bootstrap_by_rebuild(self) -> bool:
-        """``cdc bootstrap`` into PostgreSQL fills a new generation (the first window of the history
-        in bulk, bulk_load.py) and switches readers to it once complete; elsewhere it writes into
+        """``cdc bootstrap`` into PostgreSQL fills a new generation (the history reduced per key, in
+        bulk, bulk_load.py) and switches readers to it once complete; elsewhere it writes into
         the generation readers see, batch by batch."""
         url = self.config.url.get_secret_value()
         return url.startswith(("postgresql", "postgres:")) and not self.config.soft_delete
@@ -299,7 +299,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         return self.bulk is not None and self.bulk.able
 
     def bulk_load(self, part: WindowPart) -> bool:
-        """A part of a rebuild's first window into the generation being written (cdc.api.BulkLoadableSink)."""
+        """A part of a rebuild's window whose keys the generation being written does not hold yet
+        (cdc.api.BulkLoadableSink)."""
         self._started()
         if self.generation is None:  # only into a generation opened for it, never the one readers see
             return False

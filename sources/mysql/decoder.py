@@ -269,6 +269,20 @@ def string_converter(s: ColumnSpec) -> str | Callable[[bytes], Any]:
     return python_codec(s.charset) or _decode_mysql_latin1
 
 
+# A WRITE or DELETE rows event: one image a row, the event's op and which side the image stands on.
+_ONE_IMAGE_EVENTS = '''def {name}(data, p, end, tid, base, ts_ms, file, pos, gtid, tx_id, order, first):
+    out = []
+    append = out.append
+    i = 0
+    while p < end:
+        start = p
+{image_after}
+        i += 1
+        append(NEW(EVENT, ({op}, tid, {{{key_after}}}, {before}, {after}, base + start, ts_ms, STREAMED,
+                           {{"file": file, "pos": pos, "row": i - 1, "gtid": gtid}},
+                           None if tx_id is None else NEW(TX, (tx_id, order + i, first + i)))))
+    return out, p, i'''
+
 _TEMPLATE = '''
 def rows(data, p, end):
     out = []
@@ -291,32 +305,10 @@ def pairs(data, p, end):
     return out, p
 
 
-def write_events(data, p, end, tid, base, ts_ms, file, pos, gtid, tx_id, order, first):
-    out = []
-    append = out.append
-    i = 0
-    while p < end:
-        start = p
-{image_after}
-        i += 1
-        append(NEW(EVENT, (CREATE, tid, {{{key_after}}}, None, row, base + start, ts_ms, STREAMED,
-                           {{"file": file, "pos": pos, "row": i - 1, "gtid": gtid}},
-                           None if tx_id is None else NEW(TX, (tx_id, order + i, first + i)))))
-    return out, p, i
+{write_events}
 
 
-def delete_events(data, p, end, tid, base, ts_ms, file, pos, gtid, tx_id, order, first):
-    out = []
-    append = out.append
-    i = 0
-    while p < end:
-        start = p
-{image_after}
-        i += 1
-        append(NEW(EVENT, (DELETE, tid, {{{key_after}}}, row, None, base + start, ts_ms, STREAMED,
-                           {{"file": file, "pos": pos, "row": i - 1, "gtid": gtid}},
-                           None if tx_id is None else NEW(TX, (tx_id, order + i, first + i)))))
-    return out, p, i
+{delete_events}
 
 
 def update_events(data, p, end, tid, base, ts_ms, file, pos, gtid, tx_id, order, first):
@@ -370,9 +362,16 @@ class RowDecoder:
         index = [self.names.index(k) for k in self.key]
         key_after = ", ".join(f"{k!r}: v{i}" for k, i in zip(self.key, index))
         key_before = ", ".join(f"{k!r}: k{i}" for k, i in zip(self.key, index))
-        self.source = _TEMPLATE.format(image_after="\n".join(gen.image("row", " " * 8)),
+        image_after = "\n".join(gen.image("row", " " * 8))
+        write_events, delete_events = (
+            _ONE_IMAGE_EVENTS.format(name=name, op=op, before=before, after=after, image_after=image_after,
+                                     key_after=key_after)
+            for name, op, before, after in (("write_events", "CREATE", "None", "row"),
+                                            ("delete_events", "DELETE", "row", "None")))
+        self.source = _TEMPLATE.format(image_after=image_after,
                                        image_before="\n".join(gen.image("before", " " * 8)), key_after=key_after,
-                                       key_before=key_before,
+                                       key_before=key_before, write_events=write_events,
+                                       delete_events=delete_events,
                                        save_key="; ".join(f"k{i} = v{i}" for i in index),
                                        same_key=" and ".join(f"v{i} == k{i}" for i in index))
         namespace = dict(gen.env, NEW=tuple.__new__, EVENT=ChangeEvent, TX=TransactionInfo, CREATE=Op.CREATE,

@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Kept equal to KINDS in copy_json.py. */
@@ -354,6 +355,76 @@ error:
     return -1;
 }
 
+/* A rewrite's spec (the arguments of rewrite() after the block), parsed once per call. */
+typedef struct {
+    Py_ssize_t ncols, nkeys, ntoast, min_chars;
+    const unsigned char *kind;
+    const char **head;
+    Py_ssize_t *head_len, *keys, *toast;
+    const char **start;  /* per column, scratch of rewrite_block */
+    Py_ssize_t *size;
+} Spec;
+
+static void
+spec_free(Spec *spec)
+{
+    PyMem_Free(spec->start);
+    PyMem_Free(spec->size);
+    PyMem_Free(spec->head);
+    PyMem_Free(spec->head_len);
+    PyMem_Free(spec->keys);
+    PyMem_Free(spec->toast);
+    memset(spec, 0, sizeof(*spec));
+}
+
+/* kinds (a buffer the caller keeps alive), heads (a tuple of bytes alive with the call), keys,
+ * toast, min_chars. -1 with an error set (spec_free it anyway). */
+static int
+spec_init(Spec *spec, Py_buffer *kinds, PyObject *heads, PyObject *keys_tuple, PyObject *toast_tuple,
+          Py_ssize_t min_chars)
+{
+    memset(spec, 0, sizeof(*spec));
+    Py_ssize_t ncols = spec->ncols = kinds->len;
+    spec->kind = kinds->buf;
+    spec->min_chars = min_chars;
+    spec->start = PyMem_Malloc(sizeof(char *) * (size_t)(ncols + 1));
+    spec->size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ncols + 1));
+    spec->head = PyMem_Malloc(sizeof(char *) * (size_t)(ncols + 1));
+    spec->head_len = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ncols + 1));
+    if (spec->start == NULL || spec->size == NULL || spec->head == NULL || spec->head_len == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (!PyTuple_Check(heads) || PyTuple_GET_SIZE(heads) != ncols) {
+        PyErr_SetString(PyExc_ValueError, "one head per column");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *h = PyTuple_GET_ITEM(heads, i);
+        if (!PyBytes_Check(h)) {
+            PyErr_SetString(PyExc_TypeError, "heads must be bytes");
+            return -1;
+        }
+        if (spec->kind[i] < K_RAW || spec->kind[i] > K_BYTEA) {
+            PyErr_Format(PyExc_ValueError, "unknown column kind %d", spec->kind[i]);
+            return -1;
+        }
+        spec->head[i] = PyBytes_AS_STRING(h);
+        spec->head_len[i] = PyBytes_GET_SIZE(h);
+    }
+    if (indexes(keys_tuple, ncols, &spec->keys, &spec->nkeys) < 0 ||
+        indexes(toast_tuple, ncols, &spec->toast, &spec->ntoast) < 0)
+        return -1;
+    return 0;
+}
+
+static int
+spec_rewrite(Buf *out, const Spec *spec, const char *p, const char *end)
+{
+    return rewrite_block(out, p, end, spec->kind, spec->ncols, spec->head, spec->head_len, spec->keys, spec->nkeys,
+                         spec->toast, spec->ntoast, spec->min_chars, spec->start, spec->size);
+}
+
 static PyObject *
 copyjson_rewrite(PyObject *self, PyObject *args)
 {
@@ -364,35 +435,9 @@ copyjson_rewrite(PyObject *self, PyObject *args)
                           &min_chars))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t *keys = NULL, *toast = NULL, nkeys = 0, ntoast = 0;
     Buf out = {NULL, 0, 0};
-    Py_ssize_t ncols = kinds.len;
-    const char **start = PyMem_Malloc(sizeof(char *) * (size_t)(ncols + 1));
-    Py_ssize_t *size = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ncols + 1));
-    const char **head = PyMem_Malloc(sizeof(char *) * (size_t)(ncols + 1));
-    Py_ssize_t *head_len = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ncols + 1));
-    if (start == NULL || size == NULL || head == NULL || head_len == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (PyTuple_GET_SIZE(heads) != ncols) {
-        PyErr_SetString(PyExc_ValueError, "one head per column");
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < ncols; i++) {
-        PyObject *h = PyTuple_GET_ITEM(heads, i);  /* alive with the args for the whole call */
-        if (!PyBytes_Check(h)) {
-            PyErr_SetString(PyExc_TypeError, "heads must be bytes");
-            goto done;
-        }
-        if (((const unsigned char *)kinds.buf)[i] < K_RAW || ((const unsigned char *)kinds.buf)[i] > K_BYTEA) {
-            PyErr_Format(PyExc_ValueError, "unknown column kind %d", ((const unsigned char *)kinds.buf)[i]);
-            goto done;
-        }
-        head[i] = PyBytes_AS_STRING(h);
-        head_len[i] = PyBytes_GET_SIZE(h);
-    }
-    if (indexes(keys_tuple, ncols, &keys, &nkeys) < 0 || indexes(toast_tuple, ncols, &toast, &ntoast) < 0)
+    Spec spec;
+    if (spec_init(&spec, &kinds, heads, keys_tuple, toast_tuple, min_chars) < 0)
         goto done;
     out.cap = block.len * 2 + 4096;
     if ((out.data = malloc((size_t)out.cap)) == NULL) {
@@ -402,8 +447,7 @@ copyjson_rewrite(PyObject *self, PyObject *args)
     int taken;
     /* Without the GIL: a reader thread makes its block's JSON while the publishing thread runs. */
     Py_BEGIN_ALLOW_THREADS
-    taken = rewrite_block(&out, block.buf, (const char *)block.buf + block.len, kinds.buf, ncols, head, head_len,
-                          keys, nkeys, toast, ntoast, min_chars, start, size);
+    taken = spec_rewrite(&out, &spec, block.buf, (const char *)block.buf + block.len);
     Py_END_ALLOW_THREADS
     if (taken < 0)
         PyErr_NoMemory();
@@ -413,14 +457,219 @@ copyjson_rewrite(PyObject *self, PyObject *args)
         result = PyBytes_FromStringAndSize(out.data, out.len);
 done:
     free(out.data);
-    PyMem_Free(start);
-    PyMem_Free(size);
-    PyMem_Free(head);
-    PyMem_Free(head_len);
-    PyMem_Free(keys);
-    PyMem_Free(toast);
+    spec_free(&spec);
     PyBuffer_Release(&block);
     PyBuffer_Release(&kinds);
+    return result;
+}
+
+/* ---- COPY TO STDOUT read in blocks, off psycopg2's connection (copy_out.py) ----
+ *
+ * psycopg2's copy_expert calls the file's write() once per row (libpq's PQgetCopyData hands out
+ * one row per call): a GIL round trip, a bytes object and a Python call per row. copy_out runs the
+ * same libpq loop without the GIL and hands whole blocks of lines to Python. It never links libpq:
+ * the caller passes the addresses of the functions of the very libpq psycopg2 loaded (a wheel's
+ * bundled copy is not the system's, and the PGconn is that copy's), found by copy_out.py. */
+
+typedef struct pg_conn PGconn;
+typedef struct pg_result PGresult;
+enum { PGRES_COMMAND_OK = 1, PGRES_COPY_OUT = 3, CONNECTION_BAD = 1, DIAG_SQLSTATE = 'C' };
+
+typedef struct {
+    PGresult *(*exec)(PGconn *, const char *);
+    int (*result_status)(const PGresult *);
+    char *(*error_field)(const PGresult *, int);
+    char *(*result_error)(const PGresult *);
+    void (*clear)(PGresult *);
+    int (*get_copy_data)(PGconn *, char **, int);
+    void (*freemem)(void *);
+    PGresult *(*get_result)(PGconn *);
+    char *(*error_message)(const PGconn *);
+    int (*status)(const PGconn *);
+} Libpq;
+
+#define LIBPQ_FUNCTIONS 10  /* in the order of Libpq, as copy_out.py passes them */
+
+/* What went wrong, copied out of libpq while it is still there. */
+typedef struct {
+    char sqlstate[6];
+    int has_state, bad;
+    char *message;  /* malloc'd */
+} Failure;
+
+static void
+failure_from(Failure *f, const Libpq *pq, PGconn *conn, PGresult *res)
+{
+    const char *state = res != NULL ? pq->error_field(res, DIAG_SQLSTATE) : NULL;
+    const char *text = res != NULL ? pq->result_error(res) : NULL;
+    if (text == NULL || text[0] == 0)
+        text = pq->error_message(conn);
+    if (state != NULL && strlen(state) == 5) {
+        memcpy(f->sqlstate, state, 6);
+        f->has_state = 1;
+    }
+    f->message = strdup(text != NULL ? text : "");
+    f->bad = pq->status(conn) == CONNECTION_BAD;
+}
+
+/* The results after the COPY data (its end, or its error), each read to the end as PQexec does. */
+static void
+finish_results(Failure *f, const Libpq *pq, PGconn *conn)
+{
+    PGresult *res;
+    while ((res = pq->get_result(conn)) != NULL) {
+        if (pq->result_status(res) != PGRES_COMMAND_OK && f->message == NULL)
+            failure_from(f, pq, conn, res);
+        pq->clear(res);
+    }
+}
+
+/* copy_out(conn, sql, libpq, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)
+ *   conn: the PGconn* (psycopg2's connection.pgconn_ptr); sql: the COPY ... TO STDOUT statement
+ *   (bytes); libpq: the LIBPQ_FUNCTIONS addresses; emit(block, rewritten) is called per block of up
+ *   to `lines` whole lines; spec: None, or (kinds, heads, keys, toast, min_chars) as rewrite()
+ *   takes them: each block is rewritten here, without the GIL, and emitted with rewritten True,
+ *   or as read with rewritten False where rewrite() would have returned None.
+ *   Returns the rows and bytes read; message is None when the COPY completed, else the error as
+ *   libpq put it (sqlstate None when the server sent none: connection_bad tells whether the
+ *   connection broke). An exception from emit leaves the COPY where it stopped, as psycopg2's
+ *   copy_expert does when the file's write raises. */
+static PyObject *
+copyjson_copy_out(PyObject *self, PyObject *args)
+{
+    unsigned long long conn_ptr;
+    const char *sql;
+    PyObject *functions, *emit, *spec_args;
+    Py_ssize_t lines;
+    if (!PyArg_ParseTuple(args, "KyO!OnO", &conn_ptr, &sql, &PyTuple_Type, &functions, &emit, &lines, &spec_args))
+        return NULL;
+    if (PyTuple_GET_SIZE(functions) != LIBPQ_FUNCTIONS) {
+        PyErr_Format(PyExc_ValueError, "libpq: %d function addresses", LIBPQ_FUNCTIONS);
+        return NULL;
+    }
+    if (conn_ptr == 0 || lines < 1) {
+        PyErr_SetString(PyExc_ValueError, "no connection, or blocks of no lines");
+        return NULL;
+    }
+    void *address[LIBPQ_FUNCTIONS];
+    for (int i = 0; i < LIBPQ_FUNCTIONS; i++) {
+        address[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i));
+        if (address[i] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a libpq function address is NULL");
+            return NULL;
+        }
+    }
+    Libpq pq;
+    memcpy(&pq, address, sizeof(pq));  /* LIBPQ_FUNCTIONS function pointers, in order */
+    PGconn *conn = (PGconn *)(uintptr_t)conn_ptr;
+
+    Spec spec;
+    memset(&spec, 0, sizeof(spec));
+    Py_buffer kinds = {0};
+    int rewriting = spec_args != Py_None;
+    if (rewriting) {
+        PyObject *heads, *keys_tuple, *toast_tuple;
+        Py_ssize_t min_chars;
+        if (!PyArg_ParseTuple(spec_args, "y*O!OOn", &kinds, &PyTuple_Type, &heads, &keys_tuple, &toast_tuple,
+                              &min_chars))
+            return NULL;
+        if (spec_init(&spec, &kinds, heads, keys_tuple, toast_tuple, min_chars) < 0) {
+            spec_free(&spec);
+            PyBuffer_Release(&kinds);
+            return NULL;
+        }
+    }
+
+    PyObject *result = NULL;
+    Buf in = {NULL, 0, 0}, out = {NULL, 0, 0};
+    Failure failure = {{0}, 0, 0, NULL};
+    long long rows = 0, nbytes = 0;
+    int oom = 0, len = 0;
+    PGresult *res;
+
+    Py_BEGIN_ALLOW_THREADS
+    res = pq.exec(conn, sql);
+    if (pq.result_status(res) != PGRES_COPY_OUT)
+        failure_from(&failure, &pq, conn, res);
+    pq.clear(res);  /* PQclear(NULL) is a no-op */
+    Py_END_ALLOW_THREADS
+    if (failure.message != NULL)
+        goto finished;
+
+    while (1) {
+        Py_ssize_t n = 0;
+        int taken = 0;
+        in.len = 0;
+        Py_BEGIN_ALLOW_THREADS
+        while (n < lines) {
+            char *data = NULL;
+            len = pq.get_copy_data(conn, &data, 0);
+            if (len <= 0)
+                break;  /* -1: the COPY is done; -2: an error; 0 only happens in async mode */
+            if (grow(&in, len) < 0) {
+                pq.freemem(data);
+                oom = 1;
+                break;
+            }
+            memcpy(in.data + in.len, data, (size_t)len);
+            in.len += len;
+            pq.freemem(data);
+            n++;
+        }
+        if (n > 0 && rewriting && !oom) {
+            out.len = 0;
+            taken = spec_rewrite(&out, &spec, in.data, in.data + in.len);
+            if (taken < 0)
+                oom = 1;
+        }
+        Py_END_ALLOW_THREADS
+        if (oom) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (n > 0) {
+            rows += n;
+            nbytes += in.len;
+            PyObject *block = taken > 0 ? PyBytes_FromStringAndSize(out.data, out.len)
+                                        : PyBytes_FromStringAndSize(in.data, in.len);
+            if (block == NULL)
+                goto done;
+            PyObject *called = PyObject_CallFunctionObjArgs(emit, block, taken > 0 ? Py_True : Py_False, NULL);
+            Py_DECREF(block);
+            if (called == NULL)
+                goto done;
+            Py_DECREF(called);
+        }
+        if (len <= 0)
+            break;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (len == -1)
+        finish_results(&failure, &pq, conn);  /* the COPY's end, or the error that ended it */
+    else
+        failure_from(&failure, &pq, conn, NULL);
+    Py_END_ALLOW_THREADS
+
+finished:
+    if (failure.message == NULL) {
+        result = Py_BuildValue("LLOOO", rows, nbytes, Py_None, Py_None, Py_False);
+    } else {
+        PyObject *state = failure.has_state ? PyUnicode_FromString(failure.sqlstate) : Py_NewRef(Py_None);
+        PyObject *text = state ? PyUnicode_DecodeUTF8(failure.message, (Py_ssize_t)strlen(failure.message),
+                                                      "replace") : NULL;
+        if (text != NULL)
+            result = Py_BuildValue("LLNNO", rows, nbytes, state, text, failure.bad ? Py_True : Py_False);
+        else
+            Py_XDECREF(state);
+    }
+done:
+    free(failure.message);
+    free(in.data);
+    free(out.data);
+    spec_free(&spec);
+    if (rewriting)
+        PyBuffer_Release(&kinds);
     return result;
 }
 
@@ -562,6 +811,8 @@ static PyMethodDef methods[] = {
      "int_key_events(block, new_event, head, key_name, fragment, tail, min_chars) -> list, or None"},
     {"int_key_rows", copyjson_int_key_rows, METH_VARARGS,
      "int_key_rows(block, min_chars) -> number of lines, or None for a block that cannot go to the log as it is"},
+    {"copy_out", copyjson_copy_out, METH_VARARGS,
+     "copy_out(conn, sql, libpq, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)"},
     {"rewrite", copyjson_rewrite, METH_VARARGS,
      "rewrite(block, kinds, heads, keys, toast, min_chars) -> bytes, or None for a block it does not take"},
     {NULL, NULL, 0, NULL},

@@ -201,13 +201,18 @@ class BeginPrepare:                # 'b'
 
 
 @dataclass(frozen=True, slots=True)
-class Prepare:                     # 'P'
+class _PrepareFields:              # 'P' and 'p' carry the same fields; each keeps its own type
     flags: int
     prepare_lsn: int
     end_lsn: int
     prepare_time_us: int
     xid: int
     gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare(_PrepareFields):     # 'P'
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,13 +237,8 @@ class RollbackPrepared:            # 'r'
 
 
 @dataclass(frozen=True, slots=True)
-class StreamPrepare:               # 'p': prepares a streamed transaction (fields as in Prepare)
-    flags: int
-    prepare_lsn: int
-    end_lsn: int
-    prepare_time_us: int
-    xid: int
-    gid: str
+class StreamPrepare(_PrepareFields):  # 'p': prepares a streamed transaction
+    pass
 
 
 PgOutputMessage = (Begin | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
@@ -487,6 +487,8 @@ _BEGIN_PREPARE = struct.Struct("!QQqI")
 _PREPARE = struct.Struct("!BQQqI")           # also Commit Prepared and Stream Prepare
 _ROLLBACK_PREPARED = struct.Struct("!BQQqqI")
 _PREPARE_FIELDS = (("the flags", 1), ("the LSN", 8), ("the end LSN", 8), ("the timestamp", 8), ("the xid", 4))
+_ROLLBACK_PREPARED_FIELDS = (("the flags", 1), ("the prepare end LSN", 8), ("the rollback end LSN", 8),
+                             ("the prepare timestamp", 8), ("the rollback timestamp", 8), ("the xid", 4))
 
 
 def _outside_stream(dec: PgOutputDecoder, code: int, p: bytes) -> None:
@@ -554,45 +556,27 @@ def _stream_abort(dec: PgOutputDecoder, p: bytes) -> StreamAbort:
         ("the abort LSN", 8), ("the abort timestamp", 8))))
 
 
-def _begin_prepare(dec: PgOutputDecoder, p: bytes) -> BeginPrepare:
-    _needs_protocol(dec, 98, p, 3)
-    _outside_stream(dec, 98, p)
-    fields = _take(_BEGIN_PREPARE, p, 1, 98, _PREPARE_FIELDS[1:])
-    gid, pos = _string(p, 29, 98, "the GID")
-    if pos != len(p):
-        raise _trailing(98, p, pos)
-    return BeginPrepare(*fields, gid)
-
-
-def _prepare_like(cls: type, code: int):
+def _two_phase(cls: type, code: int, st: struct.Struct, fields: tuple[tuple[str, int], ...]):
+    """The decoder of a two-phase message (protocol 3+): its fixed fields, the GID, nothing after."""
     def decode(dec: PgOutputDecoder, p: bytes):
         _needs_protocol(dec, code, p, 3)
         _outside_stream(dec, code, p)
-        fields = _take(_PREPARE, p, 1, code, _PREPARE_FIELDS)
-        gid, pos = _string(p, 30, code, "the GID")
+        values = _take(st, p, 1, code, fields)
+        gid, pos = _string(p, 1 + st.size, code, "the GID")
         if pos != len(p):
             raise _trailing(code, p, pos)
-        return cls(*fields, gid)
+        return cls(*values, gid)
     return decode
-
-
-def _rollback_prepared(dec: PgOutputDecoder, p: bytes) -> RollbackPrepared:
-    _needs_protocol(dec, 114, p, 3)
-    _outside_stream(dec, 114, p)
-    fields = _take(_ROLLBACK_PREPARED, p, 1, 114, (
-        ("the flags", 1), ("the prepare end LSN", 8), ("the rollback end LSN", 8),
-        ("the prepare timestamp", 8), ("the rollback timestamp", 8), ("the xid", 4)))
-    gid, pos = _string(p, 38, 114, "the GID")
-    if pos != len(p):
-        raise _trailing(114, p, pos)
-    return RollbackPrepared(*fields, gid)
 
 
 _STREAM_STOP = StreamStop()
 _CONTROL = {66: _begin, 67: _commit, 79: _origin, 83: _stream_start, 69: _stream_stop,
-            99: _stream_commit, 65: _stream_abort, 98: _begin_prepare, 80: _prepare_like(Prepare, 80),
-            75: _prepare_like(CommitPrepared, 75), 114: _rollback_prepared,
-            112: _prepare_like(StreamPrepare, 112)}
+            99: _stream_commit, 65: _stream_abort,
+            98: _two_phase(BeginPrepare, 98, _BEGIN_PREPARE, _PREPARE_FIELDS[1:]),
+            80: _two_phase(Prepare, 80, _PREPARE, _PREPARE_FIELDS),
+            75: _two_phase(CommitPrepared, 75, _PREPARE, _PREPARE_FIELDS),
+            114: _two_phase(RollbackPrepared, 114, _ROLLBACK_PREPARED, _ROLLBACK_PREPARED_FIELDS),
+            112: _two_phase(StreamPrepare, 112, _PREPARE, _PREPARE_FIELDS)}
 
 
 class PgOutputDecoder:

@@ -99,6 +99,17 @@ def _daemon_kill(daemon: Daemon) -> Fault:
     return Fault("kill -9 the daemon", inject, recovered=RESUMED)
 
 
+def _faults(daemon: Daemon, source, kafka, target, servers: list[Fault], *,
+            source_stall_noticed: bool = False) -> list[Fault]:
+    """Every fault of a campaign: cut, reset and stall of the three proxied connections, the
+    ``servers``' restarts and kills, three kills of the daemon."""
+    return [*_proxy_faults("the source connection", source, SOURCE_RETRIES, stall_noticed=source_stall_noticed),
+            *_proxy_faults("Kafka", kafka, KAFKA_TROUBLE),
+            *_proxy_faults("the target connection", target, SINK_RETRIES),
+            *servers,
+            *[_daemon_kill(daemon) for _ in range(3)]]
+
+
 def _run_campaign(daemon: Daemon, faults: list[Fault], source_progress, sink_progress, seed: int) -> Campaign:
     rng = random.Random(seed)
     rng.shuffle(faults)
@@ -110,6 +121,22 @@ def _run_campaign(daemon: Daemon, faults: list[Fault], source_progress, sink_pro
             print(f"\n=== {r.fault} ({r.seconds:.1f}s) noticed: {r.detected_line}\n{_interesting(r.log)}", flush=True)
         assert daemon.alive(), f"the daemon exited after {fault.name}:\n{daemon.log_since()[-3000:]}"
     return campaign
+
+
+def _strike_then_compare(daemon: Daemon, db, faults: list[Fault], source_progress, target_dsn: str, lite: str,
+                         bootstrap: str, topic: str, *, writer_seed: int, seed: int, rows=lambda rows: rows) -> None:
+    """Strikes ``faults`` (shuffled by ``seed``) at the started daemon under a live writer, then
+    asserts the topic and both targets (their rows through ``rows``) equal the source and each
+    fault was noticed and recovered from."""
+    with Writer(db, seed=writer_seed) as writer:
+        campaign = _run_campaign(daemon, faults, source_progress,
+                                 {"wh": lambda: databases.max_seq_pg(target_dsn),
+                                  "lite": lambda: databases.max_seq_sqlite(lite)}, seed=seed)
+    _assert_equal_everywhere(db, writer, bootstrap, topic,
+                             {"wh": lambda: rows(databases.pg_rows(target_dsn, db.columns)),
+                              "lite": lambda: rows(databases.sqlite_rows(lite, db.columns))}, daemon)
+    _assert_each_fault_noticed_and_recovered(campaign)
+    print_campaign(campaign, writer)
 
 
 def _assert_equal_everywhere(db, writer: Writer, bootstrap: str, topic: str, targets: dict, daemon: Daemon) -> None:
@@ -193,27 +220,16 @@ def test_postgres_source_through_cuts_stalls_restarts_and_kills(pg_admin, pg_adm
     def stored_position():
         return admin.scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,))
 
-    faults = [
-        *_proxy_faults("the source connection", src_proxy, SOURCE_RETRIES, stall_noticed=True),
-        *_proxy_faults("Kafka", kafka_proxy, KAFKA_TROUBLE),
-        *_proxy_faults("the target connection", tgt_proxy, SINK_RETRIES),
+    faults = _faults(daemon, src_proxy, kafka_proxy, tgt_proxy, [
         Fault("restart postgres", lambda: dev("restart", "postgres"), detected=SOURCE_RETRIES),
         Fault("kill -9 postgres", lambda: (dev("kill", "postgres"), dev("start", "postgres")),
               detected=SOURCE_RETRIES),
         Fault("restart kafka", lambda: dev("restart", "kafka"), detected=KAFKA_TROUBLE, proxy=kafka_proxy),
-        *[_daemon_kill(daemon) for _ in range(3)],
-    ]
+    ], source_stall_noticed=True)
     daemon.start()
     try:
-        with Writer(db, seed=3) as writer:
-            campaign = _run_campaign(daemon, faults, stored_position,
-                                     {"wh": lambda: databases.max_seq_pg(target_dsn),
-                                      "lite": lambda: databases.max_seq_sqlite(lite)}, seed=5)
-        _assert_equal_everywhere(db, writer, env["KAFKA_BOOTSTRAP"], f"{prefix}.public.docs",
-                                 {"wh": lambda: databases.pg_rows(target_dsn, db.columns),
-                                  "lite": lambda: databases.sqlite_rows(lite, db.columns)}, daemon)
-        _assert_each_fault_noticed_and_recovered(campaign)
-        print_campaign(campaign, writer)
+        _strike_then_compare(daemon, db, faults, stored_position, target_dsn, lite, env["KAFKA_BOOTSTRAP"],
+                             f"{prefix}.public.docs", writer_seed=3, seed=5)
     finally:
         daemon.stop()
         src_proxy.close()
@@ -254,26 +270,15 @@ def test_mariadb_source_through_cuts_stalls_restarts_and_kills(mysql_database, m
         finally:
             log.close()
 
-    faults = [
-        *_proxy_faults("the source connection", src_proxy, SOURCE_RETRIES),
-        *_proxy_faults("Kafka", kafka_proxy, KAFKA_TROUBLE),
-        *_proxy_faults("the target connection", tgt_proxy, SINK_RETRIES),
+    faults = _faults(daemon, src_proxy, kafka_proxy, tgt_proxy, [
         Fault("restart mariadb", lambda: dev("restart", "mysql"), detected=SOURCE_RETRIES),
         Fault("kill -9 mariadb", lambda: (dev("kill", "mysql"), dev("start", "mysql")), detected=SOURCE_RETRIES),
         Fault("restart postgres (the target)", lambda: dev("restart", "postgres"), detected=SINK_RETRIES),
-        *[_daemon_kill(daemon) for _ in range(3)],
-    ]
+    ])
     daemon.start()
     try:
-        with Writer(db, seed=4) as writer:
-            campaign = _run_campaign(daemon, faults, stored_position,
-                                     {"wh": lambda: databases.max_seq_pg(target_dsn),
-                                      "lite": lambda: databases.max_seq_sqlite(lite)}, seed=6)
-        targets = {"wh": lambda: _bytes_blobs(databases.pg_rows(target_dsn, db.columns)),
-                   "lite": lambda: _bytes_blobs(databases.sqlite_rows(lite, db.columns))}
-        _assert_equal_everywhere(db, writer, env["KAFKA_BOOTSTRAP"], f"{prefix}.{mysql_db}.docs", targets, daemon)
-        _assert_each_fault_noticed_and_recovered(campaign)
-        print_campaign(campaign, writer)
+        _strike_then_compare(daemon, db, faults, stored_position, target_dsn, lite, env["KAFKA_BOOTSTRAP"],
+                             f"{prefix}.{mysql_db}.docs", writer_seed=4, seed=6, rows=_bytes_blobs)
     finally:
         daemon.stop()
         src_proxy.close()

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import orjson
 import psycopg2
@@ -172,9 +173,42 @@ def snapshot_row_as_streamed(log: Log, topic: str) -> dict:
 def execute(dsn: str, *statements: str) -> None:
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
+    execute_then_close(conn, statements)
+
+
+def execute_then_close(conn, statements: Iterable[str]) -> None:
+    """Runs ``statements`` one by one on ``conn`` (any DB-API connection), then closes it."""
     try:
         with conn.cursor() as cur:
             for statement in statements:
                 cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def write_accounts(connect: Callable[[], Any], stop: threading.Event, seed: int, next_id: int,
+                   move: str = "UPDATE accounts SET id = %s WHERE id = %s") -> None:
+    """Random writes to ``accounts (id, balance, note)`` in transactions of 20 until ``stop``:
+    updates, inserts of new ids above ``next_id``, deletes and key moves (``move``, the server's
+    UPDATE of a row's id). ``connect`` opens the connection (any DB-API one); one thread runs it."""
+    rng = random.Random(seed)
+    conn = connect()
+    try:
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                for _ in range(20):
+                    choice = rng.random()
+                    if choice < 0.4:
+                        cur.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s",
+                                    (rng.randrange(1, 3000),))
+                    elif choice < 0.7:
+                        next_id += 1
+                        cur.execute("INSERT INTO accounts VALUES (%s, 1, 'w')", (next_id,))
+                    elif choice < 0.85:
+                        cur.execute("DELETE FROM accounts WHERE id = %s", (rng.randrange(1, next_id),))
+                    else:  # move a row to a new key
+                        next_id += 1
+                        cur.execute(move, (next_id, rng.randrange(1, next_id)))
+                conn.commit()
     finally:
         conn.close()

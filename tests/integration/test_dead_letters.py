@@ -15,7 +15,7 @@ from cdc.log.kafka import KafkaLog
 from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder
-from tests.integration.test_sink_runner import TABLE, RecordingSink, _config
+from tests.integration.test_sink_runner import TABLE, RecordingSink, _committed, _config
 
 pytestmark = pytest.mark.kafka
 
@@ -65,10 +65,8 @@ def test_an_oversized_poison_record_is_referenced_and_the_sink_goes_on(log, kafk
 
     # Every valid record is written, and the group's offsets passed the poison record.
     assert set(sink.generations[1]) == {orjson.dumps({"id": i}) for i in range(20) if i != 13}
-    ends = log.end_offsets(topic)
-    reader = log.reader("rec")
-    assert reader.committed(list(ends)) == ends
-    reader.close()
+    ends, committed = _committed(log, topic)
+    assert committed == ends
     [letter] = [orjson.loads(r.value) for r in log.read_all(f"{prefix}.dead-letter.rec")]
     assert letter["value_stored"] == "reference" and letter["value"] is None
     assert letter["topic"] == topic and letter["size"] > BIG

@@ -25,7 +25,8 @@ from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
-from tests.integration.pg_capture import Capture, capturing, crash_mid_snapshot, topic_state, wait_until
+from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, execute_then_close, topic_state,
+                                          wait_until, write_accounts)
 from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.mysql
@@ -41,13 +42,7 @@ def mysql_config(url: str, db: str, **overrides) -> MySqlConfig:
 
 
 def execute(url: str, db: str | None, *statements: str) -> None:
-    conn = mysql_connect(url, db)
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-    finally:
-        conn.close()
+    execute_then_close(mysql_connect(url, db), statements)
 
 
 def table_rows(url: str, db: str, table: str, key: str = "id") -> dict[str, dict]:
@@ -115,26 +110,8 @@ def test_snapshot_then_stream_gives_the_table(mysql_url, mysql_db, log):
 
 
 def _writer(url: str, db: str, stop: threading.Event, seed: int) -> None:
-    rng = random.Random(seed)
-    conn = mysql_connect(url, db)
-    conn.autocommit(False)
-    next_id = 100_000
-    with conn.cursor() as cur:
-        while not stop.is_set():
-            for _ in range(20):
-                choice = rng.random()
-                if choice < 0.4:
-                    cur.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", (rng.randrange(1, 3000),))
-                elif choice < 0.7:
-                    next_id += 1
-                    cur.execute("INSERT INTO accounts VALUES (%s, 1, 'w')", (next_id,))
-                elif choice < 0.85:
-                    cur.execute("DELETE FROM accounts WHERE id = %s", (rng.randrange(1, next_id),))
-                else:  # move a row to a new key
-                    next_id += 1
-                    cur.execute("UPDATE IGNORE accounts SET id = %s WHERE id = %s", (next_id, rng.randrange(1, next_id)))
-            conn.commit()
-    conn.close()
+    write_accounts(lambda: mysql_connect(url, db, autocommit=False), stop, seed, 100_000,
+                   move="UPDATE IGNORE accounts SET id = %s WHERE id = %s")
 
 
 @pytest.mark.parametrize("workers", [3, 1])

@@ -22,6 +22,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import TransportError
 
 from cdc.dev import stack
+from tests.background import PgWriter
 from tests.daemon import kill_daemon as _kill, run_daemon as _run, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
@@ -78,48 +79,23 @@ def _scan(client: OpenSearch, alias: str):
             client.clear_scroll(body={"scroll_id": scroll}, params={"ignore": 404})
 
 
-class Writer:
+class Writer(PgWriter):
     """Inserts, updates (some leave the TOASTed column alone, some change it), deletes and
     primary-key changes on ``accounts`` until stopped."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
-        self.dsn, self.rng = dsn, random.Random(seed)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-        self.changes = 0
-
-    def _run(self) -> None:
-        conn = psycopg2.connect(self.dsn)
-        next_id = 100_000
-        with conn.cursor() as cur:
-            while not self.stop.is_set():
-                for _ in range(10):
-                    roll, some = self.rng.random(), self.rng.randrange(1, 1000)
-                    if roll < 0.35:    # the TOASTed column is unchanged: the WAL omits it
-                        cur.execute("UPDATE accounts SET balance = balance + 1, note = %s WHERE id = %s",
-                                    (f"n{self.changes}", some))
-                    elif roll < 0.45:
-                        cur.execute("UPDATE accounts SET big = %s WHERE id = %s", (_big(self.rng), some))
-                    elif roll < 0.7:
-                        next_id += 1
-                        cur.execute("INSERT INTO accounts VALUES (%s, 0, 'new', %s)", (next_id, _big(self.rng)))
-                    elif roll < 0.9:
-                        cur.execute("DELETE FROM accounts WHERE id = %s", (self.rng.randrange(1, next_id),))
-                    else:
-                        next_id += 1
-                        cur.execute("UPDATE accounts SET id = %s WHERE id = %s", (next_id, some))
-                    self.changes += 1
-                conn.commit()
-                time.sleep(0.01)
-        conn.close()
-
-    def __enter__(self) -> "Writer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
+    def change(self, cur) -> None:
+        roll, some = self.rng.random(), self.rng.randrange(1, 1000)
+        if roll < 0.35:    # the TOASTed column is unchanged: the WAL omits it
+            cur.execute("UPDATE accounts SET balance = balance + 1, note = %s WHERE id = %s",
+                        (f"n{self.changes}", some))
+        elif roll < 0.45:
+            cur.execute("UPDATE accounts SET big = %s WHERE id = %s", (_big(self.rng), some))
+        elif roll < 0.7:
+            cur.execute("INSERT INTO accounts VALUES (%s, 0, 'new', %s)", (self.new_id(), _big(self.rng)))
+        elif roll < 0.9:
+            cur.execute("DELETE FROM accounts WHERE id = %s", (self.rng.randrange(1, self.next_id),))
+        else:
+            cur.execute("UPDATE accounts SET id = %s WHERE id = %s", (self.new_id(), some))
 
 
 def _big(rng: random.Random) -> str:
@@ -207,34 +183,27 @@ while True:
 """
 
 
-class TypeChangeWriter(Writer):
+class TypeChangeWriter(PgWriter):
     """Inserts, updates and deletes on ``items``; after ``alter`` is set, ``code`` is text."""
+
+    per_commit = 5
+    pause = 0.02
 
     def __init__(self, dsn: str, seed: int) -> None:
         super().__init__(dsn, seed)
         self.altered = threading.Event()
         self.deletes = 0
 
-    def _run(self) -> None:
-        conn = psycopg2.connect(self.dsn)
-        next_id = 100_000
-        with conn.cursor() as cur:
-            while not self.stop.is_set():
-                for _ in range(5):
-                    roll, some = self.rng.random(), self.rng.randrange(1, 3000)
-                    code = f"x{self.changes}" if self.altered.is_set() else self.changes
-                    if roll < 0.5:
-                        cur.execute("UPDATE items SET code = %s WHERE id = %s", (code, some))
-                    elif roll < 0.9:
-                        next_id += 1
-                        cur.execute("INSERT INTO items VALUES (%s, %s)", (next_id, code))
-                    else:
-                        cur.execute("DELETE FROM items WHERE id = %s", (some,))
-                        self.deletes += cur.rowcount
-                    self.changes += 1
-                conn.commit()
-                time.sleep(0.02)
-        conn.close()
+    def change(self, cur) -> None:
+        roll, some = self.rng.random(), self.rng.randrange(1, 3000)
+        code = f"x{self.changes}" if self.altered.is_set() else self.changes
+        if roll < 0.5:
+            cur.execute("UPDATE items SET code = %s WHERE id = %s", (code, some))
+        elif roll < 0.9:
+            cur.execute("INSERT INTO items VALUES (%s, %s)", (self.new_id(), code))
+        else:
+            cur.execute("DELETE FROM items WHERE id = %s", (some,))
+            self.deletes += cur.rowcount
 
 
 @pytest.mark.parametrize("restart_sink", [pytest.param(False, id="live"),

@@ -17,26 +17,19 @@ from opensearchpy import OpenSearch
 from cdc.errors import RebuildRequired, SchemaChangeError
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import TopicSettings
-from cdc.log.embedded import EmbeddedLog
 from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, encode_schema_change
 from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 from sinks.opensearch.generations import STATE_INDEX
 from cdc.dev import stack
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.opensearch
 
 TABLE = TableId("shop", "public", "items")
 TOPIC = TABLE.topic("p")
 COLUMNS = (Column("id", "integer", key=True), Column("name", "text"), Column("price", "numeric(10,2)"))
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ from opensearchpy import OpenSearch
 from cdc.errors import ConfigError
 from cdc.config import parse_config
 from cdc.events import ChangeEvent, Op
-from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.opensearch import OpenSearchSink
 from sinks.opensearch.generations import STATE_INDEX
 from tests.integration.redis_tls import make_tls_files
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 from tests.integration.test_opensearch_sink import TABLE, _documents, _publish, _row
 
 pytestmark = pytest.mark.opensearch
@@ -43,13 +43,6 @@ def admin(secure):
                         verify_certs=True, ca_certs=secure["OPENSEARCH_SECURE_CA_FILE"])
     yield client
     client.close()
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 @pytest.fixture

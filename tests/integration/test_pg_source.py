@@ -12,18 +12,11 @@ import psycopg2
 import pytest
 
 from cdc.errors import PrerequisiteError
-from cdc.log.embedded import EmbeddedLog
 from tests.integration.pg_capture import (capturing, execute, pg_config, slot_name, table_rows, topic_state,
-                                          wait_until)
+                                          wait_until, write_accounts)
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 def test_snapshot_then_stream_gives_the_table(pg_dsn, tmp_path, log):
@@ -52,28 +45,7 @@ def test_handover_under_concurrent_writes(pg_dsn, tmp_path, log):
             "INSERT INTO accounts SELECT g, 100, 'n' FROM generate_series(1, 2000) g")
     stop = threading.Event()
 
-    def writer() -> None:
-        rng = random.Random(5)
-        conn = psycopg2.connect(pg_dsn)
-        next_id = 10_000
-        with conn.cursor() as cur:
-            while not stop.is_set():
-                for _ in range(20):
-                    choice = rng.random()
-                    if choice < 0.4:
-                        cur.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", (rng.randrange(1, 3000),))
-                    elif choice < 0.7:
-                        next_id += 1
-                        cur.execute("INSERT INTO accounts VALUES (%s, 1, 'w')", (next_id,))
-                    elif choice < 0.85:
-                        cur.execute("DELETE FROM accounts WHERE id = %s", (rng.randrange(1, next_id),))
-                    else:  # move a row to a new key
-                        next_id += 1
-                        cur.execute("UPDATE accounts SET id = %s WHERE id = %s", (next_id, rng.randrange(1, next_id)))
-                conn.commit()
-        conn.close()
-
-    thread = threading.Thread(target=writer)
+    thread = threading.Thread(target=write_accounts, args=(lambda: psycopg2.connect(pg_dsn), stop, 5, 10_000))
     thread.start()
     try:
         time.sleep(0.3)

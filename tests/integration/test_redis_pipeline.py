@@ -15,7 +15,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +26,7 @@ from redis.cluster import RedisCluster
 
 from sinks.redis import pg_version, wait_for
 from sinks.redis.keys import KeySpace, companion, stats_key
+from tests.background import Background
 from tests.integration.pg_capture import execute, wait_until
 from tests.integration.test_sql_pipeline import Writer, _seed, _stop
 
@@ -135,7 +135,7 @@ def _progress(client, prefix: str) -> int:
     return sum(int(v) for v in counts.values())
 
 
-class RegressionWatch:
+class RegressionWatch(Background):
     """Reads the version companions of some keys over and over; records any that went down."""
 
     def __init__(self, client, prefix: str, ids: range) -> None:
@@ -144,8 +144,7 @@ class RegressionWatch:
         self.client = client
         self.seen: dict[str, int] = {}
         self.regressions: list[tuple[str, int, int]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(daemon=True)
 
     def _run(self) -> None:
         while not self.stop.wait(0.05):
@@ -160,14 +159,6 @@ class RegressionWatch:
                 if version < self.seen.get(key, version):
                     self.regressions.append((key, self.seen[key], version))
                 self.seen[key] = max(version, self.seen.get(key, version))
-
-    def __enter__(self) -> "RegressionWatch":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def _kill_cycles(config: Path, client, prefix: str, rng: random.Random, cycles: int, midway) -> None:

@@ -11,11 +11,11 @@ import redis
 
 from cdc.errors import SchemaChangeError
 from cdc.events import Column, TableId
-from cdc.log.kafka import KafkaLog
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.redis import row_key
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.sink import RedisSink
+from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
 from tests.shapes import ShapedTopics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -25,13 +25,6 @@ V1, V2 = 1_000, 2_000
 SHAPE_1 = (Column("id", "int4", key=True, nullable=False), Column("amount", "int4"), Column("note", "text"))
 # amount int4 -> text (its values change kind), note dropped, extra added.
 SHAPE_2 = (Column("id", "int4", key=True, nullable=False), Column("amount", "text"), Column("extra", "varchar(10)"))
-
-
-@pytest.fixture
-def log(kafka_bootstrap):
-    instance = KafkaLog(kafka_bootstrap)
-    yield instance
-    instance.close()
 
 
 @pytest.fixture

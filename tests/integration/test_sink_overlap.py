@@ -11,7 +11,8 @@ import pytest
 from cdc.errors import PermanentError, SchemaChangeError
 from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.sink_runner import SinkRunner
-from tests.integration.test_sink_runner import RecordingSink, _config, _publish
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.test_sink_runner import RecordingSink, _committed, _config, _publish
 
 WAIT = 30.0  # a bound on waiting for evidence, not a timing assertion
 
@@ -80,13 +81,6 @@ class FailsAfterReadAhead(RecordingSink):
         self.written.update((e.partition, e.offset) for e in events)
 
 
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
-
-
 @pytest.mark.parametrize("error", [SchemaChangeError("a column changed type"),
                                    PermanentError("the store refuses everything")],
                          ids=["schema-change", "permanent-stop"])
@@ -99,10 +93,7 @@ def test_a_failed_write_commits_nothing_of_its_batch_nor_of_the_batch_read_ahead
         runner.run(threading.Event(), until_caught_up=True)
     assert sink.read_ahead, "the runner did not read the next batch while the sink was writing"
     assert sink.failed and sink.written  # the first batch was written, the second failed
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    committed = reader.committed(list(ends))
-    reader.close()
+    _, committed = _committed(log)
     failed_from = {}
     for partition, offset in sink.failed:
         failed_from[partition] = min(offset, failed_from.get(partition, offset))
@@ -124,10 +115,8 @@ def test_every_call_on_the_sink_comes_from_one_thread_and_all_is_written(log):
     assert len(sink.threads) == 1 and threading.get_ident() not in sink.threads
     assert {k: v[1]["v"] for k, v in sink.generations[1].items()} == \
         {orjson.dumps({"id": k}): max(i for i in range(500) if i % 40 == k) for k in range(40)}
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    assert reader.committed(list(ends)) == ends
-    reader.close()
+    ends, committed = _committed(log)
+    assert committed == ends
 
 
 def test_a_rebuild_asked_for_by_the_last_batch_is_done(log):
@@ -178,10 +167,8 @@ def test_a_rebuild_reads_the_next_batch_while_the_sink_writes_one(log):
     assert sink.switched == [2] and set(sink.generations) == {2}
     assert {k: v[0] for k, v in sink.generations[2].items()} == \
         {orjson.dumps({"id": k}): max(i for i in range(500) if i % 400 == k) + 1 for k in range(400)}
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    assert reader.committed(list(ends)) == ends
-    reader.close()
+    ends, committed = _committed(log)
+    assert committed == ends
 
 
 def test_a_rebuild_whose_write_fails_after_a_read_ahead_switches_nothing_and_commits_nothing(log):
@@ -193,10 +180,7 @@ def test_a_rebuild_whose_write_fails_after_a_read_ahead_switches_nothing_and_com
         runner.rebuild(threading.Event())
     assert sink.read_ahead[0], "the rebuild did not read ahead of its writes"
     assert sink.switched == [] and sink.current == 1  # readers keep the old generation
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    assert all(not offset for offset in reader.committed(list(ends)).values())
-    reader.close()
+    assert all(not offset for offset in _committed(log)[1].values())
 
 
 class CommitSignals(ReadSignals):
@@ -253,8 +237,6 @@ def test_the_next_write_goes_out_before_the_previous_batch_is_committed(log):
     runner.run(threading.Event(), until_caught_up=True)
     assert len(signals.commits) >= 3
     assert all(went for _, went in signals.commits), signals.commits
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    assert reader.committed(list(ends)) == ends
-    reader.close()
+    ends, committed = _committed(log)
+    assert committed == ends
     assert len(sink.generations[1]) == 400

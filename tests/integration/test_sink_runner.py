@@ -11,10 +11,10 @@ from cdc.api import Sink, SinkConfig
 from cdc.errors import PermanentError, RebuildRequired, RetriableError
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import TopicSettings
-from cdc.log.embedded import EmbeddedLog
 from cdc.positions import Counter
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, Record
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 TABLE = TableId("db", "public", "items")
 
@@ -74,13 +74,6 @@ class RecordingSink(Sink):
         del self.generations[generation]
 
 
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
-
-
 def _publish(log, n: int, keys: int, prefix: str = "p", start: int = 0) -> None:
     topic = TABLE.topic(prefix)
     log.ensure_topic(topic, TopicSettings(partitions=2))
@@ -96,6 +89,16 @@ def _config(**kw) -> SinkConfig:
     return SinkConfig(name="rec", type="recording", topics=["p.*"], batch_size=50, batch_wait_ms=10, **kw)
 
 
+def _committed(log, topic: str = "p.public.items") -> tuple[dict, dict]:
+    """The topic's end offsets and what group ``rec`` (the runners' here) committed of them."""
+    ends = log.end_offsets(topic)
+    reader = log.reader("rec")
+    try:
+        return ends, reader.committed(list(ends))
+    finally:
+        reader.close()
+
+
 def _run_until_caught_up(runner) -> None:
     runner.run(threading.Event(), until_caught_up=True)
 
@@ -107,10 +110,8 @@ def test_everything_is_written_and_offsets_committed_after(log):
     _run_until_caught_up(runner)
     assert {k: v[1]["v"] for k, v in sink.generations[1].items()} == \
         {orjson.dumps({"id": k}): max(i for i in range(500) if i % 40 == k) for k in range(40)}
-    ends = log.end_offsets("p.public.items")
-    reader = log.reader("rec")
-    assert reader.committed(list(ends)) == ends
-    reader.close()
+    ends, committed = _committed(log)
+    assert committed == ends
     # A second runner in the same group has nothing left to do.
     again = RecordingSink(_config())
     _run_until_caught_up(SinkRunner(again, log, "p"))

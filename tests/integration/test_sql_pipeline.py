@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests.background import PgWriter
 from tests.daemon import cdc_process as _cli, run_daemon as _run, stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
@@ -50,45 +51,25 @@ def _rows(dsn: str, table: str = "accounts") -> dict[int, tuple]:
         conn.close()
 
 
-class Writer:
+class Writer(PgWriter):
     """Inserts, updates, deletes and key changes on ``accounts`` until stopped."""
 
+    pause = 0.002
+
     def __init__(self, dsn: str, seed: int = 1) -> None:
-        self.dsn, self.rng = dsn, random.Random(seed)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-        self.changes = 0
+        super().__init__(dsn, seed)
 
-    def _run(self) -> None:
-        conn = psycopg2.connect(self.dsn)
-        next_id = 100_000
-        with conn.cursor() as cur:
-            while not self.stop.is_set():
-                for _ in range(10):
-                    roll = self.rng.random()
-                    if roll < 0.4:
-                        cur.execute("UPDATE accounts SET balance = balance + 1, note = %s WHERE id = %s",
-                                    (f"n{self.changes}", self.rng.randrange(1, 2000)))
-                    elif roll < 0.7:
-                        next_id += 1
-                        cur.execute("INSERT INTO accounts VALUES (%s, 0, 'new')", (next_id,))
-                    elif roll < 0.9:
-                        cur.execute("DELETE FROM accounts WHERE id = %s", (self.rng.randrange(1, next_id),))
-                    else:
-                        next_id += 1
-                        cur.execute("UPDATE accounts SET id = %s WHERE id = %s", (next_id, self.rng.randrange(1, 2000)))
-                    self.changes += 1
-                conn.commit()
-                time.sleep(0.002)
-        conn.close()
-
-    def __enter__(self) -> "Writer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
+    def change(self, cur) -> None:
+        roll = self.rng.random()
+        if roll < 0.4:
+            cur.execute("UPDATE accounts SET balance = balance + 1, note = %s WHERE id = %s",
+                        (f"n{self.changes}", self.rng.randrange(1, 2000)))
+        elif roll < 0.7:
+            cur.execute("INSERT INTO accounts VALUES (%s, 0, 'new')", (self.new_id(),))
+        elif roll < 0.9:
+            cur.execute("DELETE FROM accounts WHERE id = %s", (self.rng.randrange(1, self.next_id),))
+        else:
+            cur.execute("UPDATE accounts SET id = %s WHERE id = %s", (self.new_id(), self.rng.randrange(1, 2000)))
 
 
 def _seed(dsn: str, rows: int = 2000) -> None:

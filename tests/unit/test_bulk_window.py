@@ -150,3 +150,38 @@ def test_the_window_says_when_it_holds_its_bound():
     assert 200_000 <= held < 260_000 and keys == added < 3000
     window.clear()
     assert window.stats() == (0, 0) and window.empty()
+
+
+def _upsert(topic: str, key: int, version: int) -> LogRecord:
+    return LogRecord(topic, 0, version, b'{"id":%d}' % key,
+                     b'{"op":"c","before":null,"after":{"id":%d},"source":{"version":%d}}' % (key, version), 0)
+
+
+def test_loaded_keys_tell_a_window_that_shares_a_key_or_follows_a_truncate():
+    first = bulk_window.NewestWindow(1 << 30)
+    first.add([_upsert("a", k, k + 1) for k in range(100)] + [_upsert("b", 7, 1)], {})
+    loaded = bulk_window.LoadedKeys()
+    assert loaded.conflict(first, first.key_hashes()) is None  # nothing loaded yet
+    loaded.add(first, first.key_hashes())
+    assert loaded.nbytes() == 8 * 101
+
+    disjoint = first.following()  # the same keys in another topic, other keys in the same: no conflict
+    disjoint.add([_upsert("b", k, 1) for k in range(8, 50)] + [_upsert("a", k, 1) for k in range(100, 150)], {})
+    assert loaded.conflict(disjoint, disjoint.key_hashes()) is None
+    shared = first.following()
+    shared.add([_upsert("a", k, 1) for k in range(100, 150)] + [_upsert("b", 7, 2)], {})
+    assert loaded.conflict(shared, shared.key_hashes()) == "it holds keys an earlier window loaded"
+
+    loaded.add(disjoint, disjoint.key_hashes())
+    assert loaded.nbytes() == 8 * (101 + 42 + 50)
+    encoder = EnvelopeEncoder("postgresql", "src", "p")
+    truncate = [LogRecord(r.topic, 0, 0, r.key, r.value, 0)
+                for r in encoder.encode([ChangeEvent(Op.TRUNCATE, TABLE, {}, None, None, 10, 0)])]
+    truncating = first.following()
+    truncating.add(truncate, {})
+    assert loaded.conflict(truncating, truncating.key_hashes()) == \
+        "it holds a truncate and windows were loaded before it"
+    loaded.add(truncating, truncating.key_hashes())
+    later = first.following()
+    later.add([_upsert("c", 1, 20)], {})
+    assert loaded.conflict(later, later.key_hashes()) == "a truncate was loaded before it"

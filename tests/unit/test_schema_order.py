@@ -18,7 +18,6 @@ from cdc.api import Source, SourceConfig
 from cdc.errors import RetriableError, SchemaChangeError
 from cdc.events import Batch, ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import TopicSettings
-from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
 from cdc.positions import Counter
 from cdc.runtime.runner import SourceRunner
@@ -29,6 +28,7 @@ from cdc.schema_order import segments, split_by_schema
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent, decode_record
 from sinks.sql import SqlSink, SqlSinkConfig
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 from tests.sql import query
 
 ORDERS = TableId("shop", "public", "orders")
@@ -89,13 +89,6 @@ class Capture:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(30)
-
-
-@pytest.fixture
-def log(tmp_path):
-    instance = EmbeddedLog(tmp_path / "log", fsync=False)
-    yield instance
-    instance.close()
 
 
 @pytest.fixture

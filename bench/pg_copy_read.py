@@ -1,0 +1,116 @@
+"""The snapshot reader's own cost: CPU per row of reading a table's COPY in this process, each way.
+
+    .venv/bin/cdc dev up --only postgres
+    .venv/bin/python -m bench.pg_copy_read [--rows 1000000] [--rounds 2]
+
+On bench.pg_snapshot's ``orders`` table, the chunk statement the snapshot runs (the plain COPY of
+every column; the row JSON is made in the reader), read on one connection into a sink that keeps
+nothing, timed by this process's CPU seconds (the load does not inflate them much; wall time is
+printed too, and it is mostly the server's):
+
+* ``copy_expert -> NullSink``: psycopg2's loop into a Python ``write`` that counts bytes, as
+  bench.pg_snapshot's COPY baseline reads;
+* ``copy_expert -> io.BytesIO``: the same loop into a C-level ``write``;
+* ``copy_expert -> blocks``: psycopg2's loop into the readers' line-block writer
+  (``copy_out._LineBlocks``, what the readers used before the C loop and fall back to), without
+  and with the row JSON (``copy_json.CopyJson``);
+* ``C loop -> blocks``: ``copy_out.copy_blocks``, libpq's loop in C without the GIL, without and
+  with the row JSON made in the same loop.
+
+Measured (load 11-12 on the shared 2-core machine, 1M rows, two sessions of two rounds): copy_expert
+into the null sink 0.17-0.23 us a row, into BytesIO 0.21-0.33, into the line blocks 0.24-0.32 and
+0.40-0.65 with the row JSON; the C loop 0.09-0.19 (0.09-0.10 in three rounds of four) and
+0.22-0.29 with the row JSON. So driving COPY through psycopg2 a row at a time costs a reader about
+0.15-0.4 us a row, which the C loop takes off; the reader was never the large part of a snapshot
+row's 3-4 us (bench.pg_snapshot's docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import resource
+import time
+import uuid
+
+import psycopg2
+
+from bench.pg_snapshot import NullSink, make_table
+from bench.pg_stream import fresh_database, stack_settings
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def orders_plan(conn):
+    """The snapshot's plan of the whole ``orders`` table (its COPY statement and row JSON)."""
+    from sources.postgres.catalog import table_meta
+    from sources.postgres.snapshot import Chunk, SnapshotRows
+    from sources.postgres.types import converter_for, load_type_catalog
+
+    with conn.cursor() as cur:
+        cur.execute("SELECT 'orders'::regclass::oid")
+        oid = cur.fetchone()[0]
+    meta = table_meta(conn, oid, "db", {})
+    catalog = load_type_catalog(conn, [c.type_oid for c in meta.columns])
+    rows = SnapshotRows(1, 1, lambda oids: [converter_for(o, catalog) for o in oids], None, batch=2048,
+                        types=catalog)
+    return rows.plan(Chunk(meta, None, None))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    from sources.postgres import copy_out
+    from sources.postgres.types import session_options
+
+    if copy_out.libpq_functions() is None:
+        raise SystemExit(f"the C loop is not available here: {copy_out._LIBPQ[1]}")
+    settings = stack_settings()
+    with fresh_database(settings["PG_DSN"], f"bench_copy_read_{uuid.uuid4().hex[:8]}") as dsn:
+        make_table(dsn, args.rows)
+        conn = psycopg2.connect(dsn, options=session_options())
+        conn.autocommit = True
+        try:
+            plan = orders_plan(conn)
+            assert plan.rewrite is not None, "the row JSON is made by the server here: no _copyjson build"
+            sql = plan.sql
+
+            def expert(sink) -> None:
+                with conn.cursor() as cur:
+                    cur.copy_expert(sql, sink, size=1 << 20)
+
+            def blocks(use_c: bool, rewrite) -> None:
+                copy_out.USE_C = use_c
+                try:
+                    copy_out.copy_blocks(conn, sql, 2048, lambda block: None, rewrite)
+                finally:
+                    copy_out.USE_C = True
+
+            ways = [("copy_expert -> NullSink", lambda: expert(NullSink())),
+                    ("copy_expert -> io.BytesIO", lambda: expert(io.BytesIO())),
+                    ("copy_expert -> blocks", lambda: blocks(False, None)),
+                    ("copy_expert -> blocks + row JSON", lambda: blocks(False, plan.rewrite)),
+                    ("C loop -> blocks", lambda: blocks(True, None)),
+                    ("C loop -> blocks + row JSON", lambda: blocks(True, plan.rewrite))]
+            expert(NullSink())  # warm the cache
+            for number in range(args.rounds):
+                print(f"round {number + 1}, load {os.getloadavg()[0]:.1f}")
+                for label, run in ways:
+                    began_cpu, began = cpu_seconds(), time.perf_counter()
+                    run()
+                    used, elapsed = cpu_seconds() - began_cpu, time.perf_counter() - began
+                    print(f"  {label:<34} cpu {used / args.rows * 1e6:5.2f} us/row   "
+                          f"wall {elapsed / args.rows * 1e6:5.2f} us/row", flush=True)
+        finally:
+            conn.close()
+
+
+if __name__ == "__main__":
+    main()
