@@ -29,8 +29,9 @@ from other work: compare code by it (paired runs, alternating) when the machine 
 version checks cost from what the sink path costs.
 ``--no-read-ahead`` makes the runner read the next batch only after each write returned (the runner
 before read/write overlap), for comparison. ``--confluent-reads`` makes it fetch through
-confluent-kafka (``SinkRunner.packed_reads`` off) instead of the bulk reader, for comparison. ``--via-rebuild`` runs the sink path as ``cdc
-bootstrap`` does for this sink (``SinkRunner.rebuild``). Checks that the alias counts every document.
+confluent-kafka (``SinkRunner.packed_reads`` off) instead of the bulk reader, for comparison.
+``--via-rebuild`` runs the sink path as ``cdc bootstrap`` does for this sink
+(``SinkRunner.rebuild``). Checks that the alias counts every document.
 
 Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
 of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop overlaps
