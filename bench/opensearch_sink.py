@@ -28,8 +28,10 @@ from other work: compare code by it (paired runs, alternating) when the machine 
 ``--versioned-raw`` gives the raw bulk the same external versions, to isolate what the node's
 version checks cost from what the sink path costs.
 ``--no-read-ahead`` makes the runner read the next batch only after each write returned (the runner
-before read/write overlap), for comparison. ``--via-rebuild`` runs the sink path as ``cdc
-bootstrap`` does for this sink (``SinkRunner.rebuild``). Checks that the alias counts every document.
+before read/write overlap), for comparison. ``--confluent-reads`` makes it fetch through
+confluent-kafka (``SinkRunner.packed_reads`` off) instead of the bulk reader, for comparison.
+``--via-rebuild`` runs the sink path as ``cdc bootstrap`` does for this sink
+(``SinkRunner.rebuild``). Checks that the alias counts every document.
 
 Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
 of this sink (``bootstrap_by_rebuild``) goes through ``SinkRunner.rebuild``, whose loop overlaps
@@ -53,7 +55,29 @@ their shape (``source.schema_version``), as a capture's rows do.
 ``--stages`` times each step of the sink path alone, without I/O or servers (CPU per document,
 best of three, the C loops beside their Python references).
 
-Where the client's time goes. Second round (py-spy --gil on this bench's sink path, and
+Where the client's time goes. Third round (main before it: ~7.2 us a document on a quiet
+machine, 200,000 documents; see sinks/opensearch/README.md, "Throughput", for the paired runs):
+
+  Kafka read                       1.3 -> 0.2 us (a script reading the bench's topic both ways,
+                                   load ~6): the runner fetches through the bulk reader
+                                   (cdc/log/kafka_bulk.py) and ``decode_packed`` (cdc/_speedups.c)
+                                   makes the SinkEvents straight from the packed batch: no
+                                   confluent-kafka Message, no LogRecord kept; decoding itself is
+                                   unchanged (~2.3 us)
+  the garbage collector            ``--batch 50000`` cost 10.8-12.4 us a document against 6.6 with
+                                   the collector off (load ~10): it walked the batches in flight
+                                   (events, actions, items: tuples) again and again, the more of
+                                   them the larger the batch. The runner now sets the collector as
+                                   a capture process does (cdc/runtime/gc_tuning.py), at every
+                                   batch size
+  requests                         each bulk request is sent as soon as its documents are encoded
+                                   (the write's NDJSON is no longer made whole first): the node
+                                   indexes the first requests of a write while the rest is encoded
+
+What is left (``--stages``): decoding the envelope (~2.3 us: the SinkEvent, its key and source
+objects), the reduction (~1.3), the items and their NDJSON (~2.1), split by shape (0.4).
+
+Second round (py-spy --gil on this bench's sink path, and
 ``--stages`` on 100,000 documents of 383 bytes; load 20-25 from other work, so absolute figures
 are inflated, their proportions are not):
 
@@ -190,7 +214,8 @@ def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: in
 
 
 def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_request: int,
-             batch: int, read_ahead: bool = True, via_rebuild: bool = False) -> tuple[float, object]:
+             batch: int, read_ahead: bool = True, via_rebuild: bool = False,
+             packed_reads: bool = True) -> tuple[float, object]:
     from cdc.runtime.sink_runner import SinkRunner
     from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 
@@ -198,6 +223,7 @@ def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_requ
                                   batch_size=batch, bulk_max_docs=per_request,
                                   bulk_concurrency=concurrency, drop_old_generation_after_s=0)
     runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name, read_ahead=read_ahead)
+    runner.packed_reads = packed_reads
     began = time.perf_counter()
     if via_rebuild:  # what `cdc bootstrap` runs for this sink (bootstrap_by_rebuild)
         runner.rebuild(threading.Event())
@@ -214,6 +240,21 @@ def settle(client, index: str, count: int, delete: str | None = None) -> None:
     if landed != count:
         raise SystemExit(f"{index} counts {landed} documents, not {count}")
     client.indices.delete(index=delete or index, params={"ignore_unavailable": "true"})
+
+
+def packed(records: list) -> object:
+    """``records`` as the bulk reader hands them out (cdc/_rdconsume.c's layout)."""
+    import struct
+
+    from cdc.log.kafka_bulk import PackedBatch
+
+    topics = sorted({r.topic for r in records})
+    parts = []
+    for r in records:
+        parts.append(struct.pack("=iiqqii", topics.index(r.topic), r.partition, r.offset, r.timestamp_ms,
+                                 -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value)))
+        parts += [r.key or b"", r.value or b""]
+    return PackedBatch(b"".join(parts), len(records), topics)
 
 
 def stages(rows: list[dict], repeat: int = 3) -> None:
@@ -254,6 +295,9 @@ def stages(rows: list[dict], repeat: int = 3) -> None:
     raw = timed("decode, rows as JSON bytes (raw_rows)", None,
                 lambda: sink_events.decode_batch(records, {}, True)[0])
     timed("  of which orjson.loads of the values", None, lambda: [orjson.loads(r.value) for r in records])
+    batch = packed(records)
+    timed("decode a packed batch (bulk reader, raw_rows)", None,
+          lambda: sink_events.decode_packed(batch, {}, True)[0])
     timed("split by shape", None, lambda: split_by_schema(events))
     reduced = timed("reduce (newest per _id)", documents, lambda: documents.reduce(events))
     actions = list(reduced["p.public.orders"].actions.values())
@@ -275,6 +319,8 @@ def main() -> None:
                         help="the raw bulk carries the same external versions (isolates the node's cost of them)")
     parser.add_argument("--no-read-ahead", action="store_true",
                         help="the runner reads the next batch only after each write returned (no overlap)")
+    parser.add_argument("--confluent-reads", action="store_true",
+                        help="the runner fetches through confluent-kafka, not the bulk reader (for comparison)")
     parser.add_argument("--via-rebuild", action="store_true",
                         help="the sink path as `cdc bootstrap` runs it for this sink: SinkRunner.rebuild")
     parser.add_argument("--stages", action="store_true",
@@ -335,7 +381,7 @@ def main() -> None:
             name = f"{prefix}-ours{round_}"
             cpu, node, broker = time.process_time(), process_cpu(node_pid), process_cpu(broker_pid)
             ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch,
-                                      not args.no_read_ahead, args.via_rebuild)
+                                      not args.no_read_ahead, args.via_rebuild, not args.confluent_reads)
             ours_cpu = time.process_time() - cpu
             settle(client, f"{name}.orders", count, f"{name}.*")
             ours_node, ours_broker = process_cpu(node_pid) - node, process_cpu(broker_pid) - broker

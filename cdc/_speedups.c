@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <stdint.h>
 
 static PyObject *dumps = NULL;        /* orjson.dumps */
 static PyObject *op_truncate = NULL;  /* Op.TRUNCATE */
@@ -1408,6 +1409,213 @@ fail:
     return NULL;
 }
 
+/* decode_packed(data, count, topics, ends, raw, LogRecord) -> (events, poisons, bytes of values)
+ *   decode_batch over a batch of the bulk reader (cdc/_rdconsume.c: `count` records packed in
+ *   `data`, each a header then its key's and value's bytes; `topics` the names its topic indexes
+ *   point into): no confluent-kafka Message per record, and the LogRecord made here is dropped
+ *   once its event is made (kept only in a poison pair). `ends` gets each partition's next offset,
+ *   once per run of records of one partition. */
+static int
+packed_end(PyObject *ends, PyObject *topic, int partition, long long offset)
+{
+    PyObject *where = Py_BuildValue("(Oi)", topic, partition);
+    PyObject *next = where ? PyLong_FromLongLong(offset + 1) : NULL;
+    int stored = next ? PyDict_SetItem(ends, where, next) : -1;
+    Py_XDECREF(where);
+    Py_XDECREF(next);
+    return stored;
+}
+
+static PyObject *
+speedups_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyLong_Check(args[1]) || !PyList_Check(args[2]) ||
+            !PyDict_Check(args[3]) || !PyType_Check(args[5]) ||
+            !PyType_IsSubtype((PyTypeObject *)args[5], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "decode_packed(data, count, topics, ends, raw, LogRecord)");
+        return NULL;
+    }
+    if (db_loads == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.decode_setup was not called");
+        return NULL;
+    }
+    PyObject *data = args[0], *topics = args[2], *ends = args[3];
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    int raw = PyObject_IsTrue(args[4]);
+    PyTypeObject *record_type = (PyTypeObject *)args[5];
+    if (count < 0 || raw < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "decode_packed: a negative count");
+        return NULL;
+    }
+    const char *at = PyBytes_AS_STRING(data), *end = at + PyBytes_GET_SIZE(data);
+    PyObject *events = PyList_New(0), *poisons = PyList_New(0);
+    long long nbytes = 0;
+    Scratch x;
+    memset(&x, 0, sizeof(x));
+    PyObject *run_topic = NULL;  /* the partition of the run of records read last, and its last offset */
+    int run_partition = 0;
+    long long run_offset = -1;
+    if (events == NULL || poisons == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t topic_index, partition, key_len, value_len;
+        int64_t offset, timestamp;
+        if (end - at < 32) goto short_data;
+        memcpy(&topic_index, at, 4);
+        memcpy(&partition, at + 4, 4);
+        memcpy(&offset, at + 8, 8);
+        memcpy(&timestamp, at + 16, 8);
+        memcpy(&key_len, at + 24, 4);
+        memcpy(&value_len, at + 28, 4);
+        at += 32;
+        if (topic_index < 0 || topic_index >= PyList_GET_SIZE(topics) ||
+                (key_len > 0 && end - at < key_len) || (value_len > 0 && end - at - (key_len > 0 ? key_len : 0) < value_len))
+            goto short_data;
+        PyObject *topic = PyList_GET_ITEM(topics, topic_index);
+        if (run_topic != NULL && (run_topic != topic || run_partition != partition)) {
+            if (packed_end(ends, run_topic, run_partition, run_offset) < 0)
+                goto fail;
+        }
+        run_topic = topic;
+        run_partition = partition;
+        run_offset = offset;
+        PyObject *fields[6] = {Py_NewRef(topic), PyLong_FromLong(partition), PyLong_FromLongLong(offset),
+                               key_len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(at, key_len), NULL,
+                               PyLong_FromLongLong(timestamp)};
+        at += key_len > 0 ? key_len : 0;
+        fields[4] = value_len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(at, value_len);
+        at += value_len > 0 ? value_len : 0;
+        if (value_len > 0)
+            nbytes += value_len;
+        PyObject *record = NULL;
+        if (fields[1] && fields[2] && fields[3] && fields[4] && fields[5]
+                && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
+            for (int f = 0; f < 6; f++) {
+                PyTuple_SET_ITEM(record, f, fields[f]);
+                fields[f] = NULL;
+            }
+        }
+        for (int f = 0; f < 6; f++)
+            Py_XDECREF(fields[f]);
+        if (record == NULL)
+            goto fail;
+        PyObject *event = decode_one(record, db_event_type, db_ops, db_loads, raw, &x.m, &x.sm, &x.cache);
+        if (event == Py_None) {
+            Py_DECREF(event);
+            event = PyObject_CallOneArg(db_fallback, record);
+            if (event == NULL && PyErr_ExceptionMatches(db_poison_type)) {
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyErr_NormalizeException(&type, &exc, &tb);
+                if (tb != NULL)
+                    PyException_SetTraceback(exc, tb);
+                PyObject *pair = PyTuple_Pack(2, record, exc);
+                Py_XDECREF(type);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+                int kept = pair != NULL && PyList_Append(poisons, pair) == 0;
+                Py_XDECREF(pair);
+                Py_DECREF(record);
+                if (!kept)
+                    goto fail;
+                continue;
+            }
+        }
+        Py_DECREF(record);
+        if (event == NULL)
+            goto fail;
+        int appended = PyList_Append(events, event);
+        Py_DECREF(event);
+        if (appended < 0)
+            goto fail;
+    }
+    if (run_topic != NULL && packed_end(ends, run_topic, run_partition, run_offset) < 0)
+        goto fail;
+    scratch_free(&x);
+    return Py_BuildValue("(NNL)", events, poisons, nbytes);
+short_data:
+    PyErr_SetString(PyExc_ValueError, "decode_packed: the data ends inside a record (not a packed batch?)");
+fail:
+    scratch_free(&x);
+    Py_XDECREF(events);
+    Py_XDECREF(poisons);
+    return NULL;
+}
+
+/* split_by_schema(events) -> parts, or None
+ *   cdc.schema_order.split_by_schema's loop: `events` (SinkEvents) cut where a topic's
+ *   source["schema_version"] changes, so that each part has one shape per topic; an event whose
+ *   source is empty or names no shape never cuts. None (the Python loop decides) for anything
+ *   but a list of SinkEvent-like tuples whose sources are dicts or empty. */
+static PyObject *split_version_key = NULL;
+
+static PyObject *
+speedups_split_by_schema(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "split_by_schema(events: list)");
+        return NULL;
+    }
+    if (split_version_key == NULL && (split_version_key = PyUnicode_InternFromString("schema_version")) == NULL)
+        return NULL;
+    PyObject *events = args[0];
+    Py_ssize_t count = PyList_GET_SIZE(events), start = 0;
+    PyObject *parts = PyList_New(0), *shapes = PyDict_New();
+    if (parts == NULL || shapes == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *event = PyList_GET_ITEM(events, i);
+        if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) < 9)
+            goto python;
+        PyObject *topic = PyTuple_GET_ITEM(event, 0), *source = PyTuple_GET_ITEM(event, 8);
+        if (source == Py_None)
+            continue;
+        if (!PyDict_CheckExact(source))
+            goto python;
+        if (PyDict_GET_SIZE(source) == 0)
+            continue;
+        PyObject *version = PyDict_GetItemWithError(source, split_version_key);  /* borrowed */
+        if (version == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            continue;
+        }
+        if (version == Py_None)
+            continue;
+        PyObject *seen = PyDict_GetItemWithError(shapes, topic);  /* borrowed */
+        if (seen == NULL && PyErr_Occurred())
+            goto fail;
+        if (seen != NULL && seen != Py_None) {
+            int differs = PyObject_RichCompareBool(seen, version, Py_NE);
+            if (differs < 0) goto fail;
+            if (differs) {
+                PyObject *part = PyList_GetSlice(events, start, i);
+                int appended = part != NULL && PyList_Append(parts, part) == 0;
+                Py_XDECREF(part);
+                if (!appended) goto fail;
+                start = i;
+                PyDict_Clear(shapes);
+            }
+        }
+        if (PyDict_SetItem(shapes, topic, version) < 0)
+            goto fail;
+    }
+    PyObject *last = PyList_GetSlice(events, start, count);
+    int appended = last != NULL && PyList_Append(parts, last) == 0;
+    Py_XDECREF(last);
+    if (!appended) goto fail;
+    Py_DECREF(shapes);
+    return parts;
+python:
+    Py_DECREF(parts);
+    Py_DECREF(shapes);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(parts);
+    Py_XDECREF(shapes);
+    return NULL;
+}
+
 
 /* ---- log_records: cdc.log.kafka.log_records's loop (confluent-kafka Messages -> LogRecords) ----
  *
@@ -1568,6 +1776,10 @@ static PyMethodDef methods[] = {
     {"decode_setup", decode_setup, METH_VARARGS, "decode_setup(loads, decode_record, PoisonRecord, SinkEvent, ops)"},
     {"decode_batch", speedups_decode_batch, METH_VARARGS,
      "decode_batch(records, ends, raw_rows=False) -> (events, [(record, PoisonRecord)], bytes of values)"},
+    {"decode_packed", (PyCFunction)(void (*)(void))speedups_decode_packed, METH_FASTCALL,
+     "decode_packed(data, count, topics, ends, raw_rows, LogRecord) -> decode_batch's answer for a packed batch"},
+    {"split_by_schema", (PyCFunction)(void (*)(void))speedups_split_by_schema, METH_FASTCALL,
+     "split_by_schema(events) -> cdc.schema_order.split_by_schema's parts, or None (the Python loop decides)"},
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
      "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},

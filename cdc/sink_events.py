@@ -127,6 +127,19 @@ def decode_batch(records: list, ends: dict, raw_rows: bool = False
     return events, poisons, nbytes
 
 
+def decode_packed(batch, ends: dict, raw_rows: bool = False
+                  ) -> tuple[list[SinkEvent], list[tuple[Any, PoisonRecord]], int]:
+    """``decode_batch`` of a batch of the bulk reader (cdc.log.kafka_bulk.PackedBatch): in C (where
+    built) straight from the packed bytes, without a confluent-kafka Message per record, and the
+    record's LogRecord dropped once its event is made; else its records, decoded by
+    ``decode_batch``. The same events and the same poisons either way
+    (tests/unit/test_sink_decode_batch.py)."""
+    if _speedups is not None and USE_SPEEDUPS:
+        from cdc.log.base import LogRecord
+        return _speedups.decode_packed(batch.data, batch.count, batch.topics, ends, raw_rows, LogRecord)
+    return decode_batch(batch.records(), ends, raw_rows)
+
+
 USE_SPEEDUPS = True  # tests turn it off to compare the two loops
 try:  # the same loop in C (cdc/_speedups.c), built by setup.py where a compiler is found
     from cdc import _speedups

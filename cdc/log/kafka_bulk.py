@@ -8,7 +8,9 @@ the GIL released and packs a batch into one bytes object (``PackedBatch``) that 
 in place (``NewestWindow.add_packed``).
 
 It is a plain consumer with an assignment (no group: it commits nothing; the rebuild commits
-through its confluent reader after the switch, as before). Its settings are the log's consumer
+through its confluent reader after the switch, as before). The sink runner fetches through it too
+(``SinkRunner._open_packed``: a sink's live reads and rebuilds, ``decode_packed``), the group's
+reader committing after each write. Its settings are the log's consumer
 settings (``KafkaLog.consumer_config``: bootstrap, security, the user's ``consumer_config``);
 over the bulk read's own prefetch bounds (``BULK_PREFETCH``; the user's ``consumer_config`` still
 wins). librdkafka stops fetching a partition once its local queue holds ``queued.min.messages``

@@ -24,7 +24,6 @@ caught up, and they are batched as before.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -38,6 +37,7 @@ from cdc.positions import Position
 from cdc.events import SnapshotMarker
 from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.schema_order import segments
+from cdc.runtime.gc_tuning import tune_gc
 from cdc.runtime.stats import ConnectorStats
 from snapshot.coordinator import SnapshotThenStream
 from snapshot.stale import StaleRows
@@ -57,19 +57,6 @@ IDLE_STORE_INTERVAL = 0.05  # seconds between stores while the source has nothin
 # must not wait for them. If it returns before a broker thread woke, that batch lingers as it
 # would have (and the next idle poll sends it).
 SEND_NOW_TIMEOUT = 0.002
-
-
-def tune_gc() -> None:
-    """The collector settings of a capture process, once its source has started.
-
-    Everything made so far lives as long as the process: keep the collector off it, and collect
-    young objects less often (batches are made and dropped by the thousand, and the full
-    collections that frequent gen-0 runs trigger find nothing to free). Measured on the MySQL
-    stream (bench/mysql_stream.py, decoding only): 76k-84k rows/s with the default settings,
-    100k-103k with these; a full collection walked the whole heap in ~40 ms each time.
-    """
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
 
 
 class SourceRunner:

@@ -23,6 +23,11 @@ readers once the new one has caught up with the topics' ends as of the start of 
 (``cdc.bulk_window``), partition after partition, and loads each window whose keys the new
 generation does not hold yet in bulk, while the next is read (``_fill_in_windows``).
 
+Reads: through the log's bulk reader where it has one (Kafka: ``cdc.log.kafka_bulk``, a batch as
+one bytes object decoded by ``decode_packed``), the group's reader then only saying where to start
+and committing after each write (``_open_packed``); else, and as a group member, through the
+group's reader itself.
+
 With ``scale_out: group`` the runner is one member of the sink's consumer group and reads only the
 partitions the group assigns it; ``sink_group`` states what happens on a rebalance. A rebuild or a
 bootstrap reads every partition from offset 0 and cannot be split among members: it runs only
@@ -45,13 +50,14 @@ from cdc.bulk_window import NewestWindow
 from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
+from cdc.runtime.gc_tuning import tune_gc
 from cdc.runtime.sink_group import GroupMembership
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
 from cdc.runtime.stats import ConnectorStats
 from cdc.runtime.window_loads import WindowLoads
 from cdc.schema_order import split_by_schema
-from cdc.sink_events import SinkEvent, decode_batch
+from cdc.sink_events import SinkEvent, decode_batch, decode_packed
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +92,12 @@ class SinkRunner:
         self.report = locked_report
         self.progress = progress
         self.read_ahead = read_ahead  # False: read only after each write (for comparisons in bench/)
-        self.packed_reads = True  # False: bulk loads read through reader() even where the log has a bulk reader (bench/)
+        self.packed_reads = True  # False: reads go through reader() even where the log has a bulk reader (bench/)
         self.staged_reads = True  # False: a bulk load reads all partitions at once, then loads (bench/)
+        # The log's bulk reader, where it has one, fetches for run() (unless scale_out) and rebuild():
+        # see _open_packed. ``reader`` then only says where to start and commits the group's offsets.
+        self._packed = None
+        self._packed_start: dict[TopicPartition, int] | None = None  # assigned at its next poll
         self.dead_letter_topic = self.config.dead_letter_topic or f"{topic_prefix}.dead-letter.{self.name}"
         self.positions: dict[TopicPartition, int] = {}
         self._batch_bytes = 0  # bytes of record values of the batch read last (cdc_bytes_total)
@@ -138,7 +148,33 @@ class SinkRunner:
             self.positions[tp] = committed.get(tp) or 0
         # Partitions already read keep their read position: a batch read ahead of its commit is
         # not read twice.
-        reader.assign({**self.positions, **self._read})
+        self._assign_reader(reader, {**self.positions, **self._read})
+
+    def _open_packed(self) -> None:
+        """Fetch through the log's bulk reader (cdc.log.kafka_bulk), where it has one: a batch
+        comes as one bytes object and each record becomes its SinkEvent in one C loop
+        (``decode_packed``), without a confluent-kafka Message and a LogRecord per record (about
+        1.1 us of the ~7 a document of bench/opensearch_sink.py's client). That reader joins no
+        group and commits nothing: the group's reader (``log.reader(group)``) still says where
+        to start (``committed``) and commits each batch's offsets after its write, exactly as
+        when it fetched itself, but is never assigned, so it fetches nothing. A group member
+        (scale_out: group) needs its reader's polls for the group's assignments: it reads
+        through it."""
+        if self.packed_reads and self._membership is None:
+            self._packed = self.log.bulk_reader()
+
+    def _close_packed(self) -> None:
+        packed, self._packed, self._packed_start = self._packed, None, None
+        if packed is not None:
+            packed.close()
+
+    def _assign_reader(self, reader, start: dict[TopicPartition, int]) -> None:
+        """Read from ``start`` on: through the bulk reader if open (assigned at its next poll, so
+        one that is never polled, as in a windowed rebuild, fetches nothing), else ``reader``."""
+        if self._packed is not None:
+            self._packed_start = dict(start)
+        else:
+            reader.assign(start)
 
     # -- writing ---------------------------------------------------------------------------------
     def _wait(self, seconds: float) -> bool:
@@ -247,12 +283,20 @@ class SinkRunner:
 
     # -- the loop --------------------------------------------------------------------------------
     def _batch(self, reader) -> tuple[list[SinkEvent], dict[TopicPartition, int]]:
-        records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
-        if self._membership is not None:
-            records = self._membership.keep(records)
         ends: dict[TopicPartition, int] = {}
-        # Decoded in one loop (C where built); a sink with raw_rows gets upserts' rows as JSON bytes.
-        events, poisons, self._batch_bytes = decode_batch(records, ends, getattr(self.sink, "raw_rows", False))
+        raw_rows = getattr(self.sink, "raw_rows", False)
+        if self._packed is not None:
+            if self._packed_start is not None:
+                self._packed.assign(self._packed_start)
+                self._packed_start = None
+            batch = self._packed.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
+            events, poisons, self._batch_bytes = decode_packed(batch, ends, raw_rows)
+        else:
+            records = reader.poll(self.config.batch_size, self.config.batch_wait_ms / 1000)
+            if self._membership is not None:
+                records = self._membership.keep(records)
+            # Decoded in one loop (C where built); a sink with raw_rows gets upserts' rows as JSON bytes.
+            events, poisons, self._batch_bytes = decode_batch(records, ends, raw_rows)
         for record, err in poisons:
             self._poison(record.topic, record.partition, record.offset, str(err), record)
         self._read.update(ends)
@@ -355,6 +399,7 @@ class SinkRunner:
         pending: PendingWrite | None = None
         try:
             self._sink_call(self.sink.start)
+            tune_gc()  # see cdc/runtime/gc_tuning.py: the batches in flight are walked again and again otherwise
             if self.scale_out and not (from_start or until_caught_up):
                 reader = self.log.member_reader(self.group)
                 self._membership = GroupMembership(self, reader)
@@ -362,6 +407,7 @@ class SinkRunner:
                 if self.scale_out:
                     self._alone("a bootstrap")
                 reader = self.log.reader(self.group)
+                self._open_packed()
             self.stats.phase = "streaming"
             self.report(self.stats)
             self._follow(reader, from_start)
@@ -410,6 +456,7 @@ class SinkRunner:
                     pending.settled = True  # nor when closing the reader revokes its partitions
                 if reader is not None:
                     reader.close()
+                self._close_packed()
                 self._membership = None
                 self._sink_call(self.sink.stop)
             finally:
@@ -479,12 +526,15 @@ class SinkRunner:
         targets = self._ends()
         self.positions = {tp: 0 for tp in targets}
         self._read = {}
-        reader.assign(dict(self.positions))
+        self._assign_reader(reader, dict(self.positions))
         began = time.monotonic()
         if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and self._sink_call(lambda: sink.bulk_loads):
             self._fill_in_windows(reader, stop_event, targets, new, old)
         else:
             self._fill_in_batches(reader, stop_event, targets, new, old)
+        # Streaming after the rebuild (run()) goes on from where the fill ended, not from offset 0
+        # (a windowed fill reads through a bulk reader of its own).
+        self._assign_reader(reader, dict(self.positions))
         self._sink_call(sink.switch_generation, new)
         reader.commit(dict(self.positions))
         self._sink_call(sink.drop_generation, old)
@@ -692,11 +742,14 @@ class SinkRunner:
         self.sink.attach(self.context())
         try:
             self._sink_call(self.sink.start)
+            tune_gc()
             reader = self.log.reader(self.group)
+            self._open_packed()
             try:
                 self._rebuild(reader, stop_event)
             finally:
                 reader.close()
+                self._close_packed()
                 self._sink_call(self.sink.stop)
         finally:
             self._sink_thread.close()

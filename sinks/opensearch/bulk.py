@@ -12,6 +12,10 @@ raises ``RetriableError`` and the runtime retries the batch (versions make that 
 refused for good (a mapping error) are returned in ``refused`` with OpenSearch's reason; the rest
 of the batch is written.
 
+A write may come in parts (``sending``: the sink encodes a request's worth of documents at a
+time and each part's requests go out at once, so the node indexes the first while the rest is
+encoded); it has returned, as ``send`` has, once every request of every part has.
+
 Threading: ``send`` may run several requests at once on its own pool (``concurrency``); the
 client is thread-safe. One caller thread at a time.
 """
@@ -102,30 +106,38 @@ class BulkWriter:
 
     def send(self, items: list[Item], lines: list[bytes] | None = None) -> Outcome:
         """Write ``items``; ``lines``: their encodings, made already (else ``Item.encode``)."""
-        outcome = Outcome()
-        pending = items
+        sending = self.sending(len(items))
+        sending.add(items, lines if lines is not None else [item.encode() for item in items])
+        return sending.finish()
+
+    def sending(self, expected: int) -> "Sending":
+        """A write whose items come in parts (``Sending.add``), each part's requests sent at once:
+        the node indexes the first documents of a write while the sink encodes the next.
+        ``expected``: about how many documents the write has (to even out the requests)."""
+        return Sending(self, per_request(expected, self.max_docs, self.concurrency))
+
+    def _retry(self, retry: list[tuple[Item, str]], total: int, outcome: Outcome) -> Outcome:
+        """Send the items refused for now again, after a backoff, a few times; then raise."""
         backoff = FIRST_BACKOFF_S
-        for attempt in range(RETRIES + 1):
-            retry = self._send_once(pending, outcome, lines if attempt == 0 else None)
-            if not retry:
-                return outcome
-            if attempt == RETRIES:
-                break
+        pending = total
+        for attempt in range(1, RETRIES + 1):
             log.warning("%s: %d of %d documents refused for now (%s); sending them again in %.1fs", self.what,
-                        len(retry), len(pending), retry[0][1], backoff)
+                        len(retry), pending, retry[0][1], backoff)
             time.sleep(backoff)
             backoff *= 2
-            pending = [item for item, _ in retry]
-        raise RetriableError(f"{self.what}: OpenSearch kept refusing {len(pending)} documents for now "
+            items = [item for item, _ in retry]
+            pending = len(items)
+            retry = self._send_once(items, outcome)
+            if not retry:
+                return outcome
+        raise RetriableError(f"{self.what}: OpenSearch kept refusing {len(retry)} documents for now "
                              f"({retry[0][1]}); the batch will be retried")
 
-    def _send_once(self, items: list[Item], outcome: Outcome, lines: list[bytes] | None) -> list[tuple[Item, str]]:
-        chunks = self._chunks(items, lines if lines is not None else [item.encode() for item in items])
+    def _send_once(self, items: list[Item], outcome: Outcome) -> list[tuple[Item, str]]:
+        chunks = self._chunks(items, [item.encode() for item in items], self.max_docs)
         if self.pool is None:
             results = [self._request(chunk) for chunk in chunks]
         else:
-            # Each chunk is sent as soon as it is cut: cutting the next overlaps the requests in
-            # flight.
             futures = [self.pool.submit(self._request, chunk) for chunk in chunks]
             results = [future.result() for future in futures]
         retry: list[tuple[Item, str]] = []
@@ -133,12 +145,10 @@ class BulkWriter:
             self._classify(chunk_items, answer, outcome, retry)
         return retry
 
-    def _chunks(self, items: list[Item], lines: list[bytes]):
-        """Requests of at most ``max_docs`` documents (evened out, see per_request) and
-        ``max_bytes`` bytes, as (items, body). Cut by slices of the lists: a request of
-        documents that fit costs one sum of their sizes and one join, nothing per document in
-        Python."""
-        max_docs = per_request(len(items), self.max_docs, self.concurrency)
+    def _chunks(self, items: list[Item], lines: list[bytes], max_docs: int):
+        """Requests of at most ``max_docs`` documents and ``max_bytes`` bytes, as (items, body).
+        Cut by slices of the lists: a request of documents that fit costs one sum of their sizes
+        and one join, nothing per document in Python."""
         max_bytes = self.max_bytes
         start, count = 0, len(items)
         while start < count:
@@ -180,3 +190,47 @@ class BulkWriter:
                 retry.append((item, reason))
             else:
                 outcome.refused.append((item, reason))
+
+
+class Sending:
+    """One write of a ``BulkWriter`` in parts: ``add`` cuts a part into requests and sends them
+    (on the writer's pool: ``concurrency`` in flight, the rest queued), ``finish`` waits for
+    all of them, sends what was refused for now again (backoff, a few times) and returns the
+    outcome. A write that ends another way (an error while encoding) must call ``abandon``: no
+    request outlives the write."""
+
+    def __init__(self, writer: BulkWriter, max_docs: int) -> None:
+        self.writer = writer
+        self.max_docs = max_docs
+        self.results: list = []  # futures, or (items, answer) where requests run inline
+        self.total = 0
+
+    def add(self, items: list[Item], lines: list[bytes]) -> None:
+        writer = self.writer
+        self.total += len(items)
+        for chunk in writer._chunks(items, lines, self.max_docs):
+            self.results.append(writer._request(chunk) if writer.pool is None
+                                else writer.pool.submit(writer._request, chunk))
+
+    def finish(self) -> Outcome:
+        outcome = Outcome()
+        retry: list[tuple[Item, str]] = []
+        results, self.results = self.results, []
+        try:
+            for result in results:
+                chunk_items, answer = result if type(result) is tuple else result.result()
+                self.writer._classify(chunk_items, answer, outcome, retry)
+        except BaseException:
+            _wait_all(results)
+            raise
+        return self.writer._retry(retry, self.total, outcome) if retry else outcome
+
+    def abandon(self) -> None:
+        results, self.results = self.results, []
+        _wait_all(results)
+
+
+def _wait_all(results: list) -> None:
+    for result in results:
+        if type(result) is not tuple:
+            result.exception()  # waited for; its error, if any, is the one raised already or moot

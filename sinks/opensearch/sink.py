@@ -15,8 +15,10 @@ A write (see cdc/sink_events.py for the semantics it implements):
 3. A truncate clears the index of documents older than its version and remembers the version.
 4. Tombstone records without a delete in the batch are resolved against the index (mget).
 5. The bulk items and their NDJSON, made in one pass (lines.py; C where built; there a row the
-   runtime left as its JSON bytes, ``raw_rows``, becomes its document without a dict), then one bulk of
-   versioned ``index`` items (bulk.py). It has returned once every item is written,
+   runtime left as its JSON bytes, ``raw_rows``, becomes its document without a dict), a
+   request's worth at a time, each sent as soon as it is made (bulk.py ``sending``: the node
+   indexes the first requests while the rest is encoded), after every topic's index is
+   prepared: versioned ``index`` items. The write has returned once every item is written,
    refused as not newer (409, counted), or refused for good; OpenSearch acknowledges a bulk item
    only once it is in the translog, which is fsynced per request by default, so it is durable.
    A document refused for good (a mapping error) goes to the dead-letter topic alone, with
@@ -115,28 +117,50 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         with self._errors("write"):
             items: list[Item] = []
             lines: list[bytes] = []
-            for topic, changes in reduce(events).items():
+            reduced = reduce(events)
+            # Every topic's index is ready (and a schema change answered) before any document
+            # is sent.
+            targets = []
+            for topic, changes in reduced.items():
                 self.shape_of(changes.first)  # the shape the rows name is there (or the wait is over)
                 target = self.catalog.prepare(topic, changes.first.source, generation,
                                               following=self.generation is None)
                 if changes.truncate is not None:
                     self.catalog.truncate(target, changes.truncate)
-                # Upserts and deletes with their NDJSON in one pass (C where built); the
-                # tombstones come back: they are resolved against the index first.
-                layout = target.layout
-                floor = target.truncated_before
-                rest = encode_items(list(changes.actions.values()), target.index, floor,
-                                    None if layout.identity else layout.body, items, lines, layout.raw_fields())
-                if rest:
-                    live = live_versions(self.client, target.index, [a.doc_id for a in rest])
-                    for action in rest:
-                        if action.doc_id in live:
-                            version = max(live[action.doc_id], action.floor or 0)
-                            item = Item(target.index, action.doc_id, version, tombstone_body(version), action.event,
-                                        "external_gte")
-                            items.append(item)
-                            lines.append(item.encode())
-            outcome = self.bulk.send(items, lines)
+                targets.append((target, list(changes.actions.values())))
+            # Encoded a request's worth at a time, each part sent as soon as it is made: the node
+            # indexes the first requests while the rest is encoded, instead of waiting for the
+            # whole write's NDJSON (bench/opensearch_sink.py).
+            sending = self.bulk.sending(sum(len(actions) for _, actions in targets))
+            step = sending.max_docs
+            try:
+                for target, actions in targets:
+                    # Upserts and deletes with their NDJSON in one pass (C where built); the
+                    # tombstones come back: they are resolved against the index first.
+                    layout = target.layout
+                    floor = target.truncated_before
+                    body_of, fields = None if layout.identity else layout.body, layout.raw_fields()
+                    rest = []
+                    for start in range(0, len(actions), step):
+                        made = len(items)
+                        rest += encode_items(actions[start:start + step], target.index, floor, body_of, items, lines,
+                                             fields)
+                        sending.add(items[made:], lines[made:])
+                    if rest:
+                        made = len(items)
+                        live = live_versions(self.client, target.index, [a.doc_id for a in rest])
+                        for action in rest:
+                            if action.doc_id in live:
+                                version = max(live[action.doc_id], action.floor or 0)
+                                item = Item(target.index, action.doc_id, version, tombstone_body(version),
+                                            action.event, "external_gte")
+                                items.append(item)
+                                lines.append(item.encode())
+                        sending.add(items[made:], lines[made:])
+            except BaseException:
+                sending.abandon()
+                raise
+            outcome = sending.finish()
         self.counters["written"] += outcome.written
         self.counters["conflicts"] += outcome.conflicts
         if outcome.refused:

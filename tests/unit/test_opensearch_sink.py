@@ -251,3 +251,55 @@ def test_an_encoded_item_is_an_action_line_and_its_document():
     assert orjson.loads(head) == {"index": {"_index": "orders", "_id": 'a"b', "version": 7,
                                             "version_type": "external_gte"}}
     assert (orjson.loads(body), end) == ({"x": 1}, b"")
+
+
+def test_a_write_in_parts_sends_each_part_at_once_and_returns_after_every_request():
+    """BulkWriter.sending: a part's requests go out when it is added (the node indexes them while
+    the sink encodes the next part); finish waits for all of them; the retries are as send's."""
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Held(_FakeBulkClient):
+        def bulk(self, body, params):
+            answer = super().bulk(body, params)
+            assert release.wait(10)
+            return answer
+
+    client = Held({"3": [(429, "es_rejected_execution_exception")]})
+    writer = BulkWriter(client, max_docs=2, max_bytes=10_000, concurrency=2, what="t")
+    items = [Item("i", str(n), n, {}) for n in range(1, 6)]
+    sending = writer.sending(len(items))
+    sending.add(items[:2], [item.encode() for item in items[:2]])
+    deadline = time.monotonic() + 10
+    while not client.sent:  # sent before the write's other parts exist
+        assert time.monotonic() < deadline
+    sending.add(items[2:], [item.encode() for item in items[2:]])
+    release.set()
+    outcome = sending.finish()
+    writer.close()
+    assert outcome.written == 5 and outcome.refused == []
+    assert client.sent[0] == ["1", "2"] and sorted(client.sent[1:3]) == [["3", "4"], ["5"]]
+    assert client.sent[3:] == [["3"]]  # the 429 sent again alone
+
+
+def test_an_abandoned_write_waits_for_its_requests_in_flight():
+    import threading
+
+    release, done = threading.Event(), []
+
+    class Held(_FakeBulkClient):
+        def bulk(self, body, params):
+            assert release.wait(10)
+            done.append(body)
+            return super().bulk(body, params)
+
+    client = Held({})
+    writer = BulkWriter(client, max_docs=1, max_bytes=10_000, concurrency=2, what="t")
+    sending = writer.sending(2)
+    sending.add([Item("i", "1", 1, {}), Item("i", "2", 2, {})], [Item("i", str(n), n, {}).encode() for n in (1, 2)])
+    threading.Timer(0.2, release.set).start()
+    sending.abandon()
+    assert len(done) == 2  # no request outlives the write
+    writer.close()

@@ -11,6 +11,8 @@ from decimal import Decimal
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdc.api import Source, SourceConfig
 from cdc.errors import RetriableError, SchemaChangeError
@@ -21,9 +23,10 @@ from cdc.positions import Counter
 from cdc.runtime.runner import SourceRunner
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_runner import SinkRunner
+from cdc import schema_order
 from cdc.schema_order import segments, split_by_schema
 from cdc.serde import schema_changes_topic
-from cdc.sink_events import decode_record
+from cdc.sink_events import SinkEvent, decode_record
 from sinks.sql import SqlSink, SqlSinkConfig
 from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 from tests.sql import query
@@ -139,6 +142,26 @@ def test_split_by_schema_cuts_where_a_topic_changes_shape():
               event("a", 3, 2)]
     assert [[(e.topic, e.offset) for e in part] for part in split_by_schema(events)] == \
         [[("a", 0), ("b", 0), ("a", 1), ("a", 2)], [("b", 1), ("a", 3)]]
+
+
+@pytest.mark.skipif(schema_order._speedups is None, reason="cdc._speedups not built")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]),
+                          st.one_of(st.none(), st.just({}), st.just({"table": "t"}),
+                                    st.fixed_dictionaries({"schema_version": st.one_of(st.none(), st.integers(1, 3),
+                                                                                       st.just(2.0), st.just("2"))}))),
+                max_size=15))
+def test_split_by_schema_in_c_cuts_where_the_python_loop_cuts(made):
+    events = [SinkEvent(topic, 0, n, {"id": n}, Op.CREATE, None, {"id": n}, n, source, None)
+              for n, (topic, source) in enumerate(made)]
+    in_c = schema_order._speedups.split_by_schema(events)
+    schema_order.USE_SPEEDUPS = False
+    try:
+        in_python = split_by_schema(events)
+    finally:
+        schema_order.USE_SPEEDUPS = True
+    assert in_c is not None
+    assert [[e.offset for e in part] for part in in_c] == [[e.offset for e in part] for part in in_python]
 
 
 # --- the sink side ------------------------------------------------------------------------------
