@@ -174,9 +174,10 @@ def mysql_connect(url: str, database: str | None = None, **kwargs):
     import pymysql
 
     parsed = urlparse(url)
+    kwargs.setdefault("autocommit", True)
     return pymysql.connect(host=parsed.hostname, port=parsed.port or 3306,
                            user=parsed.username or "root", password=parsed.password or "",
-                           database=database, autocommit=True, **kwargs)
+                           database=database, **kwargs)
 
 
 @pytest.fixture

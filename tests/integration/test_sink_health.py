@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 
 from cdc.runtime.sink_runner import SinkRunner
-from tests.integration.test_sink_runner import RecordingSink, _config, _publish, log  # noqa: F401 - fixture
+from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.test_sink_runner import RecordingSink, _config, _publish
 
 
 def test_a_retrying_sink_reports_retrying_then_clears_it(log, monkeypatch):  # noqa: F811 - the fixture
