@@ -339,6 +339,12 @@ class SinkContext:
     writes, before the first row of a new shape (docs/architecture.md, "Schema changes"). It may
     read the log: call it when a topic's shape matters (once per write and topic), not per event.
 
+    ``shapes_between(topic, after, before)`` lists the topic's schema records with ``after <
+    version < before``, oldest first: the shapes a table following shape ``after`` skips when the
+    rows it gets next name ``before``. A sink that follows renames walks them first, since a
+    column's ``renamed_from`` is relative to the shape just before (rows of the shape between may
+    all be in another partition, read later).
+
     ``delete_retention_ms(topic)`` is the topic's ``delete.retention.ms`` (how long a tombstone
     stays readable after compaction), or None when the log does not say: a sink that remembers
     deletes may forget them after that long. ``dead_letter(...)`` sets a record aside (see
@@ -360,6 +366,7 @@ class SinkContext:
     topic_prefix: str = "cdc"
     stats: ConnectorStats | None = None
     schema_for: Callable[..., dict | None] = lambda topic, version=None: None
+    shapes_between: Callable[[str, int, int], list[dict]] = lambda topic, after, before: []
     delete_retention_ms: Callable[[str], int | None] = lambda topic: None
     dead_letter_topic: str = ""
     dead_letter: DeadLetterWriter | None = None

@@ -64,6 +64,15 @@ class SchemaBook:
             self._missing_since.pop((topic, version), None)
         return shape
 
+    def shapes_between(self, topic: str, after: int, before: int) -> list[dict]:
+        """The shapes of ``topic`` with ``after < version < before``, oldest first: those a sink
+        jumps over when its table follows shape ``after`` and the rows it gets next name ``before``
+        (rows of one partition need not name every shape: the rows of the shape between may all
+        be in another partition). Called once ``before`` was found, so every earlier shape was read
+        (the capture side publishes shapes in order)."""
+        shapes = self._shapes.get(topic, {})
+        return [shapes[v] for v in sorted(shapes) if after < v < before]
+
     def refresh(self) -> None:
         """Read what the schema topic gained since the last read. Only the new records: the sink
         asks on every write, and reading the whole topic again each time cost a live sink most of

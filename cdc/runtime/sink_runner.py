@@ -121,6 +121,7 @@ class SinkRunner:
     def context(self) -> SinkContext:
         """What the sink gets from the runtime (see cdc.api.SinkContext)."""
         return SinkContext(self.name, self.prefix, stats=self.stats, schema_for=self.schema_for,
+                           shapes_between=self.schemas.shapes_between,
                            delete_retention_ms=self.log.delete_retention_ms,
                            dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
                            log=self.log)

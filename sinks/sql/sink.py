@@ -98,7 +98,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
                 target.run_ddl(books.create)
                 catalog = TableCatalog(target, books, config,
                                        lambda topic, version=None: self.context.schema_for(topic, version),
-                                       lambda: self._current, self.shape_of)
+                                       lambda: self._current, self.shape_of,
+                                       lambda topic, after, before: self.context.shapes_between(topic, after, before))
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
             except BaseException:

@@ -17,6 +17,7 @@ use of a table in this process checks the physical table against it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import lru_cache
 from typing import Any, Callable
@@ -42,7 +43,8 @@ log = logging.getLogger(__name__)
 class TableCatalog:
     def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
                  schema_for: Callable[..., dict | None], current: Callable[[], int],
-                 shape_of: Callable[[Any], dict | None] | None = None) -> None:
+                 shape_of: Callable[[Any], dict | None] | None = None,
+                 shapes_between: Callable[[str, int, int], list[dict]] | None = None) -> None:
         self.target = target
         self.books = books
         self.config = config
@@ -51,6 +53,7 @@ class TableCatalog:
         self.shape_of = shape_of or (lambda event: schema_for(
             event.topic, event.source.get("schema_version") if event.source else None))
         self.current = current            # the generation readers see, as last known
+        self.shapes_between = shapes_between or (lambda topic, after, before: [])
         self._entries: dict[tuple[int, str], TableEntry] = {}
         self._plans: dict[tuple[int, str], list[ColumnPlan]] = {}
         self._skipped: dict[tuple[int, str], set[str]] = {}
@@ -116,6 +119,8 @@ class TableCatalog:
                 return TablePlan(changes, physical, None)
             shape = self._newest(changes.topic, record)
             columns = with_key(record_columns(shape), key_names) if shape else []
+            if shape is not None:
+                columns = self._with_earlier_names(changes.topic, shape, columns)
             if shape is None:  # the source publishes no shapes: only then types come from values
                 columns += infer_columns(rows, set(), key_names)
             if not any(c.key for c in columns):
@@ -134,6 +139,8 @@ class TableCatalog:
             if not _older(record, entry):
                 fingerprint = _fingerprint(record)
                 if self._records.get(cache_key) != fingerprint:
+                    for between in self._skipped_shapes(changes.topic, entry, record):
+                        entry = self._follow(entry, between, key_names)
                     entry = self._follow(entry, record, key_names)
                     self._records[cache_key] = fingerprint
             rows = _under_current_names(changes, entry)
@@ -152,6 +159,32 @@ class TableCatalog:
             plans = self._plans[cache_key] = column_plans(entry, self.target.dialect, self.target.kind,
                                                           self.target.mariadb, self._skipped.get(cache_key, set()))
         return TablePlan(changes, physical, entry, plans)
+
+    def _with_earlier_names(self, topic: str, shape: dict[str, Any], columns: list[SourceColumn]
+                            ) -> list[SourceColumn]:
+        """``columns`` of a table made in ``shape``, each with every name it had in the shapes
+        before (``renamed_from`` names only the one just before): rows of those shapes still in the
+        topic (a bootstrap, a rebuild) land under the current name after two renames as after one."""
+        version = shape.get("version")
+        if not isinstance(version, int):
+            return columns
+        history: dict[str, tuple[str, ...]] = {}  # a column's name in a shape -> its names before
+        for record in (*self.shapes_between(topic, -1 << 63, version), shape):
+            history = {c["name"]: (history.get(c["renamed_from"], ()) + (c["renamed_from"],)
+                                   if c.get("renamed_from") else history.get(c["name"], ()))
+                       for c in record.get("columns") or ()}
+        return [dataclasses.replace(c, was=tuple(dict.fromkeys((*c.was, *reversed(history[c.name])))))
+                if history.get(c.name) else c for c in columns]  # ``was`` is newest first
+
+    def _skipped_shapes(self, topic: str, entry: TableEntry, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """The shapes between the one ``entry`` follows and ``record``, to be followed first: a
+        column's ``renamed_from`` names its name in the shape just before, so a table that went
+        from shape 1 to shape 3 directly (the rows of shape 2 all in another partition, read
+        later) would take shape 2's renames for a dropped column and a new one, empty."""
+        after, before = entry.schema_version, record.get("version")
+        if not isinstance(after, int) or not isinstance(before, int):
+            return []
+        return self.shapes_between(topic, after, before)
 
     def _shape_of(self, changes: TopicChanges) -> dict[str, Any] | None:
         """The schema record the rows of ``changes`` name (the newest of the topic when they name none)."""

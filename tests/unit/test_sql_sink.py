@@ -5,6 +5,7 @@ behaviours against PostgreSQL and MariaDB, with the helpers defined here."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import sqlite3
 from decimal import Decimal
@@ -96,10 +97,14 @@ class Sinks:
             return self.shapes[(topic, version)]
         return self.records.get(topic)
 
+    def shapes_between(self, topic: str, after: int, before: int) -> list[dict]:
+        return [self.shapes[(t, v)] for t, v in sorted(self.shapes) if t == topic and after < v < before]
+
     def __call__(self, generation: int | None = None, **config: Any) -> SqlSink:
         config.setdefault("name", "s1")
         sink = SqlSink(SqlSinkConfig(topics=["*"], url=self.url, **config), generation)
         sink.schema_for = self.schema_for
+        sink.context = dataclasses.replace(sink.context, shapes_between=self.shapes_between)
         sink.start()
         self.started.append(sink)
         return sink
@@ -327,6 +332,36 @@ def test_a_renamed_column_keeps_its_values_or_stops_by_policy(make_sink):
         fresh = make_sink(name=f"f_{policy}", table_name="fresh_{table}", schema_policy=policy)
         fresh.write(older + newer)  # a bootstrap: made in the newest shape, older rows under the new name
         assert rows(fresh, "id, c1r", table=f"fresh_{table}") == [(1, "a"), (2, "B"), (3, "c")]
+
+
+def test_a_table_that_skips_a_shape_follows_its_renames_first(make_sink):
+    """Rows of one partition need not name every shape: the rows of shape 2 may all be in another
+    partition, read after rows of shape 3. A table that follows shape 1 and gets rows of shape 3
+    follows shape 2 first: its rename (c1 -> c2) keeps the values, and shape 3's (c2 -> c3) then
+    applies; taken directly, shape 3 looks like a dropped c1 and a new, empty c3."""
+    def named(event: SinkEvent, shape: int) -> SinkEvent:
+        return event._replace(source={**event.source, "schema_version": shape})
+
+    make_sink.shapes[(TOPIC, 100)] = schema_record([("id", "integer"), ("c1", "text")], version=100)
+    make_sink.shapes[(TOPIC, 200)] = _renamed([("id", "integer"), ("c2", "text")], {"c2": "c1"}, 200)
+    make_sink.records[TOPIC] = make_sink.shapes[(TOPIC, 100)]  # the newest shape when the table is made
+    sink = make_sink(schema_policy="evolve")
+    first, middle, last = (named(upsert(1, 100, c1="a"), 100), named(upsert(3, 200, c2="y"), 200),
+                           named(upsert(2, 300, c3="x", n=1), 300))
+    sink.write([first])
+    make_sink.shapes[(TOPIC, 300)] = make_sink.records[TOPIC] = _renamed(
+        [("id", "integer"), ("c3", "text"), ("n", "integer")], {"c3": "c2"}, 300)
+    sink.write([last])  # shape 200's rows come later (another partition)
+    assert rows(sink, "id, c3, n") == [(1, "a", None), (2, "x", 1)]
+    sink.write([middle])
+    assert rows(sink, "id, c3, n") == [(1, "a", None), (2, "x", 1), (3, "y", None)]
+    assert not {"c1", "c2"} & {name.lower() for name in column_types(sink, "orders__g1")}
+    # A table made in shape 3 (a bootstrap of the same topic) takes the rows of shapes 1 and 2
+    # under c3 too: each column knows every name it had, not only the one just before.
+    fresh = make_sink(name="fresh", table_name="fresh_{table}", schema_policy="evolve")
+    fresh.write([first, middle, last])
+    assert rows(fresh, "id, c3, n", table="fresh_orders") == [(1, "a", None), (2, "x", 1), (3, "y", None)]
+    assert not {"c1", "c2"} & {name.lower() for name in column_types(fresh, "fresh_orders__g1")}
 
 
 def test_a_rebuild_after_a_rename_keeps_the_values_of_rows_written_before_it(make_sink):
