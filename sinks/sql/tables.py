@@ -29,8 +29,8 @@ from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
 from sinks.sql import copy_rows
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.evolve import (KEY, Incompatible, diff, infer_columns, record_columns, renamed_columns, widens,
-                               with_key)
+from sinks.sql.evolve import (KEY, Incompatible, diff, infer_columns, names_passed, record_columns, renamed_columns,
+                               widens, with_key)
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
@@ -139,9 +139,8 @@ class TableCatalog:
             if not _older(record, entry):
                 fingerprint = _fingerprint(record)
                 if self._records.get(cache_key) != fingerprint:
-                    for between in self._skipped_shapes(changes.topic, entry, record):
-                        entry = self._follow(entry, between, key_names)
-                    entry = self._follow(entry, record, key_names)
+                    entry = self._follow(entry, record, key_names,
+                                         self._skipped_shapes(changes.topic, entry, record))
                     self._records[cache_key] = fingerprint
             rows = _under_current_names(changes, entry)
             if self.config.schema_policy != "rebuild":  # rebuild: tables hold the newest shape only
@@ -177,10 +176,12 @@ class TableCatalog:
                 if history.get(c.name) else c for c in columns]  # ``was`` is newest first
 
     def _skipped_shapes(self, topic: str, entry: TableEntry, record: dict[str, Any]) -> list[dict[str, Any]]:
-        """The shapes between the one ``entry`` follows and ``record``, to be followed first: a
+        """The shapes between the one ``entry`` follows and ``record``, whose renames count too: a
         column's ``renamed_from`` names its name in the shape just before, so a table that went
         from shape 1 to shape 3 directly (the rows of shape 2 all in another partition, read
-        later) would take shape 2's renames for a dropped column and a new one, empty."""
+        later) would take shape 2's renames for a dropped column and a new one, empty. Only their
+        renames: a shape in between may list columns of a later one (a MySQL source resuming
+        past DDL publishes the catalog's columns at the first), which the table must not take."""
         after, before = entry.schema_version, record.get("version")
         if not isinstance(after, int) or not isinstance(before, int):
             return []
@@ -238,11 +239,14 @@ class TableCatalog:
             return None
         return self.sync(entry)  # first use here: check the physical table against the entry
 
-    def _follow(self, entry: TableEntry, record: dict[str, Any], key_names: list[str]) -> TableEntry:
-        """Evolve ``entry`` to the source columns of ``record`` (see evolve.py), or raise."""
+    def _follow(self, entry: TableEntry, record: dict[str, Any], key_names: list[str],
+                between: list[dict[str, Any]] = ()) -> TableEntry:
+        """Evolve ``entry`` to the source columns of ``record`` (see evolve.py), or raise;
+        ``between``: the shapes it skips (their renames count, see ``renamed_columns``)."""
         cache_key = (entry.generation, entry.name)
         policy = self.config.schema_policy
-        renames = renamed_columns(entry, record)
+        renames = renamed_columns(entry, record, between)
+        entry_before = entry
         if renames:
             described = "; ".join(f"column {old} renamed to {new}" for new, old in renames.items())
             if policy == "fail":
@@ -253,6 +257,11 @@ class TableCatalog:
                     f"(a cdc rebuild alone cannot: the topic holds the older rows under the old name)")
             log.info("sql sink %s: %s: %s (in place, values kept)", self.config.name, entry.physical, described)
             entry = self.sync(entry, renames=renames)
+            passed = names_passed(entry_before, record, between)
+            if passed:  # rows of the skipped shapes name the columns as they were then
+                entry = self.sync(TableEntry(entry.name, entry.generation, entry.topic, {
+                    name: dataclasses.replace(c, was=tuple(dict.fromkeys((*passed[name], *c.was))))
+                    if name in passed else c for name, c in entry.columns.items()}, entry.schema_version))
         columns = with_key(record_columns(record), key_names or entry.key)
         added, changed = diff(entry, columns, self.signature)
         dropped = sorted(set(entry.columns) - {c.name for c in columns})

@@ -364,6 +364,27 @@ def test_a_table_that_skips_a_shape_follows_its_renames_first(make_sink):
     assert not {"c1", "c2"} & {name.lower() for name in column_types(fresh, "fresh_orders__g1")}
 
 
+def test_the_renames_of_skipped_shapes_chain_but_their_columns_are_not_taken(make_sink):
+    """A shape in between may list columns only a later shape has (a MySQL source resuming past
+    DDL publishes the catalog's columns at the first statement): the table takes the renames of
+    the shapes it skips, chained (d1 -> d2 -> d3), and the columns of the shape its rows name."""
+    def named(event: SinkEvent, shape: int) -> SinkEvent:
+        return event._replace(source={**event.source, "schema_version": shape})
+
+    make_sink.shapes[(TOPIC, 100)] = make_sink.records[TOPIC] = schema_record(
+        [("id", "integer"), ("c1", "text"), ("d1", "text")], version=100)
+    sink = make_sink(schema_policy="evolve")
+    sink.write([named(upsert(1, 100, c1="a", d1="p"), 100)])
+    make_sink.shapes[(TOPIC, 150)] = _renamed([("id", "integer"), ("c2", "text"), ("d3", "text"), ("n", "integer")],
+                                              {"c2": "c1"}, 150)
+    make_sink.shapes[(TOPIC, 200)] = _renamed([("id", "integer"), ("c2", "text"), ("d2", "text")], {"d2": "d1"}, 200)
+    make_sink.shapes[(TOPIC, 300)] = make_sink.records[TOPIC] = _renamed(
+        [("id", "integer"), ("c2", "text"), ("d3", "text"), ("n", "integer")], {"d3": "d2"}, 300)
+    sink.write([named(upsert(2, 300, c2="b", d3="q", n=1), 300)])
+    assert rows(sink, "id, c2, d3, n") == [(1, "a", "p", None), (2, "b", "q", 1)]
+    assert not {"c1", "d1", "d2"} & {name.lower() for name in column_types(sink, "orders__g1")}
+
+
 def test_a_rebuild_after_a_rename_keeps_the_values_of_rows_written_before_it(make_sink):
     """The topic holds rows written before a rename under the old name: a later rebuild writes
     them under the name the live table took."""
