@@ -341,9 +341,9 @@ class SinkContext:
 
     ``shapes_between(topic, after, before)`` lists the topic's schema records with ``after <
     version < before``, oldest first: the shapes a table following shape ``after`` skips when the
-    rows it gets next name ``before``. A sink that follows renames walks them first, since a
-    column's ``renamed_from`` is relative to the shape just before (rows of the shape between may
-    all be in another partition, read later).
+    rows it gets next name ``before``. A sink that follows renames chains theirs, since a column's
+    ``renamed_from`` names it in the shape just before (rows of the shape between may all be in
+    another partition, read later).
 
     ``delete_retention_ms(topic)`` is the topic's ``delete.retention.ms`` (how long a tombstone
     stays readable after compaction), or None when the log does not say: a sink that remembers
