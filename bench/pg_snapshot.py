@@ -156,21 +156,24 @@ process): the producer releases the GIL for a whole block, and only now that the
 no longer take it back for every row is that time saved rather than spent on handoffs. With
 reader processes together 0.3-0.4 us.
 
-Why 40% of COPY is still not shown on two cores with the broker on them: 40% of the quiet COPY
-rate (1.46M rows/s, 584k rows/s) allows 3.4 us of CPU a row on two cores used to the last cycle.
-The floor of the pieces, measured alone: the server's plain COPY 0.5 us, the reader's COPY and
-row JSON 0.25 (above; the reader processes' start-up on top), producing a record with the block
-producer 2.1-2.2 (our call ~0.5, its reports ~0.13, librdkafka's threads ~0.93, the broker ~0.6
-at load 36, 0.7-0.8 quiet): about 2.9-3.0 us, under the 3.4 on paper. Measured end to end with
-both blocks and reader threads: 2.0-2.4 us in our process plus 0.5 (PostgreSQL) plus 0.5-0.8
-(the broker), 3.0-3.5 us a row: at the edge of the budget, and a pipeline of a server, a reader,
-a publishing thread, librdkafka's threads and a broker never keeps two cores busy to the last
-cycle. At load 9-17 both together made 13-35% of the run's COPY rate (15-41% of the COPY run
-just before each, which the load moved as much), main 19-41%: a quiet run is needed to say where
-it lands. What remains is librdkafka's per-message work (its
-copy, partitioner, queue and bookkeeping after the acks, ~1 us on both sides of our call) and the
-broker's (~0.6 us a record for a compacted, lz4-compressed topic), which a client cannot take off,
-and, with processes, each reader's start-up.
+Quiet, with both blocks (load 0.2-1.7, 1M rows, three runs of ``--workers 1,2,4 --threads``, one
+session; % of the run's COPY, 1.42-1.59M rows/s, and in brackets of the COPY just before each):
+
+    1 thread     698k 48% (48%)   665k 46% (47%)   640k 44% (45%)
+    2 threads    687k 47% (43%)   625k 43% (43%)   591k 41% (41%)
+    4 threads    657k 45% (42%)   676k 47% (46%)   651k 45% (45%)
+    1 process    486k 33% (35%)   497k 34% (34%)   492k 34% (34%)
+    2 processes  427k 29% (27%)   464k 32% (32%)   471k 33% (33%)
+    4 processes  408k 28% (27%)   428k 30% (29%)   422k 29% (30%)
+    CPU a row: threads ours 1.6 us, PostgreSQL 0.4, broker 0.3-0.4; processes ours 2.3-3.3
+
+So the 40% target holds with reader threads, the default (``snapshot_processes: false``), in every
+run: 41-48% of COPY. Reader processes stay under it (28-34%): each pays its interpreter's start-up
+(importing the source package, ~0.27 s of CPU) and the pickling of its blocks, which threads do
+not, and now that the COPY loop runs in C without the GIL, threads use both cores as processes
+were meant to. Before both blocks, quiet: threads 29-33%, processes 20-27%. What remains per row
+is librdkafka's per-message work (its copy, partitioner, queue and bookkeeping after the acks) and
+the broker's (a compacted, lz4-compressed topic), which a client cannot take off.
 """
 
 from __future__ import annotations
