@@ -46,39 +46,39 @@ def record_columns(record: dict[str, Any]) -> list[SourceColumn]:
 
 
 def renamed_columns(entry: TableEntry, record: dict[str, Any], between: Sequence[dict[str, Any]] = ()
-                    ) -> dict[str, str]:
-    """New name -> old name of the columns that ``record`` says the source renamed (a column's
-    ``renamed_from``) and that ``entry`` has under the old name only. A rename the source did not
-    recognise looks like a dropped column and a new one, and is followed as those.
+                    ) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """(new name -> old name, new name -> the names it had in between, newest first) of the
+    columns that ``record`` says the source renamed (a column's ``renamed_from``) and that
+    ``entry`` has under the old name only. A rename the source did not recognise looks like a
+    dropped column and a new one, and is followed as those.
 
     ``between``: the shapes after the one ``entry`` follows and before ``record``, oldest first.
     A ``renamed_from`` names the column's name in the shape just before, so the renames of every
     one of them are chained (label -> title in one, note -> memo -> remark over two): only their
-    renames, not their columns, which ``record`` decides."""
+    renames, not their columns, which ``record`` decides. The names in between are those rows of
+    the skipped shapes, read later, carry their values under."""
     names = {c["name"] for c in record.get("columns") or ()}
-    return {trail[-1]: old for old, trail in _rename_trails(entry, record, between).items()
-            if trail[-1] in names and trail[-1] not in entry.columns and old not in names}
+    renames: dict[str, str] = {}
+    passed: dict[str, tuple[str, ...]] = {}
+    for new, before in earlier_names((*between, record)).items():
+        if new in entry.columns:
+            continue
+        old = next((i for i, name in enumerate(before) if name in entry.columns), None)
+        if old is not None and before[old] not in names:
+            renames[new] = before[old]
+            if old:
+                passed[new] = before[:old]
+    return renames, passed
 
 
-def names_passed(entry: TableEntry, record: dict[str, Any], between: Sequence[dict[str, Any]] = ()
-                 ) -> dict[str, tuple[str, ...]]:
-    """New name -> the names a column renamed over several skipped shapes had in between (newest
-    first): rows of those shapes, read later, carry their values under them."""
-    return {trail[-1]: tuple(reversed(trail[1:-1])) for trail in _rename_trails(entry, record, between).values()
-            if len(trail) > 2}
-
-
-def _rename_trails(entry: TableEntry, record: dict[str, Any], between: Sequence[dict[str, Any]]
-                   ) -> dict[str, list[str]]:
-    """A column of ``entry`` -> its names from ``entry`` on through ``between`` and ``record``, for
-    the columns renamed on the way."""
-    trails = {name: [name] for name in entry.columns}
-    for shape in (*between, record):
-        renamed = {c["renamed_from"]: c["name"] for c in shape.get("columns") or () if c.get("renamed_from")}
-        for trail in trails.values():
-            if trail[-1] in renamed:
-                trail.append(renamed[trail[-1]])
-    return {name: trail for name, trail in trails.items() if len(trail) > 1 and trail[-1] != name}
+def earlier_names(shapes: Sequence[dict[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """Each column of the last of ``shapes`` (oldest first) -> the names it had in the ones before,
+    newest first, by their ``renamed_from`` (each names only the shape just before)."""
+    names: dict[str, tuple[str, ...]] = {}
+    for shape in shapes:
+        names = {c["name"]: (c["renamed_from"], *names.get(c["renamed_from"], ())) if c.get("renamed_from")
+                 else names.get(c["name"], ()) for c in shape.get("columns") or ()}
+    return names
 
 
 def with_key(columns: list[SourceColumn], key_names: Iterable[str]) -> list[SourceColumn]:

@@ -29,8 +29,8 @@ from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
 from sinks.sql import copy_rows
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.evolve import (KEY, Incompatible, diff, infer_columns, names_passed, record_columns, renamed_columns,
-                               widens, with_key)
+from sinks.sql.evolve import (KEY, diff, earlier_names, infer_columns, record_columns,
+                               renamed_columns, widens, with_key)
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target
@@ -167,12 +167,8 @@ class TableCatalog:
         version = shape.get("version")
         if not isinstance(version, int):
             return columns
-        history: dict[str, tuple[str, ...]] = {}  # a column's name in a shape -> its names before
-        for record in (*self.shapes_between(topic, -1 << 63, version), shape):
-            history = {c["name"]: (history.get(c["renamed_from"], ()) + (c["renamed_from"],)
-                                   if c.get("renamed_from") else history.get(c["name"], ()))
-                       for c in record.get("columns") or ()}
-        return [dataclasses.replace(c, was=tuple(dict.fromkeys((*c.was, *reversed(history[c.name])))))
+        history = earlier_names((*self.shapes_between(topic, -1 << 63, version), shape))
+        return [dataclasses.replace(c, was=tuple(dict.fromkeys((*c.was, *history[c.name]))))
                 if history.get(c.name) else c for c in columns]  # ``was`` is newest first
 
     def _skipped_shapes(self, topic: str, entry: TableEntry, record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -245,8 +241,7 @@ class TableCatalog:
         ``between``: the shapes it skips (their renames count, see ``renamed_columns``)."""
         cache_key = (entry.generation, entry.name)
         policy = self.config.schema_policy
-        renames = renamed_columns(entry, record, between)
-        entry_before = entry
+        renames, passed = renamed_columns(entry, record, between)
         if renames:
             described = "; ".join(f"column {old} renamed to {new}" for new, old in renames.items())
             if policy == "fail":
@@ -256,12 +251,7 @@ class TableCatalog:
                     f"schema_policy: evolve (or rebuild), which renames the column in place and keeps its values "
                     f"(a cdc rebuild alone cannot: the topic holds the older rows under the old name)")
             log.info("sql sink %s: %s: %s (in place, values kept)", self.config.name, entry.physical, described)
-            entry = self.sync(entry, renames=renames)
-            passed = names_passed(entry_before, record, between)
-            if passed:  # rows of the skipped shapes name the columns as they were then
-                entry = self.sync(TableEntry(entry.name, entry.generation, entry.topic, {
-                    name: dataclasses.replace(c, was=tuple(dict.fromkeys((*passed[name], *c.was))))
-                    if name in passed else c for name, c in entry.columns.items()}, entry.schema_version))
+            entry = self.sync(entry, renames=renames, passed=passed)
         columns = with_key(record_columns(record), key_names or entry.key)
         added, changed = diff(entry, columns, self.signature)
         dropped = sorted(set(entry.columns) - {c.name for c in columns})
@@ -328,15 +318,17 @@ class TableCatalog:
     # --- DDL --------------------------------------------------------------------------------------
 
     def sync(self, entry: TableEntry, retype: list[str] = (), fill: dict[str, Any] | None = None,
-             below: int | None = None, renames: dict[str, str] | None = None) -> TableEntry:
+             below: int | None = None, renames: dict[str, str] | None = None,
+             passed: dict[str, tuple[str, ...]] | None = None) -> TableEntry:
         """Make the physical table hold every column of ``entry`` (creating the table if needed),
-        renaming the columns of ``renames`` (new name -> old name) and changing the types of the
+        renaming the columns of ``renames`` (new name -> old name; ``passed``: the names a renamed
+        column had in between, see evolve.renamed_columns) and changing the types of the
         columns named in ``retype``, store the entry merged with what is stored, and refresh the
         view of the current generation."""
         target, physical = self.target, entry.physical
         if renames:
             entry = TableEntry(entry.name, entry.generation, entry.topic,
-                               _renamed(entry.columns, renames), entry.schema_version)
+                               _renamed(entry.columns, renames, passed), entry.schema_version)
 
         def work(conn: sa.engine.Connection) -> TableEntry:
             if entry.generation == self.current():
@@ -345,7 +337,7 @@ class TableCatalog:
             stored = self.books.entry(conn, entry.generation, entry.name)
             if stored is not None:
                 merged = TableEntry(entry.name, entry.generation, entry.topic,
-                                    {**_renamed(stored.columns, renames or {}), **entry.columns},
+                                    {**_renamed(stored.columns, renames or {}, passed), **entry.columns},
                                     entry.schema_version)
             wanted = [(c.name, self._type(c)) for c in merged.columns.values()]
             extra = [(VERSION, sa.BigInteger())] + ([(DELETED, sa.Boolean())] if self.config.soft_delete else [])
@@ -392,9 +384,11 @@ class TableCatalog:
                          self.target.dialect)
 
 
-def _renamed(columns: dict[str, SourceColumn], renames: dict[str, str]) -> dict[str, SourceColumn]:
+def _renamed(columns: dict[str, SourceColumn], renames: dict[str, str],
+             passed: dict[str, tuple[str, ...]] | None = None) -> dict[str, SourceColumn]:
     """``columns`` with each old name of ``renames`` (new -> old) replaced by the new one, in
-    place, remembering the old name for rows written before the rename."""
+    place, remembering the old name (and the names ``passed`` on the way, newer than it) for rows
+    written before the rename."""
     old_to_new = {old: new for new, old in renames.items()}
     out = {}
     for name, column in columns.items():
@@ -402,7 +396,8 @@ def _renamed(columns: dict[str, SourceColumn], renames: dict[str, str]) -> dict[
         if new is None:
             out[name] = column
         else:
-            out[new] = SourceColumn(new, column.type, column.key, column.inferred, (name, *column.was))
+            out[new] = SourceColumn(new, column.type, column.key, column.inferred,
+                                    (*(passed or {}).get(new, ()), name, *column.was))
     return out
 
 
