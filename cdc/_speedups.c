@@ -1321,6 +1321,38 @@ decode_setup(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* One record of decode_batch / decode_packed: its SinkEvent appended to `events`, or, where the C
+ * decoder leaves it to the general one (decode_record) and that refuses it as poison,
+ * (record, the error) appended to `poisons`. 0, or -1 with an error set (any other error). */
+static int
+db_take(PyObject *record, int raw, Scratch *x, PyObject *events, PyObject *poisons)
+{
+    PyObject *event = decode_one(record, db_event_type, db_ops, db_loads, raw, &x->m, &x->sm, &x->cache);
+    if (event == Py_None) {
+        Py_DECREF(event);
+        event = PyObject_CallOneArg(db_fallback, record);
+        if (event == NULL && PyErr_ExceptionMatches(db_poison_type)) {
+            PyObject *type, *exc, *tb;
+            PyErr_Fetch(&type, &exc, &tb);
+            PyErr_NormalizeException(&type, &exc, &tb);
+            if (tb != NULL)
+                PyException_SetTraceback(exc, tb);
+            PyObject *pair = PyTuple_Pack(2, record, exc);
+            Py_XDECREF(type);
+            Py_XDECREF(exc);
+            Py_XDECREF(tb);
+            int kept = pair != NULL && PyList_Append(poisons, pair) == 0;
+            Py_XDECREF(pair);
+            return kept ? 0 : -1;
+        }
+    }
+    if (event == NULL)
+        return -1;
+    int appended = PyList_Append(events, event);
+    Py_DECREF(event);
+    return appended;
+}
+
 static PyObject *
 speedups_decode_batch(PyObject *self, PyObject *args)
 {
@@ -1361,36 +1393,7 @@ speedups_decode_batch(PyObject *self, PyObject *args)
                 goto fail_record;
             nbytes += size;
         }
-        PyObject *event = decode_one(record, db_event_type, db_ops, db_loads, raw, &x.m, &x.sm, &x.cache);
-        if (event == NULL)
-            goto fail_record;
-        if (event == Py_None) {
-            Py_DECREF(event);
-            event = PyObject_CallOneArg(db_fallback, record);
-            if (event == NULL) {
-                if (!PyErr_ExceptionMatches(db_poison_type))
-                    goto fail_record;
-                PyObject *type, *exc, *tb;
-                PyErr_Fetch(&type, &exc, &tb);
-                PyErr_NormalizeException(&type, &exc, &tb);
-                if (tb != NULL)
-                    PyException_SetTraceback(exc, tb);
-                PyObject *pair = PyTuple_Pack(2, record, exc);
-                Py_XDECREF(type);
-                Py_XDECREF(exc);
-                Py_XDECREF(tb);
-                if (pair == NULL || PyList_Append(poisons, pair) < 0) {
-                    Py_XDECREF(pair);
-                    goto fail_record;
-                }
-                Py_DECREF(pair);
-                Py_DECREF(record);
-                continue;
-            }
-        }
-        int appended = PyList_Append(events, event);
-        Py_DECREF(event);
-        if (appended < 0)
+        if (db_take(record, raw, &x, events, poisons) < 0)
             goto fail_record;
         Py_DECREF(record);
         continue;
@@ -1500,34 +1503,9 @@ speedups_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(fields[f]);
         if (record == NULL)
             goto fail;
-        PyObject *event = decode_one(record, db_event_type, db_ops, db_loads, raw, &x.m, &x.sm, &x.cache);
-        if (event == Py_None) {
-            Py_DECREF(event);
-            event = PyObject_CallOneArg(db_fallback, record);
-            if (event == NULL && PyErr_ExceptionMatches(db_poison_type)) {
-                PyObject *type, *exc, *tb;
-                PyErr_Fetch(&type, &exc, &tb);
-                PyErr_NormalizeException(&type, &exc, &tb);
-                if (tb != NULL)
-                    PyException_SetTraceback(exc, tb);
-                PyObject *pair = PyTuple_Pack(2, record, exc);
-                Py_XDECREF(type);
-                Py_XDECREF(exc);
-                Py_XDECREF(tb);
-                int kept = pair != NULL && PyList_Append(poisons, pair) == 0;
-                Py_XDECREF(pair);
-                Py_DECREF(record);
-                if (!kept)
-                    goto fail;
-                continue;
-            }
-        }
+        int taken = db_take(record, raw, &x, events, poisons);
         Py_DECREF(record);
-        if (event == NULL)
-            goto fail;
-        int appended = PyList_Append(events, event);
-        Py_DECREF(event);
-        if (appended < 0)
+        if (taken < 0)
             goto fail;
     }
     if (run_topic != NULL && packed_end(ends, run_topic, run_partition, run_offset) < 0)
