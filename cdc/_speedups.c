@@ -1321,6 +1321,27 @@ decode_setup(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* A LogRecord (a 6-tuple of `record_type`) of `fields`, whose references it takes (each one is
+ * dropped either way); NULL with the error set when a field is NULL (its making failed) or the
+ * allocation does. */
+static PyObject *
+record_of(PyTypeObject *record_type, PyObject **fields)
+{
+    PyObject *record = NULL;
+    int complete = 1;
+    for (int f = 0; f < 6; f++)
+        complete = complete && fields[f] != NULL;
+    if (complete && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
+        for (int f = 0; f < 6; f++) {
+            PyTuple_SET_ITEM(record, f, fields[f]);
+            fields[f] = NULL;
+        }
+    }
+    for (int f = 0; f < 6; f++)
+        Py_XDECREF(fields[f]);
+    return record;
+}
+
 /* One record of decode_batch / decode_packed: its SinkEvent appended to `events`, or, where the C
  * decoder leaves it to the general one (decode_record) and that refuses it as poison,
  * (record, the error) appended to `poisons`. 0, or -1 with an error set (any other error). */
@@ -1491,16 +1512,7 @@ speedups_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         at += value_len > 0 ? value_len : 0;
         if (value_len > 0)
             nbytes += value_len;
-        PyObject *record = NULL;
-        if (fields[1] && fields[2] && fields[3] && fields[4] && fields[5]
-                && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
-            for (int f = 0; f < 6; f++) {
-                PyTuple_SET_ITEM(record, f, fields[f]);
-                fields[f] = NULL;
-            }
-        }
-        for (int f = 0; f < 6; f++)
-            Py_XDECREF(fields[f]);
+        PyObject *record = record_of(record_type, fields);
         if (record == NULL)
             goto fail;
         int taken = db_take(record, raw, &x, events, poisons);
@@ -1651,16 +1663,7 @@ speedups_log_records(PyObject *self, PyObject *args)
         else if (stamp != NULL)
             PyErr_SetString(PyExc_TypeError, "Message.timestamp() is not a pair");
         Py_XDECREF(stamp);
-        PyObject *record = NULL;
-        if (fields[0] && fields[1] && fields[2] && fields[3] && fields[4] && fields[5]
-                && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
-            for (int f = 0; f < 6; f++) {
-                PyTuple_SET_ITEM(record, f, fields[f]);
-                fields[f] = NULL;
-            }
-        }
-        for (int f = 0; f < 6; f++)
-            Py_XDECREF(fields[f]);
+        PyObject *record = record_of(record_type, fields);
         int appended = record != NULL && PyList_Append(out, record) == 0;
         Py_XDECREF(record);
         if (!appended)
