@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pyspark.sql import types as T
 
 from cdc.api import renames_to_follow
-
 from spark_sinks.parse import PREFIX
 from spark_sinks.schemas import TableShape
 from spark_sinks.types import fits, widening

@@ -373,7 +373,8 @@ class DeltaJob:
             # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
             extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
             struct = T.StructType([*shape.struct().fields, *extra])
-            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]), target.former_names(session))
+            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]),
+                                 shape.with_former(target.former_names(session)))
         if self.mode == "scd2":
             with clock.phase("plan"):
                 fresh = decoder.prepare(scd2.newer_than_history(session, target, changes))

@@ -52,6 +52,15 @@ class TableShape:
         """Every earlier name of a column: rows of an older shape carry its values under it."""
         return {old for _, olds in self.earlier for old in olds}
 
+    def with_former(self, former: dict[str, list[str]]) -> dict[str, list[str]]:
+        """A table's earlier names (``former``: column -> names, newest first, the renames it
+        followed) and after them those this shape knows of its columns: a table made before the
+        shapes' renames were chained may lack some, which rows of those shapes still carry."""
+        out = {name: list(names) for name, names in former.items()}
+        for name, olds in self.earlier:
+            out[name] = list(dict.fromkeys([*out.get(name, ()), *olds]))
+        return out
+
     def struct(self) -> T.StructType:
         return T.StructType([T.StructField(name, kind, True) for name, kind in self.columns])
 

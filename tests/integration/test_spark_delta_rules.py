@@ -127,6 +127,9 @@ def test_a_schema_plan_chains_the_renames_of_the_shapes_the_table_skipped():
     assert (result.rename, result.passed) == ([("memo", "Remark")], {})
     # Already renamed (a replayed batch): nothing to do.
     assert plan(shape, _table(("id", T.LongType()), ("remark", T.StringType())), ("id",)).rename == []
+    # A table made in shape 3 before the renames were chained knew remark's last earlier name only:
+    # rows under note still find their column.
+    assert shape.with_former({"Remark": ["memo"], "x": ["y"]}) == {"Remark": ["memo", "note"], "x": ["y"]}
 
 
 def test_a_renamed_column_remembers_its_earlier_names_newest_first():
