@@ -4,7 +4,8 @@ of a bulk load's window), sinks/opensearch/_lines.c (the OpenSearch sink's
 reduction and bulk lines), sources/mysql/_rowdecode.c (binlog row images of the common column
 types), sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text, and its COPY read
 in blocks), cdc/_rdconsume.c (a bulk load's Kafka reader) and cdc/_rdproduce.c (snapshot rows to
-Kafka a block per call), both linked to the system's librdkafka: apt's librdkafka-dev. Without a
+Kafka a block per call), both linked to the system's librdkafka: apt's librdkafka-dev. cdc/_rowblock.h
+cuts a RowBlock's lines for both _speedups (emit_rows) and _rdproduce. Without a
 compiler (or librdkafka's headers) the build goes on without them, and the Python code they mirror
 runs instead (the same output, slower)."""
 
@@ -13,7 +14,8 @@ from setuptools import Extension, setup
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 
 setup(ext_modules=[
-    Extension("cdc._speedups", ["cdc/_speedups.c"], optional=True, extra_compile_args=FLAGS),
+    Extension("cdc._speedups", ["cdc/_speedups.c"], depends=["cdc/_rowblock.h"], optional=True,
+              extra_compile_args=FLAGS),
     Extension("cdc._window", ["cdc/_window.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sinks.opensearch._lines", ["sinks/opensearch/_lines.c"], optional=True, extra_compile_args=FLAGS),
     Extension("sources.mysql._rowdecode", ["sources/mysql/_rowdecode.c"], optional=True, extra_compile_args=FLAGS),
@@ -21,5 +23,6 @@ setup(ext_modules=[
               extra_compile_args=FLAGS),
     Extension("cdc._rdconsume", ["cdc/_rdconsume.c"], optional=True, extra_compile_args=FLAGS,
               libraries=["rdkafka"]),
-    Extension("cdc._rdproduce", ["cdc/_rdproduce.c"], optional=True, libraries=["rdkafka"], extra_compile_args=FLAGS),
+    Extension("cdc._rdproduce", ["cdc/_rdproduce.c"], depends=["cdc/_rowblock.h"], optional=True,
+              libraries=["rdkafka"], extra_compile_args=FLAGS),
 ])

@@ -20,6 +20,8 @@
 #include <string.h>
 #include <librdkafka/rdkafka.h>
 
+#include "_rowblock.h"
+
 static PyObject *ProduceError;  /* args: (code, name, description) */
 
 static void
@@ -284,18 +286,11 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const char *start = block.buf, *end = start + block.len, *p;
-    size_t longest = 0;
-    for (p = start; p < end;) {  /* every line whole and with its key's tab, before any record goes */
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL || memchr(p, '\t', (size_t)(eol - p)) == NULL) {
-            PyBuffer_Release(&block);
-            self->busy = 0;
-            PyErr_SetString(PyExc_TypeError, "produce_rows: a line without its key, or a block not ending in a newline");
-            return NULL;
-        }
-        if ((size_t)(eol - p) > longest)
-            longest = (size_t)(eol - p);
-        p = eol + 1;
+    size_t longest;
+    if (rowblock_check(start, end, &longest, "produce_rows") < 0) {
+        PyBuffer_Release(&block);
+        self->busy = 0;
+        return NULL;
     }
     /* The heads and tails are immutable bytes the caller holds for the call. */
     const char *vh = PyBytes_AS_STRING(args[2]), *vt = PyBytes_AS_STRING(args[3]);
@@ -316,15 +311,12 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     Py_BEGIN_ALLOW_THREADS
     int since_poll = 0;
     for (p = start; p < end;) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        const char *tab = memchr(p, '\t', (size_t)(eol - p));
-        const char *json = tab + 1, *json_end = memchr(json, '\t', (size_t)(eol - json));
-        if (json_end == NULL)
-            json_end = eol;
-        size_t nk = (size_t)(tab - p), nj = (size_t)(json_end - json);
-        memcpy(v + nvh, json, nj);
+        RowLine line;
+        p = rowblock_line(p, end, &line);
+        size_t nk = line.nkey, nj = line.njson;
+        memcpy(v + nvh, line.json, nj);
         memcpy(v + nvh + nj, vt, nvt);
-        memcpy(k + nkh, p, nk);
+        memcpy(k + nkh, line.key, nk);
         memcpy(k + nkh + nk, kt, nkt);
         while (rd_kafka_produce(rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, v, nvh + nj + nvt,
                                 k, nkh + nk + nkt, NULL) == -1) {
@@ -341,7 +333,6 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
             since_poll = 0;
             rd_kafka_poll(self->rk, 0);
         }
-        p = eol + 1;
     }
     rd_kafka_poll(self->rk, 0);
     Py_END_ALLOW_THREADS

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <stdint.h>
 
+#include "_rowblock.h"
+
 static PyObject *dumps = NULL;        /* orjson.dumps */
 static PyObject *op_truncate = NULL;  /* Op.TRUNCATE */
 static PyObject *op_delete = NULL;    /* Op.DELETE */
@@ -1705,23 +1707,15 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t nvh = PyBytes_GET_SIZE(args[4]), nvt = PyBytes_GET_SIZE(args[5]);
     Py_ssize_t nkh = PyBytes_GET_SIZE(args[6]), nkt = PyBytes_GET_SIZE(args[7]);
     const char *start = block.buf, *end = start + block.len, *p;
-    for (p = start; p < end;) {  /* every line whole and with its key's tab, before any record goes */
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL || memchr(p, '\t', (size_t)(eol - p)) == NULL) {
-            PyBuffer_Release(&block);
-            PyErr_SetString(PyExc_TypeError, "emit_rows: a line without its key, or a block not ending in a newline");
-            return NULL;
-        }
-        p = eol + 1;
+    if (rowblock_check(start, end, NULL, "emit_rows") < 0) {
+        PyBuffer_Release(&block);
+        return NULL;
     }
     long long nbytes = 0;
     for (p = start; p < end;) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        const char *tab = memchr(p, '\t', (size_t)(eol - p));
-        const char *json = tab + 1, *json_end = memchr(json, '\t', (size_t)(eol - json));
-        if (json_end == NULL)
-            json_end = eol;
-        Py_ssize_t nk = tab - p, nj = json_end - json;
+        RowLine line;
+        p = rowblock_line(p, end, &line);
+        Py_ssize_t nk = (Py_ssize_t)line.nkey, nj = (Py_ssize_t)line.njson;
         PyObject *value = PyBytes_FromStringAndSize(NULL, nvh + nj + nvt);
         PyObject *key = value ? PyBytes_FromStringAndSize(NULL, nkh + nk + nkt) : NULL;
         if (key == NULL) {
@@ -1731,10 +1725,10 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         char *v = PyBytes_AS_STRING(value), *k = PyBytes_AS_STRING(key);
         memcpy(v, vh, (size_t)nvh);
-        memcpy(v + nvh, json, (size_t)nj);
+        memcpy(v + nvh, line.json, (size_t)nj);
         memcpy(v + nvh + nj, vt, (size_t)nvt);
         memcpy(k, kh, (size_t)nkh);
-        memcpy(k + nkh, p, (size_t)nk);
+        memcpy(k + nkh, line.key, (size_t)nk);
         memcpy(k + nkh + nk, kt, (size_t)nkt);
         nbytes += nvh + nj + nvt;
         PyObject *r = call_with_room(emit, room, topic, value, key);
@@ -1745,7 +1739,6 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
         Py_DECREF(r);
-        p = eol + 1;
     }
     PyBuffer_Release(&block);
     return PyLong_FromLongLong(nbytes);

@@ -67,9 +67,12 @@ here or on the ``SinkContext`` it is handed:
   data topics matching the sink's globs, and the sources' stored checkpoints
   (``checkpoint_feed``: for a sink that tells readers how far each source is applied);
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
-  ``open_kafka_log``, ``schema_changes_topic``, ``ConnectorStats``; for a launcher that runs a
+  ``open_kafka_log``, ``schema_changes_topic``, ``SchemaBook`` (a topic's shapes read from the
+  schema topic, as the runtime reads them), ``ConnectorStats``; for a launcher that runs a
   self-driven sink outside the daemon (spark-submit): ``load_sink_settings``; for a sink running
-  Spark locally: ``spark_jars``; for a sink decoding ``avro`` records itself: ``avro_writer_schema``.
+  Spark locally: ``spark_jars``; for a sink decoding ``avro`` records itself: ``avro_writer_schema``;
+* for a sink that follows renames: ``earlier_names`` and ``renames_to_follow`` (cdc/renames.py:
+  the renames of the shapes a table skips, chained).
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ from cdc.events import Batch, Op
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import CheckpointFeed
 from cdc.positions import Position
+from cdc.renames import earlier_names, renames_to_follow
+from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.stats import ConnectorStats
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
@@ -118,7 +123,8 @@ __all__ = [
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
     "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
-    "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "open_kafka_log",
+    "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "SchemaBook", "open_kafka_log",
+    "earlier_names", "renames_to_follow",
     "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
     "BulkLoadableSink", "WindowPart", "raw_columns_first",
 ]
@@ -341,8 +347,8 @@ class SinkContext:
 
     ``shapes_between(topic, after, before)`` lists the topic's schema records with ``after <
     version < before``, oldest first: the shapes a table following shape ``after`` skips when the
-    rows it gets next name ``before``. A sink that follows renames chains theirs, since a column's
-    ``renamed_from`` names it in the shape just before (rows of the shape between may all be in
+    rows it gets next name ``before``. A sink that follows renames chains theirs (``earlier_names``,
+    ``renames_to_follow``), since a column's ``renamed_from`` names it in the shape just before (rows of the shape between may all be in
     another partition, read later).
 
     ``delete_retention_ms(topic)`` is the topic's ``delete.retention.ms`` (how long a tombstone

@@ -1,6 +1,7 @@
 """What a table must do to follow its source's shape: columns to add, types to widen, values to cast.
 
-First the renames: a source column whose ``renamed_from`` names a column the table has, while the
+First the renames: a source column that once had the name of a column the table has (its
+``renamed_from``, chained over the shapes the table skipped: ``TableShape.earlier``), while the
 table lacks the new name and the shape the old one, is renamed in place (``ALTER TABLE ... RENAME
 COLUMN``, through Delta's column mapping): its values stay, under the new name. Then, for each
 source column:
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import types as T
 
+from cdc.api import renames_to_follow
 from spark_sinks.parse import PREFIX
 from spark_sinks.schemas import TableShape
 from spark_sinks.types import fits, widening
@@ -35,6 +37,8 @@ from spark_sinks.types import fits, widening
 class Plan:
     add: list[T.StructField] = field(default_factory=list)
     rename: list[tuple[str, str]] = field(default_factory=list)     # (the table's old name, new name)
+    # new name -> the names the column had in the shapes the table skipped, newest first
+    passed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
     casts: dict[str, T.DataType] = field(default_factory=dict)   # source column -> the table's type
     incompatible: list[str] = field(default_factory=list)        # why, one entry per problem
@@ -55,13 +59,13 @@ def plan(shape: TableShape, table_schema: T.StructType, table_key: tuple[str, ..
     existing = {f.name.lower(): f for f in data_fields(table_schema)}
     if table_key is not None and tuple(k.lower() for k in table_key) != tuple(k.lower() for k in shape.key):
         out.incompatible.append(f"the key changed from ({', '.join(table_key)}) to ({', '.join(shape.key)})")
-    names = {name.lower() for name in shape.names}
-    for new, old in shape.renamed:
-        column = existing.get(old.lower())
-        if column is not None and new.lower() not in existing and old.lower() not in names:
-            out.rename.append((column.name, new))
-            del existing[old.lower()]
-            existing[new.lower()] = T.StructField(new, column.dataType, column.nullable)
+    earlier = {name: () for name in shape.names} | dict(shape.earlier)
+    for new, (old, passed) in renames_to_follow(earlier, [f.name for f in existing.values()], str.lower).items():
+        column = existing.pop(old.lower())
+        out.rename.append((old, new))
+        if passed:
+            out.passed[new] = passed
+        existing[new.lower()] = T.StructField(new, column.dataType, column.nullable)
     for name, kind in shape.columns:
         column = existing.get(name.lower())
         if column is None:

@@ -277,12 +277,12 @@ class DeltaJob:
             return TableShape(tuple((n, existing[n.lower()].dataType if n.lower() in existing else t)
                                     for n, t in inferred.columns), key, False)
         # Names that rows of a shape before a rename carry are that column's (RowDecoder).
-        seen -= {old for _, old in shape.renamed}
+        seen -= shape.former_names
         seen -= {old for olds in target.former_names(session).values() for old in olds}
         missing = shape.missing(seen)
         if missing:
             shape = self.registry.shape(topic)  # the record may have come after the rows
-            seen -= {old for _, old in shape.renamed}
+            seen -= shape.former_names
             missing = shape.missing(seen)
             if missing:
                 log.warning("table %s: column(s) %s are in the rows but not in the schema record; "
@@ -300,7 +300,7 @@ class DeltaJob:
                                   or record["version"] < named):
             raise RetriableError(f"sink {self.name}: rows of {topic} name shape {named}, which "
                                  f"{self.registry.topic} does not hold yet")
-        return TableShape.from_record(record, self.config.json_columns) if record is not None else None
+        return self.registry.shape_of(topic, record) if record is not None else None
 
     def _refuse_widening(self, target: TableTarget, plan: evolve.Plan, table_schema) -> None:
         """``fail`` stops at a type change even where Delta could widen the column losslessly: the
@@ -373,7 +373,8 @@ class DeltaJob:
             # Columns the table has and the shape lacks are read too (NULL when the rows lack them).
             extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
             struct = T.StructType([*shape.struct().fields, *extra])
-            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]), target.former_names(session))
+            decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]),
+                                 shape.with_former(target.former_names(session)))
         if self.mode == "scd2":
             with clock.phase("plan"):
                 fresh = decoder.prepare(scd2.newer_than_history(session, target, changes))

@@ -1,11 +1,18 @@
 """Table shapes from ``<prefix>.schema-changes``, as Spark schemas.
 
-The driver reads the compacted schema topic (small: one record per table) through the framework's
-log client, and again only when its end offsets moved, so asking for a table's shape each
+The driver reads the schema topic through the framework's ``SchemaBook`` (cdc.api): again only
+when its end offsets moved, and then only what it gained, so asking for a table's shape each
 micro-batch costs one metadata request. A source publishes a table's new shape before the first
 event that has it, but on another topic: a micro-batch can hold an event whose column the reader
 has not seen yet. ``TableShape.missing`` tells the caller, which then refreshes (and, if the
 column is still unknown, stores it as text rather than drop it).
+
+A table follows its topic's newest shape, which may be several shapes past the one it had (a sink
+stopped over several DDL statements, two renames between two batches). A column's
+``renamed_from`` names it in the shape just before only, so a shape carries the earlier names of
+its columns over the topic's whole history (``TableShape.earlier``, cdc.api's ``earlier_names``):
+``note -> memo -> remark`` renames a table's ``note`` to ``remark``, and rows under ``memo``,
+read later, land there too.
 """
 
 from __future__ import annotations
@@ -13,14 +20,16 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
-import orjson
 from pyspark.sql import types as T
 
-from cdc.api import Log, schema_changes_topic
+from cdc.api import Log, SchemaBook, earlier_names, schema_changes_topic
 from spark_sinks.types import spark_type
 
 log = logging.getLogger(__name__)
+
+OLDEST = -1 << 63
 
 
 @dataclass(frozen=True)
@@ -30,12 +39,27 @@ class TableShape:
     columns: tuple[tuple[str, T.DataType], ...]
     key: tuple[str, ...]
     from_schema_record: bool   # False: inferred from the values' names, every column text
-    # (new name, old name) of the columns the source says it renamed (a column's ``renamed_from``)
-    renamed: tuple[tuple[str, str], ...] = ()
+    # (column, its earlier names, newest first) of the columns the source renamed in this shape or
+    # an earlier one (``renamed_from``, chained over the topic's shapes)
+    earlier: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.columns)
+
+    @property
+    def former_names(self) -> set[str]:
+        """Every earlier name of a column: rows of an older shape carry its values under it."""
+        return {old for _, olds in self.earlier for old in olds}
+
+    def with_former(self, former: dict[str, list[str]]) -> dict[str, list[str]]:
+        """A table's earlier names (``former``: column -> names, newest first, the renames it
+        followed) and after them those this shape knows of its columns: a table made before the
+        shapes' renames were chained may lack some, which rows of those shapes still carry."""
+        out = {name: list(names) for name, names in former.items()}
+        for name, olds in self.earlier:
+            out[name] = list(dict.fromkeys([*out.get(name, ()), *olds]))
+        return out
 
     def struct(self) -> T.StructType:
         return T.StructType([T.StructField(name, kind, True) for name, kind in self.columns])
@@ -46,14 +70,16 @@ class TableShape:
 
     def with_text_columns(self, names: list[str]) -> TableShape:
         return TableShape(self.columns + tuple((n, T.StringType()) for n in names), self.key,
-                          self.from_schema_record, self.renamed)
+                          self.from_schema_record, self.earlier)
 
     @staticmethod
-    def from_record(record: dict, json_columns: str = "string") -> TableShape:
+    def from_record(record: dict, json_columns: str = "string", before: Sequence[dict] = ()) -> TableShape:
+        """The shape of schema record ``record``; ``before``: the topic's records before it,
+        oldest first (whose renames it chains)."""
         columns = tuple((c["name"], spark_type(c["type"], json_columns)) for c in record["columns"])
         key = tuple(c["name"] for c in record["columns"] if c.get("key"))
-        renamed = tuple((c["name"], c["renamed_from"]) for c in record["columns"] if c.get("renamed_from"))
-        return TableShape(columns, key, True, renamed)
+        earlier = tuple((name, olds) for name, olds in earlier_names((*before, record)).items() if olds)
+        return TableShape(columns, key, True, earlier)
 
     @staticmethod
     def inferred(seen: set[str], key: tuple[str, ...]) -> TableShape:
@@ -63,44 +89,53 @@ class TableShape:
 
 
 class SchemaRegistry:
-    """topic -> the newest schema record of its table. Thread-safe."""
+    """topic -> the schema records of its table: the newest, and those before it. Thread-safe."""
 
     def __init__(self, log_: Log | None, prefix: str, json_columns: str = "string") -> None:
-        self._log = log_
         self.prefix = prefix
         self.json_columns = json_columns   # the Spark type of json/jsonb columns (types.spark_type)
         self.topic = schema_changes_topic(prefix)
-        self._records: dict[str, dict] = {}
-        self._ends: dict | None = None
+        self._book = SchemaBook(log_, prefix) if log_ is not None else None
+        self._remembered: dict[str, list[dict]] = {}   # topic -> records given to ``remember``, in order
         self._lock = threading.Lock()
 
-    def record(self, topic: str, *, refresh: bool = True) -> dict | None:
+    def record(self, topic: str) -> dict | None:
+        """The newest schema record of ``topic`` (None: none published), read again first."""
         with self._lock:
-            if refresh:
-                self._refresh()
-            return self._records.get(topic)
+            return self._newest(topic)
 
-    def shape(self, topic: str, *, refresh: bool = True) -> TableShape | None:
-        record = self.record(topic, refresh=refresh)
-        return TableShape.from_record(record, self.json_columns) if record is not None else None
+    def shape(self, topic: str) -> TableShape | None:
+        """The newest shape of ``topic`` (read again first), see ``shape_of``."""
+        record = self.record(topic)
+        return self.shape_of(topic, record) if record is not None else None
+
+    def shape_of(self, topic: str, record: dict) -> TableShape:
+        """The shape of ``topic``'s schema record ``record``, with the earlier names of its
+        columns over the records before it."""
+        with self._lock:
+            return TableShape.from_record(record, self.json_columns, self._before(topic, record))
 
     def remember(self, topic: str, record: dict) -> None:
-        """Use ``record`` for ``topic`` until the schema topic says otherwise (for callers without
-        a log: benchmarks, tools)."""
+        """Use ``record`` for ``topic`` as its newest shape, after those remembered before (for
+        callers without a log: benchmarks, tools)."""
         with self._lock:
-            self._records[topic] = record
+            self._remembered.setdefault(topic, []).append(record)
 
-    def _refresh(self) -> None:
-        if self._log is None or (self._ends is None and self.topic not in self._log.topics()):
-            return
-        ends = self._log.end_offsets(self.topic)
-        if ends == self._ends:
-            return
-        for record in self._log.read_all(self.topic):  # (partition, offset) order: newest last
-            if record.value is None:
-                continue
-            value = orjson.loads(record.value)
-            name = f"{self.prefix}.{value.get('schema') or value['db']}.{value['table']}"
-            self._records[name] = value
-        self._ends = ends
-        log.debug("schema records read: %d tables", len(self._records))
+    def _newest(self, topic: str) -> dict | None:
+        if self._book is not None:
+            self._book.refresh()
+            record = self._book.schema_for(topic)
+            if record is not None:
+                return record
+        remembered = self._remembered.get(topic)
+        return remembered[-1] if remembered else None
+
+    def _before(self, topic: str, record: dict) -> list[dict]:
+        """The records of ``topic`` before ``record``, oldest first."""
+        remembered = self._remembered.get(topic)
+        if remembered and remembered[-1] is record:
+            return remembered[:-1]
+        version = record.get("version")
+        if self._book is None or not isinstance(version, int):
+            return []
+        return self._book.shapes_between(topic, OLDEST, version)

@@ -158,8 +158,8 @@ class TableTarget:
     def create(self, session: SparkSession, shape: TableShape, properties: dict[str, str]) -> None:
         builder = DeltaTable.createIfNotExists(session).location(self.path)
         builder = builder.addColumns(T.StructType([*shape.struct().fields, *bookkeeping(self.mode)]))
-        # The compacted topic may hold rows written before a rename, under the old name.
-        former = with_renames(self.inherited_former, shape.renamed)
+        # The compacted topic may hold rows written before a rename, under an earlier name.
+        former = with_renames(self.inherited_former, shape.earlier)
         ours = {KEY_PROPERTY: ",".join(shape.key), MODE_PROPERTY: self.mode,
                 **({FORMER_PROPERTY: json.dumps(former)} if former else {})}
         for name, value in {**COLUMN_MAPPING, **properties, **ours}.items():
@@ -183,7 +183,7 @@ class TableTarget:
         if plan.changes_table:
             self._schema = None
         if plan.rename:
-            self.rename(session, plan.rename)
+            self.rename(session, plan.rename, plan.passed)
         new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
         if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
             # A table created with such a column has the feature; one that gains it must ask.
@@ -201,11 +201,14 @@ class TableTarget:
                             f"TYPE {kind.simpleString()}")
                 log.info("table %s: column %s widened to %s", self.name, name, kind.simpleString())
 
-    def rename(self, session: SparkSession, renames: list[tuple[str, str]]) -> None:
-        """Rename columns in place ((old, new) pairs), their values kept. The earlier names are
-        recorded first: a crash in between leaves a rename that the replayed batch makes, never a
-        renamed column whose old name is forgotten."""
-        former = with_renames(self.former_names(session), [(new, old) for old, new in renames])
+    def rename(self, session: SparkSession, renames: list[tuple[str, str]],
+               passed: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Rename columns in place ((old, new) pairs), their values kept; ``passed``: new name ->
+        the names the column had in the shapes between (newest first), which rows of those shapes
+        carry. The earlier names are recorded first: a crash in between leaves a rename that the
+        replayed batch makes, never a renamed column whose old name is forgotten."""
+        former = with_renames(self.former_names(session),
+                              [(new, (*(passed or {}).get(new, ()), old)) for old, new in renames])
         self.set_properties(session, {FORMER_PROPERTY: json.dumps(former)})
         if self.properties(session).get("delta.columnMapping.mode", "none") == "none":
             # A table made without column mapping (before the sink made its tables with it, or
@@ -222,12 +225,11 @@ class TableTarget:
 
 
 def with_renames(former: dict[str, list[str]], renamed) -> dict[str, list[str]]:
-    """``former`` (column -> earlier names, newest first) after the renames ``renamed`` ((new,
-    old) pairs): the new name inherits the old one's earlier names."""
+    """``former`` (column -> earlier names, newest first) after the renames ``renamed`` ((new
+    name, its earlier names newest first) pairs): the new name inherits the earlier names of
+    each of those."""
     out = {name: list(names) for name, names in former.items()}
-    for new, old in renamed:
-        if new == old:
-            continue
-        earlier = [old, *out.pop(old, [])]
+    for new, olds in renamed:
+        earlier = [n for old in olds for n in (old, *out.pop(old, []))]
         out[new] = [n for n in dict.fromkeys([*earlier, *out.get(new, [])]) if n != new]
     return out

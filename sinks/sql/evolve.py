@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from cdc.api import earlier_names, renames_to_follow
 from sinks.sql.bookkeeping import SourceColumn, TableEntry
 from sinks.sql.types import Family, grows, infer_type, parse_type, target_type
 
@@ -57,28 +58,9 @@ def renamed_columns(entry: TableEntry, record: dict[str, Any], between: Sequence
     one of them are chained (label -> title in one, note -> memo -> remark over two): only their
     renames, not their columns, which ``record`` decides. The names in between are those rows of
     the skipped shapes, read later, carry their values under."""
-    names = {c["name"] for c in record.get("columns") or ()}
-    renames: dict[str, str] = {}
-    passed: dict[str, tuple[str, ...]] = {}
-    for new, before in earlier_names((*between, record)).items():
-        if new in entry.columns:
-            continue
-        old = next((i for i, name in enumerate(before) if name in entry.columns), None)
-        if old is not None and before[old] not in names:
-            renames[new] = before[old]
-            if old:
-                passed[new] = before[:old]
-    return renames, passed
-
-
-def earlier_names(shapes: Sequence[dict[str, Any]]) -> dict[str, tuple[str, ...]]:
-    """Each column of the last of ``shapes`` (oldest first) -> the names it had in the ones before,
-    newest first, by their ``renamed_from`` (each names only the shape just before)."""
-    names: dict[str, tuple[str, ...]] = {}
-    for shape in shapes:
-        names = {c["name"]: (c["renamed_from"], *names.get(c["renamed_from"], ())) if c.get("renamed_from")
-                 else names.get(c["name"], ()) for c in shape.get("columns") or ()}
-    return names
+    found = renames_to_follow(earlier_names((*between, record)), entry.columns)
+    return ({new: old for new, (old, _) in found.items()},
+            {new: passed for new, (_, passed) in found.items() if passed})
 
 
 def with_key(columns: list[SourceColumn], key_names: Iterable[str]) -> list[SourceColumn]:

@@ -25,12 +25,11 @@ from typing import Any, Callable
 import orjson
 import sqlalchemy as sa
 
-from cdc.api import PermanentError, RebuildRequired, SchemaChangeError
+from cdc.api import PermanentError, RebuildRequired, SchemaChangeError, earlier_names
 from sinks.sql import copy_rows
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.evolve import (KEY, diff, earlier_names, infer_columns, record_columns,
-                               renamed_columns, widens, with_key)
+from sinks.sql.evolve import KEY, diff, infer_columns, record_columns, renamed_columns, widens, with_key
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, TablePlan, column_plans
 from sinks.sql.reduce import TopicChanges
 from sinks.sql.target import Target

@@ -6,6 +6,11 @@ the rows not written since would hold NULL under the new name. Checked for the t
 reaches the table: a live sink under ``evolve`` (renamed in place), a new sink over the compacted
 topic (rows written before the rename, under the old name, land under the new one), and a sink
 under ``fail``, which stops with ``SchemaChangeError`` naming the column and writes nothing.
+
+A shape's ``renamed_from`` names the column in the shape just before, so a sink that sees two
+renames at once (it was stopped over both, or they came between two of its batches) must chain
+them: ``note -> memo -> remark`` renames the table's ``note`` to ``remark``, and rows of every
+shape, read in the same batch or later ones, land under ``remark``.
 """
 
 from __future__ import annotations
@@ -116,4 +121,53 @@ def test_a_rename_under_a_live_writer_keeps_the_values_under_the_new_name(spark,
             assert writer.error is None, writer.error
     finally:
         writer.close()
+        log.close()
+
+
+def test_two_renames_between_two_batches_keep_every_value_under_the_last_name(spark, pg_dsn, kafka_bootstrap,
+                                                                              kafka_topic, tmp_path):
+    """note -> memo -> remark while the sinks are stopped, with rows written under each name:
+    a sink caught up before (its next batch names shape 3, its table has ``note``), the same
+    reading a few records per batch (rows under ``memo`` come after its table took ``remark``),
+    and a new sink over the compacted topic (its table made in shape 3, rows of all three)."""
+    db = PgDb(pg_dsn)
+    db.seed()   # orders: 30 rows with note = 'seed'
+    prefix = kafka_topic
+    log = KafkaLog(kafka_bootstrap)
+    topic = f"{prefix}.public.orders"
+    whole = _config(tmp_path, "whole", prefix, kafka_bootstrap, "evolve")
+    split = _config(tmp_path, "split", prefix, kafka_bootstrap, "evolve", max_offsets_per_trigger=6)
+    try:
+        with capturing(pg_config(pg_dsn, tmp_path, slot=f"rr_{prefix}"), log, prefix) as capture:
+            wait_until(lambda: len(topic_state(log, topic)) == 30, capture=capture)
+            for config in (whole, split):
+                assert _catch_up(spark, config) is None
+
+            db.execute("UPDATE orders SET note = 'before' WHERE id <= 5")
+            db.execute("ALTER TABLE orders RENAME COLUMN note TO memo")
+            db.execute("INSERT INTO orders (id, memo) SELECT g, 'between' FROM generate_series(101, 105) g")
+            db.execute("UPDATE orders SET memo = 'between' WHERE id BETWEEN 6 AND 10")
+            db.execute("ALTER TABLE orders RENAME COLUMN memo TO remark")
+            db.execute("INSERT INTO orders (id, remark) SELECT g, 'after' FROM generate_series(201, 205) g")
+            db.execute("UPDATE orders SET remark = 'after' WHERE id BETWEEN 11 AND 15")
+            wait_until(lambda: topic_state(log, topic).get('{"id":205}'), what="the capture to catch up",
+                       capture=capture)
+            wait_until(lambda: topic_state(log, topic)['{"id":15}']["remark"] == "after",
+                       what="the capture to catch up", capture=capture)
+
+            fresh = _config(tmp_path, "fresh", prefix, kafka_bootstrap, "evolve", max_offsets_per_trigger=20)
+            columns = source_columns(db.url, "orders")
+            assert "remark" in columns and "memo" not in columns
+            expected = rows_of(db.url, "orders", columns)
+            for config in (whole, split, fresh):
+                assert _catch_up(spark, config) is None, config.name
+                frame = spark.read.format("delta").load(f"{config.path}/public/orders")
+                assert not {"note", "memo"} & set(frame.columns), (config.name, frame.columns)
+                assert frame.where("remark IS NULL").count() == 0, (config.name, frame.where("remark IS NULL")
+                                                                    .select("id").collect())
+                actual = delta_state(spark, f"{config.path}/public/orders", columns)
+                assert actual == expected, (config.name, {k: (expected.get(k), actual.get(k))
+                                                          for k in set(expected) | set(actual)
+                                                          if expected.get(k) != actual.get(k)})
+    finally:
         log.close()

@@ -94,7 +94,7 @@ def test_a_schema_plan_renames_a_column_the_source_renamed_in_place():
     record = {"columns": [{"name": "id", "type": "integer", "key": True},
                           {"name": "remark", "type": "numeric(14,4)", "renamed_from": "note"}]}
     shape = TableShape.from_record(record)
-    assert shape.renamed == (("remark", "note"),)
+    assert shape.earlier == (("remark", ("note",)),)
     result = plan(shape, _table(("id", T.IntegerType()), ("note", T.DecimalType(12, 2))), ("id",))
     assert result.rename == [("note", "remark")]
     assert result.add == []
@@ -102,15 +102,43 @@ def test_a_schema_plan_renames_a_column_the_source_renamed_in_place():
     # Already renamed (a replayed batch), or the old name still a column of the shape: nothing to rename.
     assert plan(shape, _table(("id", T.IntegerType()), ("remark", T.DecimalType(14, 4))), ("id",)).rename == []
     both = TableShape((("id", T.IntegerType()), ("note", T.StringType()), ("remark", T.StringType())), ("id",),
-                      True, (("remark", "note"),))
+                      True, (("remark", ("note",)),))
     assert plan(both, _table(("id", T.IntegerType()), ("note", T.StringType())), ("id",)).rename == []
 
 
+def test_a_schema_plan_chains_the_renames_of_the_shapes_the_table_skipped():
+    """renamed_from names the column in the shape just before: a table that still has ``note``
+    when the newest shape says ``remark`` renamed_from ``memo`` renames note to remark, and the
+    name passed on the way is kept for rows of that shape (read later); a shape in between gives
+    only its renames, not its columns."""
+    shapes = [{"columns": [{"name": "id", "type": "integer", "key": True}, {"name": "note", "type": "text"}]},
+              {"columns": [{"name": "id", "type": "integer", "key": True}, {"name": "memo", "type": "text",
+                                                                          "renamed_from": "note"},
+                           {"name": "early", "type": "text"}]},
+              {"columns": [{"name": "id", "type": "integer", "key": True}, {"name": "Remark", "type": "text",
+                                                                          "renamed_from": "memo"}]}]
+    shape = TableShape.from_record(shapes[-1], before=shapes[:-1])
+    assert shape.earlier == (("Remark", ("memo", "note")),)
+    assert shape.former_names == {"memo", "note"}
+    result = plan(shape, _table(("id", T.LongType()), ("NOTE", T.StringType())), ("id",))
+    assert (result.rename, result.passed, result.add) == ([("NOTE", "Remark")], {"Remark": ("memo",)}, [])
+    # The table at the middle shape: one rename, nothing passed.
+    result = plan(shape, _table(("id", T.LongType()), ("memo", T.StringType())), ("id",))
+    assert (result.rename, result.passed) == ([("memo", "Remark")], {})
+    # Already renamed (a replayed batch): nothing to do.
+    assert plan(shape, _table(("id", T.LongType()), ("remark", T.StringType())), ("id",)).rename == []
+    # A table made in shape 3 before the renames were chained knew remark's last earlier name only:
+    # rows under note still find their column.
+    assert shape.with_former({"Remark": ["memo"], "x": ["y"]}) == {"Remark": ["memo", "note"], "x": ["y"]}
+
+
 def test_a_renamed_column_remembers_its_earlier_names_newest_first():
-    former = with_renames({}, [("b", "a")])
+    former = with_renames({}, [("b", ("a",))])
     assert former == {"b": ["a"]}
-    assert with_renames(former, [("c", "b")]) == {"c": ["b", "a"]}
-    assert with_renames({"c": ["b", "a"]}, [("a", "c")]) == {"a": ["c", "b"]}   # back to a name it had
+    assert with_renames(former, [("c", ("b",))]) == {"c": ["b", "a"]}
+    assert with_renames({"c": ["b", "a"]}, [("a", ("c",))]) == {"a": ["c", "b"]}   # back to a name it had
+    # Over two shapes at once: the name passed on the way, then the table's, then its earlier ones.
+    assert with_renames({"b": ["a"]}, [("d", ("c", "b"))]) == {"d": ["c", "b", "a"]}
 
 
 def _config(**overrides) -> dict:
