@@ -7,7 +7,10 @@ Correctness rests on three rules:
    version-guarded, so a replay never regresses a key. The next batch is read and decoded while
    the sink writes the current one (on the sink's own thread, ``sink_thread``), but offsets are
    committed in batch order, each only after its own write succeeded; a batch read ahead of a
-   write that failed is dropped uncommitted and read again.
+   write that failed is dropped uncommitted and read again. A ``PipelinedSink`` keeps several
+   writes submitted and uncompleted (``write_pipeline``): a batch's offsets are committed, in
+   batch order, only once its own completion succeeded, and a failed one is written again the
+   usual way (rules 2 and 3) after every write in flight ended, nothing past it committed before.
 2. A ``RetriableError`` retries the *same* batch after a backoff (0.5 s doubling to 30 s): the
    offsets stay where they are, so nothing is skipped. The reader does not advance meanwhile:
    that is the backpressure.

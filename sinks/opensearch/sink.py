@@ -122,7 +122,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
             sending, count = self._send(reduce(events), self._writing())
         self._finish(sending, count)
 
-    def submit(self, events: list[SinkEvent]) -> "Submitted | None":
+    def submit(self, events: list[SinkEvent]) -> "SubmittedWrite | None":
         """``write`` up to the requests handed to the bulk pool (cdc.api.PipelinedSink); None,
         having sent nothing, unless the batch is a plain write: every topic's index prepared
         already in the shape the rows name, no truncate, and no tombstone to resolve against the
@@ -132,7 +132,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
         records) needs nothing: that delete is written with its version, as when both are in
         one batch (``documents.reduce``)."""
         if not events:
-            return Submitted(self, None, 0)
+            return SubmittedWrite(self, None, 0)
         self._started()
         generation = self._writing()
         with self._errors("write"):
@@ -147,7 +147,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
                     return None
                 for action in lone:
                     del changes.actions[action.doc_id]
-            submitted = Submitted(self, *self._send(reduced, generation))
+            submitted = SubmittedWrite(self, *self._send(reduced, generation))
         self._recent.append(reduced)
         return submitted
 
@@ -328,7 +328,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
             raise
 
 
-class Submitted:
+class SubmittedWrite:
     """A write submitted (``OpenSearchSink.submit``): ``wait`` on the sink's thread, after later
     writes may have been submitted, returns once every request of it has (cdc.api.WriteCompletion)."""
 
