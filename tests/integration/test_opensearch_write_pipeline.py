@@ -35,6 +35,7 @@ class Watched(OpenSearchSink):
         self.lock = threading.Lock()
         self.submitted: list[dict] = []  # {"first": {partition: offset}, "offsets": set, "ok": bool}
         self.failures: list[tuple[int, int]] = []  # (which submission failed, submissions made by then)
+        self.most_unsettled = 0  # the most writes submitted and not settled at once
 
     def submit(self, events):
         completion = super().submit(events)
@@ -47,6 +48,7 @@ class Watched(OpenSearchSink):
         with self.lock:
             self.submitted.append(entry)
             number = len(self.submitted)
+            self.most_unsettled = max(self.most_unsettled, sum(not e["ok"] for e in self.submitted))
         return _Watch(self, completion, entry, number)
 
     def write(self, events):
@@ -133,6 +135,13 @@ def prefix(kafka_topic, client):
     client.delete(index=STATE_INDEX, id=kafka_topic, params={"ignore": 404})
 
 
+def _caught_up(runner: SinkRunner, how: str) -> None:
+    if how == "rebuild":  # what `cdc bootstrap` and `cdc rebuild` run for this sink
+        runner.rebuild(threading.Event())
+    else:
+        runner.run(threading.Event(), until_caught_up=True)
+
+
 def test_offsets_are_never_committed_past_a_write_not_completed(log, prefix, client, opensearch_url):
     events, rows = _history(1500, 2)
     _publish(log, events, prefix=prefix, partitions=PARTITIONS)
@@ -142,14 +151,16 @@ def test_offsets_are_never_committed_past_a_write_not_completed(log, prefix, cli
     assert not watch.violations, watch.violations[:5]
     # Evidence that writes overlapped: commits came while later writes were submitted, unsettled.
     assert watch.past_unsettled >= 3, (watch.past_unsettled, watch.commits)
+    assert sink.most_unsettled == 3
     assert not sink.failures
     assert _documents(client, f"{prefix}.items") == rows
     ends, committed = _committed(log, prefix, prefix)
     assert committed == ends
 
 
+@pytest.mark.parametrize("how", ["run", "rebuild"])
 def test_a_failed_write_with_later_ones_in_flight_commits_nothing_past_it_and_ends_equal(
-        log, prefix, client, opensearch_url):
+        log, prefix, client, opensearch_url, how):
     """A document the index refuses (a mapping error) fails its write's completion while later
     writes are in flight: they end, nothing past the failed batch is committed until it is
     written again on its own (the refused document set aside), and the store equals the source."""
@@ -159,7 +170,8 @@ def test_a_failed_write_with_later_ones_in_flight_commits_nothing_past_it_and_en
     _publish(log, events, prefix=prefix, partitions=PARTITIONS)
     sink = _sink(opensearch_url, prefix, writes_in_flight=3)
     watch = CommitWatch(log, sink)
-    SinkRunner(sink, watch, prefix, group=prefix).run(threading.Event(), until_caught_up=True)
+    _caught_up(SinkRunner(sink, watch, prefix, group=prefix), how)
+    assert sink.most_unsettled >= 2, "the writes did not overlap"
     assert sink.failures, "no write's completion failed"
     failed, submitted_by_then = sink.failures[0]
     assert submitted_by_then > failed, "no later write was in flight when the completion failed"
