@@ -30,7 +30,9 @@ version checks cost from what the sink path costs.
 ``--no-read-ahead`` makes the runner read the next batch only after each write returned (the runner
 before read/write overlap), for comparison. ``--confluent-reads`` makes it fetch through
 confluent-kafka (``SinkRunner.packed_reads`` off) instead of the bulk reader, for comparison.
-``--via-rebuild`` runs the sink path as ``cdc bootstrap`` does for this sink
+``--writes-in-flight N`` sets the sink's ``writes_in_flight`` (1: each write completes before the
+next is submitted, as before pipelining; the default 2 keeps the node's queue filled across
+write boundaries). ``--via-rebuild`` runs the sink path as ``cdc bootstrap`` does for this sink
 (``SinkRunner.rebuild``). Checks that the alias counts every document.
 
 Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
@@ -215,13 +217,14 @@ def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: in
 
 def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_request: int,
              batch: int, read_ahead: bool = True, via_rebuild: bool = False,
-             packed_reads: bool = True) -> tuple[float, object]:
+             packed_reads: bool = True, writes_in_flight: int | None = None) -> tuple[float, object]:
     from cdc.runtime.sink_runner import SinkRunner
     from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 
     config = OpenSearchSinkConfig(name=name, hosts=[url], topics=[f"{prefix}.*"], index_name=f"{name}.{{table}}",
                                   batch_size=batch, bulk_max_docs=per_request,
-                                  bulk_concurrency=concurrency, drop_old_generation_after_s=0)
+                                  bulk_concurrency=concurrency, drop_old_generation_after_s=0,
+                                  **({} if writes_in_flight is None else {"writes_in_flight": writes_in_flight}))
     runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name, read_ahead=read_ahead)
     runner.packed_reads = packed_reads
     began = time.perf_counter()
@@ -321,6 +324,8 @@ def main() -> None:
                         help="the runner reads the next batch only after each write returned (no overlap)")
     parser.add_argument("--confluent-reads", action="store_true",
                         help="the runner fetches through confluent-kafka, not the bulk reader (for comparison)")
+    parser.add_argument("--writes-in-flight", type=int, default=None,
+                        help="the sink's writes_in_flight (default: the sink's default; 1: no pipelining)")
     parser.add_argument("--via-rebuild", action="store_true",
                         help="the sink path as `cdc bootstrap` runs it for this sink: SinkRunner.rebuild")
     parser.add_argument("--stages", action="store_true",
@@ -381,7 +386,8 @@ def main() -> None:
             name = f"{prefix}-ours{round_}"
             cpu, node, broker = time.process_time(), process_cpu(node_pid), process_cpu(broker_pid)
             ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch,
-                                      not args.no_read_ahead, args.via_rebuild, not args.confluent_reads)
+                                      not args.no_read_ahead, args.via_rebuild, not args.confluent_reads,
+                                      args.writes_in_flight)
             ours_cpu = time.process_time() - cpu
             settle(client, f"{name}.orders", count, f"{name}.*")
             ours_node, ours_broker = process_cpu(node_pid) - node, process_cpu(broker_pid) - broker

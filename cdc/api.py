@@ -40,6 +40,10 @@ Capabilities beyond ``write`` are declared by subclassing, and the runtime asks 
   policy can fill a new one from offset 0 while readers keep seeing the current one.
 * ``BulkLoadableSink`` (a Protocol): a rebuild's first window, reduced to the newest version per
   key in memory (``cdc.bulk_window``), goes into the new generation in bulk (``bulk_load``).
+* ``PipelinedSink`` (a Protocol): ``submit`` hands a batch's requests to the store and returns
+  at once with a ``WriteCompletion``; the runtime keeps up to ``writes_in_flight`` of them (2-3)
+  so the store always has work queued, and commits each batch's offsets, in batch order, only
+  once its own completion succeeded (the rules are in its docstring).
 * ``SelfDrivenSink``: the sink consumes the topics with its own machinery (Spark Structured
   Streaming keeps its offsets in its checkpoint); the runtime calls ``run`` instead of ``write``.
 
@@ -126,7 +130,7 @@ __all__ = [
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "SchemaBook", "open_kafka_log",
     "earlier_names", "renames_to_follow",
     "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
-    "BulkLoadableSink", "WindowPart", "raw_columns_first",
+    "BulkLoadableSink", "WindowPart", "raw_columns_first", "PipelinedSink", "WriteCompletion",
 ]
 
 
@@ -537,6 +541,48 @@ class BulkLoadableSink(Protocol):
 
     @abstractmethod
     def bulk_load(self, part: WindowPart) -> bool: ...
+
+
+class WriteCompletion(Protocol):
+    """What ``PipelinedSink.submit`` returns: ``wait()`` returns once the batch is durable (what
+    ``write`` returning means), or raises what ``write`` would have raised."""
+
+    def wait(self) -> None: ...
+
+
+@runtime_checkable
+class PipelinedSink(Protocol):
+    """A sink whose write can return once its requests are *submitted* (declared by naming it
+    among the sink's bases), so that the store is never idle between two writes: while it works
+    through one batch's requests, the sink reduces and encodes the next.
+
+    ``submit(events)`` does what ``write`` does up to handing the requests over and returns a
+    ``WriteCompletion``; or returns None, having done nothing, when the batch is not a plain write
+    (its store objects are to be made or changed first: a new index, a mapping to update, a
+    truncate, anything whose order relative to the writes before it matters). The runtime then
+    waits until every write in flight completed (a barrier) and writes the batch with ``write``,
+    before it submits anything after it. ``writes_in_flight`` (read once the sink started): how
+    many submitted writes the runtime keeps uncompleted at most (1: none overlap).
+
+    The runtime's side (cdc/runtime/sink_runner.py): ``submit``, ``wait`` and every other call on
+    the sink stay on the sink's one thread, in that order: a batch's completion is waited for
+    after later batches were submitted, never before its own submission. Offsets are committed
+    strictly in batch order, a batch's only once its own completion succeeded. A failed completion
+    (or a ``submit`` that raised) commits nothing past it: every write in flight is waited for,
+    the batch goes through ``write`` with the usual retries, poison isolation and dead letters,
+    and the later batches whose completion failed are written again; those that succeeded are
+    committed after it. So a sink that pipelines must take a batch applied *after* a later one
+    without regressing anything: its writes are version-guarded per key, including deletes (a
+    write whose version is not newer than the stored one is a no-op). Stops, rebuilds,
+    generation calls and a revocation wait for every write in flight first.
+    """
+
+    @property
+    @abstractmethod
+    def writes_in_flight(self) -> int: ...
+
+    @abstractmethod
+    def submit(self, events: list[SinkEvent]) -> WriteCompletion | None: ...
 
 
 @runtime_checkable

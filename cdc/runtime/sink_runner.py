@@ -7,7 +7,10 @@ Correctness rests on three rules:
    version-guarded, so a replay never regresses a key. The next batch is read and decoded while
    the sink writes the current one (on the sink's own thread, ``sink_thread``), but offsets are
    committed in batch order, each only after its own write succeeded; a batch read ahead of a
-   write that failed is dropped uncommitted and read again.
+   write that failed is dropped uncommitted and read again. A ``PipelinedSink`` keeps several
+   writes submitted and uncompleted (``write_pipeline``): a batch's offsets are committed, in
+   batch order, only once its own completion succeeded, and a failed one is written again the
+   usual way (rules 2 and 3) after every write in flight ended, nothing past it committed before.
 2. A ``RetriableError`` retries the *same* batch after a backoff (0.5 s doubling to 30 s): the
    offsets stay where they are, so nothing is skipped. The reader does not advance meanwhile:
    that is the backpressure.
@@ -45,7 +48,7 @@ from typing import Callable
 
 
 from cdc import bulk_window
-from cdc.api import BulkLoadableSink, RebuildableSink, Sink, SinkContext
+from cdc.api import BulkLoadableSink, PipelinedSink, RebuildableSink, Sink, SinkContext
 from cdc.bulk_window import NewestWindow
 from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
@@ -54,6 +57,7 @@ from cdc.runtime.gc_tuning import tune_gc
 from cdc.runtime.sink_group import GroupMembership
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
+from cdc.runtime.write_pipeline import InFlight
 from cdc.runtime.stats import ConnectorStats
 from cdc.runtime.window_loads import WindowLoads
 from cdc.schema_order import split_by_schema
@@ -63,6 +67,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 TOPIC_REFRESH_S = 5.0
+MAX_WRITES_IN_FLIGHT = 3  # a PipelinedSink's writes submitted and not completed (each holds its batch)
 BULK_POLL_RECORDS = 50_000  # records per read of a bulk rebuild (no write waits on them)
 BULK_ADD_RECORDS = 5_000    # records added to a window between checks of its size
 BULK_PART_KEYS = 100_000    # keys per part of a window handed to the sink (Python objects held at once)
@@ -113,7 +118,7 @@ class SinkRunner:
             raise ConfigError(f"sink {self.name}: scale_out: group needs a log with consumer groups (Kafka); "
                               f"{type(log_).__name__} has none")
         self._membership: GroupMembership | None = None  # while streaming as a group member
-        self._in_flight: PendingWrite | None = None  # the write a revocation waits for
+        self._writes = InFlight(self, 1)  # the writes in flight (a revocation waits for them); see run()
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -313,64 +318,40 @@ class SinkRunner:
         """``fn(*args)`` on the sink's thread (all sink calls are made there), waited for."""
         return self._sink_thread.call(fn, *args) if self._sink_thread is not None else fn(*args)
 
-    def _step(self, reader, pending: PendingWrite | None) -> PendingWrite | None:
-        """Read (and decode) a batch while ``pending`` is written; then commit ``pending``'s
-        offsets once its write succeeded, and hand the new batch to the sink's thread. Returns
-        the write now in flight. An error of ``pending``'s write is raised here, before anything
-        past it is committed; the batch read meanwhile is dropped (the next assignment or a
-        restart reads it again)."""
+    def _step(self, reader) -> None:
+        """Read (and decode) a batch while the writes in flight run; then settle the oldest until
+        there is room for it (``_writes``), hand it to the sink's thread, and commit the writes
+        settled, in order. An error of a write is raised here, before anything past it is
+        committed; the batch read meanwhile is dropped (the next assignment or a restart reads it
+        again)."""
         events, ends = self._batch(reader)
-        if pending is not None and pending.settled:  # a revocation while reading settled it
-            pending = None
-        if pending is not None:
-            self._settle(pending)
-        write = None
+        writes = self._writes
+        # Nothing read (caught up), or only poison records: everything in flight settles first.
+        settled = writes.make_room(everything=not events)
         if events:
-            # The next write goes out before the previous one's offsets are committed: the commit
+            # The next write goes out before the previous ones' offsets are committed: the commit
             # is a round trip to the log, and the store would wait for it. Commits stay in batch
             # order, each after its own write succeeded (no poll, so no revocation, comes between).
-            write = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
-            self._in_flight = write
-            self._bytes_of[write.future] = self._batch_bytes  # counted once the write is committed
-        if pending is not None:
-            try:
+            writes.hand(events, ends, self._batch_bytes)
+        try:
+            for pending in settled:
                 self._commit_write(reader, pending)
-            except BaseException:
-                if write is not None:
-                    write.settled = True
-                    self._bytes_of.pop(write.future, None)
-                    write.future.exception()  # let it end; nothing past the failed commit is committed
-                    self._read = {}
-                raise
-        if write is not None:
-            if self.read_ahead:
-                return write
-            self._finish(reader, write)
-            return None
-        if ends:  # only poison records, set aside already
+        except BaseException:
+            writes.drain()  # let them end; nothing past the failed commit is committed
+            self._read = {}
+            raise
+        if events:
+            if not self.read_ahead:
+                self._settle_all(reader)
+        elif ends:  # only poison records, set aside already
             self._commit(reader, ends, 0)
         else:
             self.stats.progressed()  # caught up
-        return None
 
-    def _finish(self, reader, pending: PendingWrite) -> None:
-        """Wait for ``pending``'s write; commit its offsets only if it succeeded (once: a
-        revocation may have done it already)."""
-        if pending.settled:
-            return
-        self._settle(pending)
-        self._commit_write(reader, pending)
-
-    def _settle(self, pending: PendingWrite) -> None:
-        """Wait for ``pending``'s write; its error is raised here (and it is settled: nothing of
-        it is committed, not even by a revocation)."""
-        try:
-            pending.future.result()
-        except BaseException:
-            pending.settled = True
-            self._bytes_of.pop(pending.future, None)
-            self._read = {}  # what was read past the failed batch is read again from the commits
-            raise
+    def _settle_all(self, reader) -> None:
+        """Wait for every write in flight and commit each, in order (once: a revocation may have)."""
+        for pending in self._writes.make_room(everything=True):
+            self._commit_write(reader, pending)
 
     def _commit_write(self, reader, pending: PendingWrite) -> None:
         """Commit the offsets of ``pending``, whose write succeeded (once)."""
@@ -397,9 +378,9 @@ class SinkRunner:
         self._sink_thread = SinkThread(self.name)
         self.sink.attach(self.context())
         reader = None
-        pending: PendingWrite | None = None
         try:
             self._sink_call(self.sink.start)
+            self._writes = InFlight(self, self._writes_in_flight())
             tune_gc()  # see cdc/runtime/gc_tuning.py: the batches in flight are walked again and again otherwise
             if self.scale_out and not (from_start or until_caught_up):
                 reader = self.log.member_reader(self.group)
@@ -416,12 +397,11 @@ class SinkRunner:
             refreshed = last_report = time.monotonic()
             while not stop_event.is_set():
                 try:
-                    pending = self._step(reader, pending)
-                    if targets is not None and pending is not None and self._covers(pending, targets):
-                        self._finish(reader, pending)  # the last batch: no need to read past the ends
-                        pending = None
+                    self._step(reader)
+                    if targets is not None and self._writes and self._covers(self._writes.newest, targets):
+                        self._settle_all(reader)  # the last batch: no need to read past the ends
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
-                    pending = None
+                    self._writes.drain()  # ended already (nothing past the failure is committed)
                     if self._membership is not None:
                         raise PermanentError(
                             f"{err}: sink {self.name} runs as a member of group {self.group} (scale_out: group), "
@@ -443,18 +423,16 @@ class SinkRunner:
                     self.stats.lag_seconds = None
                     self.report(self.stats)
                     last_report = now
-            if pending is not None:  # stopping: the write in flight is finished and committed
-                try:
-                    self._finish(reader, pending)
-                except RebuildRequired as err:  # not now: the next start meets the batch again
-                    log.warning("%s: stopping; the store is rebuilt at the next start", err, extra=self._extra())
-                pending = None
+            try:  # stopping: the writes in flight are finished and committed
+                self._settle_all(reader)
+            except RebuildRequired as err:  # not now: the next start meets the batch again
+                log.warning("%s: stopping; the store is rebuilt at the next start", err, extra=self._extra())
             self.stats.phase = "stopped"
         finally:
             try:
-                if pending is not None:  # an error elsewhere: let the write end, commit nothing
-                    pending.future.exception()
-                    pending.settled = True  # nor when closing the reader revokes its partitions
+                # An error elsewhere: let the writes end, commit nothing (nor when closing the
+                # reader revokes its partitions).
+                self._writes.drain()
                 if reader is not None:
                     reader.close()
                 self._close_packed()
@@ -475,18 +453,13 @@ class SinkRunner:
             self._assign(reader, self.matching_topics(), from_start)
 
     def _hand_over(self, reader, gone: set[TopicPartition], lost: bool) -> None:
-        """Partitions ``gone`` leave this member (see ``sink_group``): the write in flight ends
-        and, unless they were lost, its offsets are committed; what was read past it is dropped."""
-        pending = self._in_flight
-        if pending is not None and not pending.settled:
-            if lost:  # someone else's already: a commit would be refused; the owner replays it
-                pending.settled = True
-                self._bytes_of.pop(pending.future, None)
-                if pending.future.exception() is not None:
-                    log.warning("the write in flight when the partitions were lost failed: %s",
-                                pending.future.exception(), extra=self._extra())
-            else:
-                self._finish(reader, pending)
+        """Partitions ``gone`` leave this member (see ``sink_group``): the writes in flight end
+        and, unless they were lost, their offsets are committed; what was read past them is
+        dropped."""
+        if lost:  # someone else's already: a commit would be refused; the owner replays them
+            self._writes.drain()
+        else:
+            self._settle_all(reader)
         for tp in gone:
             self._read.pop(tp, None)
             self.positions.pop(tp, None)
@@ -499,6 +472,14 @@ class SinkRunner:
                               f"and cannot be split among members, and group {self.group} has {members} running: "
                               f"stop every member first (one killed outright counts until the group's session timeout "
                               f"passes), then start them again once it is done")
+
+    def _writes_in_flight(self) -> int:
+        """How many writes may be in flight at once: a PipelinedSink's own bound (at most 3: each
+        holds a batch), else one."""
+        sink = self.sink
+        if not isinstance(sink, PipelinedSink):
+            return 1
+        return max(1, min(MAX_WRITES_IN_FLIGHT, int(self._sink_call(lambda: sink.writes_in_flight))))
 
     def _covers(self, pending: PendingWrite, targets: dict[TopicPartition, int]) -> bool:
         """True when the positions after ``pending`` reach every target end."""
@@ -551,28 +532,27 @@ class SinkRunner:
                          new: int, old: int) -> None:
         """The new generation written batch by batch, as the topics are read."""
         reported = time.monotonic()
-        # Read ahead as run() does: the next batch is read and decoded while the sink writes one.
-        # Positions move only once a write succeeded, in order; nothing is committed before the
-        # switch, so a failure anywhere leaves readers on the old generation (and a restart redoes it).
-        pending: PendingWrite | None = None
+        # Read ahead as run() does: the next batch is read and decoded while the sink writes one
+        # (a PipelinedSink: while its writes in flight run). Positions move only once a write
+        # succeeded, in order; nothing is committed before the switch, so a failure anywhere leaves
+        # readers on the old generation (and a restart redoes it).
+        writes = self._writes
         try:
             while not all(self.positions.get(tp, 0) >= end for tp, end in targets.items()):
                 if stop_event.is_set():
                     raise self._stopped_rebuild(new, old)
-                if pending is not None and self._covers(pending, targets):
+                if writes and self._covers(writes.newest, targets):
                     events, ends = [], {}  # the last batch is in flight: nothing past the ends to read
                 else:
                     events, ends = self._batch(reader)
-                if pending is not None:
-                    self._rebuilt(pending)
-                    pending = None
+                settled = writes.make_room(everything=not events)
                 if events:
-                    pending = PendingWrite(self._sink_thread.submit(self._write_in_shape, events), ends, len(events))
-                    self._bytes_of[pending.future] = self._batch_bytes
+                    writes.hand(events, ends, self._batch_bytes)
                     if not self.read_ahead:
-                        self._rebuilt(pending)
-                        pending = None
-                else:
+                        settled += writes.make_room(everything=True)
+                for pending in settled:
+                    self._rebuilt(pending)
+                if not events:
                     self.positions.update(ends)  # only poison records, set aside already
                     self.stats.progressed()
                 if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
@@ -582,9 +562,7 @@ class SinkRunner:
                     self.progress(sum(min(self.positions.get(tp, 0), e) for tp, e in targets.items()),
                                   sum(targets.values()))
         finally:
-            if pending is not None:  # an error: let the write in flight end before anything else runs
-                pending.future.exception()
-                self._bytes_of.pop(pending.future, None)
+            writes.drain()  # an error: let the writes in flight end before anything else runs
 
     def _fill_in_windows(self, reader, stop_event: threading.Event, targets: dict[TopicPartition, int],
                          new: int, old: int) -> None:
@@ -717,9 +695,8 @@ class SinkRunner:
             self.stats.progressed()
 
     def _rebuilt(self, pending: PendingWrite) -> None:
-        """Wait for a rebuild's write; its positions count only once it succeeded."""
+        """A rebuild's write settled without error: its positions count."""
         nbytes = self._bytes_of.pop(pending.future, 0)
-        pending.future.result()
         pending.settled = True
         self.positions.update(pending.ends)
         self.stats.events += pending.events
@@ -743,6 +720,7 @@ class SinkRunner:
         self.sink.attach(self.context())
         try:
             self._sink_call(self.sink.start)
+            self._writes = InFlight(self, self._writes_in_flight())
             tune_gc()
             reader = self.log.reader(self.group)
             self._open_packed()

@@ -10,7 +10,10 @@ Every call on the sink (``start``, ``write``, the generation methods, ``stop``) 
 thread, so the plugin API's rule holds as written: one thread, one call at a time. The runner
 keeps the log reader on its own thread (readers are single-threaded) and commits a batch's
 offsets there, only after the write's future has succeeded: at most one write is in flight and
-at most one batch is read ahead of it, so memory stays at about two batches.
+at most one batch is read ahead of it, so memory stays at about two batches. A ``PipelinedSink``
+(cdc.api) keeps up to its ``writes_in_flight`` (2-3) submitted writes uncompleted, each holding
+its events and its encoded requests until its completion returned: memory stays at about
+``writes_in_flight`` + 1 batches (cdc/runtime/write_pipeline.py).
 """
 
 from __future__ import annotations
@@ -42,9 +45,13 @@ class SinkThread:
 
 @dataclass
 class PendingWrite:
-    """A batch handed to the sink's thread: the offsets to commit once ``future`` succeeded."""
+    """A batch handed to the sink's thread: the offsets to commit once its write succeeded.
+    ``future``: the write itself, or, pipelined, its submission (a ``write_pipeline.Submitted``
+    whose completions are waited for next); ``batch``: pipelined, the events, kept to write them
+    again if the completion fails."""
 
     future: Future
     ends: dict[TopicPartition, int]
     events: int
+    batch: list | None = None
     settled: bool = False  # waited for (and committed, if it succeeded): by the loop or a revocation

@@ -82,6 +82,11 @@ class OpenSearchSinkConfig(SinkConfig):
     bulk_max_docs: int = Field(default=2000, ge=1, description="documents per bulk request at most")
     bulk_max_bytes: int = Field(default=5_000_000, ge=1024, description="bytes per bulk request at most")
     bulk_concurrency: int = Field(default=2, ge=1, le=16, description="bulk requests in flight at once")
+    writes_in_flight: int = Field(
+        default=2, ge=1, le=3, description="writes (batches) submitted and not yet completed at most: the next "
+                                           "batch is reduced, encoded and queued while the node indexes the "
+                                           "one before, so it never idles between writes; each holds its "
+                                           "events and requests in memory (1: one write at a time)")
 
     @model_validator(mode="after")
     def _auth(self) -> "OpenSearchSinkConfig":

@@ -64,13 +64,26 @@ class IndexCatalog:
             target = self._open(topic, source, self.schema_for(topic), generation)
             self._check_fingerprint(target, following)
             self._targets[(topic, generation)] = target
-        # The shape this batch's rows were written under (the runtime hands one per topic and
-        # write); rows that name none (older sources) are taken in the newest shape.
+        schema = self._moved(topic, source, target)
+        if schema is not None:
+            self._evolve(target, schema)
+        return target
+
+    def ready(self, topic: str, source: dict, generation: int) -> bool:
+        """Whether ``prepare`` would only hand back the index: made already, in the shape the rows
+        name (nothing to create or change before their documents go out)."""
+        target = self._targets.get((topic, generation))
+        return target is not None and self._moved(topic, source, target) is None
+
+    def _moved(self, topic: str, source: dict, target: Target) -> dict | None:
+        """The schema record the rows of ``source`` were written under (the runtime hands one per
+        topic and write; rows that name none, of older sources, are taken in the newest shape)
+        when the index does not follow it yet; else None."""
         version = source.get("schema_version")
         schema = self.schema_for(topic, version) if version is not None else self.schema_for(topic)
         if schema is not None and _changed(schema, target.meta, named=version is not None):
-            self._evolve(target, schema)
-        return target
+            return schema
+        return None
 
     def _layout(self, topic: str, source: dict, schema: dict | None) -> tuple[str, TableLayout]:
         block = dict(source)

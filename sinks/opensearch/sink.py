@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
 
 import orjson
 
-from cdc.api import CdcError, DescribedSink, PermanentError, RebuildableSink, Sink, SinkEvent
-from sinks.opensearch.bulk import BulkWriter, Item
+from cdc.api import (CdcError, DescribedSink, PermanentError, PipelinedSink, RebuildableSink, RetriableError, Sink,
+                     SinkEvent)
+from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
-from sinks.opensearch.documents import reduce
+from sinks.opensearch.documents import Delete, Tombstone, reduce
 from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
@@ -57,7 +59,7 @@ def _envelope(event: SinkEvent) -> bytes:
                          "source": event.source})
 
 
-class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
+class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
     """See the module docstring. Generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
@@ -80,6 +82,8 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
                                concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}",
                                hosts=config.hosts)
         self.counters = {"written": 0, "conflicts": 0, "refused": 0}
+        # The reduced batches submitted last, in log order (see submit): as many as may be in flight.
+        self._recent: deque[dict] = deque(maxlen=config.writes_in_flight)
         self._running = False
         self._next_drop_check = 0.0
         self._next_purge = 0.0
@@ -113,58 +117,118 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
         if not events:
             return
         self._started()
+        self._recent.clear()  # written out of order (a barrier, or a batch written again): see submit
+        with self._errors("write"):
+            sending, count = self._send(reduce(events), self._writing())
+        self._finish(sending, count)
+
+    def submit(self, events: list[SinkEvent]) -> "SubmittedWrite | None":
+        """``write`` up to the requests handed to the bulk pool (cdc.api.PipelinedSink); None,
+        having sent nothing, unless the batch is a plain write: every topic's index prepared
+        already in the shape the rows name, no truncate, and no tombstone to resolve against the
+        index (its mget reads what the writes before it left: those must have landed, and a
+        batch written again after a later one must not read the later one's documents). A
+        tombstone whose delete was in a write submitted just before (a batch cut between the two
+        records) needs nothing: that delete is written with its version, as when both are in
+        one batch (``documents.reduce``)."""
+        if not events:
+            return SubmittedWrite(self, None, 0)
+        self._started()
         generation = self._writing()
         with self._errors("write"):
-            items: list[Item] = []
-            lines: list[bytes] = []
             reduced = reduce(events)
-            # Every topic's index is ready (and a schema change answered) before any document
-            # is sent.
-            targets = []
             for topic, changes in reduced.items():
                 self.shape_of(changes.first)  # the shape the rows name is there (or the wait is over)
-                target = self.catalog.prepare(topic, changes.first.source, generation,
-                                              following=self.generation is None)
-                if changes.truncate is not None:
-                    self.catalog.truncate(target, changes.truncate)
-                targets.append((target, list(changes.actions.values())))
-            # Encoded a request's worth at a time, each part sent as soon as it is made: the node
-            # indexes the first requests while the rest is encoded, instead of waiting for the
-            # whole write's NDJSON (bench/opensearch_sink.py).
-            sending = self.bulk.sending(sum(len(actions) for _, actions in targets))
-            step = sending.max_docs
-            try:
-                for target, actions in targets:
-                    # Upserts and deletes with their NDJSON in one pass (C where built); the
-                    # tombstones come back: they are resolved against the index first.
-                    layout = target.layout
-                    floor = target.truncated_before
-                    body_of, fields = None if layout.identity else layout.body, layout.raw_fields()
-                    rest = []
-                    for start in range(0, len(actions), step):
-                        made = len(items)
-                        rest += encode_items(actions[start:start + step], target.index, floor, body_of, items, lines,
-                                             fields)
-                        sending.add(items[made:], lines[made:])
-                    if rest:
-                        made = len(items)
-                        live = live_versions(self.client, target.index, [a.doc_id for a in rest])
-                        for action in rest:
-                            if action.doc_id in live:
-                                version = max(live[action.doc_id], action.floor or 0)
-                                item = Item(target.index, action.doc_id, version, tombstone_body(version),
-                                            action.event, "external_gte")
-                                items.append(item)
-                                lines.append(item.encode())
-                        sending.add(items[made:], lines[made:])
-            except BaseException:
-                sending.abandon()
-                raise
+                if changes.truncate is not None or not self.catalog.ready(topic, changes.first.source, generation):
+                    return None
+                lone = [action for action in changes.actions.values() if type(action) is Tombstone]
+                if lone and not all(action.floor is None and self._deleted_just_before(topic, action.doc_id)
+                                    for action in lone):
+                    return None
+                for action in lone:
+                    del changes.actions[action.doc_id]
+            submitted = SubmittedWrite(self, *self._send(reduced, generation))
+        self._recent.append(reduced)
+        return submitted
+
+    def _deleted_just_before(self, topic: str, doc_id: str) -> bool:
+        """Whether the newest action for ``doc_id`` among the writes submitted last, in log
+        order, is a delete."""
+        for reduced in reversed(self._recent):
+            changes = reduced.get(topic)
+            action = changes.actions.get(doc_id) if changes is not None else None
+            if action is not None:
+                return type(action) is Delete
+        return False
+
+    @property
+    def writes_in_flight(self) -> int:
+        return self.config.writes_in_flight
+
+    def _send(self, reduced: dict, generation: int) -> tuple[Sending, int]:
+        """The write's requests handed to the bulk pool (see the module docstring); returns them
+        with how many documents they carry."""
+        items: list[Item] = []
+        lines: list[bytes] = []
+        # Every topic's index is ready (and a schema change answered) before any document is sent.
+        targets = []
+        for topic, changes in reduced.items():
+            self.shape_of(changes.first)  # the shape the rows name is there (or the wait is over)
+            target = self.catalog.prepare(topic, changes.first.source, generation,
+                                          following=self.generation is None)
+            if changes.truncate is not None:
+                self.catalog.truncate(target, changes.truncate)
+            targets.append((target, list(changes.actions.values())))
+        # Encoded a request's worth at a time, each part sent as soon as it is made: the node
+        # indexes the first requests while the rest is encoded, instead of waiting for the
+        # whole write's NDJSON (bench/opensearch_sink.py).
+        sending = self.bulk.sending(sum(len(actions) for _, actions in targets))
+        step = sending.max_docs
+        try:
+            for target, actions in targets:
+                # Upserts and deletes with their NDJSON in one pass (C where built); the
+                # tombstones come back: they are resolved against the index first.
+                layout = target.layout
+                floor = target.truncated_before
+                body_of, fields = None if layout.identity else layout.body, layout.raw_fields()
+                rest = []
+                for start in range(0, len(actions), step):
+                    made = len(items)
+                    rest += encode_items(actions[start:start + step], target.index, floor, body_of, items, lines,
+                                         fields)
+                    sending.add(items[made:], lines[made:])
+                if rest:
+                    made = len(items)
+                    live = live_versions(self.client, target.index, [a.doc_id for a in rest])
+                    for action in rest:
+                        if action.doc_id in live:
+                            version = max(live[action.doc_id], action.floor or 0)
+                            item = Item(target.index, action.doc_id, version, tombstone_body(version),
+                                        action.event, "external_gte")
+                            items.append(item)
+                            lines.append(item.encode())
+                    sending.add(items[made:], lines[made:])
+        except BaseException:
+            sending.abandon()
+            raise
+        return sending, len(items)
+
+    def _finish(self, sending: Sending, count: int, *, pipelined: bool = False) -> None:
+        """Wait for a write's requests (sent again while refused for now, see bulk.py); the
+        documents refused for good go to the dead letters. ``pipelined``: later writes may be in
+        flight, so refused documents (whose answer may be a mapping change) raise instead, and
+        the runtime writes the batch again with ``write`` once nothing is in flight."""
+        with self._errors("write"):
             outcome = sending.finish()
         self.counters["written"] += outcome.written
         self.counters["conflicts"] += outcome.conflicts
         if outcome.refused:
-            self._set_aside(outcome.refused, len(items))
+            if pipelined:
+                item, reason = outcome.refused[0]
+                raise RetriableError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
+                                     f"{len(outcome.refused)} of {count} documents (_id {item.doc_id}: {reason}); "
+                                     f"the batch is written again on its own")
+            self._set_aside(outcome.refused, count)
         self._maintain()
 
     def _set_aside(self, refused: list, total: int) -> None:
@@ -262,3 +326,16 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink):
             if type(err).__module__.startswith("opensearchpy"):
                 raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
             raise
+
+
+class SubmittedWrite:
+    """A write submitted (``OpenSearchSink.submit``): ``wait`` on the sink's thread, after later
+    writes may have been submitted, returns once every request of it has (cdc.api.WriteCompletion)."""
+
+    def __init__(self, sink: OpenSearchSink, sending: Sending | None, count: int) -> None:
+        self.sink, self.sending, self.count = sink, sending, count
+
+    def wait(self) -> None:
+        sending, self.sending = self.sending, None
+        if sending is not None:
+            self.sink._finish(sending, self.count, pipelined=True)

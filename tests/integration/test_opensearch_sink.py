@@ -52,12 +52,13 @@ def make_sink(opensearch_url, opensearch_index, client):
     client.delete(index=STATE_INDEX, id=opensearch_index, params={"ignore": 404})
 
 
-def _publish(log, events: list[ChangeEvent], columns=COLUMNS, schema_version: int = 1) -> None:
-    log.ensure_topic(TOPIC, TopicSettings(partitions=2))
-    log.ensure_topic("p.schema-changes", TopicSettings(partitions=1))
-    encoder = EnvelopeEncoder("postgresql", "src", "p")
+def _publish(log, events: list[ChangeEvent], columns=COLUMNS, schema_version: int = 1, *, prefix: str = "p",
+             partitions: int = 2) -> None:
+    log.ensure_topic(TABLE.topic(prefix), TopicSettings(partitions=partitions))
+    log.ensure_topic(f"{prefix}.schema-changes", TopicSettings(partitions=1))
+    encoder = EnvelopeEncoder("postgresql", "src", prefix)
     writer = log.writer()
-    records = [encode_schema_change(SchemaChange(TABLE, columns, schema_version, 0), "src", "p")]
+    records = [encode_schema_change(SchemaChange(TABLE, columns, schema_version, 0), "src", prefix)]
     writer.publish(records + encoder.encode(events), Counter(1))
     writer.flush(30)
     writer.close()
