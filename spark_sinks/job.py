@@ -51,6 +51,11 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 PURGE_INTERVAL_S = 3600.0
+# Read when a frame is persisted. A batch's envelopes are cached uncompressed: their largest
+# column, each row's JSON text, is nearly unique, so the columnar cache's encodings (dictionary,
+# run lengths) barely shrink it, and trying them was 15% of the JVM CPU of reading a batch and
+# reducing it per key (spark_sinks/README.md, "Speed").
+CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +231,8 @@ class DeltaJob:
         parsed again with them (once per new schema)."""
         learnt = False
         while True:
-            rows = envelopes(raw, self.avro.known()).persist(StorageLevel.MEMORY_AND_DISK)
+            with _settings(raw.sparkSession, {CACHE_COMPRESSED: "false"}):
+                rows = envelopes(raw, self.avro.known()).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 with self.clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
                     summary = self.summarize(rows)
@@ -411,15 +417,10 @@ class DeltaJob:
     @contextmanager
     def _txn(self, session: SparkSession, batch_id: int, step: str) -> Iterator[None]:
         """The Delta commit inside is skipped if its table already has this batch's ``step``."""
-        conf = session.conf
-        conf.set(TXN_APP_ID, f"cdc-delta-sink:{self._query_id}:{step}")
-        conf.set(TXN_VERSION, str(batch_id))
-        conf.set(USER_METADATA, orjson.dumps({"sink": self.name, "batch": batch_id, "step": step}).decode())
-        try:
+        with _settings(session, {TXN_APP_ID: f"cdc-delta-sink:{self._query_id}:{step}", TXN_VERSION: str(batch_id),
+                                 USER_METADATA: orjson.dumps({"sink": self.name, "batch": batch_id,
+                                                              "step": step}).decode()}):
             yield
-        finally:
-            for name in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-                conf.unset(name)
 
     def _purge(self, session: SparkSession, targets: list[TableTarget]) -> None:
         if self.mode != "type1":
@@ -489,6 +490,23 @@ class DeltaJob:
         staging.forget()
         target.forget()
         log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
+
+
+@contextmanager
+def _settings(session: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in ``session``'s SQL conf inside, their former values (or none) after."""
+    conf = session.conf
+    former = {name: conf.get(name, None) for name in settings}
+    for name, value in settings.items():
+        conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, value in former.items():
+            if value is None:
+                conf.unset(name)
+            else:
+                conf.set(name, value)
 
 
 class BatchFailed(Exception):
