@@ -402,24 +402,39 @@ class DeltaJob:
             # MERGE (a new table's first batch, a rebuild's staging table) only inserts. Cleared
             # before the MERGE: one that failed may still have committed.
             empty, target.empty = target.empty, False
+            # The delete memory's append runs beside the MERGE: a remembered delete is true
+            # whether or not its MERGE committed (it only drops upserts older than the delete),
+            # and a re-run batch skips the append by its transaction id.
+            memory = _beside(lambda: merge.remember_deletes(session, target, source, self._txn_options(
+                batch_id, "deletes"))) if remember else None
+            failed = None
             try:
                 with clock.phase("merge"), self._txn(session, batch_id, "merge"):
                     merge.merge(session, target, source, data_columns, self.mode == "soft", insert_only=empty)
-                if remember:
-                    with clock.phase("deletes"), self._txn(session, batch_id, "deletes"):
-                        merge.remember_deletes(session, target, source)
-            finally:
+            finally:   # waited for also when the MERGE failed (whose error is the one raised)
+                if memory is not None:
+                    with clock.phase("deletes"):   # the append's time after the MERGE's
+                        failed = memory()
                 if remember:
                     source.unpersist()
+            if failed is not None:
+                raise failed
         if self.after_table is not None:
             self.after_table(batch_id, target.name)
 
+    def _txn_options(self, batch_id: int, step: str) -> dict[str, str]:
+        """The Delta writer options that make a commit of this batch's ``step`` happen once: it
+        is skipped if its table already has that app id at this batch id or later."""
+        return {"txnAppId": f"cdc-delta-sink:{self._query_id}:{step}", "txnVersion": str(batch_id),
+                "userMetadata": orjson.dumps({"sink": self.name, "batch": batch_id, "step": step}).decode()}
+
     @contextmanager
     def _txn(self, session: SparkSession, batch_id: int, step: str) -> Iterator[None]:
-        """The Delta commit inside is skipped if its table already has this batch's ``step``."""
-        with _settings(session, {TXN_APP_ID: f"cdc-delta-sink:{self._query_id}:{step}", TXN_VERSION: str(batch_id),
-                                 USER_METADATA: orjson.dumps({"sink": self.name, "batch": batch_id,
-                                                              "step": step}).decode()}):
+        """``_txn_options`` as the session's settings, for the Delta commits inside (a MERGE
+        takes no writer options)."""
+        options = self._txn_options(batch_id, step)
+        with _settings(session, {TXN_APP_ID: options["txnAppId"], TXN_VERSION: options["txnVersion"],
+                                 USER_METADATA: options["userMetadata"]}):
             yield
 
     def _purge(self, session: SparkSession, targets: list[TableTarget]) -> None:
@@ -490,6 +505,26 @@ class DeltaJob:
         staging.forget()
         target.forget()
         log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
+
+
+def _beside(work: Callable[[], None]) -> Callable[[], BaseException | None]:
+    """Start ``work`` on a thread of its own; the function returned waits for it to end and
+    returns what it raised, if anything."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name="cdc-delta-beside", daemon=True)
+    thread.start()
+
+    def wait() -> BaseException | None:
+        thread.join()
+        return failed[0] if failed else None
+    return wait
 
 
 @contextmanager
