@@ -6,7 +6,8 @@ Exactly-once rests on two things Spark and Delta keep, not on the framework's co
    done after ``foreachBatch`` returns. A restart re-runs an unfinished batch with the same id
    and the same offsets.
 2. Delta's transaction ids: every commit of a batch carries ``txnAppId`` (the query's id and the
-   step) and ``txnVersion`` (the batch id), set through Delta's session settings. A commit whose
+   step) and ``txnVersion`` (the batch id), set through Delta's session settings (the delete
+   memory's append, which runs beside the MERGE: as its writer's options). A commit whose
    table already holds that app id at that version or later is skipped. So a batch that died
    after writing some tables re-runs and writes only the others.
 
@@ -14,7 +15,9 @@ Beyond that every write is version-guarded (``merge``, ``scd2``), so even a repl
 earliest offsets (a new checkpoint over existing tables) never regresses a row.
 
 Threading: ``foreachBatch`` runs on a Py4J callback thread of the driver; ``stats``, ``failure``
-and the caches here are only touched from it (one batch at a time) and read elsewhere.
+and the caches here are only touched from it (one batch at a time) and read elsewhere; the
+delete memory's append runs on a thread of its own beside the MERGE (``_beside``), which the
+batch waits for before it goes on, and only marks its target's memory as written.
 """
 
 from __future__ import annotations
