@@ -38,9 +38,10 @@ Prints rows/s of 2 and 3, their ratio, the CPU seconds each took in Spark's JVM 
 process (from /proc: unlike wall time, barely inflated by other work on a shared machine, so
 the figure to compare across runs), the seconds per phase of a batch (``spark_sinks.timing``:
 read = Kafka/Parquet read, envelope parse and the per-topic summary; table = shape and table
-metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the delete memory's
-append), and the latency percentiles. Spark's fixed cost per job (seconds on a small machine)
-dominates small batches, so latency is bounded below by it.
+metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the wait after it
+for the delete memory's append, which runs beside it), and the latency percentiles. Spark's
+fixed cost per job (seconds on a small machine) dominates small batches, so latency is bounded
+below by it.
 
 Where the time goes, by Spark's event log (``--event-log``; 1M changes over 100k keys in
 batches of 100k, at load 10-17 on the shared 2-core machine). A type 1 batch with deletes is
@@ -78,14 +79,9 @@ noise, and a small one expected (a new table's first batch only). By CPU the MER
 the append of the same rows.
 
 Tried after that, not kept (branch s6delta, reverted): the MERGE source computed once by the
-sink (persisted, counted, ``merge.materializeSource=none``, the delete memory's append reading
-the cache) and the delete memory held in Spark between batches. A batch stayed at about 33 jobs
-(the source's jobs moved from Delta's copy into the sink's count; the memory's append still
-snapshots its new version). Main's sink and that one run side by side in the same minutes
-(120k changes over 30k keys, batches of 30k, latency skipped, load 30-39): append 14.7 against
-13.7 s of JVM CPU; MERGE 67.2 s JVM + 1.6 s Python, 540 s wall, 0.25x (main) against 68.5 +
-1.7 s, 545 s, 0.24x: no gain beyond noise. The same without transaction ids on the memory's
-append, another such pair (load 35 -> 24): 66.0 s of JVM CPU each, 102 jobs in 4 batches each.
+sink and the delete memory held in Spark between batches: a batch stayed at about 33 jobs, and
+paired runs beside main's sink (120k changes over 30k keys, load 30-39) gave 68.5 against 67.2 s
+of JVM CPU, 0.24x against 0.25x; no gain beyond noise (the README's "Speed" has the details).
 
 Session s7 (load 8-18 on the shared machine; the README's "Speed" has the tables). The bench's
 warm-up covered only the append: a cold first MERGE run took 83.0 s of JVM CPU, the same
@@ -104,6 +100,16 @@ own batch for a backlog is ``max_offsets_per_trigger``, 1M records by default, 1
 default batch: the default batch here measures many small MERGEs, the sweep's 1M a backlog. Latency (30 s at 1k
 changes/s, trigger 1 s) at load 5-6, consecutive runs: micro-batches p50 7.5 s, p95 9.4 s (this
 bench), p50 7.0 s, p95 8.3 s (main's): the sink's 5 s p95 needs a quiet machine.
+
+Session s8 (load 4-15; the README's "Speed" has every run): paired with main's sink at 1M
+changes over 100k keys in one batch (``--sweep 1000000 --changes 1100000``), the MERGE's JVM CPU
+was 20.9-23.8 s against main's 22.2-25.1 s (1.3-1.7 s less in each adjacent pair) with the
+batch's envelopes cached uncompressed, and the
+wait for the delete memory (0.5-1.1 s at 1M, 22.1 of 176.5 s at the default batches in a loaded
+run) to 0.0 s with its append beside the MERGE; MERGE / append 0.46-0.50x by wall (main's in the
+same pairs 0.41-0.44x), 0.44-0.49x by CPU (main's 0.43-0.47x): 0.5x once, not reliably.
+Reducing the batch per key before the cache cost more JVM CPU than the cache it saved (13.4-14.7
+against 12.0-13.6 s for that step in 1M), and was not kept.
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge

@@ -6,7 +6,8 @@ Exactly-once rests on two things Spark and Delta keep, not on the framework's co
    done after ``foreachBatch`` returns. A restart re-runs an unfinished batch with the same id
    and the same offsets.
 2. Delta's transaction ids: every commit of a batch carries ``txnAppId`` (the query's id and the
-   step) and ``txnVersion`` (the batch id), set through Delta's session settings. A commit whose
+   step) and ``txnVersion`` (the batch id), set through Delta's session settings (the delete
+   memory's append, which runs beside the MERGE: as its writer's options). A commit whose
    table already holds that app id at that version or later is skipped. So a batch that died
    after writing some tables re-runs and writes only the others.
 
@@ -14,7 +15,9 @@ Beyond that every write is version-guarded (``merge``, ``scd2``), so even a repl
 earliest offsets (a new checkpoint over existing tables) never regresses a row.
 
 Threading: ``foreachBatch`` runs on a Py4J callback thread of the driver; ``stats``, ``failure``
-and the caches here are only touched from it (one batch at a time) and read elsewhere.
+and the caches here are only touched from it (one batch at a time) and read elsewhere; the
+delete memory's append runs on a thread of its own beside the MERGE (``_beside``), which the
+batch waits for before it goes on, and only marks its target's memory as written.
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 PURGE_INTERVAL_S = 3600.0
+# Read when a frame is persisted. A batch's envelopes are cached uncompressed: their largest
+# column, each row's JSON text, is nearly unique, so the columnar cache's encodings (dictionary,
+# run lengths) barely shrink it, and trying them was 15% of the JVM CPU of reading a batch and
+# reducing it per key (spark_sinks/README.md, "Speed").
+CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +234,8 @@ class DeltaJob:
         parsed again with them (once per new schema)."""
         learnt = False
         while True:
-            rows = envelopes(raw, self.avro.known()).persist(StorageLevel.MEMORY_AND_DISK)
+            with _settings(raw.sparkSession, {CACHE_COMPRESSED: "false"}):
+                rows = envelopes(raw, self.avro.known()).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 with self.clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
                     summary = self.summarize(rows)
@@ -397,30 +406,40 @@ class DeltaJob:
             # MERGE (a new table's first batch, a rebuild's staging table) only inserts. Cleared
             # before the MERGE: one that failed may still have committed.
             empty, target.empty = target.empty, False
+            # The delete memory's append runs beside the MERGE: a remembered delete is true
+            # whether or not its MERGE committed (it only drops upserts older than the delete),
+            # and a re-run batch skips the append by its transaction id.
+            memory = _beside(lambda: merge.remember_deletes(session, target, source, self._txn_options(
+                batch_id, "deletes"))) if remember else None
+            failed = None
             try:
                 with clock.phase("merge"), self._txn(session, batch_id, "merge"):
                     merge.merge(session, target, source, data_columns, self.mode == "soft", insert_only=empty)
-                if remember:
-                    with clock.phase("deletes"), self._txn(session, batch_id, "deletes"):
-                        merge.remember_deletes(session, target, source)
-            finally:
+            finally:   # waited for also when the MERGE failed (whose error is the one raised)
+                if memory is not None:
+                    with clock.phase("deletes"):   # the append's time after the MERGE's
+                        failed = memory()
                 if remember:
                     source.unpersist()
+            if failed is not None:
+                raise failed
         if self.after_table is not None:
             self.after_table(batch_id, target.name)
 
+    def _txn_options(self, batch_id: int, step: str) -> dict[str, str]:
+        """The Delta writer options that make a commit of this batch's ``step`` happen once: it
+        is skipped if its table already has that app id at this batch id or later."""
+        return {"txnAppId": f"cdc-delta-sink:{self._query_id}:{step}", "txnVersion": str(batch_id),
+                "userMetadata": orjson.dumps({"sink": self.name, "batch": batch_id, "step": step}).decode()}
+
     @contextmanager
     def _txn(self, session: SparkSession, batch_id: int, step: str) -> Iterator[None]:
-        """The Delta commit inside is skipped if its table already has this batch's ``step``."""
-        conf = session.conf
-        conf.set(TXN_APP_ID, f"cdc-delta-sink:{self._query_id}:{step}")
-        conf.set(TXN_VERSION, str(batch_id))
-        conf.set(USER_METADATA, orjson.dumps({"sink": self.name, "batch": batch_id, "step": step}).decode())
-        try:
+        """``_txn_options`` as the session's settings, for the Delta commits inside (a MERGE
+        takes no writer options)."""
+        options = self._txn_options(batch_id, step)
+        with _settings(session, {TXN_APP_ID: options["txnAppId"], TXN_VERSION: options["txnVersion"],
+                                 USER_METADATA: options["userMetadata"]}):
             yield
-        finally:
-            for name in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-                conf.unset(name)
 
     def _purge(self, session: SparkSession, targets: list[TableTarget]) -> None:
         if self.mode != "type1":
@@ -490,6 +509,43 @@ class DeltaJob:
         staging.forget()
         target.forget()
         log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
+
+
+def _beside(work: Callable[[], None]) -> Callable[[], BaseException | None]:
+    """Start ``work`` on a thread of its own; the function returned waits for it to end and
+    returns what it raised, if anything."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name="cdc-delta-beside", daemon=True)
+    thread.start()
+
+    def wait() -> BaseException | None:
+        thread.join()
+        return failed[0] if failed else None
+    return wait
+
+
+@contextmanager
+def _settings(session: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in ``session``'s SQL conf inside, their former values (or none) after."""
+    conf = session.conf
+    former = {name: conf.get(name, None) for name in settings}
+    for name, value in settings.items():
+        conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, value in former.items():
+            if value is None:
+                conf.unset(name)
+            else:
+                conf.set(name, value)
 
 
 class BatchFailed(Exception):

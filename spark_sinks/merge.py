@@ -85,14 +85,17 @@ def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_co
     builder.execute()
 
 
-def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFrame) -> None:
+def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFrame,
+                     options: dict[str, str] | None = None) -> None:
     """Append the versioned deletes of ``latest`` to the side table: an append is a fraction of
-    a MERGE's cost, and readers of the memory take the newest version per key."""
+    a MERGE's cost, and readers of the memory take the newest version per key. ``options``: the
+    Delta writer's (its transaction id and commit metadata, given per write so that the append
+    can run beside another write of the session)."""
     deletes = (latest.where((F.col(OP) == "d") & F.col(VERSION).isNotNull())
                .select(KEY, VERSION, F.current_timestamp().alias(DELETED_AT)))
     # One file per batch, not one per partition of the source: a batch's deletes are few, and
     # every later batch reads the whole memory (its files listed, opened and joined).
-    deletes.coalesce(1).write.format("delta").mode("append").save(target.deletes_path)
+    deletes.coalesce(1).write.format("delta").mode("append").options(**(options or {})).save(target.deletes_path)
     target.deletes_written()
 
 
