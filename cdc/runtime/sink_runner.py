@@ -54,6 +54,7 @@ from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, S
 from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
 from cdc.runtime.gc_tuning import tune_gc
+from cdc.runtime.read_trail import ReadTrail
 from cdc.runtime.sink_group import GroupMembership
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
@@ -112,6 +113,7 @@ class SinkRunner:
         self._dlq_lock = threading.Lock()  # letters come from both threads
         self._stop: threading.Event | None = None
         self._read: dict[TopicPartition, int] = {}  # where the reader is, ahead of the commits
+        self._trail = ReadTrail(self._fetch)  # which tombstones' deletes were read (read_trail.py)
         self._sink_thread: SinkThread | None = None
         self.scale_out = getattr(self.config, "scale_out", "single") == "group"
         if self.scale_out and not isinstance(log_, GroupLog):
@@ -129,7 +131,7 @@ class SinkRunner:
                            shapes_between=self.schemas.shapes_between,
                            delete_retention_ms=self.log.delete_retention_ms,
                            dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
-                           log=self.log)
+                           log=self.log, delete_read=self._trail.delete_read)
 
     # -- topics, schemas -------------------------------------------------------------------------
     def matching_topics(self) -> list[str]:
@@ -305,7 +307,9 @@ class SinkRunner:
             events, poisons, self._batch_bytes = decode_batch(records, ends, raw_rows)
         for record, err in poisons:
             self._poison(record.topic, record.partition, record.offset, str(err), record)
-        self._read.update(ends)
+        read, positions = self._read, self.positions
+        self._trail.note(events, {tp: read.get(tp, positions.get(tp, 0)) for tp in ends})
+        read.update(ends)
         return events, ends
 
     def _write_in_shape(self, events: list[SinkEvent]) -> None:
@@ -367,6 +371,7 @@ class SinkRunner:
             ends = self._membership.owned_only(ends)
         reader.commit(ends)
         self.positions.update(ends)
+        self._trail.committed(ends)
         self.stats.events += events
         self.stats.progressed()  # written and committed
 
