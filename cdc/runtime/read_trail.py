@@ -15,23 +15,24 @@ The record before a tombstone at offset ``c`` was read by this sink when:
 
 * it is the record before the tombstone in its partition in the same batch, at ``c - 1``;
 * the tombstone is the first record of its partition in the batch, the reader was at ``c``
-  (no gap) and the last record of the partition read in an earlier batch of this pass is at
-  ``c - 1``;
-* or the pass started at ``c`` (``c > 0``): the offset it resumed from is a commit, made after a
-  write of the records up to ``c - 1`` (a committed offset is always a record's offset plus one);
-  that record is fetched from the log to see what it is (once per partition and pass at most).
+  (no gap) and the last record of the partition in the batch read before is at ``c - 1``;
+* or the reader was at ``c`` (``c > 0``) and no batch kept ends there: the pass resumed there
+  from a commit, made after a write of the records up to ``c - 1`` (a committed offset is always
+  a record's offset plus one); that record is fetched from the log to see what it is (when the
+  sink asks: about once per partition and pass).
 
 It is the tombstone's delete when it is a delete (``op`` d) of the same key. Anything else (a gap
 in the offsets, a record of another key, a poison record set aside, offset 0) says the delete
 was not read: the sink resolves the tombstone as before.
 
 Threading: ``note`` and ``committed`` run on the runner's thread, before the batch is handed to
-the sink's thread and after its write settled; ``delete_read`` runs on the sink's thread. The
-sets are replaced, never changed in place, except by ``add`` (atomic).
+the sink's thread and after its write settled; ``delete_read`` runs on the sink's thread; a lock
+keeps them apart (a fetch from the log is made outside it).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from cdc.events import Op
@@ -41,57 +42,115 @@ from cdc.sink_events import PoisonRecord, SinkEvent, decode_record
 _DELETE = Op.DELETE
 
 
+def _before(events: list[SinkEvent], at: int, topic: str, partition: int) -> SinkEvent | None:
+    """The last event of the partition in ``events[:at]``."""
+    for index in range(at - 1, -1, -1):
+        event = events[index]
+        if event.partition == partition and event.topic == topic:
+            return event
+    return None
+
+
+class _Batch:
+    """A batch noted: its events, where the reader was per partition before it and after it."""
+
+    __slots__ = ("events", "start", "ends", "_where")
+
+    def __init__(self, events: list[SinkEvent], start: dict[TopicPartition, int],
+                 ends: dict[TopicPartition, int]) -> None:
+        self.events, self.start, self.ends = events, start, ends
+        self._where: dict[tuple[str, int, int], int] | None = None
+
+    def holds(self, tp: TopicPartition, offset: int) -> bool:
+        return self.start.get(tp, offset + 1) <= offset < self.ends.get(tp, offset)
+
+    def position(self, topic: str, partition: int, offset: int) -> int | None:
+        """The index of the event at ``offset`` (an index of the batch made at the first question)."""
+        if self._where is None:
+            self._where = {(e.topic, e.partition, e.offset): at for at, e in enumerate(self.events)}
+        return self._where.get((topic, partition, offset))
+
+
 class ReadTrail:
+    """Nothing is done per event on the hot path: a batch is only kept (until it is committed) and
+    looked at when the sink asks about one of its tombstones."""
+
     def __init__(self, fetch: Callable[[str, int, int], LogRecord | None]) -> None:
         self._fetch = fetch
-        self._tails: dict[TopicPartition, SinkEvent] = {}  # the last event read per partition
-        self._paired: set[tuple[str, int, int]] = set()   # tombstones whose delete was read
-        self._resumed: dict[tuple[str, int, int], Any] = {}  # tombstones at a pass's start -> key
+        self._lock = threading.Lock()  # note and committed (runner's thread) against delete_read (sink's)
+        self._batches: list[_Batch] = []  # oldest first: the uncommitted ones and the last committed
+        self._committed: dict[TopicPartition, int] = {}
+        self._answers: dict[tuple[str, int, int], bool] = {}
 
-    def note(self, events: list[SinkEvent], start: dict[TopicPartition, int]) -> None:
+    def note(self, events: list[SinkEvent], start: dict[TopicPartition, int], ends: dict[TopicPartition, int]
+             ) -> None:
         """A batch read: ``start[tp]`` is where the reader was in the partition before it (the
-        committed offset at a pass's start)."""
-        tails = self._tails
-        last: dict[TopicPartition, SinkEvent] = {}
-        for event in events:
-            tp = (event.topic, event.partition)
-            if event.op is None:
-                offset = event.offset
-                prev = last.get(tp)
-                if prev is None and offset == start.get(tp, -1) and offset > 0:
-                    prev = tails.get(tp)
-                    if prev is None or prev.offset != offset - 1:  # a new pass: ask the log
-                        self._resumed[(event.topic, event.partition, offset)] = event.key
-                        prev = None
-                if prev is not None and prev.offset == offset - 1 and prev.op is _DELETE and prev.key == event.key:
-                    self._paired.add((event.topic, event.partition, offset))
-            last[tp] = event
-        tails.update(last)
+        committed offset at a pass's start), ``ends[tp]`` after it."""
+        if ends:
+            with self._lock:
+                self._batches.append(_Batch(events, start, ends))
+
+    def forget(self) -> None:
+        """Reading starts over from offset 0 (a rebuild): nothing noted counts any more."""
+        with self._lock:
+            self._batches, self._committed, self._answers = [], {}, {}
+
+    def committed(self, ends: dict[TopicPartition, int]) -> None:
+        """Offsets committed: the batches below them are not written again; the newest of them
+        stays (the record before the next batch's first tombstone may be its last)."""
+        with self._lock:
+            self._committed.update(ends)
+            committed = self._committed
+            done = [b for b in self._batches if all(end <= committed.get(tp, -1) for tp, end in b.ends.items())]
+            if len(done) > 1:
+                drop = {id(b) for b in done[:-1]}
+                self._batches = [b for b in self._batches if id(b) not in drop]
+            self._answers = {where: answer for where, answer in self._answers.items()
+                             if where[2] >= committed.get((where[0], where[1]), -1)}
 
     def delete_read(self, topic: str, partition: int, offset: int) -> bool:
         """Whether this sink read the delete of the tombstone at ``offset`` (see the module
         docstring); on the sink's thread."""
         where = (topic, partition, offset)
-        if where in self._paired:
-            return True
-        key = self._resumed.get(where)
-        if key is None:
-            return False
-        record = self._fetch(topic, partition, offset - 1)
-        try:
-            before = decode_record(record) if record is not None and record.offset == offset - 1 else None
-        except PoisonRecord:
-            before = None
-        if before is not None and before.op is _DELETE and before.key == key:
-            self._paired.add(where)
-            return True
-        return False
+        with self._lock:
+            answer = self._answers.get(where)
+            if answer is not None:
+                return answer
+            key, prev, ask_log = self._record_before(topic, partition, offset)
+        if ask_log:
+            record = self._fetch(topic, partition, offset - 1)
+            try:
+                prev = decode_record(record) if record is not None and record.offset == offset - 1 else None
+            except PoisonRecord:
+                prev = None
+        answer = prev is not None and prev.offset == offset - 1 and prev.op is _DELETE and prev.key == key
+        with self._lock:
+            self._answers[where] = answer
+        return answer
 
-    def committed(self, ends: dict[TopicPartition, int]) -> None:
-        """Forget the tombstones below the offsets committed (they are not written again)."""
-        def kept(where: tuple[str, int, int]) -> bool:
-            return where[2] >= ends.get((where[0], where[1]), -1)
-        if self._paired:
-            self._paired = {where for where in self._paired if kept(where)}
-        if self._resumed:
-            self._resumed = {where: key for where, key in self._resumed.items() if kept(where)}
+    def _record_before(self, topic: str, partition: int, offset: int
+                       ) -> tuple[Any, SinkEvent | None, bool]:
+        """(the tombstone's key, the event read just before it in its partition if a batch kept
+        holds it, whether to ask the log instead); under the lock."""
+        tp = (topic, partition)
+        batches = self._batches
+        for newest in range(len(batches) - 1, -1, -1):
+            batch = batches[newest]
+            if batch.holds(tp, offset):
+                break
+        else:
+            return None, None, False  # not a tombstone of a batch read: nothing known
+        at = batch.position(topic, partition, offset)
+        if at is None:
+            return None, None, False
+        key = batch.events[at].key
+        prev = _before(batch.events, at, topic, partition)
+        if prev is not None or offset != batch.start.get(tp) or offset == 0:
+            return key, prev, False  # in the batch, or a gap before it
+        for older in range(newest - 1, -1, -1):  # the reader was at the tombstone: read before it
+            if batches[older].ends.get(tp) == offset:
+                prev = _before(batches[older].events, len(batches[older].events), topic, partition)
+                if prev is not None and prev.offset == offset - 1:
+                    return key, prev, False
+                break
+        return key, None, True

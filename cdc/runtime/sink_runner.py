@@ -308,7 +308,7 @@ class SinkRunner:
         for record, err in poisons:
             self._poison(record.topic, record.partition, record.offset, str(err), record)
         read, positions = self._read, self.positions
-        self._trail.note(events, {tp: read.get(tp, positions.get(tp, 0)) for tp in ends})
+        self._trail.note(events, {tp: read.get(tp, positions.get(tp, 0)) for tp in ends}, ends)
         read.update(ends)
         return events, ends
 
@@ -513,6 +513,7 @@ class SinkRunner:
         targets = self._ends()
         self.positions = {tp: 0 for tp in targets}
         self._read = {}
+        self._trail.forget()
         self._assign_reader(reader, dict(self.positions))
         began = time.monotonic()
         if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and self._sink_call(lambda: sink.bulk_loads):
