@@ -22,8 +22,12 @@ The record before a tombstone at offset ``c`` was read by this sink when:
   sink asks: about once per partition and pass).
 
 It is the tombstone's delete when it is a delete (``op`` d) of the same key. Anything else (a gap
-in the offsets, a record of another key, a poison record set aside, offset 0) says the delete
-was not read: the sink resolves the tombstone as before.
+in the offsets, a record of another key, a poison record, offset 0) says the delete was not read,
+and so does a delete this runner sent to the dead letters (by itself or the sink, ``set_aside``)
+before the sink asks: the sink resolves the tombstone as before. Not seen: a pipelined write that
+asks before an earlier write's delete fails alone (as with the OpenSearch sink's
+``_deleted_just_before``), and a delete set aside by the run whose commit this one resumed from;
+then the delete, refused for good, is lost with its tombstone.
 
 Threading: ``note`` and ``committed`` run on the runner's thread, before the batch is handed to
 the sink's thread and after its write settled; ``delete_read`` runs on the sink's thread; a lock
@@ -81,6 +85,7 @@ class ReadTrail:
         self._batches: list[_Batch] = []  # oldest first: the uncommitted ones and the last committed
         self._committed: dict[TopicPartition, int] = {}
         self._answers: dict[tuple[str, int, int], bool] = {}
+        self._set_aside: set[tuple[str, int, int]] = set()  # records sent to the dead letters
 
     def note(self, events: list[SinkEvent], start: dict[TopicPartition, int], ends: dict[TopicPartition, int]
              ) -> None:
@@ -93,7 +98,13 @@ class ReadTrail:
     def forget(self) -> None:
         """Reading starts over from offset 0 (a rebuild): nothing noted counts any more."""
         with self._lock:
-            self._batches, self._committed, self._answers = [], {}, {}
+            self._batches, self._committed, self._answers, self._set_aside = [], {}, {}, set()
+
+    def set_aside(self, topic: str, partition: int, offset: int) -> None:
+        """The record at ``offset`` went to the dead letters: a delete there was not applied."""
+        with self._lock:
+            self._set_aside.add((topic, partition, offset))
+            self._answers.pop((topic, partition, offset + 1), None)
 
     def committed(self, ends: dict[TopicPartition, int]) -> None:
         """Offsets committed: the batches below them are not written again; the newest of them
@@ -107,6 +118,8 @@ class ReadTrail:
                 self._batches = [b for b in self._batches if id(b) not in drop]
             self._answers = {where: answer for where, answer in self._answers.items()
                              if where[2] >= committed.get((where[0], where[1]), -1)}
+            self._set_aside = {where for where in self._set_aside
+                               if where[2] >= committed.get((where[0], where[1]), -1) - 1}
 
     def delete_read(self, topic: str, partition: int, offset: int) -> bool:
         """Whether this sink read the delete of the tombstone at ``offset`` (see the module
@@ -116,6 +129,8 @@ class ReadTrail:
             answer = self._answers.get(where)
             if answer is not None:
                 return answer
+            if (topic, partition, offset - 1) in self._set_aside:
+                return False
             key, prev, ask_log = self._record_before(topic, partition, offset)
         if ask_log:
             record = self._fetch(topic, partition, offset - 1)

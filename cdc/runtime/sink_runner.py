@@ -259,6 +259,7 @@ class SinkRunner:
         """Set one record aside on the dead-letter topic, durably, with why (the sink's context
         hands this to the sink as ``dead_letter``); ``missing``: the record could not be read back.
         A letter always fits the topic (a large value is referenced, not copied): see dead_letters."""
+        self._trail.set_aside(topic, partition, offset)  # a delete set aside does not answer its tombstone
         with self._dlq_lock:
             if self._dlq_writer is None:
                 self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())

@@ -87,3 +87,10 @@ def test_committed_batches_are_let_go_but_the_newest_of_them():
     reads.committed({(T, 0): 4})
     assert not reads.delete_read(T, 0, 2)  # its batch is let go: nothing known (resolved as before)
     assert reads.delete_read(T, 0, 4) and fetched == []  # the delete ends the newest committed batch
+
+
+def test_a_delete_sent_to_the_dead_letters_is_not_read():
+    reads, _ = trail()
+    note(reads, [ev(1, 1, Op.DELETE), ev(2, 1, None)], {(T, 0): 1})
+    reads.set_aside(T, 0, 1)
+    assert not reads.delete_read(T, 0, 2)
