@@ -87,10 +87,13 @@ class ReadTrail:
         self._answers: dict[tuple[str, int, int], bool] = {}
         self._set_aside: set[tuple[str, int, int]] = set()  # records sent to the dead letters
 
-    def note(self, events: list[SinkEvent], start: dict[TopicPartition, int], ends: dict[TopicPartition, int]
-             ) -> None:
+    def note(self, events: list[SinkEvent], start: dict[TopicPartition, int], ends: dict[TopicPartition, int],
+             settled: dict[TopicPartition, int] | None = None) -> None:
         """A batch read: ``start[tp]`` is where the reader was in the partition before it (the
-        committed offset at a pass's start), ``ends[tp]`` after it."""
+        committed offset at a pass's start), ``ends[tp]`` after it; ``settled``: the runner's
+        positions (the batches below them are let go, see ``committed``)."""
+        if settled:
+            self.committed(settled)
         if ends:
             with self._lock:
                 self._batches.append(_Batch(events, start, ends))

@@ -309,7 +309,7 @@ class SinkRunner:
         for record, err in poisons:
             self._poison(record.topic, record.partition, record.offset, str(err), record)
         read, positions = self._read, self.positions
-        self._trail.note(events, {tp: read.get(tp, positions.get(tp, 0)) for tp in ends}, ends)
+        self._trail.note(events, {tp: read.get(tp, positions.get(tp, 0)) for tp in ends}, ends, positions)
         read.update(ends)
         return events, ends
 
@@ -372,7 +372,6 @@ class SinkRunner:
             ends = self._membership.owned_only(ends)
         reader.commit(ends)
         self.positions.update(ends)
-        self._trail.committed(ends)
         self.stats.events += events
         self.stats.progressed()  # written and committed
 
