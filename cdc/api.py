@@ -69,7 +69,9 @@ here or on the ``SinkContext`` it is handed:
 * the context: stats counters, a logger that names the connector, the topic prefix, the schema
   of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log, the
   data topics matching the sink's globs, and the sources' stored checkpoints
-  (``checkpoint_feed``: for a sink that tells readers how far each source is applied);
+  (``checkpoint_feed``: for a sink that tells readers how far each source is applied), and
+  whether the runtime read a tombstone's delete (``delete_read``: a sink drops such a tombstone
+  instead of resolving it against its store);
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``SchemaBook`` (a topic's shapes read from the
   schema topic, as the runtime reads them), ``ConnectorStats``; for a launcher that runs a
