@@ -69,7 +69,9 @@ here or on the ``SinkContext`` it is handed:
 * the context: stats counters, a logger that names the connector, the topic prefix, the schema
   of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log, the
   data topics matching the sink's globs, and the sources' stored checkpoints
-  (``checkpoint_feed``: for a sink that tells readers how far each source is applied);
+  (``checkpoint_feed``: for a sink that tells readers how far each source is applied), and
+  whether the runtime read a tombstone's delete (``delete_read``: a sink drops such a tombstone
+  instead of resolving it against its store);
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``SchemaBook`` (a topic's shapes read from the
   schema topic, as the runtime reads them), ``ConnectorStats``; for a launcher that runs a
@@ -370,6 +372,16 @@ class SinkContext:
     poll, a transaction boundary every event before which the log had acknowledged when it was
     stored. With the end offsets of the sink's topics read after it, that tells when everything of
     a source up to that version is applied (sinks/redis/applied.py). Use it from one thread.
+
+    ``delete_read(topic, partition, offset)`` says whether this sink read the delete of the
+    tombstone at ``offset`` (the record at ``offset - 1``, a delete of the same key: the capture
+    emits the two consecutively) in the same pass of reading or in the earlier one whose commit
+    this pass resumed from. Then the delete is (or is being) written with its own version, and a
+    sink must NOT resolve the tombstone against its store: anything live there for the key comes
+    from a later record (a replay after a crash between a write and its commit, batches cut
+    differently), which the tombstone would delete for good. False: the delete was never read
+    (compacted away, set aside as poison), and the sink deletes the key if it still holds it
+    (cdc/sink_events.py). Without a runtime it answers False (resolve, as before).
     """
 
     name: str
@@ -383,6 +395,7 @@ class SinkContext:
     log: Log | None = None
     log_config: Any = None
     logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]
+    delete_read: Callable[[str, int, int], bool] = lambda topic, partition, offset: False
 
     def __post_init__(self) -> None:
         # Defaults that depend on the name: a context built with only a name is a usable one.

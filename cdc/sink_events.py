@@ -9,9 +9,15 @@ idempotently and never regress a key (see ARCHITECTURE.md, "Version"):
 * a delete (``d``) removes the row if its version is older, and remembers the delete's version;
 * a truncate (``t``) clears the table of rows older than its version and sets a table-wide
   watermark: anything older than it is ignored afterwards;
-* a tombstone carries no version: it only says the key's latest record is a delete, so a sink
-  deletes the key if it still has it (replaying a compacted topic from the start, where the delete
-  record itself may be gone).
+* a tombstone carries no version: it only says the key's latest record is a delete. Its delete
+  is the record just before it in its partition (the capture emits the two consecutively). When
+  the runtime read that delete (``SinkContext.delete_read``: in the same batch, an earlier one,
+  or the run whose commit this one resumed from), the tombstone adds nothing and a sink drops it:
+  the delete is written with its own version, and whatever the store holds live for the key comes
+  from a later record (a replay after a crash between a write and its commit, with the batches
+  cut elsewhere). Deleting that row at its own version would lose it: its replay, at an equal
+  version, is refused. Only when the delete was never read (compacted away while the sink lagged,
+  or set aside as poison) does a sink delete the key if it still has it.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, S
 from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
 from cdc.runtime import dead_letters
 from cdc.runtime.gc_tuning import tune_gc
+from cdc.runtime.read_trail import ReadTrail
 from cdc.runtime.sink_group import GroupMembership
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_thread import PendingWrite, SinkThread
@@ -112,6 +113,7 @@ class SinkRunner:
         self._dlq_lock = threading.Lock()  # letters come from both threads
         self._stop: threading.Event | None = None
         self._read: dict[TopicPartition, int] = {}  # where the reader is, ahead of the commits
+        self._trail = ReadTrail(self._fetch)  # which tombstones' deletes were read (read_trail.py)
         self._sink_thread: SinkThread | None = None
         self.scale_out = getattr(self.config, "scale_out", "single") == "group"
         if self.scale_out and not isinstance(log_, GroupLog):
@@ -129,7 +131,7 @@ class SinkRunner:
                            shapes_between=self.schemas.shapes_between,
                            delete_retention_ms=self.log.delete_retention_ms,
                            dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
-                           log=self.log)
+                           log=self.log, delete_read=self._trail.delete_read)
 
     # -- topics, schemas -------------------------------------------------------------------------
     def matching_topics(self) -> list[str]:
@@ -257,6 +259,7 @@ class SinkRunner:
         """Set one record aside on the dead-letter topic, durably, with why (the sink's context
         hands this to the sink as ``dead_letter``); ``missing``: the record could not be read back.
         A letter always fits the topic (a large value is referenced, not copied): see dead_letters."""
+        self._trail.set_aside(topic, partition, offset)  # a delete set aside does not answer its tombstone
         with self._dlq_lock:
             if self._dlq_writer is None:
                 self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
@@ -305,7 +308,9 @@ class SinkRunner:
             events, poisons, self._batch_bytes = decode_batch(records, ends, raw_rows)
         for record, err in poisons:
             self._poison(record.topic, record.partition, record.offset, str(err), record)
-        self._read.update(ends)
+        read, positions = self._read, self.positions
+        self._trail.note(events, {tp: read.get(tp, positions.get(tp, 0)) for tp in ends}, ends, positions)
+        read.update(ends)
         return events, ends
 
     def _write_in_shape(self, events: list[SinkEvent]) -> None:
@@ -508,6 +513,7 @@ class SinkRunner:
         targets = self._ends()
         self.positions = {tp: 0 for tp in targets}
         self._read = {}
+        self._trail.forget()
         self._assign_reader(reader, dict(self.positions))
         began = time.monotonic()
         if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and self._sink_call(lambda: sink.bulk_loads):

@@ -13,7 +13,8 @@ A write (see cdc/sink_events.py for the semantics it implements):
    by ``schema_policy`` (``rebuild`` by default: ``RebuildRequired``, and the runtime rebuilds
    into a new generation).
 3. A truncate clears the index of documents older than its version and remembers the version.
-4. Tombstone records without a delete in the batch are resolved against the index (mget).
+4. Tombstone records without a delete in the batch are resolved against the index (mget),
+   unless the runtime read their delete (``SinkContext.delete_read``; see tombstones.py).
 5. The bulk items and their NDJSON, made in one pass (lines.py; C where built; there a row the
    runtime left as its JSON bytes, ``raw_rows``, becomes its document without a dict), a
    request's worth at a time, each sent as soon as it is made (bulk.py ``sending``: the node
@@ -142,14 +143,21 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
                 if changes.truncate is not None or not self.catalog.ready(topic, changes.first.source, generation):
                     return None
                 lone = [action for action in changes.actions.values() if type(action) is Tombstone]
-                if lone and not all(action.floor is None and self._deleted_just_before(topic, action.doc_id)
-                                    for action in lone):
+                if lone and not all(self._delete_read(action) or (
+                        action.floor is None and self._deleted_just_before(topic, action.doc_id)) for action in lone):
                     return None
                 for action in lone:
                     del changes.actions[action.doc_id]
             submitted = SubmittedWrite(self, *self._send(reduced, generation))
         self._recent.append(reduced)
         return submitted
+
+    def _delete_read(self, action: Tombstone) -> bool:
+        """Whether the runtime read the delete of this lone tombstone (cdc.api.SinkContext.
+        delete_read): then that delete is written with its own version, and a live document the
+        index holds for the key came from a later record, which the tombstone must not delete."""
+        event = action.event
+        return self.context.delete_read(event.topic, event.partition, event.offset)
 
     def _deleted_just_before(self, topic: str, doc_id: str) -> bool:
         """Whether the newest action for ``doc_id`` among the writes submitted last, in log
@@ -197,6 +205,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
                     rest += encode_items(actions[start:start + step], target.index, floor, body_of, items, lines,
                                          fields)
                     sending.add(items[made:], lines[made:])
+                rest = [action for action in rest if not self._delete_read(action)]
                 if rest:
                     made = len(items)
                     live = live_versions(self.client, target.index, [a.doc_id for a in rest])

@@ -14,10 +14,23 @@ through the alias does not apply alias filters: such a reader sees the tombstone
 ``__cdc_deleted: true`` and must treat it as absent.
 
 A record with a null value (the log's tombstone after a delete) has no version. When the batch
-holds the delete itself it is dropped; alone (the delete was compacted away) the document's
-current version is read (``mget``) and, if it is a live document, a tombstone document is
-written with that same version (``external_gte``): nothing newer is lost, and only something
-newer than the row that was there can replace it.
+holds the delete itself it is dropped. Alone, it is dropped too when the runtime read its delete
+(``SinkContext.delete_read``: in an earlier batch, or in the run whose commit this one resumed
+from): that delete is written with its own version, and a live document for the key can only
+come from a later record. Resolving the tombstone against it would be a loss: a run killed after
+writing a row inserted again after the delete, replayed with the tombstone alone in its batch,
+would write a tombstone document at that row's version, and the replayed row (equal version,
+``external``) would be refused. Only when the delete was never read (compacted away while the
+sink lagged) is the document's current version read (``mget``) and, if it is a live document, a
+tombstone document written with that same version (``external_gte``): only something newer than
+the row that was there can replace it.
+
+What this does not cover: the delete compacted away AND a run killed after writing a row
+inserted again after the tombstone (the row's later record in the same, uncommitted write),
+replayed with the tombstone alone. The tombstone carries no version to tell that row from an
+older one, so it is resolved against it. It needs a sink lagging behind the log cleaner by more
+than the delete and a crash inside that window; a tombstone carrying the delete's version (a
+record header) would close it.
 
 Purge: tombstone documents older than ``tombstone_retention_hours`` are deleted (delete by query,
 at most every tenth of the retention, and at most hourly). By then the topic's compaction has

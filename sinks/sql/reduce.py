@@ -10,8 +10,14 @@ Per key the result is one of:
 
 * an upsert (the newest event is r/c/u),
 * a delete (the newest event is d): remembered, and the row removed if its version is older,
-* a tombstone (the key's last record in the batch is a tombstone): the row is removed whatever its
-  version; if a delete came before it, that delete is kept as well, to be remembered.
+* a tombstone (the key's last record in the batch is a tombstone, and the runtime did not read its
+  delete: ``delete_read``): the row is removed whatever its version; if a delete came before it,
+  that delete is kept as well, to be remembered. A tombstone whose delete was read (in this batch,
+  an earlier one, or the run whose commit this one resumed from) is dropped: the delete does the
+  work, guarded by its version, and a row the table holds at a newer version comes from a later
+  record (a replay after a crash between a write and its commit). Removing it, or marking it
+  deleted at its own version (``soft_delete``), would lose it: the replayed row, at an equal
+  version, is refused (cdc.api.SinkContext.delete_read).
 
 A truncate is table-wide: the newest truncate version of the batch becomes the table's watermark,
 and the upserts and deletes under it are dropped later (in ``sink``), against the stored watermark.
@@ -60,8 +66,10 @@ class TopicChanges:
                 self.upserts[key] = event._replace(after=loads(event.after))
 
 
-def reduce_events(events: list[SinkEvent]) -> dict[str, TopicChanges]:
-    """Per topic, the newest action per key (see the module docstring)."""
+def reduce_events(events: list[SinkEvent], delete_read=lambda topic, partition, offset: False
+                  ) -> dict[str, TopicChanges]:
+    """Per topic, the newest action per key (see the module docstring); ``delete_read`` is the
+    runtime's ``SinkContext.delete_read``."""
     by_topic: dict[str, TopicChanges] = {}
     newest_by_topic: dict[str, dict[bytes, SinkEvent]] = {}
     dumps = orjson.dumps
@@ -84,7 +92,8 @@ def reduce_events(events: list[SinkEvent]) -> dict[str, TopicChanges]:
             continue
         key = dumps(event.key)
         if op is None:
-            tombstones[key] = event.key
+            if not delete_read(topic, event.partition, event.offset):
+                tombstones[key] = event.key
             continue
         before = newest.get(key)
         if before is None or event.version > before.version:

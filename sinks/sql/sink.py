@@ -155,7 +155,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         if not events:
             return
         self._started()
-        changes = reduce_events(events)
+        changes = reduce_events(events, self.context.delete_read)
         if not self.raw_rows:  # rows the runtime left as JSON bytes, for an applier that reads values
             for topic_changes in changes.values():
                 topic_changes.materialize()

@@ -184,6 +184,41 @@ def test_a_tombstone_alone_deletes_the_document(make_sink, log, client, opensear
     assert 2 not in _documents(client, f"{opensearch_index}.items")
 
 
+@pytest.mark.parametrize("writes_in_flight", [1, 2])
+@pytest.mark.parametrize("resume_at", [1, 2])
+def test_a_replayed_tombstone_alone_keeps_the_row_inserted_after_it(make_sink, log, client, opensearch_index,
+                                                                     resume_at, writes_in_flight):
+    """A row deleted and inserted again with the same key: insert @0, delete @1, tombstone @2,
+    insert @3. A run wrote everything and was killed before committing past ``resume_at``; the
+    replay cuts its batches after each record, so the tombstone is alone in its batch while the
+    index holds the row at the version of the insert after it. That row must stay: the
+    tombstone's delete was read (and written, refused as older), so it deletes nothing more."""
+    _publish(log, [_upsert(7, 3, Op.CREATE), _delete(7, 5), _upsert(7, 7, Op.CREATE)], partitions=1)
+    assert [r.offset for r in log.read_all(TOPIC)] == [0, 1, 2, 3]
+    alias = f"{opensearch_index}.items"
+    _caught_up(make_sink(), log)
+    assert _documents(client, alias) == {7: _row(7, 7)}
+    reader = log.reader(opensearch_index)
+    reader.commit({(TOPIC, 0): resume_at})  # killed after the write of 2..3, before its commit
+    reader.close()
+    _caught_up(make_sink(batch_size=1, writes_in_flight=writes_in_flight), log)
+    assert _documents(client, alias) == {7: _row(7, 7)}
+
+
+def test_a_tombstone_alone_after_compaction_still_deletes(make_sink, log, client, opensearch_index):
+    """The delete compacted away while the sink lagged: the tombstone alone deletes the row the
+    index holds (written before the delete), also when its batch starts at it."""
+    _publish(log, [_upsert(i, 10 + i, Op.CREATE) for i in range(3)], partitions=1)
+    alias = f"{opensearch_index}.items"
+    _caught_up(make_sink(), log)
+    _publish(log, [_delete(1, 20), _upsert(2, 21)], partitions=1)
+    log.compact(TOPIC)
+    offsets = [r.offset for r in log.read_all(TOPIC)]
+    assert 3 not in offsets and 4 in offsets  # the delete is gone, its tombstone stays
+    _caught_up(make_sink(batch_size=1), log)
+    assert set(_documents(client, alias)) == {0, 2}
+
+
 def test_a_document_the_mapping_refuses_goes_to_the_dead_letters_alone(make_sink, log, client, opensearch_index):
     events = [_upsert(i, 10 + i, Op.CREATE) for i in range(40)]
     events[17] = _upsert(17, 27, Op.CREATE, price="not a number")
