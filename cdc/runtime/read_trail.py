@@ -25,8 +25,8 @@ It is the tombstone's delete when it is a delete (``op`` d) of the same key. Any
 in the offsets, a record of another key, a poison record, offset 0) says the delete was not read,
 and so does a delete this runner sent to the dead letters (by itself or the sink, ``set_aside``)
 before the sink asks: the sink resolves the tombstone as before. Not seen: a pipelined write that
-asks before an earlier write's delete fails alone (as with the OpenSearch sink's
-``_deleted_just_before``), and a delete set aside by the run whose commit this one resumed from;
+asks before an earlier write's delete fails alone, and a delete set aside by the run whose
+commit this one resumed from;
 then the delete, refused for good, is lost with its tombstone.
 
 Threading: ``note`` and ``committed`` run on the runner's thread, before the batch is handed to

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -42,7 +41,7 @@ from cdc.api import (CdcError, DescribedSink, PermanentError, PipelinedSink, Reb
 from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
-from sinks.opensearch.documents import Delete, Tombstone, reduce
+from sinks.opensearch.documents import Tombstone, reduce
 from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
@@ -83,8 +82,6 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
                                concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}",
                                hosts=config.hosts)
         self.counters = {"written": 0, "conflicts": 0, "refused": 0}
-        # The reduced batches submitted last, in log order (see submit): as many as may be in flight.
-        self._recent: deque[dict] = deque(maxlen=config.writes_in_flight)
         self._running = False
         self._next_drop_check = 0.0
         self._next_purge = 0.0
@@ -118,7 +115,6 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
         if not events:
             return
         self._started()
-        self._recent.clear()  # written out of order (a barrier, or a batch written again): see submit
         with self._errors("write"):
             sending, count = self._send(reduce(events), self._writing())
         self._finish(sending, count)
@@ -129,9 +125,9 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
         already in the shape the rows name, no truncate, and no tombstone to resolve against the
         index (its mget reads what the writes before it left: those must have landed, and a
         batch written again after a later one must not read the later one's documents). A
-        tombstone whose delete was in a write submitted just before (a batch cut between the two
-        records) needs nothing: that delete is written with its version, as when both are in
-        one batch (``documents.reduce``)."""
+        tombstone whose delete the runtime read (``_delete_read``: in this batch, one before it,
+        a batch cut between the two records included) needs nothing: that delete is written with
+        its version, as when both are in one batch (``documents.reduce``)."""
         if not events:
             return SubmittedWrite(self, None, 0)
         self._started()
@@ -143,13 +139,11 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
                 if changes.truncate is not None or not self.catalog.ready(topic, changes.first.source, generation):
                     return None
                 lone = [action for action in changes.actions.values() if type(action) is Tombstone]
-                if lone and not all(self._delete_read(action) or (
-                        action.floor is None and self._deleted_just_before(topic, action.doc_id)) for action in lone):
+                if not all(self._delete_read(action) for action in lone):
                     return None
                 for action in lone:
                     del changes.actions[action.doc_id]
             submitted = SubmittedWrite(self, *self._send(reduced, generation))
-        self._recent.append(reduced)
         return submitted
 
     def _delete_read(self, action: Tombstone) -> bool:
@@ -158,16 +152,6 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
         index holds for the key came from a later record, which the tombstone must not delete."""
         event = action.event
         return self.context.delete_read(event.topic, event.partition, event.offset)
-
-    def _deleted_just_before(self, topic: str, doc_id: str) -> bool:
-        """Whether the newest action for ``doc_id`` among the writes submitted last, in log
-        order, is a delete."""
-        for reduced in reversed(self._recent):
-            changes = reduced.get(topic)
-            action = changes.actions.get(doc_id) if changes is not None else None
-            if action is not None:
-                return type(action) is Delete
-        return False
 
     @property
     def writes_in_flight(self) -> int:
