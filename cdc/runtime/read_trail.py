@@ -103,6 +103,13 @@ class ReadTrail:
         with self._lock:
             self._batches, self._committed, self._answers, self._set_aside = [], {}, {}, set()
 
+    def let_go(self) -> None:
+        """Partitions left this member and every write ended: the batches kept go (a partition
+        gone is never committed here again, so ``committed`` would keep its batches for good). A
+        tombstone at the first offset read after this is answered from the log, as at a start."""
+        with self._lock:
+            self._batches = []
+
     def set_aside(self, topic: str, partition: int, offset: int) -> None:
         """The record at ``offset`` went to the dead letters: a delete there was not applied."""
         with self._lock:

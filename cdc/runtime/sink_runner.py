@@ -468,6 +468,7 @@ class SinkRunner:
         for tp in gone:
             self._read.pop(tp, None)
             self.positions.pop(tp, None)
+        self._trail.let_go()
 
     def _alone(self, what: str) -> None:
         """Refuse ``what`` (reading every partition from offset 0) while members of the group run."""

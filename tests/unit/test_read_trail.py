@@ -94,3 +94,11 @@ def test_a_delete_sent_to_the_dead_letters_is_not_read():
     note(reads, [ev(1, 1, Op.DELETE), ev(2, 1, None)], {(T, 0): 1})
     reads.set_aside(T, 0, 1)
     assert not reads.delete_read(T, 0, 2)
+def test_after_a_hand_over_the_batches_go_and_the_log_answers():
+    # A partition that left this member is never committed here again: its batches must not stay.
+    reads, fetched = trail({4: record(4, 7, "d")})
+    note(reads, [ev(3, 1, Op.CREATE), ev(4, 7, Op.DELETE)], {(T, 0): 3})
+    reads.let_go()
+    assert reads._batches == []
+    note(reads, [ev(5, 7, None)], {(T, 0): 5})
+    assert reads.delete_read(T, 0, 5) is True and fetched == [4]
