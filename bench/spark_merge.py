@@ -111,6 +111,14 @@ same pairs 0.41-0.44x), 0.44-0.49x by CPU (main's 0.43-0.47x): 0.5x once, not re
 Reducing the batch per key before the cache cost more JVM CPU than the cache it saved (13.4-14.7
 against 12.0-13.6 s for that step in 1M), and was not kept.
 
+Session s9 (load 4-6, another helper's OpenSearch benches beside; the README's "Speed" has the
+table): per JVM thread (``/proc/<pid>/task``), a 1M MERGE's JVM CPU was 11.7-12.5 s on Spark's
+task threads and 3.1-5.4 s on the C2 JIT compiler (the append's 0.6-1.2 s): Spark's cache of
+generated classes (100) did not hold a MERGE batch's, 77 compiled again per batch. With 1000
+(``session.py``), paired with main's sink (``--sweep 1000000``, four pairs): MERGE 15.2-16.3 s of
+JVM CPU against 17.0-19.4 s, 0.53-0.62x the append by wall and 0.52-0.56x by CPU against
+0.43-0.53x and 0.42-0.50x. ParallelGC took both sides down alike; C1 only tripled the task CPU.
+
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
 4.2, read 1.7, deletes 0.9 s); latency at 1k changes/s, trigger 1 s: batch p50 2.7 s, p95 3.6 s,
