@@ -36,7 +36,8 @@ Steps, in one run, on one local Spark session (``local[2]``, one shuffle partiti
      time (ts_ms, set when produced) to the end of the batch's commits.
 Prints rows/s of 2 and 3, their ratio, the CPU seconds each took in Spark's JVM and in this
 process (from /proc: unlike wall time, barely inflated by other work on a shared machine, so
-the figure to compare across runs), the seconds per phase of a batch (``spark_sinks.timing``:
+the figure to compare across runs) and the classes Spark generated for the run's queries (its codegen
+cache's misses), the seconds per phase of a batch (``spark_sinks.timing``:
 read = Kafka/Parquet read, envelope parse and the per-topic summary; table = shape and table
 metadata; plan = building the MERGE source; merge = Delta's MERGE; deletes = the wait after it
 for the delete memory's append, which runs beside it), and the latency percentiles. Spark's
@@ -110,6 +111,17 @@ run) to 0.0 s with its append beside the MERGE; MERGE / append 0.46-0.50x by wal
 same pairs 0.41-0.44x), 0.44-0.49x by CPU (main's 0.43-0.47x): 0.5x once, not reliably.
 Reducing the batch per key before the cache cost more JVM CPU than the cache it saved (13.4-14.7
 against 12.0-13.6 s for that step in 1M), and was not kept.
+
+Session s9 (load 4-6, another helper's OpenSearch benches beside; the README's "Speed" has the
+table): per JVM thread (``/proc/<pid>/task``), a 1M MERGE's JVM CPU was 11.7-12.5 s on Spark's
+task threads and 3.1-5.4 s on the C2 JIT compiler (the append's 0.6-1.2 s): Spark's cache of
+generated classes (100) did not hold a MERGE batch's, 77 compiled again per batch. With 1000
+(``session.py``), paired with main's sink (``--sweep 1000000``, four pairs): MERGE 15.2-16.3 s of
+JVM CPU against 17.0-19.4 s, 0.53-0.62x the append by wall and 0.52-0.56x by CPU against
+0.43-0.53x and 0.42-0.50x. ParallelGC took both sides down alike; C1 only tripled the task CPU.
+At the defaults (batches of 100k, one pair, load 2.5-4.4): MERGE 57.2 s of JVM CPU against
+87.5 s, 0.35x by wall against 0.27x; latency p95 2.1 s against 2.7 s. The runs print the classes
+generated now (82 in the ten 100k batches).
 
 On a quiet machine (load 2.5-2.9, main before these changes, the defaults: 1M changes over 100k
 keys, batches of 100k): append 46.4k rows/s, MERGE 13.7k (0.29x), per batch 6.6-8.3 s (merge
@@ -420,20 +432,23 @@ def job_lines(event_dir: str, reports) -> list[str]:
 
 class CpuClock:
     """CPU seconds (user + system) of Spark's JVM and of this process, from /proc: unlike wall
-    time, barely inflated by other work on a shared machine."""
+    time, barely inflated by other work on a shared machine; and the classes Spark generated
+    and compiled (its codegen cache's misses, each compiled again by the JIT when it runs hot)."""
 
     def __init__(self, spark) -> None:
-        self.jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        jvm = spark.sparkContext._jvm
+        self.jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+        self.compiled = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
         self.ticks = os.sysconf("SC_CLK_TCK")
 
-    def read(self) -> tuple[float, float]:
+    def read(self) -> tuple[float, float, int]:
         with open(f"/proc/{self.jvm_pid}/stat") as file:
             fields = file.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / self.ticks, sum(os.times()[:2])
+        return (int(fields[11]) + int(fields[12])) / self.ticks, sum(os.times()[:2]), self.compiled.getCount()
 
-    def since(self, before: tuple[float, float]) -> str:
-        jvm, python = (b - a for a, b in zip(before, self.read()))
-        return f"cpu: JVM {jvm:.1f}s, python {python:.1f}s"
+    def since(self, before: tuple[float, float, int]) -> str:
+        jvm, python, classes = (b - a for a, b in zip(before, self.read()))
+        return f"cpu: JVM {jvm:.1f}s, python {python:.1f}s; {classes} classes generated"
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -6,12 +6,14 @@
       --jars "$(python -c 'from cdc.api import spark_jars; print(",".join(spark_jars()))')" \\
       --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \\
       --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \\
+      --conf spark.sql.codegen.cache.maxEntries=1000 \\
       "$(python -c 'import spark_sinks.submit as m; print(m.__file__)')" cdc.yaml lake
 
 ``--jars`` are the Kafka source and Delta jars (``spark-sql-kafka-0-10``, ``kafka-clients``,
 ``delta-spark``, ``delta-storage``, ``commons-pool2``) that ``cdc dev up`` resolved from Maven
 Central; ``--packages io.delta:delta-spark_2.13:4.0.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0``
-does the same where the cluster reaches Maven. The driver needs this project installed
+does the same where the cluster reaches Maven. ``codegen.cache.maxEntries`` is what a local
+session sets (``session.py``): a MERGE batch's generated classes outlast the default cache of 100. The driver needs this project installed
 (``pip install 'cdc-framework[spark]'``: the config, the schema records); executors need only
 Spark, since everything runs as Spark SQL expressions (no Python UDFs). Use ``--deploy-mode
 client``, or ship the config file and a Python environment with ``--files``/``--archives``.
