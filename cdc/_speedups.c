@@ -361,9 +361,9 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  *   (with `raw`, an upsert's `after` left as the bytes of the row object; else its dict), or None.
  *   One parser (decode_one) serves this and decode_batch further down. The value is checked as
  *   strictly as orjson.loads checks it (UTF-8, escapes and surrogate pairs, numbers that fit a
- *   double, no trailing bytes); the source block is built here (its names and repeated strings
- *   reused from the record before), the key, a delete's before and (without `raw`) the after by
- *   loads (orjson.loads). A tombstone (null value) with a plain JSON key is an event too. None
+ *   double, no trailing bytes); the source block and the key object are built here (their names
+ *   and repeated strings reused from the record before), a key that is no object, a delete's
+ *   before and (without `raw`) the after by loads (orjson.loads). A tombstone (null value) with a plain JSON key is an event too. None
  *   for anything else: not JSON, not an object, Connect JSON or Avro, an unknown op, a version
  *   that is not an int, an escaped member name; cdc/sink_events.py then decodes the record the
  *   general way (which raises its PoisonRecord or reads the other format), so this path never
@@ -718,14 +718,13 @@ member_value(const Member *m, PyObject *loads, SourceCache *cache, int index)
     return value;
 }
 
-/* The dict of a (checked) source object, or NULL with an error. */
+/* The dict of the members `m` holds (checked), as orjson makes it: names and values from `cache`
+ * while they repeat, a name with escapes by loads, a name given twice taking its last value; NULL
+ * with an error. */
 static PyObject *
-source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cache)
+members_dict(const Members *m, PyObject *loads, SourceCache *cache)
 {
-    Scan s = {source->value, source->value_end};
-    int ok = scan_object(&s, m);
-    if (ok < 0) return NULL;
-    PyObject *dict = _PyDict_NewPresized(m->len);  /* ~10 members: no resize on the way */
+    PyObject *dict = _PyDict_NewPresized(m->len);  /* a source block's ~10 members: no resize */
     if (dict == NULL) return NULL;
     for (Py_ssize_t i = 0; i < m->len; i++) {
         const Member *item = &m->items[i];
@@ -752,10 +751,19 @@ source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cach
     return dict;
 }
 
-/* The dict of a key object whose member names have no escapes and whose values member_value
- * makes (as orjson would: anything but a plain string, int, true, false or null by loads), the
- * names from `cache` while they repeat; Py_None when the bytes are anything else (loads decides
- * then), NULL with an error. A name given twice: the last value, as orjson. */
+/* The dict of a (checked) source object, or NULL with an error. */
+static PyObject *
+source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cache)
+{
+    Scan s = {source->value, source->value_end};
+    int ok = scan_object(&s, m);
+    if (ok < 0) return NULL;
+    return members_dict(m, loads, cache);
+}
+
+/* The dict of a key's bytes when they are one JSON object (checked as the envelope is), as orjson
+ * makes it (members_dict); Py_None when they are anything else (loads decides then), NULL with an
+ * error. */
 static PyObject *
 scanned_key(const char *data, Py_ssize_t size, PyObject *loads, Members *m, SourceCache *cache)
 {
@@ -765,30 +773,12 @@ scanned_key(const char *data, Py_ssize_t size, PyObject *loads, Members *m, Sour
     skip_ws(&s);
     if (!ok || s.p != s.end)
         Py_RETURN_NONE;
-    for (Py_ssize_t i = 0; i < m->len; i++)
-        if (m->items[i].escaped)
-            Py_RETURN_NONE;
-    PyObject *dict = _PyDict_NewPresized(m->len);
-    if (dict == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < m->len; i++) {
-        const Member *item = &m->items[i];
-        PyObject *name = i < SOURCE_CACHE
-            ? cached_str(&cache->name[i], &cache->name_len[i], item->name, item->name_len)
-            : PyUnicode_DecodeUTF8((const char *)item->name, item->name_len, NULL);
-        PyObject *value = name ? member_value(item, loads, cache, (int)i) : NULL;
-        if (value == NULL || PyDict_SetItem(dict, name, value) < 0) {
-            Py_XDECREF(name); Py_XDECREF(value); Py_DECREF(dict);
-            return NULL;
-        }
-        Py_DECREF(name);
-        Py_DECREF(value);
-    }
-    return dict;
+    return members_dict(m, loads, cache);
 }
 
 /* The record key as decode_key gives it for a plain JSON object key; Py_None (a new reference)
  * when it is anything else (Avro, Connect JSON, not an object, not JSON): the general path then.
- * The common key (an object of plain names) is made by scanned_key, any other by loads. */
+ * A key object is made by scanned_key, anything else by loads. */
 static PyObject *
 plain_key(PyObject *key, PyObject *loads, Members *km, SourceCache *kc)
 {

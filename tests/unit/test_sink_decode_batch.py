@@ -50,7 +50,7 @@ def values(draw) -> bytes | None:
     return orjson.dumps(envelope)
 
 
-# Keys the C decoder parses itself (objects of plain names) and every other kind it hands to orjson
+# Keys the C decoder parses itself (JSON objects) and every other kind it hands to orjson
 # or to the general way: names given twice, nested values, blanks, integers at and past 64 bits,
 # numbers orjson makes floats, escapes in names and values, trailing bytes.
 odd_keys = st.sampled_from([b'{}', b' { "id" : 1 , "id" : "x" } ', b'{"a":[1,{"b":2}],"c":{"d":null}}',
