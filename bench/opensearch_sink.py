@@ -62,10 +62,11 @@ Where the client's time goes. Fourth round (session s9; scratch timings with ``t
 writes of 10,000, perf on this bench's sink path; main before it: 3.9-4.0 us a document, load
 1-6):
 
-  what the bench prints            3.7-4.7 us a document; of it decoding a packed batch 1.37-1.59,
-                                   the reduction 0.13-0.14, split by shape 0.07, the items and
-                                   NDJSON of rows as JSON bytes 1.07 (~2.7 us); the rest is the
-                                   Kafka read's thread and the bulk requests' HTTP. ``--stages``
+  what the bench prints            3.7-4.7 us a document; of it decoding a packed batch 1.37-1.68,
+                                   the reduction 0.13-0.31, split by shape 0.05-0.07, the items
+                                   and NDJSON of rows as JSON bytes 0.50-1.07 (~2-2.7 us); the
+                                   rest is the Kafka read's thread and the bulk requests' HTTP.
+                                   ``--stages``
                                    used to time every row in one batch under the collector's
                                    default thresholds, which walked what the steps before made:
                                    decoding 2.5-2.7 and the reduction 1.25-1.5 us were mostly that
@@ -79,9 +80,11 @@ writes of 10,000, perf on this bench's sink path; main before it: 3.9-4.0 us a d
   decode (perf of decode_packed)   validating the envelope ~21%, the source and key dicts (made
                                    and freed) ~25%, tuples the rest. Now no LogRecord per record
                                    the C decoder takes, the key object parsed in C instead of an
-                                   orjson.loads call, the source dict presized: 1.59 -> 1.38 us
+                                   orjson.loads call, the dicts presized: 1.65-1.68 -> 1.43-1.44
+                                   us (--stages, paired with main's code, load ~4)
   items + NDJSON                   a raw row's line in one piece (no bytes for its _id and its
-                                   document copied into the line after): 1.07 -> 0.85 us
+                                   document copied into the line after): 0.50-0.51 -> 0.48-0.49
+                                   us, within the noise
   left                             the source block and key dicts of every event (this sink reads
                                    one source per topic and write, and the key for the _id): a
                                    capability that leaves them undecoded would take most of that
