@@ -55,9 +55,43 @@ state, the index behind its alias) and its consumer joining the topic. The docum
 their shape (``source.schema_version``), as a capture's rows do.
 
 ``--stages`` times each step of the sink path alone, without I/O or servers (CPU per document,
-best of three, the C loops beside their Python references).
+best of three, the C loops beside their Python references), with the sink process's collector
+settings, and the sink path's own steps again in writes of ``--batch`` as the runner hands them out.
 
-Where the client's time goes. Third round (main before it: ~7.2 us a document on a quiet
+Where the client's time goes. Fourth round (session s9; scratch timings with ``tune_gc`` and
+writes of 10,000, perf on this bench's sink path; main before it: 3.9-4.0 us a document, load
+1-6):
+
+  what the bench prints            3.7-4.7 us a document; of it decoding a packed batch 1.37-1.68,
+                                   the reduction 0.13-0.31, split by shape 0.05-0.07, the items
+                                   and NDJSON of rows as JSON bytes 0.50-1.07 (~2-2.7 us); the
+                                   rest is the Kafka read's thread and the bulk requests' HTTP.
+                                   ``--stages``
+                                   used to time every row in one batch under the collector's
+                                   default thresholds, which walked what the steps before made:
+                                   decoding 2.5-2.7 and the reduction 1.25-1.5 us were mostly that
+  the Kafka read's thread          perf put about half of the samples of a round in librdkafka's
+                                   broker thread, most in the kernel zeroing pages first touched
+                                   by the LZ4 decompression and the copies of fetched data (the
+                                   bulk reader prefetches the backlog, ~0.2 page faults a record).
+                                   A prefetch bounded to 8-16 MB halved the faults and did not move
+                                   the CPU per document measurably (4.4-4.9 us both ways), nor did
+                                   glibc's trim/mmap thresholds: left as it is
+  decode (perf of decode_packed)   validating the envelope ~21%, the source and key dicts (made
+                                   and freed) ~25%, tuples the rest. Now no LogRecord per record
+                                   the C decoder takes, the key object parsed in C instead of an
+                                   orjson.loads call, the dicts presized: 1.65-1.68 -> 1.43-1.44
+                                   us (--stages, paired with main's code, load ~4)
+  items + NDJSON                   a raw row's line in one piece (no bytes for its _id and its
+                                   document copied into the line after): 0.50-0.51 -> 0.48-0.49
+                                   us, within the noise
+  left                             the source block and key dicts of every event (this sink reads
+                                   one source per topic and write, and the key for the _id): a
+                                   capability that leaves them undecoded would take most of that
+                                   ~25%; the Item per document (needed only for a request that
+                                   reports an error); the read's thread
+
+Third round (main before it: ~7.2 us a document on a quiet
 machine, 200,000 documents; see sinks/opensearch/README.md, "Throughput", for the paired runs):
 
   Kafka read                       1.3 -> 0.2 us (a script reading the bench's topic both ways,
@@ -260,9 +294,14 @@ def packed(records: list) -> object:
     return PackedBatch(b"".join(parts), len(records), topics)
 
 
-def stages(rows: list[dict], repeat: int = 3) -> None:
+def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
     """``--stages``: CPU per document of each step of the sink path on these rows, without I/O
-    (best of ``repeat``), the C loops beside their Python references."""
+    (best of ``repeat``), the C loops beside their Python references. With the sink process's
+    collector settings (``tune_gc``), and the packed reads' decoding, the reduction and the lines
+    of rows as JSON bytes (the sink path's own steps) also in writes of ``batch_size`` events, as
+    the runner hands them out: one batch of every row makes the collector walk what the steps
+    before made, and inflated those steps 1.5-2x."""
+    from cdc.runtime.gc_tuning import tune_gc
     from cdc.events import ChangeEvent, Op, TableId
     from cdc.log.base import LogRecord
     from cdc.schema_order import split_by_schema
@@ -276,7 +315,7 @@ def stages(rows: list[dict], repeat: int = 3) -> None:
     made = encoder.encode([ChangeEvent(Op.CREATE, table, {"id": r["id"]}, None, r, 16 * r["id"], 0) for r in rows])
     records = [LogRecord(r.topic, i % 3, i, r.key, r.value, 0) for i, r in enumerate(made)]
     gc.collect()
-    gc.freeze()
+    tune_gc()
 
     def timed(name: str, module, fn) -> object:
         for use_c in ((True, False) if module is not None else (None,)):
@@ -308,6 +347,16 @@ def stages(rows: list[dict], repeat: int = 3) -> None:
     raw_actions = list(documents.reduce(raw)["p.public.orders"].actions.values())
     timed("items and NDJSON lines, rows as JSON bytes", lines,
           lambda: lines.encode(raw_actions, "p.public.orders__g1", None, None, [], []))
+    del events, raw, reduced, actions, raw_actions
+    print(f"  the sink path's steps, in writes of {batch_size:,} (as the runner hands them out):")
+    writes = [packed(records[i:i + batch_size]) for i in range(0, len(records), batch_size)]
+    decoded = timed("decode a packed batch (raw_rows)", None,
+                    lambda: [sink_events.decode_packed(w, {}, True)[0] for w in writes])
+    timed("split by shape", None, lambda: [split_by_schema(e) for e in decoded])
+    reductions = timed("reduce (C)", None, lambda: [documents.reduce(e) for e in decoded])
+    actions = [list(r["p.public.orders"].actions.values()) for r in reductions]
+    timed("items and NDJSON lines, rows as JSON bytes (C)", None,
+          lambda: [lines.encode(a, "p.public.orders__g1", None, None, [], []) for a in actions])
 
 
 def main() -> None:
@@ -332,7 +381,7 @@ def main() -> None:
                         help="only time each step of the sink path without I/O (no servers needed)")
     args = parser.parse_args()
     if args.stages:
-        stages(make_rows(args.events))
+        stages(make_rows(args.events), args.batch)
         return
 
     from opensearchpy import OpenSearch

@@ -361,9 +361,9 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  *   (with `raw`, an upsert's `after` left as the bytes of the row object; else its dict), or None.
  *   One parser (decode_one) serves this and decode_batch further down. The value is checked as
  *   strictly as orjson.loads checks it (UTF-8, escapes and surrogate pairs, numbers that fit a
- *   double, no trailing bytes); the source block is built here (its names and repeated strings
- *   reused from the record before), the key, a delete's before and (without `raw`) the after by
- *   loads (orjson.loads). A tombstone (null value) with a plain JSON key is an event too. None
+ *   double, no trailing bytes); the source block and the key object are built here (their names
+ *   and repeated strings reused from the record before), a key that is no object, a delete's
+ *   before and (without `raw`) the after by loads (orjson.loads). A tombstone (null value) with a plain JSON key is an event too. None
  *   for anything else: not JSON, not an object, Connect JSON or Avro, an unknown op, a version
  *   that is not an int, an escaped member name; cdc/sink_events.py then decodes the record the
  *   general way (which raises its PoisonRecord or reads the other format), so this path never
@@ -718,14 +718,13 @@ member_value(const Member *m, PyObject *loads, SourceCache *cache, int index)
     return value;
 }
 
-/* The dict of a (checked) source object, or NULL with an error. */
+/* The dict of the members `m` holds (checked), as orjson makes it: names and values from `cache`
+ * while they repeat, a name with escapes by loads, a name given twice taking its last value; NULL
+ * with an error. */
 static PyObject *
-source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cache)
+members_dict(const Members *m, PyObject *loads, SourceCache *cache)
 {
-    Scan s = {source->value, source->value_end};
-    int ok = scan_object(&s, m);
-    if (ok < 0) return NULL;
-    PyObject *dict = PyDict_New();
+    PyObject *dict = _PyDict_NewPresized(m->len);  /* a source block's ~10 members: no resize */
     if (dict == NULL) return NULL;
     for (Py_ssize_t i = 0; i < m->len; i++) {
         const Member *item = &m->items[i];
@@ -752,14 +751,46 @@ source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cach
     return dict;
 }
 
-/* The record key as decode_key gives it for a plain JSON object key; Py_None (a new reference)
- * when it is anything else (Avro, Connect JSON, not an object, not JSON): the general path then. */
+/* The dict of a (checked) source object, or NULL with an error. */
 static PyObject *
-plain_key(PyObject *key, PyObject *loads)
+source_dict(const Member *source, PyObject *loads, Members *m, SourceCache *cache)
+{
+    Scan s = {source->value, source->value_end};
+    int ok = scan_object(&s, m);
+    if (ok < 0) return NULL;
+    return members_dict(m, loads, cache);
+}
+
+/* The dict of a key's bytes when they are one JSON object (checked as the envelope is), as orjson
+ * makes it (members_dict); Py_None when they are anything else (loads decides then), NULL with an
+ * error. */
+static PyObject *
+scanned_key(const char *data, Py_ssize_t size, PyObject *loads, Members *m, SourceCache *cache)
+{
+    Scan s = {(const unsigned char *)data, (const unsigned char *)data + size};
+    int ok = scan_object(&s, m);
+    if (ok < 0) return NULL;
+    skip_ws(&s);
+    if (!ok || s.p != s.end)
+        Py_RETURN_NONE;
+    return members_dict(m, loads, cache);
+}
+
+/* The record key as decode_key gives it for a plain JSON object key; Py_None (a new reference)
+ * when it is anything else (Avro, Connect JSON, not an object, not JSON): the general path then.
+ * A key object is made by scanned_key, anything else by loads. */
+static PyObject *
+plain_key(PyObject *key, PyObject *loads, Members *km, SourceCache *kc)
 {
     if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) == 0 || PyBytes_AS_STRING(key)[0] == 0)
         Py_RETURN_NONE;
-    PyObject *value = PyObject_CallOneArg(loads, key);
+    PyObject *value = scanned_key(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), loads, km, kc);
+    if (value == NULL)
+        return NULL;
+    if (value == Py_None) {
+        Py_DECREF(value);
+        value = PyObject_CallOneArg(loads, key);
+    }
     if (value == NULL) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -775,16 +806,16 @@ plain_key(PyObject *key, PyObject *loads)
 /* A tombstone's SinkEvent (no op, no version, an empty source), or Py_None when its key is not a
  * plain JSON object (the general path then). */
 static PyObject *
-tombstone_event(PyObject *record, PyTypeObject *event_type, PyObject *loads)
+tombstone_event(PyObject *const *record, PyTypeObject *event_type, PyObject *loads, Members *km, SourceCache *kc)
 {
-    PyObject *key = plain_key(PyTuple_GET_ITEM(record, 3), loads);
+    PyObject *key = plain_key(record[3], loads, km, kc);
     if (key == NULL || key == Py_None)
         return key;
     PyObject *source = PyDict_New();
     PyObject *event = source ? event_type->tp_alloc(event_type, 10) : NULL;
     if (event != NULL) {
-        PyObject *items[10] = {PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), PyTuple_GET_ITEM(record, 2),
-                               key, Py_None, Py_None, Py_None, Py_None, source, Py_None};
+        PyObject *items[10] = {record[0], record[1], record[2], key, Py_None, Py_None, Py_None, Py_None, source,
+                               Py_None};
         for (int i = 0; i < 10; i++)
             PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
     }
@@ -793,21 +824,45 @@ tombstone_event(PyObject *record, PyTypeObject *event_type, PyObject *loads)
     return event;
 }
 
-/* The SinkEvent of one record (a new reference), Py_None when the general path must decide, or
- * NULL with an error that is not the record's. The one parser of the json envelope on the sink
- * side: `raw` leaves an upsert's after as the bytes of the row object, else loads makes its dict
- * (decode_batch, decode_envelopes). */
-static PyObject *
-decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, int raw, Members *m,
-           Members *sm, SourceCache *cache)
+/* The parser's scratch space, kept across the records of one call. */
+typedef struct {
+    Members m, sm, km;
+    SourceCache cache, key_cache;
+} Scratch;
+
+static void
+scratch_free(Scratch *x)
+{
+    PyMem_Free(x->m.items);
+    PyMem_Free(x->sm.items);
+    PyMem_Free(x->km.items);
+    source_cache_clear(&x->cache);
+    source_cache_clear(&x->key_cache);
+}
+
+/* A LogRecord's first five fields (topic, partition, offset, key, value), or NULL with an error
+ * when `record` is not one. */
+static PyObject *const *
+record_fields(PyObject *record)
 {
     if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 5) {
         PyErr_SetString(PyExc_TypeError, "a record is (topic, partition, offset, key, value, ...)");
         return NULL;
     }
-    PyObject *value = PyTuple_GET_ITEM(record, 4);
+    return &PyTuple_GET_ITEM(record, 0);
+}
+
+/* The SinkEvent of one record (its fields: topic, partition, offset, key, value; a new reference),
+ * Py_None when the general path must decide, or NULL with an error that is not the record's. The
+ * one parser of the json envelope on the sink side: `raw` leaves an upsert's after as the bytes
+ * of the row object, else loads makes its dict (decode_batch, decode_packed, decode_envelopes). */
+static PyObject *
+decode_one(PyObject *const *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, int raw, Scratch *x)
+{
+    Members *m = &x->m;
+    PyObject *value = record[4];
     if (value == Py_None)
-        return tombstone_event(record, event_type, loads);
+        return tombstone_event(record, event_type, loads, &x->km, &x->key_cache);
     if (!PyBytes_Check(value))
         Py_RETURN_NONE;
     Scan s = {(const unsigned char *)PyBytes_AS_STRING(value),
@@ -858,9 +913,9 @@ decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *
             return NULL;
     }
     PyObject *key = NULL, *source_d = NULL, *before_d = NULL, *after_v = NULL, *event = NULL;
-    if ((key = plain_key(PyTuple_GET_ITEM(record, 3), loads)) == NULL) goto done;
+    if ((key = plain_key(record[3], loads, &x->km, &x->key_cache)) == NULL) goto done;
     if (key == Py_None) { event = Py_NewRef(Py_None); goto done; }
-    if ((source_d = source_dict(source, loads, sm, cache)) == NULL) goto done;
+    if ((source_d = source_dict(source, loads, &x->sm, &x->cache)) == NULL) goto done;
     PyObject *version = PyDict_GetItemString(source_d, "version");  /* borrowed */
     if (version == NULL || !PyLong_CheckExact(version)) { event = Py_NewRef(Py_None); goto done; }
     if (before && *before->value == '{') {
@@ -882,8 +937,8 @@ decode_one(PyObject *record, PyTypeObject *event_type, PyObject *ops, PyObject *
     if (after_v == NULL) goto done;
     event = event_type->tp_alloc(event_type, 10);
     if (event == NULL) goto done;
-    PyObject *items[10] = {PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), PyTuple_GET_ITEM(record, 2),
-                           key, op_value, before_d, after_v, version, source_d, ts_ms};
+    PyObject *items[10] = {record[0], record[1], record[2], key, op_value, before_d, after_v, version, source_d,
+                           ts_ms};
     for (int i = 0; i < 10; i++)
         PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
 done:
@@ -893,20 +948,6 @@ done:
     Py_XDECREF(after_v);
     Py_DECREF(ts_ms);
     return event;
-}
-
-/* The parser's scratch space, kept across the records of one call. */
-typedef struct {
-    Members m, sm;
-    SourceCache cache;
-} Scratch;
-
-static void
-scratch_free(Scratch *x)
-{
-    PyMem_Free(x->m.items);
-    PyMem_Free(x->sm.items);
-    source_cache_clear(&x->cache);
 }
 
 static PyObject *
@@ -928,8 +969,8 @@ speedups_decode_envelopes(PyObject *self, PyObject *const *args, Py_ssize_t narg
     memset(&x, 0, sizeof(x));
     if (out == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *one = decode_one(PySequence_Fast_GET_ITEM(seq, i), (PyTypeObject *)args[1], args[2], args[3], raw,
-                                   &x.m, &x.sm, &x.cache);
+        PyObject *const *fields = record_fields(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *one = fields ? decode_one(fields, (PyTypeObject *)args[1], args[2], args[3], raw, &x) : NULL;
         if (one == NULL) goto fail;
         PyList_SET_ITEM(out, i, one);
     }
@@ -1347,27 +1388,44 @@ record_of(PyTypeObject *record_type, PyObject **fields)
 /* One record of decode_batch / decode_packed: its SinkEvent appended to `events`, or, where the C
  * decoder leaves it to the general one (decode_record) and that refuses it as poison,
  * (record, the error) appended to `poisons`. 0, or -1 with an error set (any other error). */
+static int db_general(PyObject *record, PyObject *events, PyObject *poisons);
+
 static int
 db_take(PyObject *record, int raw, Scratch *x, PyObject *events, PyObject *poisons)
 {
-    PyObject *event = decode_one(record, db_event_type, db_ops, db_loads, raw, &x->m, &x->sm, &x->cache);
+    PyObject *const *fields = record_fields(record);
+    if (fields == NULL)
+        return -1;
+    PyObject *event = decode_one(fields, db_event_type, db_ops, db_loads, raw, x);
     if (event == Py_None) {
         Py_DECREF(event);
-        event = PyObject_CallOneArg(db_fallback, record);
-        if (event == NULL && PyErr_ExceptionMatches(db_poison_type)) {
-            PyObject *type, *exc, *tb;
-            PyErr_Fetch(&type, &exc, &tb);
-            PyErr_NormalizeException(&type, &exc, &tb);
-            if (tb != NULL)
-                PyException_SetTraceback(exc, tb);
-            PyObject *pair = PyTuple_Pack(2, record, exc);
-            Py_XDECREF(type);
-            Py_XDECREF(exc);
-            Py_XDECREF(tb);
-            int kept = pair != NULL && PyList_Append(poisons, pair) == 0;
-            Py_XDECREF(pair);
-            return kept ? 0 : -1;
-        }
+        return db_general(record, events, poisons);
+    }
+    if (event == NULL)
+        return -1;
+    int appended = PyList_Append(events, event);
+    Py_DECREF(event);
+    return appended;
+}
+
+/* The general way (decode_record) for a record the C decoder leaves to it. */
+static int
+db_general(PyObject *record, PyObject *events, PyObject *poisons)
+{
+    PyObject *event = PyObject_CallOneArg(db_fallback, record);
+    if (event == NULL && PyErr_ExceptionMatches(db_poison_type)) {
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        PyObject *pair = PyTuple_Pack(2, record, exc);
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        int kept = pair != NULL && PyList_Append(poisons, pair) == 0;
+        Py_XDECREF(pair);
+        return kept ? 0 : -1;
     }
     if (event == NULL)
         return -1;
@@ -1514,11 +1572,32 @@ speedups_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         at += value_len > 0 ? value_len : 0;
         if (value_len > 0)
             nbytes += value_len;
-        PyObject *record = record_of(record_type, fields);
-        if (record == NULL)
+        /* The record's LogRecord is made only for the general way (a record the C decoder leaves to
+         * decode_record, or poison): the common record's event takes its fields as they are. */
+        int taken;
+        PyObject *event = NULL;
+        int complete = 1;
+        for (int f = 0; f < 6; f++)
+            complete = complete && fields[f] != NULL;
+        if (complete)
+            event = decode_one(fields, db_event_type, db_ops, db_loads, raw, &x);
+        if (event != NULL && event != Py_None) {
+            taken = PyList_Append(events, event);
+            Py_DECREF(event);
+            for (int f = 0; f < 6; f++)
+                Py_DECREF(fields[f]);
+        } else if (event == NULL && complete) {
+            for (int f = 0; f < 6; f++)
+                Py_DECREF(fields[f]);
             goto fail;
-        int taken = db_take(record, raw, &x, events, poisons);
-        Py_DECREF(record);
+        } else {
+            Py_XDECREF(event);
+            PyObject *record = record_of(record_type, fields);  /* takes the fields, NULL if one is */
+            if (record == NULL)
+                goto fail;
+            taken = db_general(record, events, poisons);
+            Py_DECREF(record);
+        }
         if (taken < 0)
             goto fail;
     }

@@ -136,9 +136,9 @@ def decode_batch(records: list, ends: dict, raw_rows: bool = False
 def decode_packed(batch, ends: dict, raw_rows: bool = False
                   ) -> tuple[list[SinkEvent], list[tuple[Any, PoisonRecord]], int]:
     """``decode_batch`` of a batch of the bulk reader (cdc.log.kafka_bulk.PackedBatch): in C (where
-    built) straight from the packed bytes, without a confluent-kafka Message per record, and the
-    record's LogRecord dropped once its event is made; else its records, decoded by
-    ``decode_batch``. The same events and the same poisons either way
+    built) straight from the packed bytes, without a confluent-kafka Message per record, and a
+    LogRecord made only for a record the C parser hands to ``decode_record``; else its records,
+    decoded by ``decode_batch``. The same events and the same poisons either way
     (tests/unit/test_sink_decode_batch.py)."""
     if _speedups is not None and USE_SPEEDUPS:
         from cdc.log.base import LogRecord
@@ -166,9 +166,10 @@ def decode_records(records: list, raw_rows: bool) -> list[SinkEvent | PoisonReco
 
     ``raw_rows`` (a sink's ``raw_rows``, and the C decoder built): an upsert whose value is a
     plain ``json`` envelope keeps its ``after`` as the bytes of the row object. The decoder checks
-    each value as strictly as orjson does, builds the source block itself (reusing the names and
-    strings that repeat from record to record) and decodes only the key and a delete's before with
-    orjson: building the row's dict was most of decoding a record (bench/bootstrap.py). Anything it
+    each value as strictly as orjson does, builds the source block and the common key object (member
+    names without escapes) itself (reusing the names and strings that repeat from record to record)
+    and decodes only a delete's before, any other key and the values it does not make with orjson:
+    building the row's dict was most of decoding a record (bench/bootstrap.py). Anything it
     does not take (Connect JSON, Avro, a malformed value) goes through ``decode_record`` as
     before, so the same records are poison either way and the events are equal once ``after`` is
     decoded (tests/unit/test_raw_rows.py). The parser is ``decode_batch``'s (one in C for both)."""
