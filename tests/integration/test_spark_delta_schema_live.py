@@ -86,13 +86,15 @@ class DeltaReader:
     def __init__(self, spark, path: str) -> None:
         self.spark, self.path = spark, path
         self.seen: list[int] = []
+        self.errors: list[str] = []  # why a count was -1: said in the assertion that fails on it
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run)
 
     def count(self) -> int:
         try:
             return self.spark.read.format("delta").load(self.path).count()
-        except Exception:  # noqa: BLE001 - a table that cannot be read is what the test looks for
+        except Exception as err:  # noqa: BLE001 - a table that cannot be read is what the test looks for
+            self.errors.append(f"{type(err).__name__}: {str(err)[:2000]}")
             return -1
 
     def _run(self) -> None:
@@ -184,8 +186,9 @@ def test_the_ddl_script_reaches_delta_in_order(spark, source_db, kafka_bootstrap
                 if rebuilding:
                     rebuilds_watched += 1
                     seen = [floor, *reader.seen]
-                    assert floor > 0 and inside and all(n >= floor for n in inside), (step, floor, inside)
-                    assert all(n >= seen[i - 1] for i, n in enumerate(seen) if i), (step, seen)
+                    assert floor > 0 and inside and all(n >= floor for n in inside), (step, floor, inside,
+                                                                                      reader.errors)
+                    assert all(n >= seen[i - 1] for i, n in enumerate(seen) if i), (step, seen, reader.errors)
                 for policy in live:
                     failure = failures[policy]
                     stop_step, words = STOPS.get(policy, (None, []))
