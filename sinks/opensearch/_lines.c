@@ -511,65 +511,31 @@ raw_body(PyObject *row, const RawFields *f, RawMembers *m)
     return out;
 }
 
-/* The item's line of a body of JSON bytes (an object without the version field), made in one
- * piece: the same bytes as line_of(index_json, id_json(doc_id), ...) of the body with the version
- * field spliced in before its closing brace, without the _id's and the document's own bytes
- * objects. New bytes or NULL. */
+/* The document's JSON from a body of JSON bytes (an object without the version field). */
 static PyObject *
-raw_line(PyObject *index_json, PyObject *doc_id, const char *digits, Py_ssize_t ndigits, PyObject *body)
+raw_document(PyObject *body, const char *digits, Py_ssize_t ndigits)
 {
-    PyObject *idj = NULL;
-    const char *id = NULL;
-    Py_ssize_t nid = 0, quotes = 2;
-    if (PyUnicode_CheckExact(doc_id) && PyUnicode_IS_ASCII(doc_id)) {
-        Py_ssize_t n = PyUnicode_GET_LENGTH(doc_id), i = 0;
-        const char *t = (const char *)PyUnicode_DATA(doc_id);
-        while (i < n && t[i] >= 0x20 && t[i] != '"' && t[i] != '\\' && t[i] != 0x7f)
-            i++;
-        if (i == n) {
-            id = t;
-            nid = n;
-        }
-    }
-    if (id == NULL) {  /* escapes: id_json's (orjson's) quoting */
-        if ((idj = id_json(doc_id)) == NULL)
-            return NULL;
-        id = PyBytes_AS_STRING(idj);
-        nid = PyBytes_GET_SIZE(idj);
-        quotes = 0;
-    }
     const char *data = PyBytes_AS_STRING(body);
     Py_ssize_t size = PyBytes_GET_SIZE(body);
     while (size > 0 && data[size - 1] != '}')  /* trailing space */
         size--;
     const char *q = skip_space(data + 1, data + size - 1);
     int empty = q == data + size - 1;  /* "{}" */
-    Py_ssize_t ni = PyBytes_GET_SIZE(index_json), keylen = PyBytes_GET_SIZE(version_key_json);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, LIT(HEAD) + ni + LIT(ID) + quotes + nid + LIT(VERSION) + ndigits +
-                                                  LIT(TAIL) + size + (empty ? 0 : 1) + keylen + 1 + ndigits + 1);
-    if (out != NULL) {
-        char *p = PyBytes_AS_STRING(out);
-#define PUT(src, n) do { memcpy(p, (src), (n)); p += (n); } while (0)
-        PUT(HEAD, LIT(HEAD));
-        PUT(PyBytes_AS_STRING(index_json), ni);
-        PUT(ID, LIT(ID));
-        if (quotes) *p++ = '"';
-        PUT(id, nid);
-        if (quotes) *p++ = '"';
-        PUT(VERSION, LIT(VERSION));
-        PUT(digits, ndigits);
-        PUT(TAIL, LIT(TAIL));
-        PUT(data, size - 1);
-        if (!empty)
-            *p++ = ',';
-        PUT(PyBytes_AS_STRING(version_key_json), keylen);
-        *p++ = ':';
-        PUT(digits, ndigits);
-#undef PUT
-        *p++ = '}';
-        *p = '\n';
-    }
-    Py_XDECREF(idj);
+    Py_ssize_t keylen = PyBytes_GET_SIZE(version_key_json);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size + (empty ? 0 : 1) + keylen + 1 + ndigits);
+    if (out == NULL)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memcpy(p, data, size - 1);
+    p += size - 1;
+    if (!empty)
+        *p++ = ',';
+    memcpy(p, PyBytes_AS_STRING(version_key_json), keylen);
+    p += keylen;
+    *p++ = ':';
+    memcpy(p, digits, ndigits);
+    p += ndigits;
+    *p = '}';
     return out;
 }
 
@@ -625,15 +591,15 @@ lines_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t ndigits = digits_of(version, digits);
         if (ndigits < 0)
             goto fail;
-        PyObject *body, *doc, *line;
+        PyObject *body, *doc;
         if (upsert) {
             PyObject *row = PyTuple_GET_ITEM(action, 2), *decoded = NULL;
             if (PyBytes_CheckExact(row) && (body_of == Py_None || fields.names != NULL)) {  /* raw_rows */
                 if ((body = raw_body(row, &fields, &members)) == NULL)
                     goto fail;
                 if (body != Py_None) {
-                    line = raw_line(index_json, doc_id, digits, ndigits, body);
-                    goto lined;
+                    doc = raw_document(body, digits, ndigits);
+                    goto made;
                 }
                 Py_DECREF(body);
             }
@@ -652,11 +618,11 @@ lines_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
             doc = dump(body);
         }
+    made:;
         PyObject *idj = doc ? id_json(doc_id) : NULL;
-        line = idj ? line_of(index_json, idj, digits, ndigits, doc) : NULL;
+        PyObject *line = idj ? line_of(index_json, idj, digits, ndigits, doc) : NULL;
         Py_XDECREF(doc);
         Py_XDECREF(idj);
-    lined:
         if (line == NULL) {
             Py_DECREF(body);
             goto fail;
