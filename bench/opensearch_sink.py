@@ -82,7 +82,7 @@ writes of 10,000, perf on this bench's sink path; main before it: 3.9-4.0 us a d
                                    the C decoder takes, the key object parsed in C instead of an
                                    orjson.loads call, the dicts presized: 1.65-1.68 -> 1.43-1.44
                                    us (--stages, paired with main's code, load ~4)
-  items + NDJSON                   a raw row's line in one piece (no bytes for its _id and its
+  items + NDJSON                   tried and reverted: a raw row's line in one piece (no bytes for its _id and its
                                    document copied into the line after): 0.50-0.51 -> 0.48-0.49
                                    us, within the noise
   left                             the source block and key dicts of every event (this sink reads
