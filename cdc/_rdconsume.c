@@ -222,21 +222,14 @@ reader_assign(Reader *r, PyObject *arg)
     /* Ask for the assigned topics' metadata now: a topic the client has no metadata for yet (it
      * connected before the assignment named it) is otherwise only looked up by librdkafka's
      * topic scan, once a second, and nothing is fetched until then (up to a second lost at
-     * every start). A hint only: an error here leaves that scan to find the topic as before. */
-    for (int i = 0; i < list->cnt; i++) {
-        int seen = 0;
-        for (int j = 0; j < i && !seen; j++)
-            seen = strcmp(list->elems[j].topic, list->elems[i].topic) == 0;
-        if (seen) continue;
-        rd_kafka_topic_t *rkt = rd_kafka_topic_new(r->rk, list->elems[i].topic, NULL);
-        if (rkt == NULL) continue;
-        const struct rd_kafka_metadata *md = NULL;
-        Py_BEGIN_ALLOW_THREADS
-        if (rd_kafka_metadata(r->rk, 0, rkt, &md, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR && md != NULL)
-            rd_kafka_metadata_destroy(md);
-        Py_END_ALLOW_THREADS
-        rd_kafka_topic_destroy(rkt);
-    }
+     * every start). One request for every topic the client knows (the assignment made them
+     * known), at most 2 s when the broker is away. A hint only: an error here leaves that scan
+     * to find the topics as before. */
+    const struct rd_kafka_metadata *md = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (rd_kafka_metadata(r->rk, 0, NULL, &md, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR && md != NULL)
+        rd_kafka_metadata_destroy(md);
+    Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
     rd_kafka_topic_partition_list_destroy(list);
