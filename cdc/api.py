@@ -132,7 +132,7 @@ __all__ = [
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "SchemaBook", "open_kafka_log",
     "earlier_names", "renames_to_follow",
     "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
-    "BulkLoadableSink", "WindowPart", "raw_columns_first", "PipelinedSink", "WriteCompletion",
+    "BulkLoadableSink", "WindowPart", "raw_columns_first", "PipelinedSink", "WriteCompletion", "MaintainedSink",
 ]
 
 
@@ -596,6 +596,18 @@ class PipelinedSink(Protocol):
 
     @abstractmethod
     def submit(self, events: list[SinkEvent]) -> WriteCompletion | None: ...
+
+
+@runtime_checkable
+class MaintainedSink(Protocol):
+    """A sink with housekeeping of its own that must not wait for the next write (dropping a
+    retired generation when its delay is over, purging old delete markers): declared by naming
+    it among the sink's bases. ``maintain()`` is called on the sink's thread while the sink is
+    caught up (nothing in flight), at most every few seconds; it returns quickly and raises as
+    ``write`` does."""
+
+    @abstractmethod
+    def maintain(self) -> None: ...
 
 
 @runtime_checkable

@@ -48,7 +48,7 @@ from typing import Callable
 
 
 from cdc import bulk_window
-from cdc.api import BulkLoadableSink, PipelinedSink, RebuildableSink, Sink, SinkContext
+from cdc.api import BulkLoadableSink, MaintainedSink, PipelinedSink, RebuildableSink, Sink, SinkContext
 from cdc.bulk_window import NewestWindow
 from cdc.errors import CdcError, ConfigError, PermanentError, RebuildRequired, SchemaChangeError
 from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 TOPIC_REFRESH_S = 5.0
+IDLE_CHECK_S = 2.0   # an idle sink compares where it stands with the log's ends at most this often
+STALL_WARN_S = 30.0  # reading nothing for this long while behind is said in the log, once
+POISON_RUN_LIMIT = 50  # events failing alone in a row, none written between, before the sink stops
 MAX_WRITES_IN_FLIGHT = 3  # a PipelinedSink's writes submitted and not completed (each holds its batch)
 BULK_POLL_RECORDS = 50_000  # records per read of a bulk rebuild (no write waits on them)
 BULK_ADD_RECORDS = 5_000    # records added to a window between checks of its size
@@ -121,6 +124,10 @@ class SinkRunner:
                               f"{type(log_).__name__} has none")
         self._membership: GroupMembership | None = None  # while streaming as a group member
         self._writes = InFlight(self, 1)  # the writes in flight (a revocation waits for them); see run()
+        self._idle_next = 0.0  # see _idle
+        self._poisons_in_row = 0  # events set aside since the last write that succeeded (see _poison)
+        self._idle_since: float | None = None
+        self._stall_warned = False
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -143,13 +150,18 @@ class SinkRunner:
     def schema_for(self, topic: str, version: int | None = None) -> dict | None:
         return self.schemas.schema_for(topic, version)
 
-    def _assign(self, reader, topics: list[str], from_start: bool) -> None:
+    def _assign(self, reader, topics: list[str], from_start: bool, *, fresh: bool = False) -> None:
+        """Read the partitions of ``topics`` not read yet, from the group's committed offsets
+        (offset 0 when ``from_start``). ``fresh``: the reader was just opened and reads nothing
+        yet, so it is assigned even when no partition is new (positions kept from a rebuild
+        before the streaming: without this, the streaming after `cdc rebuild` read nothing for
+        ever)."""
         new = []
         for topic in topics:
             for tp in self.log.end_offsets(topic):
                 if tp not in self.positions:
                     new.append(tp)
-        if not new and self.positions:
+        if not new and self.positions and not fresh:
             return
         committed = {} if from_start else reader.committed(new)
         for tp in new:
@@ -195,6 +207,7 @@ class SinkRunner:
         while True:
             try:
                 self.sink.write(events)
+                self._poisons_in_row = 0
                 if self.stats.phase == "retrying":
                     self.stats.progressed(phase)  # recovered: the health shows it at once
                     self.report(self.stats)
@@ -221,6 +234,7 @@ class SinkRunner:
             for half in (events[:middle], events[middle:]):
                 try:
                     self.sink.write(half)
+                    self._poisons_in_row = 0
                 except SchemaChangeError:
                     raise
                 except CdcError as err:
@@ -234,6 +248,7 @@ class SinkRunner:
         [event] = events
         try:
             self.sink.write([event])
+            self._poisons_in_row = 0
         except SchemaChangeError:
             raise
         except Exception as err:  # noqa: BLE001 - this one is the poison
@@ -247,6 +262,13 @@ class SinkRunner:
         self.stats.last_error_at = time.time()
         if self.config.on_poison == "stop":
             raise PermanentError(f"sink {self.name}: the event at {where} fails even alone: {reason}")
+        self._poisons_in_row += 1
+        if self._poisons_in_row > POISON_RUN_LIMIT:
+            # Every event failing, one after another, is the sink or its store, not the events:
+            # setting them all aside would empty the topics into the dead letters.
+            raise PermanentError(f"sink {self.name}: {self._poisons_in_row} events in a row failed even alone, "
+                                 f"the last at {where}: {reason}. That is the sink or its store, not the events; "
+                                 f"stopped here, nothing past {where} is committed")
         log.error("event at %s fails even alone (%s): sent to %s", where, reason, self.dead_letter_topic,
                   extra=self._extra())
         if record is None:
@@ -346,12 +368,61 @@ class SinkRunner:
             self._read = {}
             raise
         if events:
+            self._idle_since = None
             if not self.read_ahead:
                 self._settle_all(reader)
         elif ends:  # only poison records, set aside already
             self._commit(reader, ends, 0)
         else:
+            self._idle(reader)
+
+    def _idle(self, reader) -> None:
+        """A poll read nothing. That is progress (caught up) only if every partition is read to
+        the log's end: an empty poll alone proves nothing (a reader assigned nothing polls nothing
+        for ever, which is how a sink once sat idle after `cdc rebuild` with its health green).
+        Checked at most every ``IDLE_CHECK_S``; a partition read to an end whose last offsets
+        were compacted away has its end committed, so its lag reads 0."""
+        now = time.monotonic()
+        if now < self._idle_next:
+            return
+        self._idle_next = now + IDLE_CHECK_S
+        ends: dict[TopicPartition, int] = {}
+        for topic in {topic for topic, _ in self.positions}:
+            ends.update(self.log.end_offsets(topic))
+        stands = self._standing(reader)
+        behind = {tp: (at, ends[tp]) for tp in self.positions
+                  if tp in ends and ends[tp] > (at := max(self.positions[tp], stands.get(tp, 0)))}
+        if behind:
+            self._idle_since = self._idle_since or now
+            if now - self._idle_since > STALL_WARN_S and not self._stall_warned:
+                self._stall_warned = True
+                (tp, (at, end)), *_ = sorted(behind.items())
+                log.warning("read nothing for %.0fs although the log holds records past where the sink stands "
+                            "(%s[%d] at %d of %d, %d partitions behind); counted as no progress", now - self._idle_since,
+                            tp[0], tp[1], at, end, len(behind), extra=self._extra())
+            return
+        self._idle_since, self._stall_warned = None, False
+        if isinstance(self.sink, MaintainedSink):
+            self._sink_call(self.sink.maintain)
+        tails = {tp: at for tp, at in stands.items()
+                 if tp in self.positions and at > self.positions[tp] and at >= self._read.get(tp, 0)}
+        if tails:
+            self._commit(reader, tails, 0)
+        else:
             self.stats.progressed()  # caught up
+
+    def _standing(self, reader) -> dict[TopicPartition, int]:
+        """Where the reader stands per partition, past compacted gaps (the packed reader: the
+        ends it saw)."""
+        if self._packed is not None:
+            return {tp: at for tp, at in self._packed.ends.items() if tp in self.positions}
+        out = {}
+        for tp in self.positions:
+            try:
+                out[tp] = reader.position(tp)
+            except KeyError:  # not assigned (the embedded reader): it stands nowhere
+                pass
+        return out
 
     def _settle_all(self, reader) -> None:
         """Wait for every write in flight and commit each, in order (once: a revocation may have)."""
@@ -376,9 +447,11 @@ class SinkRunner:
         self.stats.progressed()  # written and committed
 
     def run(self, stop_event: threading.Event, *, from_start: bool = False,
-            until_caught_up: bool = False) -> None:
+            until_caught_up: bool = False, rebuild_first: bool = False) -> None:
         """Consume until ``stop_event``; ``from_start`` reads from offset 0 (a bootstrap);
-        ``until_caught_up`` returns once the topics' ends as of the start are written."""
+        ``until_caught_up`` returns once the topics' ends as of the start are written;
+        ``rebuild_first`` rebuilds the store into a new generation, then streams on from where
+        the rebuild ended, with the same started sink and readers (the daemon's `cdc rebuild`)."""
         self._stop = stop_event
         self._sink_thread = SinkThread(self.name)
         self.sink.attach(self.context())
@@ -397,7 +470,10 @@ class SinkRunner:
                 self._open_packed()
             self.stats.phase = "streaming"
             self.report(self.stats)
-            self._follow(reader, from_start)
+            self._follow(reader, from_start, fresh=True)
+            if rebuild_first:
+                self._rebuild_until_done(reader, stop_event)
+                self.report(self.stats)  # "streaming" again: the supervisor sees the rebuild done
             targets = self._ends() if until_caught_up else None
             refreshed = last_report = time.monotonic()
             while not stop_event.is_set():
@@ -450,12 +526,12 @@ class SinkRunner:
                     self._dlq_writer.close()
                 self.report(self.stats)
 
-    def _follow(self, reader, from_start: bool) -> None:
+    def _follow(self, reader, from_start: bool, *, fresh: bool = False) -> None:
         """Read the matching topics: subscribe as a group member, or assign every partition."""
         if self._membership is not None:
             self._membership.follow(self.matching_topics())
         else:
-            self._assign(reader, self.matching_topics(), from_start)
+            self._assign(reader, self.matching_topics(), from_start, fresh=fresh)
 
     def _hand_over(self, reader, gone: set[TopicPartition], lost: bool) -> None:
         """Partitions ``gone`` leave this member (see ``sink_group``): the writes in flight end

@@ -9,7 +9,10 @@ grace period is killed, which is safe: its stored position is never ahead of the
 
 Health (``healthy``, served as /healthz): a connector is unhealthy when it failed permanently, or
 when it has made no progress (``ConnectorStats.progress_at``) for its ``unhealthy_after``
-seconds, whether it is blocked (a frozen broker, a hung database) or retrying. Progress is kept
+seconds, whether it is blocked (a frozen broker, a hung database) or retrying. A streaming sink is
+also unhealthy once it has been behind the log for ``unhealthy_after`` seconds without its
+committed offsets moving, as the supervisor measures them (``sink_lag``), whatever its worker
+reports (``stalled_seconds``). Progress is kept
 across the worker's restarts, so a connector that fails at every start stays unhealthy. While a
 worker waits to be restarted, and while its next process has not made progress yet, its phase is
 ``retrying`` with the last error, its time and the count of attempts.
@@ -76,11 +79,24 @@ class Worker:
     rebuilt_at: float | None = None  # Unix time the last requested rebuild finished
     rebuild_pid: int | None = None  # the process started in rebuild mode (only its reports finish it)
 
-    def unhealthy(self, now: float) -> bool:
+    phase_since: float = field(default_factory=time.time)  # when stats.phase last changed
+
+    def stalled_for(self, now: float, stalled_since: float | None) -> float | None:
+        """Seconds a streaming sink has been behind the log without its commits moving (the
+        supervisor's own measure, sink_lag), counted from its last phase change at the earliest
+        (a rebuild commits nothing until it switches); None when it is not."""
+        if stalled_since is None or self.stats.phase != "streaming" or self.paused:
+            return None
+        return now - max(stalled_since, self.phase_since)
+
+    def unhealthy(self, now: float, stalled_since: float | None = None) -> bool:
         phase = self.stats.phase
         if self.paused:
             return False  # stopped on request: not a fault
         if phase == "failed":
+            return True
+        stalled = self.stalled_for(now, stalled_since)
+        if stalled is not None and stalled > self.unhealthy_after:
             return True
         return phase not in DONE_PHASES and now - self.last_progress > self.unhealthy_after
 
@@ -118,12 +134,16 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")
 
     # -- the view the HTTP server reads --------------------------------------------------------
+    def _stalled_since(self, name: str) -> float | None:
+        return self.sink_lag.stalled_since(name) if self.sink_lag is not None else None
+
     def snapshot(self) -> list[dict]:
         now = time.time()
         lag = self.sink_lag.figures() if self.sink_lag is not None else {}
         with self.lock:
             return [{**w.stats.snapshot(), **_sink_lag_fields(lag.get(w.name), w.stats.kind),
-                     "healthy": not w.unhealthy(now),
+                     "healthy": not w.unhealthy(now, self._stalled_since(w.name)),
+                     "stalled_seconds": _rounded(w.stalled_for(now, self._stalled_since(w.name))),
                      "seconds_since_progress": round(now - w.last_progress, 1),
                      "unhealthy_after": w.unhealthy_after,
                      "pid": w.process.pid if w.process is not None else None,
@@ -139,7 +159,7 @@ class Supervisor:
     def healthy(self) -> bool:
         now = time.time()
         with self.lock:
-            return not any(w.unhealthy(now) for w in self.workers.values())
+            return not any(w.unhealthy(now, self._stalled_since(w.name)) for w in self.workers.values())
 
     # -- workers -------------------------------------------------------------------------------
     def _start(self, worker: Worker) -> None:
@@ -172,6 +192,9 @@ class Supervisor:
                         and worker.process.pid == worker.rebuild_pid):
                     worker.mode = "run"  # the rebuild is done: a later start just streams
                     worker.rebuilt_at = time.time()
+                    # Once: this process's later reports (it streams on, and is drained for the
+                    # next `cdc rebuild`) must not end that next rebuild before it began.
+                    worker.rebuild_pid = None
                 if stats.progress_at is not None and stats.progress_at > worker.last_progress:
                     worker.last_progress = stats.progress_at
                     worker.base_attempts = 0  # this process got work done: the retrying is over
@@ -185,6 +208,8 @@ class Supervisor:
                         stats.phase = "retrying"
                 stats.progress_at = worker.last_progress
                 with self.lock:
+                    if stats.phase != worker.stats.phase:
+                        worker.phase_since = time.time()
                     worker.stats = stats
         except (EOFError, OSError):
             pass
@@ -389,6 +414,10 @@ class Supervisor:
                 worker.process.kill()
                 worker.process.join()
             self._reap(worker)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
 
 
 def _sink_lag_fields(topics: dict | None, kind: str) -> dict:

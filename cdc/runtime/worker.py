@@ -109,12 +109,14 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
         if on_stats is not None:
             on_stats(stats)
         if mode == "rebuild":
-            rebuild = getattr(runner, "rebuild", None)
-            if rebuild is None:
+            from cdc.runtime.sink_runner import SinkRunner
+
+            if not isinstance(runner, SinkRunner):
                 raise PermanentError(f"{name} cannot rebuild: only a sink the daemon drives has generations")
-            rebuild(stop)
-            report and report(stats)  # phase "streaming": the supervisor sees the rebuild done
-        runner.run(stop)
+            # One session: the sink stays started from the rebuild into the streaming after it.
+            runner.run(stop, rebuild_first=True)
+        else:
+            runner.run(stop)
         return EXIT_OK
     except CdcError as err:
         stats.failed_attempt(err)  # the error, its time, one more attempt

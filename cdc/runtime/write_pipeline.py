@@ -122,6 +122,7 @@ class InFlight:
             try:
                 submitted = pending.future.result()
                 runner._sink_call(wait_all, submitted.completions)
+                runner._poisons_in_row = 0
             except Exception as err:  # noqa: BLE001 - any failure: the batch goes the usual way
                 return self._recover(pending, err)
             for part in submitted.rest:  # nothing before them in flight now (make_room)

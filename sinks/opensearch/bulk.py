@@ -98,11 +98,18 @@ class BulkWriter:
         self.max_docs, self.max_bytes = max_docs, max_bytes
         self.concurrency = concurrency
         self.what = what
-        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="bulk") if concurrency > 1 else None
+        self.pool: ThreadPoolExecutor | None = None
+        self.open()
+
+    def open(self) -> None:
+        """The request threads (a sink started again after a stop gets new ones)."""
+        if self.pool is None and self.concurrency > 1:
+            self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="bulk")
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def send(self, items: list[Item], lines: list[bytes] | None = None) -> Outcome:
         """Write ``items``; ``lines``: their encodings, made already (else ``Item.encode``)."""

@@ -36,8 +36,8 @@ from typing import Iterator
 
 import orjson
 
-from cdc.api import (CdcError, DescribedSink, PermanentError, PipelinedSink, RebuildableSink, RetriableError, Sink,
-                     SinkEvent)
+from cdc.api import (CdcError, DescribedSink, MaintainedSink, PermanentError, PipelinedSink, RebuildableSink,
+                     RetriableError, Sink, SinkEvent)
 from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -59,7 +59,7 @@ def _envelope(event: SinkEvent) -> bytes:
                          "source": event.source})
 
 
-class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
+class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, MaintainedSink):
     """See the module docstring. Generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
@@ -92,6 +92,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
         config = self.config
         with self._errors("start"):
             self.generations.load()
+        self.bulk.open()
         self._running = True
         log.info("opensearch sink %s: started on %s, writing generation %s", config.name, shown(config.hosts),
                  self.generation if self.generation is not None else f"{self.generations.state.current} (current)")
@@ -243,6 +244,12 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink):
                                      _envelope(event))
             stats.errors += 1
             stats.last_error = why
+
+    def maintain(self) -> None:
+        """While caught up (cdc.api.MaintainedSink): a retired generation is dropped when due even
+        if no write comes."""
+        self._started()
+        self._maintain()
 
     def _maintain(self) -> None:
         """Drop retired generations when due (checked every minute while one waits); purge old

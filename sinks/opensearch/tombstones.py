@@ -73,6 +73,7 @@ def purge_query(retention_hours: float) -> dict[str, Any]:
 
 def purge(client, index: str, retention_hours: float) -> int:
     """Delete tombstone documents older than the retention; returns how many went."""
+    # An index deleted by hand (or never made: a table with no rows yet) has nothing to purge.
     answer = client.delete_by_query(index=index, body=purge_query(retention_hours),
-                                    params={"conflicts": "proceed", "refresh": "true"})
+                                    params={"conflicts": "proceed", "refresh": "true", "ignore_unavailable": "true"})
     return int(answer.get("deleted", 0))
