@@ -25,6 +25,16 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _why_unhealthy(row: dict) -> str:
+    """One line of /healthz for an unhealthy connector."""
+    if row.get("stalled_seconds") is not None and row["stalled_seconds"] > row["unhealthy_after"]:
+        why = (f"{row['consumer_lag']} records behind the log and no commit for "
+               f"{row['stalled_seconds']:.0f}s")
+    else:
+        why = f"no progress for {row['seconds_since_progress']:.0f}s"
+    return f"{row['name']}: {row['phase']}, {why}{'; ' + row['last_error'] if row.get('last_error') else ''}"
+
+
 def render_metrics(rows: list[dict]) -> str:
     out = []
 
@@ -69,6 +79,9 @@ def render_metrics(rows: list[dict]) -> str:
            [(l, r.get("attempts", 0)) for l, r in ids])
     field("cdc_seconds_since_progress", "gauge", "Seconds since the connector last got work done.",
           "seconds_since_progress", ids, optional=True)
+    field("cdc_sink_stalled_seconds", "gauge", "Seconds a streaming sink has been behind the log without its "
+                                               "committed offsets moving (unhealthy past unhealthy_after).",
+          "stalled_seconds", ids, optional=True)
     field("cdc_last_error_timestamp_seconds", "gauge", "Unix time of the last error not yet cleared by progress.",
           "last_error_at", ids, optional=True)
     return "\n".join(out) + "\n"
@@ -97,9 +110,7 @@ def serve(supervisor, address: str, token: str | None = None, report=None) -> Th
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
                 sick = [r for r in supervisor.snapshot() if not r["healthy"]]
-                body = "ok\n" if not sick else "".join(
-                    f"{r['name']}: {r['phase']}, no progress for {r['seconds_since_progress']:.0f}s"
-                    f"{'; ' + r['last_error'] if r.get('last_error') else ''}\n" for r in sick)
+                body = "ok\n" if not sick else "".join(f"{_why_unhealthy(r)}\n" for r in sick)
                 self._send(503 if sick else 200, body, "text/plain")
             elif path == "/metrics":
                 self._send(200, render_metrics(supervisor.snapshot()),

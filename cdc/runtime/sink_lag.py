@@ -7,6 +7,12 @@ group): ``records`` is their difference. ``seconds`` is the age of the oldest re
 written (now minus the log timestamp of the record at the committed offset), 0 when caught up.
 A record compacted away meanwhile only makes the figure younger, never older.
 
+The figures also say whether a sink is stalled: ``stalled_since(sink)`` is the time since which
+it has been behind (records > 0) without its committed offsets moving, None when it is caught
+up or they moved at the last look. The supervisor turns that into health (a sink that has data
+to read and commits nothing for ``unhealthy_after`` is unhealthy, whatever its worker reports:
+a reader that reads nothing believes it is caught up).
+
 Sinks that read the topics with their own machinery (``SelfDrivenSink``: Spark keeps its offsets
 in its checkpoint) have no consumer group to measure and are left out.
 """
@@ -40,6 +46,8 @@ class SinkLagMonitor:
         self.names = names
         self.interval = interval
         self._figures: dict[str, dict[str, dict]] = {}
+        self._committed: dict[str, int] = {}  # per sink: the sum of its committed offsets, last look
+        self._stalled_since: dict[str, float] = {}  # per sink: behind, and no commit moved since
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cdc-sink-lag", daemon=True)
@@ -54,6 +62,24 @@ class SinkLagMonitor:
         with self._lock:
             return dict(self._figures)
 
+    def stalled_since(self, sink: str) -> float | None:
+        """Unix time since which ``sink`` has been behind with its committed offsets still."""
+        with self._lock:
+            return self._stalled_since.get(sink)
+
+    def _note(self, measured: dict[str, dict[str, dict]], now: float) -> None:
+        """Under the lock: the new figures, and which sinks are behind without moving."""
+        for name, topics in measured.items():
+            committed = sum(t.get("committed", 0) for t in topics.values())
+            behind = any(t["records"] > 0 for t in topics.values())
+            moved = self._committed.get(name) != committed
+            self._committed[name] = committed
+            if not behind or moved:
+                self._stalled_since.pop(name, None)
+            else:
+                self._stalled_since.setdefault(name, now)
+        self._figures = measured
+
     def _loop(self) -> None:
         try:
             log_, sinks = self._open()
@@ -67,7 +93,7 @@ class SinkLagMonitor:
                 try:
                     measured = {name: measure(log_, name, globs) for name, globs in sinks.items()}
                     with self._lock:
-                        self._figures = measured
+                        self._note(measured, time.time())
                 except CdcError as err:  # the log is away for now: the figures keep their age
                     log.debug("sink lag not measured this time: %s", err)
                 self._stop.wait(self.interval)
@@ -95,13 +121,14 @@ def measure(log_, group: str, globs: list[str]) -> dict[str, dict]:
         for topic in sink_topics(log_.topics(), globs):
             ends = log_.end_offsets(topic)
             committed = reader.committed(list(ends))
-            records = 0
+            records = total = 0
             for tp, end in ends.items():
                 at = committed.get(tp) or 0
+                total += at
                 if end > at:
                     records += end - at
                     behind[tp] = at
-            out[topic] = {"records": records, "seconds": 0.0}
+            out[topic] = {"records": records, "seconds": 0.0, "committed": total}
     finally:
         reader.close()
     for (topic, _), timestamp_ms in _oldest_unwritten(log_, behind).items():

@@ -223,3 +223,37 @@ def test_rebuild_goes_through_the_running_daemon(tmp_path):
     finally:
         output = _stop(process)
     assert "rebuild requested" in output
+
+
+def test_a_sink_behind_the_log_that_commits_nothing_turns_healthz_503(tmp_path):
+    """The supervisor measures each sink's lag from the log itself; a streaming sink that is
+    behind and whose committed offsets do not move for unhealthy_after is unhealthy, whatever its
+    worker says (here it says nothing: its process is frozen on purpose). Thawed, it recovers."""
+    from tests.integration.test_daemon import _get as get
+
+    port = free_port()
+    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n"
+                      "sources:\n  - {name: gen, type: generator, keys: 50, rate: 200}\n"
+                      f"sinks:\n  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', "
+                      f"topics: ['{prefix}.*'], unhealthy_after: 4}}\n"
+                      f"http: \"127.0.0.1:{port}\"\n")
+    process = _start(config)
+    try:
+        row = _wait("the sink writes", lambda: (_rows(port).get("warehouse") or {}).get("events") and
+                    _rows(port)["warehouse"], process)
+        pid = row["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            body = _wait("/healthz names the stalled sink",
+                         lambda: (answer := get(f"http://127.0.0.1:{port}/healthz"))[0] == 503
+                         and "records behind the log and no commit" in answer[1] and answer[1], process)
+            assert body.startswith("warehouse: streaming"), body
+            metrics = get(f"http://127.0.0.1:{port}/metrics")[1]
+            assert 'cdc_sink_stalled_seconds{connector="warehouse",kind="sink"}' in metrics
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        _wait("healthy again", lambda: get(f"http://127.0.0.1:{port}/healthz")[0] == 200, process)
+    finally:
+        _stop(process)
