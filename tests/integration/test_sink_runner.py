@@ -146,6 +146,22 @@ def test_on_poison_stop_stops_with_the_event_named(log):
         _run_until_caught_up(runner)
 
 
+def test_a_sink_failing_every_event_alone_stops_instead_of_setting_the_topics_aside(log):
+    """A sink broken as a whole (once: its request threads shut down) fails each event alone;
+    past 50 in a row that is the sink, not the events, and it stops with nothing past it committed."""
+    from cdc.runtime.sink_runner import POISON_RUN_LIMIT
+
+    _publish(log, 200, keys=200)
+    sink = RecordingSink(_config(), poison_ids=set(range(200)))
+    runner = SinkRunner(sink, log, "p")
+    with pytest.raises(PermanentError, match="events in a row failed even alone"):
+        _run_until_caught_up(runner)
+    letters = log.read_all("p.dead-letter.rec")
+    assert len(letters) == POISON_RUN_LIMIT
+    ends, committed = _committed(log)
+    assert sum(o or 0 for o in committed.values()) <= POISON_RUN_LIMIT
+
+
 def test_a_record_that_is_not_an_envelope_is_set_aside(log):
     _publish(log, 10, keys=10)
     writer = log.writer()
