@@ -125,7 +125,7 @@ __all__ = [
     "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position", "CheckpointFeed", "internal_topic", "INTERNAL_TOPICS_LOOKAHEAD",
-    "dead_letter_topic",
+    "dead_letter_topic", "ensure_dead_letter_topic",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
     "ShapeMissingError", "ShapeNotYetPublished",
     "servers",
@@ -222,6 +222,9 @@ class SinkConfig(PluginConfig):
     on_poison: Literal["dead_letter", "stop"] = Field(
         default="dead_letter", description="a record that fails even alone: set aside, or stop the sink")
     dead_letter_topic: str | None = Field(default=None, description="default: <prefix>.dead-letter.<name>")
+    dead_letter_retention_hours: float | None = Field(
+        default=720.0, gt=0, description="how long the dead-letter topic keeps each letter (null: for ever); "
+                                         "the topic is not compacted, so every letter stays until then")
     schema_wait: float = Field(
         default=300.0, gt=0, description="seconds to wait for a schema version that rows name and the "
                                          "schema topic does not hold; then the sink stops at that row")
@@ -316,6 +319,15 @@ def internal_topic(topic: str) -> bool:
 # The same rule as a regex prefix (Java and Python syntax) for a subscription pattern: put it
 # before the alternatives of table topics so that none of the framework's own topics matches.
 INTERNAL_TOPICS_LOOKAHEAD = r"(?!.*\.offsets$)(?!.*\.schema-changes$)(?!.*\.dead-letter\.)"
+
+
+def ensure_dead_letter_topic(log: Log, topic: str, retention_hours: float | None) -> None:
+    """Make a sink's dead-letter topic (not compacted: every letter kept for ``retention_hours``),
+    or bring an existing one to that (cdc/runtime/dead_letters.py), for a sink that writes its
+    letters itself. Letters are keyed by ``{"topic", "partition", "offset"}`` of their record."""
+    from cdc.runtime.dead_letters import ensure_topic
+
+    ensure_topic(log, topic, None if retention_hours is None else int(retention_hours * 3_600_000))
 
 
 def dead_letter_topic(topic_prefix: str, sink_name: str) -> str:

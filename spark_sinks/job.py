@@ -36,8 +36,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, TopicSettings,
-                     dead_letter_topic)
+from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, dead_letter_topic,
+                     ensure_dead_letter_topic)
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
@@ -462,8 +462,9 @@ class DeltaJob:
                                  f"{first['poison']}")
         topic = self.config.dead_letter_topic or dead_letter_topic(self.prefix, self.name)
         if self.log is not None:
-            self.log.ensure_topic(topic, TopicSettings(partitions=1))
-        (bad.select(F.col(KEY).alias("key"), F.to_json(F.struct(
+            ensure_dead_letter_topic(self.log, topic, self.config.dead_letter_retention_hours)
+        # Keyed by where the record is (cdc.api.ensure_dead_letter_topic): letters never share a key.
+        (bad.select(F.to_json(F.struct("topic", "partition", "offset")).alias("key"), F.to_json(F.struct(
             "topic", "partition", "offset", F.col("poison").alias("reason"), F.lit(self.name).alias("sink"),
             F.col("raw").alias("value"))).alias("value"))
          .write.format("kafka").options(**self.source_options()).option("topic", topic).save())

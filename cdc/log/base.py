@@ -36,6 +36,10 @@ class TopicSettings:
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000  # a day: how long a tombstone outlives the key
     extra: dict[str, str] = field(default_factory=dict)  # more Kafka topic configs (segment.ms ...)
+    # "compact" for every table's topic; "delete" for a topic that keeps every record until it is
+    # older than ``retention_ms`` (None: for ever), such as a sink's dead letters.
+    cleanup_policy: str = "compact"
+    retention_ms: int | None = None
 
 
 class LogRecord(NamedTuple):
@@ -165,8 +169,20 @@ class GroupLog(ABC):
 class Log(ABC):
     @abstractmethod
     def ensure_topic(self, topic: str, settings: TopicSettings | None = None) -> None:
-        """Create ``topic`` compacted if it is missing. An existing topic that is not compacted
-        raises ``TopicConfigError`` naming the topic and its cleanup policy."""
+        """Create ``topic`` with the settings' cleanup policy (compacted unless they say
+        otherwise) if it is missing. An existing topic of another policy raises
+        ``TopicConfigError`` naming the topic and its cleanup policy."""
+
+    @abstractmethod
+    def cleanup_policy(self, topic: str) -> tuple[str, int | None] | None:
+        """``(cleanup.policy, retention.ms)`` of ``topic`` (None for a retention without end),
+        or None when the topic does not exist."""
+
+    @abstractmethod
+    def set_cleanup_policy(self, topic: str, policy: str, retention_ms: int | None) -> None:
+        """Change an existing topic's cleanup policy and retention (None: keep records for
+        ever). From ``compact`` to ``delete`` nothing is lost at once; records older than the
+        retention go at the log's next cleaning."""
 
     @abstractmethod
     def delete_topic(self, topic: str) -> None:

@@ -59,7 +59,7 @@ _CHUNK = 20_000                 # offsets per compaction transaction (keeps the 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS topics (
     name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, cleanup_policy TEXT NOT NULL,
-    min_compaction_lag_ms INTEGER NOT NULL, delete_retention_ms INTEGER NOT NULL);
+    min_compaction_lag_ms INTEGER NOT NULL, delete_retention_ms INTEGER NOT NULL, retention_ms INTEGER);
 CREATE TABLE IF NOT EXISTS partitions (
     id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL,
     next_offset INTEGER NOT NULL DEFAULT 0, clean_offset INTEGER NOT NULL DEFAULT 0,
@@ -121,6 +121,7 @@ class _Topic:
     cleanup_policy: str
     min_compaction_lag_ms: int
     delete_retention_ms: int
+    retention_ms: int | None  # "delete" policy: records older than this go (None: never)
     ids: tuple[int, ...]  # partition number -> partition id
 
 
@@ -133,7 +134,7 @@ class EmbeddedLog(Log):
         self.defaults = defaults or TopicSettings()
         self.fsync = fsync
         self.compact_interval = compact_interval
-        self._topics: dict[str, _Topic] = {}  # topics never change once made: cache them
+        self._topics: dict[str, _Topic] = {}  # cached: only set_cleanup_policy changes a topic
         self._lock = threading.Lock()
         self._open_conns: set[sqlite3.Connection] = set()
         self._local = threading.local()
@@ -144,6 +145,9 @@ class EmbeddedLog(Log):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                # A log made before topics had a retention (delete policy): none, i.e. for ever.
+                if "retention_ms" not in {row[1] for row in conn.execute("PRAGMA table_info(topics)")}:
+                    conn.execute("ALTER TABLE topics ADD COLUMN retention_ms INTEGER")
 
     # -- connections --------------------------------------------------------------------------
 
@@ -179,7 +183,7 @@ class EmbeddedLog(Log):
     def _topic(self, name: str, conn: sqlite3.Connection) -> _Topic | None:
         topic = self._topics.get(name)
         if topic is None:
-            row = conn.execute("SELECT cleanup_policy, min_compaction_lag_ms, delete_retention_ms "
+            row = conn.execute("SELECT cleanup_policy, min_compaction_lag_ms, delete_retention_ms, retention_ms "
                                "FROM topics WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
@@ -199,22 +203,36 @@ class EmbeddedLog(Log):
         """Create ``name`` with any cleanup policy, if missing (tests use it for non-compacted topics)."""
         s = settings or self.defaults
         with _unavailable(f"creating topic {name}"), _transaction(self._conn()) as conn:
-            made = conn.execute("INSERT OR IGNORE INTO topics VALUES (?, ?, ?, ?, ?)",
+            made = conn.execute("INSERT OR IGNORE INTO topics VALUES (?, ?, ?, ?, ?, ?)",
                                 (name, s.partitions, cleanup_policy, s.min_compaction_lag_ms,
-                                 s.delete_retention_ms)).rowcount
+                                 s.delete_retention_ms, s.retention_ms)).rowcount
             if made:
                 conn.executemany("INSERT INTO partitions (topic, partition) VALUES (?, ?)",
                                  [(name, p) for p in range(s.partitions)])
 
     def ensure_topic(self, topic: str, settings: TopicSettings | None = None) -> None:
+        policy = (settings or self.defaults).cleanup_policy
         with _unavailable(f"ensuring topic {topic}"):
             existing = self._topic(topic, self._conn())
             if existing is None:
-                self.create_topic_unchecked(topic, settings, cleanup_policy="compact")
+                self.create_topic_unchecked(topic, settings, cleanup_policy=policy)
                 existing = self._require(topic)
-        if existing.cleanup_policy != "compact":
+        if existing.cleanup_policy != policy:
             raise TopicConfigError(f"topic {topic} has cleanup.policy={existing.cleanup_policy}; "
-                                   "the log needs cleanup.policy=compact (change or delete the topic)")
+                                   f"it must be {policy} (change or delete the topic)")
+
+    def cleanup_policy(self, topic: str) -> tuple[str, int | None] | None:
+        with _unavailable(f"reading topic {topic}"):
+            self._topics.pop(topic, None)  # another process may have changed it
+            existing = self._topic(topic, self._conn())
+        return None if existing is None else (existing.cleanup_policy, existing.retention_ms)
+
+    def set_cleanup_policy(self, topic: str, policy: str, retention_ms: int | None) -> None:
+        with _unavailable(f"changing topic {topic}"), _transaction(self._conn()) as conn:
+            if not conn.execute("UPDATE topics SET cleanup_policy = ?, retention_ms = ? WHERE name = ?",
+                                (policy, retention_ms, topic)).rowcount:
+                raise TopicConfigError(f"topic {topic} does not exist")
+        self._topics.pop(topic, None)
 
     def delete_retention_ms(self, topic: str) -> int | None:
         with _unavailable(f"reading topic {topic}"):
@@ -258,6 +276,8 @@ class EmbeddedLog(Log):
             self._compact(self._require(topic), self._conn())
 
     def _compact(self, topic: _Topic, conn: sqlite3.Connection) -> None:
+        if topic.cleanup_policy == "delete":
+            self._expire(topic, conn)
         if topic.cleanup_policy != "compact":
             return
         now = _now_ms()
@@ -282,6 +302,18 @@ class EmbeddedLog(Log):
                     more = young is None and (stop & _MASK) < end
             with _transaction(conn):
                 conn.execute(_DELETE_TOMBSTONES, (tombstone_cutoff, base, base + (1 << _BITS)))
+
+
+    @staticmethod
+    def _expire(topic: _Topic, conn: sqlite3.Connection) -> None:
+        """A ``delete`` topic keeps every record until it is older than its retention."""
+        if topic.retention_ms is None:
+            return
+        cutoff = _now_ms() - topic.retention_ms
+        for pid in topic.ids:
+            with _transaction(conn):
+                conn.execute("DELETE FROM records WHERE id >= ? AND id < ? AND timestamp_ms < ?",
+                             (pid << _BITS, (pid + 1) << _BITS, cutoff))
 
 
 class EmbeddedWriter(LogWriter):
@@ -317,7 +349,7 @@ class EmbeddedWriter(LogWriter):
         self._compacted_at = time.monotonic()
         try:
             for name in sorted(self._written):
-                self._log._compact(self._log._topics[name], self._conn)
+                self._log._compact(self._log._require(name), self._conn)
         except sqlite3.OperationalError as err:
             _log.warning("embedded log: compaction skipped, will retry: %s", err)
 

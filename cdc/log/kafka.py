@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition as KafkaTp
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
 from cdc.log.block_producer import BlockProducer, open_block_producer
@@ -134,7 +134,7 @@ class KafkaLog(Log, GroupLog):
         self.producer_config = {**common, **PRODUCER_DEFAULTS, **(producer_config or {})}
         self.consumer_config = {**common, **CONSUMER_DEFAULTS, **(consumer_config or {})}
         self._admin = AdminClient({**common, "allow.auto.create.topics": False})
-        self._checked: set[str] = set()         # topics known to exist compacted
+        self._checked: dict[str, str] = {}      # topics known to exist, with their cleanup policy
         self._partitions: dict[str, int] = {}   # partition counts (a topic's count only grows)
         self._meta: Consumer | None = None      # for watermarks
         self._lock = threading.Lock()
@@ -143,28 +143,48 @@ class KafkaLog(Log, GroupLog):
     # --- topics ---------------------------------------------------------------------------------
 
     def ensure_topic(self, topic: str, settings: TopicSettings | None = None) -> None:
-        if topic in self._checked:
+        settings = settings or self.defaults
+        if self._checked.get(topic) == settings.cleanup_policy:
             return
-        if self._describe(topic) is None and self._create(topic, settings or self.defaults):
-            self._checked.add(topic)
+        if self._describe(topic) is None and self._create(topic, settings):
+            self._checked[topic] = settings.cleanup_policy
             return
-        policy = self._cleanup_policy(topic)
-        if "compact" not in policy.split(","):
+        policy = self._configs(topic)["cleanup.policy"].value or ""
+        # A table's topic must compact (compact,delete does too); a delete topic must not.
+        if ("compact" in policy.split(",")) != (settings.cleanup_policy == "compact"):
             raise TopicConfigError(
-                f"topic {topic} has cleanup.policy={policy}; the log needs compact (kafka-configs "
-                f"--alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact)")
-        self._checked.add(topic)
+                f"topic {topic} has cleanup.policy={policy}; it must be {settings.cleanup_policy} (kafka-configs "
+                f"--alter --entity-type topics --entity-name {topic} --add-config "
+                f"cleanup.policy={settings.cleanup_policy})")
+        self._checked[topic] = settings.cleanup_policy
 
-    def _cleanup_policy(self, topic: str) -> str:
-        """The topic's ``cleanup.policy``. A topic someone else just made may be in the metadata
-        before the broker answering for configs knows it (UNKNOWN_TOPIC_OR_PART): asked again."""
+    def cleanup_policy(self, topic: str) -> tuple[str, int | None] | None:
+        if self._describe(topic) is None:
+            return None
+        configs = self._configs(topic)
+        retention = configs.get("retention.ms")
+        ms = int(retention.value) if retention is not None and retention.value is not None else -1
+        return configs["cleanup.policy"].value or "", (None if ms < 0 else ms)
+
+    def set_cleanup_policy(self, topic: str, policy: str, retention_ms: int | None) -> None:
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+            ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("retention.ms", str(-1 if retention_ms is None else retention_ms),
+                        incremental_operation=AlterConfigOpType.SET)])
+        with self._request(f"changing the cleanup policy of topic {topic}") as admin:
+            admin.incremental_alter_configs([resource], request_timeout=self.timeout)[resource].result(self.timeout)
+        self._checked.pop(topic, None)
+
+    def _configs(self, topic: str) -> dict:
+        """The topic's configs. A topic someone else just made may be in the metadata before the
+        broker answering for configs knows it (UNKNOWN_TOPIC_OR_PART): asked again."""
         resource = ConfigResource(ResourceType.TOPIC, topic)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 with self._request(f"reading the configs of topic {topic}") as admin:
                     future = admin.describe_configs([resource], request_timeout=self.timeout)[resource]
-                    return future.result(self.timeout)["cleanup.policy"].value or ""
+                    return future.result(self.timeout)
             except PermanentError as exc:
                 cause = _kafka_error(exc.__cause__) if exc.__cause__ is not None else None
                 if (cause is None or cause.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
@@ -173,9 +193,13 @@ class KafkaLog(Log, GroupLog):
             time.sleep(0.1)
 
     def _create(self, topic: str, settings: TopicSettings) -> bool:
-        """Create ``topic`` compacted; False when someone else created it meanwhile."""
-        config = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(settings.min_compaction_lag_ms),
-                  "delete.retention.ms": str(settings.delete_retention_ms), **settings.extra}
+        """Create ``topic`` with the settings' policy; False when someone else created it meanwhile."""
+        if settings.cleanup_policy == "compact":
+            config = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(settings.min_compaction_lag_ms),
+                      "delete.retention.ms": str(settings.delete_retention_ms), **settings.extra}
+        else:
+            retention = -1 if settings.retention_ms is None else settings.retention_ms
+            config = {"cleanup.policy": settings.cleanup_policy, "retention.ms": str(retention), **settings.extra}
         new = NewTopic(topic, settings.partitions, settings.replication_factor, config=config)
         with self._request(f"creating topic {topic}") as admin:
             future = admin.create_topics([new], operation_timeout=self.timeout,
@@ -246,7 +270,7 @@ class KafkaLog(Log, GroupLog):
                 if getattr(_kafka_error(exc), "code", lambda: None)() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise
         self._partitions.pop(topic, None)
-        self._checked.discard(topic)
+        self._checked.pop(topic, None)
 
     def topics(self) -> list[str]:
         with self._request("listing topics") as admin:

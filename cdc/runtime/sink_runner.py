@@ -284,7 +284,9 @@ class SinkRunner:
         self._trail.set_aside(topic, partition, offset)  # a delete set aside does not answer its tombstone
         with self._dlq_lock:
             if self._dlq_writer is None:
-                self.log.ensure_topic(self.dead_letter_topic, dead_letters.topic_settings())
+                hours = self.config.dead_letter_retention_hours
+                dead_letters.ensure_topic(self.log, self.dead_letter_topic,
+                                          None if hours is None else int(hours * 3_600_000))
                 self._dlq_writer = self.log.writer()
             try:
                 self._dlq_writer.publish([dead_letters.dead_letter(

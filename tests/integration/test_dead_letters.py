@@ -147,3 +147,48 @@ def test_a_dead_letter_refused_once_is_delivered_when_retried_after_the_cause_is
     runner.dead_letter(TABLE.topic(prefix), 0, 7, "PermanentError: refused", b'{"id": 7}', b"{}")
     [letter] = [orjson.loads(r.value) for r in log.read_all(dlq)]
     assert letter["offset"] == 7 and letter["reason"] == "PermanentError: refused"
+
+
+def _policy(log_, topic: str) -> tuple[str, int | None]:
+    return log_.cleanup_policy(topic)
+
+
+def test_every_letter_is_kept_though_two_share_a_row_key_and_an_old_compacted_topic_is_changed(log, kafka_topic):
+    """Two bad records of one row key (at two offsets) and one of another table with that key:
+    three letters, three keys, in a topic that is not compacted. A dead-letter topic an earlier
+    version made compacted is changed, its letters kept, to the configured retention."""
+    from cdc.runtime.sink_runner import SinkRunner as Runner
+
+    prefix = kafka_topic
+    dlq = f"{prefix}.dead-letter.rec"
+    log.ensure_topic(dlq, TopicSettings(partitions=1))  # compacted, as before
+    writer = log.writer()
+    writer.publish([dead_letters_record(dlq)])
+    writer.flush(30)
+    writer.close()
+    topic = TABLE.topic(prefix)
+    other = f"{prefix}.public.other"
+    for name in (topic, other):
+        log.ensure_topic(name)
+    events = [ChangeEvent(Op.CREATE, TABLE, {"id": 50}, None, {"id": 50, "v": 1}, 1, 0),
+              ChangeEvent(Op.UPDATE, TABLE, {"id": 50}, None, {"id": 50, "v": 2}, 2, 0)]
+    other_table = type(TABLE)(TABLE.db, TABLE.schema, "other")
+    events.append(ChangeEvent(Op.CREATE, other_table, {"id": 50}, None, {"id": 50, "v": 3}, 3, 0))
+    writer = log.writer()
+    writer.publish(EnvelopeEncoder("test", "src", prefix).encode(events), Counter(1))
+    writer.flush(30)
+    writer.close()
+    config = _config().model_copy(update={"topics": [f"{prefix}.*"], "dead_letter_retention_hours": 48.0})
+    Runner(RecordingSink(config, poison_ids={50}), log, prefix).run(threading.Event(), until_caught_up=True)
+    assert _policy(log, dlq) == ("delete", 48 * 3_600_000)
+    letters = log.read_all(dlq)
+    assert letters[0].key == b"earlier" and len(letters) == 4, letters
+    assert len({r.key for r in letters[1:]}) == 3
+    assert sorted((orjson.loads(r.key)["topic"], orjson.loads(r.value)["key"]) for r in letters[1:]) == [
+        (topic, '{"id":50}'), (topic, '{"id":50}'), (other, '{"id":50}')]
+
+
+def dead_letters_record(dlq: str):
+    from cdc.serde import Record
+
+    return Record(dlq, b"earlier", b'{"reason": "set aside by an earlier version"}')

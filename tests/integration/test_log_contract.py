@@ -250,6 +250,51 @@ def test_compaction_keeps_the_latest_record_per_key_and_drops_old_tombstones(log
         assert value == f'{{"v": {160 + i}}}'.encode()
 
 
+def test_a_delete_topic_keeps_every_record_of_a_key_and_its_policy_can_be_changed(log, topic):
+    """The dead letters' kind of topic: not compacted, so records sharing a key all stay; a
+    compacted one can be turned into it (and a compacted topic is refused where delete is asked)."""
+    settings = TopicSettings(partitions=1, cleanup_policy="delete", retention_ms=3_600_000)
+    log.ensure_topic(topic, settings)
+    log.ensure_topic(topic, settings)  # idempotent
+    assert log.cleanup_policy(topic) == ("delete", 3_600_000)
+    with pytest.raises(TopicConfigError, match=topic):
+        log.ensure_topic(topic)  # asked compacted
+    writer = log.writer()
+    writer.publish([Record(topic, b"same", f"{i}".encode()) for i in range(5)], Counter(1))
+    writer.flush(30)
+    writer.close()
+    log.compact(topic)
+    assert [r.value for r in log.read_all(topic)] == [b"0", b"1", b"2", b"3", b"4"]
+
+    other = topic + "_c"
+    log.ensure_topic(other)
+    assert log.cleanup_policy(other)[0] == "compact"
+    log.set_cleanup_policy(other, "delete", None)
+    assert log.cleanup_policy(other) == ("delete", None)
+    log.ensure_topic(other, TopicSettings(cleanup_policy="delete"))
+    assert log.cleanup_policy(topic + "_missing") is None
+
+
+def test_the_embedded_log_expires_records_of_a_delete_topic_past_its_retention(tmp_path):
+    from cdc.log.embedded import EmbeddedLog
+
+    log = EmbeddedLog(tmp_path / "log")
+    try:
+        log.ensure_topic("letters", TopicSettings(cleanup_policy="delete", retention_ms=60_000))
+        writer = log.writer()
+        writer.publish([Record("letters", b"k", b"old")], None)
+        writer.flush()
+        writer.close()
+        log.compact("letters")
+        assert len(log.read_all("letters")) == 1  # younger than the retention
+        log.set_cleanup_policy("letters", "delete", 1)
+        time.sleep(0.01)
+        log.compact("letters")
+        assert log.read_all("letters") == [] and log.end_offsets("letters") == {("letters", 0): 1}
+    finally:
+        log.close()
+
+
 def test_delete_topic_removes_it_and_its_records(log, topic):
     log.ensure_topic(topic, TopicSettings(partitions=2))
     writer = log.writer()

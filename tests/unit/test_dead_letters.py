@@ -34,11 +34,20 @@ def test_a_value_just_under_the_limit_that_grows_when_escaped_is_referenced():
     assert orjson.loads(letter.value)["value_stored"] == "reference"
 
 
-def test_a_small_value_is_inline_and_keeps_its_key():
+def test_a_small_value_is_inline_and_keeps_its_key_in_the_letter():
     letter = _letter(b'{"id": 1}', b'{"after": {"id": 1}}')
     body = orjson.loads(letter.value)
-    assert letter.key == b'{"id": 1}'
+    assert body["key"] == '{"id": 1}'
     assert body["value_stored"] == "inline" and orjson.loads(body["value"]) == {"after": {"id": 1}}
+
+
+def test_letters_are_keyed_by_where_their_record_is_never_by_its_row_key():
+    """Keyed by the row's key, two bad records of one key left one letter once compacted."""
+    same_row = [dead_letters.dead_letter("d", sink="s", topic=topic, partition=0, offset=offset, reason="r",
+                                         key=b'{"id": 50}', value=b"{}") for topic, offset in
+                (("p.public.a", 7), ("p.public.a", 9), ("p.public.b", 7))]
+    assert len({letter.key for letter in same_row}) == 3
+    assert orjson.loads(same_row[1].key) == {"topic": "p.public.a", "partition": 0, "offset": 9}
 
 
 def test_a_record_that_could_not_be_read_back_is_marked_missing():
