@@ -48,7 +48,7 @@ from cdc.log.base import (GroupListener, GroupLog, GroupReader, Log, LogReader, 
                           TopicPartition, TopicSettings)
 from cdc.log.delivery import DeliveryTracker
 from cdc.log.kafka_bulk import KafkaBulkReader, open_bulk_reader
-from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
+from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, UNREACHABLE, on_error
 from cdc.positions import Position
 from cdc.events import ChangeEvent, RowBlock
 from cdc.serde import EmitError, EnvelopeEncoder, Record
@@ -93,11 +93,22 @@ def _kafka_error(exc: BaseException) -> KafkaError | None:
     return arg if isinstance(arg, KafkaError) else None
 
 
-def _wrap(what: str, exc: BaseException) -> CdcError:
-    """A client-side failure as a typed error: transient codes and timeouts -> LogUnavailableError."""
+# What a client says when it cannot talk to any broker (the connection, not the request, failed).
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+                          KafkaError._RESOLVE, KafkaError._WAIT_COORD})
+
+
+def _wrap(what: str, exc: BaseException, servers: str | None = None) -> CdcError:
+    """A client-side failure as a typed error: transient codes and timeouts -> LogUnavailableError.
+    With ``servers`` (the bootstrap list), a failure to reach any broker says so first, naming the
+    setting and the address librdkafka last tried (cdc.log.kafka_logs folds its own lines into it)."""
     err = _kafka_error(exc)
     if err is None or err.code() in TRANSIENT:
         detail = f"{err.name()}: {err.str()}" if err is not None else f"{type(exc).__name__} {exc}"
+        tried = UNREACHABLE.describe()
+        if servers is not None and (err is None or err.code() in _UNREACHABLE) and tried is not None:
+            return LogUnavailableError(f"no Kafka broker at {servers} (log.kafka.bootstrap_servers) can be "
+                                       f"reached ({tried}); {what} failed: {detail}")
         return LogUnavailableError(f"{what}: {detail}")
     return PermanentError(f"{what}: {err.name()}: {err.str()}")
 
@@ -246,11 +257,13 @@ class KafkaLog(Log, GroupLog):
 
     @contextmanager
     def _request(self, what: str) -> Iterator[AdminClient]:
-        """An admin request: its failures as typed errors, then librdkafka's log lines served."""
+        """An admin request: its failures as typed errors (librdkafka's log lines served first,
+        so a connect failure among them is named in the error), then its log lines served."""
         try:
             yield self._admin
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
-            raise _wrap(what, exc) from exc
+            self._admin.poll(0)
+            raise _wrap(what, exc, self.bootstrap_servers) from exc
         finally:
             self._admin.poll(0)
 
@@ -296,7 +309,7 @@ class KafkaLog(Log, GroupLog):
                     except KafkaException as exc:
                         # NOT_LEADER_FOR_PARTITION and the like: a new topic or a leader election.
                         if _kafka_error(exc).code() not in TRANSIENT or time.monotonic() > deadline:
-                            raise _wrap(f"reading the end offset of {topic}[{p}]", exc) from exc
+                            raise _wrap(f"reading the end offset of {topic}[{p}]", exc, self.bootstrap_servers) from exc
                         time.sleep(0.1)
         finally:
             meta.poll(0)  # serve librdkafka's log lines

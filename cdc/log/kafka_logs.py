@@ -51,6 +51,42 @@ class RepeatFilter(logging.Filter):
 
 
 REPEATS = RepeatFilter()
+
+# librdkafka's "<broker>/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused (after
+# 1ms in state CONNECT)", in its log lines and its _TRANSPORT error events alike.
+_CONNECT_FAILED = re.compile(r"Connect to (\S+) failed: (.*?)(?: \(after \d+ms in state \w+\))?$")
+
+
+class Unreachable(logging.Filter):
+    """Folds librdkafka's lines about brokers it cannot connect to into the typed error of the
+    call that waited on them: the newest address tried and why are kept (``last``), and the lines
+    themselves go down to DEBUG, so a log that cannot be reached is said once, in one line that
+    also names the setting (``describe``; cdc.log.kafka's errors), not three times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: tuple[str, str, float] | None = None  # (address tried, why, when)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        found = _CONNECT_FAILED.search(text)
+        if found is not None:
+            self.last = (found.group(1), found.group(2), time.monotonic())
+        if found is not None or "_ALL_BROKERS_DOWN" in text:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return LOGGER.isEnabledFor(logging.DEBUG)
+        return True
+
+    def describe(self, within: float = 120.0) -> str | None:
+        """``tried <address>: <why>`` of the newest connect failure, if recent."""
+        last = self.last
+        if last is None or time.monotonic() - last[2] > within:
+            return None
+        return f"tried {last[0]}: {last[1]}"
+
+
+UNREACHABLE = Unreachable()
+LOGGER.addFilter(UNREACHABLE)  # before the repeat filter: a folded line counts as no repeat
 LOGGER.addFilter(REPEATS)
 
 
@@ -60,8 +96,9 @@ def on_error(err: KafkaError) -> None:
     with a typed error where they are made, so here it is only logged (through the filter)."""
     if err.fatal():
         level = logging.ERROR
-    elif err.code() == KafkaError._TRANSPORT:
-        level = logging.DEBUG  # the same text as librdkafka's own log line about it
+    elif err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
+        level = logging.DEBUG  # said by the typed error of the call that waits on the brokers
+        UNREACHABLE.filter(logging.makeLogRecord({"msg": err.str()}))
     else:
         level = logging.WARNING
     LOGGER.log(level, "kafka client: %s: %s", err.name(), err.str())

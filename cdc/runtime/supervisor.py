@@ -48,7 +48,7 @@ from multiprocessing.connection import Connection
 from cdc.api import RetryFailed
 from cdc.errors import CdcError
 from cdc.runtime.stats import DONE_PHASES, ConnectorStats
-from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, worker_main
+from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, same_error, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Worker:
     mode: str = "run"  # "rebuild": the next process rebuilds the sink's store first
     rebuilt_at: float | None = None  # Unix time the last requested rebuild finished
     rebuild_pid: int | None = None  # the process started in rebuild mode (only its reports finish it)
+    previous_error: str | None = None  # what the process before the last one failed with
 
     phase_since: float = field(default_factory=time.time)  # when stats.phase last changed
 
@@ -164,9 +165,12 @@ class Supervisor:
     # -- workers -------------------------------------------------------------------------------
     def _start(self, worker: Worker) -> None:
         parent, child = self._ctx.Pipe(duplex=False)
+        # A restart after a failure tells the new process what the last one failed with, so the
+        # same error again is not printed again (worker.run_connector).
+        previous = worker.stats.last_error if worker.base_attempts else None
         process = self._ctx.Process(target=worker_main, name=f"cdc-{worker.name}",
                                     args=(self.config_path, worker.name, child, self.level,
-                                          self.drain_timeout, worker.mode))
+                                          self.drain_timeout, worker.mode, previous))
         process.start()
         child.close()
         worker.process, worker.conn = process, parent
@@ -238,7 +242,10 @@ class Supervisor:
             if time.monotonic() - worker.started_at > HEALTHY_AFTER:
                 worker.backoff = BACKOFF_FIRST
             worker.restart_at = time.monotonic() + worker.backoff
-            log.warning("exited with %s; restarting in %.0fs", code, worker.backoff, extra=extra)
+            again = same_error(worker.stats.last_error, worker.previous_error)
+            worker.previous_error = worker.stats.last_error
+            log.warning("exited with %s%s; restarting in %.0fs", code, " (the same error again)" if again else "",
+                        worker.backoff, extra=extra)
             with self.lock:
                 worker.stats.restarts += 1
                 worker.stats.phase = "retrying"

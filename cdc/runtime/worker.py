@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from multiprocessing.connection import Connection
 from cdc.errors import CdcError, PermanentError
 
 EXIT_OK, EXIT_PERMANENT, EXIT_FINAL, EXIT_RETRIABLE = 0, 2, 3, 75
+_DIGITS = re.compile(r"\d+")
 DRAIN_TIMEOUT = 10.0  # seconds a connector gets to drain on SIGTERM (the supervisor passes its own)
 
 log = logging.getLogger(__name__)
@@ -94,11 +96,19 @@ class SelfRunningSink:
         self.sink.run(stop, report=report)
 
 
+def same_error(one: str | None, other: str | None) -> bool:
+    """Whether two error texts say the same, digits aside (ports, pids, offsets, seconds)."""
+    return one is not None and other is not None and _DIGITS.sub("#", one) == _DIGITS.sub("#", other)
+
+
 def run_connector(config_path: str, name: str, stop: threading.Event, report=None,
-                  on_stats=None, mode: str = "run") -> int:
+                  on_stats=None, mode: str = "run", previous_error: str | None = None) -> int:
     """Run one connector to completion in this process; returns the worker exit code.
     ``on_stats(stats)`` is told the runner's stats once it exists (for ``worker_main``).
-    ``mode="rebuild"``: a sink rebuilds its store into a new generation first, then streams."""
+    ``mode="rebuild"``: a sink rebuilds its store into a new generation first, then streams.
+    ``previous_error``: what the connector's previous process failed with; the same error again
+    is logged at DEBUG only (the supervisor's restart line says it recurred), as librdkafka's
+    repeated lines are held back."""
     from cdc.config import load_config
     from cdc.runtime.stats import ConnectorStats
 
@@ -121,8 +131,9 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
     except CdcError as err:
         stats.failed_attempt(err)  # the error, its time, one more attempt
         stats.phase = "retrying" if err.retriable else "failed"
-        log.error("%s (%s)", stats.last_error, "retriable" if err.retriable else "permanent",
-                  extra={"connector": name, "phase": stats.phase})
+        log.log(logging.DEBUG if same_error(stats.last_error, previous_error) else logging.ERROR, "%s (%s)",
+                stats.last_error, "retriable" if err.retriable else "permanent",
+                extra={"connector": name, "phase": stats.phase})
         if report:
             report(stats)
         return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT if err.heals else EXIT_FINAL
@@ -136,7 +147,7 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
 
 
 def worker_main(config_path: str, name: str, conn: Connection, level: int,
-                drain_timeout: float = DRAIN_TIMEOUT, mode: str = "run") -> None:
+                drain_timeout: float = DRAIN_TIMEOUT, mode: str = "run", previous_error: str | None = None) -> None:
     """The process's main thread only waits for a signal; the connector runs on another thread.
 
     A signal handler runs only between bytecodes of the main thread, and a thread blocked in a
@@ -164,7 +175,7 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
 
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(run_connector(config_path, name, stop, report,
-                                                                        seen.append, mode)),
+                                                                        seen.append, mode, previous_error)),
                               name=f"cdc-{name}", daemon=True)
     thread.start()
     while thread.is_alive() and not stop.is_set():
