@@ -150,7 +150,8 @@ def _reset_stores(opensearch_url: str, redis_url: str, home: Path) -> None:
     for index in client.indices.get(index=f"{PREFIX}.*", params={"ignore_unavailable": "true"}):
         client.indices.delete(index=index)
     if client.indices.exists(index="cdc-sink-state"):
-        client.delete(index="cdc-sink-state", id="search", params={"ignore": "404", "refresh": "true"})
+        # Another OpenSearch sink (a test's, a user's) may have made the state index without ours in it.
+        client.delete(index="cdc-sink-state", id="search", params={"ignore": 404, "refresh": "true"})
     client.close()
     cache = redis_client.Redis.from_url(redis_url)
     for key in cache.scan_iter(match=f"{CACHE_PREFIX}*", count=1000):

@@ -162,8 +162,10 @@ STATUS_LOG_TIMEOUT = 5.0    # seconds `cdc status` waits for the brokers
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Exit codes: 0 shown; 2 the config is invalid; 69 the log (Kafka) cannot be reached: one
-    line says so, after the daemon's own view of its connectors when it answers."""
+    """Exit codes: 0 shown; 2 the config is invalid; 69 the log (Kafka) or a source's server
+    cannot be reached: one line says so, after the daemon's own view of its connectors when it
+    answers; 77 a source's server refused the login (the line names the setting to correct).
+    Everything that could be read is shown either way."""
     from cdc.config import load_config
 
     from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
@@ -174,8 +176,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = load_config(args.file, only=args.names or None)
     _check_names(config, args.names)
     live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
-    slots, unreachable = slot_rows(config.sources)  # from the servers themselves: shown even without the log
-    for problem in unreachable:
+    slots, problems, code = slot_rows(config.sources)  # from the servers themselves: shown even without the log
+    for problem in problems:
         print(f"cdc status: {problem}", file=sys.stderr)
     if logging.getLogger().level > logging.DEBUG:  # (-v shows them) the one line below says it all
         LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL + 1)
@@ -193,14 +195,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_LOG_UNREACHABLE
     if args.json:
         print(json.dumps(rows + slots, indent=2))
-        return 0
+        return code
     for row in rows:
         print(status_line(row))
         for line in store_lines(row):
             print(line)
     for row in slots:
         print(slot_line(row))
-    return 0
+    return code
 
 
 def _check_names(config, names: list[str] | None) -> None:

@@ -56,14 +56,14 @@ def quick_status(argv: list[str]) -> int | None:
         print(f"cdc status: {problem}", file=sys.stderr)
     if as_json:
         print(json.dumps(report["rows"] + report["slots"], indent=2))
-        return 0
+        return report.get("exit", 0)
     for row in report["rows"]:
         print(status_line(row))
         for line in store_lines(row):
             print(line)
     for row in report["slots"]:
         print(slot_line(row))
-    return 0
+    return report.get("exit", 0)
 
 
 def _arguments(argv: list[str]) -> tuple[str, list[str], bool] | None:

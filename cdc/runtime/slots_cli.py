@@ -14,37 +14,45 @@ import sys
 from cdc.errors import ConfigError, PermanentError
 
 CONNECT_TIMEOUT = 5  # seconds: `cdc status` is a look, not a job
+EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: a server (or the log) cannot be reached
+EXIT_REFUSED = 77      # EX_NOPERM: a server answered and refused the login (a setting to correct)
 
 
-def slot_rows(sources: list) -> tuple[list[dict], list[str]]:
+def slot_rows(sources: list) -> tuple[list[dict], list[str], int]:
     """(a row per slot on the servers ``sources`` capture, a message per server that could not be
-    asked)."""
+    asked, the exit code that says why: 0, ``EXIT_UNREACHABLE`` or ``EXIT_REFUSED``)."""
     postgres = [s for s in sources if s.type == "postgres"]
     if not postgres:
-        return [], []
+        return [], [], 0
     import psycopg2
 
+    from cdc.errors import CdcError
+    from cdc.servers import postgres as pg_server, setting_of
     from sources.postgres.slots import list_slots, server_of
 
     by_server: dict[str, list] = {}
     for source in postgres:
         by_server.setdefault(server_of(source.dsn.get_secret_value()), []).append(source)
-    rows, problems = [], []
+    rows, problems, code = [], [], 0
     for server, sources in by_server.items():
+        name = sources[0].name
         try:
-            conn = psycopg2.connect(sources[0].dsn.get_secret_value(), connect_timeout=CONNECT_TIMEOUT,
-                                    application_name="cdc-status")
-        except psycopg2.Error as err:
-            problems.append(f"PostgreSQL at {server} (source {sources[0].name}) is unreachable: "
-                            f"{str(err).strip().splitlines()[0]}")
+            conn = pg_server.connect(sources[0].dsn.get_secret_value(), what=f"PostgreSQL at {server}",
+                                     setting=setting_of("source", name, "dsn"), connect_timeout=CONNECT_TIMEOUT,
+                                     application_name="cdc-status")
+        except CdcError as err:
+            problems.append(f"{err} (source {name})" if not err.retriable else
+                            f"PostgreSQL at {server} (source {name}) is unreachable: {err}")
+            code = max(code, EXIT_UNREACHABLE if err.retriable else EXIT_REFUSED)
             continue
         try:
             rows += [slot.as_row() for slot in list_slots(conn, server, sources)]
         except psycopg2.Error as err:
             problems.append(f"PostgreSQL at {server}: cannot list its slots: {str(err).strip().splitlines()[0]}")
+            code = max(code, EXIT_REFUSED)
         finally:
             conn.close()
-    return rows, problems
+    return rows, problems, code
 
 
 def add_drop_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -81,6 +81,6 @@ class StatusReport:
             rows = daemon_rows(sources, sinks, live)
         if rows is None:
             return 409, {"message": "a connector shown has no figures yet, or a sink's store needs describing"}
-        slots, problems = slot_rows(sources)
+        slots, problems, code = slot_rows(sources)
         return 200, {"file": self.file, "digest": self.digest, "rows": rows, "slots": slots,
-                     "problems": problems}
+                     "problems": problems, "exit": code}

@@ -268,3 +268,19 @@ def _slot_active(conn) -> bool:
         row = cur.fetchone()
     conn.rollback()
     return bool(row and row[0])
+
+
+def test_status_with_a_refused_password_names_the_setting_and_does_not_exit_0(pg_dsn, password_role, tmp_path):
+    """`cdc status` printed "... is unreachable: ... password authentication failed" and exited
+    0; a server that answers and refuses the login is a setting to correct: exit 77."""
+    import subprocess
+    import sys
+
+    dsn = _with(pg_dsn, user=password_role, password="wrong-password")
+    config = tmp_path / "cdc.yaml"
+    config.write_text("log:\n  embedded: {path: ./data, topic_prefix: st}\n"
+                      f"sources:\n  - {{name: pg, type: postgres, dsn: '{dsn}'}}\nhttp: null\n")
+    result = subprocess.run([sys.executable, "-m", "cdc.cli", "status", str(config)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 77, result.stderr
+    assert "the dsn (or dsn_file) of source pg" in result.stderr and "unreachable" not in result.stderr
