@@ -75,7 +75,8 @@ here or on the ``SinkContext`` it is handed:
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``SchemaBook`` (a topic's shapes read from the
   schema topic, as the runtime reads them), ``ConnectorStats``; for a launcher that runs a
-  self-driven sink outside the daemon (spark-submit): ``load_sink_settings``; for a sink running
+  self-driven sink outside the daemon (spark-submit): ``load_sink_settings``, and
+  ``stop_on_signals`` (SIGTERM/SIGINT as a stop request, safely: see its module); for a sink running
   Spark locally: ``spark_jars``; for a sink decoding ``avro`` records itself: ``avro_writer_schema``;
 * for a sink that follows renames: ``earlier_names`` and ``renames_to_follow`` (cdc/renames.py:
   the renames of the shapes a table skips, chained).
@@ -107,6 +108,7 @@ from cdc.positions import Position
 from cdc.renames import earlier_names, renames_to_follow
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.stats import ConnectorStats
+from cdc.runtime.stop_signals import stop_on_signals
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
 from cdc.units import human_bytes
@@ -131,7 +133,7 @@ __all__ = [
     "servers",
     "Log", "TopicSettings", "ConnectorStats", "schema_changes_topic", "SchemaBook", "open_kafka_log",
     "earlier_names", "renames_to_follow",
-    "load_sink_settings", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
+    "load_sink_settings", "stop_on_signals", "spark_jars", "human_bytes", "raw_copy_rows", "raw_unknown_names", "avro_writer_schema",
     "BulkLoadableSink", "WindowPart", "raw_columns_first", "PipelinedSink", "WriteCompletion", "MaintainedSink",
 ]
 

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
-from cdc.api import CdcError, load_sink_settings
+from cdc.api import CdcError, load_sink_settings, stop_on_signals
 
 EXIT_OK, EXIT_PERMANENT, EXIT_RETRIABLE = 0, 2, 75
 
@@ -59,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: sink {args.sink} is of type {sink_config.type}, not delta", file=sys.stderr)
         return EXIT_PERMANENT
 
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         DeltaSink(sink_config).run(stop, log=log_config)
     except CdcError as err:

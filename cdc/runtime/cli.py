@@ -366,13 +366,9 @@ def _refuse_if_daemon_runs(config, name: str, kind: str = "sink") -> None:
 
 
 def _interruptible():
-    import signal
-    import threading
+    from cdc.runtime.stop_signals import stop_on_signals
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+    return stop_on_signals()
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:

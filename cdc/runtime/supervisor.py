@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import queue
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from multiprocessing.connection import Connection
 from cdc.api import RetryFailed
 from cdc.errors import CdcError
 from cdc.runtime.stats import DONE_PHASES, ConnectorStats
+from cdc.runtime.stop_signals import StopSignals
 from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, same_error, worker_main
 
 log = logging.getLogger(__name__)
@@ -377,7 +377,8 @@ class Supervisor:
         self.stopping.set()
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        signals = StopSignals(self.stopping)
+        signals.install()
         server = None
         if self.http:
             from cdc.runtime.http import serve
@@ -399,8 +400,7 @@ class Supervisor:
                 self.stopping.wait(0.2)
             self._shutdown()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            signals.uninstall()
             if self.sink_lag is not None:
                 self.sink_lag.stop()
             if server is not None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
 
 from cdc.errors import CdcError, PermanentError
+from cdc.runtime.stop_signals import stop_on_signals
 
 EXIT_OK, EXIT_PERMANENT, EXIT_FINAL, EXIT_RETRIABLE = 0, 2, 3, 75
 _DIGITS = re.compile(r"\d+")
@@ -163,9 +163,7 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
 
     seen: list = []  # the runner's stats, once it exists
     logs.setup(level, connector=name, phase=lambda: seen[0].phase if seen else "starting")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
 
     def report(stats) -> None:
         try:
