@@ -20,7 +20,7 @@ client``, or ship the config file and a Python environment with ``--files``/``--
 
 The streaming query is the one ``cdc run`` starts: same checkpoint, same tables, so a sink can
 move between the two (never run both at once on one checkpoint). SIGTERM or SIGINT stops it after
-the batch in flight. Exit codes are the worker's: 0 stopped, 75 failed and worth a restart
+the batch in flight; more of them change nothing (``stop_on_signals``: a burst cannot deadlock it). Exit codes are the worker's: 0 stopped, 75 failed and worth a restart
 (resumes from the checkpoint), 2 failed for good (the message says why).
 """
 

@@ -5,7 +5,9 @@ HTTP, and restarts a worker that failed with a retriable error after an exponent
 (1 s doubling to 60 s, reset after a minute of healthy running). A permanent error stops that
 connector with its message; the others go on. SIGTERM/SIGINT asks every worker to drain (flush
 the log, store the last position) and waits for them; a worker that does not exit within the
-grace period is killed, which is safe: its stored position is never ahead of the log.
+grace period is killed, which is safe: its stored position is never ahead of the log. A stop sent
+to the whole process group reaches the workers too, and the supervisor's own SIGTERM follows:
+each process takes any number of them as one request (``stop_signals``).
 
 Health (``healthy``, served as /healthz): a connector is unhealthy when it failed permanently, or
 when it has made no progress (``ConnectorStats.progress_at``) for its ``unhealthy_after``
@@ -373,9 +375,6 @@ class Supervisor:
             worker.stop_asked_at = None
 
     # -- the main loop -------------------------------------------------------------------------
-    def request_stop(self, *_: object) -> None:
-        self.stopping.set()
-
     def run(self) -> int:
         signals = StopSignals(self.stopping)
         signals.install()

@@ -152,7 +152,9 @@ def worker_main(config_path: str, name: str, conn: Connection, level: int,
 
     A signal handler runs only between bytecodes of the main thread, and a thread blocked in a
     client library's call (librdkafka waiting for a broker, a database connect) would not see it
-    for as long as the call lasts. So on SIGTERM the main thread asks the connector to drain and
+    for as long as the call lasts. So on SIGTERM or SIGINT (``stop_signals``: however many come,
+    in a burst or not, they only set the stop event, never deadlock, and a second one does not cut
+    the drain short) the main thread asks the connector to drain and
     waits at most ``drain_timeout`` seconds (one second when it has published or written nothing
     yet: nothing of its own to drain); past that it exits without storing anything more. That is
     always safe: a position is stored only after the log acknowledged everything up to it

@@ -1,0 +1,88 @@
+"""Stop signals cannot deadlock: a storm of SIGTERM/SIGINT at a process whose threads use the stop
+event all the while (cdc/runtime/stop_signals.py).
+
+Each case runs a child process that installs the handlers the framework's processes install,
+keeps its main thread busy with the event as one of them does (the worker waits in a join loop,
+the supervisor in ``Event.wait``; ``clear`` holds the event's lock longest), has threads waiting
+on it too, and takes tens of thousands of signals from another process. A handler that took the
+event's lock (``lambda *_: stop.set()``) deadlocks here within a few thousand signals: a signal
+lands while the main thread holds the lock, in ``wait`` or in the previous handler's ``set``. The
+child then hangs; the test sees no "ok" and the stacks that faulthandler prints.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from cdc.runtime.stop_signals import StopSignals
+
+ROOT = Path(__file__).resolve().parents[2]
+SIGNALS = 30_000
+HANG_S = 60  # far above the storm's length on a loaded machine: only a deadlock lasts this long
+
+CHILD = textwrap.dedent("""
+    import faulthandler, os, signal, subprocess, sys, threading, time
+    from cdc.runtime.stop_signals import stop_on_signals
+
+    main_does, signals, hang_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    faulthandler.dump_traceback_later(hang_s, exit=True)  # a deadlock prints every stack, then exits 1
+    stop = stop_on_signals()
+    done = threading.Event()
+
+    def waiter():
+        while not done.is_set():
+            stop.wait(0.0005)
+
+    for _ in range(4):
+        threading.Thread(target=waiter, daemon=True).start()
+    storm = subprocess.Popen([sys.executable, "-c",
+                              "import os, signal, sys\\n"
+                              "for i in range(int(sys.argv[2])):\\n"
+                              "    os.kill(int(sys.argv[1]), signal.SIGINT if i % 3 == 0 else signal.SIGTERM)\\n",
+                              str(os.getpid()), str(signals)])
+    while storm.poll() is None:
+        if main_does == "wait":  # the supervisor's main loop
+            stop.wait(0.001)
+        elif main_does == "clear":
+            stop.clear()
+        else:  # "join": the worker's main loop, waiting on something else
+            time.sleep(0.001)
+    done.set()
+    assert storm.returncode == 0, storm.returncode
+    # The handlers still work after the storm: one more signal sets the event.
+    stop.clear()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.wait(hang_s), "the event was not set after the storm"
+    print("ok", flush=True)
+""")
+
+
+@pytest.mark.parametrize("main_does", ["join", "wait", "clear"])
+def test_a_storm_of_stop_signals_never_deadlocks(main_does):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.run([sys.executable, "-c", CHILD, main_does, str(SIGNALS), str(HANG_S)], env=env,
+                           capture_output=True, text=True, timeout=HANG_S * 3)
+    assert child.returncode == 0 and child.stdout.strip() == "ok", \
+        f"exit {child.returncode}; stdout {child.stdout!r}; stderr:\n{child.stderr[-6000:]}"
+
+
+def test_signals_set_the_event_and_the_previous_handlers_come_back():
+    import signal
+
+    assert threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    event = threading.Event()
+    with StopSignals(event) as stop:
+        assert stop is event and not stop.is_set()
+        os.kill(os.getpid(), signal.SIGINT)  # not a KeyboardInterrupt: a stop request
+        assert stop.wait(10)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one changes nothing
+        assert stop.wait(10)
+    assert {s: signal.getsignal(s) for s in before} == before
