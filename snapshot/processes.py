@@ -13,7 +13,7 @@ so in threads two readers read no faster than one. Here each reader is a process
   they should be a few large bytes objects, not many small ones.
 
 Children die with the parent: they are in its process group (``os.killpg`` of the daemon takes
-them), they ask the kernel for SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``), and they
+them, SIGKILL; they ignore SIGTERM and SIGINT, which are the parent's to act on), they ask the kernel for SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``), and they
 stop when the parent's pid changes (any other platform). ``open_reader``, ``read`` and the tasks
 must be picklable (module-level functions, plain data).
 
@@ -63,7 +63,10 @@ def _portable(err: BaseException) -> BaseException:
 
 def _child_main(index: int, parent: int, open_reader: Callable[[], Any], read, tasks, results, stopping) -> None:
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (Ctrl-C reaches the group)
+    # The parent decides when to stop: a stop sent to the process group (Ctrl-C, systemd's SIGTERM)
+    # reaches the readers too, and the parent drains what they read before it ends them.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     reader = None
 
     def emit(item) -> None:

@@ -77,3 +77,23 @@ def test_close_ends_readers_blocked_on_a_full_queue():
     pool.close()
     assert not any(p.is_alive() for p in pool._processes)
     assert all(p.exitcode is not None for p in pool._processes)
+
+
+def test_stop_signals_to_the_group_leave_the_readers_to_the_parent():
+    """A stop sent to the process group (Ctrl-C, systemd's SIGTERM) reaches the readers too; they
+    must go on until the parent, which drains what they read, ends them."""
+    import os
+    import signal
+
+    pool = ProcessSnapshot(open_list_reader, read_range, 2, queue_batches=1)
+    try:
+        pool.submit([(0, 2_000), (2_000, 2_000)])
+        items = list(pool.next_batch(30) or [])
+        assert items, "the readers are reading (blocked on the full queue)"
+        for pid in pool.pids:
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+                os.kill(pid, signum)
+        assert sorted(items + _drain(pool)) == list(range(4_000))
+        assert all(p.is_alive() or p.exitcode == 0 for p in pool._processes)
+    finally:
+        pool.close()
