@@ -86,3 +86,29 @@ def test_signals_set_the_event_and_the_previous_handlers_come_back():
         os.kill(os.getpid(), signal.SIGTERM)  # a second one changes nothing
         assert stop.wait(10)
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+FORKED = textwrap.dedent("""
+    import os, signal, sys, time
+    from cdc.runtime.stop_signals import stop_on_signals
+
+    stop = stop_on_signals()
+    ready, tell = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(tell, b"r")  # a signal before Python's own after-fork reset would be lost
+        time.sleep(60)  # until the signal
+        os._exit(0)
+    os.read(ready, 1)
+    os.kill(child, signal.SIGTERM)
+    _, status = os.waitpid(child, 0)
+    print(os.waitstatus_to_exitcode(status), stop.wait(1), flush=True)
+""")
+
+
+def test_a_child_forked_with_the_handlers_takes_its_own_signals():
+    """A child forked without exec keeps the handler but not the watcher thread, and shares the
+    pipe: its SIGTERM must end it as by default, not stop its parent."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.run([sys.executable, "-c", FORKED], env=env, capture_output=True, text=True, timeout=120)
+    assert child.stdout.split() == ["-15", "False"], child.stdout + child.stderr
