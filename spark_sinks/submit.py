@@ -20,8 +20,10 @@ client``, or ship the config file and a Python environment with ``--files``/``--
 
 The streaming query is the one ``cdc run`` starts: same checkpoint, same tables, so a sink can
 move between the two (never run both at once on one checkpoint). SIGTERM or SIGINT stops it after
-the batch in flight; more of them change nothing (``stop_on_signals``: a burst cannot deadlock it). Exit codes are the worker's: 0 stopped, 75 failed and worth a restart
-(resumes from the checkpoint), 2 failed for good (the message says why).
+the batch in flight; more of them change nothing (``stop_on_signals``: a burst cannot deadlock it,
+and PySpark's own SIGINT handler is kept out, see ``main``). Exit codes are the worker's: 0
+stopped, 75 failed and worth a restart (resumes from the checkpoint), 2 failed for good (the
+message says why).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 
 from cdc.api import CdcError, load_sink_settings, stop_on_signals
 
@@ -58,11 +61,26 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PERMANENT
 
     stop = stop_on_signals()
-    try:
-        DeltaSink(sink_config).run(stop, log=log_config)
-    except CdcError as err:
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return EXIT_RETRIABLE if err.retriable else EXIT_PERMANENT
+    # The sink runs on a thread of its own and this one only waits: a SparkContext made on the
+    # main thread replaces the SIGINT handler with PySpark's, which calls the JVM from inside the
+    # handler (cancelAllJobs) while the interrupted thread may be in the middle of a call to it
+    # (Py4JNetworkError), then raises KeyboardInterrupt wherever that thread is.
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            DeltaSink(sink_config).run(stop, log=log_config)
+        except BaseException as err:  # noqa: BLE001 - raised again on the main thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name=f"cdc-{args.sink}", daemon=True)
+    thread.start()
+    thread.join()
+    if failed and isinstance(failed[0], CdcError):
+        print(f"error: {type(failed[0]).__name__}: {failed[0]}", file=sys.stderr)
+        return EXIT_RETRIABLE if failed[0].retriable else EXIT_PERMANENT
+    if failed:
+        raise failed[0]
     return EXIT_OK
 
 
