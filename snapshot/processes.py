@@ -22,6 +22,7 @@ Threading: ``next_batch``, ``submit`` and ``close`` are for one consumer thread.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import multiprocessing
@@ -127,6 +128,9 @@ class ProcessSnapshot:
                                            args=(i, os.getpid(), open_reader, read, self._tasks, self._results,
                                                  self._stopping))
                            for i in range(count)]
+        # Closed at exit if nobody did: multiprocessing's own exit hook, which runs after this one,
+        # ends daemon children with SIGTERM, which readers ignore, then waits for them.
+        atexit.register(self.close)
         try:
             for process in self._processes:
                 process.start()
@@ -191,6 +195,7 @@ class ProcessSnapshot:
                 raise value
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         self._stopping.set()
         deadline = time.monotonic() + 10
         while any(p.is_alive() for p in self._processes) and time.monotonic() < deadline:

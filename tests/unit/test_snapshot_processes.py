@@ -97,3 +97,25 @@ def test_stop_signals_to_the_group_leave_the_readers_to_the_parent():
         assert all(p.is_alive() or p.exitcode == 0 for p in pool._processes)
     finally:
         pool.close()
+
+
+def test_a_process_that_exits_without_closing_its_readers_does_not_hang():
+    """multiprocessing's exit hook ends daemon children with SIGTERM, which readers ignore, and
+    then waits for them: the pool closes itself first."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    script = ("from snapshot.processes import ProcessSnapshot\n"
+              "from tests.unit.test_snapshot_processes import open_list_reader, read_range\n"
+              "pool = ProcessSnapshot(open_list_reader, read_range, 2)\n"
+              "print('open', flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(f"the process hung at exit: {err.stdout!r}") from None
+    assert (done.returncode, done.stdout.strip()) == (0, "open"), done.stderr
