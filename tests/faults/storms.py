@@ -1,5 +1,5 @@
-"""The pieces of the signal storms (test_stop_storms.py): a burst of stop signals, worker
-processes to aim it at, and what a stop must leave behind.
+"""The pieces of the signal storms (test_stop_storms.py, test_spark_stop_storm.py): a burst of stop
+signals, worker processes to aim it at, and what a stop must leave behind.
 
 A burst is what a stop from a service manager or a terminal looks like to one process, and more:
 SIGTERM to the process group (systemd's default, Ctrl-C's SIGINT likewise), then SIGTERM and
