@@ -281,17 +281,9 @@ def settle(client, index: str, count: int, delete: str | None = None) -> None:
 
 def packed(records: list) -> object:
     """``records`` as the bulk reader hands them out (cdc/_rdconsume.c's layout)."""
-    import struct
-
     from cdc.log.kafka_bulk import PackedBatch
 
-    topics = sorted({r.topic for r in records})
-    parts = []
-    for r in records:
-        parts.append(struct.pack("=iiqqii", topics.index(r.topic), r.partition, r.offset, r.timestamp_ms,
-                                 -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value)))
-        parts += [r.key or b"", r.value or b""]
-    return PackedBatch(b"".join(parts), len(records), topics)
+    return PackedBatch.of(records)
 
 
 def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:

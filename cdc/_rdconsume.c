@@ -13,8 +13,11 @@
  *                                   data: `count` records packed one after the other, each a
  *                                   HEADER (native byte order: int32 topic index into `topics`,
  *                                   int32 partition, int64 offset, int64 timestamp, int32 key
- *                                   length, int32 value length; -1: null) then the key's and the
- *                                   value's bytes. events: [(index, code, reason, topic,
+ *                                   length, int32 value length, int32 headers length; -1: null)
+ *                                   then the key's, the value's and the headers' bytes (the
+ *                                   record's headers as cdc/headers.py packs them: per header a
+ *                                   little-endian int32 name length, the name, an int32 value
+ *                                   length, -1 for null, the value). events: [(index, code, reason, topic,
  *                                   partition, offset, fatal)]: partition ends (code -191, offset
  *                                   the end) and errors, in order, `index` the number of records
  *                                   packed before it. logs: [(level, facility, text)] librdkafka
@@ -39,7 +42,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define HEADER 32
+#define HEADER 36
 #define MAX_TOPICS 4096
 #define MAX_LOGS 1000   /* log lines held between reads; more are counted, not kept */
 
@@ -238,6 +241,40 @@ done:
     return result;
 }
 
+static void
+put_le32(char *out, int32_t v)
+{
+    uint32_t u = (uint32_t)v;
+    out[0] = (char)(u & 0xff);
+    out[1] = (char)(u >> 8 & 0xff);
+    out[2] = (char)(u >> 16 & 0xff);
+    out[3] = (char)(u >> 24 & 0xff);
+}
+
+/* A message's headers packed at `out` (NULL: only measure); their length, -1 when it has none. */
+static int32_t
+pack_headers(rd_kafka_message_t *msg, char *out)
+{
+    rd_kafka_headers_t *headers;
+    if (rd_kafka_message_headers(msg, &headers) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return -1;
+    size_t total = 0, i = 0;
+    const char *name;
+    const void *value;
+    size_t size;
+    while (rd_kafka_header_get_all(headers, i++, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        size_t name_len = strlen(name);
+        if (out != NULL) {
+            put_le32(out + total, (int32_t)name_len);
+            memcpy(out + total + 4, name, name_len);
+            put_le32(out + total + 4 + name_len, value ? (int32_t)size : -1);
+            if (value) memcpy(out + total + 8 + name_len, value, size);
+        }
+        total += 8 + name_len + (value ? size : 0);
+    }
+    return (int32_t)total;
+}
+
 /* The index of a topic's name, added if new; -1 when there are too many. */
 static int
 topic_index(Reader *r, const char *name, int *added)
@@ -271,7 +308,10 @@ reader_read(Reader *r, PyObject *args)
         m = rd_kafka_consumer_poll(r->rk, 0);
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (!msgs[i]->err) size += HEADER + msgs[i]->key_len + msgs[i]->len;
+        if (!msgs[i]->err) {
+            int32_t headers_len = pack_headers(msgs[i], NULL);
+            size += HEADER + msgs[i]->key_len + msgs[i]->len + (headers_len > 0 ? headers_len : 0);
+        }
     Py_END_ALLOW_THREADS
     events = PyList_New(0);
     data = PyBytes_FromStringAndSize(NULL, size);
@@ -287,6 +327,7 @@ reader_read(Reader *r, PyObject *args)
         int32_t partition = msg->partition;
         int64_t offset = msg->offset, timestamp = rd_kafka_message_timestamp(msg, NULL);
         int32_t key_len = msg->key ? (int32_t)msg->key_len : -1, value_len = msg->payload ? (int32_t)msg->len : -1;
+        char *head = out;
         memcpy(out, &topic, 4);
         memcpy(out + 4, &partition, 4);
         memcpy(out + 8, &offset, 8);
@@ -296,6 +337,9 @@ reader_read(Reader *r, PyObject *args)
         out += HEADER;
         if (key_len > 0) { memcpy(out, msg->key, key_len); out += key_len; }
         if (value_len > 0) { memcpy(out, msg->payload, value_len); out += value_len; }
+        int32_t headers_len = pack_headers(msg, out);
+        memcpy(head + 32, &headers_len, 4);
+        if (headers_len > 0) out += headers_len;
     }
     Py_END_ALLOW_THREADS
     if (too_many) { PyErr_SetString(PyExc_ValueError, "more topics than a Reader names"); goto done; }

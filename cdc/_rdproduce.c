@@ -4,7 +4,8 @@
  * its own) and frees that state through a delivery trampoline that takes the GIL for every
  * acknowledged message. A snapshot row needs none of that: its key and value are made from the
  * lines of a RowBlock (cdc/events.py), the same bytes cdc/_speedups.c emit_rows makes, and handed
- * to rd_kafka_produce() here, the whole block with the GIL released. Delivery reports are counted
+ * to rd_kafka_producev() here with the block's headers (cdc/headers.py: its rows share one
+ * version), the whole block with the GIL released. Delivery reports are counted
  * in C (no Python call per message); the first failure is kept for the writer to raise
  * (cdc/log/block_producer.py). librdkafka's log lines and error events are served by poll/flush
  * and handed to Python callables, with the GIL taken only for them.
@@ -251,17 +252,53 @@ grow(char **buffer, size_t *size, size_t need)
     return 0;
 }
 
-/* produce_rows(topic, block, value_head, value_tail, key_head, key_tail) -> bytes of values made
+/* The headers of a record (a list of (str, bytes or None) pairs, or None: none) for librdkafka; a
+ * new list (NULL for none), or NULL with an error. */
+static int
+c_headers(PyObject *pairs, rd_kafka_headers_t **out)
+{
+    *out = NULL;
+    if (pairs == Py_None)
+        return 0;
+    if (!PyList_Check(pairs)) {
+        PyErr_SetString(PyExc_TypeError, "produce_rows: the headers are a list of (str, bytes) pairs");
+        return -1;
+    }
+    rd_kafka_headers_t *headers = rd_kafka_headers_new((size_t)PyList_GET_SIZE(pairs));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, i);
+        const char *name;
+        Py_ssize_t name_len;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))
+                || (PyTuple_GET_ITEM(pair, 1) != Py_None && !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)))) {
+            PyErr_SetString(PyExc_TypeError, "produce_rows: the headers are a list of (str, bytes) pairs");
+            rd_kafka_headers_destroy(headers);
+            return -1;
+        }
+        if ((name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &name_len)) == NULL) {
+            rd_kafka_headers_destroy(headers);
+            return -1;
+        }
+        PyObject *value = PyTuple_GET_ITEM(pair, 1);
+        rd_kafka_header_add(headers, name, name_len, value == Py_None ? NULL : PyBytes_AS_STRING(value),
+                            value == Py_None ? 0 : PyBytes_GET_SIZE(value));
+    }
+    *out = headers;
+    return 0;
+}
+
+/* produce_rows(topic, block, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made
  *   One record per line `<key text>\t<row JSON>[\t...]\n` of block: value = value_head + row JSON +
- *   value_tail, key = key_head + key text + key_tail (what cdc/_speedups.c emit_rows makes), to
+ *   value_tail, key = key_head + key text + key_tail (what cdc/_speedups.c emit_rows makes), each
+ *   with `headers` (a list of (str, bytes) pairs, or None), to
  *   `topic` through the partitioner of the config. Waits for room when librdkafka's queue is full.
  *   Every line is checked before anything is produced (TypeError); a record librdkafka refuses
  *   raises ProduceError with the records before it produced. */
 static PyObject *
 Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "produce_rows takes 6 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "produce_rows takes 7 arguments");
         return NULL;
     }
     if (!PyUnicode_Check(args[0])) {
@@ -273,15 +310,19 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "produce_rows: the heads and tails must be bytes");
             return NULL;
         }
-    if (enter(self) < 0)
+    rd_kafka_headers_t *headers;
+    if (c_headers(args[6], &headers) < 0)
         return NULL;
-    rd_kafka_topic_t *rkt = topic_handle(self, args[0]);
-    if (rkt == NULL) {
-        self->busy = 0;
+    if (enter(self) < 0) {
+        if (headers != NULL)
+            rd_kafka_headers_destroy(headers);
         return NULL;
     }
+    rd_kafka_topic_t *rkt = topic_handle(self, args[0]);
     Py_buffer block;
-    if (PyObject_GetBuffer(args[1], &block, PyBUF_SIMPLE) < 0) {
+    if (rkt == NULL || PyObject_GetBuffer(args[1], &block, PyBUF_SIMPLE) < 0) {
+        if (headers != NULL)
+            rd_kafka_headers_destroy(headers);
         self->busy = 0;
         return NULL;
     }
@@ -289,6 +330,8 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     size_t longest;
     if (rowblock_check(start, end, &longest, "produce_rows") < 0) {
         PyBuffer_Release(&block);
+        if (headers != NULL)
+            rd_kafka_headers_destroy(headers);
         self->busy = 0;
         return NULL;
     }
@@ -300,6 +343,8 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     if (grow(&self->value, &self->value_size, nvh + longest + nvt) < 0
             || grow(&self->key, &self->key_size, nkh + longest + nkt) < 0) {
         PyBuffer_Release(&block);
+        if (headers != NULL)
+            rd_kafka_headers_destroy(headers);
         self->busy = 0;
         return PyErr_NoMemory();
     }
@@ -318,16 +363,18 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         memcpy(v + nvh + nj, vt, nvt);
         memcpy(k + nkh, line.key, nk);
         memcpy(k + nkh + nk, kt, nkt);
-        while (rd_kafka_produce(rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, v, nvh + nj + nvt,
-                                k, nkh + nk + nkt, NULL) == -1) {
-            err = rd_kafka_last_error();
-            if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-                break;
-            err = RD_KAFKA_RESP_ERR_NO_ERROR;
+        /* librdkafka owns a record's headers once it took the record, so each gets its copy. */
+        rd_kafka_headers_t *copy = headers != NULL ? rd_kafka_headers_copy(headers) : NULL;
+        while ((err = rd_kafka_producev(self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
+                                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_VALUE(v, nvh + nj + nvt),
+                                        RD_KAFKA_V_KEY(k, nkh + nk + nkt), RD_KAFKA_V_HEADERS(copy),
+                                        RD_KAFKA_V_END)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
             rd_kafka_poll(self->rk, 100);  /* the backpressure: serve acknowledgements until there is room */
-        }
-        if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            if (copy != NULL)
+                rd_kafka_headers_destroy(copy);
             break;
+        }
         nbytes += (long long)(nvh + nj + nvt);
         if (++since_poll == 1000) {  /* keep the delivery reports from piling up */
             since_poll = 0;
@@ -337,6 +384,8 @@ Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     rd_kafka_poll(self->rk, 0);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&block);
+    if (headers != NULL)
+        rd_kafka_headers_destroy(headers);
     self->busy = 0;
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
         set_produce_error(err);
@@ -439,7 +488,7 @@ Producer_failed(Producer *self, void *unused)
 
 static PyMethodDef Producer_methods[] = {
     {"produce_rows", (PyCFunction)(void (*)(void))Producer_produce_rows, METH_FASTCALL,
-     "produce_rows(topic, block, value_head, value_tail, key_head, key_tail) -> bytes of values made"},
+     "produce_rows(topic, block, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made"},
     {"poll", (PyCFunction)Producer_poll, METH_O, "poll(timeout) -> events served"},
     {"flush", (PyCFunction)Producer_flush, METH_O, "flush(timeout) -> records still unacknowledged"},
     {"first_error", (PyCFunction)Producer_first_error, METH_NOARGS,

@@ -7,8 +7,10 @@
  * still serialized by orjson.dumps; what moves to C is the per-event work around it: unpacking
  * the event, the cache lookups, assembling the value from its pieces and calling `emit`.
  *
- * emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made
+ * emit(middle, events, emit, when_room, everywhere, now_ms, where, source_header) -> bytes of values made
  *   middle(table, op, snapshot, now_ms) -> (topic, b',"op":...,"ts_ms":'), cached per call.
+ *   Each record goes out as emit(topic, value, key, headers=[("cdc.version", b"<version>"),
+ *   source_header]) (cdc/headers.py), a delete's tombstone with the delete's list.
  *   On failure `where` (a list of two) is set to [topic or None, bytes made so far] and the
  *   exception propagates; serde.py wraps it in an EmitError.
  */
@@ -23,6 +25,8 @@ static PyObject *dumps = NULL;        /* orjson.dumps */
 static PyObject *op_truncate = NULL;  /* Op.TRUNCATE */
 static PyObject *op_delete = NULL;    /* Op.DELETE */
 static PyObject *truncate_key = NULL; /* b"{}" */
+static PyObject *version_header = NULL; /* VERSION_HEADER as a str */
+static PyObject *headers_kw = NULL;   /* ("headers",): the keyword emit's headers go by */
 
 static const char HEAD_BEFORE[] = "{\"before\":";
 static const char HEAD_AFTER[] = ",\"after\":";
@@ -32,6 +36,7 @@ static const char TX_ID[] = ",\"transaction\":{\"id\":";
 static const char TX_TOTAL[] = ",\"total_order\":";
 static const char TX_DCO[] = ",\"data_collection_order\":";
 #define LIT(s) (sizeof(s) - 1)
+#define VERSION_HEADER "cdc.version"  /* cdc/headers.py's VERSION (tests/unit/test_speedups.py) */
 
 /* Decimal text of a Python int into buf (at least 24 bytes); its length, or -1 with an error. */
 static Py_ssize_t
@@ -64,17 +69,35 @@ format_int(PyObject *value, char *buf, const char *what)
     return len;
 }
 
-/* Call f(a, b, c); on BufferError call room(a, b, c) instead. A new reference or NULL. */
+/* Call f(a, b, c, headers=h); on BufferError call room(a, b, c, headers=h) instead. A new
+ * reference or NULL. */
 static PyObject *
-call_with_room(PyObject *f, PyObject *room, PyObject *a, PyObject *b, PyObject *c)
+call_with_room(PyObject *f, PyObject *room, PyObject *a, PyObject *b, PyObject *c, PyObject *h)
 {
-    PyObject *args[3] = {a, b, c};
-    PyObject *r = PyObject_Vectorcall(f, args, 3, NULL);
+    PyObject *args[4] = {a, b, c, h};
+    PyObject *r = PyObject_Vectorcall(f, args, 3, headers_kw);
     if (r == NULL && PyErr_ExceptionMatches(PyExc_BufferError)) {
         PyErr_Clear();
-        r = PyObject_Vectorcall(room, args, 3, NULL);
+        r = PyObject_Vectorcall(room, args, 3, headers_kw);
     }
     return r;
+}
+
+/* [(version_header, b"<digits>"), source]: a record's headers (cdc/headers.py). */
+static PyObject *
+record_headers(const char *digits, Py_ssize_t n, PyObject *source)
+{
+    PyObject *value = PyBytes_FromStringAndSize(digits, n);
+    PyObject *pair = value ? PyTuple_Pack(2, version_header, value) : NULL;
+    Py_XDECREF(value);
+    PyObject *list = pair ? PyList_New(2) : NULL;
+    if (list == NULL) {
+        Py_XDECREF(pair);
+        return NULL;
+    }
+    PyList_SET_ITEM(list, 0, pair);
+    PyList_SET_ITEM(list, 1, Py_NewRef(source));
+    return list;
 }
 
 static PyObject *
@@ -95,6 +118,10 @@ speedups_setup(PyObject *self, PyObject *args)
     PyObject *d, *t, *del, *k;
     if (!PyArg_ParseTuple(args, "OOOO!", &d, &t, &del, &PyBytes_Type, &k))
         return NULL;
+    if (headers_kw == NULL && (headers_kw = Py_BuildValue("(s)", "headers")) == NULL)
+        return NULL;
+    if (version_header == NULL && (version_header = PyUnicode_InternFromString(VERSION_HEADER)) == NULL)
+        return NULL;
     Py_XSETREF(dumps, Py_NewRef(d));
     Py_XSETREF(op_truncate, Py_NewRef(t));
     Py_XSETREF(op_delete, Py_NewRef(del));
@@ -105,8 +132,8 @@ speedups_setup(PyObject *self, PyObject *args)
 static PyObject *
 speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "emit takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "emit takes 8 arguments");
         return NULL;
     }
     if (dumps == NULL) {
@@ -114,7 +141,7 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *middle_fn = args[0], *events = args[1], *emit = args[2], *room = args[3];
-    PyObject *everywhere = args[4], *now_ms = args[5], *where = args[6];
+    PyObject *everywhere = args[4], *now_ms = args[5], *where = args[6], *source_header = args[7];
     if (!PyList_Check(where) || PyList_GET_SIZE(where) != 2) {
         PyErr_SetString(PyExc_TypeError, "where must be a list of two");
         return NULL;
@@ -142,6 +169,7 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
     while (!failed && (event = PyIter_Next(iter)) != NULL) {
         PyObject *before_json = NULL, *after_json = NULL, *key_json = NULL, *value = NULL, *r = NULL;
+        PyObject *headers = NULL;
         if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) != 10) {
             PyErr_Format(PyExc_TypeError, "not a ChangeEvent: %.100s", Py_TYPE(event)->tp_name);
             goto fail_event;
@@ -295,20 +323,22 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fail_event;
         }
         nbytes += size;
+        if ((headers = record_headers(version_buf, version_len, source_header)) == NULL)
+            goto fail_event;
 
         if (op == op_truncate) {
-            PyObject *targs[3] = {topic, value, truncate_key};
-            r = PyObject_Vectorcall(everywhere, targs, 3, NULL);
+            PyObject *targs[4] = {topic, value, truncate_key, headers};
+            r = PyObject_Vectorcall(everywhere, targs, 3, headers_kw);
             if (r == NULL)
                 goto fail_event;
         } else {
             if ((key_json = dump(key)) == NULL)
                 goto fail_event;
-            if ((r = call_with_room(emit, room, topic, value, key_json)) == NULL)
+            if ((r = call_with_room(emit, room, topic, value, key_json, headers)) == NULL)
                 goto fail_event;
             if (op == op_delete) {
                 Py_DECREF(r);
-                if ((r = call_with_room(emit, room, topic, Py_None, key_json)) == NULL)
+                if ((r = call_with_room(emit, room, topic, Py_None, key_json, headers)) == NULL)
                     goto fail_event;
             }
         }
@@ -317,6 +347,7 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(after_json);
         Py_XDECREF(key_json);
         Py_DECREF(value);
+        Py_DECREF(headers);
         Py_DECREF(event);
         continue;
     fail_event:
@@ -324,6 +355,7 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(after_json);
         Py_XDECREF(key_json);
         Py_XDECREF(value);
+        Py_XDECREF(headers);
         Py_DECREF(event);
         failed = 1;
     }
@@ -805,22 +837,242 @@ plain_key(PyObject *key, PyObject *loads, Members *km, SourceCache *kc)
 
 /* A tombstone's SinkEvent (no op, no version, an empty source), or Py_None when its key is not a
  * plain JSON object (the general path then). */
-static PyObject *
-tombstone_event(PyObject *const *record, PyTypeObject *event_type, PyObject *loads, Members *km, SourceCache *kc)
+/* ---- record headers (cdc/headers.py) --------------------------------------------------------
+ * A record's headers come as confluent-kafka's list of (name, value) pairs (a LogRecord's last
+ * field) or packed (the bulk reader's bytes, cdc/_rdconsume.c: per header a little-endian int32
+ * name length, the name, an int32 value length, -1 for null, the value). Only a tombstone's are
+ * read here: its version is the VERSION_HEADER's value (the last one, as Kafka looks a header
+ * up), decimal digits as cdc/headers.version_of reads them. */
+
+typedef struct {
+    PyObject *list;         /* borrowed: the pairs, Py_None, or NULL when packed */
+    const char *packed;     /* packed headers (NULL: none) */
+    Py_ssize_t packed_len;
+} HeadersRef;
+
+/* '-'? then 1 to 19 ASCII digits within int64: 1 with *out set, 0 when not that. */
+static int
+version_digits(const char *p, Py_ssize_t n, long long *out)
 {
+    int negative = n > 0 && p[0] == '-';
+    p += negative;
+    n -= negative;
+    if (n < 1 || n > 19)
+        return 0;
+    unsigned long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+        v = v * 10 + (unsigned long long)(p[i] - '0');
+    }
+    if (v > (negative ? 9223372036854775808ULL : 9223372036854775807ULL))
+        return 0;
+    *out = negative ? (v == 9223372036854775808ULL ? INT64_MIN : -(long long)v) : (long long)v;
+    return 1;
+}
+
+static int32_t
+le_int32(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    return (int32_t)((uint32_t)u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24);
+}
+
+/* The next packed header from *at: 1 (name, value; value NULL: null), 0 at the end, -1 damaged. */
+static int
+packed_header(const char **at, const char *end, const char **name, Py_ssize_t *name_len, const char **value,
+              Py_ssize_t *value_len)
+{
+    const char *p = *at;
+    if (p == end)
+        return 0;
+    if (end - p < 4 || (*name_len = le_int32(p)) < 0 || end - p - 4 < *name_len)
+        return -1;
+    *name = p + 4;
+    p += 4 + *name_len;
+    if (end - p < 4)
+        return -1;
+    *value_len = le_int32(p);
+    p += 4;
+    if (*value_len < 0) {
+        *value = NULL;
+        *value_len = 0;
+    } else {
+        if (end - p < *value_len)
+            return -1;
+        *value = p;
+        p += *value_len;
+    }
+    *at = p;
+    return 1;
+}
+
+/* A tombstone's version from its headers: 1 with *out a new int or Py_None (no version header),
+ * 0 when they are not what cdc/headers.py reads (the general path then says why), -1 on error. */
+static int
+tombstone_version(const HeadersRef *h, PyObject **out)
+{
+    const char *found = NULL;
+    Py_ssize_t found_len = 0;
+    int have = 0;
+    if (h->list == NULL) {
+        const char *at = h->packed, *end = at + h->packed_len, *name, *value;
+        Py_ssize_t name_len, value_len;
+        int got = 0;
+        while (at != NULL && (got = packed_header(&at, end, &name, &name_len, &value, &value_len)) == 1) {
+            if (name_len == LIT(VERSION_HEADER) && memcmp(name, VERSION_HEADER, LIT(VERSION_HEADER)) == 0) {
+                if (value == NULL)
+                    return 0;
+                found = value;
+                found_len = value_len;
+                have = 1;
+            }
+        }
+        if (at != NULL && got < 0)
+            return 0;
+    } else if (h->list != Py_None) {
+        if (!PyList_Check(h->list))
+            return 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(h->list); i++) {
+            PyObject *pair = PyList_GET_ITEM(h->list, i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)))
+                return 0;
+            PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+            if (PyUnicode_CompareWithASCIIString(name, VERSION_HEADER) != 0)
+                continue;
+            if (!PyBytes_CheckExact(value))
+                return 0;
+            found = PyBytes_AS_STRING(value);
+            found_len = PyBytes_GET_SIZE(value);
+            have = 1;
+        }
+    }
+    if (!have) {
+        *out = Py_NewRef(Py_None);
+        return 1;
+    }
+    long long version;
+    if (!version_digits(found, found_len, &version))
+        return 0;
+    return (*out = PyLong_FromLongLong(version)) == NULL ? -1 : 1;
+}
+
+/* Packed headers as confluent-kafka's list of (name, value) pairs (a new list), or NULL with an
+ * error (ValueError when the bytes are not packed headers). */
+static PyObject *
+packed_headers_list(const char *p, Py_ssize_t n)
+{
+    PyObject *list = PyList_New(0);
+    const char *at = p, *end = p + n, *name, *value;
+    Py_ssize_t name_len, value_len;
+    int got;
+    while (list != NULL && (got = packed_header(&at, end, &name, &name_len, &value, &value_len)) == 1) {
+        PyObject *pair = Py_BuildValue("(s#N)", name, name_len,
+                                       value ? PyBytes_FromStringAndSize(value, value_len) : Py_NewRef(Py_None));
+        if (pair == NULL || PyList_Append(list, pair) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(pair);
+    }
+    if (list != NULL && got < 0) {
+        Py_DECREF(list);
+        PyErr_SetString(PyExc_ValueError, "packed headers that run past their end");
+        return NULL;
+    }
+    return list;
+}
+
+/* unpack_headers(data) -> cdc.headers.unpack(data), in C; pack_headers(headers) -> cdc.headers.pack. */
+static PyObject *
+speedups_unpack_headers(PyObject *self, PyObject *data)
+{
+    if (data == Py_None)
+        Py_RETURN_NONE;
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "unpack_headers takes bytes");
+        return NULL;
+    }
+    return packed_headers_list(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+}
+
+static PyObject *
+speedups_pack_headers(PyObject *self, PyObject *headers)
+{
+    if (headers == Py_None || (PyList_Check(headers) && PyList_GET_SIZE(headers) == 0))
+        Py_RETURN_NONE;
+    PyObject *seq = PySequence_Fast(headers, "the headers are a list of (name, value) pairs");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), size = 0;
+    PyObject *out = NULL;
+    for (int pass = 0; pass < 2; pass++) {  /* measure, then write */
+        char *w = out ? PyBytes_AS_STRING(out) : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *pair = PySequence_Fast_GET_ITEM(seq, i), *name, *value;
+            Py_ssize_t name_len;
+            const char *name_utf8;
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(name = PyTuple_GET_ITEM(pair, 0))
+                    || ((value = PyTuple_GET_ITEM(pair, 1)) != Py_None && !PyBytes_Check(value))) {
+                PyErr_SetString(PyExc_TypeError, "a header is a (str, bytes or None) pair");
+                goto fail;
+            }
+            if ((name_utf8 = PyUnicode_AsUTF8AndSize(name, &name_len)) == NULL)
+                goto fail;
+            Py_ssize_t value_len = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+            if (name_len > INT32_MAX || value_len > INT32_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "a header of 2 GiB or more");
+                goto fail;
+            }
+            if (w == NULL) {
+                size += 8 + name_len + (value_len > 0 ? value_len : 0);
+                continue;
+            }
+            for (int b = 0; b < 4; b++) w[b] = (char)((uint32_t)name_len >> (8 * b) & 0xff);
+            memcpy(w + 4, name_utf8, name_len);
+            w += 4 + name_len;
+            for (int b = 0; b < 4; b++) w[b] = (char)((uint32_t)(int32_t)value_len >> (8 * b) & 0xff);
+            w += 4;
+            if (value_len > 0) {
+                memcpy(w, PyBytes_AS_STRING(value), value_len);
+                w += value_len;
+            }
+        }
+        if (pass == 0 && (out = PyBytes_FromStringAndSize(NULL, size)) == NULL)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* The event of a tombstone: its version from its headers (None when they carry none), Py_None
+ * when the general path must decide, NULL with an error. */
+static PyObject *
+tombstone_event(PyObject *const *record, const HeadersRef *headers, PyTypeObject *event_type, PyObject *loads,
+                Members *km, SourceCache *kc)
+{
+    PyObject *version;
+    int got = tombstone_version(headers, &version);
+    if (got <= 0)
+        return got < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *key = plain_key(record[3], loads, km, kc);
-    if (key == NULL || key == Py_None)
+    if (key == NULL || key == Py_None) {
+        Py_DECREF(version);
         return key;
+    }
     PyObject *source = PyDict_New();
     PyObject *event = source ? event_type->tp_alloc(event_type, 10) : NULL;
     if (event != NULL) {
-        PyObject *items[10] = {record[0], record[1], record[2], key, Py_None, Py_None, Py_None, Py_None, source,
+        PyObject *items[10] = {record[0], record[1], record[2], key, Py_None, Py_None, Py_None, version, source,
                                Py_None};
         for (int i = 0; i < 10; i++)
             PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
     }
     Py_XDECREF(source);
     Py_DECREF(key);
+    Py_DECREF(version);
     return event;
 }
 
@@ -841,14 +1093,17 @@ scratch_free(Scratch *x)
 }
 
 /* A LogRecord's first five fields (topic, partition, offset, key, value), or NULL with an error
- * when `record` is not one. */
+ * when `record` is not one; *headers its headers (the seventh field; None without one). */
 static PyObject *const *
-record_fields(PyObject *record)
+record_fields(PyObject *record, HeadersRef *headers)
 {
     if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 5) {
         PyErr_SetString(PyExc_TypeError, "a record is (topic, partition, offset, key, value, ...)");
         return NULL;
     }
+    headers->list = PyTuple_GET_SIZE(record) > 6 ? PyTuple_GET_ITEM(record, 6) : Py_None;
+    headers->packed = NULL;
+    headers->packed_len = 0;
     return &PyTuple_GET_ITEM(record, 0);
 }
 
@@ -857,12 +1112,13 @@ record_fields(PyObject *record)
  * one parser of the json envelope on the sink side: `raw` leaves an upsert's after as the bytes
  * of the row object, else loads makes its dict (decode_batch, decode_packed, decode_envelopes). */
 static PyObject *
-decode_one(PyObject *const *record, PyTypeObject *event_type, PyObject *ops, PyObject *loads, int raw, Scratch *x)
+decode_one(PyObject *const *record, const HeadersRef *headers, PyTypeObject *event_type, PyObject *ops,
+           PyObject *loads, int raw, Scratch *x)
 {
     Members *m = &x->m;
     PyObject *value = record[4];
     if (value == Py_None)
-        return tombstone_event(record, event_type, loads, &x->km, &x->key_cache);
+        return tombstone_event(record, headers, event_type, loads, &x->km, &x->key_cache);
     if (!PyBytes_Check(value))
         Py_RETURN_NONE;
     Scan s = {(const unsigned char *)PyBytes_AS_STRING(value),
@@ -969,8 +1225,10 @@ speedups_decode_envelopes(PyObject *self, PyObject *const *args, Py_ssize_t narg
     memset(&x, 0, sizeof(x));
     if (out == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *const *fields = record_fields(PySequence_Fast_GET_ITEM(seq, i));
-        PyObject *one = fields ? decode_one(fields, (PyTypeObject *)args[1], args[2], args[3], raw, &x) : NULL;
+        HeadersRef headers;
+        PyObject *const *fields = record_fields(PySequence_Fast_GET_ITEM(seq, i), &headers);
+        PyObject *one = fields ? decode_one(fields, &headers, (PyTypeObject *)args[1], args[2], args[3], raw, &x)
+                               : NULL;
         if (one == NULL) goto fail;
         PyList_SET_ITEM(out, i, one);
     }
@@ -1364,23 +1622,24 @@ decode_setup(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* A LogRecord (a 6-tuple of `record_type`) of `fields`, whose references it takes (each one is
- * dropped either way); NULL with the error set when a field is NULL (its making failed) or the
- * allocation does. */
+#define RECORD_FIELDS 7  /* a LogRecord: topic, partition, offset, key, value, timestamp_ms, headers */
+
+/* A LogRecord of `fields`, whose references it takes (each one is dropped either way); NULL with
+ * the error set when a field is NULL (its making failed) or the allocation does. */
 static PyObject *
 record_of(PyTypeObject *record_type, PyObject **fields)
 {
     PyObject *record = NULL;
     int complete = 1;
-    for (int f = 0; f < 6; f++)
+    for (int f = 0; f < RECORD_FIELDS; f++)
         complete = complete && fields[f] != NULL;
-    if (complete && (record = record_type->tp_alloc(record_type, 6)) != NULL) {
-        for (int f = 0; f < 6; f++) {
+    if (complete && (record = record_type->tp_alloc(record_type, RECORD_FIELDS)) != NULL) {
+        for (int f = 0; f < RECORD_FIELDS; f++) {
             PyTuple_SET_ITEM(record, f, fields[f]);
             fields[f] = NULL;
         }
     }
-    for (int f = 0; f < 6; f++)
+    for (int f = 0; f < RECORD_FIELDS; f++)
         Py_XDECREF(fields[f]);
     return record;
 }
@@ -1393,10 +1652,11 @@ static int db_general(PyObject *record, PyObject *events, PyObject *poisons);
 static int
 db_take(PyObject *record, int raw, Scratch *x, PyObject *events, PyObject *poisons)
 {
-    PyObject *const *fields = record_fields(record);
+    HeadersRef headers;
+    PyObject *const *fields = record_fields(record, &headers);
     if (fields == NULL)
         return -1;
-    PyObject *event = decode_one(fields, db_event_type, db_ops, db_loads, raw, x);
+    PyObject *event = decode_one(fields, &headers, db_event_type, db_ops, db_loads, raw, x);
     if (event == Py_None) {
         Py_DECREF(event);
         return db_general(record, events, poisons);
@@ -1495,10 +1755,12 @@ fail:
 
 /* decode_packed(data, count, topics, ends, raw, LogRecord) -> (events, poisons, bytes of values)
  *   decode_batch over a batch of the bulk reader (cdc/_rdconsume.c: `count` records packed in
- *   `data`, each a header then its key's and value's bytes; `topics` the names its topic indexes
- *   point into): no confluent-kafka Message per record, and the LogRecord made here is dropped
+ *   `data`, each a 36-byte head then its key's, value's and headers' bytes; `topics` the names
+ *   its topic indexes point into): no confluent-kafka Message per record, and the LogRecord made here is dropped
  *   once its event is made (kept only in a poison pair). `ends` gets each partition's next offset,
  *   once per run of records of one partition. */
+#define PACKED_HEAD 36  /* cdc/_rdconsume.c's HEADER */
+
 static int
 packed_end(PyObject *ends, PyObject *topic, int partition, long long offset)
 {
@@ -1543,18 +1805,20 @@ speedups_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (events == NULL || poisons == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t topic_index, partition, key_len, value_len;
+        int32_t topic_index, partition, key_len, value_len, headers_len;
         int64_t offset, timestamp;
-        if (end - at < 32) goto short_data;
+        if (end - at < PACKED_HEAD) goto short_data;
         memcpy(&topic_index, at, 4);
         memcpy(&partition, at + 4, 4);
         memcpy(&offset, at + 8, 8);
         memcpy(&timestamp, at + 16, 8);
         memcpy(&key_len, at + 24, 4);
         memcpy(&value_len, at + 28, 4);
-        at += 32;
+        memcpy(&headers_len, at + 32, 4);
+        at += PACKED_HEAD;
         if (topic_index < 0 || topic_index >= PyList_GET_SIZE(topics) ||
-                (key_len > 0 && end - at < key_len) || (value_len > 0 && end - at - (key_len > 0 ? key_len : 0) < value_len))
+                end - at < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0)
+                           + (headers_len > 0 ? headers_len : 0))
             goto short_data;
         PyObject *topic = PyList_GET_ITEM(topics, topic_index);
         if (run_topic != NULL && (run_topic != topic || run_partition != partition)) {
@@ -1564,34 +1828,40 @@ speedups_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         run_topic = topic;
         run_partition = partition;
         run_offset = offset;
-        PyObject *fields[6] = {Py_NewRef(topic), PyLong_FromLong(partition), PyLong_FromLongLong(offset),
-                               key_len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(at, key_len), NULL,
-                               PyLong_FromLongLong(timestamp)};
+        PyObject *fields[RECORD_FIELDS] = {
+            Py_NewRef(topic), PyLong_FromLong(partition), PyLong_FromLongLong(offset),
+            key_len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(at, key_len), NULL,
+            PyLong_FromLongLong(timestamp), Py_NewRef(Py_None)};
         at += key_len > 0 ? key_len : 0;
         fields[4] = value_len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(at, value_len);
         at += value_len > 0 ? value_len : 0;
         if (value_len > 0)
             nbytes += value_len;
+        HeadersRef headers = {NULL, headers_len < 0 ? NULL : at, headers_len < 0 ? 0 : headers_len};
+        at += headers_len > 0 ? headers_len : 0;
         /* The record's LogRecord is made only for the general way (a record the C decoder leaves to
-         * decode_record, or poison): the common record's event takes its fields as they are. */
+         * decode_record, or poison): the common record's event takes its fields as they are, and
+         * only a tombstone's headers are read (for its version), where they lie. */
         int taken;
         PyObject *event = NULL;
         int complete = 1;
-        for (int f = 0; f < 6; f++)
+        for (int f = 0; f < RECORD_FIELDS; f++)
             complete = complete && fields[f] != NULL;
         if (complete)
-            event = decode_one(fields, db_event_type, db_ops, db_loads, raw, &x);
+            event = decode_one(fields, &headers, db_event_type, db_ops, db_loads, raw, &x);
         if (event != NULL && event != Py_None) {
             taken = PyList_Append(events, event);
             Py_DECREF(event);
-            for (int f = 0; f < 6; f++)
+            for (int f = 0; f < RECORD_FIELDS; f++)
                 Py_DECREF(fields[f]);
         } else if (event == NULL && complete) {
-            for (int f = 0; f < 6; f++)
+            for (int f = 0; f < RECORD_FIELDS; f++)
                 Py_DECREF(fields[f]);
             goto fail;
         } else {
             Py_XDECREF(event);
+            if (fields[6] != NULL && headers.packed != NULL)
+                Py_SETREF(fields[6], packed_headers_list(headers.packed, headers.packed_len));
             PyObject *record = record_of(record_type, fields);  /* takes the fields, NULL if one is */
             if (record == NULL)
                 goto fail;
@@ -1695,7 +1965,8 @@ fail:
  * appended to `out`. The caller handles that message (end of partition, a transient error, ...)
  * in Python and calls again after it. */
 
-static PyObject *db_m_error, *db_m_topic, *db_m_partition, *db_m_offset, *db_m_key, *db_m_value, *db_m_timestamp;
+static PyObject *db_m_error, *db_m_topic, *db_m_partition, *db_m_offset, *db_m_key, *db_m_value, *db_m_timestamp,
+    *db_m_headers;
 
 static PyObject *
 db_call0(PyObject *obj, PyObject *name)
@@ -1718,7 +1989,9 @@ speedups_log_records(PyObject *self, PyObject *args)
         db_m_key = PyUnicode_InternFromString("key");
         db_m_value = PyUnicode_InternFromString("value");
         db_m_timestamp = PyUnicode_InternFromString("timestamp");
-        if (!db_m_error || !db_m_topic || !db_m_partition || !db_m_offset || !db_m_key || !db_m_value || !db_m_timestamp)
+        db_m_headers = PyUnicode_InternFromString("headers");
+        if (!db_m_error || !db_m_topic || !db_m_partition || !db_m_offset || !db_m_key || !db_m_value || !db_m_timestamp
+                || !db_m_headers)
             return NULL;
     }
     PyTypeObject *record_type = (PyTypeObject *)type;
@@ -1736,8 +2009,9 @@ speedups_log_records(PyObject *self, PyObject *args)
             Py_DECREF(msg);
             break;
         }
-        PyObject *fields[6] = {db_call0(msg, db_m_topic), db_call0(msg, db_m_partition), db_call0(msg, db_m_offset),
-                               db_call0(msg, db_m_key), db_call0(msg, db_m_value), NULL};
+        PyObject *fields[RECORD_FIELDS] = {db_call0(msg, db_m_topic), db_call0(msg, db_m_partition),
+                                           db_call0(msg, db_m_offset), db_call0(msg, db_m_key), db_call0(msg, db_m_value),
+                                           NULL, db_call0(msg, db_m_headers)};
         PyObject *stamp = db_call0(msg, db_m_timestamp);
         if (stamp != NULL && PyTuple_Check(stamp) && PyTuple_GET_SIZE(stamp) == 2)
             fields[5] = Py_NewRef(PyTuple_GET_ITEM(stamp, 1));
@@ -1758,21 +2032,25 @@ speedups_log_records(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(i);
 }
 
-/* emit_rows(block, emit, when_room, topic, value_head, value_tail, key_head, key_tail) -> bytes of values made
+/* emit_rows(block, emit, when_room, topic, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made
  *   The records of a block of snapshot rows (cdc.events.RowBlock) straight from its lines, with no
  *   event, dict or Fragment in between: each line `<key text>\t<row JSON>[\t...]\n` becomes
- *   emit(topic, value_head + row JSON + value_tail, key_head + key text + key_tail), or when_room(...)
- *   on BufferError. The block's maker checked its lines (RowBlock's docstring); a line without a tab
+ *   emit(topic, value_head + row JSON + value_tail, key_head + key text + key_tail, headers=headers),
+ *   or when_room(...) on BufferError (the rows share a version, so every record the same headers). The block's maker checked its lines (RowBlock's docstring); a line without a tab
  *   here is a TypeError before anything of the block is handed over. A failure of emit propagates
  *   with the records before it handed over (the writer then never reports anything after them safe). */
 static PyObject *
 speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "emit_rows takes 8 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "emit_rows takes 9 arguments");
         return NULL;
     }
-    PyObject *emit = args[1], *room = args[2], *topic = args[3];
+    if (headers_kw == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.setup was not called");
+        return NULL;
+    }
+    PyObject *emit = args[1], *room = args[2], *topic = args[3], *headers = args[8];
     for (int i = 4; i < 8; i++)
         if (!PyBytes_Check(args[i])) {
             PyErr_SetString(PyExc_TypeError, "emit_rows: the heads and tails must be bytes");
@@ -1810,7 +2088,7 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         memcpy(k + nkh, line.key, (size_t)nk);
         memcpy(k + nkh + nk, kt, (size_t)nkt);
         nbytes += nvh + nj + nvt;
-        PyObject *r = call_with_room(emit, room, topic, value, key);
+        PyObject *r = call_with_room(emit, room, topic, value, key, headers);
         Py_DECREF(value);
         Py_DECREF(key);
         if (r == NULL) {
@@ -1824,6 +2102,8 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef methods[] = {
+    {"unpack_headers", speedups_unpack_headers, METH_O, "unpack_headers(data) -> cdc.headers.unpack(data)"},
+    {"pack_headers", speedups_pack_headers, METH_O, "pack_headers(headers) -> cdc.headers.pack(headers)"},
     {"log_records", speedups_log_records, METH_VARARGS,
      "log_records(messages, start, out, LogRecord) -> index of the first message with an error"},
     {"decode_setup", decode_setup, METH_VARARGS, "decode_setup(loads, decode_record, PoisonRecord, SinkEvent, ops)"},
@@ -1835,9 +2115,9 @@ static PyMethodDef methods[] = {
      "split_by_schema(events) -> cdc.schema_order.split_by_schema's parts, or None (the Python loop decides)"},
     {"setup", speedups_setup, METH_VARARGS, "setup(dumps, Op.TRUNCATE, Op.DELETE, truncate_key)"},
     {"emit", (PyCFunction)(void (*)(void))speedups_emit, METH_FASTCALL,
-     "emit(middle, events, emit, when_room, everywhere, now_ms, where) -> bytes of values made"},
+     "emit(middle, events, emit, when_room, everywhere, now_ms, where, source_header) -> bytes of values made"},
     {"emit_rows", (PyCFunction)(void (*)(void))speedups_emit_rows, METH_FASTCALL,
-     "emit_rows(block, emit, when_room, topic, value_head, value_tail, key_head, key_tail) -> bytes of values made"},
+     "emit_rows(block, emit, when_room, topic, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made"},
     {"decode_envelopes", (PyCFunction)(void (*)(void))speedups_decode_envelopes, METH_FASTCALL,
      "decode_envelopes(records, SinkEvent, ops, loads, raw=True) -> per record a SinkEvent or None"},
     {"copy_rows", (PyCFunction)(void (*)(void))speedups_copy_rows, METH_FASTCALL,
@@ -1852,5 +2132,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cdc._speedups", NULL
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "VERSION_HEADER", VERSION_HEADER) < 0)
+        Py_CLEAR(m);
+    return m;
 }

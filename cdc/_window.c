@@ -549,8 +549,8 @@ done:
 }
 
 /* add_packed(data, count, names, topics, ends, resolve): as add, for `count` records packed in
- * `data` as cdc/_rdconsume.c's Reader.read packs them (a 32-byte header, then the key's and the
- * value's bytes), whose topic indexes name `names`. */
+ * `data` as cdc/_rdconsume.c's Reader.read packs them (a 36-byte header, then the key's, the
+ * value's and the headers' bytes), whose topic indexes name `names`. */
 static PyObject *
 window_add_packed(Window *w, PyObject *args)
 {
@@ -571,17 +571,19 @@ window_add_packed(Window *w, PyObject *args)
         if ((tids[t] = topic_id(w, topics, PyList_GET_ITEM(names, t))) < 0) goto done;
     const char *p = PyBytes_AS_STRING(data), *end = p + PyBytes_GET_SIZE(data);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t topic, partition, key_len, value_len;
+        int32_t topic, partition, key_len, value_len, headers_len;
         int64_t offset;
-        if (end - p < 32) goto damaged;
+        if (end - p < 36) goto damaged;
         memcpy(&topic, p, 4);
         memcpy(&partition, p + 4, 4);
         memcpy(&offset, p + 8, 8);
         memcpy(&key_len, p + 24, 4);
         memcpy(&value_len, p + 28, 4);
-        p += 32;
-        if (topic < 0 || topic >= nnames || key_len < -1 || value_len < -1
-                || end - p < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0))
+        memcpy(&headers_len, p + 32, 4);
+        p += 36;
+        if (topic < 0 || topic >= nnames || key_len < -1 || value_len < -1 || headers_len < -1
+                || end - p < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0)
+                             + (headers_len > 0 ? headers_len : 0))
             goto damaged;
         Item *it = &items[i];
         it->topic = (int32_t)tids[topic];
@@ -594,6 +596,7 @@ window_add_packed(Window *w, PyObject *args)
         it->value = value_len < 0 ? NULL : p;
         it->value_len = value_len < 0 ? 0 : value_len;
         p += it->value_len;
+        p += headers_len > 0 ? headers_len : 0;
         w->read_bytes += it->value_len;
         it->fallback = it->key == NULL;  /* a record without a key: the general decoder names it */
     }

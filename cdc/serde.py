@@ -13,6 +13,9 @@ A delete is followed by a tombstone (same key, null value) so compaction can dro
 truncate has no row key: it is keyed ``{}`` and written to every partition of the table's topic,
 so each partition's consumer sees it in order with that partition's rows.
 
+Every record carries the headers of cdc/headers.py: ``cdc.version`` (the event's version; a
+tombstone its delete's) and ``cdc.source`` (the source's name), in every format.
+
 The hot path is one ``orjson.dumps`` per row and key and one bytes format per value; topic names
 and the constant parts of the envelope are cached per table; each record is handed to the log as
 it is made (``EnvelopeEncoder.emit``).
@@ -26,6 +29,7 @@ from typing import Any, Callable, NamedTuple
 import orjson
 
 from cdc.events import ChangeEvent, Op, RowBlock, SchemaChange, SnapshotMarker, TableId
+from cdc.headers import VERSION as VERSION_HEADER, Headers, record_headers, source_header
 
 TRUNCATE_KEY = b"{}"
 
@@ -37,6 +41,7 @@ class Record(NamedTuple):
     key: bytes
     value: bytes | None
     to_all_partitions: bool = False
+    headers: Headers | None = None  # cdc/headers.py; a list shared by a delete and its tombstone
 
 
 class EnvelopeEncoder:
@@ -50,7 +55,7 @@ class EnvelopeEncoder:
     """
 
     __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics", "use_speedups",
-                 "schema_versions")
+                 "schema_versions", "source_header")
 
     def __init__(self, connector: str, name: str, topic_prefix: str,
                  on_new_topic: Callable[[str], None] | None = None) -> None:
@@ -65,6 +70,7 @@ class EnvelopeEncoder:
         # schema_version``). Part of the per-table constant head of ``source``, so it costs
         # nothing per event; the runner sets it between ``emit`` calls (see cdc/schema_order.py).
         self.schema_versions: dict[TableId, int] = {}
+        self.source_header = source_header(name)  # the cdc.source header of every record
 
     def topic(self, table: TableId) -> str:
         topic = self._topics.get(table)
@@ -117,21 +123,22 @@ class EnvelopeEncoder:
         records: list[Record] = []
         append, new = records.append, tuple.__new__
 
-        def emit(topic: str, value: bytes | None, key: bytes) -> None:
-            append(new(Record, (topic, key, value, False)))
+        def emit(topic: str, value: bytes | None, key: bytes, headers: Headers | None = None) -> None:
+            append(new(Record, (topic, key, value, False, headers)))
 
-        def everywhere(topic: str, value: bytes, key: bytes) -> None:
-            append(new(Record, (topic, key, value, True)))
+        def everywhere(topic: str, value: bytes, key: bytes, headers: Headers | None = None) -> None:
+            append(new(Record, (topic, key, value, True, headers)))
 
         self.emit(events, emit, emit, everywhere, now_ms)
         return records
 
-    def emit(self, events: list[ChangeEvent], emit: Callable[[str, bytes | None, bytes], Any],
-             when_room: Callable[[str, bytes | None, bytes], Any],
-             everywhere: Callable[[str, bytes, bytes], Any], now_ms: int | None = None) -> None:
+    def emit(self, events: list[ChangeEvent], emit: Callable[..., Any], when_room: Callable[..., Any],
+             everywhere: Callable[..., Any], now_ms: int | None = None) -> None:
         """Encode ``events`` in order and hand each record over as it is made:
-        ``emit(topic, value, key)`` (a tombstone's value is ``None``), or, for a truncate,
-        ``everywhere(topic, value, key)`` (one copy to every partition). ``emit`` may raise
+        ``emit(topic, value, key, headers=headers)`` (a tombstone's value is ``None``; its headers
+        are its delete's), or, for a truncate, ``everywhere(topic, value, key, headers=headers)``
+        (one copy to every partition). ``headers`` is cdc/headers.py's list, the form
+        confluent-kafka's ``produce`` takes. ``emit`` may raise
         ``BufferError`` (no room just now); the record then goes to ``when_room``, which must wait
         for room and take it. Any other failure, of encoding or of ``emit``, is raised as an
         ``EmitError`` naming the topic, with the failure as its cause.
@@ -160,7 +167,8 @@ class EnvelopeEncoder:
         if _speedups is not None and self.use_speedups:
             where = [None, 0]
             try:
-                self.value_bytes += _speedups.emit(self._middle, events, emit, when_room, everywhere, now_ms, where)
+                self.value_bytes += _speedups.emit(self._middle, events, emit, when_room, everywhere, now_ms, where,
+                                                   self.source_header)
             except Exception as exc:
                 self.value_bytes += where[1]
                 raise EmitError(where[0], exc) from exc
@@ -176,6 +184,7 @@ class EnvelopeEncoder:
         per_op: dict = {}
         last_tx_id, tx_id_json = None, b""
         last_fields, fields_json = None, b""
+        source = self.source_header
         nbytes = 0
         topic = None
         try:
@@ -213,10 +222,11 @@ class EnvelopeEncoder:
                         value = _VALUE_TX % (b"null" if before is None else dumps(before), dumps(after),
                                              middle[1], ts_ms, version, tx_id_json, tx[1], tx[2])
                 nbytes += len(value)
+                headers = [(VERSION_HEADER, b"%d" % version), source]
                 if op is _TRUNCATE:
-                    everywhere(topic, value, TRUNCATE_KEY)
+                    everywhere(topic, value, TRUNCATE_KEY, headers=headers)
                     continue
-                put_record(emit, when_room, topic, value, dumps(key), op is _DELETE)
+                put_record(emit, when_room, topic, value, dumps(key), op is _DELETE, headers)
         except Exception as exc:
             raise EmitError(topic, exc) from exc
         finally:
@@ -241,13 +251,15 @@ class EnvelopeEncoder:
 
     def emit_row_block(self, rows: RowBlock, produce_rows: Callable[..., int], now_ms: int | None = None) -> None:
         """Hand a whole ``RowBlock`` over at once: ``produce_rows(topic, block, value_head,
-        value_tail, key_head, key_tail)`` makes and produces its records (the Kafka writer's block
-        producer, cdc/log/block_producer.py) and returns the bytes of values made. Failures as
-        ``emit``'s, an ``EmitError``."""
+        value_tail, key_head, key_tail, headers)`` makes and produces its records (the Kafka
+        writer's block producer, cdc/log/block_producer.py), every one with ``headers`` (the rows
+        share one version), and returns the bytes of values made. Failures as ``emit``'s, an
+        ``EmitError``."""
         topic = None
         try:
             topic, *parts = self.row_block_parts(rows, time.time_ns() // 1_000_000 if now_ms is None else now_ms)
-            self.value_bytes += produce_rows(topic, rows.block, *parts)
+            self.value_bytes += produce_rows(topic, rows.block, *parts,
+                                             record_headers(rows.version, self.source_header))
         except Exception as exc:
             raise EmitError(topic, exc) from exc
 
@@ -257,24 +269,27 @@ class EnvelopeEncoder:
         topic = None
         try:
             topic, *parts = self.row_block_parts(rows, now_ms)
-            self.value_bytes += _speedups.emit_rows(rows.block, emit, when_room, topic, *parts)
+            self.value_bytes += _speedups.emit_rows(rows.block, emit, when_room, topic, *parts,
+                                                    record_headers(rows.version, self.source_header))
         except Exception as exc:
             raise EmitError(topic, exc) from exc
 
 
-def put_record(emit, when_room, topic: str, value: bytes, key: bytes | None, tombstone: bool) -> None:
-    """Hand one record to the producer (``emit``), and after a delete its tombstone; a full
-    producer queue (``BufferError``) waits for room (``when_room``) instead of failing. Every
-    format's encoder emits through this."""
+def put_record(emit, when_room, topic: str, value: bytes, key: bytes | None, tombstone: bool,
+               headers: Headers) -> None:
+    """Hand one record to the producer (``emit``), and after a delete its tombstone, both with
+    ``headers`` (the tombstone carries its delete's version); a full producer queue
+    (``BufferError``) waits for room (``when_room``) instead of failing. Every format's encoder
+    emits through this."""
     try:
-        emit(topic, value, key)
+        emit(topic, value, key, headers=headers)
     except BufferError:
-        when_room(topic, value, key)
+        when_room(topic, value, key, headers=headers)
     if tombstone:
         try:
-            emit(topic, None, key)
+            emit(topic, None, key, headers=headers)
         except BufferError:
-            when_room(topic, None, key)
+            when_room(topic, None, key, headers=headers)
 
 
 class EmitError(Exception):
@@ -327,7 +342,8 @@ def encode_schema_change(change: SchemaChange, source_name: str, prefix: str) ->
                     | ({} if c.default is None else {"default": c.default})
                     | ({} if c.renamed_from is None else {"renamed_from": c.renamed_from})
                     for c in change.columns]})
-    return Record(schema_changes_topic(prefix), key, value)
+    return Record(schema_changes_topic(prefix), key, value, False,
+                  record_headers(change.version, source_header(source_name)))
 
 
 def decode(data: bytes | None) -> Any:

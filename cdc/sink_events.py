@@ -9,15 +9,22 @@ idempotently and never regress a key (see ARCHITECTURE.md, "Version"):
 * a delete (``d``) removes the row if its version is older, and remembers the delete's version;
 * a truncate (``t``) clears the table of rows older than its version and sets a table-wide
   watermark: anything older than it is ignored afterwards;
-* a tombstone carries no version: it only says the key's latest record is a delete. Its delete
-  is the record just before it in its partition (the capture emits the two consecutively). When
+* a tombstone says the key's latest record is a delete. Its ``version`` is that delete's, from
+  the record's ``cdc.version`` header (cdc/headers.py), and a sink applies it as that delete: a
+  version-guarded delete, remembered like one, so nothing newer the store holds for the key is
+  touched (a row inserted again after the delete, whatever was replayed or compacted away).
+
+  A tombstone written before records had headers has no version (``None``). Its delete is the
+  record just before it in its partition (the capture emits the two consecutively). When
   the runtime read that delete (``SinkContext.delete_read``: in the same batch, an earlier one,
   or the run whose commit this one resumed from), the tombstone adds nothing and a sink drops it:
   the delete is written with its own version, and whatever the store holds live for the key comes
   from a later record (a replay after a crash between a write and its commit, with the batches
   cut elsewhere). Deleting that row at its own version would lose it: its replay, at an equal
   version, is refused. Only when the delete was never read (compacted away while the sink lagged,
-  or set aside as poison) does a sink delete the key if it still has it.
+  or set aside as poison) does a sink delete the key if it still has it; such a tombstone,
+  replayed alone after a crash that came after a re-insert of the key was written, deletes that
+  row too: nothing tells it from an older one without a version.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import orjson
 
 from cdc.events import Op
 from cdc.formats import avro, connect_decode
+from cdc.headers import version_of
 
 
 class SinkEvent(NamedTuple):
@@ -43,7 +51,7 @@ class SinkEvent(NamedTuple):
     op: Op | None                 # None: a tombstone
     before: dict[str, Any] | None
     after: dict[str, Any] | bytes | None  # bytes: the row's JSON, for a sink with raw_rows
-    version: int | None           # None only for tombstones
+    version: int | None           # a tombstone's: its delete's (its cdc.version header); None without one
     source: dict[str, Any]        # the envelope's source block ({} for tombstones)
     ts_ms: int | None = None
 
@@ -90,7 +98,11 @@ def decode_record(record) -> SinkEvent:
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EOFError) as err:
         raise PoisonRecord(f"the key is not a JSON, Connect JSON or Avro key: {err}") from err
     if record.value is None:
-        return _new(SinkEvent, (record.topic, record.partition, record.offset, key, None, None, None, None, {},
+        try:
+            version = version_of(record[6] if len(record) > 6 else None)
+        except ValueError as err:
+            raise PoisonRecord(f"a tombstone whose version is unreadable: {err}") from err
+        return _new(SinkEvent, (record.topic, record.partition, record.offset, key, None, None, None, version, {},
                                 None))
     try:
         value = decode_value(record.value)

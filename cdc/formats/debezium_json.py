@@ -27,6 +27,7 @@ import orjson
 from cdc import __version__
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.formats.connect_types import DebeziumOptions, field_type
+from cdc.headers import record_headers
 from cdc.serde import EmitError, EnvelopeEncoder, put_record
 
 log = logging.getLogger(__name__)
@@ -246,10 +247,9 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         """One record value: the Connect JSON ``schema`` + ``payload`` object."""
         return fmt.value_prefix + orjson.dumps(self._payload(event, fmt, head, now_ms)) + b"}"
 
-    def emit(self, events: list[ChangeEvent], emit: Callable[[str, bytes | None, bytes], Any],
-             when_room: Callable[[str, bytes | None, bytes], Any],
-             everywhere: Callable[[str, bytes, bytes], Any], now_ms: int | None = None) -> None:
-        """As ``EnvelopeEncoder.emit`` (same order, tombstones, truncates, errors), in this format.
+    def emit(self, events: list[ChangeEvent], emit: Callable[..., Any], when_room: Callable[..., Any],
+             everywhere: Callable[..., Any], now_ms: int | None = None) -> None:
+        """As ``EnvelopeEncoder.emit`` (same order, tombstones, truncates, headers, errors), in this format.
         Python only: bench/publish.py measures what it costs beside the ``json`` format. The
         table's format, topic and source head are looked up once per table, op and snapshot
         flag within a call (``schema_versions`` changes only between calls)."""
@@ -261,6 +261,7 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         per_table: dict[int, tuple] = {}
         last_table: TableId | None = None
         last = None
+        source = self.source_header
         try:
             for event in events:
                 table = event.table
@@ -276,10 +277,11 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                     head = heads[event.snapshot] = self._source_head(table, event.snapshot.value)
                 value = value_of(event, fmt, head, now_ms)
                 nbytes += len(value)
+                headers = record_headers(event.version, source)
                 if event.op is _TRUNCATE:
-                    everywhere(topic, value, None)  # Debezium: a truncate has no key
+                    everywhere(topic, value, None, headers=headers)  # Debezium: a truncate has no key
                     continue
-                put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is _DELETE)
+                put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is _DELETE, headers)
         except Exception as exc:
             raise EmitError(topic, exc) from exc
         finally:

@@ -8,6 +8,8 @@ Semantics both implementations keep:
 * Topics are log-compacted: eventually only the latest record per key remains, and a tombstone
   (null value) is removed once it is older than ``delete_retention_ms``. Offsets never change.
 * Consumer groups store, per (topic, partition), the next offset to read.
+* A record carries headers (cdc/headers.py: ``Record.headers`` in, ``LogRecord.headers`` out, in
+  the order written); a record written without any (or before the log kept them) reads with None.
 * Group membership (the log hands a group's partitions out among the readers that subscribe to
   it, and moves them on rebalance) is a capability: a log that has it is a ``GroupLog``. Kafka
   has it; the embedded log (one machine, one process per group) does not.
@@ -25,6 +27,7 @@ from typing import Iterable, NamedTuple, Protocol
 
 from cdc.errors import DeliveryError, LogUnavailableError
 from cdc.events import ChangeEvent
+from cdc.headers import Headers
 from cdc.positions import Position
 from cdc.serde import EmitError, EnvelopeEncoder, Record
 
@@ -52,6 +55,7 @@ class LogRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: Headers | None = None  # cdc/headers.py: [(name, value bytes or None)], None for none
 
 
 TopicPartition = tuple[str, int]

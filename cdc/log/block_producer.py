@@ -4,8 +4,8 @@ Through confluent-kafka a snapshot row cost the publishing process about 0.9 us 
 librdkafka's own threads did anything: ``Producer.produce`` per record (argument parsing, a
 per-message state) and a GIL-taking delivery trampoline per acknowledged record. A ``RowBlock``
 (cdc/events.py) has its keys and values in its lines already, so ``produce_rows`` makes every
-record of a block in C and hands it to ``rd_kafka_produce``, the whole block with the GIL released,
-and delivery reports are counted in C. ``KafkaWriter`` sends RowBlocks through it (cdc/log/kafka.py).
+record of a block in C and hands it to ``rd_kafka_producev`` with the block's headers (its rows
+share a version), the whole block with the GIL released, and delivery reports are counted in C. ``KafkaWriter`` sends RowBlocks through it (cdc/log/kafka.py).
 
 The records are the ones confluent-kafka would produce: the same bytes (the encoder's
 ``row_block_parts``, also what cdc/_speedups.c ``emit_rows`` makes), the same topic, and the same
@@ -26,6 +26,7 @@ import logging
 from typing import Any
 
 from cdc.errors import DeliveryError
+from cdc.headers import Headers
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 
 try:  # built by setup.py where librdkafka's headers are (apt's librdkafka-dev)
@@ -79,11 +80,11 @@ class BlockProducer:
         self._producer = _rdproduce.Producer(settings, _log_line, _error_event)
 
     def produce_rows(self, topic: str, block: bytes, value_head: bytes, value_tail: bytes, key_head: bytes,
-                     key_tail: bytes) -> int:
-        """Produce one record per line of ``block`` (see cdc/_rdproduce.c); the bytes of values made.
-        A record librdkafka refuses outright raises ``DeliveryError``."""
+                     key_tail: bytes, headers: Headers | None = None) -> int:
+        """Produce one record per line of ``block`` (see cdc/_rdproduce.c), each with ``headers``;
+        the bytes of values made. A record librdkafka refuses outright raises ``DeliveryError``."""
         try:
-            return self._producer.produce_rows(topic, block, value_head, value_tail, key_head, key_tail)
+            return self._producer.produce_rows(topic, block, value_head, value_tail, key_head, key_tail, headers)
         except _rdproduce.ProduceError as exc:
             code, name, text = exc.args
             raise DeliveryError(f"delivery to {topic} failed: {name}: {text}", retriable=_transient(code)) from None

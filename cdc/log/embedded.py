@@ -18,6 +18,8 @@ Layout: a record's integer primary key is ``partition id << 40 | offset``, so ea
 contiguous range of the table's own b-tree: appends and range reads need no second index, and a
 compacted gap is simply a missing key. ``partitions.next_offset`` is the high-water mark, kept apart
 from the records so that compaction never lowers it. The ``log`` view shows topic/partition/offset.
+A record's headers are one column, packed (cdc/headers.py ``pack``; NULL: none). A database made
+before that column existed gets it, empty, when it is opened: its records read with no headers.
 
 Compaction (Kafka's rules): only the latest record per key stays, a tombstone goes once it is older
 than ``delete_retention_ms``, and nothing younger than ``min_compaction_lag_ms`` is removed. It is
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from cdc.errors import DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
+from cdc.headers import Headers, pack, unpack
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
 from cdc.log.partitioner import partition_for
 from cdc.positions import Position
@@ -65,15 +68,18 @@ CREATE TABLE IF NOT EXISTS partitions (
     next_offset INTEGER NOT NULL DEFAULT 0, clean_offset INTEGER NOT NULL DEFAULT 0,
     UNIQUE (topic, partition));
 CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL);
+    id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL, headers BLOB);
 CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
 CREATE INDEX IF NOT EXISTS tombstones ON records (timestamp_ms) WHERE value IS NULL;
 CREATE TABLE IF NOT EXISTS group_offsets (
     grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
     PRIMARY KEY (grp, topic, partition)) WITHOUT ROWID;
+"""
+# Made after the migration below, so that a database from before headers gets them in its view too.
+_VIEW = f"""
 CREATE VIEW IF NOT EXISTS log AS
-    SELECT p.topic, p.partition, r.id & {_MASK} AS offset, r.key, r.value, r.timestamp_ms
-    FROM records AS r JOIN partitions AS p ON p.id = r.id >> {_BITS};
+    SELECT p.topic, p.partition, r.id & {_MASK} AS offset, r.key, r.value, r.timestamp_ms, r.headers
+    FROM records AS r JOIN partitions AS p ON p.id = r.id >> {_BITS}
 """
 
 # The latest record per key among ids [?1, ?2) deletes that key's older records in [?3, latest).
@@ -95,6 +101,19 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _packer():
+    """``pack`` for one publish: a delete and its tombstone share their headers' list, packed once."""
+    last: list = [None, None]
+
+    def packed(headers: Headers | None) -> bytes | None:
+        if headers is None:
+            return None
+        if headers is not last[0]:
+            last[0], last[1] = headers, pack(headers)
+        return last[1]
+    return packed
+
+
 @contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
@@ -113,6 +132,15 @@ def _unavailable(what: str) -> Iterator[None]:
         yield
     except sqlite3.OperationalError as err:  # locked past busy_timeout, I/O error, disk full
         raise LogUnavailableError(f"embedded log: {what}: {err}") from err
+
+
+def _add_headers(conn: sqlite3.Connection) -> None:
+    """A database made before records had headers gets the column (its records have none); in
+    the schema transaction, so one process of several opening it at once adds it."""
+    if "headers" not in {row[1] for row in conn.execute("PRAGMA table_info(records)")}:
+        _log.info("embedded log: adding the headers column to the records of an older database")
+        conn.execute("ALTER TABLE records ADD COLUMN headers BLOB")
+        conn.execute("DROP VIEW IF EXISTS log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +176,8 @@ class EmbeddedLog(Log):
                 # A log made before topics had a retention (delete policy): none, i.e. for ever.
                 if "retention_ms" not in {row[1] for row in conn.execute("PRAGMA table_info(topics)")}:
                     conn.execute("ALTER TABLE topics ADD COLUMN retention_ms INTEGER")
+                _add_headers(conn)
+                conn.execute(_VIEW)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -375,13 +405,15 @@ class EmbeddedWriter(LogWriter):
             return
         now = _now_ms()
         touched = sorted(set(pids))
+        packed = _packer()
         with _transaction(conn):
             marks = ",".join("?" * len(touched))
             nxt = {pid: (pid << _BITS) | end for pid, end in conn.execute(
                 f"SELECT id, next_offset FROM partitions WHERE id IN ({marks})", touched)}
             if len(touched) == 1:
                 first = nxt[touched[0]]
-                rows = [(i, r.key, r.value, now) for i, r in zip(range(first, first + len(copies)), copies)]
+                rows = [(i, r.key, r.value, now, packed(r.headers))
+                        for i, r in zip(range(first, first + len(copies)), copies)]
                 nxt[touched[0]] = first + len(copies)
             else:
                 rows = []
@@ -389,8 +421,9 @@ class EmbeddedWriter(LogWriter):
                 for pid, r in zip(pids, copies):
                     i = nxt[pid]
                     nxt[pid] = i + 1
-                    add_row((i, r.key, r.value, now))
-            conn.executemany("INSERT INTO records (id, key, value, timestamp_ms) VALUES (?, ?, ?, ?)", rows)
+                    add_row((i, r.key, r.value, now, packed(r.headers)))
+            conn.executemany("INSERT INTO records (id, key, value, timestamp_ms, headers) VALUES (?, ?, ?, ?, ?)",
+                             rows)
             conn.executemany("UPDATE partitions SET next_offset = ? WHERE id = ?",
                              [(i & _MASK, pid) for pid, i in nxt.items()])
         self._written.update(topics)
@@ -475,11 +508,12 @@ class EmbeddedReader(LogReader):
         for n, (tp, pid, end) in enumerate(ready):
             share = -(-budget // (len(ready) - n))  # what is left, split among the partitions left
             base = pid << _BITS
-            rows = conn.execute("SELECT id, key, value, timestamp_ms FROM records WHERE id >= ? "
+            rows = conn.execute("SELECT id, key, value, timestamp_ms, headers FROM records WHERE id >= ? "
                                 "AND id < ? ORDER BY id LIMIT ?",
                                 (base | self._positions[tp], base | end, share)).fetchall()
             topic, partition = tp
-            out.extend([LogRecord(topic, partition, i & _MASK, k, v, ts) for i, k, v, ts in rows])
+            out.extend([LogRecord(topic, partition, i & _MASK, k, v, ts, None if h is None else unpack(h))
+                        for i, k, v, ts, h in rows])
             position = (rows[-1][0] & _MASK) + 1 if len(rows) == share else end
             moved = moved or position != self._positions[tp]
             self._positions[tp] = position

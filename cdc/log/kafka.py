@@ -400,15 +400,15 @@ class KafkaWriter(LogWriter):
         produce = producer.produce
         try:
             for record in records:
-                topic, key, value, everywhere = record
+                topic, key, value, everywhere, headers = record
                 try:
                     if everywhere:
-                        self._produce_everywhere(topic, value, key)
+                        self._produce_everywhere(topic, value, key, headers=headers)
                         continue
                     try:
-                        produce(topic, value, key)
+                        produce(topic, value, key, headers=headers)
                     except BufferError:
-                        self._produce_when_room(topic, value, key)
+                        self._produce_when_room(topic, value, key, headers=headers)
                 except DeliveryError:
                     raise
                 except Exception as exc:
@@ -495,17 +495,17 @@ class KafkaWriter(LogWriter):
         self._blocks = None
         blocks.close(0)
 
-    def _produce_when_room(self, *args: Any) -> None:
+    def _produce_when_room(self, *args: Any, **kwargs: Any) -> None:
         """The local queue is full: serve acknowledgements until it has room (the backpressure)."""
         producer = self._producer
         while True:
             producer.poll(0.1)
             try:
-                return producer.produce(*args)
+                return producer.produce(*args, **kwargs)
             except BufferError:
                 continue
 
-    def _produce_everywhere(self, topic: str, value: bytes | None, key: bytes) -> None:
+    def _produce_everywhere(self, topic: str, value: bytes | None, key: bytes, headers: Any = None) -> None:
         """One copy of a record to each partition of ``topic`` (a truncate)."""
         try:
             count = self._log.partitions(topic)
@@ -515,9 +515,9 @@ class KafkaWriter(LogWriter):
             raise error from exc
         for partition in range(count):
             try:
-                self._producer.produce(topic, value, key, partition)
+                self._producer.produce(topic, value, key, partition, headers=headers)
             except BufferError:
-                self._produce_when_room(topic, value, key, partition)
+                self._produce_when_room(topic, value, key, partition, headers=headers)
 
     def _refuse(self, exc: BaseException, topic: str) -> DeliveryError:
         """Record in the tracker that a record for ``topic`` could not be made or was refused by
@@ -604,7 +604,7 @@ def log_records(messages: list, start: int, out: list[LogRecord]) -> int:
         if msg.error() is not None:
             return at
         append(new(LogRecord, (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                               msg.timestamp()[1])))
+                               msg.timestamp()[1], msg.headers())))
     return len(messages)
 
 

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc.errors import CdcError
+from cdc.headers import pack as pack_headers, unpack as unpack_headers
 from cdc.log.base import LogRecord, TopicPartition
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 
@@ -64,7 +65,7 @@ _PYTHON_ONLY = frozenset({"logger", "error_cb", "throttle_cb", "stats_cb", "oaut
 # unknown to the system's librdkafka 2.0) matters only when the queue bound is reached, which
 # BULK_PREFETCH avoids.
 _NOT_FOR_BULK = frozenset({"fetch.queue.backoff.ms"})
-_HEADER = struct.Struct("=iiqqii")
+_HEADER = struct.Struct("=iiqqiii")  # topic index, partition, offset, timestamp, key/value/headers lengths
 _SYSLOG = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING,
            5: logging.INFO, 6: logging.INFO, 7: logging.DEBUG}
 
@@ -80,14 +81,29 @@ class PackedBatch(NamedTuple):
         """The records as LogRecords (for those the window's C loop does not take)."""
         out, at, data, unpack, size = [], 0, self.data, _HEADER.unpack_from, _HEADER.size
         for _ in range(self.count):
-            topic, partition, offset, timestamp, key_len, value_len = unpack(data, at)
+            topic, partition, offset, timestamp, key_len, value_len, headers_len = unpack(data, at)
             at += size
             key = None if key_len < 0 else data[at:at + key_len]
             at += max(key_len, 0)
             value = None if value_len < 0 else data[at:at + value_len]
             at += max(value_len, 0)
-            out.append(LogRecord(self.topics[topic], partition, offset, key, value, timestamp))
+            headers = None if headers_len < 0 else unpack_headers(data[at:at + headers_len])
+            at += max(headers_len, 0)
+            out.append(LogRecord(self.topics[topic], partition, offset, key, value, timestamp, headers))
         return out
+
+    @classmethod
+    def of(cls, records: list[LogRecord]) -> "PackedBatch":
+        """``records`` packed as cdc/_rdconsume.c packs what it reads (for tests and benchmarks)."""
+        topics = sorted({r.topic for r in records})
+        parts = []
+        for r in records:
+            headers = pack_headers(r.headers)
+            parts.append(_HEADER.pack(topics.index(r.topic), r.partition, r.offset, r.timestamp_ms,
+                                      -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value),
+                                      -1 if headers is None else len(headers)))
+            parts += [r.key or b"", r.value or b"", headers or b""]
+        return cls(b"".join(parts), len(records), topics)
 
 
 def _setting(value: Any) -> str:

@@ -46,9 +46,9 @@ def _encoder(log: KafkaLog, topic: str, settings: TopicSettings | None = None) -
     return encoder
 
 
-def _published(log: KafkaLog, topic: str) -> dict[bytes, tuple[int, bytes]]:
-    """key -> (partition, value with the envelope's making time taken out)."""
-    return {r.key: (r.partition, NOW.sub(b"", r.value)) for r in log.read_all(topic)}
+def _published(log: KafkaLog, topic: str) -> dict[bytes, tuple[int, bytes, list]]:
+    """key -> (partition, value with the envelope's making time taken out, headers)."""
+    return {r.key: (r.partition, NOW.sub(b"", r.value), r.headers) for r in log.read_all(topic)}
 
 
 def test_block_records_are_confluent_kafkas_bytes_in_the_same_partitions(log, kafka_topic, monkeypatch):
@@ -66,8 +66,9 @@ def test_block_records_are_confluent_kafkas_bytes_in_the_same_partitions(log, ka
 
     assert published["ours"] == published["confluent"]
     assert len(published["ours"]) == len(KEYS)
-    for key, (partition, _) in published["ours"].items():
+    for key, (partition, _, headers) in published["ours"].items():
         assert partition == partition_for(key, 3)  # murmur2, as the Java client and the embedded log
+        assert headers == [("cdc.version", b"4242"), ("cdc.source", b"src")]  # the block's version
 
 
 def test_a_block_record_the_broker_refuses_fails_the_writer_and_no_checkpoint_passes_it(log, kafka_topic):

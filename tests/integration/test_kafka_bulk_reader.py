@@ -1,7 +1,7 @@
 """The bulk loads' Kafka reader (cdc/_rdconsume.c over the system's librdkafka, cdc.log.kafka_bulk)
 in the same process as confluent-kafka's own librdkafka: it opens with the log's consumer settings,
-reads what confluent-kafka wrote exactly as confluent-kafka's reader reads it, sees each
-partition's end, and turns a broker's refusal into the same typed error."""
+reads what confluent-kafka wrote exactly as confluent-kafka's reader reads it (headers included),
+sees each partition's end, and turns a broker's refusal into the same typed error."""
 
 from __future__ import annotations
 
@@ -35,7 +35,10 @@ def test_it_reads_what_confluent_kafka_wrote_as_confluent_kafkas_reader_does(log
     failed = []
     for i in range(3000):  # tombstones among them (a compacted topic takes no record without a key)
         value = None if i % 13 == 0 else b'{"n":%d,"pad":"%s"}' % (i, b"x" * (i % 50))
-        producer.produce(kafka_topic, value, b'{"id":%d}' % (i % 700), partition=i % 3,
+        # headers or none; a null value, a repeated name, bytes that are no text among them
+        headers = None if i % 5 == 0 else [("cdc.version", b"%d" % i), ("cdc.source", b"pg")] + (
+            [("x", None), ("cdc.version", b"\xff\x00"), ("\u00e9", b"")] if i % 7 == 0 else [])
+        producer.produce(kafka_topic, value, b'{"id":%d}' % (i % 700), partition=i % 3, headers=headers,
                          on_delivery=lambda err, msg: err is None or failed.append(err))
     assert producer.flush(30) == 0 and failed == []
     ends = log.end_offsets(kafka_topic)
@@ -51,6 +54,7 @@ def test_it_reads_what_confluent_kafka_wrote_as_confluent_kafkas_reader_does(log
     expected = log.read_all(kafka_topic)  # confluent-kafka's reader, LogRecords
     assert len(expected) == 3000
     assert sorted(packed, key=lambda r: (r.partition, r.offset)) == expected
+    assert sum(r.headers is not None for r in expected) == 2400 and expected[0].headers is None
 
 
 def test_a_topic_the_broker_does_not_have_is_a_typed_error_naming_it(log, kafka_topic):

@@ -15,7 +15,7 @@ import pytest
 from cdc import bulk_window
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import LogRecord
-from cdc.log.kafka_bulk import _HEADER, PackedBatch
+from cdc.log.kafka_bulk import PackedBatch
 from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import decode_records
 from sinks.sql.reduce import reduce_events
@@ -40,18 +40,14 @@ def _records(seed: int) -> list[LogRecord]:
     records, offset = [], 0
     for event in events:
         for record in encoder.encode([event]):
-            records.append(LogRecord(record.topic, 0, offset, record.key, record.value, 0))
+            records.append(LogRecord(record.topic, 0, offset, record.key, record.value, 0, record.headers))
             offset += 1
     return records
 
 
 def packed(records: list[LogRecord]) -> PackedBatch:
-    """The records as cdc/_rdconsume.c packs a batch."""
-    topics = list(dict.fromkeys(r.topic for r in records))
-    data = b"".join(_HEADER.pack(topics.index(r.topic), r.partition, r.offset, r.timestamp_ms,
-                                 -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value))
-                    + (r.key or b"") + (r.value or b"") for r in records)
-    return PackedBatch(data, len(records), topics)
+    """``records`` as the bulk reader hands them out (cdc/_rdconsume.c's layout)."""
+    return PackedBatch.of(records)
 
 
 def _add(window, records: list[LogRecord], ends: dict, pack: bool) -> list:

@@ -206,9 +206,10 @@ def test_a_truncate_has_no_key_in_debezium_json():
     encoder = _encoder("postgresql", PG, PG_COLUMNS)
     records = []
     encoder.emit([ChangeEvent(Op.TRUNCATE, PG, None, None, None, 5, 0)], None, None,
-                 lambda topic, value, key: records.append((topic, value, key)), now_ms=0)
-    [(topic, value, key)] = records
+                 lambda topic, value, key, headers: records.append((topic, value, key, headers)), now_ms=0)
+    [(topic, value, key, headers)] = records
     assert key is None and orjson.loads(value)["payload"]["op"] == "t"
+    assert headers == [("cdc.version", b"5"), ("cdc.source", b"src")]
 
 
 def test_decimal_strings_round_trip_exactly():

@@ -51,7 +51,7 @@ def _row_block(block: bytes, key_name: str = "id") -> RowBlock:
 
 def _records(encoder: EnvelopeEncoder, events) -> list[tuple]:
     out: list[tuple] = []
-    encoder.emit(events, lambda t, v, k: out.append((t, v, k)), None, None, now_ms=1764000000123)
+    encoder.emit(events, lambda t, v, k, headers: out.append((t, v, k, headers)), None, None, now_ms=1764000000123)
     return out
 
 
@@ -66,8 +66,9 @@ def test_a_blocks_records_are_the_bytes_its_events_give(key_name, speedups):
     encoder.use_speedups = speedups
     made_before = encoder.value_bytes
     assert _records(encoder, _row_block(block, key_name)) == expected
-    assert encoder.value_bytes - made_before == sum(len(v) for _, v, _ in expected)
-    assert [orjson.loads(k) for _, _, k in expected] == [{key_name: k} for k in keys]
+    assert encoder.value_bytes - made_before == sum(len(v) for _, v, _, _ in expected)
+    assert [orjson.loads(k) for _, _, k, _ in expected] == [{key_name: k} for k in keys]
+    assert {str(h) for *_, h in expected} == {str([("cdc.version", b"4242"), ("cdc.source", b"src")])}
 
 
 @pytest.mark.parametrize("line", [b"007\t{}\t\n", b"-0\t{}\t\n", b"+1\t{}\t\n", b"1a\t{}\t\n", b"\t{}\t\n",
@@ -100,16 +101,16 @@ def test_a_failing_producer_stops_the_block_and_a_full_one_waits():
     encoder = EnvelopeEncoder("postgresql", "src", "pfx")
     made, waited = [], []
 
-    def full_at_second(topic, value, key):
+    def full_at_second(topic, value, key, headers):
         if len(made) == 1 and not waited:
             raise BufferError("queue full")
         made.append(key)
 
-    encoder.emit(_row_block(_block([1, 2, 3])), full_at_second, lambda t, v, k: waited.append(k) or made.append(k),
+    encoder.emit(_row_block(_block([1, 2, 3])), full_at_second, lambda t, v, k, headers: waited.append(k) or made.append(k),
                  None)
     assert made == [b'{"id":1}', b'{"id":2}', b'{"id":3}'] and waited == [b'{"id":2}']
 
-    def refuse_second(topic, value, key):
+    def refuse_second(topic, value, key, headers):
         if key == b'{"id":2}':
             raise ValueError("refused")
         made.append(key)

@@ -1,7 +1,7 @@
 """The sink runtime's decoding loop in C (cdc/_speedups.c, ``decode_batch``) against the Python
 loop of cdc/sink_events.py, the reference: for any records, both must give the same events (field
 for field, and the same type), the same poison records with the same reasons, the same ends and
-the same byte count."""
+the same byte count. Records carry headers of every kind (a tombstone's version comes from them)."""
 
 from __future__ import annotations
 
@@ -62,12 +62,26 @@ keys = st.one_of(rows.map(orjson.dumps), odd_keys, st.just(b'{"schema":{"type":"
                  st.just(b"not json"), st.just(b"7"), st.just(b""), st.none())
 
 
+digits = st.one_of(st.integers(-(2 ** 63), 2 ** 63 - 1).map(lambda n: b"%d" % n),
+                  st.sampled_from([b"", b"-", b"+1", b" 1", b"1 ", b"1.0", b"0x1", b"9223372036854775808",
+                                   b"-9223372036854775809", b"99999999999999999999", b"007", b"-0", b"\xd9\xa1"]))
+# Headers as the logs hand them out (packable: str names, bytes or None values; none is None, never
+# an empty list), a version header well formed or not, repeated (the last counts), beside others.
+packable_headers = st.one_of(
+    st.none(),
+    st.lists(st.one_of(st.tuples(st.just("cdc.version"), st.one_of(digits, st.none())),
+                       st.tuples(st.sampled_from(["cdc.source", "cdc.versio", "cdc.version ", "x"]),
+                                 st.one_of(st.binary(max_size=3), st.none()))), min_size=1, max_size=3))
+# And what a LogRecord made by hand may hold: pairs as lists, a str value.
+odd_headers = st.sampled_from([[["cdc.version", b"5"]], [("cdc.version", "5")], [("cdc.version", 5)], (("cdc.version", b"5"),)])
+
+
 @st.composite
-def records(draw) -> list[LogRecord]:
+def records(draw, headers=st.one_of(packable_headers, odd_headers)) -> list[LogRecord]:
     out = []
     for offset in range(draw(st.integers(0, 12))):
         out.append(LogRecord(draw(st.sampled_from(["p.s.a", "p.s.b"])), draw(st.integers(0, 2)), offset,
-                             draw(keys), draw(values()), 0))
+                             draw(keys), draw(values()), 0, draw(headers)))
     return out
 
 
@@ -119,6 +133,7 @@ def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
     from cdc.log import kafka
 
     messages = [Message(topic="p.s.t", partition=n % 3, offset=n, key=value, value=value, timestamp=(1, stamp),
+                        headers=None if value is None else [("cdc.version", b"%d" % stamp), ("cdc.source", value)],
                         error=KafkaError(KafkaError._PARTITION_EOF) if failed else None)
                 for n, (failed, value, stamp) in enumerate(made)]
     results = []
@@ -131,29 +146,22 @@ def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
             kafka.USE_SPEEDUPS = True
         results.append((at, [(type(r), tuple(r)) for r in out]))
     assert results[0] == results[1]
+    assert [r[1][6] for r in results[0][1]] == [m.headers() for m in messages[start:start + len(results[0][1])]]
     first_error = next((n for n, (failed, _, _) in enumerate(made) if failed and n >= start), len(made))
     assert results[0][0] == max(first_error, min(start, len(made)))
     assert [r[1][2] for r in results[0][1]] == list(range(start, max(first_error, start)))[:len(made)]
 
 
 def packed(batch: list[LogRecord]):
-    """``batch`` as the bulk reader hands it out (cdc/_rdconsume.c's layout)."""
-    import struct
-
+    """``batch`` as the bulk reader hands them out (cdc/_rdconsume.c's layout)."""
     from cdc.log.kafka_bulk import PackedBatch
 
-    topics = sorted({r.topic for r in batch})
-    parts = []
-    for r in batch:
-        parts.append(struct.pack("=iiqqii", topics.index(r.topic), r.partition, r.offset, r.timestamp_ms,
-                                 -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value)))
-        parts += [r.key or b"", r.value or b""]
-    return PackedBatch(b"".join(parts), len(batch), topics)
+    return PackedBatch.of(batch)
 
 
 @needs_c
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(records(), st.booleans())
+@given(records(packable_headers), st.booleans())
 def test_the_c_loop_decodes_packed_batches_as_the_python_loop_decodes_records(batch, raw_rows):
     """decode_packed (the runner's reads through the bulk reader) against decode_batch of the same
     records in Python: the same events, poisons (with the records), ends and byte count."""
@@ -170,6 +178,31 @@ def test_the_c_loop_decodes_packed_batches_as_the_python_loop_decodes_records(ba
     assert [(type(r), tuple(r), type(err), str(err)) for r, err in from_packed[1]] == \
         [(type(r), tuple(r), type(err), str(err)) for r, err in reference[1]]
     assert (ends, from_packed[2]) == (reference_ends, reference[2])
+
+
+@needs_c
+def test_a_tombstone_reads_its_version_from_its_headers_in_both_loops():
+    """The version header of a tombstone is its event's version (the last one counts); without one
+    the version is None, and a header that is no decimal int64 makes the record poison, naming why."""
+    def decoded(headers, use_c: bool):
+        sink_events.USE_SPEEDUPS = use_c
+        try:
+            records_ = [LogRecord("p.s.t", 0, 4, b'{"id":1}', None, 0, headers)]
+            plain = decode_batch(records_, {})
+            from_packed = sink_events.decode_packed(packed(records_), {})
+        finally:
+            sink_events.USE_SPEEDUPS = True
+        assert [tuple(e) for e in plain[0]] == [tuple(e) for e in from_packed[0]]
+        return [e.version for e in plain[0]], [str(err) for _, err in plain[1]]
+
+    for use_c in (True, False):
+        assert decoded(None, use_c) == ([None], [])
+        assert decoded([("cdc.source", b"pg")], use_c) == ([None], [])
+        assert decoded([("cdc.version", b"-12"), ("cdc.source", b"pg")], use_c) == ([-12], [])
+        assert decoded([("cdc.version", b"1"), ("cdc.version", b"9223372036854775807")], use_c) == \
+            ([9223372036854775807], [])
+        assert decoded([("cdc.version", b"12a")], use_c) == \
+            ([], ["a tombstone whose version is unreadable: the cdc.version header is not a decimal integer: b'12a'"])
 
 
 @needs_c

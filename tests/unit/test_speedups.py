@@ -1,8 +1,8 @@
 """The C encoding loop (cdc/_speedups.c) against the Python loop of EnvelopeEncoder.emit.
 
 The Python loop is the reference: for any events, the C loop must hand over the same records in
-the same order (bytes for bytes), count the same bytes, call ``when_room`` for the same records,
-and fail at the same record with the same topic.
+the same order (bytes for bytes, headers included), count the same bytes, call ``when_room`` for
+the same records, and fail at the same record with the same topic.
 """
 
 from __future__ import annotations
@@ -60,17 +60,17 @@ def run(events_: list, use_speedups: bool, full_every: int = 0):
     calls: list = []
     count = [0]
 
-    def emit(topic, value, key):
+    def emit(topic, value, key, *, headers):
         count[0] += 1
         if full_every and count[0] % full_every == 0:
             raise BufferError("full")
-        calls.append(("emit", topic, value, key))
+        calls.append(("emit", topic, value, key, headers))
 
-    def when_room(topic, value, key):
-        calls.append(("room", topic, value, key))
+    def when_room(topic, value, key, *, headers):
+        calls.append(("room", topic, value, key, headers))
 
-    def everywhere(topic, value, key):
-        calls.append(("all", topic, value, key))
+    def everywhere(topic, value, key, *, headers):
+        calls.append(("all", topic, value, key, headers))
 
     error = None
     try:
@@ -84,7 +84,33 @@ def run(events_: list, use_speedups: bool, full_every: int = 0):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(events(), max_size=20), st.sampled_from([0, 2, 3]))
 def test_the_c_loop_makes_the_python_loops_records(batch, full_every):
-    assert run(batch, True, full_every) == run(batch, False, full_every)
+    made = run(batch, True, full_every)
+    assert made == run(batch, False, full_every)
+    assert made[2] is None  # every record was handed over
+
+
+def test_every_record_carries_its_version_and_source_a_tombstone_its_deletes():
+    table = TABLES[0]
+    events_ = [ChangeEvent(op=Op.CREATE, table=table, key={"id": 1}, before=None, after={"id": 1}, version=7,
+                           ts_ms=1),
+               ChangeEvent(op=Op.DELETE, table=table, key={"id": 1}, before={"id": 1}, after=None,
+                           version=-(2 ** 63), ts_ms=1),
+               ChangeEvent(op=Op.TRUNCATE, table=table, key=None, before=None, after=None, version=2 ** 63 - 1,
+                           ts_ms=1)]
+    for use in (True, False) if serde._speedups is not None else (False,):
+        calls, _, error = run(events_, use)
+        assert error is None
+        assert [(kind, value is None, headers) for kind, _, value, _, headers in calls] == [
+            ("emit", False, [("cdc.version", b"7"), ("cdc.source", b"src")]),
+            ("emit", False, [("cdc.version", b"-9223372036854775808"), ("cdc.source", b"src")]),
+            ("emit", True, [("cdc.version", b"-9223372036854775808"), ("cdc.source", b"src")]),
+            ("all", False, [("cdc.version", b"9223372036854775807"), ("cdc.source", b"src")])]
+
+
+def test_the_c_header_name_is_the_python_one():
+    if serde._speedups is not None:
+        from cdc.headers import VERSION
+        assert serde._speedups.VERSION_HEADER == VERSION
 
 
 @needs_c
@@ -108,7 +134,7 @@ def test_a_failing_emit_names_the_topic_in_both_loops():
         encoder = EnvelopeEncoder("postgresql", "src", "p")
         encoder.use_speedups = use
 
-        def emit(topic, value, key):
+        def emit(topic, value, key, headers):
             raise RuntimeError("refused")
 
         with pytest.raises(EmitError, match="p.public.orders") as raised:
@@ -137,5 +163,5 @@ def test_events_from_a_generator_that_drops_them_as_it_goes():
         encoder = EnvelopeEncoder("postgresql", "src", "p")
         encoder.use_speedups = use
         records: list = []
-        encoder.emit(made(), lambda t, v, k: records.append((t, k)), print, print, now_ms=1)
+        encoder.emit(made(), lambda t, v, k, headers: records.append((t, k)), print, print, now_ms=1)
         assert records == [(f"p.s.t{i % 7}", b'{"id":%d}' % i) for i in range(2000)]
