@@ -46,7 +46,9 @@
  * tombstone (the key's row, if any, goes).
  *
  * Records it does not take, for the general decoder: a value that is not a plain JSON envelope
- * (Connect JSON, Avro, malformed: maybe poison), a truncate, a missing or non-integer version,
+ * (Connect JSON, Avro, malformed: maybe poison), a tombstone with headers (its version is its
+ * delete's, cdc/headers.py: the general decoder reads it, and the window takes it as that
+ * delete), a truncate, a missing or non-integer version,
  * an upsert whose after is not an object, and a key that is not JSON in orjson's compact form
  * (the key JSON is what the sink stores in remembered deletes, so it must be the bytes
  * orjson.dumps makes of the decoded key; a compact key of strings and integers already is).
@@ -538,7 +540,8 @@ window_add(Window *w, PyObject *args)
         it->value = value == Py_None ? NULL : PyBytes_AS_STRING(value);
         it->value_len = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
         w->read_bytes += it->value_len;
-        it->fallback = 0;
+        /* a tombstone with headers may carry its delete's version: the general decoder reads it */
+        it->fallback = value == Py_None && PyTuple_GET_SIZE(r) > 6 && PyTuple_GET_ITEM(r, 6) != Py_None;
     }
     result = reduce_items(w, items, n, ends, resolve);
 done:
@@ -598,7 +601,9 @@ window_add_packed(Window *w, PyObject *args)
         p += it->value_len;
         p += headers_len > 0 ? headers_len : 0;
         w->read_bytes += it->value_len;
-        it->fallback = it->key == NULL;  /* a record without a key: the general decoder names it */
+        /* a record without a key (the general decoder names it), or a tombstone with headers (it
+         * may carry its delete's version, read by the general decoder) */
+        it->fallback = it->key == NULL || (value_len < 0 && headers_len >= 0);
     }
     result = reduce_items(w, items, n, ends, resolve);
     goto done;

@@ -15,8 +15,9 @@ fills the next (``cdc.runtime.window_loads``) keeps ``LoadedKeys``, the hashes o
 so far, to tell whether the next window may go in without the version guard.
 
 Per key the result is what ``sinks/sql/reduce.py`` makes of one batch as large as the window: an
-upsert (the newest is r/c/u), a delete (the newest is d: a sink remembers it), and, separately, a
-tombstone (the key's last word is a tombstone: a sink removes the key's row whatever its version).
+upsert (the newest is r/c/u), a delete (the newest is d: a sink remembers it; a tombstone whose
+headers carry its delete's version counts as that delete), and, separately, a tombstone without a
+version (the key's last word is a tombstone: a sink removes the key's row whatever its version).
 A truncate is the topic's newest truncate version; what is older than it is dropped.
 
 Threading: one thread at a time.
@@ -156,6 +157,8 @@ class NewestWindow:
                 return tid, b"", "t", event.version, None, None
             key = dumps(event.key)
             if event.op is None:
+                if event.version is not None:  # a tombstone with its delete's version: that delete
+                    return tid, key, "d", event.version, None, None
                 return tid, key, None, 0, None, None
             row = event.before if event.op is Op.DELETE else event.after
             if row is not None and row.__class__ is not bytes:

@@ -663,7 +663,8 @@ fail:
  * reduce(events, TopicActions, Op.TRUNCATE, Op.DELETE, Upsert, Delete, Tombstone, max_id_bytes)
  *   -> {topic: TopicActions} or None
  * The same state machine as documents.reduce for batches whose events are inserts, updates,
- * reads, deletes and tombstones with a key of one column that is an int or a str of at most
+ * reads, deletes and tombstones (with their delete's version, a delete; without, a Tombstone
+ * action) with a key of one column that is an int or a str of at most
  * max_id_bytes UTF-8 bytes (its _id is its text). At the first event outside that (a truncate, a
  * composite key, ...) it returns None and documents.reduce does the whole batch. */
 
@@ -749,7 +750,7 @@ lines_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         PyObject *action = NULL;
-        if (op == Py_None) {
+        if (op == Py_None && version == Py_None) {
             PyObject *kind = previous ? (PyObject *)Py_TYPE(previous) : NULL;
             if (kind == delete) {
                 Py_DECREF(doc_id);
@@ -774,7 +775,7 @@ lines_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     continue;
                 }
             }
-            int is_delete = op == op_delete;
+            int is_delete = op == op_delete || op == Py_None;  /* a tombstone with its delete's version */
             PyTypeObject *type = (PyTypeObject *)(is_delete ? delete : upsert);
             PyObject *row = after;
             if (!is_delete && !PyObject_IsTrue(after)) {  /* event.after or {} */

@@ -5,9 +5,10 @@ the first ``tables:`` entry whose glob matches ``schema.table`` (MySQL: ``db.tab
 
 ``reduce`` keeps, per (alias, _id), only the newest action of a batch: an upsert or a delete by
 its ``version``, so one bulk request never carries two writes of a document. A tombstone (the
-null record after a delete, no version) is dropped when the batch holds the key's delete; alone,
-it is kept as a ``Tombstone`` action, resolved against the index (see tombstones.py). A truncate
-keeps its version per table: everything older in the batch is dropped.
+null record after a delete) with a version (its delete's, from its header) is that delete. One
+without (written before records had headers) is dropped when the batch holds the key's delete;
+alone, it is kept as a ``Tombstone`` action, resolved against the index (see tombstones.py). A
+truncate keeps its version per table: everything older in the batch is dropped.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class Delete(NamedTuple):
 
 
 class Tombstone(NamedTuple):
-    """The key's latest record is a delete, version unknown (the delete was compacted away)."""
+    """The key's latest record is a delete, version unknown (a tombstone without a version header,
+    whose delete was compacted away)."""
 
     doc_id: str
     floor: int | None   # the newest version this batch wrote for the key before it, if any
@@ -130,7 +132,7 @@ def _reduce(events: list) -> dict[str, TopicActions]:
             continue
         doc_id = document_id(event.key)
         previous = topic.actions.get(doc_id)
-        if op is None:
+        if op is None and event.version is None:
             if isinstance(previous, Delete):
                 continue
             floor = previous.version if isinstance(previous, Upsert) else (
@@ -141,7 +143,7 @@ def _reduce(events: list) -> dict[str, TopicActions]:
             continue
         if previous is not None and not isinstance(previous, Tombstone) and previous.version >= event.version:
             continue
-        if op is Op.DELETE:
+        if op is Op.DELETE or op is None:  # a tombstone with a version: its delete's
             topic.actions[doc_id] = new(Delete, (doc_id, event.version, event))
         else:
             topic.actions[doc_id] = new(Upsert, (doc_id, event.version, event.after or {}, event))

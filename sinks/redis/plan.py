@@ -6,9 +6,11 @@ it. A key's events are all in one partition, in log order, so "after" is well de
 
 * newest is r/c/u -> a guarded write in the configured format (``invalidate``: a guarded delete
   that remembers the version as live);
-* newest is d -> a guarded delete that leaves a tombstone with its version;
-* a log tombstone last (a replay of a compacted topic whose delete record is gone) -> delete the
-  key whatever its version, keep a stored delete version (guard.py, op ``t``).
+* newest is d, or a log tombstone with a version (its delete's, from its header) -> a guarded
+  delete that leaves a tombstone with its version;
+* a log tombstone without a version last (written before records had headers; a replay of a
+  compacted topic whose delete record is gone) -> delete the key whatever its version, keep a
+  stored delete version (guard.py, op ``t``).
 
 The reduction runs over the whole batch first; the commands are then made lazily, one per key as
 the pipeline takes them, each packed as RESP in a few bytes formats (no per-argument packing
@@ -69,7 +71,7 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
     newest: dict[str, SinkEvent] = {}
     tombstoned: dict[str, SinkEvent] = {}
     heads: dict[str, tuple[str, str]] = {}   # topic -> the key template around {key}
-    truncate = Op.TRUNCATE
+    truncate, delete = Op.TRUNCATE, Op.DELETE
     parts_of = keyspace.parts
     for event in events:
         op = event.op
@@ -86,8 +88,10 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
             parts = parts_of(*table_of(event, known_tables))
         row = parts[0] + encode_key(event.key) + parts[1]
         if op is None:
-            tombstoned[row] = event
-            continue
+            if event.version is None:
+                tombstoned[row] = event
+                continue
+            event = event._replace(op=delete)  # versioned: its delete, guarded like one
         before = newest.get(row)
         if before is None or event.version > before.version:
             newest[row] = event

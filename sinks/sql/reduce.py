@@ -9,10 +9,13 @@ row twice in one statement).
 Per key the result is one of:
 
 * an upsert (the newest event is r/c/u),
-* a delete (the newest event is d): remembered, and the row removed if its version is older,
-* a tombstone (the key's last record in the batch is a tombstone, and the runtime did not read its
-  delete: ``delete_read``): the row is removed whatever its version; if a delete came before it,
-  that delete is kept as well, to be remembered. A tombstone whose delete was read (in this batch,
+* a delete (the newest event is d, or a tombstone with a version: its delete's, from its header,
+  cdc.api.SinkEvent): remembered, and the row removed (``soft_delete``: marked) if its version is
+  older; a row at a newer version (inserted again after the delete) stays, whatever was replayed,
+* a tombstone without a version (written before records had headers: the key's last record in
+  the batch is such a tombstone, and the runtime did not read its delete: ``delete_read``): the
+  row is removed whatever its version; if a delete came before it, that delete is kept as well,
+  to be remembered. One whose delete was read (in this batch,
   an earlier one, or the run whose commit this one resumed from) is dropped: the delete does the
   work, guarded by its version, and a row the table holds at a newer version comes from a later
   record (a replay after a crash between a write and its commit). Removing it, or marking it
@@ -73,7 +76,7 @@ def reduce_events(events: list[SinkEvent], delete_read=lambda topic, partition, 
     by_topic: dict[str, TopicChanges] = {}
     newest_by_topic: dict[str, dict[bytes, SinkEvent]] = {}
     dumps = orjson.dumps
-    truncate_op = Op.TRUNCATE
+    truncate_op, delete_op = Op.TRUNCATE, Op.DELETE
     topic, changes, newest, tombstones = None, None, {}, {}
     for event in events:
         if event.topic != topic:  # batches come in runs of one topic: look it up once per run
@@ -92,15 +95,16 @@ def reduce_events(events: list[SinkEvent], delete_read=lambda topic, partition, 
             continue
         key = dumps(event.key)
         if op is None:
-            if not delete_read(topic, event.partition, event.offset):
-                tombstones[key] = event.key
-            continue
+            if event.version is None:
+                if not delete_read(topic, event.partition, event.offset):
+                    tombstones[key] = event.key
+                continue
+            event = event._replace(op=delete_op)  # versioned: its delete, guarded like one
         before = newest.get(key)
         if before is None or event.version > before.version:
             newest[key] = event
             if tombstones:
                 tombstones.pop(key, None)
-    delete_op = Op.DELETE
     for topic, changes in by_topic.items():
         upserts, deletes, tombstones = changes.upserts, changes.deletes, changes.tombstones
         for key, event in newest_by_topic[topic].items():

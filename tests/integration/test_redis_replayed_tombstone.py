@@ -42,3 +42,28 @@ def test_a_replayed_tombstone_alone_leaves_the_row_inserted_after_it(redis_url):
         for name in client.scan_iter(match=f"{prefix}*"):
             client.delete(name)
         client.close()
+
+
+def test_a_replayed_tombstone_with_its_deletes_version_leaves_the_row_in_place(redis_url):
+    """The tombstone's delete compacted away, the key inserted again; the replay meets the
+    tombstone alone. With its delete's version (its header) it is a guarded delete at 5, older
+    than the row: the row is never gone, not even until the insert's replay."""
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url)
+    sink = RedisSink(RedisSinkConfig(name="cache", url=redis_url, topics=["shop.*"], key_prefix=prefix,
+                                     format="json"))
+    sink.start()
+    try:
+        history = [_event(0, Op.CREATE, 3), _event(1, None, 5), _event(2, Op.CREATE, 7)]
+        key = row_key(client, prefix, "public", "accounts", {"id": 7})
+        sink.write(history)
+        assert b"v7" in client.get(key)
+        sink.write([history[1]])
+        assert b"v7" in client.get(key)
+        sink.write([_event(3, None, 9)])  # a newer one still deletes it
+        assert client.get(key) is None
+    finally:
+        sink.stop()
+        for name in client.scan_iter(match=f"{prefix}*"):
+            client.delete(name)
+        client.close()

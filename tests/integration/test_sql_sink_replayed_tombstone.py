@@ -68,3 +68,30 @@ def test_a_replayed_tombstone_alone_keeps_the_row_inserted_after_it(target, tmp_
         assert _caught_up(log, target, soft_delete, batch_size=1) == [(7, "v7", 7)]
     finally:
         log.close()
+
+
+@pytest.mark.parametrize("soft_delete", [False, True], ids=["hard-delete", "soft-delete"])
+def test_a_replayed_tombstone_whose_delete_was_compacted_away_keeps_the_row_inserted_after_it(
+        target, tmp_path, soft_delete):
+    """insert @0 and delete @1 compacted away while the sink lagged, tombstone @2 (its delete's
+    version in its header), insert again @3; a run wrote 2..3 and was killed before committing;
+    the replay finds the tombstone alone with no delete read before it. Without a version on the
+    tombstone the row was deleted (``soft_delete``: marked deleted at its own version, so the
+    replayed insert was refused and the row lost); with one it is a delete at 5, older than the row."""
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    try:
+        log.ensure_topic(TOPIC, TopicSettings(partitions=1, min_compaction_lag_ms=0))
+        writer = log.writer()
+        encoder = EnvelopeEncoder("postgresql", "src", "p")
+        writer.publish(encoder.encode([_event(Op.CREATE, 3), _event(Op.DELETE, 5)]), Counter(1))
+        log.compact(TOPIC)
+        assert [(r.offset, r.value) for r in log.read_all(TOPIC)] == [(2, None)]  # the tombstone, alone
+        writer.publish(encoder.encode([_event(Op.CREATE, 7)]), Counter(2))
+        writer.close()
+        assert _caught_up(log, target, soft_delete) == [(7, "v7", 7)]
+        reader = log.reader("wh")
+        reader.commit({(TOPIC, 0): 2})  # killed after the write of 2..3, before its commit
+        reader.close()
+        assert _caught_up(log, target, soft_delete, batch_size=1) == [(7, "v7", 7)]
+    finally:
+        log.close()

@@ -165,7 +165,8 @@ def sink_events(draw):
         key = {} if op is Op.TRUNCATE else (draw(event_keys) if draw(st.integers(0, 5)) == 0 else
                                             {"id": draw(st.integers(0, 4))})
         after = draw(st.one_of(st.none(), st.just({}), rows)) if op not in (None, Op.DELETE) else None
-        version = None if op is None else draw(st.integers(0, 20))
+        # a tombstone with a version (its delete's, from its header) or without (an older record)
+        version = draw(st.one_of(st.none(), st.integers(0, 20))) if op is None else draw(st.integers(0, 20))
         out.append(SinkEvent(draw(st.sampled_from(["p.s.a", "p.s.b"])), 0, offset, key, op, None, after, version,
                              {} if op is None else {"table": "a"}))
     return out
@@ -188,6 +189,12 @@ def test_the_c_reduce_takes_the_common_batch(monkeypatch):
     events = [SinkEvent("p.s.t", 0, 0, {"id": 1}, Op.CREATE, None, {"id": 1}, 5, {}),
               SinkEvent("p.s.t", 0, 1, {"id": 1}, Op.DELETE, {"id": 1}, None, 6, {}),
               SinkEvent("p.s.t", 0, 2, {"id": 1}, None, None, None, None, {}),
-              SinkEvent("p.s.t", 0, 3, {"id": "x"}, None, None, None, None, {})]
+              SinkEvent("p.s.t", 0, 3, {"id": "x"}, None, None, None, None, {}),
+              SinkEvent("p.s.t", 0, 4, {"id": 2}, Op.CREATE, None, {"id": 2}, 9, {}),
+              SinkEvent("p.s.t", 0, 5, {"id": 2}, None, None, None, 8, {}),
+              SinkEvent("p.s.t", 0, 6, {"id": 3}, None, None, None, 8, {})]
     actions = documents.reduce(events)["p.s.t"].actions
-    assert actions == {"1": Delete("1", 6, events[1]), "x": Tombstone("x", None, events[3])}
+    # a tombstone with a version is its delete: older than the row after it, it does nothing
+    assert actions == {"1": Delete("1", 6, events[1]), "x": Tombstone("x", None, events[3]),
+                       "2": actions["2"], "3": Delete("3", 8, events[6])}
+    assert type(actions["2"]).__name__ == "Upsert" and actions["2"].version == 9
