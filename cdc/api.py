@@ -70,8 +70,8 @@ here or on the ``SinkContext`` it is handed:
   of a topic, the topics' ``delete.retention.ms``, the dead-letter topic and writer, the log, the
   data topics matching the sink's globs, and the sources' stored checkpoints
   (``checkpoint_feed``: for a sink that tells readers how far each source is applied), and
-  whether the runtime read a tombstone's delete (``delete_read``: a sink drops such a tombstone
-  instead of resolving it against its store);
+  whether the runtime read a tombstone's delete (``delete_read``, for a tombstone without a
+  version: a sink drops such a tombstone instead of resolving it against its store);
 * for sinks that talk to Kafka or the log themselves: ``Log``, ``TopicSettings``,
   ``open_kafka_log``, ``schema_changes_topic``, ``SchemaBook`` (a topic's shapes read from the
   schema topic, as the runtime reads them), ``ConnectorStats``; for a launcher that runs a
@@ -79,7 +79,9 @@ here or on the ``SinkContext`` it is handed:
   ``stop_on_signals`` (SIGTERM/SIGINT as a stop request, safely: see its module); for a sink running
   Spark locally: ``spark_jars``; for a sink decoding ``avro`` records itself: ``avro_writer_schema``;
 * for a sink that follows renames: ``earlier_names`` and ``renames_to_follow`` (cdc/renames.py:
-  the renames of the shapes a table skips, chained).
+  the renames of the shapes a table skips, chained);
+* for a sink that reads Kafka itself: ``VERSION_HEADER``, the record header that carries each
+  record's version (a tombstone's: its delete's; cdc/headers.py).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ from cdc import servers
 from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, RetriableError,
                         SchemaChangeError, ShapeMissingError, ShapeNotYetPublished)
 from cdc.events import Batch, Op
+from cdc.headers import VERSION as VERSION_HEADER
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import CheckpointFeed
 from cdc.positions import Position
@@ -127,6 +130,7 @@ __all__ = [
     "SnapshotMode", "PluginConfig", "RetryFailed", "SourceConfig", "SinkConfig", "ConfigPath", "resolve_config_path", "template_fields", "Source", "Sink", "RebuildableSink",
     "SelfDrivenSink", "DescribedSink", "SinkContext", "DeadLetterWriter", "ConnectorLogger",
     "SinkEvent", "Op", "Batch", "Position", "CheckpointFeed", "internal_topic", "INTERNAL_TOPICS_LOOKAHEAD",
+    "VERSION_HEADER",
     "dead_letter_topic", "ensure_dead_letter_topic",
     "CdcError", "ConfigError", "PermanentError", "RebuildRequired", "RetriableError", "SchemaChangeError",
     "ShapeMissingError", "ShapeNotYetPublished",
@@ -387,8 +391,9 @@ class SinkContext:
     stored. With the end offsets of the sink's topics read after it, that tells when everything of
     a source up to that version is applied (sinks/redis/applied.py). Use it from one thread.
 
-    ``delete_read(topic, partition, offset)`` says whether this sink read the delete of the
-    tombstone at ``offset`` (the record at ``offset - 1``, a delete of the same key: the capture
+    ``delete_read(topic, partition, offset)``, for a tombstone without a version (written before
+    records had headers; one with a version is its delete, cdc/sink_events.py), says whether this
+    sink read the delete of the tombstone at ``offset`` (the record at ``offset - 1``, a delete of the same key: the capture
     emits the two consecutively) in the same pass of reading or in the earlier one whose commit
     this pass resumed from. Then the delete is (or is being) written with its own version, and a
     sink must NOT resolve the tombstone against its store: anything live there for the key comes

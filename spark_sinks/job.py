@@ -116,6 +116,7 @@ class DeltaJob:
         config = self.config
         reader = (session.readStream.format("kafka").options(**self.source_options())
                   .option("subscribePattern", topic_pattern(config.topics))
+                  .option("includeHeaders", "true")  # a tombstone's version (spark_sinks/parse.py)
                   .option("startingOffsets", config.starting_offsets)
                   .option("failOnDataLoss", str(config.fail_on_data_loss).lower()))
         if config.max_offsets_per_trigger:
@@ -214,7 +215,8 @@ class DeltaJob:
             F.count(F.when(clean & op.isin("r", "c", "u", "d") | clean & op.isNull(), 1)).alias("changes"),
             F.max(F.when(clean & (op == "t"), F.col("version"))).alias("truncated_at"),
             F.count(F.when(~clean, 1)).alias("poison"),
-            F.max(F.when(clean & (op == "d"), 1)).isNotNull().alias("deletes"),
+            F.max(F.when(clean & ((op == "d") | (op.isNull() & F.col("version").isNotNull())), 1))
+            .isNotNull().alias("deletes"),
             F.max(F.col("ts_ms")).alias("newest_ts"),
             F.max(F.when(clean, F.col("schema_version"))).alias("newest_shape"),
             F.min(F.col("ts_ms")).alias("oldest_ts"),
@@ -484,7 +486,7 @@ class DeltaJob:
         # Rows written before a rename the live table followed land under the new name.
         staging.inherited_former = target.former_names(session)
         full = (session.read.format("kafka").options(**self.source_options()).option("subscribe", target.topic)
-                .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+                .option("includeHeaders", "true").option("startingOffsets", "earliest").option("endingOffsets", "latest")
                 .option("failOnDataLoss", "false").load())
         rows, summary = self._read(full)
         try:

@@ -17,6 +17,11 @@ columns. An ``avro`` record (Confluent's framing: byte 0 and a schema id) is dec
 spark-avro by its writer schema and its rows printed as Connect JSON text, so from there on it is
 read like a ``debezium-json`` one, its schema id as its ``codec`` (``avro_records.py``). The
 formats the sink accepts are listed in ``formats.py``.
+
+A tombstone's version is its delete's, from the record's ``cdc.version`` header (the Kafka source
+reads headers, ``includeHeaders``): with it, the tombstone is a versioned delete of the key (its
+``op`` stays NULL, ``latest_per_key`` makes it a ``d``); without it (a record from before headers,
+or a frame without a ``headers`` column) its version is NULL, as before.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import INTERNAL_TOPICS_LOOKAHEAD
+from cdc.api import INTERNAL_TOPICS_LOOKAHEAD, VERSION_HEADER
 from spark_sinks import avro_records, connect_json
 from spark_sinks.avro_records import WriterSchema
 from spark_sinks.connect_json import ConnectCodecs
@@ -87,9 +92,30 @@ def topic_pattern(globs: Iterable[str]) -> str:
     return f"{INTERNAL_TOPICS_LOOKAHEAD}(?:{'|'.join(alternatives)})"
 
 
+def header_version(raw: DataFrame) -> Column:
+    """The last ``cdc.version`` header's value as a bigint (NULL: none, or a frame without
+    headers); a value that is not a decimal int64 is NULL too, and ``invalid_header_version`` says so."""
+    if "headers" not in raw.columns:
+        return F.lit(None).cast("long")
+    text = _header_text(raw)
+    return F.when(text.rlike("^-?[0-9]{1,19}$"), text.try_cast("long"))
+
+
+def invalid_header_version(raw: DataFrame) -> Column:
+    if "headers" not in raw.columns:
+        return F.lit(False)
+    return _header_text(raw).isNotNull() & header_version(raw).isNull()
+
+
+def _header_text(raw: DataFrame) -> Column:
+    found = F.filter(F.col("headers"), lambda header: header.getField("key") == F.lit(VERSION_HEADER))
+    return F.try_element_at(found, F.lit(-1)).getField("value").cast("string")
+
+
 def envelopes(raw: DataFrame, avro: dict[int, WriterSchema] | None = None) -> DataFrame:
     """Kafka source rows -> one row per record: topic, partition, offset, ``__cdc_key`` (the key's
-    JSON), ``op`` (NULL for a tombstone), ``version``, ``ts_ms`` (the source's commit time),
+    JSON), ``op`` (NULL for a tombstone), ``version`` (a tombstone's from its header, or NULL),
+    ``ts_ms`` (the source's commit time),
     ``data`` (the row's JSON: after, else before, else the key), ``codec`` (how ``data`` is
     encoded: NULL for the ``json`` format), ``value_codec`` and ``key_codec`` (the Connect
     schemas of value and key, NULL for ``json``), ``unknown_avro`` (the schema ids of an ``avro``
@@ -111,6 +137,8 @@ def envelopes(raw: DataFrame, avro: dict[int, WriterSchema] | None = None) -> Da
                         avro_value.alias("avro_value"), avro_key.alias("avro_key"),
                         avro_records.schema_id(F.col("value")).alias("value_id"),
                         avro_records.schema_id(F.col("key")).alias("key_id"),
+                        header_version(raw).alias("header_version"),
+                        invalid_header_version(raw).alias("bad_header_version"),
                         *[record.alias(f"avro_v{i}") for i, record in values],
                         *[record.alias(f"avro_k{i}") for i, record in keys])
     env, value = F.col("env"), F.col("value")
@@ -150,10 +178,11 @@ def envelopes(raw: DataFrame, avro: dict[int, WriterSchema] | None = None) -> Da
     normalized = parsed.select(
         "topic", "partition", "offset", key.alias(KEY), "value", envelope.alias("e"), connect.alias("connect"),
         env.getField("_corrupt_record").alias("corrupt"), value_codec.alias("value_codec"),
-        key_codec.alias("key_codec"), "avro_value", unknown.alias("unknown_avro"))
+        key_codec.alias("key_codec"), "avro_value", unknown.alias("unknown_avro"), "header_version",
+        "bad_header_version")
     e, key, tombstone = F.col("e"), F.col(KEY), value.isNull()
     op = e.getField("op")
-    version = e.getField("source").getField("cdc_version")
+    version = F.when(tombstone, F.col("header_version")).otherwise(e.getField("source").getField("cdc_version"))
     row = F.coalesce(e.getField("after"), e.getField("before"))
     poison = (F.when(~tombstone & (F.size("unknown_avro") > 0), F.lit("an avro schema id not read from the registry"))
               .when(~tombstone & F.col("avro_value") & e.isNull(),
@@ -163,7 +192,9 @@ def envelopes(raw: DataFrame, avro: dict[int, WriterSchema] | None = None) -> Da
               .when(~tombstone & version.isNull(),
                     F.when(F.col("connect") | F.col("avro_value"), F.lit("no integer source.cdc_version"))
                     .otherwise(F.lit("no integer source.version")))
-              .when(key.isNull() & (tombstone | (op != "t")), F.lit("no key")))
+              .when(key.isNull() & (tombstone | (op != "t")), F.lit("no key"))
+              .when(tombstone & F.col("bad_header_version"), F.lit("a tombstone whose cdc.version header is "
+                                                                 "not a decimal integer")))
     return normalized.select(
         "topic", "partition", "offset", KEY, op.alias("op"), version.alias("version"),
         e.getField("source").getField("ts_ms").alias("ts_ms"),
@@ -218,14 +249,17 @@ def row_changes(rows: DataFrame) -> DataFrame:
 
 
 def latest_per_key(changes: DataFrame) -> DataFrame:
-    """One row per key: the record with the highest version (ties: the later offset).
+    """One row per key: the record with the highest version (ties: a record with an envelope, then
+    the later offset).
 
-    A tombstone has no version; it says only that the key's latest record is a delete. Any
-    versioned record of the key in the batch outranks it (the delete before a tombstone says
-    the same, with a version; an insert after one is newer). A key with nothing but tombstones
-    keeps one, as a delete of unknown version (op ``d``, version NULL)."""
-    order = F.struct(F.col("op").isNotNull().cast("int"), F.coalesce("version", F.lit(-(1 << 63))),
-                     F.col("offset"), F.col("partition"))
+    A tombstone says that the key's latest record is a delete. With its delete's version (its
+    header) it is that delete (op ``d``), ranked by version like any record; at an equal version
+    the delete itself wins (it has the old row). One without a version (from before headers):
+    any versioned record of the key in the batch outranks it (the delete before it says the
+    same, with a version; an insert after one is newer), and a key with nothing but such
+    tombstones keeps one, as a delete of unknown version (op ``d``, version NULL)."""
+    order = F.struct(F.col("version").isNotNull().cast("int"), F.coalesce("version", F.lit(-(1 << 63))),
+                     F.col("op").isNotNull().cast("int"), F.col("offset"), F.col("partition"))
     payload = F.struct(F.coalesce("op", F.lit("d")).alias("op"), "version", "ts_ms", "data", "codec")
     return (changes.groupBy(KEY).agg(F.max_by(payload, order).alias("r"))
             .select(KEY, "r.op", "r.version", "r.ts_ms", "r.data", "r.codec"))

@@ -14,8 +14,8 @@ closes each key's current row at the batch's first version of it and inserts the
 each closed at the next one (the usual "merge key" union: close rows join on the key, new rows
 carry a NULL merge key and never match).
 
-A tombstone alone (its delete compacted away) closes the current row with ``valid_to`` left
-NULL: the key is gone, when is unknown. A truncate at V closes every current row older than V at V.
+A tombstone alone (its delete compacted away) closes the current row at its version, its delete's
+(its header); one from before headers, with ``valid_to`` left NULL: the key is gone, when is unknown. A truncate at V closes every current row older than V at V.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def newer_than_history(session: SparkSession, target: TableTarget, changes: Data
                .groupBy(KEY).agg(F.max(F.greatest(VALID_FROM, F.coalesce(VALID_TO, VALID_FROM))).alias("__seen")))
     fresh = (versioned.join(history, KEY, "left")
              .where(F.col("__seen").isNull() | (F.col("version") > F.col("__seen")))
-             .select(KEY, F.col("op"), "version", "ts_ms", "data", "codec"))
+             .select(KEY, F.coalesce("op", F.lit("d")).alias("op"), "version", "ts_ms", "data", "codec"))
     return fresh.unionByName(tombstones)
 
 

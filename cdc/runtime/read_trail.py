@@ -1,7 +1,9 @@
 """Whether a tombstone's delete was read: the runner's answer to ``SinkContext.delete_read``.
 
 The capture emits a delete and its tombstone as consecutive records of one partition
-(cdc/serde.py ``put_record``). A tombstone carries no version, so a sink that meets one without
+(cdc/serde.py ``put_record``). A tombstone carries its delete's version in a header
+(cdc/headers.py) and a sink applies it as that delete; this is for tombstones written before
+records had headers. Such a tombstone carries no version, so a sink that meets one without
 its delete in the same write resolves it against its store: it deletes the key if the store
 holds it live. That is right only when the delete was never read (compacted away while the sink
 lagged). If this sink read the delete, the delete is written with its own version (before, in

@@ -13,8 +13,11 @@ is refused (409) like a replay. Readers never see it: the alias they query has t
 through the alias does not apply alias filters: such a reader sees the tombstone with
 ``__cdc_deleted: true`` and must treat it as absent.
 
-A record with a null value (the log's tombstone after a delete) has no version. When the batch
-holds the delete itself it is dropped. Alone, it is dropped too when the runtime read its delete
+A record with a null value (the log's tombstone after a delete) carries its delete's version in
+its ``cdc.version`` header (cdc.api.SinkEvent): ``documents.reduce`` makes it that delete, a
+tombstone document at that version, refused by anything newer. What follows is for a tombstone
+without a version (written before records had headers). When the batch holds the delete itself
+it is dropped. Alone, it is dropped too when the runtime read its delete
 (``SinkContext.delete_read``: in an earlier batch, or in the run whose commit this one resumed
 from): that delete is written with its own version, and a live document for the key can only
 come from a later record. Resolving the tombstone against it would be a loss: a run killed after
@@ -25,12 +28,11 @@ sink lagged) is the document's current version read (``mget``) and, if it is a l
 tombstone document written with that same version (``external_gte``): only something newer than
 the row that was there can replace it.
 
-What this does not cover: the delete compacted away AND a run killed after writing a row
-inserted again after the tombstone (the row's later record in the same, uncommitted write),
-replayed with the tombstone alone. The tombstone carries no version to tell that row from an
-older one, so it is resolved against it. It needs a sink lagging behind the log cleaner by more
-than the delete and a crash inside that window; a tombstone carrying the delete's version (a
-record header) would close it.
+What this does not cover, for such a tombstone: the delete compacted away AND a run killed after
+writing a row inserted again after the tombstone (the row's later record in the same, uncommitted
+write), replayed with the tombstone alone. Without a version nothing tells that row from an older
+one, so it is resolved against it. A tombstone with its version header is never resolved
+(tests/integration/test_opensearch_replayed_tombstone.py, ``..._whose_delete_was_compacted_away_...``).
 
 Purge: tombstone documents older than ``tombstone_retention_hours`` are deleted (delete by query,
 at most every tenth of the retention, and at most hourly). By then the topic's compaction has
