@@ -9,8 +9,8 @@
  *
  * emit(middle, events, emit, when_room, everywhere, now_ms, where, source_header) -> bytes of values made
  *   middle(table, op, snapshot, now_ms) -> (topic, b',"op":...,"ts_ms":'), cached per call.
- *   Each record goes out as emit(topic, value, key, headers=[("cdc.version", b"<version>"),
- *   source_header]) (cdc/headers.py), a delete's tombstone with the delete's list.
+ *   Each record goes out as emit(topic, value, key, [("cdc.version", b"<version>"), source_header])
+ *   (its headers, cdc/headers.py), a delete's tombstone with the delete's list.
  *   On failure `where` (a list of two) is set to [topic or None, bytes made so far] and the
  *   exception propagates; serde.py wraps it in an EmitError.
  */
@@ -26,7 +26,6 @@ static PyObject *op_truncate = NULL;  /* Op.TRUNCATE */
 static PyObject *op_delete = NULL;    /* Op.DELETE */
 static PyObject *truncate_key = NULL; /* b"{}" */
 static PyObject *version_header = NULL; /* VERSION_HEADER as a str */
-static PyObject *headers_kw = NULL;   /* ("headers",): the keyword emit's headers go by */
 
 static const char HEAD_BEFORE[] = "{\"before\":";
 static const char HEAD_AFTER[] = ",\"after\":";
@@ -69,18 +68,48 @@ format_int(PyObject *value, char *buf, const char *what)
     return len;
 }
 
-/* Call f(a, b, c, headers=h); on BufferError call room(a, b, c, headers=h) instead. A new
- * reference or NULL. */
+/* Call f(a, b, c, h); on BufferError call room(a, b, c, h) instead. A new reference or NULL. */
 static PyObject *
 call_with_room(PyObject *f, PyObject *room, PyObject *a, PyObject *b, PyObject *c, PyObject *h)
 {
     PyObject *args[4] = {a, b, c, h};
-    PyObject *r = PyObject_Vectorcall(f, args, 3, headers_kw);
+    PyObject *r = PyObject_Vectorcall(f, args, 4, NULL);
     if (r == NULL && PyErr_ExceptionMatches(PyExc_BufferError)) {
         PyErr_Clear();
-        r = PyObject_Vectorcall(room, args, 3, headers_kw);
+        r = PyObject_Vectorcall(room, args, 4, NULL);
     }
     return r;
+}
+
+/* produce_positionally(produce) -> f(topic, value, key, headers=None): confluent-kafka's
+ * Producer.produce(topic, value, key, partition, callback, on_delivery, timestamp, headers) with
+ * the headers in their place and the arguments before them at their defaults (any partition, the
+ * producer's delivery callback, now). A keyword call costs about 0.45 us more there: its
+ * argument parser makes a str for every keyword it looks up. */
+static PyObject *minus_one = NULL, *zero = NULL;
+
+static PyObject *
+positional_produce(PyObject *produce, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "produce(topic, value, key, headers=None)");
+        return NULL;
+    }
+    PyObject *full[8] = {args[0], args[1], args[2], minus_one, Py_None, Py_None, zero,
+                         nargs == 4 ? args[3] : Py_None};
+    return PyObject_Vectorcall(produce, full, 8, NULL);
+}
+
+static PyMethodDef positional_produce_def = {
+    "produce", (PyCFunction)(void (*)(void))positional_produce, METH_FASTCALL,
+    "produce(topic, value, key, headers=None): Producer.produce with the headers in their place"};
+
+static PyObject *
+speedups_produce_positionally(PyObject *self, PyObject *produce)
+{
+    if (minus_one == NULL && ((minus_one = PyLong_FromLong(-1)) == NULL || (zero = PyLong_FromLong(0)) == NULL))
+        return NULL;
+    return PyCFunction_New(&positional_produce_def, produce);
 }
 
 /* [(version_header, b"<digits>"), source]: a record's headers (cdc/headers.py). */
@@ -117,8 +146,6 @@ speedups_setup(PyObject *self, PyObject *args)
 {
     PyObject *d, *t, *del, *k;
     if (!PyArg_ParseTuple(args, "OOOO!", &d, &t, &del, &PyBytes_Type, &k))
-        return NULL;
-    if (headers_kw == NULL && (headers_kw = Py_BuildValue("(s)", "headers")) == NULL)
         return NULL;
     if (version_header == NULL && (version_header = PyUnicode_InternFromString(VERSION_HEADER)) == NULL)
         return NULL;
@@ -328,7 +355,7 @@ speedups_emit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
         if (op == op_truncate) {
             PyObject *targs[4] = {topic, value, truncate_key, headers};
-            r = PyObject_Vectorcall(everywhere, targs, 3, headers_kw);
+            r = PyObject_Vectorcall(everywhere, targs, 4, NULL);
             if (r == NULL)
                 goto fail_event;
         } else {
@@ -2035,7 +2062,7 @@ speedups_log_records(PyObject *self, PyObject *args)
 /* emit_rows(block, emit, when_room, topic, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made
  *   The records of a block of snapshot rows (cdc.events.RowBlock) straight from its lines, with no
  *   event, dict or Fragment in between: each line `<key text>\t<row JSON>[\t...]\n` becomes
- *   emit(topic, value_head + row JSON + value_tail, key_head + key text + key_tail, headers=headers),
+ *   emit(topic, value_head + row JSON + value_tail, key_head + key text + key_tail, headers),
  *   or when_room(...) on BufferError (the rows share a version, so every record the same headers). The block's maker checked its lines (RowBlock's docstring); a line without a tab
  *   here is a TypeError before anything of the block is handed over. A failure of emit propagates
  *   with the records before it handed over (the writer then never reports anything after them safe). */
@@ -2044,10 +2071,6 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "emit_rows takes 9 arguments");
-        return NULL;
-    }
-    if (headers_kw == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "cdc._speedups.setup was not called");
         return NULL;
     }
     PyObject *emit = args[1], *room = args[2], *topic = args[3], *headers = args[8];
@@ -2103,6 +2126,8 @@ speedups_emit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"unpack_headers", speedups_unpack_headers, METH_O, "unpack_headers(data) -> cdc.headers.unpack(data)"},
+    {"produce_positionally", speedups_produce_positionally, METH_O,
+     "produce_positionally(Producer.produce) -> produce(topic, value, key, headers=None)"},
     {"pack_headers", speedups_pack_headers, METH_O, "pack_headers(headers) -> cdc.headers.pack(headers)"},
     {"log_records", speedups_log_records, METH_VARARGS,
      "log_records(messages, start, out, LogRecord) -> index of the first message with an error"},

@@ -135,10 +135,11 @@ class EnvelopeEncoder:
     def emit(self, events: list[ChangeEvent], emit: Callable[..., Any], when_room: Callable[..., Any],
              everywhere: Callable[..., Any], now_ms: int | None = None) -> None:
         """Encode ``events`` in order and hand each record over as it is made:
-        ``emit(topic, value, key, headers=headers)`` (a tombstone's value is ``None``; its headers
-        are its delete's), or, for a truncate, ``everywhere(topic, value, key, headers=headers)``
-        (one copy to every partition). ``headers`` is cdc/headers.py's list, the form
-        confluent-kafka's ``produce`` takes. ``emit`` may raise
+        ``emit(topic, value, key, headers)`` (a tombstone's value is ``None``; its headers are its
+        delete's), or, for a truncate, ``everywhere(topic, value, key, headers)`` (one copy to
+        every partition). ``headers`` is cdc/headers.py's list, the form confluent-kafka's
+        ``produce`` takes (the Kafka writer passes its produce through
+        ``cdc.log.kafka.positional_produce``). ``emit`` may raise
         ``BufferError`` (no room just now); the record then goes to ``when_room``, which must wait
         for room and take it. Any other failure, of encoding or of ``emit``, is raised as an
         ``EmitError`` naming the topic, with the failure as its cause.
@@ -224,7 +225,7 @@ class EnvelopeEncoder:
                 nbytes += len(value)
                 headers = [(VERSION_HEADER, b"%d" % version), source]
                 if op is _TRUNCATE:
-                    everywhere(topic, value, TRUNCATE_KEY, headers=headers)
+                    everywhere(topic, value, TRUNCATE_KEY, headers)
                     continue
                 put_record(emit, when_room, topic, value, dumps(key), op is _DELETE, headers)
         except Exception as exc:
@@ -282,14 +283,14 @@ def put_record(emit, when_room, topic: str, value: bytes, key: bytes | None, tom
     (``BufferError``) waits for room (``when_room``) instead of failing. Every format's encoder
     emits through this."""
     try:
-        emit(topic, value, key, headers=headers)
+        emit(topic, value, key, headers)
     except BufferError:
-        when_room(topic, value, key, headers=headers)
+        when_room(topic, value, key, headers)
     if tombstone:
         try:
-            emit(topic, None, key, headers=headers)
+            emit(topic, None, key, headers)
         except BufferError:
-            when_room(topic, None, key, headers=headers)
+            when_room(topic, None, key, headers)
 
 
 class EmitError(Exception):

@@ -279,7 +279,7 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                 nbytes += len(value)
                 headers = record_headers(event.version, source)
                 if event.op is _TRUNCATE:
-                    everywhere(topic, value, None, headers=headers)  # Debezium: a truncate has no key
+                    everywhere(topic, value, None, headers)  # Debezium: a truncate has no key
                     continue
                 put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is _DELETE, headers)
         except Exception as exc:

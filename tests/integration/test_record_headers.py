@@ -8,6 +8,7 @@ embedded log file from then included."""
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 
 import pytest
@@ -17,6 +18,7 @@ from cdc.formats import make_encoder
 from cdc.headers import SOURCE, VERSION
 from cdc.log.base import Log, LogRecord, TopicSettings
 from cdc.log.embedded import EmbeddedLog
+from cdc.log.partitioner import partition_for
 from cdc.positions import Counter
 from cdc.serde import Record, encode_schema_change, schema_changes_topic
 from cdc.sink_events import decode_batch, decode_key, decode_packed
@@ -75,6 +77,8 @@ def test_every_record_carries_its_version_and_source_a_tombstone_its_deletes(log
     [shape] = log.read_all(schema_changes_topic(prefix))
     assert shape.headers == _headers(5)
     records = log.read_all(encoder.topic(TABLE))
+    assert all(abs(r.timestamp_ms - time.time() * 1000) < 600_000 for r in records)  # made now
+    assert all(r.partition == partition_for(r.key, 3) for r in records if b'"op":"t"' not in (r.value or b""))
     made = sorted((r.value is None, int(r.headers[0][1])) for r in records)
     assert made == sorted([(False, 10), (False, 11), (False, 12), (True, 12), (False, 2 ** 63 - 1),
                            (False, -(2 ** 63)), (True, -(2 ** 63)), (False, 4242), (False, 4242)]
@@ -107,8 +111,6 @@ def test_a_tombstone_reads_with_its_deletes_version_through_every_reader(log):
 
 
 def _read_packed(log: Log, topic: str) -> tuple[list, list]:
-    import time
-
     ends = log.end_offsets(topic)
     reader = log.bulk_reader()
     assert reader is not None, "cdc._rdconsume was not built (scripts/setup installs librdkafka-dev)"

@@ -60,16 +60,16 @@ def run(events_: list, use_speedups: bool, full_every: int = 0):
     calls: list = []
     count = [0]
 
-    def emit(topic, value, key, *, headers):
+    def emit(topic, value, key, headers):
         count[0] += 1
         if full_every and count[0] % full_every == 0:
             raise BufferError("full")
         calls.append(("emit", topic, value, key, headers))
 
-    def when_room(topic, value, key, *, headers):
+    def when_room(topic, value, key, headers):
         calls.append(("room", topic, value, key, headers))
 
-    def everywhere(topic, value, key, *, headers):
+    def everywhere(topic, value, key, headers):
         calls.append(("all", topic, value, key, headers))
 
     error = None
@@ -165,3 +165,28 @@ def test_events_from_a_generator_that_drops_them_as_it_goes():
         records: list = []
         encoder.emit(made(), lambda t, v, k, headers: records.append((t, k)), print, print, now_ms=1)
         assert records == [(f"p.s.t{i % 7}", b'{"id":%d}' % i) for i in range(2000)]
+
+
+def test_positional_produce_puts_the_headers_in_their_place_in_both():
+    """The Kafka writer's produce (cdc.log.kafka.positional_produce): confluent-kafka's
+    Producer.produce(topic, value, key, partition, callback, on_delivery, timestamp, headers),
+    every argument before the headers at its default (tests/integration/test_record_headers.py
+    checks a real producer: the headers, the key's partition, the time)."""
+    from cdc.log import kafka
+
+    calls: list = []
+
+    def produce(*args, **kwargs):
+        calls.append((args, kwargs))
+
+    for use_c in (True, False) if serde._speedups is not None else (False,):
+        kafka.USE_SPEEDUPS = use_c
+        try:
+            positional = kafka.positional_produce(produce)
+        finally:
+            kafka.USE_SPEEDUPS = True
+        positional("t", b"v", b"k", [("cdc.version", b"1")])
+        positional("t", None, b"k")
+        assert calls == [(("t", b"v", b"k", -1, None, None, 0, [("cdc.version", b"1")]), {}),
+                         (("t", None, b"k", -1, None, None, 0, None), {})]
+        calls.clear()
