@@ -78,6 +78,8 @@ def decode_key(data: bytes | None) -> dict[str, Any]:
     if data is not None and avro.is_avro(data):
         return avro.reader().key(data)
     key = orjson.loads(data) if data is not None else {}
+    if type(key) is dict and len(key) == 2 and key.get("payload", 0) is None and key.get("schema", 0) is None:
+        return {}  # Connect JSON's null key: a truncate's in debezium-json (formats.debezium_json.TRUNCATE_KEY)
     return connect_decode.key_payload(key) if connect_decode.is_connect_json(key) else key
 
 

@@ -168,7 +168,8 @@ def _field_mappers(struct: dict, to_bytes: bool) -> list[tuple[str, Callable[[An
 class AvroTableFormat(TableFormat):
     """A ``TableFormat`` with its Avro schemas, registered, and their writers."""
 
-    __slots__ = ("key_header", "value_header", "write_key", "write_value", "row_mappers", "key_mappers")
+    __slots__ = ("key_header", "value_header", "write_key", "write_value", "row_mappers", "key_mappers",
+                 "truncate_key")
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
                  options: DebeziumOptions, registry: Registry) -> None:
@@ -186,6 +187,12 @@ class AvroTableFormat(TableFormat):
         value_id = registry.register(f"{topic}-value", orjson.dumps(value_avro).decode())
         self.key_header = MAGIC + key_id.to_bytes(4, "big")
         self.value_header = MAGIC + value_id.to_bytes(4, "big")
+        # A truncate's key: Avro null, written with a schema of its own (``"null"``, registered
+        # under <topic>-truncate-key: the key subject's record schema cannot take it). A Confluent
+        # reader finds the schema by its id and reads a null key, as Debezium's truncate has; a
+        # compacted topic takes the record, which it refuses without a key.
+        null_id = registry.register(f"{topic}-truncate-key", '"null"')
+        self.truncate_key = MAGIC + null_id.to_bytes(4, "big")
         self.write_key = compile_writer(key_avro)
         self.write_value = compile_writer(value_avro)
         row = next(f for f in value_connect["fields"] if f["field"] == "after")
@@ -243,6 +250,9 @@ class AvroEncoder(DebeziumJsonEncoder):
         out = bytearray(header)
         write(out, datum)
         return bytes(out)
+
+    def _truncate_key(self, fmt: AvroTableFormat) -> bytes:
+        return fmt.truncate_key
 
     def _key(self, event: ChangeEvent, fmt: AvroTableFormat) -> bytes:
         key = event.key or {}
@@ -344,6 +354,8 @@ class AvroReader:
 
     def key(self, data: bytes) -> dict:
         decoder, value = self._decode(data)
+        if value is None:  # a truncate's key (AvroTableFormat.truncate_key)
+            return {}
         if decoder.envelope or not isinstance(value, dict):
             raise ValueError("an Avro key that is not a record of key columns")
         return apply_converters(value, decoder.key)

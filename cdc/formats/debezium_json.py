@@ -243,6 +243,10 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) if key else {}
         return fmt.key_prefix + orjson.dumps(payload) + b"}"
 
+    def _truncate_key(self, fmt: TableFormat) -> bytes:
+        """The key of a truncate's records: null to a Connect reader (see ``TRUNCATE_KEY``)."""
+        return TRUNCATE_KEY
+
     def _value(self, event: ChangeEvent, fmt: TableFormat, head: dict[str, Any], now_ms: int) -> bytes:
         """One record value: the Connect JSON ``schema`` + ``payload`` object."""
         return fmt.value_prefix + orjson.dumps(self._payload(event, fmt, head, now_ms)) + b"}"
@@ -279,7 +283,7 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                 nbytes += len(value)
                 headers = record_headers(event.version, source)
                 if event.op is _TRUNCATE:
-                    everywhere(topic, value, None, headers)  # Debezium: a truncate has no key
+                    everywhere(topic, value, self._truncate_key(fmt), headers)
                     continue
                 put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is _DELETE, headers)
         except Exception as exc:
@@ -289,5 +293,10 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
 
 
 _TRUNCATE, _DELETE = Op.TRUNCATE, Op.DELETE
+# Debezium writes a truncate with no key, which a compacted topic (ours are) refuses with
+# INVALID_RECORD: the whole capture stopped at a TRUNCATE. This key is Connect JSON that Kafka
+# Connect's JsonConverter reads as a null key, so a Connect consumer sees what Debezium's truncate
+# gives it, and the topic takes it (one key per table: compaction keeps the newest truncate).
+TRUNCATE_KEY = b'{"schema":null,"payload":null}'
 # The connector's fields of an event that go into Debezium's source block (the rest are ours).
 _SOURCE_EVENT_FIELDS = ("txId", "lsn", "gtid", "file", "pos", "row")
