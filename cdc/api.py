@@ -87,7 +87,6 @@ here or on the ``SinkContext`` it is handed:
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -114,6 +113,7 @@ from cdc.runtime.stats import ConnectorStats
 from cdc.runtime.stop_signals import stop_on_signals
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent
+from cdc.topics import INTERNAL_TOPICS_LOOKAHEAD, dead_letter_topic, internal_topic, table_topics
 from cdc.units import human_bytes
 
 try:  # for sinks that take rows as JSON bytes (Sink.raw_rows): their COPY text made in C
@@ -317,16 +317,6 @@ class ConnectorLogger(logging.LoggerAdapter):
 DeadLetterWriter = Callable[[str, int, int, str, "bytes | None", "bytes | None"], None]
 
 
-def internal_topic(topic: str) -> bool:
-    """A topic of the framework's own (offsets, schema changes, dead letters), never a table's."""
-    return topic.endswith((".offsets", ".schema-changes")) or ".dead-letter." in topic
-
-
-# The same rule as a regex prefix (Java and Python syntax) for a subscription pattern: put it
-# before the alternatives of table topics so that none of the framework's own topics matches.
-INTERNAL_TOPICS_LOOKAHEAD = r"(?!.*\.offsets$)(?!.*\.schema-changes$)(?!.*\.dead-letter\.)"
-
-
 def ensure_dead_letter_topic(log: Log, topic: str, retention_hours: float | None) -> None:
     """Make a sink's dead-letter topic (not compacted: every letter kept for ``retention_hours``),
     or bring an existing one to that (cdc/runtime/dead_letters.py), for a sink that writes its
@@ -334,11 +324,6 @@ def ensure_dead_letter_topic(log: Log, topic: str, retention_hours: float | None
     from cdc.runtime.dead_letters import ensure_topic
 
     ensure_topic(log, topic, None if retention_hours is None else int(retention_hours * 3_600_000))
-
-
-def dead_letter_topic(topic_prefix: str, sink_name: str) -> str:
-    """The default dead-letter topic of a sink (its ``dead_letter_topic`` setting overrides it)."""
-    return f"{topic_prefix}.dead-letter.{sink_name}"
 
 
 def _no_dead_letter(name: str) -> DeadLetterWriter:
@@ -431,9 +416,7 @@ class SinkContext:
     def topics_matching(self, globs: Iterable[str]) -> list[str]:
         if self.log is None:
             return []
-        globs = list(globs)
-        return sorted(t for t in self.log.topics()
-                      if any(fnmatch.fnmatchcase(t, g) for g in globs) and not internal_topic(t))
+        return table_topics(self.log.topics(), globs)
 
     def checkpoint_feed(self) -> CheckpointFeed | None:
         return None if self.log is None else CheckpointFeed(self.log, self.topic_prefix)

@@ -17,12 +17,9 @@ from cdc.errors import DecodeError
 from cdc.log.base import Log, TopicSettings
 from cdc.positions import IncrementalProgress, MySqlPosition, PgLsn, Position, position_from_json, position_to_json
 from cdc.serde import Record
+from cdc.topics import offsets_topic
 
 MYSQL_FILE_SHIFT = 32  # the MySQL source's versions: binlog file index << 32 | position
-
-
-def offsets_topic(prefix: str) -> str:
-    return f"{prefix}.offsets"
 
 
 class OffsetStore:

@@ -190,10 +190,12 @@ def event_counts(log_, source_names) -> dict[str, dict[str, int]]:
     """Per source, the change events in the log: snapshot rows and live changes."""
     import orjson
 
+    from cdc.topics import internal_topic
+
     counts = {name: {"snapshot": 0, "live": 0} for name in source_names}
     for topic in log_.topics():
-        if not topic.startswith(f"{PREFIX}.") or topic.count(".") != 2:
-            continue  # the schema, offset and dead-letter topics
+        if not topic.startswith(f"{PREFIX}.") or internal_topic(topic):
+            continue
         for record in log_.read_all(topic):
             if record.value is None:
                 continue

@@ -13,7 +13,7 @@ import orjson
 
 from cdc.events import Column, SchemaChange, TableId
 from cdc.log.base import Log
-from cdc.serde import schema_changes_topic
+from cdc.topics import schema_changes_topic
 
 
 def known_shapes(log_: Log, prefix: str, source_name: str) -> list[SchemaChange]:

@@ -26,7 +26,7 @@ from importlib import resources
 import orjson
 
 from cdc.runtime.history import History
-from cdc.serde import schema_changes_topic
+from cdc.topics import dead_letter_sink, schema_changes_topic
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,8 @@ class LogView:
 
     def dead_letters(self) -> list[dict]:
         def compute(log_) -> list[dict]:
-            marker = f"{self._prefix}.dead-letter."
             out = []
-            for topic in sorted(t for t in log_.topics() if t.startswith(marker)):
+            for topic in sorted(t for t in log_.topics() if dead_letter_sink(self._prefix, t) is not None):
                 letters = []
                 for record in log_.read_all(topic):
                     if record.value is not None:
@@ -84,7 +83,7 @@ class LogView:
                         letter["letter_offset"] = record.offset
                         letters.append(letter)
                 letters.sort(key=lambda letter: letter["letter_offset"])
-                out.append({"topic": topic, "sink": topic[len(marker):], "count": len(letters),
+                out.append({"topic": topic, "sink": dead_letter_sink(self._prefix, topic), "count": len(letters),
                             "latest": letters[-LATEST_LETTERS:][::-1]})
             return out
         return self._cached("dead-letters", compute)

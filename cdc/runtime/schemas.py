@@ -25,7 +25,7 @@ import orjson
 
 from cdc.errors import ShapeNotYetPublished, TopicConfigError
 from cdc.log.base import Log
-from cdc.serde import schema_changes_topic
+from cdc.topics import schema_changes_topic
 
 log = logging.getLogger(__name__)
 

@@ -19,23 +19,16 @@ in its checkpoint) have no consumer group to measure and are left out.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import threading
 import time
 
 from cdc.errors import CdcError
+from cdc.topics import table_topics
 
 log = logging.getLogger(__name__)
 
-INTERNAL = (".offsets", ".schema-changes")
 FETCH_TIMEOUT = 2.0  # seconds to read the oldest unwritten records of a sink's lagging partitions
-
-
-def sink_topics(all_topics: list[str], globs: list[str]) -> list[str]:
-    """The topics a sink with these globs reads (as the sink runner chooses them)."""
-    return sorted(t for t in all_topics if any(fnmatch.fnmatchcase(t, g) for g in globs)
-                  and not t.endswith(INTERNAL) and ".dead-letter." not in t)
 
 
 class SinkLagMonitor:
@@ -118,7 +111,7 @@ def measure(log_, group: str, globs: list[str]) -> dict[str, dict]:
     reader = log_.reader(group)
     try:
         behind: dict[tuple[str, int], int] = {}
-        for topic in sink_topics(log_.topics(), globs):
+        for topic in table_topics(log_.topics(), globs):  # as the sink runner chooses them
             ends = log_.end_offsets(topic)
             committed = reader.committed(list(ends))
             records = total = 0
