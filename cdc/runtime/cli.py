@@ -375,7 +375,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     import time
 
     from cdc.config import load_config
-    from cdc.runtime.sink_runner import ProgressBar
+    from cdc.runtime.progress_bar import ProgressBar
 
     config = load_config(args.file)
     _refuse_if_daemon_runs(config, args.sink)
@@ -436,7 +436,7 @@ def _rebuild_through_daemon(config, name: str, row: dict) -> int:
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc.config import load_config
-    from cdc.runtime.sink_runner import ProgressBar
+    from cdc.runtime.progress_bar import ProgressBar
 
     config = load_config(args.file, only=[args.sink])
     row = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(args.sink)

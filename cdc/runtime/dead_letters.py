@@ -31,11 +31,15 @@ back (already compacted away).
 The dead-letter topic is created with ``max.message.bytes`` = ``TOPIC_MAX_MESSAGE_BYTES``, and
 every letter is kept well under it, whatever the broker's default; the embedded log has no size
 limit, but gets the same letters, so a consumer of dead letters reads one format everywhere.
+
+``DeadLetters`` is a sink's topic and writer: a letter returns only once it is durable (flushed),
+so the runner commits past the record it replaces only after that.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import orjson
 
@@ -111,3 +115,44 @@ def dead_letter(dead_letter_topic: str, *, sink: str, topic: str, partition: int
     if value is not None:
         letter["value_stored"] = "reference"
     return Record(dead_letter_topic, letter_key, orjson.dumps(letter))
+
+
+class DeadLetters:
+    """One sink's dead-letter topic, made (or brought to ``delete``) at its first letter, and the
+    writer of its letters. Letters may come from any thread (the runner's, the sink's): one at a
+    time."""
+
+    def __init__(self, log_: Log, topic: str, sink: str, retention_hours: float | None) -> None:
+        self.log = log_
+        self.topic = topic
+        self.sink = sink
+        self.retention_ms = None if retention_hours is None else int(retention_hours * 3_600_000)
+        self._writer = None
+        self._lock = threading.Lock()
+
+    def send(self, topic: str, partition: int, offset: int, reason: str, key: bytes | None,
+             value: bytes | None, *, missing: bool = False) -> None:
+        """The letter for the record at topic[partition]@offset, durably (see ``dead_letter``)."""
+        with self._lock:
+            if self._writer is None:
+                ensure_topic(self.log, self.topic, self.retention_ms)
+                self._writer = self.log.writer()
+            try:
+                self._writer.publish([dead_letter(self.topic, sink=self.sink, topic=topic, partition=partition,
+                                                  offset=offset, reason=reason, key=key, value=value,
+                                                  missing=missing)])
+                self._writer.flush(30)
+            except BaseException:
+                # A writer keeps its first delivery error for good; a sink that retries the letter
+                # (the broker was away a moment) needs a fresh one, or it fails forever.
+                writer, self._writer = self._writer, None
+                try:
+                    writer.close()
+                except Exception:  # noqa: BLE001 - the delivery error is the one worth raising
+                    log.debug("closing the failed dead-letter writer", exc_info=True)
+                raise
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()

@@ -19,39 +19,32 @@ its events and its encoded requests until its completion returned: memory stays 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
-
-from cdc.log.base import TopicPartition
 
 
 class SinkThread:
-    """One worker thread for every call on one sink."""
+    """One worker thread for every call on one sink, from ``open`` to ``close`` (once per run)."""
 
     def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{name}")
+        self.name = name
+        self._executor: ThreadPoolExecutor | None = None
+
+    def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{self.name}")
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the sink's thread and wait for it; its exception is raised here."""
+        """Run ``fn(*args)`` on the sink's thread and wait for it; its exception is raised here.
+        Not open (outside a run): on the calling thread."""
+        if self._executor is None:
+            return fn(*args)
         return self._executor.submit(fn, *args).result()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        assert self._executor is not None, "the sink's thread is not open"
         return self._executor.submit(fn, *args)
 
     def close(self) -> None:
         """Wait for what was submitted (a write in flight ends, or fails, before the sink stops)."""
-        self._executor.shutdown(wait=True)
-
-
-@dataclass
-class PendingWrite:
-    """A batch handed to the sink's thread: the offsets to commit once its write succeeded.
-    ``future``: the write itself, or, pipelined, its submission (a ``write_pipeline.Submitted``
-    whose completions are waited for next); ``batch``: pipelined, the events, kept to write them
-    again if the completion fails."""
-
-    future: Future
-    ends: dict[TopicPartition, int]
-    events: int
-    batch: list | None = None
-    settled: bool = False  # waited for (and committed, if it succeeded): by the loop or a revocation
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)

@@ -1,6 +1,6 @@
 """A bulk rebuild's windows loaded on the sink's thread while the next ones are read.
 
-``SinkRunner._fill_windows_from`` reads the history into windows reduced to the newest version
+A bulk rebuild (window_fill.py) reads the history into windows reduced to the newest version
 per key (``cdc.bulk_window``). Once a window is closed (its partitions read to their ends, or it
 filled its bound) it is handed here: loaded on the sink's thread, one window at a time and in the
 order handed over, while the reading thread fills the next. Whether a window goes in without the
@@ -12,7 +12,7 @@ Memory: the window in flight and the loaded keys' hashes count against the same 
 window being filled (``held``); the reader waits for the load (``wait``) before it grows past it.
 
 Nothing here moves a position: the runner updates positions once every window is loaded, and
-nothing is committed before the switch (``SinkRunner._rebuild``).
+nothing is committed before the switch (sink_rebuild.py).
 
 Threading: the reading thread calls everything; the loads run on the sink's thread.
 """

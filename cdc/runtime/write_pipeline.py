@@ -1,11 +1,14 @@
-"""Writes in flight across batches, for a ``PipelinedSink`` (see cdc.api): the sink's side.
+"""The runner's writes in flight: handed to the sink's thread, settled in batch order.
 
-The runner (sink_runner.py) hands each batch to the sink's thread as ``submit_in_shape``: one
-``submit`` per run of events with one shape per topic (cdc/schema_order.py), each returning once
-its requests are handed to the store. A part the sink declines (not a plain write: its store
-objects are to be made or changed first) ends the submission there; that part and the ones
-after it are the batch's ``rest``, written with ``write`` once nothing before them is in flight.
-Later, on the same thread and in batch order, ``wait_all`` waits for the batch's completions.
+A sink that does not pipeline has one write in flight at a time (``depth`` 1): the batch's
+``future`` is its whole write (sink_writing.py: retries, poison isolation), and the next batch
+is read while it runs. A ``PipelinedSink`` (cdc.api) keeps several: each batch goes to the
+sink's thread as ``submit_in_shape``: one ``submit`` per run of events with one shape per topic
+(cdc/schema_order.py), each returning once its requests are handed to the store. A part the
+sink declines (not a plain write: its store objects are to be made or changed first) ends the
+submission there; that part and the ones after it are the batch's ``rest``, written with
+``write`` once nothing before them is in flight. Later, on the same thread and in batch order,
+``wait_all`` waits for the batch's completions.
 
 The order of effects on the sink's one thread, with two writes in flight::
 
@@ -19,18 +22,33 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, NamedTuple
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 from cdc.api import WriteCompletion
 from cdc.log.base import TopicPartition
-from cdc.runtime.sink_thread import PendingWrite
+from cdc.runtime.sink_thread import SinkThread
+from cdc.runtime.sink_writing import SinkWriter
 from cdc.schema_order import split_by_schema
 from cdc.sink_events import SinkEvent
 
-if TYPE_CHECKING:
-    from cdc.runtime.sink_runner import SinkRunner
-
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingWrite:
+    """A batch handed to the sink's thread: the offsets to commit once its write succeeded.
+    ``future``: the write itself, or, pipelined, its submission (a ``Submitted`` whose
+    completions are waited for next); ``batch``: pipelined, the events, kept to write them again
+    if the completion fails; ``nbytes``: its records' value bytes, counted once it is committed."""
+
+    future: Future
+    ends: dict[TopicPartition, int]
+    events: int
+    batch: list | None = None
+    nbytes: int = 0
+    settled: bool = False  # waited for (and committed, if it succeeded): by the loop or a revocation
 
 
 class Submitted(NamedTuple):
@@ -70,13 +88,21 @@ class InFlight:
 
     Settling is strictly in batch order, and a write's offsets are the runner's to commit only
     once it settled without error. A pipelined write that fails (its submission or a completion)
-    settles every write in flight first: see ``_recover``.
+    settles every write in flight first: see ``_recover``. When settling fails, ``dropped`` is
+    called: what was read past the failed batch is to be read again (SinkReading.drop_ahead).
     """
 
-    def __init__(self, runner: SinkRunner, depth: int) -> None:
-        self.runner = runner
+    def __init__(self, sink_thread: SinkThread, writer: SinkWriter, depth: int, *,
+                 dropped: Callable[[], None]) -> None:
+        self.sink_thread = sink_thread
+        self.writer = writer
         self.depth = depth
+        self.dropped = dropped
         self.writes: deque[PendingWrite] = deque()
+
+    def _extra(self) -> dict:
+        stats = self.writer.stats
+        return {"connector": stats.name, "phase": stats.phase}
 
     def __bool__(self) -> bool:
         return bool(self.writes)
@@ -87,13 +113,13 @@ class InFlight:
 
     def hand(self, events: list[SinkEvent], ends: dict[TopicPartition, int], nbytes: int) -> PendingWrite:
         """``events`` to the sink's thread: submitted (pipelined), else written."""
-        runner = self.runner
+        writer = self.writer
         if self.depth > 1:
-            write = PendingWrite(runner._sink_thread.submit(submit_in_shape, runner.sink, events), ends, len(events),
-                                 events)
+            write = PendingWrite(self.sink_thread.submit(submit_in_shape, writer.sink, events), ends, len(events),
+                                 events, nbytes)
         else:
-            write = PendingWrite(runner._sink_thread.submit(runner._write_in_shape, events), ends, len(events))
-        runner._bytes_of[write.future] = nbytes  # counted once the write is committed
+            write = PendingWrite(self.sink_thread.submit(writer.write_in_shape, events), ends, len(events),
+                                 nbytes=nbytes)
         self.writes.append(write)
         return write
 
@@ -113,7 +139,6 @@ class InFlight:
         return settled
 
     def _settle_oldest(self) -> list[PendingWrite]:
-        runner = self.runner
         pending = self.writes.popleft()
         try:
             if pending.batch is None:
@@ -121,18 +146,17 @@ class InFlight:
                 return [pending]
             try:
                 submitted = pending.future.result()
-                runner._sink_call(wait_all, submitted.completions)
-                runner._poisons_in_row = 0
+                self.sink_thread.call(wait_all, submitted.completions)
+                self.writer.written()
             except Exception as err:  # noqa: BLE001 - any failure: the batch goes the usual way
                 return self._recover(pending, err)
             for part in submitted.rest:  # nothing before them in flight now (make_room)
-                runner._sink_call(runner._write, part)
+                self.sink_thread.call(self.writer.write, part)
             return [pending]
         except BaseException:
             pending.settled = True  # nothing of it is committed, not even by a revocation
-            runner._bytes_of.pop(pending.future, None)
             self.drain()  # nothing past it either
-            runner._read = {}  # what was read past the failed batch is read again from the commits
+            self.dropped()  # what was read past the failed batch is read again from the commits
             raise
 
     def _recover(self, failed: PendingWrite, err: Exception) -> list[PendingWrite]:
@@ -143,37 +167,34 @@ class InFlight:
         already: their offsets are committed after the failed one's. The failed batch lands after
         them, which regresses nothing: a PipelinedSink's writes (deletes included) are version-
         guarded per key (cdc.api.PipelinedSink). Returns every write settled, in order."""
-        runner = self.runner
         later = list(self.writes)
         self.writes.clear()
         log.warning("a write of %d events failed (%s: %s) with %d later ones in flight; writing it again once "
-                    "they ended", failed.events, type(err).__name__, err, len(later), extra=runner._extra())
+                    "they ended", failed.events, type(err).__name__, err, len(later), extra=self._extra())
         again = [pending for pending in later if not self._completed(pending)]
         try:
-            runner._sink_call(runner._write_in_shape, failed.batch)
+            self.sink_thread.call(self.writer.write_in_shape, failed.batch)
             for pending in again:
-                runner._sink_call(runner._write_in_shape, pending.batch)
+                self.sink_thread.call(self.writer.write_in_shape, pending.batch)
         except BaseException:
             for pending in later:
                 pending.settled = True
-                runner._bytes_of.pop(pending.future, None)
             raise
         return [failed, *later]
 
     def _completed(self, pending: PendingWrite) -> bool:
         """Wait for ``pending``'s write to end; whether it completed whole (submitted and waited
         for without an error, nothing left unsubmitted)."""
-        runner = self.runner
         try:
             if pending.batch is None:
                 pending.future.result()
                 return True
             submitted = pending.future.result()
-            runner._sink_call(wait_all, submitted.completions)
+            self.sink_thread.call(wait_all, submitted.completions)
             return not submitted.rest
         except Exception as err:  # noqa: BLE001 - the caller writes it again or drops it
             log.info("a write of %d events in flight also failed (%s: %s)", pending.events, type(err).__name__, err,
-                     extra=runner._extra())
+                     extra=self._extra())
             return False
 
     def drain(self) -> None:
@@ -183,5 +204,4 @@ class InFlight:
         self.writes.clear()
         for pending in writes:
             pending.settled = True
-            self.runner._bytes_of.pop(pending.future, None)
             self._completed(pending)

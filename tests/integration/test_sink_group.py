@@ -241,7 +241,7 @@ def test_a_late_write_of_a_member_that_lost_its_partition_does_not_regress_the_r
         assert landed.wait(60), "A's late write did not return"
         assert row() == 2  # A's older version landed after B's newer one and changed nothing
         # A learns it lost the partition (its commit is refused, or dropped); B's commit stands.
-        wait_until(lambda: not runner_a._membership or not runner_a._membership.owned, timeout=60,
+        wait_until(lambda: not runner_a.reading.membership or not runner_a.reading.membership.owned, timeout=60,
                    what="A to learn that its partition is gone")
         assert reader.committed([(topic, 0)])[(topic, 0)] == 2
         assert runner_a not in errors and runner_b not in errors, errors
@@ -276,7 +276,7 @@ def test_a_rebuild_or_bootstrap_of_a_grouped_sink_waits_for_an_empty_group(kafka
     thread = threading.Thread(target=member.run, args=(stop,))
     thread.start()
     try:
-        wait_until(lambda: member._membership is not None and member._membership.owned, timeout=60,
+        wait_until(lambda: member.reading.membership is not None and member.reading.membership.owned, timeout=60,
                    what="the member to own partitions")
         for attempt in (lambda r: r.rebuild(threading.Event()),
                         lambda r: r.run(threading.Event(), from_start=True, until_caught_up=True)):

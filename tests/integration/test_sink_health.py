@@ -11,7 +11,7 @@ from tests.integration.test_sink_runner import RecordingSink, _config, _publish
 
 
 def test_a_retrying_sink_reports_retrying_then_clears_it(log, monkeypatch):  # noqa: F811 - the fixture
-    monkeypatch.setattr("cdc.runtime.sink_runner.BACKOFF_FIRST", 0.01)
+    monkeypatch.setattr("cdc.runtime.sink_writing.BACKOFF_FIRST", 0.01)
     _publish(log, 20, keys=20)
     reports: list[dict] = []
     sink = RecordingSink(_config(), fail_retriable=3)
@@ -35,7 +35,7 @@ def _run_in_thread(runner) -> tuple[threading.Event, threading.Thread]:
 
 def _reporting_runner(log, monkeypatch):  # noqa: F811
     """A runner whose reports (one a second while it runs) are kept: evidence that it polled on."""
-    monkeypatch.setattr("cdc.runtime.sink_runner.IDLE_CHECK_S", 0.0, raising=False)
+    monkeypatch.setattr("cdc.runtime.sink_reading.IDLE_CHECK_S", 0.0)
     reports: list[dict] = []
     runner = SinkRunner(RecordingSink(_config()), log, "p", report=lambda stats: reports.append(stats.snapshot()))
     return runner, reports
@@ -47,7 +47,7 @@ def test_a_sink_that_reads_nothing_while_the_log_holds_records_makes_no_progress
     only when the sink stands at the log's ends."""
     _publish(log, 20, keys=20)
     runner, reports = _reporting_runner(log, monkeypatch)
-    monkeypatch.setattr(runner, "_assign_reader", lambda reader, start: None)  # reads nothing, ever
+    monkeypatch.setattr(runner.reading, "assign_from", lambda start: None)  # reads nothing, ever
     stop, thread = _run_in_thread(runner)
     try:
         wait_for(lambda: len(reports) >= 4, timeout=60, what="a few seconds of polls")

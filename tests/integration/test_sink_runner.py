@@ -119,7 +119,7 @@ def test_everything_is_written_and_offsets_committed_after(log):
 
 
 def test_retriable_errors_retry_the_same_batch(log, monkeypatch):
-    monkeypatch.setattr("cdc.runtime.sink_runner.BACKOFF_FIRST", 0.01)
+    monkeypatch.setattr("cdc.runtime.sink_writing.BACKOFF_FIRST", 0.01)
     _publish(log, 120, keys=120)
     sink = RecordingSink(_config(), fail_retriable=3)
     runner = SinkRunner(sink, log, "p")
@@ -149,7 +149,7 @@ def test_on_poison_stop_stops_with_the_event_named(log):
 def test_a_sink_failing_every_event_alone_stops_instead_of_setting_the_topics_aside(log):
     """A sink broken as a whole (once: its request threads shut down) fails each event alone;
     past 50 in a row that is the sink, not the events, and it stops with nothing past it committed."""
-    from cdc.runtime.sink_runner import POISON_RUN_LIMIT
+    from cdc.runtime.sink_writing import POISON_RUN_LIMIT
 
     _publish(log, 200, keys=200)
     sink = RecordingSink(_config(), poison_ids=set(range(200)))

@@ -10,7 +10,7 @@ import pytest
 
 from cdc.api import SinkConfig
 from cdc.log import kafka_bulk
-from cdc.runtime import sink_runner
+from cdc.runtime import sink_reading
 from cdc.runtime.sink_runner import SinkRunner
 from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
 from tests.integration.test_sink_runner import TABLE, RecordingSink, _publish
@@ -24,8 +24,8 @@ def test_the_runner_fetches_packed_and_commits_through_the_group_after_each_writ
     assert kafka_bulk.AVAILABLE, "cdc._rdconsume was not built (scripts/setup installs librdkafka-dev)"
     prefix, group = kafka_topic, f"{kafka_topic}-sink"
     packed_batches = []
-    decode = sink_runner.decode_packed
-    monkeypatch.setattr(sink_runner, "decode_packed",
+    decode = sink_reading.decode_packed
+    monkeypatch.setattr(sink_reading, "decode_packed",
                         lambda batch, ends, raw: packed_batches.append(batch.count) or decode(batch, ends, raw))
 
     def config() -> SinkConfig:

@@ -21,7 +21,7 @@ from cdc.events import ChangeEvent, Op, TableId
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
 from cdc.positions import Counter
-from cdc.runtime import sink_runner
+from cdc.runtime import window_fill
 from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, Record
 from sinks.sql.config import SqlSinkConfig
@@ -115,12 +115,12 @@ def test_a_history_larger_than_the_window_rebuilds_equal_to_its_final_state(pg_a
         runner = _runner(kafka, prefix, urls["bulk"].replace("postgresql://", "postgresql+psycopg2://", 1),
                          f"bulk-{run}", bulk_window_mb=1)
         loads: list[bool] = []
-        load_window = runner._load_window
+        load_window = runner.rebuilds.windows.load_window
 
         def counting(window, first, generation):
             loads.append(first)
             load_window(window, first, generation)
-        runner._load_window = counting
+        runner.rebuilds.windows.load_window = counting
         runner.rebuild(threading.Event())
         # In bulk: the first window, and a later one only where it holds no key loaded before (the
         # first window of the other partition); the windows cut from a partition after its first
@@ -280,15 +280,15 @@ def test_a_key_in_two_partitions_of_a_grown_topic_goes_through_the_guarded_write
         _publish(kafka, prefix, after)
         assert kafka.end_offsets(topic)[(topic, 1)] > 0  # some keys' newer records are in partition 1 now
 
-        monkeypatch.setattr(sink_runner, "BULK_STAGE_RECORDS", 1)  # a stage per partition, however small
+        monkeypatch.setattr(window_fill, "BULK_STAGE_RECORDS", 1)  # a stage per partition, however small
         runner = _runner(kafka, prefix, dsn.replace("postgresql://", "postgresql+psycopg2://", 1), f"grow-{run}")
         loads: list[bool] = []
-        load_window = runner._load_window
+        load_window = runner.rebuilds.windows.load_window
 
         def counting(window, bulk, generation):
             loads.append(bulk)
             load_window(window, bulk, generation)
-        runner._load_window = counting
+        runner.rebuilds.windows.load_window = counting
         with caplog.at_level("WARNING", logger="cdc.runtime.window_loads"):
             runner.rebuild(threading.Event())
         expected = sorted((key, row["name"], row["amount"], version)

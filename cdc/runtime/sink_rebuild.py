@@ -1,0 +1,146 @@
+"""Rebuilding a sink's store into a new generation while readers keep seeing the current one.
+
+A rebuild (``cdc rebuild``, or the runner's answer to ``RebuildRequired``) of a
+``RebuildableSink``, in this order:
+
+1. ``open_generation(new)``, and the targets: the matching topics' end offsets now.
+2. The generation is filled from offset 0 up to the targets: batch by batch as the topics are
+   read (``_fill_in_batches``: the next batch is read while the sink writes one, and positions
+   move only once a write succeeded, in order), or for a ``BulkLoadableSink`` in windows reduced
+   to the newest version per key, loaded in bulk where the generation holds none of their keys
+   (window_fill.py). Either way nothing is committed yet.
+3. ``switch_generation(new)``: readers see the new generation. Only then are the positions
+   committed, and ``drop_generation(old)`` follows.
+
+A failure, a stop or a kill before the switch leaves readers on the old generation and the
+group's commits where they were; the next rebuild opens the new generation empty again and
+starts over. Streaming after a rebuild goes on from where the fill ended, not from offset 0. A
+shape that itself asks for a rebuild meanwhile begins it again (``until_done``): the new
+generation's tables were made in the shapes known when they were made. As a group member
+(``scale_out: group``) a rebuild runs only while no member is in the group (sink_group.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from cdc import bulk_window
+from cdc.api import BulkLoadableSink, RebuildableSink, Sink
+from cdc.errors import PermanentError, RebuildRequired
+from cdc.log.base import TopicPartition
+from cdc.runtime.sink_reading import SinkReading
+from cdc.runtime.sink_thread import SinkThread
+from cdc.runtime.sink_writing import SinkWriter
+from cdc.runtime.stats import ConnectorStats
+from cdc.runtime.window_fill import WindowFill
+from cdc.runtime.write_pipeline import InFlight, PendingWrite
+
+log = logging.getLogger(__name__)
+
+
+class Rebuilds:
+    """The runner's rebuilds, on the runner's thread; every call on the sink goes to its thread.
+    ``windows``: the bulk fill (its ``load_window`` is where a window goes into the store)."""
+
+    def __init__(self, sink: Sink, sink_thread: SinkThread, reading: SinkReading, writer: SinkWriter,
+                 stats: ConnectorStats, report: Callable[[ConnectorStats], None],
+                 progress: Callable[[int, int], None] | None, *, refuse_unless_alone: Callable[[str], None]) -> None:
+        self.sink = sink
+        self.name = sink.config.name
+        self.sink_thread = sink_thread
+        self.reading = reading
+        self.stats = stats
+        self.report = report
+        self.progress = progress
+        self.refuse_unless_alone = refuse_unless_alone
+        self.windows = WindowFill(sink, sink_thread, reading, writer, stats, report, progress)
+
+    def _extra(self) -> dict:
+        return {"connector": self.name, "phase": self.stats.phase}
+
+    def until_done(self, writes: InFlight, stop_event: threading.Event) -> None:
+        """``rebuild``, begun again when a shape that also asks for one arrives meanwhile."""
+        while True:
+            try:
+                self.rebuild(writes, stop_event)
+                return
+            except RebuildRequired as err:
+                log.warning("%s: during the rebuild; beginning it again", err, extra=self._extra())
+
+    def rebuild(self, writes: InFlight, stop_event: threading.Event) -> None:
+        """A new generation from offset 0; readers switch to it once it has caught up. ``writes``:
+        the run's writes in flight (none when called)."""
+        sink, call = self.sink, self.sink_thread.call
+        if not isinstance(sink, RebuildableSink):
+            raise PermanentError(f"sink {self.name} ({sink.config.type}) cannot rebuild: its store has no "
+                                 f"generations")
+        self.refuse_unless_alone("a rebuild")
+        old = call(sink.current_generation)
+        new = old + 1
+        self.stats.phase = "rebuilding"
+        self.report(self.stats)
+        call(sink.open_generation, new)
+        reading = self.reading
+        targets = reading.ends()
+        reading.start_over(targets)
+        began = time.monotonic()
+
+        def halt() -> None:
+            if stop_event.is_set():
+                raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
+                                     f"incomplete and readers still see {old}; start again to redo it")
+        if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and call(lambda: sink.bulk_loads):
+            self.windows.fill(targets, new, halt)
+        else:
+            self._fill_in_batches(writes, targets, halt)
+        # Streaming after the rebuild (the runner's run) goes on from where the fill ended, not
+        # from offset 0 (a windowed fill reads through a bulk reader of its own).
+        reading.assign_from(dict(reading.positions))
+        call(sink.switch_generation, new)
+        reading.commit_positions()
+        call(sink.drop_generation, old)
+        self.stats.phase = "streaming"
+        log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
+                 time.monotonic() - began, old, extra=self._extra())
+
+    def _fill_in_batches(self, writes: InFlight, targets: dict[TopicPartition, int], halt: Callable[[], None]) -> None:
+        """The new generation written batch by batch, as the topics are read."""
+        reading = self.reading
+        reported = time.monotonic()
+        # Read ahead as a run does: the next batch is read and decoded while the sink writes one
+        # (a PipelinedSink: while its writes in flight run). Positions move only once a write
+        # succeeded, in order; nothing is committed before the switch, so a failure anywhere
+        # leaves readers on the old generation (and a restart redoes it).
+        try:
+            while not reading.reached(targets):
+                halt()
+                if writes and reading.covers(writes.newest.ends, targets):
+                    events, ends = [], {}  # the last batch is in flight: nothing past the ends to read
+                else:
+                    events, ends = reading.batch()
+                settled = writes.make_room(everything=not events)
+                if events:
+                    writes.hand(events, ends, reading.batch_bytes)
+                for pending in settled:
+                    self._rebuilt(pending)
+                if not events:
+                    reading.positions.update(ends)  # only poison records, set aside already
+                    self.stats.progressed()
+                if time.monotonic() - reported > 1.0:  # a long rebuild is progress, not a stall
+                    self.report(self.stats)
+                    reported = time.monotonic()
+                if self.progress:
+                    self.progress(reading.done(targets), sum(targets.values()))
+        finally:
+            writes.drain()  # an error: let the writes in flight end before anything else runs
+
+    def _rebuilt(self, pending: PendingWrite) -> None:
+        """A rebuild's write settled without error: its positions count."""
+        pending.settled = True
+        self.reading.positions.update(pending.ends)
+        self.stats.events += pending.events
+        self.stats.bytes += pending.nbytes
+        self.stats.progressed()
