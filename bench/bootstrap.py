@@ -9,8 +9,7 @@ what `cdc bootstrap` runs into PostgreSQL since the bulk path (``SinkRunner.rebu
 reduced to the newest version per key in windows in C, cdc/_window.c, read partition after
 partition, each window whose keys the new generation does not hold yet COPYed straight into it
 while the next is read, sinks/sql/bulk_load.py; ``--window-mb`` sets
-``bulk_window_mb``, ``--bulk-only`` skips "now", ``--confluent-reads`` also runs it reading through
-confluent-kafka, "bulk-ck", as before the packed reader). Each line prints the CPU seconds of this
+``bulk_window_mb``, ``--bulk-only`` skips "now"). Each line prints the CPU seconds of this
 process, of the server and of the dev stack's Kafka broker, also per record: on a loaded machine
 those are the figures to compare.
 
@@ -25,8 +24,9 @@ those are the figures to compare.
              as typed COPY rows, and the rows left as JSON bytes from the log to the COPY text
              (``raw_rows``: the C decoder and COPY loop of cdc/_speedups.c, no dict per row);
              "dicts": the same with every row decoded to a dict (how "now" ran before the raw
-             rows); "before": one after the other, every row a dict, upserts staged as jsonb (how
-             it ran before issue #18). ``--rounds`` alternates them, each into a fresh database.
+             rows); "before": every row a dict, upserts staged as jsonb (how it ran before issue
+             #18, but reading ahead of the writes: the runner has no switch to read only after
+             each write). ``--rounds`` alternates them, each into a fresh database.
 Issue #18's targets: >= 100,000 records/s and >= 25% of COPY's rows/s.
 
 Also printed per run: the CPU seconds of this process (reading, decoding, the sink's Python side;
@@ -34,10 +34,18 @@ every thread, librdkafka's included) and of the PostgreSQL backends serving the 
 (sampled from /proc, so only with a server on this machine). On a loaded machine these are the
 figures to read: wall time there is mostly waiting for a core. ``--probed-deletes`` also runs
 "now" with the remembered-delete check as a per-row probe of the deletes' key instead of the
-planner's hash anti-join over every remembered delete of the table, ``--rebuild`` also runs ``SinkRunner.rebuild`` (``cdc rebuild``: a new
-generation, then the switch) reading ahead ("rebuild") and one batch after the other ("rb-seq"),
-``--batch`` sets the sink's ``batch_size``, ``--now-only`` skips "dicts" and "before", ``--no-before``
-skips "before" (at issue #18's size it alone takes longer than the rest).
+planner's hash anti-join over every remembered delete of the table, ``--rebuild`` also runs
+``SinkRunner.rebuild`` (``cdc rebuild``: a new generation, then the switch) batch by batch
+("rebuild", as for a sink whose ``bulk_loads`` is false), ``--batch`` sets the sink's
+``batch_size``, ``--now-only`` skips "dicts" and "before", ``--no-before`` skips "before" (at
+issue #18's size it alone takes longer than the rest), ``--read-only`` also runs "read" (the
+bulk path's reading alone: packed reads into the windows, nothing loaded).
+
+The runner has no switches for how it reads (they were there for this bench only), so the
+comparisons with the old ways of reading are gone: "bulk-ck" (``--confluent-reads``: the bulk
+path reading through confluent-kafka), "bulk-seq" (``--seq-reads``: every partition at once,
+then the load) and "rb-seq" (a rebuild reading only after each write). The figures below that
+name them were measured with them, before.
 
 Where the time went (before; 600k changes over 200k keys, 10% deletes, cProfile and the
 server's statement log): 84% in the server, of which the upsert's ``INSERT ... SELECT CAST(s.j->>'c'
@@ -99,7 +107,7 @@ indexed table plus the deletes' COPY. What was left: reading (2.3 us a record, t
 
 Reading packed (cdc/log/kafka_bulk.py, cdc/_rdconsume.c: librdkafka's queue drained in C with the
 GIL released into one bytes object per read, parsed in place by the window, no Message or
-LogRecord per record; ``--confluent-reads`` also runs the bulk path the old way, "bulk-ck").
+LogRecord per record; "bulk-ck" read the old way).
 Each piece alone, 300k records over 100k keys from 3 partitions, CPU per record (all of this
 process's threads / its main thread / the broker's JVM), load 35-49, two rounds:
 
@@ -143,9 +151,8 @@ newest versions are final: its window is loaded on the sink's thread
 only if the generation holds none of its keys: the keys loaded so far are kept as sorted 64-bit
 hashes (8 bytes a key, inside the window's bound), and a window that shares one (a key in two partitions of a topic whose partition count
 grew, the rest of a partition whose window filled up) goes through the guarded writes.
-``--seq-reads`` also runs "bulk-seq", the old order (every partition at once, then the load), and
-``--read-only`` "read", the reading alone (packed reads into the windows, nothing loaded); each
-bulk line also prints the time spent loading windows and the sink thread's CPU for it.
+"bulk-seq" read in the old order (every partition at once, then the load); each bulk line also
+prints the time spent loading windows and the sink thread's CPU for it.
 
 Each piece alone, at issue #18's size (3M over 1M keys, 3.19M records, --bulk-only --seq-reads
 --read-only --rounds 3, one session, load 10-13 on 2 cores shared with other work, so CPU seconds
@@ -194,16 +201,10 @@ def main() -> None:
     parser.add_argument("--probed-deletes", action="store_true",
                         help="also run \"now\" with the remembered-delete check as a per-row probe")
     parser.add_argument("--rebuild", action="store_true",
-                        help="also run SinkRunner.rebuild (cdc rebuild) with and without reading ahead")
+                        help="also run SinkRunner.rebuild (cdc rebuild) batch by batch (no bulk loads)")
     parser.add_argument("--now-only", action="store_true", help="skip the \"dicts\" and \"before\" runs")
     parser.add_argument("--no-before", action="store_true", help="skip the \"before\" runs (the slowest)")
     parser.add_argument("--bulk-only", action="store_true", help="only the \"bulk\" runs")
-    parser.add_argument("--confluent-reads", action="store_true",
-                        help="also run \"bulk-ck\": the bulk path reading through confluent-kafka (LogRecords), "
-                             "as before the packed reader")
-    parser.add_argument("--seq-reads", action="store_true",
-                        help="also run \"bulk-seq\": the bulk path reading every partition at once and loading only "
-                             "once all is read (as before the staged reads)")
     parser.add_argument("--read-only", action="store_true",
                         help="also run \"read\": the bulk path's reading alone (packed reads into the windows, "
                              "no load)")
@@ -218,7 +219,7 @@ def main() -> None:
     from cdc.runtime.sink_runner import SinkRunner
     from sinks.sql.config import SqlSinkConfig
     from sinks.sql.sink import SqlSink
-    DictRowsSqlSink = _dict_rows_sink()
+    DictRowsSqlSink, BatchRebuildSqlSink = _dict_rows_sink(), _batch_rebuild_sink()
 
     env = read_env()
     run_id = uuid.uuid4().hex[:8]
@@ -256,13 +257,11 @@ def main() -> None:
         # collection of the runs would walk, a cost `cdc bootstrap` itself does not have.
         gc.freeze()
         for round_ in range(args.rounds):
-            variants = ([] if args.bulk_only else [("now", True)]) + [("bulk", True)] + \
-                ([("bulk-ck", True)] if args.confluent_reads else []) + \
-                ([("bulk-seq", True)] if args.seq_reads else []) + ([("read", True)] if args.read_only else []) + ([("probed", True)] if args.probed_deletes else []) + \
-                ([] if args.now_only or args.bulk_only else
-                 [("dicts", True)] + ([] if args.no_before else [("before", False)])) + \
-                ([("rebuild", True), ("rb-seq", False)] if args.rebuild else [])
-            for label, now in variants:
+            variants = ([] if args.bulk_only else ["now"]) + ["bulk"] + (["read"] if args.read_only else []) + \
+                (["probed"] if args.probed_deletes else []) + \
+                ([] if args.now_only or args.bulk_only else ["dicts"] + ([] if args.no_before else ["before"])) + \
+                (["rebuild"] if args.rebuild else [])
+            for label in variants:
                 name = f"{database}_{round_}{label}"
                 with admin.cursor() as cur:
                     cur.execute(f'CREATE DATABASE "{name}"')
@@ -272,7 +271,8 @@ def main() -> None:
                                            batch_size=args.batch,
                                            **({"bulk_window_mb": args.window_mb} if args.window_mb else {}))
                     # "dicts" and "before": every row decoded to a dict, as before the raw rows
-                    sink = (SqlSink if label not in ("dicts", "before") else DictRowsSqlSink)(config)
+                    sink = (DictRowsSqlSink if label in ("dicts", "before") else
+                            BatchRebuildSqlSink if label == "rebuild" else SqlSink)(config)
                     if label in ("probed", "before"):  # set once the sink has its applier
                         start = sink.start
 
@@ -283,20 +283,14 @@ def main() -> None:
                             else:  # "before": the jsonb staging
                                 sink.applier.typed_upserts = False
                         sink.start = start_variant
-                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}",
-                                        read_ahead=now)
-                    runner.packed_reads = label != "bulk-ck"
-                    runner.staged_reads = label != "bulk-seq"
+                    runner = SinkRunner(sink, kafka, prefix, group=f"bench-{run_id}-{round_}{label}")
                     loading = _timed_loads(runner, skip=label == "read")
                     load = os.getloadavg()[0]
                     ours = sum(os.times()[:2])
                     broker = broker_cpu()
                     with ServerCpu(env["PG_DSN"], name) as server:
                         began = time.perf_counter()
-                        if label in ("bulk", "bulk-ck", "bulk-seq", "read"):  # what `cdc bootstrap` runs for PostgreSQL: windows, then the switch
-                            runner.rebuild(threading.Event())
-                        elif label in ("rebuild", "rb-seq"):  # the batch by batch rebuild, before the windows
-                            runner._fill_in_windows = runner._fill_in_batches
+                        if label in ("bulk", "read", "rebuild"):  # "bulk": what `cdc bootstrap` runs for PostgreSQL
                             runner.rebuild(threading.Event())
                         else:
                             runner.run(threading.Event(), from_start=True, until_caught_up=True)
@@ -334,7 +328,8 @@ def _timed_loads(runner, skip: bool) -> list[float]:
     """[wall seconds, sink thread CPU seconds] spent loading windows (bulk paths), filled as the
     run goes; ``skip``: the windows are dropped instead of loaded (reading alone)."""
     spent = [0.0, 0.0]
-    load_window = runner._load_window
+    windows = runner.rebuilds.windows
+    load_window = windows.load_window
 
     def timed(window, bulk, generation):
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -342,8 +337,16 @@ def _timed_loads(runner, skip: bool) -> list[float]:
             load_window(window, bulk, generation)
         spent[0] += time.perf_counter() - wall
         spent[1] += time.thread_time() - cpu
-    runner._load_window = timed
+    windows.load_window = timed
     return spent
+
+
+def _batch_rebuild_sink():
+    from sinks.sql.sink import SqlSink
+
+    class BatchRebuildSqlSink(SqlSink):
+        bulk_loads = False  # a rebuild writes batch by batch, as for a store without bulk loads
+    return BatchRebuildSqlSink
 
 
 def _dict_rows_sink():

@@ -27,12 +27,12 @@ document decides the ratio; and unlike the rates, CPU per document is not inflat
 from other work: compare code by it (paired runs, alternating) when the machine is busy.
 ``--versioned-raw`` gives the raw bulk the same external versions, to isolate what the node's
 version checks cost from what the sink path costs.
-``--no-read-ahead`` makes the runner read the next batch only after each write returned (the runner
-before read/write overlap), for comparison. ``--confluent-reads`` makes it fetch through
-confluent-kafka (``SinkRunner.packed_reads`` off) instead of the bulk reader, for comparison.
-``--writes-in-flight N`` sets the sink's ``writes_in_flight`` (1: each write completes before the
-next is submitted, as before pipelining; the default 2 keeps the node's queue filled across
-write boundaries). ``--via-rebuild`` runs the sink path as ``cdc bootstrap`` does for this sink
+``--writes-in-flight N`` sets the sink's ``writes_in_flight`` (1: each write completes before
+the next is submitted, as before pipelining; the default 2 keeps the node's queue filled across
+write boundaries). The runner has no switches for reading ahead of its writes or for its packed
+reads (the bulk reader), so this bench no longer runs the sink path without them (the former
+``--no-read-ahead`` and ``--confluent-reads``): the raw bulk beside it is the comparison.
+``--via-rebuild`` runs the sink path as ``cdc bootstrap`` does for this sink
 (``SinkRunner.rebuild``). Checks that the alias counts every document.
 
 Note: this measures ``SinkRunner.run(from_start=True, until_caught_up=True)``. ``cdc bootstrap``
@@ -250,8 +250,7 @@ def run_raw(client, index: str, body: dict, chunks: list[bytes], concurrency: in
 
 
 def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_request: int,
-             batch: int, read_ahead: bool = True, via_rebuild: bool = False,
-             packed_reads: bool = True, writes_in_flight: int | None = None) -> tuple[float, object]:
+             batch: int, via_rebuild: bool = False, writes_in_flight: int | None = None) -> tuple[float, object]:
     from cdc.runtime.sink_runner import SinkRunner
     from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 
@@ -259,8 +258,7 @@ def run_ours(kafka, url: str, prefix: str, name: str, concurrency: int, per_requ
                                   batch_size=batch, bulk_max_docs=per_request,
                                   bulk_concurrency=concurrency, drop_old_generation_after_s=0,
                                   **({} if writes_in_flight is None else {"writes_in_flight": writes_in_flight}))
-    runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name, read_ahead=read_ahead)
-    runner.packed_reads = packed_reads
+    runner = SinkRunner(OpenSearchSink(config), kafka, prefix, group=name)
     began = time.perf_counter()
     if via_rebuild:  # what `cdc bootstrap` runs for this sink (bootstrap_by_rebuild)
         runner.rebuild(threading.Event())
@@ -361,10 +359,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10_000, help="events per sink write (the runner's batch_size)")
     parser.add_argument("--versioned-raw", action="store_true",
                         help="the raw bulk carries the same external versions (isolates the node's cost of them)")
-    parser.add_argument("--no-read-ahead", action="store_true",
-                        help="the runner reads the next batch only after each write returned (no overlap)")
-    parser.add_argument("--confluent-reads", action="store_true",
-                        help="the runner fetches through confluent-kafka, not the bulk reader (for comparison)")
     parser.add_argument("--writes-in-flight", type=int, default=None,
                         help="the sink's writes_in_flight (default: the sink's default; 1: no pipelining)")
     parser.add_argument("--via-rebuild", action="store_true",
@@ -427,8 +421,7 @@ def main() -> None:
             name = f"{prefix}-ours{round_}"
             cpu, node, broker = time.process_time(), process_cpu(node_pid), process_cpu(broker_pid)
             ours_s, runner = run_ours(kafka, url, prefix, name, args.concurrency, args.per_request, args.batch,
-                                      not args.no_read_ahead, args.via_rebuild, not args.confluent_reads,
-                                      args.writes_in_flight)
+                                      args.via_rebuild, args.writes_in_flight)
             ours_cpu = time.process_time() - cpu
             settle(client, f"{name}.orders", count, f"{name}.*")
             ours_node, ours_broker = process_cpu(node_pid) - node, process_cpu(broker_pid) - broker
