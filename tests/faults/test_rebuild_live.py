@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 import redis as redis_client
-from opensearchpy import OpenSearch
+from opensearchpy import NotFoundError, OpenSearch
 
 from cdc.dev.services import free_port
 from tests.background import PgWriter
@@ -85,13 +85,16 @@ def _warehouse(target: str) -> dict[int, tuple]:
 def _search(client: OpenSearch, alias: str) -> dict[int, tuple]:
     if not client.indices.exists_alias(name=alias):
         return {}
-    client.indices.refresh(index=alias)
-    out, answer = {}, client.search(index=alias, body={"size": 5000, "sort": ["_doc"]}, params={"scroll": "1m"})
-    while answer["hits"]["hits"]:
-        for hit in answer["hits"]["hits"]:
-            doc = hit["_source"]
-            out[doc["id"]] = (doc["qty"], doc["note"])
-        answer = client.scroll(body={"scroll_id": answer["_scroll_id"], "scroll": "1m"})
+    try:
+        client.indices.refresh(index=alias)
+        out, answer = {}, client.search(index=alias, body={"size": 5000, "sort": ["_doc"]}, params={"scroll": "1m"})
+        while answer["hits"]["hits"]:
+            for hit in answer["hits"]["hits"]:
+                doc = hit["_source"]
+                out[doc["id"]] = (doc["qty"], doc["note"])
+            answer = client.scroll(body={"scroll_id": answer["_scroll_id"], "scroll": "1m"})
+    except NotFoundError:  # a rebuild dropped the generation under the scroll: read again
+        return {}
     return out
 
 
