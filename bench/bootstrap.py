@@ -144,8 +144,8 @@ PostgreSQL 3.4 s (1.05), broker 1.5 s (0.48), 123 s, 25%. So the sink process us
 (30%) less CPU at this size, PostgreSQL and the broker the same.
 Reading and loading overlapped. Until here the window was loaded only once the whole topic was
 read: about 3.5 s of reading, then 3.6 s of loading on the quiet machine, never at once. Now the
-partitions are read one after another (``SinkRunner._stages``; the packed reader is assigned one
-partition at a time, small ones together), and once a partition is read to its end its keys'
+partitions are read one after another (``cdc.runtime.window_fill.stages``; the packed reader is
+assigned one partition at a time, small ones together), and once a partition is read to its end its keys'
 newest versions are final: its window is loaded on the sink's thread
 (cdc/runtime/window_loads.py) while the next partition is read. A window goes in by plain COPY
 only if the generation holds none of its keys: the keys loaded so far are kept as sorted 64-bit
