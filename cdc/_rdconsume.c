@@ -1,7 +1,7 @@
 /* A Kafka reader for bulk loads, over librdkafka, without a Python object per record
  * (cdc/log/kafka_bulk.py).
  *
- * A bulk rebuild (cdc/runtime/sink_runner.py, ``_fill_in_windows``) reads whole topics from offset
+ * A bulk rebuild (cdc/runtime/window_fill.py) reads whole topics from offset
  * 0 into a window (cdc/_window.c) that keeps the newest version per key. Through confluent-kafka
  * every record became a Message and then a LogRecord (about 2.3 us a record on the GIL's thread);
  * here a batch of records is copied, with the GIL released, into one bytes object the window

@@ -28,6 +28,7 @@ from typing import Any, Callable, NamedTuple
 
 import orjson
 
+from cdc.topics import schema_changes_topic
 from cdc.events import ChangeEvent, Op, RowBlock, SchemaChange, SnapshotMarker, TableId
 from cdc.headers import VERSION as VERSION_HEADER, Headers, record_headers, source_header
 
@@ -324,10 +325,6 @@ _VALUE = _HEAD + b'},"transaction":null}'
 _VALUE_F = _HEAD + b',%b,"transaction":null}'
 _VALUE_TX = _HEAD + b'}' + _TX
 _VALUE_F_TX = _HEAD + b',%b' + _TX
-
-
-def schema_changes_topic(prefix: str) -> str:
-    return f"{prefix}.schema-changes"
 
 
 def encode_schema_change(change: SchemaChange, source_name: str, prefix: str) -> Record:

@@ -1,6 +1,6 @@
 """A Kafka reader for bulk loads: batches of records as one bytes object, no object per record.
 
-A bulk rebuild (``SinkRunner._fill_in_windows``) reads whole topics from offset 0 into a window
+A bulk rebuild (``cdc.runtime.window_fill``) reads whole topics from offset 0 into a window
 that keeps the newest version per key (cdc.bulk_window). Through confluent-kafka each record
 becomes a ``Message`` and then a ``LogRecord``, about 2.3 us a record on the one thread that holds
 the GIL, most of a bulk load's reading. ``cdc/_rdconsume.c`` instead drains librdkafka's queue with
@@ -9,7 +9,7 @@ in place (``NewestWindow.add_packed``).
 
 It is a plain consumer with an assignment (no group: it commits nothing; the rebuild commits
 through its confluent reader after the switch, as before). The sink runner fetches through it too
-(``SinkRunner._open_packed``: a sink's live reads and rebuilds, ``decode_packed``), the group's
+(``cdc.runtime.sink_reading``: a sink's live reads and rebuilds, ``decode_packed``), the group's
 reader committing after each write. Its settings are the log's consumer
 settings (``KafkaLog.consumer_config``: bootstrap, security, the user's ``consumer_config``);
 over the bulk read's own prefetch bounds (``BULK_PREFETCH``; the user's ``consumer_config`` still
