@@ -84,6 +84,18 @@ class Worker:
 
     phase_since: float = field(default_factory=time.time)  # when stats.phase last changed
 
+    def retry(self, now: float) -> tuple[bool, float]:
+        """After a retriable exit: schedule the next start. Returns whether the process failed with
+        the error of the process before it, and the delay. A process that ran healthily resets
+        both: its failure is a new incident, said in full and retried soon."""
+        if now - self.started_at > HEALTHY_AFTER:
+            self.backoff, self.previous_error = BACKOFF_FIRST, None
+        again = same_error(self.stats.last_error, self.previous_error)
+        self.previous_error = self.stats.last_error
+        delay, self.restart_at = self.backoff, now + self.backoff
+        self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+        return again, delay
+
     def stalled_for(self, now: float, stalled_since: float | None) -> float | None:
         """Seconds a streaming sink has been behind the log without its commits moving (the
         supervisor's own measure, sink_lag), counted from its last phase change at the earliest
@@ -241,17 +253,12 @@ class Supervisor:
             log.info("exited (%s)", worker.stats.phase, extra=extra)
             return
         if code == EXIT_RETRIABLE or code < 0:  # a retriable error, or killed by a signal
-            if time.monotonic() - worker.started_at > HEALTHY_AFTER:
-                worker.backoff = BACKOFF_FIRST
-            worker.restart_at = time.monotonic() + worker.backoff
-            again = same_error(worker.stats.last_error, worker.previous_error)
-            worker.previous_error = worker.stats.last_error
+            again, delay = worker.retry(time.monotonic())
             log.warning("exited with %s%s; restarting in %.0fs", code, " (the same error again)" if again else "",
-                        worker.backoff, extra=extra)
+                        delay, extra=extra)
             with self.lock:
                 worker.stats.restarts += 1
                 worker.stats.phase = "retrying"
-            worker.backoff = min(worker.backoff * 2, BACKOFF_MAX)
             return
         with self.lock:
             worker.stats.phase = "failed"

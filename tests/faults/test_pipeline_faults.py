@@ -49,8 +49,8 @@ from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, dele
 pytestmark = [pytest.mark.faults, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.serial]
 
 # What the daemon prints (cdc/runtime/supervisor.py, worker.py, runner.py, sink_runner.py):
-SOURCE_RETRIES = r"\[src/.*(retriable\)|exited with 75; restarting)"
-SINK_RETRIES = r"\[(wh|lite)/.*(write failed .*retrying|retriable\)|exited with 75; restarting)"
+SOURCE_RETRIES = r"\[src/.*(retriable\)|exited with 75( \(the same error again\))?; restarting)"
+SINK_RETRIES = r"\[(wh|lite)/.*(write failed .*retrying|retriable\)|exited with 75( \(the same error again\))?; restarting)"
 RESUMED = r"\[src/.*starting from (?!the beginning)"
 KAFKA_TROUBLE = r"librdkafka: .*(Disconnected|reset by peer|refused|timed out|Timed out)"
 

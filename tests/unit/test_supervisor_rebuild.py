@@ -83,3 +83,20 @@ def test_a_rebuild_is_not_a_stall_and_the_count_starts_at_the_phase_change():
     assert not worker.unhealthy(1000.0, stalled_since=0.0)  # commits move only at the switch
     worker.stats.phase, worker.phase_since = "streaming", 990.0
     assert worker.stalled_for(1000.0, 0.0) == 10.0 and not worker.unhealthy(1000.0, stalled_since=0.0)
+
+
+def test_the_same_error_again_is_said_once_per_incident():
+    """Restarts in a row that fail alike print the error once; a process that ran healthily in
+    between makes its failure a new incident, said in full and retried after the first backoff."""
+    from cdc.runtime.supervisor import BACKOFF_FIRST, HEALTHY_AFTER
+
+    worker = Worker("src", ConnectorStats("src", "source", last_error="OperationalError: server closed"))
+    worker.started_at = 0.0
+    assert worker.retry(1.0) == (False, BACKOFF_FIRST)
+    worker.started_at = 3.0
+    assert worker.retry(4.0) == (True, BACKOFF_FIRST * 2)
+    worker.started_at = 10.0
+    assert worker.retry(10.0 + HEALTHY_AFTER + 1) == (False, BACKOFF_FIRST)
+    worker.stats.last_error = "OperationalError: connection refused"
+    worker.started_at = 100.0
+    assert worker.retry(101.0)[0] is False
