@@ -377,7 +377,9 @@ class DeltaJob:
             changes = row_changes(rows)
             watermark = target.truncated_at(session)
             if watermark is not None:
-                changes = changes.where(F.col("version").isNull() | (F.col("version") > watermark))
+                # Only what is older goes: the PostgreSQL source gives a table dropped and created
+                # again its truncate at the version of the new table's first row.
+                changes = changes.where(F.col("version").isNull() | (F.col("version") >= watermark))
             table_fields = evolve.data_fields(target.schema(session))
             data_columns = [f.name for f in table_fields]
             known = {name.lower() for name in shape.names}
