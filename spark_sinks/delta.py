@@ -31,6 +31,7 @@ from typing import Any, Callable
 from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, open_kafka_log
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
+from spark_sinks.session import quiet_loggers
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class DeltaSink(SelfDrivenSink):
             if session is None:
                 session, self._own_session = _session(self.config), True
             try:
+                quiet_loggers(session)  # spark-submit's session, or one given, too
                 self.session = session.newSession()  # its own SQL settings, the same SparkContext
                 for name, value in self.config.spark.conf.items():
                     self.session.conf.set(name, value)  # runtime settings; static: spark-submit --conf

@@ -11,6 +11,10 @@ source column:
   text column, a decimal into a wider one): kept, the values are cast;
 * the column can be widened in place (``types.widening``: a decimal that grows, a date to
   timestamp_ntz): widened through Delta's type widening (a metadata change);
+* a decimal or bigint that becomes an 8-byte float (``types.recast``): the source rounded each
+  value to the nearest double, without logging the rows; ``evolve`` casts the table's values the
+  same way, by rewriting the table in one commit (Delta cannot widen these), the other policies
+  take it for incompatible;
 * anything else (text to a number, a narrower decimal, a number to a date): incompatible.
 
 A table column the source no longer has stays, and new rows hold NULL in it. A different key is
@@ -30,7 +34,7 @@ from pyspark.sql import types as T
 from cdc.api import renames_to_follow
 from spark_sinks.parse import PREFIX
 from spark_sinks.schemas import TableShape
-from spark_sinks.types import fits, widening
+from spark_sinks.types import fits, recast, widening
 
 
 @dataclass
@@ -40,12 +44,24 @@ class Plan:
     # new name -> the names the column had in the shapes the table skipped, newest first
     passed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
+    # (the table's column, its new type): the source's own cast of a decimal or bigint into a
+    # double (types.recast), which the table can replay on its values by a rewrite; ``evolve``
+    # does, the other policies take it for an incompatible change (``incompatible_recast``)
+    recast: list[tuple[str, T.DataType]] = field(default_factory=list)
     casts: dict[str, T.DataType] = field(default_factory=dict)   # source column -> the table's type
     incompatible: list[str] = field(default_factory=list)        # why, one entry per problem
 
     @property
     def changes_table(self) -> bool:
-        return bool(self.add or self.widen or self.rename)
+        return bool(self.add or self.widen or self.rename or self.recast)
+
+    def incompatible_recast(self, table_schema: T.StructType) -> None:
+        """Take the recasts for incompatible changes (a policy other than ``evolve``)."""
+        types = {f.name: f.dataType for f in table_schema.fields}
+        self.incompatible += [f"column {name}: {types[name].simpleString()} -> {kind.simpleString()} (the "
+                              f"source's cast, which schema_policy: evolve makes on the table's values too)"
+                              for name, kind in self.recast]
+        self.recast = []
 
 
 def data_fields(schema: T.StructType) -> list[T.StructField]:
@@ -76,6 +92,8 @@ def plan(shape: TableShape, table_schema: T.StructType, table_key: tuple[str, ..
             out.casts[name] = column.dataType
         elif widening(column.dataType, kind):
             out.widen.append((column.name, kind))
+        elif recast(column.dataType, kind) and name in shape.doubles:
+            out.recast.append((column.name, kind))
         else:
             out.incompatible.append(f"column {name}: {kind.simpleString()} values do not fit the table's "
                                     f"{column.dataType.simpleString()}")

@@ -345,6 +345,8 @@ class DeltaJob:
             if target.exists(session):
                 target.check_mode(session)
                 plan = evolve.plan(shape, target.schema(session), target.key(session))
+                if plan.recast and self.config.schema_policy != "evolve":
+                    plan.incompatible_recast(target.schema(session))
                 if plan.incompatible:
                     problems = "; ".join(plan.incompatible)
                     if self.config.schema_policy in ("fail", "evolve"):
@@ -377,7 +379,9 @@ class DeltaJob:
             changes = row_changes(rows)
             watermark = target.truncated_at(session)
             if watermark is not None:
-                changes = changes.where(F.col("version").isNull() | (F.col("version") > watermark))
+                # Only what is older goes: the PostgreSQL source gives a table dropped and created
+                # again its truncate at the version of the new table's first row.
+                changes = changes.where(F.col("version").isNull() | (F.col("version") >= watermark))
             table_fields = evolve.data_fields(target.schema(session))
             data_columns = [f.name for f in table_fields]
             known = {name.lower() for name in shape.names}
@@ -385,7 +389,7 @@ class DeltaJob:
             extra = [T.StructField(f.name, f.dataType) for f in table_fields if f.name.lower() not in known]
             struct = T.StructType([*shape.struct().fields, *extra])
             decoder = RowDecoder(struct, plan.casts, self.codecs, set(item["codecs"]),
-                                 shape.with_former(target.former_names(session)))
+                                 shape.with_former(target.former_names(session)), shape.was_text)
         if self.mode == "scd2":
             with clock.phase("plan"):
                 fresh = decoder.prepare(scd2.newer_than_history(session, target, changes))

@@ -286,17 +286,24 @@ class RowDecoder:
 
     A column with earlier names (``former``: column -> names, newest first) takes its value from
     the first of them that a row has when the row lacks the column: a row of a shape before a
-    rename."""
+    rename.
+
+    A double column that a shape before was a decimal or text in (``was_text``, see
+    ``TableShape.was_text``) is read as its JSON text and cast: rows of that shape carry a string
+    (``"1.01"``), which Spark's JSON reader reads as NULL into a double."""
 
     def __init__(self, struct: T.StructType, casts: dict[str, T.DataType], codecs: ConnectCodecs | None,
-                 used: set[int], former: dict[str, list[str]] | None = None) -> None:
+                 used: set[int], former: dict[str, list[str]] | None = None,
+                 was_text: frozenset[str] = frozenset()) -> None:
         self.struct, self.casts = struct, casts
         self.former = _former_names(struct, former)
+        self.was_text = {f.name for f in struct.fields if f.name in was_text and isinstance(f.dataType, T.DoubleType)}
+        fields = [T.StructField(f.name, T.StringType(), True) if f.name in self.was_text else f for f in struct.fields]
         extra: dict[str, T.StructField] = {}   # an earlier name, read with its column's type
-        for field in struct.fields:
+        for field in fields:
             for old in self.former.get(field.name, ()):
                 extra.setdefault(old, T.StructField(old, field.dataType, True))
-        self.json_struct = T.StructType([*struct.fields, *extra.values()])
+        self.json_struct = T.StructType([*fields, *extra.values()])
         self.connect = [(codec, *self._connect_parse(codecs.get(codec))) for codec in sorted(used)]
 
     def _connect_parse(self, row) -> tuple[T.StructType, list[tuple[str, connect_json.FieldReader]]]:
@@ -316,7 +323,9 @@ class RowDecoder:
     def json_value(self, parsed: Column, field: T.StructField) -> Column:
         value = parsed.getField(field.name)
         olds = self.former.get(field.name)
-        return F.coalesce(value, *(parsed.getField(old) for old in olds)) if olds else value
+        value = F.coalesce(value, *(parsed.getField(old) for old in olds)) if olds else value
+        # The number's text, or a decimal's, or "NaN"/"Infinity": Java's parse, the nearest double.
+        return value.try_cast(T.DoubleType()) if field.name in self.was_text else value
 
     def prepare(self, frame: DataFrame) -> DataFrame:
         data, codec = F.col("data"), F.col("codec")

@@ -25,7 +25,7 @@ from typing import Sequence
 from pyspark.sql import types as T
 
 from cdc.api import Log, SchemaBook, earlier_names, schema_changes_topic
-from spark_sinks.types import spark_type
+from spark_sinks.types import is_double, spark_type
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ class TableShape:
     # (column, its earlier names, newest first) of the columns the source renamed in this shape or
     # an earlier one (``renamed_from``, chained over the topic's shapes)
     earlier: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The columns whose source type is an 8-byte float (``types.is_double``; a 4-byte one is a
+    # double here too), and the double columns that an earlier shape of the topic had as a
+    # decimal or text: rows of those shapes carry a JSON string there (``parse.RowDecoder``).
+    doubles: frozenset[str] = frozenset()
+    was_text: frozenset[str] = frozenset()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -70,7 +75,7 @@ class TableShape:
 
     def with_text_columns(self, names: list[str]) -> TableShape:
         return TableShape(self.columns + tuple((n, T.StringType()) for n in names), self.key,
-                          self.from_schema_record, self.earlier)
+                          self.from_schema_record, self.earlier, self.doubles, self.was_text)
 
     @staticmethod
     def from_record(record: dict, json_columns: str = "string", before: Sequence[dict] = ()) -> TableShape:
@@ -78,8 +83,15 @@ class TableShape:
         oldest first (whose renames it chains)."""
         columns = tuple((c["name"], spark_type(c["type"], json_columns)) for c in record["columns"])
         key = tuple(c["name"] for c in record["columns"] if c.get("key"))
-        earlier = tuple((name, olds) for name, olds in earlier_names((*before, record)).items() if olds)
-        return TableShape(columns, key, True, earlier)
+        names = earlier_names((*before, record))
+        earlier = tuple((name, olds) for name, olds in names.items() if olds)
+        doubles = frozenset(c["name"] for c in record["columns"] if is_double(c["type"]))
+        current = {old: name for name, olds in names.items() for old in olds} | {n: n for n, _ in columns}
+        was_text = frozenset(
+            current[c["name"]] for shape in before for c in shape.get("columns") or ()
+            if c.get("name") in current and isinstance(dict(columns).get(current[c["name"]]), T.DoubleType)
+            and isinstance(spark_type(str(c.get("type")), json_columns), (T.DecimalType, T.StringType)))
+        return TableShape(columns, key, True, earlier, doubles, was_text)
 
     @staticmethod
     def inferred(seen: set[str], key: tuple[str, ...]) -> TableShape:

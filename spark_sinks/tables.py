@@ -26,6 +26,7 @@ import time
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.api import PermanentError
@@ -193,6 +194,8 @@ class TableTarget:
             columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in plan.add)
             session.sql(f"ALTER TABLE {table_ref(self.path)} ADD COLUMNS ({columns})")
             log.info("table %s: added column(s) %s", self.name, ", ".join(f.name for f in plan.add))
+        if plan.recast:
+            self.recast(session, plan.recast)
         if plan.widen:
             if self.properties(session).get("delta.enableTypeWidening") != "true":
                 self.set_properties(session, {"delta.enableTypeWidening": "true"})
@@ -200,6 +203,20 @@ class TableTarget:
                 session.sql(f"ALTER TABLE {table_ref(self.path)} ALTER COLUMN {quote(name)} "
                             f"TYPE {kind.simpleString()}")
                 log.info("table %s: column %s widened to %s", self.name, name, kind.simpleString())
+
+    def recast(self, session: SparkSession, recasts: list[tuple[str, T.DataType]]) -> None:
+        """Cast columns ((name, new type) pairs) to their new type, every value as Spark casts it,
+        by rewriting the table: one overwrite commit with the new schema (readers see the table
+        as it was until then; a crash before it leaves that, and the batch asks again)."""
+        frame = DeltaTable.forPath(session, self.path).toDF()
+        wanted = {name.lower(): kind for name, kind in recasts}
+        columns = [F.col(quote(f.name)).cast(wanted[f.name.lower()]).alias(f.name) if f.name.lower() in wanted
+                   else F.col(quote(f.name)) for f in frame.schema.fields]
+        (frame.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+         .save(self.path))
+        self._schema = None
+        log.info("table %s: column(s) %s cast in place, as the source cast them (the table rewritten)", self.name,
+                 ", ".join(f"{name} to {kind.simpleString()}" for name, kind in recasts))
 
     def rename(self, session: SparkSession, renames: list[tuple[str, str]],
                passed: dict[str, tuple[str, ...]] | None = None) -> None:

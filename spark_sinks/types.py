@@ -80,6 +80,15 @@ def spark_type(type_name: str, json_columns: str = "string") -> T.DataType:
     return T.StringType()
 
 
+# 8-byte floats, as PostgreSQL's format_type and MySQL's column type print them (MySQL's
+# ``float`` is 4 bytes; ``double(m,d)`` rounds every value it stores).
+_DOUBLES = frozenset({"double precision", "float8", "double"})
+
+
+def is_double(type_name: str) -> bool:
+    return type_name.strip().lower() in _DOUBLES
+
+
 def fits(value_type: T.DataType, column_type: T.DataType) -> bool:
     """True when every value of ``value_type`` can be stored in a column of ``column_type``
     without loss (so a source change to ``value_type`` needs no change of the column)."""
@@ -104,3 +113,13 @@ def widening(old: T.DataType, new: T.DataType) -> bool:
         return (new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
                 and new.precision > old.precision)
     return isinstance(old, T.DateType) and isinstance(new, T.TimestampNTZType)
+
+
+def recast(old: T.DataType, new: T.DataType) -> bool:
+    """True when a column of ``old`` that becomes ``new`` in the source can take the source's own
+    cast of every value it holds: a decimal or a bigint into a double (given an 8-byte float in
+    the source, ``TableShape.doubles``). Spark's cast rounds to the nearest double, as the
+    sources' do (Java's ``BigDecimal.doubleValue`` and long-to-double conversion; PostgreSQL and
+    MySQL/MariaDB parse a numeric's text with strtod); Delta's type widening cannot make either
+    change, so the table is rewritten (``TableTarget.recast``)."""
+    return isinstance(new, T.DoubleType) and isinstance(old, (T.DecimalType, T.LongType))

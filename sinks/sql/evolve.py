@@ -12,7 +12,8 @@ values themselves:
 * a column whose *target* type would now differ, or a different set of key columns -> a type
   change, for ``schema_policy`` to decide. Types are compared after mapping (``types.signature``),
   so varchar(10) -> varchar(20) or int -> bigint is no change here. ``widens`` says which type
-  changes the target can make in place without losing a value (``evolve`` makes those).
+  changes the target can make in place without losing a value, or by the very cast the source
+  made (an integer or numeric into a double: ``casts_alike``); ``evolve`` makes those.
 
 A column that was only inferred from values (no record had named it) takes the record's word
 without a comparison: nothing changed in the source, only our guess was rougher.
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from cdc.api import earlier_names, renames_to_follow
 from sinks.sql.bookkeeping import SourceColumn, TableEntry
-from sinks.sql.types import Family, grows, infer_type, parse_type, target_type
+from sinks.sql.types import Family, grows, infer_type, is_double, parse_type, target_type
 
 KEY = "(primary key)"
 
@@ -108,14 +109,17 @@ def infer_columns(rows: Iterable[dict[str, Any]], known: set[str], key_names: It
 
 def widens(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool:
     """True when the target (``kind``) can change a non-key column from source type ``old`` to
-    ``new`` in place and every value it holds keeps its exact meaning: a numeric with no fewer
+    ``new`` in place and every value it holds ends as the source's does: a numeric with no fewer
     integer and fractional digits, an integer into such a numeric, an integer, numeric or string
-    into text. SQLite cannot change a column's type; floats and dates are never converted (their
-    text and rounding differ between databases)."""
+    into text (each value kept), and an integer or numeric into an 8-byte float (``casts_alike``:
+    each value rounded as the source rounded it). SQLite cannot change a column's type; a float
+    or a date is never converted (their text and rounding differ between databases)."""
     if kind == "sqlite":
         return False
     old_family, _, _ = parse_type(old)
     new_family, _, _ = parse_type(new)
+    if new_family is Family.FLOAT:
+        return casts_alike(old, new, kind, mariadb=mariadb)
     if new_family is Family.TEXT and old_family is Family.TEXT and kind in ("mysql", "mariadb"):
         return grows(old, new, kind)  # strings keep their length there: only a longer one holds all
     if new_family is Family.TEXT:
@@ -132,3 +136,26 @@ def widens(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool:
     if old_type.precision is None:
         return False
     return new_scale >= (old_type.scale or 0) and new_int >= old_type.precision - (old_type.scale or 0)
+
+
+# DuckDB casts a DECIMAL to DOUBLE by dividing its integer by a power of ten; the one rounding
+# of that division is the correctly rounded value while the integer is exact as a double, which
+# 15 digits are (below 2**53). Wider ones add a second rounding.
+DUCKDB_EXACT_DIGITS = 15
+
+
+def casts_alike(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool:
+    """True when the target's ``ALTER`` of a column from source type ``old`` to ``new`` gives
+    every value it holds the very value the source's own conversion gave it, so that rows the
+    source changed without logging them (its ALTER rewrote them) still equal the target's: an
+    integer or numeric into an 8-byte float. The source's cast is correctly rounded (PostgreSQL
+    and MySQL/MariaDB parse a numeric's text with strtod; an integer is converted by the CPU), and
+    so is the target's: the same functions on PostgreSQL and MySQL/MariaDB, and DuckDB's up to
+    ``DUCKDB_EXACT_DIGITS`` digits. A 4-byte float would round twice."""
+    old_family, _, _ = parse_type(old)
+    if not is_double(new) or old_family not in (Family.INTEGER, Family.NUMERIC):
+        return False
+    if kind == "duckdb" and old_family is Family.NUMERIC:
+        precision = target_type(old, kind, key=False, mariadb=mariadb).precision
+        return precision is not None and precision <= DUCKDB_EXACT_DIGITS
+    return True

@@ -96,6 +96,16 @@ def parse_type(type_name: str) -> tuple[Family, tuple[int, ...], bool]:
     return family, args, unsigned
 
 
+# 8-byte floats, as PostgreSQL's format_type and MySQL's column type print them. ``float`` is
+# not one of them: MySQL's is 4 bytes; ``double(m,d)`` rounds every value it stores.
+_DOUBLES = frozenset({"double precision", "float8", "double"})
+
+
+def is_double(type_name: str) -> bool:
+    """True for an 8-byte float type without arguments."""
+    return type_name.strip().lower() in _DOUBLES
+
+
 def varchar_length(type_name: str) -> int | None:
     text = type_name.strip().lower()
     match = re.fullmatch(r"(?:character varying|varchar|character|char|nvarchar|nchar)\s*\((\d+)\)", text)

@@ -155,14 +155,19 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
     if soft_delete:  # the tombstone has no version: the row keeps its own
         assert rows(spark, table, "id", "__cdc_version", where="__cdc_deleted AND id IN (5, 7)") == [(5, 41), (7, 45)]
 
-    # Round 3: a truncate; in the same batch a row older than it (dropped) and one newer (kept).
+    # Round 3: a truncate; in the same batch a row older than it (dropped), one newer and one at
+    # its very version (kept: a table dropped and created again has its truncate at the version
+    # of the new table's first row, from the PostgreSQL source).
     topics.publish(truncate(55), upsert(8, 50, op=Op.CREATE, name="h", qty=8),
-                   upsert(9, 70, op=Op.CREATE, name="i", qty=9))
+                   upsert(9, 70, op=Op.CREATE, name="i", qty=9), upsert(10, 55, op=Op.CREATE, name="j", qty=10))
     catch_up(spark, config)
-    assert rows(spark, table, "id", "name", "__cdc_version", where=live) == [(6, "f", 60), (9, "i", 70)]
+    assert rows(spark, table, "id", "name", "__cdc_version", where=live) == [(6, "f", 60), (9, "i", 70), (10, "j", 55)]
     # The watermark is kept in the table, for later batches and restarts.
     properties = spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()
     assert {p.key: p.value for p in properties}["cdc.truncated_at"] == "55"
+    topics.publish(upsert(11, 55, op=Op.CREATE, name="k", qty=11), upsert(12, 54, op=Op.CREATE, name="l", qty=12))
+    catch_up(spark, config)
+    assert rows(spark, table, "id", "__cdc_version", where=live) == [(6, 60), (9, 70), (10, 55), (11, 55)]
 
 
 def test_a_new_checkpoint_cut_between_a_delete_and_its_tombstone_keeps_the_row_inserted_after_it(

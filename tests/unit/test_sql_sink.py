@@ -653,6 +653,28 @@ def test_source_type_families(name, family):
     assert parse_type(name)[0].value == family
 
 
+# The changes into a float that ``evolve`` makes in place (the target's cast is the source's, see
+# evolve.casts_alike; tests/integration/test_sql_evolve_cast.py runs them end to end), per target.
+@pytest.mark.parametrize(("old", "new", "postgresql", "mysql", "duckdb"), [
+    ("numeric(12,2)", "double precision", True, True, True),
+    ("decimal(15,4)", "double", True, True, True),
+    ("numeric(16,2)", "double precision", True, True, False),   # DuckDB would round twice
+    ("numeric", "double precision", True, True, False),
+    ("integer", "double precision", True, True, True),
+    ("bigint unsigned", "double", True, True, False),            # DECIMAL(20,0) there
+    ("numeric(12,2)", "real", False, False, False),              # a 4-byte float
+    ("decimal(12,2)", "float", False, False, False),             # MySQL's float: 4 bytes
+    ("decimal(12,2)", "double(10,2)", False, False, False),      # rounds to its scale
+    ("double precision", "numeric(12,2)", False, False, False),
+    ("text", "double precision", False, False, False),
+    ("date", "double precision", False, False, False)])
+def test_evolve_casts_into_a_double_as_the_source_did(old, new, postgresql, mysql, duckdb):
+    from sinks.sql.evolve import widens
+
+    assert [widens(old, new, kind) for kind in ("postgresql", "mysql", "duckdb", "sqlite")] == [
+        postgresql, mysql, duckdb, False]
+
+
 # --- config -----------------------------------------------------------------------------------
 
 def test_config_accepts_schema_and_checks_the_template():
