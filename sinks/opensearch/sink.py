@@ -4,7 +4,7 @@ Threading: one thread calls ``start``, ``write``, the generation methods and ``s
 block on OpenSearch. ``write`` runs up to ``bulk_concurrency`` bulk requests at once on a pool of
 its own.
 
-A write (see cdc/sink_events.py for the semantics it implements):
+A write (see cdc/sink_event.py for the semantics it implements):
 
 1. ``documents.reduce``: the newest action per (topic, _id).
 2. Per topic, its index (``indexes.IndexCatalog``): created on first sight with the mapping made
