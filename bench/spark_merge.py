@@ -482,6 +482,7 @@ def main(argv: list[str] | None = None) -> None:
                              "the first --keys (written before, untimed: every key in the table), rate ratio")
     args = parser.parse_args(argv)
 
+    from cdc.dev.jars import spark_jars
     from cdc.dev.stack import read_env
     from spark_sinks.session import local_session
 
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(args.event_log, exist_ok=True)   # Spark refuses a directory that is not there
     events = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log,
               "spark.eventLog.compress": "false"} if args.event_log else {}
-    spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else None,
+    spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else spark_jars(),
                           driver_memory=args.driver_memory, conf=events)
     for setting in args.conf:
         key, _, value = setting.partition("=")

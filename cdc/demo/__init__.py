@@ -162,9 +162,9 @@ def _reset_stores(opensearch_url: str, redis_url: str, home: Path) -> None:
 
 
 def _status(http: str) -> dict[str, dict]:
-    from cdc.runtime.cli import _daemon_status
+    from cdc.runtime.control import daemon_status
 
-    return {row["name"]: row for row in _daemon_status(http) or []}
+    return {row["name"]: row for row in daemon_status(http) or []}
 
 
 class Failed(Exception):

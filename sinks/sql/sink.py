@@ -4,7 +4,7 @@ Threading: one thread calls ``start``, ``write``, the generation methods and ``s
 methods block on the database. Several sink processes may write the same target (a live sink and
 a rebuild); the database's locks and the version guard keep them correct.
 
-A write (see cdc/sink_events.py for the semantics it implements):
+A write (see cdc/sink_event.py for the semantics it implements):
 
 1. ``reduce_events``: the newest action per (topic, key).
 2. ``TableCatalog.prepare`` per topic: create the table, add columns, check the source schema
@@ -45,7 +45,6 @@ import sqlalchemy as sa
 
 from cdc.api import (BulkLoadableSink, CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError,
                      Sink, SinkEvent, WindowPart, servers)
-from sinks.sql import copy_rows
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -89,6 +88,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
 
     def start(self) -> None:
         config = self.config
+        native = self.context.native  # the compiled helpers of the runtime, where it has them
         with self._errors("start"):
             target = Target(config.url.get_secret_value(), config.target_schema, f"cdc-sink-{config.name}",
                             config.connect_timeout)
@@ -99,7 +99,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
                 catalog = TableCatalog(target, books, config,
                                        lambda topic, version=None: self.context.schema_for(topic, version),
                                        lambda: self._current, self.shape_of,
-                                       lambda topic, after, before: self.context.shapes_between(topic, after, before))
+                                       lambda topic, after, before: self.context.shapes_between(topic, after, before),
+                                       native.unknown_names)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
             except BaseException:
@@ -107,9 +108,9 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
                 raise
         self.target, self.books, self.catalog, self.generations = target, books, catalog, generations
         self.deadline = deadline
-        applier_class = StagedApplier if target.kind in ("postgresql", "duckdb") else GenericApplier
-        self.applier = applier_class(target, books, config.soft_delete)
-        self.bulk = BulkLoader(target, books, catalog, config.soft_delete)
+        self.applier = StagedApplier(target, books, config.soft_delete, native) \
+            if target.kind in ("postgresql", "duckdb") else GenericApplier(target, books, config.soft_delete)
+        self.bulk = BulkLoader(target, books, catalog, config.soft_delete, native)
         if target.kind == "postgresql" and config.write_connections > 1:
             self._pool = ThreadPoolExecutor(config.write_connections - 1,
                                             thread_name_prefix=f"sql-sink-{config.name}")
@@ -129,7 +130,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         """Rows may come as JSON bytes (cdc.api.Sink.raw_rows) where they go into PostgreSQL's typed
         COPY, whose C loop writes them without decoding (copy_rows.py); elsewhere ``write``
         decodes them first."""
-        return copy_rows.RAW and getattr(getattr(self, "applier", None), "typed_upserts", False)
+        return self.context.native.copy_rows is not None and \
+            getattr(getattr(self, "applier", None), "typed_upserts", False)
 
     @property
     def bootstrap_by_rebuild(self) -> bool:

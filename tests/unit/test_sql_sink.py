@@ -5,7 +5,6 @@ behaviours against PostgreSQL and MariaDB, with the helpers defined here."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import sqlite3
 from decimal import Decimal
@@ -15,6 +14,7 @@ import pytest
 
 from cdc.errors import PermanentError, RebuildRequired, RetriableError, SchemaChangeError
 from cdc.events import Op
+from cdc.runtime.contexts import RuntimeSinkContext
 from cdc.sink_events import SinkEvent
 from sinks.sql import SqlSink, SqlSinkConfig
 
@@ -103,8 +103,8 @@ class Sinks:
     def __call__(self, generation: int | None = None, **config: Any) -> SqlSink:
         config.setdefault("name", "s1")
         sink = SqlSink(SqlSinkConfig(topics=["*"], url=self.url, **config), generation)
-        sink.schema_for = self.schema_for
-        sink.context = dataclasses.replace(sink.context, shapes_between=self.shapes_between)
+        sink.attach(RuntimeSinkContext(sink.config.name, schema_for=self.schema_for,
+                                       shapes_between=self.shapes_between))
         sink.start()
         self.started.append(sink)
         return sink
