@@ -43,8 +43,8 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from cdc.api import (BulkLoadableSink, CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError,
-                     Sink, SinkEvent, WindowPart, servers)
+from cdc.api import (BulkLoadableSink, CdcError, PermanentError, ReadableSink, RebuildableSink, RetriableError,
+                     SchemaChangeError, Sink, SinkEvent, StoredRow, WindowPart, page, servers)
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -53,7 +53,7 @@ from sinks.sql.config import SqlSinkConfig
 from sinks.sql.deadline import WriteDeadline
 from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
 from sinks.sql.generations import Generations
-from sinks.sql.plan import PlanFailed, TablePlan
+from sinks.sql.plan import DELETED, PlanFailed, TablePlan
 from sinks.sql.reduce import TopicChanges, reduce_events
 from sinks.sql.tables import TableCatalog
 from sinks.sql.target import Target
@@ -67,10 +67,10 @@ log = logging.getLogger(__name__)
 MIN_PART_KEYS = 500
 
 
-class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
+class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's windows in bulk:
-    ``bulk_load`` (bulk_load.py)."""
+    ``bulk_load`` (bulk_load.py); the rows back: ``read_rows``."""
 
     config_model = SqlSinkConfig
 
@@ -309,6 +309,23 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
             return False
         with self._errors("bulk load"), self.deadline.watch(f"sql sink {self.config.name}: bulk load"):
             return self.bulk.load(part, self.generation)
+
+    def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]:
+        """The live rows of ``topic``'s table in the generation readers see (cdc.api.ReadableSink),
+        as the driver reads its columns (no bookkeeping columns), keyed by the table's key."""
+        self._started()
+        with self._errors("read_rows"):
+            generation = self.generations.current()
+            with self.target.engine.begin() as conn:
+                entry = next((e for e in self.books.entries(conn, generation).values() if e.topic == topic), None)
+                if entry is None:
+                    return []
+                q, columns = self.target.quote, list(entry.columns)
+                live = f" WHERE {q(DELETED)} = FALSE" if self.config.soft_delete else ""
+                rows = conn.exec_driver_sql(f"SELECT {', '.join(q(c) for c in columns)} FROM "
+                                            f"{self.target.qualified(entry.physical)}{live}").all()
+        key = [columns.index(name) for name in entry.key]
+        return page([StoredRow(tuple(row[i] for i in key), dict(zip(columns, row))) for row in rows], after, limit)
 
     # --- generations ----------------------------------------------------------------------------
 
