@@ -238,13 +238,15 @@ def run_append(spark, data: str, target: str, changes: int, size: int, first: in
 
 
 def merge_job(root: str, registry_url: str | None = None, table_properties: dict[str, str] | None = None):
+    from cdc.runtime.contexts import sink_context
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
     config = DeltaSinkConfig(name="bench", type="delta", topics=["bench.*"], path=root,
                              checkpoint=root + "-checkpoint",
                              **({"table_properties": table_properties} if table_properties else {}))
-    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url)
+    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url,
+                   context=sink_context(config.name))
     job.registry.remember(TOPIC, schema_record())
     job.bind(f"bench-{uuid.uuid4().hex}")
     return job
