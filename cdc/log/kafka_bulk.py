@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc.errors import CdcError
-from cdc.headers import pack as pack_headers, unpack as unpack_headers
+from cdc.log.packed_headers import pack as pack_headers, unpack as unpack_headers
 from cdc.log.base import LogRecord, TopicPartition
 from cdc.log.kafka_errors import TRANSIENT, wrap
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error

@@ -16,7 +16,7 @@ def test_importing_the_api_loads_nothing_of_the_runtime():
     code = ("import sys, cdc.api\n"
             "print(sorted(m for m in sys.modules if m.startswith(('cdc.', 'sources', 'sinks', 'spark_sinks', "
             "'snapshot')) and not m.startswith(('cdc.api', 'cdc.events', 'cdc.positions', 'cdc.errors', "
-            "'cdc.sink_event', 'cdc.servers', 'cdc.units'))))\n")
+            "'cdc.sink_event', 'cdc.headers', 'cdc.topics', 'cdc.servers', 'cdc.units'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
