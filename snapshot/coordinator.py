@@ -34,9 +34,8 @@ removed by the runtime's stale-row deletes (cdc/runtime/stale_rows.py), and the 
 
 Backfill: at start the coordinator compares the captured tables with the ones its topics are
 complete for (the ``TableBook`` the runtime hands the source in its ``SourceContext``, kept with
-the offsets). Tables new since then are read
-alone (``open_snapshot(only=...)``), under a marker naming them, and streaming resumes at the
-stored position; the source gives the backfill's rows a version between the changes it saw and
+the offsets). Tables new since then are read alone (``open_snapshot(only=...)``), under a marker
+naming them, and streaming resumes at the stored position; the source gives the backfill's rows a version between the changes it saw and
 those it did not, so the changes streamed from the stored position never lose to it. The record
 of complete tables is written at the first position stored after a snapshot or backfill ends
 (``commit``), so a crash before that reads the new tables again rather than never.
@@ -47,8 +46,9 @@ whose ``snapshot_end`` names every table read. Each table's shape goes out with 
 
 Incremental snapshots: while streaming, tables asked for (``request_snapshot``, or a signal row)
 are read again in chunks between watermarks (``snapshot/incremental.py``); the halves supply
-``IncrementalReads`` (``write_signal``, ``chunk_readable``, ``read_chunk``, ...). A stored ``IncrementalProgress`` is unwrapped at start: the
-stream resumes at its position and the reading after its last key.
+``IncrementalReads`` (``write_signal``, ``chunk_readable``, ``read_chunk``, ...). A stored
+``IncrementalProgress`` is unwrapped at start: the stream resumes at its position and the reading
+after its last key.
 
 Threading: all calls on the runtime's thread; ``stop`` and ``request_snapshot`` may come from
 another one. Snapshot readers are threads of their own (snapshot/parallel.py) or processes

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from cdc.api.stats import ConnectorStats
-from cdc.topics import dead_letter_topic
 from cdc.errors import PermanentError
+from cdc.topics import dead_letter_topic
 
 # (topic, partition, offset, reason, key, value): set one record aside on the dead-letter topic,
 # durably, with why. key and value are the record's bytes as read (None: unknown or a tombstone).

@@ -29,9 +29,9 @@ from typing import Any, Callable, ClassVar
 from cdc.api.config import SinkConfig
 from cdc.api.context import SinkContext, standalone_sink_context
 from cdc.api.stats import ConnectorStats
-from cdc.topics import schema_changes_topic
 from cdc.errors import PermanentError, ShapeMissingError, ShapeNotYetPublished
 from cdc.sink_event import SinkEvent
+from cdc.topics import schema_changes_topic
 
 
 class Sink(ABC):
@@ -53,8 +53,8 @@ class Sink(ABC):
     #: never see a partly filled store, e.g. a search index).
     bootstrap_by_rebuild: ClassVar[bool] = False
     #: True (read before each batch): the runtime may hand an upsert's ``after`` as the JSON bytes
-    #: of the row object, undecoded, when the record is a plain ``json`` envelope (see
-    #: ``cdc.sink_events.decode_records``). A sink that writes rows without looking at most of
+    #: of the row object, undecoded, when the record is a plain ``json`` envelope (the runtime's
+    #: decoding: cdc/sink_events.py). A sink that writes rows without looking at most of
     #: their values (the SQL sink's COPY into PostgreSQL) skips building a dict per row.
     raw_rows: bool = False
 

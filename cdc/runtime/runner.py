@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from cdc.api import Source
+from cdc.api import ConnectorStats, Source
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
@@ -38,7 +38,6 @@ from cdc.events import SnapshotMarker
 from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.schema_order import segments
 from cdc.runtime.gc_tuning import tune_gc
-from cdc.api.stats import ConnectorStats
 from cdc.runtime.contexts import OffsetTableBook, RuntimeSourceContext
 from cdc.runtime.stale_rows import StaleRows
 from cdc.formats import make_encoder
