@@ -224,8 +224,8 @@ def main() -> None:
     try:
         with setup_for(args, state, settings) as setup:
             if args.log == "kafka":
-                from cdc.api import open_kafka_log
-                log = open_kafka_log(settings["KAFKA_BOOTSTRAP"])
+                from cdc.log.kafka import KafkaLog
+                log = KafkaLog(settings["KAFKA_BOOTSTRAP"])
             else:
                 from cdc.log.embedded import EmbeddedLog
                 log = EmbeddedLog(f"{state}/log", fsync=False)

@@ -335,9 +335,11 @@ class DeltaTarget:
 
     def _session(self):
         if self.spark is None:
+            from cdc.dev.jars import spark_jars
             from spark_sinks.session import local_session
 
-            self.spark = local_session("incremental-verify-sampler", master="local[1]", driver_memory="1g")
+            self.spark = local_session("incremental-verify-sampler", jars=spark_jars(), master="local[1]",
+                                       driver_memory="1g")
         return self.spark
 
     def _table(self, version: int | None = None):

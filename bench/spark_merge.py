@@ -238,13 +238,15 @@ def run_append(spark, data: str, target: str, changes: int, size: int, first: in
 
 
 def merge_job(root: str, registry_url: str | None = None, table_properties: dict[str, str] | None = None):
+    from cdc.runtime.contexts import sink_context
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
     config = DeltaSinkConfig(name="bench", type="delta", topics=["bench.*"], path=root,
                              checkpoint=root + "-checkpoint",
                              **({"table_properties": table_properties} if table_properties else {}))
-    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url)
+    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url,
+                   context=sink_context(config.name))
     job.registry.remember(TOPIC, schema_record())
     job.bind(f"bench-{uuid.uuid4().hex}")
     return job
@@ -482,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
                              "the first --keys (written before, untimed: every key in the table), rate ratio")
     args = parser.parse_args(argv)
 
+    from cdc.dev.jars import spark_jars
     from cdc.dev.stack import read_env
     from spark_sinks.session import local_session
 
@@ -491,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(args.event_log, exist_ok=True)   # Spark refuses a directory that is not there
     events = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log,
               "spark.eventLog.compress": "false"} if args.event_log else {}
-    spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else None,
+    spark = local_session("bench-spark-merge", jars=jars.split(",") if jars else spark_jars(),
                           driver_memory=args.driver_memory, conf=events)
     for setting in args.conf:
         key, _, value = setting.partition("=")

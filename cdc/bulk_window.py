@@ -28,12 +28,13 @@ from __future__ import annotations
 import gc
 import logging
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import orjson
 
 from cdc.events import Op
-from cdc.sink_events import _OPS, PoisonRecord, SinkEvent, decode_records
+from cdc.sink_event import SinkEvent, WindowPart
+from cdc.sink_events import _OPS, PoisonRecord, decode_records
 
 log = logging.getLogger(__name__)
 
@@ -60,41 +61,6 @@ def collection_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-class WindowPart(NamedTuple):
-    """A piece of a window for a sink: one topic's keys of one shape (``source`` names the table
-    and its ``schema_version``), at most ``chunk`` of them.
-
-    ``upserts``: (key JSON, SinkEvent) whose ``after`` is the row's JSON bytes; ``deletes``:
-    (key JSON, SinkEvent) whose ``before`` is JSON bytes or None; ``tombstones``: key JSON ->
-    key; ``truncate``: the topic's newest truncate version (what is older is already dropped).
-    Keys are decoded (``SinkEvent.key``) only where asked (``decode_keys``)."""
-
-    topic: str
-    source: dict
-    upserts: list[tuple[bytes, SinkEvent]]
-    deletes: list[tuple[bytes, SinkEvent]]
-    tombstones: dict[bytes, dict]
-    truncate: int | None
-
-    def events(self) -> list[SinkEvent]:
-        """The part as events for ``Sink.write`` (truncate first, tombstones last), keys and
-        deletes' rows decoded."""
-        loads = orjson.loads
-        out: list[SinkEvent] = []
-        first = (self.upserts or self.deletes or [(b"{}", None)])[0][1]
-        if self.truncate is not None:
-            out.append(SinkEvent(self.topic, -1, -1, {}, Op.TRUNCATE, None, None, self.truncate, self.source))
-        for key, event in self.upserts:
-            out.append(event if event.key is not None else event._replace(key=loads(key)))
-        for key, event in self.deletes:
-            before = loads(event.before) if event.before.__class__ is bytes else event.before
-            out.append(event._replace(key=loads(key) if event.key is None else event.key, before=before))
-        partition, offset = (first.partition, first.offset) if first is not None else (-1, -1)
-        for key in self.tombstones.values():
-            out.append(SinkEvent(self.topic, partition, offset, key, None, None, None, None, {}))
-        return out
 
 
 class NewestWindow:

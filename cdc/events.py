@@ -154,7 +154,7 @@ class Batch:
     ``schema_changes`` are published before ``events``: a change of a table's shape comes before
     the first event that carries it. ``snapshot_end`` is set on the batch whose checkpoint ends a
     snapshot (its events, if any, are the snapshot's last): the runner then deletes what an
-    earlier attempt left in the topics that this snapshot did not read (snapshot/stale.py).
+    earlier attempt left in the topics that this snapshot did not read (cdc/runtime/stale_rows.py).
     ``caught_up`` says the source had read everything its server had sent when it made the batch
     (nothing follows at once): the runner has the log send it now rather than hold it back to
     batch it with later records. A source that cannot tell leaves it False.

@@ -13,23 +13,17 @@ Headers are a list of ``(name, value bytes or None)`` pairs, confluent-kafka's o
 order they were written; a name may repeat, and the last one counts (Kafka's rule for a lookup).
 A record written before headers existed has none (``None``), and reads as before.
 
-``pack``/``unpack``: the bytes the embedded log stores a record's headers as (its ``headers``
-column) and the bulk reader packs them in (cdc/_rdconsume.c): per header a little-endian int32
-name length, the name (UTF-8), an int32 value length (-1: null) and the value. Both run in C
-where cdc/_speedups.c is built (a record each on the embedded log's paths); the Python functions
-here are the reference (tests/unit/test_headers.py compares them).
+The bytes the embedded log stores headers as are the log's business (cdc/log/packed_headers.py).
+This module is a leaf: plugins read the names through ``cdc.api``.
 """
 
 from __future__ import annotations
-
-import struct
 
 VERSION = "cdc.version"
 SOURCE = "cdc.source"
 
 Headers = list[tuple[str, bytes | None]]
 
-_INT32 = struct.Struct("<i")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -63,66 +57,3 @@ def version_of(headers: Headers | None) -> int | None:
     if not _INT64_MIN <= version <= _INT64_MAX:
         raise ValueError(f"the {VERSION} header does not fit in 64 bits: {found!r}")
     return version
-
-
-def pack(headers: Headers | None) -> bytes | None:
-    """``headers`` as bytes (see the module docstring); None for none."""
-    if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.pack_headers(headers)
-    return _pack(headers)
-
-
-def unpack(data: bytes | None) -> Headers | None:
-    """``pack``'s bytes back as headers; ``ValueError`` for bytes that are not that."""
-    if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.unpack_headers(data)
-    return _unpack(data)
-
-
-def _pack(headers: Headers | None) -> bytes | None:
-    if not headers:
-        return None
-    out = bytearray()
-    for name, value in headers:
-        encoded = name.encode()
-        out += _INT32.pack(len(encoded))
-        out += encoded
-        if value is None:
-            out += _INT32.pack(-1)
-        else:
-            out += _INT32.pack(len(value))
-            out += value
-    return bytes(out)
-
-
-def _unpack(data: bytes | None) -> Headers | None:
-    if data is None:
-        return None
-    out: Headers = []
-    at, end = 0, len(data)
-    while at < end:
-        name, at = _field(data, at, end)
-        value, at = _field(data, at, end)
-        if name is None:
-            raise ValueError("not packed headers: a header without a name")
-        out.append((name.decode(), value))
-    return out
-
-
-def _field(data: bytes, at: int, end: int) -> tuple[bytes | None, int]:
-    if end - at < 4:
-        raise ValueError("not packed headers: a length runs past the end")
-    (size,) = _INT32.unpack_from(data, at)
-    at += 4
-    if size < 0:
-        return None, at
-    if end - at < size:
-        raise ValueError("not packed headers: a header runs past the end")
-    return data[at:at + size], at + size
-
-
-USE_SPEEDUPS = True  # tests turn it off to compare the two
-try:  # the same in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None

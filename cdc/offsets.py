@@ -2,7 +2,7 @@
 
 One record per source, keyed ``{"source": "<name>"}``, valued with the typed position's JSON; and
 per source the tables its topics are complete for (``{"source": "<name>", "record": "tables"}``,
-see snapshot/tables.py), so a table added to the config later is known as new.
+see cdc/runtime/contexts.py, OffsetTableBook), so a table added to the config later is known as new.
 Compaction keeps the newest per source. The runtime saves a position only after the log has
 acknowledged every event up to it (``LogWriter`` reports it safe), and waits for the offset
 record itself to be acknowledged before it tells the source (``Source.commit``). So after any

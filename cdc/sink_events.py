@@ -1,68 +1,17 @@
-"""What a sink receives: records of the log, decoded once by the sink runtime.
-
-``SinkEvent`` is the envelope of one record, or a tombstone (``op is None``). Sinks write
-idempotently and never regress a key (see ARCHITECTURE.md, "Version"):
-
-* an upsert (``r c u``) applies only if the store holds no newer ``version`` for the key, and no
-  delete of the key with a newer version (deletes are remembered, so a late older insert cannot
-  resurrect a key);
-* a delete (``d``) removes the row if its version is older, and remembers the delete's version;
-* a truncate (``t``) clears the table of rows older than its version and sets a table-wide
-  watermark: anything older than it is ignored afterwards;
-* a tombstone says the key's latest record is a delete. Its ``version`` is that delete's, from
-  the record's ``cdc.version`` header (cdc/headers.py), and a sink applies it as that delete: a
-  version-guarded delete, remembered like one, so nothing newer the store holds for the key is
-  touched (a row inserted again after the delete, whatever was replayed or compacted away).
-
-  A tombstone written before records had headers has no version (``None``). Its delete is the
-  record just before it in its partition (the capture emits the two consecutively). When
-  the runtime read that delete (``SinkContext.delete_read``: in the same batch, an earlier one,
-  or the run whose commit this one resumed from), the tombstone adds nothing and a sink drops it:
-  the delete is written with its own version, and whatever the store holds live for the key comes
-  from a later record (a replay after a crash between a write and its commit, with the batches
-  cut elsewhere). Deleting that row at its own version would lose it: its replay, at an equal
-  version, is refused. Only when the delete was never read (compacted away while the sink lagged,
-  or set aside as poison) does a sink delete the key if it still has it; such a tombstone,
-  replayed alone after a crash that came after a re-insert of the key was written, deletes that
-  row too: nothing tells it from an older one without a version.
-"""
+"""Records of the log decoded into ``SinkEvent``s (cdc/sink_event.py, where their semantics are
+written), once, by the sink runtime: every format (json, debezium-json, avro) reads back as the
+json format's envelope here, so a sink sees one shape whatever the log holds."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
 from cdc.events import Op
 from cdc.formats import avro, connect_decode
 from cdc.headers import version_of
-
-
-class SinkEvent(NamedTuple):
-    """One decoded record. Immutable and cheap: a tuple, like ``cdc.events.ChangeEvent``. The
-    runtime makes one per record read, on the sinks' hot path: a frozen dataclass cost about 2 µs
-    per event there (a tenth of a record's whole decoding), a tuple about 0.1 µs. A copy with
-    other fields is ``event._replace(after=...)``."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: dict[str, Any]
-    op: Op | None                 # None: a tombstone
-    before: dict[str, Any] | None
-    after: dict[str, Any] | bytes | None  # bytes: the row's JSON, for a sink with raw_rows
-    version: int | None           # a tombstone's: its delete's (its cdc.version header); None without one
-    source: dict[str, Any]        # the envelope's source block ({} for tombstones)
-    ts_ms: int | None = None
-
-    @property
-    def table(self) -> str:
-        """The source table's name (the last part of the topic)."""
-        return self.source.get("table") or self.topic.rsplit(".", 1)[-1]
-
-    @property
-    def key_json(self) -> bytes:
-        return orjson.dumps(self.key)
+from cdc.sink_event import SinkEvent
 
 
 class PoisonRecord(ValueError):

@@ -1,6 +1,9 @@
 """Snapshot, then stream: the lifecycle every database source runs, written once.
 
-A source (``SnapshotThenStream``) supplies the database's halves:
+``SnapshotCoordinator`` is an object a source composes with its database's halves (in the
+manner of Debezium's coordinator, which is given its snapshot, streaming and incremental
+sources), and ``CoordinatedSource`` the ``Source`` whose lifecycle is its coordinator's. The
+halves (``DatabaseHalves``):
 
 * ``prepare()``: connect, check the server, resolve the captured tables;
 * ``resume_point(position)``: the position to stream from, or ``PositionLostError`` when the
@@ -27,12 +30,12 @@ and ``resume_point`` agrees), otherwise at the snapshot's consistent point. Stre
 earlier point replays the changes in between with versions below the snapshot's rows, so sinks
 (which keep the highest version per key) end with the newer row, and a delete in between removes
 a row the new snapshot no longer has. Where the earlier point is gone, rows deleted meanwhile are
-removed by the runtime's stale-row deletes (``snapshot/stale.py``), and the log says so.
+removed by the runtime's stale-row deletes (cdc/runtime/stale_rows.py), and the log says so.
 
 Backfill: at start the coordinator compares the captured tables with the ones its topics are
-complete for (``snapshot/tables.py``, stored with the offsets). Tables new since then are read
-alone (``open_snapshot(only=...)``), under a marker naming them, and streaming resumes at the
-stored position; the source gives the backfill's rows a version between the changes it saw and
+complete for (the ``TableBook`` the runtime hands the source in its ``SourceContext``, kept with
+the offsets). Tables new since then are read alone (``open_snapshot(only=...)``), under a marker
+naming them, and streaming resumes at the stored position; the source gives the backfill's rows a version between the changes it saw and
 those it did not, so the changes streamed from the stored position never lose to it. The record
 of complete tables is written at the first position stored after a snapshot or backfill ends
 (``commit``), so a crash before that reads the new tables again rather than never.
@@ -42,9 +45,10 @@ snapshot goes out marked ``last``, in the batch whose checkpoint (``stream_from`
 whose ``snapshot_end`` names every table read. Each table's shape goes out with the first batch.
 
 Incremental snapshots: while streaming, tables asked for (``request_snapshot``, or a signal row)
-are read again in chunks between watermarks (``snapshot/incremental.py``); the source supplies
-``write_signal``, ``chunk_readable`` and ``read_chunk``. A stored ``IncrementalProgress`` is unwrapped at start: the
-stream resumes at its position and the reading after its last key.
+are read again in chunks between watermarks (``snapshot/incremental.py``); the halves supply
+``IncrementalReads`` (``write_signal``, ``chunk_readable``, ``read_chunk``, ...). A stored
+``IncrementalProgress`` is unwrapped at start: the stream resumes at its position and the reading
+after its last key.
 
 Threading: all calls on the runtime's thread; ``stop`` and ``request_snapshot`` may come from
 another one. Snapshot readers are threads of their own (snapshot/parallel.py) or processes
@@ -57,18 +61,16 @@ import fnmatch
 import logging
 import threading
 import uuid
-from abc import abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, Protocol
 
-from cdc.api import Source
+from cdc.api import Source, TableBook
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
 from cdc.events import Batch, RowBlock, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import IncrementalProgress, Position, SnapshotProgress
 from snapshot.incremental import SIGNALS, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
-from snapshot.tables import TableBook
 
 
 WINDOW_POLL_SECONDS = 0.0  # the stream's poll timeout while an incremental snapshot's chunk is in flight
@@ -110,25 +112,52 @@ class OpenedSnapshot:
     pool: Any = None
 
 
-class SnapshotThenStream(Source):
-    # Whether the log before a new snapshot stays readable (a binlog does; a PostgreSQL slot is
-    # created anew by its snapshot, so streaming can only start at the snapshot's point).
-    keeps_log_before_snapshot: bool = True
-    # The positions this source stores (besides SnapshotProgress), and what to call them in errors.
-    position_types: ClassVar[tuple[type, ...]]
-    position_kind: ClassVar[str]
+class DatabaseHalves(Protocol):
+    """What a source supplies to its coordinator (see the module docstring); all on the runtime's
+    thread but ``release``, which ``stop`` may call from another one."""
 
-    def __init__(self, config, position: Position | None) -> None:
-        super().__init__(config, position)
+    def prepare(self) -> None: ...
+
+    def resume_point(self, position: Position) -> Position: ...
+
+    def captured_names(self) -> frozenset[str]:
+        """The captured tables, as ``namespace.table`` (str of their TableId)."""
+
+    def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
+        """A snapshot of every captured table, or (a backfill) of the tables named ``only``, whose
+        rows must then not overwrite changes streamed from before it: their version is above every
+        change the snapshot saw and below every change it did not."""
+
+    def open_stream(self, position: Position | None, after_snapshot: bool) -> Stream:
+        """``after_snapshot``: a snapshot just published every captured table's shape; if not,
+        the stream announces the shapes it resumes with where its log does not (MySQL)."""
+
+    def release(self) -> None: ...
+
+
+class SnapshotCoordinator:
+    """Drives ``halves`` through the lifecycle above for the source ``config`` names, from
+    ``position`` (the stored one, or None). ``position_types``: the positions the source stores
+    besides ``SnapshotProgress``, ``position_kind`` what to call them in errors;
+    ``keeps_log_before_snapshot``: whether the log before a new snapshot stays readable (a binlog
+    does; a PostgreSQL slot is created anew by its snapshot, so streaming can only start at the
+    snapshot's point). ``log``: where its records go (the source's module, where its operators
+    and tests look for them)."""
+
+    def __init__(self, halves: DatabaseHalves, config, position: Position | None, *,
+                 position_types: tuple[type, ...], position_kind: str, keeps_log_before_snapshot: bool = True,
+                 log: logging.Logger | None = None) -> None:
+        self.halves = halves
+        self.config = config
+        self.keeps_log_before_snapshot = keeps_log_before_snapshot
         # An incremental snapshot's progress wraps the stream's position (snapshot/incremental.py).
         self._incremental_progress = position if isinstance(position, IncrementalProgress) else None
         position = self.start_position = unwrap(position)
-        if position is not None and not isinstance(position, (*self.position_types, SnapshotProgress)):
-            raise PermanentError(f"source {config.name}: stored position {position} is not {self.position_kind} "
+        if position is not None and not isinstance(position, (*position_types, SnapshotProgress)):
+            raise PermanentError(f"source {config.name}: stored position {position} is not {position_kind} "
                                  "(was the source's type changed? reset its offset)")
         self.policy = policy_for(config.snapshot)
-        # Records under the source's own module, where its operators (and tests) look for them.
-        self.log = logging.getLogger(type(self).__module__)
+        self.log = log or logging.getLogger(__name__)
         self._phase = "starting"
         self._finished = False
         self._stopping = threading.Event()
@@ -143,41 +172,15 @@ class SnapshotThenStream(Source):
         self._snapshot_rows = 0
         self.stream_from: Position | None = None
         self._backfilling = False
-        self.table_book: TableBook | None = None  # given by the runtime (snapshot/tables.py)
+        self.table_book: TableBook | None = None  # the runtime's, given to start()
         self._record_tables: frozenset[str] | None = None  # to record at the next position stored
         self._tables_at_end: frozenset[str] | None = None  # to record once the snapshot's end is stored
         self.incremental: IncrementalSnapshots | None = None  # made by start(), once the tables are known
-        self.signal_table = None  # the source's signal table (a TableId), where it has one
-
-    # -- what a source supplies ----------------------------------------------------------------
-    @abstractmethod
-    def prepare(self) -> None: ...
-
-    @abstractmethod
-    def resume_point(self, position: Position) -> Position: ...
-
-    @abstractmethod
-    def captured_names(self) -> frozenset[str]:
-        """The captured tables, as ``namespace.table`` (str of their TableId)."""
-
-    @abstractmethod
-    def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
-        """A snapshot of every captured table, or (a backfill) of the tables named ``only``, whose
-        rows must then not overwrite changes streamed from before it: their version is above every
-        change the snapshot saw and below every change it did not."""
-
-    @abstractmethod
-    def open_stream(self, position: Position | None, after_snapshot: bool) -> Stream:
-        """``after_snapshot``: a snapshot just published every captured table's shape; if not,
-        the stream announces the shapes it resumes with where its log does not (MySQL)."""
-
-    @abstractmethod
-    def release(self) -> None: ...
 
     def _extra(self) -> dict:
         return {"connector": self.config.name, "phase": self._phase}
 
-    # -- the Source contract ---------------------------------------------------------------------
+    # -- the Source contract, for CoordinatedSource ---------------------------------------------
     @property
     def phase(self) -> str:
         return self._phase
@@ -190,13 +193,17 @@ class SnapshotThenStream(Source):
         snapshot = self.snapshot
         return None if snapshot is None else (snapshot.tasks_done, snapshot.tasks_total)
 
-    def start(self) -> None:
-        self.prepare()
-        current = self.captured_names()
-        # A source takes incremental snapshots when its config has their settings and it supplies
-        # ``IncrementalReads`` (write_signal, chunk_readable, read_chunk).
+    def start(self, table_book: TableBook | None = None) -> None:
+        """``table_book``: which tables the topics are complete for (None: every table captured
+        now counts as complete, and nothing is recorded)."""
+        self.table_book = table_book
+        halves = self.halves
+        halves.prepare()
+        current = halves.captured_names()
+        # A source takes incremental snapshots when its config has their settings; its halves
+        # then supply ``IncrementalReads`` (write_signal, chunk_readable, read_chunk, ...).
         if isinstance(self.config, IncrementalSettings):
-            self.incremental = IncrementalSnapshots(self, self.config.incremental_chunk_rows, self.config.name,
+            self.incremental = IncrementalSnapshots(halves, self.config.incremental_chunk_rows, self.config.name,
                                                     current, self.config.incremental_chunk_pause_ms / 1000)
             if self._incremental_progress is not None:
                 self.incremental.resume(self._incremental_progress)
@@ -206,7 +213,7 @@ class SnapshotThenStream(Source):
         plan = self.policy.on_start(self.start_position, current - known if known is not None else frozenset())
         if plan.step in (Step.STREAM, Step.BACKFILL) and plan.position is not None:
             try:
-                position = self.resume_point(plan.position)
+                position = halves.resume_point(plan.position)
             except PositionLostError as lost:
                 plan = self.policy.on_lost(lost)
                 self.log.warning("%s: taking a new snapshot", lost, extra=self._extra())
@@ -272,34 +279,6 @@ class SnapshotThenStream(Source):
                               + ("" if self._phase != "starting" else " (or is not started yet)"))
         return self.incremental.request(tables, where)
 
-    @classmethod
-    def signal_snapshot(cls, config, tables: list[str], action: str = "execute", where: str | None = None) -> None:
-        """Ask a running source of ``config`` (in any process), through a row in its signal table
-        that its stream brings back: ``execute`` an incremental snapshot of ``tables`` (``where``:
-        only their rows matching that SQL condition), ``stop`` the one of ``tables`` (of all if
-        none is named), ``pause`` or ``resume`` the one under way."""
-        if not getattr(config, "signal_table", None):
-            raise ConfigError(f"source {config.name} has no signal_table: incremental snapshots write their "
-                              "watermarks there (set signal_table in its config)")
-        outside = [t for t in tables if not any(fnmatch.fnmatchcase(t, glob) for glob in config.tables)]
-        if outside:
-            raise ConfigError(f"source {config.name} does not capture {', '.join(outside)} (tables: "
-                              f"{', '.join(config.tables)})")
-        kind = SIGNALS.get(action)
-        if kind is None:
-            raise ConfigError(f"no snapshot action {action!r}; actions: {', '.join(SIGNALS)}")
-        data: dict = {"data-collections": list(tables), "type": "incremental"}
-        if where is not None:
-            if action != "execute" or not tables:
-                raise ConfigError("a condition (--where) goes with the tables to snapshot")
-            data["additional-conditions"] = [{"data-collection": t, "filter": where} for t in tables]
-        cls.send_signal(config, f"snapshot-{uuid.uuid4().hex}", kind, data)
-
-    @classmethod
-    def send_signal(cls, config, signal_id: str, kind: str, data: dict) -> None:
-        """Write one row to the signal table of ``config``'s database (a connection of its own)."""
-        raise ConfigError(f"source {config.name} ({config.type}) takes no incremental snapshots")
-
     def incremental_snapshot(self) -> dict | None:
         return None if self.incremental is None else self.incremental.status()
 
@@ -307,7 +286,7 @@ class SnapshotThenStream(Source):
         self._stopping.set()
         self._close_snapshot()
         close_quietly(self.stream)
-        self.release()
+        self.halves.release()
 
     # -- snapshot ----------------------------------------------------------------------------------
     def _snapshot_after_loss(self, lost: PositionLostError) -> None:
@@ -317,7 +296,7 @@ class SnapshotThenStream(Source):
         self.log.warning("%s: taking a new snapshot", lost, extra=self._extra())
         close_quietly(self.stream)
         self.stream = None
-        self._record_tables, self._tables_at_end = None, self.captured_names()
+        self._record_tables, self._tables_at_end = None, self.halves.captured_names()
         self._start_snapshot(plan)
 
     def _start_snapshot(self, plan: Plan) -> None:
@@ -329,14 +308,14 @@ class SnapshotThenStream(Source):
             pass  # start() checked that the stream can go on from there after the backfill
         elif since is not None and self.keeps_log_before_snapshot:
             try:
-                since = self.resume_point(since)
+                since = self.halves.resume_point(since)
             except PositionLostError as err:
                 self.log.warning("%s; streaming will start at the new snapshot: rows deleted since then may stay in "
                             "the topics until they are reset", err, extra=self._extra())
                 since = None
         elif not self.keeps_log_before_snapshot:
             since = None
-        opened = self._opened = self.open_snapshot(plan.tables if backfill else None)
+        opened = self._opened = self.halves.open_snapshot(plan.tables if backfill else None)
         self.stream_from = since or opened.consistent
         # Stored before any row goes out (``_poll_snapshot`` waits for its commit).
         self._progress = SnapshotProgress(self.stream_from,
@@ -413,5 +392,66 @@ class SnapshotThenStream(Source):
 
     # -- streaming ---------------------------------------------------------------------------------
     def _start_stream(self, position: Position | None, after_snapshot: bool) -> None:
-        self.stream = self.open_stream(position, after_snapshot)
+        self.stream = self.halves.open_stream(position, after_snapshot)
         self._phase = "streaming"
+
+
+def signal_snapshot(config, tables: list[str], action: str, where: str | None,
+                    send: Callable[[Any, str, str, dict], None]) -> None:
+    """``IncrementalSnapshotSource.signal_snapshot`` for a source whose ``send(config, signal_id,
+    kind, data)`` writes one row to the signal table of ``config``'s database (a connection of
+    its own): the row its stream brings back as a request (snapshot/incremental.py)."""
+    if not getattr(config, "signal_table", None):
+        raise ConfigError(f"source {config.name} has no signal_table: incremental snapshots write their "
+                          "watermarks there (set signal_table in its config)")
+    outside = [t for t in tables if not any(fnmatch.fnmatchcase(t, glob) for glob in config.tables)]
+    if outside:
+        raise ConfigError(f"source {config.name} does not capture {', '.join(outside)} (tables: "
+                          f"{', '.join(config.tables)})")
+    kind = SIGNALS.get(action)
+    if kind is None:
+        raise ConfigError(f"no snapshot action {action!r}; actions: {', '.join(SIGNALS)}")
+    data: dict = {"data-collections": list(tables), "type": "incremental"}
+    if where is not None:
+        if action != "execute" or not tables:
+            raise ConfigError("a condition (--where) goes with the tables to snapshot")
+        data["additional-conditions"] = [{"data-collection": t, "filter": where} for t in tables]
+    send(config, f"snapshot-{uuid.uuid4().hex}", kind, data)
+
+
+class CoordinatedSource(Source):
+    """A ``Source`` whose lifecycle is its ``SnapshotCoordinator``'s: the subclass makes
+    ``self.coordinator`` in its ``__init__`` (with itself, or another object, as the halves)
+    and keeps its own state; the coordinator keeps the lifecycle's."""
+
+    coordinator: SnapshotCoordinator
+
+    @property
+    def phase(self) -> str:
+        return self.coordinator.phase
+
+    @property
+    def finished(self) -> bool:
+        return self.coordinator.finished
+
+    def start(self) -> None:
+        self.coordinator.start(self.context.table_book)
+
+    def poll(self, timeout: float) -> Batch | None:
+        return self.coordinator.poll(timeout)
+
+    def commit(self, position: Position) -> None:
+        self.coordinator.commit(position)
+
+    def stop(self) -> None:
+        self.coordinator.stop()
+
+    def snapshot_chunks(self) -> tuple[int, int] | None:
+        return self.coordinator.snapshot_chunks()
+
+    def incremental_snapshot(self) -> dict | None:
+        return self.coordinator.incremental_snapshot()
+
+    def request_snapshot(self, tables: list[str], where: str | None = None) -> list[str]:
+        """Queue an incremental snapshot (``IncrementalSnapshotSource``); see the coordinator's."""
+        return self.coordinator.request_snapshot(tables, where)

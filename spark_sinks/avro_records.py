@@ -72,7 +72,7 @@ class AvroSchemas:
     only from the job's ``foreachBatch`` thread."""
 
     def __init__(self, registry_url: str | None, codecs: ConnectCodecs,
-                 fetch: Callable[[str, int], tuple[str, dict]] | None = None) -> None:
+                 fetch: Callable[[str, int], tuple[str, dict]]) -> None:
         self.registry_url = registry_url
         self.codecs = codecs
         self._fetch = fetch
@@ -88,8 +88,6 @@ class AvroSchemas:
             raise ConfigError(f"sink {sink} (delta) read avro records (schema ids {sorted(ids)}) but no schema "
                               f"registry is configured: set log.schema_registry.url")
         fetch = self._fetch
-        if fetch is None:
-            from cdc.api import avro_writer_schema as fetch
         for found in sorted(ids):
             text, connect = fetch(self.registry_url, found)
             fields = {f.get("field"): f for f in connect.get("fields") or []}
@@ -141,4 +139,4 @@ def require_spark_avro(session, sink: str) -> None:
     except Exception as err:  # noqa: BLE001 - Py4J wraps ClassNotFoundException
         raise ConfigError(f"sink {sink} (delta) reads avro records with spark-avro, which this Spark session "
                           f"lacks: add org.apache.spark:spark-avro_2.13 of the session's Spark version to its "
-                          f"jars (cdc.api.spark_jars() includes it)") from err
+                          f"jars (the jars `cdc dev up` resolves include it)") from err

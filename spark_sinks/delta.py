@@ -15,7 +15,7 @@ that failed on a ``SchemaChangeError`` or a poison record with ``on_poison: stop
 (permanent); any other failure (brokers away, executors lost) raises ``RetriableError``, and a
 restart resumes from the checkpoint.
 
-On a cluster, the same config runs under ``spark-submit`` (see ``spark_sinks.submit``).
+On a cluster, the same config runs under ``spark-submit`` (``cdc run-sink``, cdc/runtime/submit.py).
 The Kafka brokers are the sink's ``kafka.bootstrap_servers`` or else the log's; the embedded log
 has no brokers Spark could read, so a delta sink needs Kafka.
 """
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, open_kafka_log
+from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
 from spark_sinks.session import quiet_loggers
@@ -67,14 +67,15 @@ class DeltaSink(SelfDrivenSink):
         bootstrap, options, prefix, log_, registry_url = self._kafka()
         with self._lock:
             if session is None:
-                session, self._own_session = _session(self.config), True
+                session, self._own_session = _session(self.config, self.context.spark_jars), True
             try:
                 quiet_loggers(session)  # spark-submit's session, or one given, too
                 self.session = session.newSession()  # its own SQL settings, the same SparkContext
                 for name, value in self.config.spark.conf.items():
                     self.session.conf.set(name, value)  # runtime settings; static: spark-submit --conf
                 self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
-                                    kafka_options=options, stats=self.context.stats, registry_url=registry_url)
+                                    kafka_options=options, stats=self.context.stats, registry_url=registry_url,
+                                    context=self.context)
                 self.job.start(self.session)
             except BaseException:
                 log_.close()
@@ -156,19 +157,20 @@ class DeltaSink(SelfDrivenSink):
         if self.config.kafka is not None:
             bootstrap = self.config.kafka.bootstrap_servers
             same = kafka_log is not None and kafka_log.bootstrap_servers == bootstrap
-            log_ = open_kafka_log(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
-                            consumer_config=dict(kafka_log.consumer) if same else None)
+            log_ = self.context.open_kafka_log(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
+                                               consumer_config=dict(kafka_log.consumer) if same else None)
             return bootstrap, dict(self.config.kafka.options), prefix, log_, registry_url
         if kafka_log is None:
             raise ConfigError(f"sink {self.config.name} (delta) needs Kafka: give it kafka.bootstrap_servers, "
                               f"or use a Kafka log (Spark cannot read the embedded log)")
-        log_ = open_kafka_log(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
-                        consumer_config=dict(kafka_log.consumer))
+        log_ = self.context.open_kafka_log(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
+                                           consumer_config=dict(kafka_log.consumer))
         return kafka_log.bootstrap_servers, {}, prefix, log_, registry_url
 
 
-def _session(config: DeltaSinkConfig):
-    """Under spark-submit, the session it configured; otherwise a local one with the jars."""
+def _session(config: DeltaSinkConfig, spark_jars: Callable[[], list[str]]):
+    """Under spark-submit, the session it configured; otherwise a local one with the jars (the
+    config's ``spark.jars``, else those the runtime resolves: ``spark_jars``)."""
     from pyspark.sql import SparkSession
 
     if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("SPARK_SUBMIT"):
@@ -176,7 +178,8 @@ def _session(config: DeltaSinkConfig):
     else:
         from spark_sinks.session import local_session
 
-        session = local_session(f"cdc-delta-{config.name}", jars=config.spark.jars, conf=config.spark.conf,
+        jars = config.spark.jars if config.spark.jars is not None else spark_jars()
+        session = local_session(f"cdc-delta-{config.name}", jars=jars, conf=config.spark.conf,
                                 master=config.spark.master, driver_memory=config.spark.driver_memory)
     return session
 

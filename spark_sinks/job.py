@@ -36,8 +36,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import (ConnectorStats, Log, PermanentError, RetriableError, SchemaChangeError, dead_letter_topic,
-                     ensure_dead_letter_topic)
+from cdc.api import (ConnectorStats, LogClient, PermanentError, RetriableError, SchemaChangeError, SinkContext,
+                     dead_letter_topic, standalone_sink_context)
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
@@ -74,18 +74,23 @@ class BatchReport:
 
 class DeltaJob:
     def __init__(self, config: DeltaSinkConfig, *, bootstrap_servers: str, prefix: str,
-                 log_: Log | None = None, kafka_options: dict[str, str] | None = None,
-                 stats: ConnectorStats | None = None, registry_url: str | None = None) -> None:
+                 log_: LogClient | None = None, kafka_options: dict[str, str] | None = None,
+                 stats: ConnectorStats | None = None, registry_url: str | None = None,
+                 context: SinkContext | None = None) -> None:
         self.config = config
         self.name = config.name
         self.prefix = prefix
         self.bootstrap_servers = bootstrap_servers
         self.kafka_options = dict(kafka_options or {})
         self.log = log_
-        self.registry = SchemaRegistry(log_, prefix, config.json_columns)
+        # The runtime's services (the schema topic, the registry, dead-letter topics); a job built
+        # alone (tests, benchmarks) has none and reads no schema topic.
+        self.context = context or standalone_sink_context(config.name, prefix)
+        self.registry = SchemaRegistry(self.context.schema_book(log_, prefix) if log_ is not None else None,
+                                       prefix, config.json_columns)
         self.codecs = ConnectCodecs()   # the Connect schemas of debezium-json records seen so far
         # avro records: their writer schemas by registry id (the log's schema_registry.url)
-        self.avro = AvroSchemas(registry_url, self.codecs)
+        self.avro = AvroSchemas(registry_url, self.codecs, self.context.avro_writer_schema)
         self.mode = "scd2" if config.scd2 else "soft" if config.soft_delete else "type1"
         self.stats = stats or ConnectorStats(config.name, "sink")
         self.failure: BaseException | None = None   # what made the last batch fail, typed
@@ -468,8 +473,8 @@ class DeltaJob:
                                  f"{first['poison']}")
         topic = self.config.dead_letter_topic or dead_letter_topic(self.prefix, self.name)
         if self.log is not None:
-            ensure_dead_letter_topic(self.log, topic, self.config.dead_letter_retention_hours)
-        # Keyed by where the record is (cdc.api.ensure_dead_letter_topic): letters never share a key.
+            self.context.ensure_dead_letter_topic(self.log, topic, self.config.dead_letter_retention_hours)
+        # Keyed by where the record is (SinkContext.ensure_dead_letter_topic): letters never share a key.
         (bad.select(F.to_json(F.struct("topic", "partition", "offset")).alias("key"), F.to_json(F.struct(
             "topic", "partition", "offset", F.col("poison").alias("reason"), F.lit(self.name).alias("sink"),
             F.col("raw").alias("value"))).alias("value"))

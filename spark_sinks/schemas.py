@@ -1,6 +1,6 @@
 """Table shapes from ``<prefix>.schema-changes``, as Spark schemas.
 
-The driver reads the schema topic through the framework's ``SchemaBook`` (cdc.api): again only
+The driver reads the schema topic through the framework's ``SchemaLookup`` (``SinkContext.schema_book``): again only
 when its end offsets moved, and then only what it gained, so asking for a table's shape each
 micro-batch costs one metadata request. A source publishes a table's new shape before the first
 event that has it, but on another topic: a micro-batch can hold an event whose column the reader
@@ -24,7 +24,7 @@ from typing import Sequence
 
 from pyspark.sql import types as T
 
-from cdc.api import Log, SchemaBook, earlier_names, schema_changes_topic
+from cdc.api import SchemaLookup, earlier_names, schema_changes_topic
 from spark_sinks.types import is_double, spark_type
 
 log = logging.getLogger(__name__)
@@ -103,11 +103,11 @@ class TableShape:
 class SchemaRegistry:
     """topic -> the schema records of its table: the newest, and those before it. Thread-safe."""
 
-    def __init__(self, log_: Log | None, prefix: str, json_columns: str = "string") -> None:
+    def __init__(self, book: SchemaLookup | None, prefix: str, json_columns: str = "string") -> None:
         self.prefix = prefix
         self.json_columns = json_columns   # the Spark type of json/jsonb columns (types.spark_type)
         self.topic = schema_changes_topic(prefix)
-        self._book = SchemaBook(log_, prefix) if log_ is not None else None
+        self._book = book  # the schema topic's shapes (None: only those given to ``remember``)
         self._remembered: dict[str, list[dict]] = {}   # topic -> records given to ``remember``, in order
         self._lock = threading.Lock()
 

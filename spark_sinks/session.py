@@ -1,8 +1,8 @@
 """A Spark session with the Kafka source and Delta Lake configured.
 
 Spark's own ``spark.jars.packages`` resolver (Ivy) ignores Maven's mirror settings, so the jars are
-resolved by Maven into the project's cache (``cdc dev up`` / ``cdc.api.spark_jars``) and handed
-to Spark as plain files through ``spark.jars``.
+resolved by Maven into the project's cache (``cdc dev up`` / ``SinkContext.spark_jars``) and
+handed to Spark as plain files through ``spark.jars``.
 """
 
 from __future__ import annotations
@@ -61,17 +61,13 @@ def shuffle_partitions(master: str) -> dict[str, str]:
 CODEGEN_CACHE = {"spark.sql.codegen.cache.maxEntries": "1000"}
 
 
-def local_session(app_name: str, *, jars: Sequence[str] | None = None, master: str = "local[2]",
+def local_session(app_name: str, *, jars: Sequence[str], master: str = "local[2]",
                   warehouse: str | None = None, driver_memory: str = "2g", conf: Mapping[str, str] | None = None):
     """Build (or get) a SparkSession for ``master`` with Delta's SQL extension and catalog;
     ``conf``: more settings (static ones too: they are given before the session starts)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    if jars is None:
-        from cdc.api import spark_jars
-
-        jars = spark_jars()
     settings = {
         "spark.master": master,
         "spark.app.name": app_name,

@@ -36,8 +36,9 @@ from cdc.demo import shop, stores
 
 PREFIX = "shop"                 # topics: shop.public.customers, shop.shop_inventory.products, ...
 CACHE_PREFIX = "shopdemo"       # Redis keys
-ALIASES = {"customers": "shop.public.customers", "orders": "shop.public.orders",
-           "products": f"shop.{shop.MARIA_DATABASE}.products"}
+TOPICS = {"customers": "shop.public.customers", "orders": "shop.public.orders",
+          "products": f"shop.{shop.MARIA_DATABASE}.products"}
+ALIASES = TOPICS                # the search index's aliases are named as the topics
 QUALIFIED = {"customers": "public.customers", "orders": "public.orders",
              "products": f"{shop.MARIA_DATABASE}.products"}
 SOURCES = ("shop_pg", "shop_maria")
@@ -162,9 +163,9 @@ def _reset_stores(opensearch_url: str, redis_url: str, home: Path) -> None:
 
 
 def _status(http: str) -> dict[str, dict]:
-    from cdc.runtime.cli import _daemon_status
+    from cdc.runtime.control import daemon_status
 
-    return {row["name"]: row for row in _daemon_status(http) or []}
+    return {row["name"]: row for row in daemon_status(http) or []}
 
 
 class Failed(Exception):
@@ -206,11 +207,11 @@ def event_counts(log_, source_names) -> dict[str, dict[str, int]]:
 
 
 class Shop:
-    """Where the demo's tables and stores are, and how to read each of them."""
+    """Where the demo's tables are, and how to read them and the stores (through the sinks of the
+    demo's config file, ``config_path``)."""
 
-    def __init__(self, pg_dsn: str, maria_url: str, opensearch_url: str, redis_url: str, warehouse: Path) -> None:
-        self.pg_dsn, self.maria_url = pg_dsn, maria_url
-        self.opensearch_url, self.redis_url, self.warehouse = opensearch_url, redis_url, warehouse
+    def __init__(self, pg_dsn: str, maria_url: str, config_path: Path) -> None:
+        self.pg_dsn, self.maria_url, self.config_path = pg_dsn, maria_url, config_path
 
     def sources(self) -> stores.Rows:
         import psycopg2
@@ -229,28 +230,29 @@ class Shop:
             maria.close()
         return rows
 
-    def stores(self) -> dict[str, stores.Rows]:
-        import sqlite3
+    def _sink(self, name: str):
+        """The demo's sink ``name``, built from its config (not started)."""
+        from cdc.config import load_config
+        from cdc.plugins import sink_plugin
 
-        import redis as redis_client
-        from opensearchpy import OpenSearch
+        config = load_config(str(self.config_path), only=[name]).sink(name)
+        return sink_plugin(config.type)(config)
+
+    def stores(self) -> dict[str, stores.Rows]:
+        """Every sink's rows, each read through the sink (``ReadableSink``); a store the sink cannot
+        read yet (being made) reads as empty."""
+        from cdc.errors import CdcError
 
         out = {}
-        try:
-            with sqlite3.connect(f"file:{self.warehouse}?mode=ro", uri=True, timeout=30) as db:
-                out["warehouse"] = stores.sql_rows(db.cursor(), ALIASES)
-        except sqlite3.OperationalError:  # no file or no tables yet
-            out["warehouse"] = {}
-        client = OpenSearch(hosts=[self.opensearch_url], timeout=60)
-        try:
-            out["search"] = stores.opensearch_rows(client, ALIASES)
-        finally:
-            client.close()
-        cache = redis_client.Redis.from_url(self.redis_url)
-        try:
-            out["cache"] = stores.redis_rows(cache, CACHE_PREFIX, QUALIFIED)
-        finally:
-            cache.close()
+        for name in SINKS:
+            sink = self._sink(name)
+            try:
+                sink.start()
+                out[name] = stores.sink_rows(sink, TOPICS)
+            except CdcError:
+                out[name] = {}
+            finally:
+                sink.stop()
         return out
 
     def check(self) -> dict[str, dict[str, str]]:
@@ -259,16 +261,13 @@ class Shop:
         return {name: diff for name, rows in self.stores().items() if (diff := stores.differences(source, rows))}
 
     def search_generation(self, table: str) -> int:
-        from opensearchpy import OpenSearch
-
-        client = OpenSearch(hosts=[self.opensearch_url], timeout=60)
+        """The generation the search sink's readers see for ``table`` (what it ``describe``s)."""
+        sink = self._sink("search")
         try:
-            if not client.indices.exists_alias(name=ALIASES[table]):
-                return 0
-            [index] = client.indices.get_alias(name=ALIASES[table])
-            return int(index.rsplit("__g", 1)[1])
+            sink.start()
+            return next((row["generation"] for row in sink.describe() if row["topic"] == TOPICS[table]), 0)
         finally:
-            client.close()
+            sink.stop()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -313,7 +312,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
     (home / "daemon.pid").write_text(str(daemon.pid))
     print(f"2. started `cdc run {config}` (pid {daemon.pid}; log {log_file}): 2 sources, 3 sinks "
           "(warehouse: SQLite, search: OpenSearch, cache: Redis)")
-    shop_ = Shop(dsn, env["MYSQL_URL"], env["OPENSEARCH_URL"], env["REDIS_URL"], home / "warehouse.db")
+    shop_ = Shop(dsn, env["MYSQL_URL"], config)
     loaded = load_config(str(config))
     try:
         log_ = _wait("the log", lambda: (config.parent / "cdc-data").exists() and open_log(loaded.log),
@@ -373,7 +372,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
         source, held = shop_.sources(), shop_.stores()
         problems = {name: stores.differences(source, rows) for name, rows in held.items()}
         print("5. every store equals its source:")
-        for table in ALIASES:
+        for table in TOPICS:
             print(f"     {table:<10} source {len(source[table]):>4} rows ({at_snapshot[table]} at the snapshot)  ==  " + "  ".join(
                 f"{name} {len(held[name].get(table, {})):>4}" for name in SINKS))
         if any(problems.values()):

@@ -1,5 +1,8 @@
 """Read each table as its source and each derived store hold it, and compare them.
 
+The stores are read through their sinks' own API (``cdc.api.ReadableSink.read_rows``: the rows as
+the sink wrote them), so the demo knows nothing of how a store lays them out.
+
 Every reader returns ``{table: {key: {column: value}}}`` over the columns the demo compares
 (``COLUMNS``), each value in a canonical text form (``canonical``), so that a value is equal
 wherever it lives: PostgreSQL's numeric ``12.30``, the event's ``"12.30"``, SQLite's ``12.3``
@@ -66,38 +69,9 @@ def sql_rows(cursor, tables: Iterable[str]) -> Rows:
 
 # -- the stores --------------------------------------------------------------------------------
 
-def opensearch_rows(client, aliases: dict[str, str]) -> Rows:
-    """``aliases``: table -> the alias readers query. Tombstone documents are hidden by the alias."""
-    out: Rows = {}
-    for table, alias in aliases.items():
-        if not client.indices.exists_alias(name=alias):
-            out[table] = {}
-            continue
-        client.indices.refresh(index=alias)
-        docs = []
-        answer = client.search(index=alias, body={"size": 5000, "sort": ["_doc"]}, params={"scroll": "1m"})
-        while answer["hits"]["hits"]:
-            docs.extend(hit["_source"] for hit in answer["hits"]["hits"])
-            answer = client.scroll(scroll_id=answer["_scroll_id"], params={"scroll": "1m"})
-        client.clear_scroll(scroll_id=answer["_scroll_id"])
-        out[table] = _by_key(table, docs)
-    return out
-
-
-def redis_rows(client, prefix: str, tables: dict[str, str]) -> Rows:
-    """``tables``: table -> ``schema.table`` as the sink's keys name it. Reads the generation
-    readers use (``sinks.redis``), every row key of the table in it."""
-    from sinks.redis import current_namespace
-
-    namespace = current_namespace(client, prefix)
-    out: Rows = {}
-    for table, qualified in tables.items():
-        rows = []
-        for key in client.scan_iter(match=f"{namespace}:{qualified}:*", count=1000):
-            fields = client.hgetall(key)
-            rows.append({k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()})
-        out[table] = _by_key(table, rows)
-    return out
+def sink_rows(sink, topics: dict[str, str]) -> Rows:
+    """``topics``: table -> its topic. ``sink``: a started ``ReadableSink``."""
+    return {table: _by_key(table, (stored.row for stored in sink.read_rows(topic))) for table, topic in topics.items()}
 
 
 # -- the comparison ----------------------------------------------------------------------------

@@ -125,3 +125,7 @@ def spark_jars() -> list[str]:
     bundled = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     found = [p for component in SPARK_COMPONENTS for p in ensure_jars(component).glob("*.jar")]
     return sorted({str(p) for p in found if _artifact(p.name) not in bundled})
+
+
+if __name__ == "__main__":  # ``spark-submit --jars "$(python -m cdc.dev.jars)"``
+    print(",".join(spark_jars()))

@@ -31,7 +31,8 @@ import orjson
 
 from cdc.errors import FormatError, SchemaRegistryError
 from cdc.events import ChangeEvent, Column, Op
-from cdc.formats import avro_schema, connect_decode
+import cdc.formats.avro_schema as avro_schema
+import cdc.formats.connect_decode as connect_decode
 from cdc.formats.avro_write import compile_writer
 from cdc.formats.connect_decode import apply_converters
 from cdc.formats.connect_types import DebeziumOptions

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import orjson
 
-from cdc.formats import connect_types as t
+import cdc.formats.connect_types as t
 
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1)

@@ -27,6 +27,7 @@ from typing import Any
 
 from cdc.errors import DeliveryError
 from cdc.headers import Headers
+from cdc.log.kafka_errors import TRANSIENT
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 
 try:  # built by setup.py where librdkafka's headers are (apt's librdkafka-dev)
@@ -119,8 +120,6 @@ class BlockProducer:
 
 
 def _transient(code: int) -> bool:
-    from cdc.log.kafka import TRANSIENT
-
     return code in TRANSIENT
 
 

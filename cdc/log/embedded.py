@@ -18,7 +18,7 @@ Layout: a record's integer primary key is ``partition id << 40 | offset``, so ea
 contiguous range of the table's own b-tree: appends and range reads need no second index, and a
 compacted gap is simply a missing key. ``partitions.next_offset`` is the high-water mark, kept apart
 from the records so that compaction never lowers it. The ``log`` view shows topic/partition/offset.
-A record's headers are one column, packed (cdc/headers.py ``pack``; NULL: none). A database made
+A record's headers are one column, packed (cdc/log/packed_headers.py; NULL: none). A database made
 before that column existed gets it, empty, when it is opened: its records read with no headers.
 
 Compaction (Kafka's rules): only the latest record per key stays, a tombstone goes once it is older
@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from cdc.errors import DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
-from cdc.headers import Headers, pack, unpack
+from cdc.headers import Headers
+from cdc.log.packed_headers import pack, unpack
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
 from cdc.log.partitioner import partition_for
 from cdc.positions import Position

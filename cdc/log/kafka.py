@@ -48,7 +48,8 @@ from cdc.log.base import (GroupListener, GroupLog, GroupReader, Log, LogReader, 
                           TopicPartition, TopicSettings)
 from cdc.log.delivery import DeliveryTracker
 from cdc.log.kafka_bulk import KafkaBulkReader, open_bulk_reader
-from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, UNREACHABLE, on_error
+from cdc.log.kafka_errors import TRANSIENT, delivery_error, kafka_error, wrap
+from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 from cdc.positions import Position
 from cdc.events import ChangeEvent, RowBlock
 from cdc.headers import Headers
@@ -70,55 +71,6 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
     "allow.auto.create.topics": False, "fetch.queue.backoff.ms": 10,
 }
-
-# Errors that may clear up by themselves: the broker is away, slow, or electing a leader, or the
-# record was purged locally. librdkafka already retried these until ``message.timeout.ms``; what
-# reaches a delivery report otherwise (too large, invalid, unauthorized, unknown topic, a fatal
-# idempotence error) is an error it judged permanent, and so do we.
-TRANSIENT = frozenset({
-    KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE,
-    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
-    KafkaError._QUEUE_FULL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._DESTROY,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION, KafkaError.BROKER_NOT_AVAILABLE,
-    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
-    KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    KafkaError.KAFKA_STORAGE_ERROR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.THROTTLING_QUOTA_EXCEEDED,
-    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REBALANCE_IN_PROGRESS,
-})
-
-
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    arg = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return arg if isinstance(arg, KafkaError) else None
-
-
-# What a client says when it cannot talk to any broker (the connection, not the request, failed).
-_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
-                          KafkaError._RESOLVE, KafkaError._WAIT_COORD})
-
-
-def _wrap(what: str, exc: BaseException, servers: str | None = None) -> CdcError:
-    """A client-side failure as a typed error: transient codes and timeouts -> LogUnavailableError.
-    With ``servers`` (the bootstrap list), a failure to reach any broker says so first, naming the
-    setting and the address librdkafka last tried (cdc.log.kafka_logs folds its own lines into it)."""
-    err = _kafka_error(exc)
-    if err is None or err.code() in TRANSIENT:
-        detail = f"{err.name()}: {err.str()}" if err is not None else f"{type(exc).__name__} {exc}"
-        tried = UNREACHABLE.describe()
-        if servers is not None and (err is None or err.code() in _UNREACHABLE) and tried is not None:
-            return LogUnavailableError(f"no Kafka broker at {servers} (log.kafka.bootstrap_servers) can be "
-                                       f"reached ({tried}); {what} failed: {detail}")
-        return LogUnavailableError(f"{what}: {detail}")
-    return PermanentError(f"{what}: {err.name()}: {err.str()}")
-
-
-def _delivery_error(err: KafkaError, topic: str, partition: int | None) -> DeliveryError:
-    where = topic if partition is None or partition < 0 else f"{topic}[{partition}]"  # None: unassigned
-    return DeliveryError(f"delivery to {where} failed: {err.name()}: {err.str()}",
-                         retriable=err.code() in TRANSIENT)
-
 
 # A commit refused because the member no longer owns what it commits: the group moved on (a
 # rebalance it has not served yet, or it was thrown out). The new owner reads from the group's
@@ -198,7 +150,7 @@ class KafkaLog(Log, GroupLog):
                     future = admin.describe_configs([resource], request_timeout=self.timeout)[resource]
                     return future.result(self.timeout)
             except PermanentError as exc:
-                cause = _kafka_error(exc.__cause__) if exc.__cause__ is not None else None
+                cause = kafka_error(exc.__cause__) if exc.__cause__ is not None else None
                 if (cause is None or cause.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
                         or time.monotonic() > deadline):
                     raise
@@ -219,7 +171,7 @@ class KafkaLog(Log, GroupLog):
             try:
                 future.result(self.timeout)
             except KafkaException as exc:
-                code = getattr(_kafka_error(exc), "code", lambda: None)()
+                code = getattr(kafka_error(exc), "code", lambda: None)()
                 if code == KafkaError.TOPIC_ALREADY_EXISTS:
                     return False
                 if code not in TRANSIENT:  # invalid config, replication factor, policy, ACLs
@@ -264,7 +216,7 @@ class KafkaLog(Log, GroupLog):
             yield self._admin
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
             self._admin.poll(0)
-            raise _wrap(what, exc, self.bootstrap_servers) from exc
+            raise wrap(what, exc, self.bootstrap_servers) from exc
         finally:
             self._admin.poll(0)
 
@@ -281,7 +233,7 @@ class KafkaLog(Log, GroupLog):
             try:
                 future.result(timeout=self.timeout)
             except KafkaException as exc:
-                if getattr(_kafka_error(exc), "code", lambda: None)() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                if getattr(kafka_error(exc), "code", lambda: None)() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise
         self._partitions.pop(topic, None)
         self._checked.pop(topic, None)
@@ -309,8 +261,8 @@ class KafkaLog(Log, GroupLog):
                         out[(topic, p)] = meta.get_watermark_offsets(KafkaTp(topic, p), self.timeout, False)[1]
                     except KafkaException as exc:
                         # NOT_LEADER_FOR_PARTITION and the like: a new topic or a leader election.
-                        if _kafka_error(exc).code() not in TRANSIENT or time.monotonic() > deadline:
-                            raise _wrap(f"reading the end offset of {topic}[{p}]", exc, self.bootstrap_servers) from exc
+                        if kafka_error(exc).code() not in TRANSIENT or time.monotonic() > deadline:
+                            raise wrap(f"reading the end offset of {topic}[{p}]", exc, self.bootstrap_servers) from exc
                         time.sleep(0.1)
         finally:
             meta.poll(0)  # serve librdkafka's log lines
@@ -391,7 +343,7 @@ class KafkaWriter(LogWriter):
         self._no_blocks = False                    # no block producer to be had with this config
 
     def _on_failure(self, err: KafkaError, msg: Any) -> None:
-        self._tracker.failed(_delivery_error(err, msg.topic(), msg.partition()))
+        self._tracker.failed(delivery_error(err, msg.topic(), msg.partition()))
 
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
         """Produce ``records`` (any iterable; change events go through ``publish_events``)."""
@@ -525,9 +477,9 @@ class KafkaWriter(LogWriter):
     def _refuse(self, exc: BaseException, topic: str) -> DeliveryError:
         """Record in the tracker that a record for ``topic`` could not be made or was refused by
         ``produce``; the error to raise."""
-        err = _kafka_error(exc)
+        err = kafka_error(exc)
         if err is not None:
-            error = _delivery_error(err, topic, None)
+            error = delivery_error(err, topic, None)
         else:
             error = DeliveryError(f"a record for {topic} failed: {type(exc).__name__}: {exc}; the batch is not "
                                   "published", retriable=False)
@@ -654,7 +606,7 @@ class KafkaReader(LogReader):
         try:
             messages = self._consumer.consume(min(max_records, 1_000_000), timeout)  # librdkafka's cap
         except KafkaException as exc:
-            raise _wrap("reading the log", exc) from exc
+            raise wrap("reading the log", exc) from exc
         out: list[LogRecord] = []
         at = 0
         while (at := log_records(messages, at, out)) < len(messages):
@@ -671,7 +623,7 @@ class KafkaReader(LogReader):
                 # joins again. Not an error of the log: the member goes on.
                 log.warning("kafka consumer: %s; joining the group again", err.str())
             else:
-                error = _wrap(f"reading {msg.topic()}[{msg.partition()}]", KafkaException(err))
+                error = wrap(f"reading {msg.topic()}[{msg.partition()}]", KafkaException(err))
                 if not out:
                     raise error
                 self._error = error
@@ -682,7 +634,7 @@ class KafkaReader(LogReader):
         try:
             offset = self._consumer.position([KafkaTp(tp[0], tp[1])])[0].offset
         except KafkaException as exc:
-            raise _wrap(f"reading the position in {tp[0]}[{tp[1]}]", exc) from exc
+            raise wrap(f"reading the position in {tp[0]}[{tp[1]}]", exc) from exc
         if offset < 0:  # OFFSET_INVALID (-1001): nothing fetched yet, so the assigned start
             offset = self._start.get(tp, 0)
         # At the end of a partition whose last offsets were compacted away, the end is the position.
@@ -697,11 +649,11 @@ class KafkaReader(LogReader):
             result = self._consumer.commit(
                 offsets=[KafkaTp(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
         except KafkaException as exc:
-            raise _wrap(f"committing offsets of group {self._group}", exc) from exc
+            raise wrap(f"committing offsets of group {self._group}", exc) from exc
         for tp in result or ():
             if tp.error is not None:
                 error = KafkaException(tp.error)
-                raise _wrap(f"committing {tp.topic}[{tp.partition}] for group {self._group}", error) from error
+                raise wrap(f"committing {tp.topic}[{tp.partition}] for group {self._group}", error) from error
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         wanted = [KafkaTp(t, p) for t, p in partitions]
@@ -710,7 +662,7 @@ class KafkaReader(LogReader):
         try:
             result = self._consumer.committed(wanted, timeout=self._timeout)
         except KafkaException as exc:
-            raise _wrap(f"reading the committed offsets of group {self._group}", exc) from exc
+            raise wrap(f"reading the committed offsets of group {self._group}", exc) from exc
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
 
     def close(self) -> None:
@@ -735,7 +687,7 @@ class KafkaMemberReader(KafkaReader, GroupReader):
                 on_revoke=lambda consumer, partitions: listener.revoked(tps(partitions), False),
                 on_lost=lambda consumer, partitions: listener.revoked(tps(partitions), True))
         except KafkaException as exc:
-            raise _wrap(f"subscribing group {self._group} to {len(topics)} topics", exc) from exc
+            raise wrap(f"subscribing group {self._group} to {len(topics)} topics", exc) from exc
 
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """As ``KafkaReader.commit``; a commit the group refuses because the partitions moved on
@@ -743,7 +695,7 @@ class KafkaMemberReader(KafkaReader, GroupReader):
         try:
             super().commit(offsets)
         except CdcError as exc:
-            cause = _kafka_error(exc.__cause__) if exc.__cause__ is not None else None
+            cause = kafka_error(exc.__cause__) if exc.__cause__ is not None else None
             if cause is None or cause.code() not in FENCED:
                 raise
             log.warning("group %s refused a commit of %d partitions (%s): they moved to another member, "

@@ -42,8 +42,9 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc.errors import CdcError
-from cdc.headers import pack as pack_headers, unpack as unpack_headers
+from cdc.log.packed_headers import pack as pack_headers, unpack as unpack_headers
 from cdc.log.base import LogRecord, TopicPartition
+from cdc.log.kafka_errors import TRANSIENT, wrap
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
 
 log = logging.getLogger(__name__)
@@ -139,28 +140,26 @@ class KafkaBulkReader:
         self._error: CdcError | None = None  # held back until the records before it are out
 
     def assign(self, start: dict[TopicPartition, int]) -> None:
-        from cdc.log.kafka import _wrap
         try:
             self._reader.assign([(t, p, offset) for (t, p), offset in start.items()])
         except _rdconsume.Failure as exc:
-            raise _wrap("assigning partitions", _kafka_exception(*exc.args[0])) from exc
+            raise wrap("assigning partitions", _kafka_exception(*exc.args[0])) from exc
 
     def poll(self, max_records: int, timeout: float) -> PackedBatch:
-        from cdc.log.kafka import TRANSIENT, _wrap
         if self._error is not None:
             error, self._error = self._error, None
             raise error
         data, count, topics, events, logs = self._reader.read(max_records, int(timeout * 1000))
         refused = self._log(logs)
         if refused is not None:  # an error of the client, not of a record: nothing of this batch is lost
-            self._error = _wrap("reading the log", refused)
+            self._error = wrap("reading the log", refused)
         for index, code, reason, topic, partition, offset, fatal in events:
             if code == KafkaError._PARTITION_EOF:
                 self.ends[(topic, partition)] = max(offset, self.ends.get((topic, partition), 0))
             elif code in TRANSIENT and not fatal:
                 log.debug("kafka bulk reader: %s (librdkafka retries)", reason)
             else:
-                error = _wrap(f"reading {topic}[{partition}]", _kafka_exception(code, reason, bool(fatal)))
+                error = wrap(f"reading {topic}[{partition}]", _kafka_exception(code, reason, bool(fatal)))
                 if not index:
                     raise error
                 self._error = error
@@ -174,7 +173,6 @@ class KafkaBulkReader:
         error that retrying does not clear (a topic the broker does not have, authentication, a
         fatal error), to be raised. The librdkafka this links reports some of those (an unknown
         topic) only here, where confluent-kafka's reports them as a record's error."""
-        from cdc.log.kafka import TRANSIENT
         refused = None
         for level, facility, text in logs:
             if level < 0:  # an error callback: (-1, or -2 for a fatal one; the error's name; text)

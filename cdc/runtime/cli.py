@@ -7,9 +7,9 @@ import fnmatch
 import json
 import logging
 import sys
-import urllib.request
 
 from cdc.errors import CdcError, ConfigError, LogUnavailableError
+from cdc.runtime.control import daemon_status, refuse_if_daemon_runs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,9 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=cmd_status)
 
+    from cdc.runtime import submit
     from cdc.runtime.slots_cli import add_drop_parser
 
     add_drop_parser(subparsers)
+    submit.add_parser(subparsers)
 
     bootstrap = subparsers.add_parser(
         "bootstrap", help="fill a sink's store from the compacted topics (offset 0), then follow them")
@@ -147,16 +149,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _daemon_status(http: str | None) -> list[dict] | None:
-    if not http:
-        return None
-    try:
-        with urllib.request.urlopen(f"http://{http}/status", timeout=2) as response:
-            return json.load(response)
-    except OSError:
-        return None
-
-
 EXIT_LOG_UNREACHABLE = 69  # `cdc status`: the log cannot be reached (EX_UNAVAILABLE)
 STATUS_LOG_TIMEOUT = 5.0    # seconds `cdc status` waits for the brokers
 
@@ -175,7 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     config = load_config(args.file, only=args.names or None)
     _check_names(config, args.names)
-    live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
+    live = {row["name"]: row for row in (daemon_status(config.http) or [])}
     slots, problems, code = slot_rows(config.sources)  # from the servers themselves: shown even without the log
     for problem in problems:
         print(f"cdc status: {problem}", file=sys.stderr)
@@ -358,13 +350,6 @@ def _sink_runner(config, name: str, progress=None):
                       config.log.topic_prefix, progress=progress)
 
 
-def _refuse_if_daemon_runs(config, name: str, kind: str = "sink") -> None:
-    live = {row["name"]: row for row in (_daemon_status(config.http) or [])}
-    if name in live and live[name].get("phase") not in (None, "stopped", "failed", "finished"):
-        raise ConfigError(f"the daemon at {config.http} runs {kind} {name}: stop it there first "
-                          f"(cdc run FILE --only <the others>), then run this again")
-
-
 def _interruptible():
     from cdc.runtime.stop_signals import stop_on_signals
 
@@ -378,7 +363,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     from cdc.runtime.progress_bar import ProgressBar
 
     config = load_config(args.file)
-    _refuse_if_daemon_runs(config, args.sink)
+    refuse_if_daemon_runs(config, args.sink)
     runner = _sink_runner(config, args.sink, progress=ProgressBar(f"bootstrap {args.sink}"))
     topics = runner.matching_topics()
     retention = min((r for r in (runner.log.delete_retention_ms(t) for t in topics) if r is not None),
@@ -419,7 +404,7 @@ def _rebuild_through_daemon(config, name: str, row: dict) -> int:
     stop = _interruptible()
     shown = 0.0
     while not stop.wait(0.5):
-        now = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(name)
+        now = {r["name"]: r for r in (daemon_status(config.http) or [])}.get(name)
         if now is None:
             raise LogUnavailableError(f"the daemon at {config.http} stopped answering during the rebuild")
         if now.get("rebuilt_at") not in (None, before):
@@ -439,7 +424,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc.runtime.progress_bar import ProgressBar
 
     config = load_config(args.file, only=[args.sink])
-    row = {r["name"]: r for r in (_daemon_status(config.http) or [])}.get(args.sink)
+    row = {r["name"]: r for r in (daemon_status(config.http) or [])}.get(args.sink)
     if row is not None and row.get("phase") not in ("stopped", "finished"):
         return _rebuild_through_daemon(config, args.sink, row)
     runner = _sink_runner(config, args.sink, progress=ProgressBar(f"rebuild {args.sink}"))

@@ -7,7 +7,8 @@ or take an incremental snapshot of a source's tables (a JSON body ``{"tables": [
 (anyone who can reach another interface could otherwise stop its connectors). GET requests
 (``/status``, ``/metrics``, ``/healthz``) stay open: they change nothing.
 
-The CLI side (``post_command``) reads the same config file, so it knows the address and the token.
+The CLI side (``post_command``, ``daemon_status``) reads the same config file, so it knows the
+address and the token.
 """
 
 from __future__ import annotations
@@ -76,3 +77,23 @@ def post_command(config, name: str, action: str, body: dict | None = None) -> di
     except OSError as err:
         raise RetriableError(f"no daemon answers at {config.http} ({err}); is `cdc run` running with this "
                              "file?") from None
+
+
+def daemon_status(http: str | None) -> list[dict] | None:
+    """The daemon's ``/status`` rows, or None when no daemon answers at ``http``."""
+    if not http:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{http}/status", timeout=2) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+def refuse_if_daemon_runs(config, name: str, kind: str = "sink") -> None:
+    """``ConfigError`` when the daemon of ``config`` runs connector ``name``: a command that works
+    on it from outside (``cdc bootstrap``, ``cdc drop``) must not run beside it."""
+    live = {row["name"]: row for row in (daemon_status(config.http) or [])}
+    if name in live and live[name].get("phase") not in (None, "stopped", "failed", "finished"):
+        raise ConfigError(f"the daemon at {config.http} runs {kind} {name}: stop it there first "
+                          f"(cdc run FILE --only <the others>), then run this again")

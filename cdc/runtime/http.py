@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from cdc.config.address import parse_http_address
 from cdc.errors import ConfigError
 from cdc.runtime.console import Console
-from cdc.runtime.stats import PHASES
+from cdc.api.stats import PHASES
 
 
 

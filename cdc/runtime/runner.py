@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from cdc.api import Source
+from cdc.api import ConnectorStats, Source
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
@@ -38,10 +38,8 @@ from cdc.events import SnapshotMarker
 from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.schema_order import segments
 from cdc.runtime.gc_tuning import tune_gc
-from cdc.runtime.stats import ConnectorStats
-from snapshot.coordinator import SnapshotThenStream
-from snapshot.stale import StaleRows
-from snapshot.tables import TableBook
+from cdc.runtime.contexts import OffsetTableBook, RuntimeSourceContext
+from cdc.runtime.stale_rows import StaleRows
 from cdc.formats import make_encoder
 from cdc.formats.shapes import known_shapes
 from cdc.serde import encode_schema_change, schema_changes_topic
@@ -86,8 +84,8 @@ class SourceRunner:
         self._schema_topic: set[str] = set()
         self.stale = StaleRows(log_, self.encoder.topic, self.encoder.record_key)
         self.progress = SnapshotProgressMeter()
-        if isinstance(source, SnapshotThenStream):  # it records its tables with the offsets
-            source.table_book = TableBook(offsets, self.name)
+        # Before start: a snapshot coordinator records with the offsets which tables its topics are complete for.
+        source.attach(RuntimeSourceContext(self.name, self.stats, OffsetTableBook(offsets, self.name)))
 
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
@@ -149,7 +147,7 @@ class SourceRunner:
                         self._publish_schema_changes(writer, batch.schema_changes)
                     if batch.events and batch.events[0].snapshot in (SnapshotMarker.TRUE, SnapshotMarker.LAST):
                         self.progress.rows += len(batch.events)
-                    stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: snapshot/stale.py
+                    stale = self.stale.before_publish(batch)  # a repeated snapshot's deletes: stale_rows.py
                     if stale:
                         writer.publish_events(self.encoder, stale)
                     # Encoded while produced: see EnvelopeEncoder.emit.

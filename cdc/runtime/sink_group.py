@@ -41,7 +41,7 @@ from typing import Callable
 
 from cdc.errors import ConfigError
 from cdc.log.base import GroupLog, GroupReader, LogRecord, TopicPartition
-from cdc.runtime.stats import ConnectorStats
+from cdc.api.stats import ConnectorStats
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from typing import Any, Callable
 from cdc.log.base import Log, LogRecord, TopicPartition
 from cdc.runtime.read_trail import ReadTrail
 from cdc.runtime.sink_group import GroupMembership, HandOver
-from cdc.runtime.stats import ConnectorStats
+from cdc.api.stats import ConnectorStats
 from cdc.sink_events import SinkEvent, decode_batch, decode_packed
 from cdc.topics import table_topics
 

@@ -34,7 +34,7 @@ from cdc.log.base import TopicPartition
 from cdc.runtime.sink_reading import SinkReading
 from cdc.runtime.sink_thread import SinkThread
 from cdc.runtime.sink_writing import SinkWriter
-from cdc.runtime.stats import ConnectorStats
+from cdc.api.stats import ConnectorStats
 from cdc.runtime.window_fill import WindowFill
 from cdc.runtime.write_pipeline import InFlight, PendingWrite
 

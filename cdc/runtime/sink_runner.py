@@ -31,9 +31,11 @@ import threading
 import time
 from typing import Callable
 
-from cdc.api import MaintainedSink, PipelinedSink, Sink, SinkContext
+from cdc.api import MaintainedSink, PipelinedSink, Sink
+from cdc.api.stats import ConnectorStats
 from cdc.errors import ConfigError, PermanentError, RebuildRequired
 from cdc.log.base import GroupLog, Log, TopicPartition
+from cdc.runtime.contexts import RuntimeSinkContext
 from cdc.runtime.dead_letters import DeadLetters
 from cdc.runtime.gc_tuning import tune_gc
 from cdc.runtime.schemas import SchemaBook
@@ -42,7 +44,6 @@ from cdc.runtime.sink_reading import SinkReading, fetch_record
 from cdc.runtime.sink_rebuild import Rebuilds
 from cdc.runtime.sink_thread import SinkThread
 from cdc.runtime.sink_writing import SinkWriter
-from cdc.runtime.stats import ConnectorStats
 from cdc.runtime.write_pipeline import InFlight, PendingWrite
 from cdc.topics import dead_letter_topic
 
@@ -92,13 +93,13 @@ class SinkRunner:
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
 
-    def context(self) -> SinkContext:
+    def context(self) -> RuntimeSinkContext:
         """What the sink gets from the runtime (see cdc.api.SinkContext)."""
-        return SinkContext(self.name, self.prefix, stats=self.stats, schema_for=self.schema_for,
-                           shapes_between=self.schemas.shapes_between,
-                           delete_retention_ms=self.log.delete_retention_ms,
-                           dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
-                           log=self.log, delete_read=self.reading.trail.delete_read)
+        return RuntimeSinkContext(self.name, self.prefix, stats=self.stats, schema_for=self.schema_for,
+                                  shapes_between=self.schemas.shapes_between,
+                                  delete_retention_ms=self.log.delete_retention_ms,
+                                  dead_letter_topic=self.dead_letter_topic, dead_letter=self.dead_letter,
+                                  log=self.log, delete_read=self.reading.trail.delete_read)
 
     def matching_topics(self) -> list[str]:
         return self.reading.matching_topics()

@@ -30,7 +30,7 @@ from typing import Callable
 from cdc.api import Sink
 from cdc.errors import CdcError, PermanentError, SchemaChangeError
 from cdc.log.base import LogRecord
-from cdc.runtime.stats import ConnectorStats
+from cdc.api.stats import ConnectorStats
 from cdc.schema_order import split_by_schema
 from cdc.sink_events import SinkEvent
 

@@ -48,7 +48,7 @@ from multiprocessing.connection import Connection
 
 from cdc.api import RetryFailed
 from cdc.errors import CdcError
-from cdc.runtime.stats import DONE_PHASES, ConnectorStats
+from cdc.api.stats import DONE_PHASES, ConnectorStats
 from cdc.runtime.stop_signals import StopSignals
 from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, same_error, worker_main
 
@@ -307,6 +307,7 @@ class Supervisor:
         """An incremental snapshot asked for (``execute``; ``stop``, ``pause``, ``resume``) through
         the source's own log: a row in its signal table (snapshot/incremental.py), so the request
         is ordered with the changes, and durable, even while the source's process restarts."""
+        from cdc.api import IncrementalSnapshotSource
         from cdc.config import load_config
         from cdc.plugins import source_plugin
 
@@ -319,11 +320,10 @@ class Supervisor:
         if source is None:
             return 409, f"{name} is a sink: only a source's tables can be snapshotted"
         plugin = source_plugin(source.type)
-        ask = getattr(plugin, "signal_snapshot", None)
-        if ask is None:
+        if not issubclass(plugin, IncrementalSnapshotSource):
             return 409, f"source {name} ({source.type}) takes no incremental snapshots"
         try:
-            ask(source, tables, action=action, where=where)
+            plugin.signal_snapshot(source, tables, action=action, where=where)
         except CdcError as err:
             return (409 if not err.retriable else 503), str(err)
         what = {"execute": "", "stop": "stopping the ", "pause": "pausing the ", "resume": "resuming the "}[action]

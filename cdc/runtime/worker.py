@@ -75,13 +75,12 @@ class SelfRunningSink:
     offsets in its checkpoint): the worker only starts it, reports, and stops it on request."""
 
     def __init__(self, sink, report=None, log_config=None) -> None:
-        from cdc.api import SinkContext
+        from cdc.runtime.contexts import sink_context
 
         self.sink = sink
         # The sink takes the brokers and the topic prefix from the log section; no log client:
         # it reads the topics itself.
-        sink.attach(SinkContext(sink.config.name, getattr(log_config, "topic_prefix", None) or "cdc",
-                                log_config=log_config))
+        sink.attach(sink_context(sink.config.name, log_config=log_config))
         self.stats = sink.context.stats
         self.report = report or (lambda stats: None)
         self.log_config = log_config
@@ -110,7 +109,7 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
     is logged at DEBUG only (the supervisor's restart line says it recurred), as librdkafka's
     repeated lines are held back."""
     from cdc.config import load_config
-    from cdc.runtime.stats import ConnectorStats
+    from cdc.api.stats import ConnectorStats
 
     stats = ConnectorStats(name, "source")  # the supervisor knows the real kind
     try:

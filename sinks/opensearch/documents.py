@@ -152,6 +152,6 @@ def _reduce(events: list) -> dict[str, TopicActions]:
 
 USE_SPEEDUPS = True  # tests turn it off to compare the two loops
 try:  # the same loop in C (_lines.c), built by setup.py where a compiler is found
-    from sinks.opensearch import _lines
+    import sinks.opensearch._lines as _lines
 except ImportError:  # pragma: no cover - a build without a compiler
     _lines = None

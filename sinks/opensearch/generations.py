@@ -60,6 +60,13 @@ class Generations:
         self._reconcile()
         return self.state
 
+    def stored_aliases(self) -> dict[str, str]:
+        """alias -> topic as the record holds them now (a sink may have added some since this one
+        loaded it); ``state`` is left as it is."""
+        answer = self.client.get(index=STATE_INDEX, id=self.sink_name, params={"ignore": 404})
+        doc = answer.get("_source") if answer.get("found") else None
+        return {**dict((doc or {}).get("aliases", {})), **self.state.aliases}
+
     def save(self) -> None:
         s = self.state
         self.client.index(index=STATE_INDEX, id=self.sink_name, params={"refresh": "true"}, body={

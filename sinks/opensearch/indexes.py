@@ -208,6 +208,25 @@ class IndexCatalog:
         return rows
 
 
+    def documents(self, topic: str) -> list[tuple[str, dict]]:
+        """(document id, source) of every document readers see for ``topic`` (its alias hides the
+        tombstones), bookkeeping fields left out; none when the sink made no index for it."""
+        alias = next((a for a, t in self.generations.stored_aliases().items() if t == topic), None)
+        if alias is None or not self.client.indices.exists_alias(name=alias):
+            return []
+        self.client.indices.refresh(index=alias)  # everything written so far, not only what a refresh showed
+        out: list[tuple[str, dict]] = []
+        answer = self.client.search(index=alias, body={"size": 5000, "sort": ["_doc"]}, params={"scroll": "1m"})
+        try:
+            while answer["hits"]["hits"]:
+                out.extend((hit["_id"], {k: v for k, v in hit["_source"].items() if not k.startswith("__cdc_")})
+                           for hit in answer["hits"]["hits"])
+                answer = self.client.scroll(scroll_id=answer["_scroll_id"], params={"scroll": "1m"})
+        finally:
+            self.client.clear_scroll(scroll_id=answer["_scroll_id"])
+        return out
+
+
 def _changed(schema: dict, meta: dict, *, named: bool) -> bool:
     """Whether ``schema`` may change the index. Rows that name their shape (``named``): only a
     newer one does; rows of an older one (a rebuild replaying the topic from its start into an

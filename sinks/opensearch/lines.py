@@ -97,7 +97,7 @@ def encode(actions: Iterable, index: str, floor: int | None, body_of: Callable |
 
 
 try:  # the same loop in C (_lines.c), built by setup.py where a compiler is found
-    from sinks.opensearch import _lines
+    import sinks.opensearch._lines as _lines
 except ImportError:  # pragma: no cover - a build without a compiler
     _lines = None
 else:

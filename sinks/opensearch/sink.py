@@ -4,7 +4,7 @@ Threading: one thread calls ``start``, ``write``, the generation methods and ``s
 block on OpenSearch. ``write`` runs up to ``bulk_concurrency`` bulk requests at once on a pool of
 its own.
 
-A write (see cdc/sink_events.py for the semantics it implements):
+A write (see cdc/sink_event.py for the semantics it implements):
 
 1. ``documents.reduce``: the newest action per (topic, _id).
 2. Per topic, its index (``indexes.IndexCatalog``): created on first sight with the mapping made
@@ -36,8 +36,8 @@ from typing import Iterator
 
 import orjson
 
-from cdc.api import (CdcError, DescribedSink, MaintainedSink, PermanentError, PipelinedSink, RebuildableSink,
-                     RetriableError, Sink, SinkEvent)
+from cdc.api import (CdcError, DescribedSink, MaintainedSink, PermanentError, PipelinedSink, ReadableSink,
+                     RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page)
 from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -59,7 +59,7 @@ def _envelope(event: SinkEvent) -> bytes:
                          "source": event.source})
 
 
-class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, MaintainedSink):
+class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, MaintainedSink, ReadableSink):
     """See the module docstring. Generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py)."""
 
@@ -314,6 +314,15 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
         with self._errors("describe"):
             return self.catalog.describe()
 
+    def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]:
+        """The documents readers see for ``topic`` (cdc.api.ReadableSink), each keyed as its
+        ``_id`` spells the key (naming.document_id: a composite key's values; a key too long for
+        an ``_id`` reads as its digest)."""
+        self._started()
+        with self._errors("read_rows"):
+            documents = self.catalog.documents(topic)
+        return page([StoredRow(_key_of(doc_id), row) for doc_id, row in documents], after, limit)
+
     # --- errors ---------------------------------------------------------------------------------
 
     @contextmanager
@@ -339,3 +348,13 @@ class SubmittedWrite:
         sending, self.sending = self.sending, None
         if sending is not None:
             self.sink._finish(sending, self.count, pipelined=True)
+
+
+def _key_of(doc_id: str) -> tuple:
+    """The key values a document id spells (naming.document_id)."""
+    if doc_id.startswith("["):
+        try:
+            return tuple(orjson.loads(doc_id))
+        except orjson.JSONDecodeError:
+            pass
+    return (doc_id,)

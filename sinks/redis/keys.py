@@ -57,6 +57,12 @@ def encode_key(key: dict[str, Any]) -> str:
     return ":".join(encode_component(value) for value in key.values())
 
 
+def decode_key(text: str) -> tuple:
+    """An encoded primary key (``encode_key``) back to its components, as text (None for NULL)."""
+    return tuple(None if part == NULL else part.replace("%3A", ":").replace("%7B", "{").replace("%7D", "}")
+                 .replace("%25", "%") for part in text.split(":"))
+
+
 def namespace(prefix: str, generation: int) -> str:
     return prefix if generation == 1 else f"{prefix}.g{generation}"
 

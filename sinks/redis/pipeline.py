@@ -28,7 +28,7 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 from cdc.api import PermanentError, RetriableError
-from sinks.redis import guard
+import sinks.redis.guard as guard
 from sinks.redis.client import is_noscript, is_retriable
 from sinks.redis.resp import ClusterSender, SingleSender, bulk, pack_args, pack_call, pack_row, pack_rows
 

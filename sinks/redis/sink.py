@@ -28,16 +28,17 @@ from __future__ import annotations
 import logging
 import time
 
-from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
+from cdc.api import PermanentError, ReadableSink, RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page
 from sinks.redis.client import command_known, connect, redacted_url, translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.generations import Generations
-from sinks.redis.keys import KeySpace, companion, namespace, stats_key
+from sinks.redis.keys import KeySpace, companion, decode_key, namespace, stats_key
 from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
 from sinks.redis.plan import plan_batch
 from sinks.redis.publisher import AppliedPublisher
 from sinks.redis.shapes import ShapeFollower
-from sinks.redis.values import column_chooser
+from sinks.redis.values import column_chooser, stored_row
+from sinks.redis.wait import current_namespace
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ POINTER_CHECK_S = 1.0
 TRUNCATE_SCAN_COUNT = 1000
 
 
-class RedisSink(Sink, RebuildableSink):
+class RedisSink(Sink, RebuildableSink, ReadableSink):
     """See the module docstring."""
 
     config_model = RedisSinkConfig
@@ -229,6 +230,38 @@ class RedisSink(Sink, RebuildableSink):
         replies.extend(self.pipeline.run(commands, ttls))
         log.info("redis sink %s: truncate of %s.%s at version %d", self.config.name, schema, table, version)
         return replies
+
+    def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]:
+        """The rows of ``topic``'s table in the namespace readers use (cdc.api.ReadableSink), as a
+        reader gets them back (``values.stored_row``: a hash's fields as text), each keyed by the
+        components of its encoded key (keys.py), as text. SCANs the table's keys."""
+        self._started()
+        if self.config.format == "invalidate":
+            raise PermanentError(f"redis sink {self.config.name}: format invalidate stores no rows to read back")
+        parts = topic.split(".")
+        schema, table = parts[-2] if len(parts) > 2 else "", parts[-1]  # <prefix>.<schema or db>.<table>
+        keyspace = KeySpace(self.config.key_template, current_namespace(self.client, self.config.prefix))
+        head, tail = keyspace.parts(schema, table)
+        rows: list[StoredRow] = []
+        try:
+            for key in self.client.scan_iter(match=keyspace.table_pattern(schema, table), count=TRUNCATE_SCAN_COUNT):
+                name = key.decode() if isinstance(key, bytes) else key
+                if "{" in name:
+                    continue  # a version companion, not a row (row keys never hold a brace)
+                if self.config.format == "hash":
+                    stored = self.client.hgetall(name)
+                elif self.config.format == "redisjson":
+                    stored = self.client.execute_command("JSON.GET", name)
+                else:
+                    stored = self.client.get(name)
+                row = stored_row(self.config.format, stored or None)
+                if row is not None:  # gone between the SCAN and the read
+                    rows.append(StoredRow(decode_key(name[len(head):len(name) - len(tail)]), row))
+        except (RetriableError, PermanentError):
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise translate(err, f"redis sink {self.config.name}: reading the rows of {topic}") from err
+        return page(rows, after, limit)
 
     def _count(self, replies: list) -> None:
         written = sum(1 for r in replies if r == 1)

@@ -36,7 +36,8 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Connection
 
-from sinks.sql import copy_rows
+from cdc.api import NativeCodecs
+import sinks.sql.copy_rows as copy_rows
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.errors import DRIVER_ERRORS
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, key_values
@@ -55,8 +56,10 @@ _DUCKDB_FILL = (f"INSERT INTO {STAGE} SELECT * FROM (SELECT unnest(from_json(?::
 
 
 class StagedApplier:
-    def __init__(self, target: Target, bookkeeping: Bookkeeping, soft_delete: bool) -> None:
+    def __init__(self, target: Target, bookkeeping: Bookkeeping, soft_delete: bool,
+                 native: NativeCodecs | None = None) -> None:
         self.target = target
+        self.copy_rows = native.copy_rows if native is not None else None  # rows as JSON bytes, in C
         self.books = bookkeeping
         self.soft_delete = soft_delete
         self.pg = target.kind == "postgresql"
@@ -188,7 +191,7 @@ class StagedApplier:
         shape = tuple((c.name, c.family, c.skipped) for c in plan.columns)
         format_rows = self._formatters.get(shape)
         if format_rows is None:
-            format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns)
+            format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns, self.copy_rows)
         stage = copy_rows.stage_name(index, plan.columns)
         columns = ", ".join(f"c{i} {copy_rows.stage_type(c)}" for i, c in enumerate(plan.columns))
         with conn.connection.dbapi_connection.cursor() as cursor:

@@ -11,8 +11,8 @@ watermark. Tombstones need
 nothing: the generation never held those keys. One transaction per part: a part either landed
 whole or not at all, and then the runtime writes it through the guarded path instead.
 
-The rows stay JSON bytes from the log to the COPY text (``cdc.api.raw_copy_rows``, the C loop of
-the raw rows); ``raw_columns_first`` moves the key out of and the version to the end of each line,
+The rows stay JSON bytes from the log to the COPY text (``NativeCodecs.copy_rows``, the C loop of
+the raw rows, handed over by the context); ``NativeCodecs.columns_first`` moves the key out of and the version to the end of each line,
 to match the table's columns.
 
 Not taken here (``load`` returns False, the part is written as events): other dialects, soft
@@ -28,8 +28,8 @@ from datetime import datetime, timezone
 
 import orjson
 
-from cdc.api import Op, SinkEvent, WindowPart, raw_columns_first
-from sinks.sql import copy_rows
+from cdc.api import NativeCodecs, Op, SinkEvent, WindowPart
+import sinks.sql.copy_rows as copy_rows
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.plan import VERSION, TablePlan
 from sinks.sql.reduce import TopicChanges
@@ -41,11 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class BulkLoader:
-    def __init__(self, target: Target, books: Bookkeeping, catalog: TableCatalog, soft_delete: bool) -> None:
+    def __init__(self, target: Target, books: Bookkeeping, catalog: TableCatalog, soft_delete: bool,
+                 native: NativeCodecs) -> None:
         self.target = target
         self.books = books
         self.catalog = catalog
-        self.able = target.kind == "postgresql" and not soft_delete and raw_columns_first is not None
+        self.native = native
+        self.able = target.kind == "postgresql" and not soft_delete and native.columns_first is not None
         self._formatters: dict[tuple, object] = {}
 
     def load(self, part: WindowPart, generation: int) -> bool:
@@ -90,8 +92,8 @@ class BulkLoader:
         shape = tuple((c.name, c.family, c.skipped) for c in plan.columns)
         format_rows = self._formatters.get(shape)
         if format_rows is None:
-            format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns)
-        text = raw_columns_first(format_rows(plan.live_upserts()))
+            format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns, self.native.copy_rows)
+        text = self.native.columns_first(format_rows(plan.live_upserts()))
         q = self.target.quote
         columns = ", ".join(q(c.name) for c in plan.columns) + (", " if plan.columns else "") + q(VERSION)
         cursor.copy_expert(f"COPY {self.target.qualified(plan.tbl)} ({columns}) FROM STDIN", io.BytesIO(text))

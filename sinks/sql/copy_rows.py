@@ -7,9 +7,10 @@ upsert only moves rows. The Python side stays one pass over the rows with no per
 the common case (a string with no character COPY must escape, an integer, a NULL).
 
 Rows the runtime left as JSON bytes (``SqlSink.raw_rows``, cdc/sink_events.py) never become
-dicts: ``cdc/_speedups.c``'s ``copy_rows`` writes their lines straight from the bytes, the same
-lines this module's generated loop writes for the decoded rows (tests/unit/test_raw_rows.py
-compares the two), in about a tenth of the time of decoding and formatting them.
+dicts: the runtime's compiled ``copy_rows`` (``SinkContext.native``) writes their lines straight
+from the bytes, the same lines this module's generated loop writes for the decoded rows
+(tests/unit/test_raw_rows.py compares the two), in about a tenth of the time of decoding and
+formatting them.
 
 A row's line is ``key JSON, version, column values...`` in COPY's text format: tab-separated,
 ``\\N`` for NULL, backslash, tab, newline and carriage return escaped. Values are the contract's
@@ -28,12 +29,8 @@ from typing import Any, Callable, Collection, Iterable
 import orjson
 
 from cdc.api import SinkEvent
-from cdc.api import raw_copy_rows as _copy_rows  # the same lines from JSON bytes, in C; None without
-from cdc.api import raw_unknown_names as _unknown_names
 from sinks.sql.plan import ColumnPlan
 from sinks.sql.types import Family
-
-RAW = _copy_rows is not None  # whether the SQL sink takes rows as JSON bytes (SqlSink.raw_rows)
 
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
@@ -65,11 +62,13 @@ def stage_name(index: int, columns: list[ColumnPlan]) -> str:
     return f"cdc_up_{index}_{hashlib.blake2b(shape, digest_size=6).hexdigest()}"
 
 
-def formatter(columns: list[ColumnPlan]) -> Callable[[Iterable[tuple[bytes, SinkEvent]]], bytes]:
+def formatter(columns: list[ColumnPlan], copy_rows: Callable[..., bytes] | None = None
+              ) -> Callable[[Iterable[tuple[bytes, SinkEvent]]], bytes]:
     """A function from (key JSON, event) pairs to the COPY text of their rows: rows left as JSON
-    bytes through the C loop, decoded ones through ``python_formatter``'s."""
+    bytes through ``copy_rows`` (the C loop, ``NativeCodecs.copy_rows``), decoded ones through
+    ``python_formatter``'s. Without ``copy_rows`` the runtime leaves no row as bytes."""
     python = python_formatter(columns)
-    if _copy_rows is None:
+    if copy_rows is None:
         return python
     names = tuple(c.name for c in columns)
     kinds = b"".join(b"x" if c.skipped else b"j" if c.family is Family.JSON else b"v" for c in columns)
@@ -77,7 +76,7 @@ def formatter(columns: list[ColumnPlan]) -> Callable[[Iterable[tuple[bytes, Sink
     def format_rows(pairs: Iterable[tuple[bytes, SinkEvent]]) -> bytes:
         decoded: list = []  # the pairs whose row is a dict, left by the C loop for this one
         try:
-            text = _copy_rows(pairs, names, kinds, _nested_text, decoded)
+            text = copy_rows(pairs, names, kinds, _nested_text, decoded)
         except ValueError:  # a member name with an escaped backslash: only the exact name will do
             text = python([(key, event._replace(after=orjson.loads(event.after))) for key, event in pairs
                            if event.after.__class__ is bytes])
@@ -92,13 +91,18 @@ def _nested_text(span: bytes) -> str:
     return _json_text(orjson.loads(span))
 
 
-def names_outside(rows: list, known: Collection[str]) -> set[str]:
-    """The column names the rows (dicts or JSON bytes) carry that are not in ``known``."""
+def names_outside(rows: list, known: Collection[str],
+                  unknown_names: Callable[..., set] | None = None) -> set[str]:
+    """The column names the rows (dicts or JSON bytes) carry that are not in ``known``; rows as
+    JSON bytes through ``unknown_names`` (``NativeCodecs.unknown_names``) where there is one."""
     raw = [row for row in rows if row.__class__ is bytes]
     missing = set().union(*(row for row in rows if row.__class__ is not bytes)).difference(known) \
         if len(raw) < len(rows) else set()
     if raw:
-        missing |= _unknown_names(raw, tuple(known), orjson.loads)
+        if unknown_names is not None:
+            missing |= unknown_names(raw, tuple(known), orjson.loads)
+        else:
+            missing |= set().union(*(orjson.loads(row) for row in raw)).difference(known)
     return missing
 
 

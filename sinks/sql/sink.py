@@ -4,7 +4,7 @@ Threading: one thread calls ``start``, ``write``, the generation methods and ``s
 methods block on the database. Several sink processes may write the same target (a live sink and
 a rebuild); the database's locks and the version guard keep them correct.
 
-A write (see cdc/sink_events.py for the semantics it implements):
+A write (see cdc/sink_event.py for the semantics it implements):
 
 1. ``reduce_events``: the newest action per (topic, key).
 2. ``TableCatalog.prepare`` per topic: create the table, add columns, check the source schema
@@ -43,9 +43,8 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from cdc.api import (BulkLoadableSink, CdcError, PermanentError, RebuildableSink, RetriableError, SchemaChangeError,
-                     Sink, SinkEvent, WindowPart, servers)
-from sinks.sql import copy_rows
+from cdc.api import (BulkLoadableSink, CdcError, PermanentError, ReadableSink, RebuildableSink, RetriableError,
+                     SchemaChangeError, Sink, SinkEvent, StoredRow, WindowPart, page, servers)
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -54,7 +53,7 @@ from sinks.sql.config import SqlSinkConfig
 from sinks.sql.deadline import WriteDeadline
 from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
 from sinks.sql.generations import Generations
-from sinks.sql.plan import PlanFailed, TablePlan
+from sinks.sql.plan import DELETED, PlanFailed, TablePlan
 from sinks.sql.reduce import TopicChanges, reduce_events
 from sinks.sql.tables import TableCatalog
 from sinks.sql.target import Target
@@ -68,10 +67,10 @@ log = logging.getLogger(__name__)
 MIN_PART_KEYS = 500
 
 
-class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
+class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's windows in bulk:
-    ``bulk_load`` (bulk_load.py)."""
+    ``bulk_load`` (bulk_load.py); the rows back: ``read_rows``."""
 
     config_model = SqlSinkConfig
 
@@ -89,6 +88,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
 
     def start(self) -> None:
         config = self.config
+        native = self.context.native  # the compiled helpers of the runtime, where it has them
         with self._errors("start"):
             target = Target(config.url.get_secret_value(), config.target_schema, f"cdc-sink-{config.name}",
                             config.connect_timeout)
@@ -99,7 +99,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
                 catalog = TableCatalog(target, books, config,
                                        lambda topic, version=None: self.context.schema_for(topic, version),
                                        lambda: self._current, self.shape_of,
-                                       lambda topic, after, before: self.context.shapes_between(topic, after, before))
+                                       lambda topic, after, before: self.context.shapes_between(topic, after, before),
+                                       native.unknown_names)
                 generations = Generations(target, books, catalog, config.name)
                 self._current = generations.ensure(self.generation)
             except BaseException:
@@ -107,9 +108,9 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
                 raise
         self.target, self.books, self.catalog, self.generations = target, books, catalog, generations
         self.deadline = deadline
-        applier_class = StagedApplier if target.kind in ("postgresql", "duckdb") else GenericApplier
-        self.applier = applier_class(target, books, config.soft_delete)
-        self.bulk = BulkLoader(target, books, catalog, config.soft_delete)
+        self.applier = StagedApplier(target, books, config.soft_delete, native) \
+            if target.kind in ("postgresql", "duckdb") else GenericApplier(target, books, config.soft_delete)
+        self.bulk = BulkLoader(target, books, catalog, config.soft_delete, native)
         if target.kind == "postgresql" and config.write_connections > 1:
             self._pool = ThreadPoolExecutor(config.write_connections - 1,
                                             thread_name_prefix=f"sql-sink-{config.name}")
@@ -129,7 +130,8 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
         """Rows may come as JSON bytes (cdc.api.Sink.raw_rows) where they go into PostgreSQL's typed
         COPY, whose C loop writes them without decoding (copy_rows.py); elsewhere ``write``
         decodes them first."""
-        return copy_rows.RAW and getattr(getattr(self, "applier", None), "typed_upserts", False)
+        return self.context.native.copy_rows is not None and \
+            getattr(getattr(self, "applier", None), "typed_upserts", False)
 
     @property
     def bootstrap_by_rebuild(self) -> bool:
@@ -307,6 +309,23 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink):
             return False
         with self._errors("bulk load"), self.deadline.watch(f"sql sink {self.config.name}: bulk load"):
             return self.bulk.load(part, self.generation)
+
+    def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]:
+        """The live rows of ``topic``'s table in the generation readers see (cdc.api.ReadableSink),
+        as the driver reads its columns (no bookkeeping columns), keyed by the table's key."""
+        self._started()
+        with self._errors("read_rows"):
+            generation = self.generations.current()
+            with self.target.engine.begin() as conn:
+                entry = next((e for e in self.books.entries(conn, generation).values() if e.topic == topic), None)
+                if entry is None:
+                    return []
+                q, columns = self.target.quote, list(entry.columns)
+                live = f" WHERE {q(DELETED)} = FALSE" if self.config.soft_delete else ""
+                rows = conn.exec_driver_sql(f"SELECT {', '.join(q(c) for c in columns)} FROM "
+                                            f"{self.target.qualified(entry.physical)}{live}").all()
+        key = [columns.index(name) for name in entry.key]
+        return page([StoredRow(tuple(row[i] for i in key), dict(zip(columns, row))) for row in rows], after, limit)
 
     # --- generations ----------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import orjson
 import sqlalchemy as sa
 
 from cdc.api import PermanentError, RebuildRequired, SchemaChangeError, earlier_names
-from sinks.sql import copy_rows
+import sinks.sql.copy_rows as copy_rows
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.evolve import KEY, diff, infer_columns, record_columns, renamed_columns, widens, with_key
@@ -43,7 +43,8 @@ class TableCatalog:
     def __init__(self, target: Target, books: Bookkeeping, config: SqlSinkConfig,
                  schema_for: Callable[..., dict | None], current: Callable[[], int],
                  shape_of: Callable[[Any], dict | None] | None = None,
-                 shapes_between: Callable[[str, int, int], list[dict]] | None = None) -> None:
+                 shapes_between: Callable[[str, int, int], list[dict]] | None = None,
+                 unknown_names: Callable[..., set] | None = None) -> None:
         self.target = target
         self.books = books
         self.config = config
@@ -53,6 +54,7 @@ class TableCatalog:
             event.topic, event.source.get("schema_version") if event.source else None))
         self.current = current            # the generation readers see, as last known
         self.shapes_between = shapes_between or (lambda topic, after, before: [])
+        self.unknown_names = unknown_names  # in C where built (cdc.api.NativeCodecs)
         self._entries: dict[tuple[int, str], TableEntry] = {}
         self._plans: dict[tuple[int, str], list[ColumnPlan]] = {}
         self._skipped: dict[tuple[int, str], set[str]] = {}
@@ -109,7 +111,7 @@ class TableCatalog:
             entry = self._load(generation, name)
         record = self._shape_of(changes)
         if entry is None or (record is None and copy_rows.names_outside(
-                [event.after for event in changes.upserts.values()], entry.columns)):
+                [event.after for event in changes.upserts.values()], entry.columns, self.unknown_names)):
             changes.materialize()  # values decide the columns (or may): rows as dicts
         rows = [event.after for event in changes.upserts.values()]  # JSON bytes or dicts
         key_names = _key_names(changes)
@@ -200,7 +202,7 @@ class TableCatalog:
         that shape: a column dropped before the table was made in the newest shape. Kept (with
         the values those rows had) under every policy but ``rebuild``, whose tables hold the
         newest shape only, so a bootstrap ends like a live sink that saw the drop."""
-        missing = copy_rows.names_outside(rows, entry.columns)  # in C: this runs on every write
+        missing = copy_rows.names_outside(rows, entry.columns, self.unknown_names)  # in C: runs on every write
         if not missing:
             return entry
         typed = [SourceColumn(c.name, c.type, False) for c in record_columns(record) if c.name in missing]

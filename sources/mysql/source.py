@@ -1,7 +1,7 @@
 """``type: mysql``: MariaDB/MySQL row binlog capture, after a consistent parallel snapshot.
 
-The lifecycle (decision, progress marker, handover, stale rows) is ``snapshot/coordinator.py``'s;
-this module supplies the MySQL halves. ``prepare`` checks the server's settings and the user's
+The lifecycle (decision, progress marker, handover) is the ``SnapshotCoordinator``'s
+(snapshot/coordinator.py), which this source composes with the MySQL halves. ``prepare`` checks the server's settings and the user's
 privileges and loads the captured tables' definitions; ``resume_point`` checks that the server
 still has the binlog of a position (by GTID or by file); ``open_snapshot`` opens the consistent
 readers (``sources/mysql/snapshot.py``); ``open_stream`` reads the binlog after a position.
@@ -28,10 +28,11 @@ import dataclasses
 import logging
 import time
 
+from cdc.api import IncrementalSnapshotSource
 from cdc.errors import ConfigError
 from cdc.events import Batch, SnapshotEnd, TableId
 from cdc.positions import MySqlPosition, Position
-from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream, close_quietly
+from snapshot.coordinator import CoordinatedSource, OpenedSnapshot, SnapshotCoordinator, close_quietly, signal_snapshot
 from snapshot.incremental import conditions_of
 from sources.mysql.binlog import BinlogConnection
 from sources.mysql.catalog import (captured_tables, check_position, check_privileges, check_settings, connect,
@@ -71,20 +72,22 @@ class _Stream:
         self.binlog.close()
 
 
-class MySqlSource(SnapshotThenStream):
+class MySqlSource(CoordinatedSource, IncrementalSnapshotSource):
     config_model = MySqlConfig
-    position_types = (MySqlPosition,)
-    position_kind = "a binlog position"
     connector = "mysql"
 
     def __init__(self, config: MySqlConfig, position: Position | None) -> None:
         super().__init__(config, position)
+        self.coordinator = SnapshotCoordinator(self, config, position, position_types=(MySqlPosition,),
+                                               position_kind="a binlog position", log=log)
+        self.start_position = self.coordinator.start_position
         self.cfg = config
         self.conn = None
         self.tracker: SchemaTracker | None = None
         self.dbms: str | None = None
         self._server_at: tuple[str, int] | None = None  # SHOW MASTER STATUS at the previous look
         self.signals: SignalTable | None = None  # set by prepare() where signal_table is
+        self.signal_table: TableId | None = None  # its TableId (IncrementalReads)
         self.chunks = ChunkReader(config)
         self._low_at: tuple[str, int] = ("", 4)
 
@@ -93,7 +96,8 @@ class MySqlSource(SnapshotThenStream):
         of the newest change handled. Called on the polling thread, about once a second."""
         if self._caught_up():
             return 0.0
-        binlog = self.stream.binlog if self.stream is not None else None
+        stream = self.coordinator.stream
+        binlog = stream.binlog if stream is not None else None
         if binlog is None or binlog.last_commit_ms is None:
             return None
         return max(0.0, time.time() - binlog.last_commit_ms / 1000)
@@ -102,7 +106,8 @@ class MySqlSource(SnapshotThenStream):
         """The stream's last poll brought nothing and it has read the binlog up to where the
         server's was at the previous look (SHOW MASTER STATUS, a second ago): an idle source is
         not behind, however old its newest commit."""
-        if self.stream is None or self.snapshot is not None or not self.stream.idle:
+        stream = self.coordinator.stream
+        if stream is None or self.coordinator.snapshot is not None or not stream.idle:
             self._server_at = None
             return False
         before = self._server_at
@@ -111,8 +116,16 @@ class MySqlSource(SnapshotThenStream):
         except Exception as err:  # noqa: BLE001 - classified by wrap
             raise wrap(err, "reconnecting to read the binlog position") from err
         self._server_at = current_position(self.conn)
-        read_to = self.stream.binlog.read_to
+        read_to = stream.binlog.read_to
         return before is not None and read_to is not None and _binlog_key(read_to) >= _binlog_key(before)
+
+    @classmethod
+    def signal_snapshot(cls, config: MySqlConfig, tables: list[str], action: str = "execute",
+                        where: str | None = None) -> None:
+        signal_snapshot(config, tables, action, where, cls.send_signal)
+
+    def _extra(self) -> dict:
+        return {"connector": self.cfg.name, "phase": self.phase}
 
     def _captured(self, db: str, table: str) -> bool:
         """A table whose rows are data: snapshotted and published."""

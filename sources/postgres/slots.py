@@ -4,8 +4,9 @@ how a source's slot and publication are removed.
 A slot keeps every WAL segment from its ``restart_lsn`` on, whatever the tables it serves, until
 its consumer confirms a later position; a slot nobody reads (its source removed, renamed, moved to
 another database) keeps WAL until the disk fills. ``cdc status`` lists them all with what they
-hold (one query per server), ``cdc drop`` removes a source's, and a running source measures its
-own (``RetainedWal``) against ``max_retained_wal``.
+hold (one query per server: ``list_slots``), ``cdc drop`` removes a source's (``plan_drop``: the
+``SlotOwningSource`` capability of ``PostgresSource``), and a running source measures its own
+(``RetainedWal``) against ``max_retained_wal``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import os
 import time
 from dataclasses import dataclass
 
+import psycopg2
 from psycopg2.extensions import parse_dsn
 
-from cdc.api import human_bytes
+from cdc.api import CdcError, ConfigError, PermanentError, RetriableError, SlotListing, human_bytes, servers
 from sources.postgres.catalog import PUBLICATION_COMMENT, _ident
 from sources.postgres.config import PostgresConfig
 
@@ -84,7 +86,7 @@ def slot_of(config: PostgresConfig, database: str, existing: set[tuple[str, str]
     return new
 
 
-def list_slots(conn, server: str, sources: list[PostgresConfig]) -> list[SlotInfo]:
+def server_slots(conn, server: str, sources: list[PostgresConfig]) -> list[SlotInfo]:
     """Every logical slot on the server behind ``conn``, each with the source among ``sources``
     (those on this server) that owns it."""
     with conn.cursor() as cur:
@@ -99,6 +101,90 @@ def list_slots(conn, server: str, sources: list[PostgresConfig]) -> list[SlotInf
     return [SlotInfo(server, name, database, active, pid, wal_status, retained, failover, synced,
                      owned.get((database, name)))
             for name, database, active, pid, wal_status, retained, failover, synced in rows]
+
+
+def list_slots(sources: list[PostgresConfig], timeout: float) -> SlotListing:
+    """A row per slot on the servers ``sources`` capture (one connection and query per server),
+    and an error per server that could not be asked."""
+    by_server: dict[str, list[PostgresConfig]] = {}
+    for source in sources:
+        by_server.setdefault(server_of(source.dsn.get_secret_value()), []).append(source)
+    listing = SlotListing()
+    for server, on_server in by_server.items():
+        name = on_server[0].name
+        try:
+            conn = servers.postgres.connect(on_server[0].dsn.get_secret_value(), what=f"PostgreSQL at {server}",
+                                            setting=servers.setting_of("source", name, "dsn"),
+                                            connect_timeout=timeout, application_name="cdc-status")
+        except CdcError as err:
+            listing.problems.append(RetriableError(f"PostgreSQL at {server} (source {name}) is unreachable: {err}")
+                                    if err.retriable else PermanentError(f"{err} (source {name})"))
+            continue
+        try:
+            listing.rows.extend(slot.as_row() for slot in server_slots(conn, server, on_server))
+        except psycopg2.Error as err:
+            listing.problems.append(PermanentError(
+                f"PostgreSQL at {server}: cannot list its slots: {str(err).strip().splitlines()[0]}"))
+        finally:
+            conn.close()
+    return listing
+
+
+class SourceDrop:
+    """``cdc drop`` of a source: its slot, its publication when this project created it (the
+    stored offset is the runtime's, reset before ``drop``). Made by ``plan_drop``."""
+
+    def __init__(self, config: PostgresConfig, conn, database: str, slot: str, exists: bool,
+                 ours: bool | None) -> None:
+        self.config, self.conn, self.slot, self.exists, self.ours = config, conn, slot, exists, ours
+        publication = config.publication_name
+        self.plan = [f"replication slot {slot} in database {database}" if exists else f"(no slot {slot} exists)",
+                     {None: f"(no publication {publication} exists)", True: f"publication {publication}",
+                      False: f"(publication {publication} is kept: cdc did not create it)"}[ours]]
+
+    def drop(self) -> None:
+        try:
+            if self.exists:
+                drop_slot(self.conn, self.slot)
+            if self.ours:
+                drop_publication(self.conn, self.config.publication_name)
+        except psycopg2.Error as err:
+            raise _drop_error(self.config, err) from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def plan_drop(config: PostgresConfig, timeout: float) -> SourceDrop:
+    """What ``cdc drop`` removes for ``config``; ``ConfigError`` while a process streams from its slot."""
+    try:
+        conn = psycopg2.connect(config.dsn.get_secret_value(), connect_timeout=timeout, application_name="cdc-drop")
+    except psycopg2.Error as err:
+        raise PermanentError(f"cdc drop: cannot connect for source {config.name}: "
+                             f"{str(err).strip().splitlines()[0]}") from None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_database()")
+            database = cur.fetchone()[0]
+            cur.execute("SELECT database, slot_name, active_pid FROM pg_replication_slots "
+                        "WHERE database = current_database()")
+            slots = {(db, name): pid for db, name, pid in cur.fetchall()}
+        conn.rollback()
+        slot = slot_of(config, database, set(slots))
+        if slots.get((database, slot)) is not None:
+            raise ConfigError(f"slot {slot} of source {config.name} is active (pid {slots[(database, slot)]}): "
+                              "a process streams from it; stop it first")
+        return SourceDrop(config, conn, database, slot, (database, slot) in slots,
+                        publication_is_ours(conn, config.publication_name))
+    except BaseException as err:
+        conn.close()
+        if isinstance(err, psycopg2.Error):
+            raise _drop_error(config, err) from None
+        raise
+
+
+def _drop_error(config: PostgresConfig, err: psycopg2.Error) -> PermanentError:
+    return PermanentError(f"cdc drop of source {config.name}: {str(err).strip().splitlines()[0]}")
 
 
 def publication_is_ours(conn, publication: str) -> bool | None:

@@ -1,7 +1,7 @@
 """``type: postgres``: logical replication with pgoutput, after a consistent parallel snapshot.
 
-The lifecycle (decision, progress marker, handover, stale rows) is ``snapshot/coordinator.py``'s;
-this module wires the PostgreSQL parts into it:
+The lifecycle (decision, progress marker, handover) is the ``SnapshotCoordinator``'s
+(snapshot/coordinator.py), which this source composes with the PostgreSQL halves below:
 
   slot.py             the replication slot: name, state, taking it back from a dead process,
                       dropping and creating it; whether a stored LSN can still be streamed from
@@ -18,7 +18,7 @@ this module wires the PostgreSQL parts into it:
 them and takes back a slot a dead process of this connector still holds. A new snapshot always
 creates the slot anew, so the WAL before it is gone: streaming after a snapshot starts at its
 consistent point (``keeps_log_before_snapshot = False``); rows a repeated snapshot no longer has
-are deleted by the runtime (snapshot/stale.py).
+are deleted by the runtime (cdc/runtime/stale_rows.py).
 
 Threading: all calls on the runtime's thread; ``stop`` may come from another one. Snapshot
 readers are threads of their own (snapshot/parallel.py).
@@ -31,11 +31,11 @@ import time
 
 import psycopg2
 
-from cdc.api import servers
+from cdc.api import IncrementalSnapshotSource, SlotDrop, SlotListing, SlotOwningSource, servers
 from cdc.errors import ConfigError
 from cdc.events import TableId
 from cdc.positions import PgLsn, Position
-from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream, close_quietly
+from snapshot.coordinator import CoordinatedSource, OpenedSnapshot, SnapshotCoordinator, close_quietly, signal_snapshot
 from snapshot.incremental import conditions_of
 from sources.postgres.catalog import TableMeta, captured_tables, check_readable, check_server, ensure_publication
 from sources.postgres.changes import ChangeBuilder
@@ -47,6 +47,7 @@ from sources.postgres.incremental import SignalTable, estimate_rows, filter_erro
 from sources.postgres.lookup import CatalogLookup
 from sources.postgres.relations import RelationMemory
 from sources.postgres.slot import ReplicationSlot
+from sources.postgres.slots import list_slots, plan_drop
 from sources.postgres.snapshot_open import open_snapshot
 from sources.postgres.stream import ReplicationStream
 from sources.postgres.toast import ToastStore
@@ -55,15 +56,17 @@ from sources.postgres.types import session_options
 log = logging.getLogger(__name__)
 
 
-class PostgresSource(SnapshotThenStream):
+class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSource):
     config_model = PostgresConfig
-    position_types = (PgLsn,)
-    position_kind = "a PostgreSQL LSN"
     connector = "postgresql"
-    keeps_log_before_snapshot = False  # a snapshot creates the slot anew
 
     def __init__(self, config: PostgresConfig, position: Position | None) -> None:
         super().__init__(config, position)
+        # A snapshot creates the slot anew: the WAL before it is gone (keeps_log_before_snapshot).
+        self.coordinator = SnapshotCoordinator(self, config, position, position_types=(PgLsn,),
+                                               position_kind="a PostgreSQL LSN", keeps_log_before_snapshot=False,
+                                               log=log)
+        self.start_position = self.coordinator.start_position
         self.cfg = config
         # A server that hangs must not hang the connect either (see deadline.py).
         self.dsn = with_connect_timeout(config.dsn.get_secret_value(), config.server_timeout)
@@ -80,6 +83,7 @@ class PostgresSource(SnapshotThenStream):
         self.lookup: CatalogLookup | None = None
         self.protocol: int | None = None
         self.signals: SignalTable | None = None      # set by prepare() where signal_table is
+        self.signal_table: TableId | None = None     # its TableId (IncrementalReads)
 
     @property
     def slot_name(self) -> str | None:
@@ -88,14 +92,30 @@ class PostgresSource(SnapshotThenStream):
     def lag(self) -> float | None:
         """0 when caught up with the server (``LogicalStream.caught_up``); else now minus the
         commit time of the newest change handled. Called on the polling thread, about once a second."""
-        if self.stream is not None and self.snapshot is None and self.stream.caught_up():
+        stream = self.coordinator.stream
+        if stream is not None and self.coordinator.snapshot is None and stream.caught_up():
             return 0.0
-        if self.stream is None or self.stream.last_commit_ms is None:
+        if stream is None or stream.last_commit_ms is None:
             return None
-        return max(0.0, time.time() - self.stream.last_commit_ms / 1000)
+        return max(0.0, time.time() - stream.last_commit_ms / 1000)
 
     def retained_log_bytes(self) -> int | None:
-        return None if self.stream is None else self.stream.retained_bytes()
+        stream = self.coordinator.stream
+        return None if stream is None else stream.retained_bytes()
+
+    # -- capabilities ------------------------------------------------------------------------------
+    @classmethod
+    def signal_snapshot(cls, config: PostgresConfig, tables: list[str], action: str = "execute",
+                        where: str | None = None) -> None:
+        signal_snapshot(config, tables, action, where, cls.send_signal)
+
+    @classmethod
+    def list_slots(cls, configs, timeout: float) -> SlotListing:
+        return list_slots(configs, timeout)
+
+    @classmethod
+    def plan_drop(cls, config: PostgresConfig, timeout: float) -> SlotDrop:
+        return plan_drop(config, timeout)
 
     # -- the halves the coordinator drives -------------------------------------------------------
     def prepare(self) -> None:
@@ -127,7 +147,8 @@ class PostgresSource(SnapshotThenStream):
         self.protocol = cfg.protocol_version or (4 if version >= 160000 else 3 if version >= 150000
                                                  else 2 if version >= 140000 else 1)
         self.lookup = CatalogLookup(cfg, self.conn, database, self.tables, self.dsn, self.options,
-                                    in_snapshot=lambda: self.snapshot is not None, phase=lambda: self.phase)
+                                    in_snapshot=lambda: self.coordinator.snapshot is not None,
+                                    phase=lambda: self.phase)
         if self.signals is not None:  # streamed like a captured table, but never snapshotted
             self.lookup.extra_tables[self.signals.meta.oid] = self.signals.meta
         try:

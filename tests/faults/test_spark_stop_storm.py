@@ -1,4 +1,4 @@
-"""The Delta sink under ``spark_sinks.submit`` (a process of its own), stopped by bursts of stop
+"""The Delta sink under ``cdc.runtime.submit`` (a process of its own), stopped by bursts of stop
 signals (``storms.burst``) mid-stream, as test_stop_storms.py stops the framework's workers: each
 time it must exit 0 within a service manager's stop timeout, quietly, with its checkpoint moved
 on, and after the last stop a restart on the checkpoint writes the rest: nothing lost.
@@ -6,7 +6,7 @@ on, and after the last stop a restart on the checkpoint writes the rest: nothing
 Two stops, not the workers' 50: each start is a JVM and a Spark session (a minute or two on a
 busy machine). Their bursts hold SIGINTs, which reached PySpark's own handler here: made on the
 main thread, a SparkContext installs one that calls the JVM from inside the handler and raises
-KeyboardInterrupt (a Py4JNetworkError and exit 1), so ``spark_sinks.submit`` now runs the sink
+KeyboardInterrupt (a Py4JNetworkError and exit 1), so ``cdc.runtime.submit`` now runs the sink
 off the main thread.
 """
 
@@ -66,7 +66,7 @@ def test_the_delta_sink_process_stops_cleanly_after_every_burst(spark, dev_env_f
     for stop in range(1, STOPS + 1):
         output = tmp_path / f"submit-{stop}.txt"
         before = commits(table)
-        process = module_process(config_file, "spark_sinks.submit", str(config_file), "lake", log=output.name)
+        process = module_process(config_file, "cdc.runtime.submit", str(config_file), "lake", log=output.name)
         try:
             # Evidence that this run's batches flow: two MERGE commits of its own.
             wait_while_alive(lambda: commits(table) >= before + 2, f"stop {stop}: the sink's batches",

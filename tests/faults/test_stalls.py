@@ -115,10 +115,10 @@ def test_an_idle_postgres_source_is_not_taken_for_stalled(pg_dsn, tmp_path):
     log = EmbeddedLog(tmp_path / "log")
     capture = Capture(config, log, "idle").start()
     try:
-        wait_for(lambda: capture.source.stream is not None, timeout=60, what="streaming")
+        wait_for(lambda: capture.source.coordinator.stream is not None, timeout=60, what="streaming")
         # Evidence that quiet outlasted server_timeout twice over, asked about all along: six
         # keepalive requests at least 2/3 s apart (min(status_interval, server_timeout / 3)).
-        wait_for(lambda: capture.error is not None or capture.source.stream.silence.asked >= 6,
+        wait_for(lambda: capture.error is not None or capture.source.coordinator.stream.silence.asked >= 6,
                  timeout=60, what="six keepalive requests")
         assert capture.error is None, f"an idle source was taken for a stalled one: {capture.error!r}"
     finally:
@@ -145,7 +145,7 @@ def test_a_broken_replication_connection_is_retriable(pg_dsn, pg_admin_dsn, tmp_
         log = EmbeddedLog(tmp_path / "log")
         capture = Capture(config, log, "broken").start()
         try:
-            wait_for(lambda: capture.source.stream is not None, timeout=60, what="streaming")
+            wait_for(lambda: capture.source.coordinator.stream is not None, timeout=60, what="streaming")
             getattr(proxy, fault)()
             error = _wait_for_error(capture, 60)
         finally:

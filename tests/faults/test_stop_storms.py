@@ -11,7 +11,7 @@ handler, each worker storm below hung within its 50 stops. The kinds:
 * a worker running a sink (the SQL sink on SQLite, the embedded log, a source daemon feeding it);
 * the ``cdc run`` daemon running both (the embedded log): the burst goes to the supervisor, and
   its workers get the group's SIGTERM and the supervisor's;
-* the Delta sink under ``spark_sinks.submit`` (test_spark_stop_storm.py: each start is a JVM's).
+* the Delta sink under ``cdc.runtime.submit`` (test_spark_stop_storm.py: each start is a JVM's).
 
 Workers are forked from a preloaded forkserver (``storms.Workers``) rather than spawned, each in
 a session of its own: the signal handling is ``worker_main``'s either way, and 100 spawns would

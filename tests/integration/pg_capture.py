@@ -96,18 +96,20 @@ def capturing(config, log: Log, prefix: str):
 def crash_mid_snapshot(source_class, monkeypatch, after_batches: int = 3) -> None:
     """Make ``source_class`` raise once more than ``after_batches`` snapshot batches went out (a
     crash in the middle of a snapshot, evidence first); ``monkeypatch.undo()`` ends it."""
-    real_poll = source_class._poll_snapshot
+    from snapshot.coordinator import SnapshotCoordinator
+
+    real_poll = SnapshotCoordinator._poll_snapshot
     batches = []
 
     def crashing_poll(self, timeout):
         batch = real_poll(self, timeout)
-        if batch is not None and batch.events:
+        if isinstance(self.halves, source_class) and batch is not None and batch.events:
             batches.append(batch)
             if len(batches) > after_batches:
                 raise RuntimeError("crash in the middle of the snapshot")
         return batch
 
-    monkeypatch.setattr(source_class, "_poll_snapshot", crashing_poll)
+    monkeypatch.setattr(SnapshotCoordinator, "_poll_snapshot", crashing_poll)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition", capture=None) -> Any:

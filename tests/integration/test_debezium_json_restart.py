@@ -77,7 +77,7 @@ def _state(log, topic: str) -> dict:
 
 @pytest.mark.postgres
 def test_a_snapshot_taken_again_deletes_rows_gone_in_between_in_debezium_json(pg_dsn, tmp_path):
-    """The runner's search for rows an earlier snapshot left (snapshot/stale.py) reads the
+    """The runner's search for rows an earlier snapshot left (cdc/runtime/stale_rows.py) reads the
     topic: it must understand the format it wrote, or it takes every row for stale (or fails)."""
     from tests.integration.pg_capture import execute as pg_execute
 

@@ -49,7 +49,7 @@ def test_the_demo_twice_ends_with_every_store_equal_to_its_source(pg_admin_dsn, 
     admin.close()
 
     dsn = pg_admin_dsn.rsplit("/", 1)[0] + "/" + shop.PG_DATABASE
-    checked = Shop(dsn, mysql_url, opensearch_url, redis_url, _home() / "warehouse.db")
+    checked = Shop(dsn, mysql_url, _home() / "cdc.yaml")  # the stores read through their sinks
     assert checked.check() == {}
     # The check notices a store that moved away from its source.
     cache = redis.Redis.from_url(redis_url)

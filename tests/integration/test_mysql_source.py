@@ -180,7 +180,7 @@ def test_a_restart_resumes_right_after_the_stored_position(mysql_url, mysql_db, 
     with capturing(config, log, "r") as capture:
         wait_until(lambda: topic_state(log, f"r.{mysql_db}.t") == {'{"id":1}': {"id": 1, "v": 10},
                                                                   '{"id":3}': {"id": 3, "v": 3}}, capture=capture)
-        assert capture.source.stream.connection.by_gtid is gtid
+        assert capture.source.coordinator.stream.connection.by_gtid is gtid
     ops = [r["op"] for r in records(log, f"r.{mysql_db}.t")]
     assert sorted(ops) == sorted(["r", "c", "u", "c", "d"])  # nothing twice after a clean stop
 

@@ -127,6 +127,27 @@ def test_replays_never_move_a_document_backwards(make_sink, log, client, opensea
     assert replay.counters["written"] == 0 and replay.counters["conflicts"] > 0  # equal versions: no-ops
 
 
+def test_read_rows_gives_back_what_readers_see_in_key_order(make_sink, log, client, opensearch_index):
+    """cdc.api.ReadableSink: the documents readers see (deleted keys left out), keyed as their
+    ``_id`` spells the key, in key order (numbers by value), paged by ``after``."""
+    events, rows = _history(30, 2)
+    _publish(log, events)
+    sink = make_sink()
+    _caught_up(sink, log)
+    fresh = make_sink()  # another instance, as a tool would start one beside the running sink
+    fresh.start()
+    try:
+        read = fresh.read_rows(TOPIC)
+        assert [r.key for r in read] == [(str(i),) for i in sorted(rows)]
+        assert {int(r.key[0]): r.row for r in read} == rows
+        after = sorted(rows)[4]
+        assert [r.key for r in fresh.read_rows(TOPIC, after=(after,), limit=2)] == \
+            [(str(i),) for i in sorted(rows) if i > after][:2]
+        assert fresh.read_rows("p.public.nothing") == []
+    finally:
+        fresh.stop()
+
+
 @pytest.mark.serial
 def test_deletes_stay_remembered_past_gc_deletes_and_a_node_restart(make_sink, log, client, opensearch_index):
     """A replay of the whole topic after the node forgot its own delete tombstones (index.gc_deletes

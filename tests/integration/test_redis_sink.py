@@ -173,3 +173,33 @@ def test_a_sink_on_the_current_generation_follows_a_switch(target, monkeypatch):
     finally:
         live.stop()
         rebuild.stop()
+
+
+@pytest.mark.parametrize("fmt", ["hash", "json"])
+def test_read_rows_gives_back_the_live_rows_in_key_order(target, fmt):
+    """cdc.api.ReadableSink: what the sink wrote, deleted rows left out, in key order (10 after 9:
+    numbers by value, though the keys are text), paged by ``after``; a composite key's parts."""
+    sink = _sink(target, format=fmt)
+    try:
+        sink.write([_event(i, Op.CREATE, 10 + i, {"id": i, "name": f"n{i}"}, key_id=i) for i in (10, 2, 9, 1)]
+                   + [_event(4, Op.DELETE, 20, None, key_id=2)])
+        rows = sink.read_rows(TOPIC)
+        assert [r.key for r in rows] == [("1",), ("9",), ("10",)]
+        assert [r.row["name"] for r in rows] == ["n1", "n9", "n10"]
+        assert [r.key for r in sink.read_rows(TOPIC, after=(1,), limit=1)] == [("9",)]
+        assert sink.read_rows("shop.public.other") == []
+        composite = SinkEvent("shop.public.pairs", 0, 0, {"a": "x:y", "b": 2}, Op.CREATE, None,
+                              {"a": "x:y", "b": 2}, 1, {"schema": "public", "table": "pairs", "version": 1})
+        sink.write([composite])
+        assert [r.key for r in sink.read_rows("shop.public.pairs")] == [("x:y", "2")]
+    finally:
+        sink.stop()
+
+
+def test_read_rows_of_a_sink_that_stores_no_rows_is_refused(target):
+    sink = _sink(target, format="invalidate")
+    try:
+        with pytest.raises(PermanentError, match="stores no rows"):
+            sink.read_rows(TOPIC)
+    finally:
+        sink.stop()

@@ -11,9 +11,11 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.log.kafka import KafkaLog
+from cdc.runtime.schemas import SchemaBook
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from spark_sinks.schemas import SchemaRegistry
+from tests.contexts import attached
 from tests.integration.pg_capture import capturing, execute, pg_config, topic_state, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.postgres]
@@ -101,10 +103,10 @@ def test_postgres_to_delta_under_a_live_workload(spark, pg_dsn, kafka_bootstrap,
             workload.thread.start()
             # The first streamed change publishes the table's schema record: the sink types its
             # columns from it (without one they would all be text).
-            registry = SchemaRegistry(log, prefix)
+            registry = SchemaRegistry(SchemaBook(log, prefix), prefix)
             wait_until(lambda: registry.record(topic), what="the schema record", capture=capture)
 
-            sink = DeltaSink(config)
+            sink = attached(DeltaSink(config))
             sink.start(session=spark)
             try:
                 wait_until(lambda: sink.job.stats.events > 300, timeout=120, what="the first batches")
@@ -140,5 +142,5 @@ def test_postgres_to_delta_under_a_live_workload(spark, pg_dsn, kafka_bootstrap,
     # builds the same table from the compacted topic alone.
     fresh = config.model_copy(update={"path": str(tmp_path / "lake2"), "checkpoint": str(tmp_path / "cp2"),
                                       "available_now": True})
-    DeltaSink(fresh).run(threading.Event(), session=spark)
+    attached(DeltaSink(fresh)).run(threading.Event(), session=spark)
     assertDataFrameEqual(delta_rows(spark, f"{fresh.path}/public/items"), expected)

@@ -28,11 +28,14 @@ from cdc.formats.connect_types import DebeziumOptions
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog
 from cdc.offsets import OffsetStore
+from cdc.runtime.contexts import sink_context
 from cdc.runtime.runner import SourceRunner
+from cdc.runtime.schemas import SchemaBook
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from spark_sinks.job import DeltaJob
 from spark_sinks.schemas import SchemaRegistry
+from tests.contexts import attached
 from tests.integration.pg_capture import execute, pg_config, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.registry]
@@ -126,7 +129,8 @@ def _table(spark, tmp_path, name: str, records: list[tuple], topic: str, record:
            registry_url: str | None = None, **settings):
     config = DeltaSinkConfig(name=name, type="delta", topics=[f"{prefix}.*"], path=str(tmp_path / name),
                              checkpoint=str(tmp_path / f"{name}-cp"), **settings)
-    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix=prefix, registry_url=registry_url)
+    job = DeltaJob(config, bootstrap_servers="unused:9092", prefix=prefix, registry_url=registry_url,
+                   context=sink_context(name))
     job.registry.remember(topic, record)
     job.bind(f"test-{uuid.uuid4().hex}")
     frame = spark.createDataFrame(records, "key binary, value binary, topic string, partition int, offset long")
@@ -193,7 +197,8 @@ def test_a_new_shape_in_a_later_batch_brings_a_new_connect_schema(spark, tmp_pat
         encoder = make_encoder(fmt, "postgresql", "src", prefix, registry_url=registry_url)
         job = jobs[fmt] = DeltaJob(DeltaSinkConfig(name=f"lake_{fmt[:4]}", type="delta", topics=[f"{prefix}.*"],
                                                    path=str(tmp_path / fmt), checkpoint=str(tmp_path / f"{fmt}-cp")),
-                                   bootstrap_servers="unused:9092", prefix=prefix, registry_url=registry_url)
+                                   bootstrap_servers="unused:9092", prefix=prefix, registry_url=registry_url,
+                                   context=sink_context(f"lake_{fmt[:4]}"))
         job.bind(f"test-{uuid.uuid4().hex}")
         offset = 0
         for batch_id, (columns, events) in enumerate([(before, _changes(PG_TABLE, before, rows)), (after, later)]):
@@ -308,7 +313,7 @@ def test_postgres_in_every_format_makes_equal_delta_tables(spark, pg_dsn, kafka_
         for fmt, prefix in prefixes.items():
             wait_until(lambda: '{"id":0}' in _keys(log, f"{prefix}.public.things"), what=f"the {fmt} changes",
                        capture=captures[fmt])
-            assert SchemaRegistry(log, prefix).record(f"{prefix}.public.things") is not None
+            assert SchemaRegistry(SchemaBook(log, prefix), prefix).record(f"{prefix}.public.things") is not None
         first = next(iter(log.read_all(f"{prefixes['debezium-json']}.public.things")))
         assert first.key.startswith(b'{"schema":'), "the debezium-json capture should write Connect JSON keys"
         ids = {int.from_bytes(r.value[1:5], "big") for r in log.read_all(f"{prefixes['avro']}.public.things")
@@ -323,7 +328,7 @@ def test_postgres_in_every_format_makes_equal_delta_tables(spark, pg_dsn, kafka_
                 path=str(tmp_path / f"lake-{fmt}"), checkpoint=str(tmp_path / f"cp-{fmt}"), available_now=True,
                 topic_prefix=prefix, kafka={"bootstrap_servers": kafka_bootstrap},
                 spark={"conf": {"spark.sql.shuffle.partitions": "2"}}))
-            sink = DeltaSink(config)
+            sink = attached(DeltaSink(config))
             sink.run(threading.Event(), session=spark, log=LogConfig.model_validate(
                 {"kafka": {"bootstrap_servers": kafka_bootstrap, "topic_prefix": prefix}, "format": fmt,
                  "schema_registry": {"url": registry_url}}))

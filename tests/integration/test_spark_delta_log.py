@@ -1,5 +1,5 @@
 """What an operator reads of the delta sink: its output (the driver's Python log and the JVM's
-log4j lines) as ``python -m spark_sinks.submit`` prints it. An ERROR line must mean something
+log4j lines) as ``python -m cdc.runtime.submit`` prints it. An ERROR line must mean something
 went wrong; MERGEs over rows that earlier MERGEs marked deleted (deletion vectors, the tables'
 default) made Delta print one per MERGE with the data unaffected."""
 
@@ -46,7 +46,7 @@ def test_merges_over_deletion_vectors_print_no_error_line(spark, dev_env_for, ka
     config_file.write_text(yaml.safe_dump({"log": {"kafka": {"bootstrap_servers": kafka_bootstrap,
                                                              "topic_prefix": kafka_topic}},
                                            "sinks": [sink]}))
-    result = subprocess.run([sys.executable, "-m", "spark_sinks.submit", str(config_file), "lake"],
+    result = subprocess.run([sys.executable, "-m", "cdc.runtime.submit", str(config_file), "lake"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900,
                             cwd=Path(__file__).resolve().parents[2])
     text = result.stdout.decode(errors="replace")

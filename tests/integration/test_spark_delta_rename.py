@@ -21,6 +21,7 @@ from cdc.api import SchemaChangeError
 from cdc.log.kafka import KafkaLog
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
+from tests.contexts import attached
 from tests.integration.pg_capture import capturing, pg_config, topic_state, wait_until
 from tests.integration.test_spark_delta_schema_live import delta_state
 from tests.live_ddl import PgDb, Writer, rows_of, source_columns
@@ -38,7 +39,7 @@ def _config(tmp_path, name: str, prefix: str, kafka: str, policy: str, **more) -
 
 def _catch_up(spark, config: DeltaSinkConfig):
     """Run the sink over everything its topics hold now; the typed failure, if any."""
-    sink = DeltaSink(config)
+    sink = attached(DeltaSink(config))
     sink.start(session=spark)
     try:
         try:

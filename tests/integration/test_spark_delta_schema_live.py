@@ -31,6 +31,7 @@ from cdc.errors import SchemaChangeError
 from cdc.log.kafka import KafkaLog
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
+from tests.contexts import attached
 from tests.integration.pg_capture import capturing, pg_config, topic_state, wait_until
 from tests.integration.test_mysql_source import mysql_config
 from tests.live_ddl import STEPS, Writer, rows_of, source_columns
@@ -183,7 +184,7 @@ def test_the_ddl_script_reaches_delta_in_order(spark, source_db, kafka_bootstrap
                 inside: list[int] = []
                 # The queries run from their checkpoints over what the step added (a few micro-
                 # batches: a running query would make one per trigger while the writer writes).
-                sinks = {policy: DeltaSink(configs[policy]) for policy in live}
+                sinks = {policy: attached(DeltaSink(configs[policy])) for policy in live}
                 failures = {}
                 try:
                     for policy, sink in sinks.items():

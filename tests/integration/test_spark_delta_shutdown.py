@@ -53,7 +53,7 @@ def test_sigterm_to_the_process_group_mid_batch_stops_cleanly(spark, dev_env_for
     output = tmp_path / "output.txt"
     table = tmp_path / "lake" / "public" / "items"
     with output.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "spark_sinks.submit", str(config_file), "lake"],
+        process = subprocess.Popen([sys.executable, "-m", "cdc.runtime.submit", str(config_file), "lake"],
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    cwd=Path(__file__).resolve().parents[2])
         try:

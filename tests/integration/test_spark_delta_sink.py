@@ -21,6 +21,7 @@ from cdc.log.kafka import KafkaLog
 from cdc.serde import EnvelopeEncoder, Record, encode_schema_change
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
+from tests.contexts import attached
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -85,7 +86,7 @@ def sink_config(topics: Topics, tmp_path, **overrides) -> DeltaSinkConfig:
 
 def catch_up(spark, config: DeltaSinkConfig, after_table=None) -> DeltaSink:
     """Start the sink's query, process everything the topics hold, stop it."""
-    sink = DeltaSink(config)
+    sink = attached(DeltaSink(config))
     sink.start(session=spark)
     sink.job.after_table = after_table
     try:
@@ -206,7 +207,7 @@ def test_a_batch_that_died_after_one_table_is_replayed_without_applying_twice(sp
         if table == "public.items":
             raise Crash(f"killed in batch {batch_id} after {table}")
 
-    sink = DeltaSink(config)
+    sink = attached(DeltaSink(config))
     sink.start(session=spark)
     sink.job.after_table = crash_after_items
     with pytest.raises(Exception, match="killed in batch 0"):
@@ -276,7 +277,7 @@ def test_a_type_change_the_table_cannot_follow_fails_or_rebuilds_by_policy(spark
     # qty becomes text: text values do not fit the bigint column.
     topics.schema(ITEMS, (*ITEM_COLUMNS[:2], Column("qty", "text")), 20)
     topics.publish(upsert(2, 21, name="b", qty="many"))
-    sink = DeltaSink(config)
+    sink = attached(DeltaSink(config))
     sink.start(session=spark)
     with pytest.raises(Exception):
         sink.job.query.processAllAvailable()
@@ -307,7 +308,7 @@ def test_rows_of_a_shape_the_sink_has_not_read_yet_wait_for_it(spark, topics, tm
 
     topics.encoder.schema_versions[ITEMS] = 20  # the new shape's record is not there yet
     topics.publish(upsert(2, 21, op=Op.CREATE, name="b", qty=2.5))
-    sink = DeltaSink(config)
+    sink = attached(DeltaSink(config))
     sink.start(session=spark)
     with pytest.raises(Exception):
         sink.job.query.processAllAvailable()
@@ -330,7 +331,7 @@ def test_fail_stops_at_a_widening_that_evolve_makes_in_place(spark, topics, tmp_
 
     topics.schema(ITEMS, (*columns[:2], Column("price", "numeric(12,2)")), 20)  # Delta could widen this
     topics.publish(upsert(1, 21, name="a", price="1234567.25"))
-    sink = DeltaSink(config)
+    sink = attached(DeltaSink(config))
     sink.start(session=spark)
     with pytest.raises(Exception):
         sink.job.query.processAllAvailable()

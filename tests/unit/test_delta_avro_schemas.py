@@ -28,7 +28,7 @@ KEY = {"type": "struct", "name": "p.public.t.Key", "optional": False,
 
 
 def _registry(schemas: dict[int, dict]):
-    """A registry as ``cdc.api.avro_writer_schema`` answers: (Avro text without logical types, Connect)."""
+    """A registry as ``SinkContext.avro_writer_schema`` answers: (Avro text without logical types, Connect)."""
     def fetch(url: str, schema_id: int) -> tuple[str, dict]:
         avro = to_avro(schemas[schema_id])
         return orjson.dumps(strip_logical_types(avro)).decode(), to_connect(avro)

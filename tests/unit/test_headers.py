@@ -1,5 +1,6 @@
 """Record headers (cdc/headers.py): the version header's reading rule, and the packed form the
-embedded log stores and the bulk reader hands out, in C (cdc/_speedups.c) and in Python alike."""
+embedded log stores and the bulk reader hands out (cdc/log/packed_headers.py), in C
+(cdc/_speedups.c) and in Python alike."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc import headers
+from cdc.log import packed_headers
 
-needs_c = pytest.mark.skipif(headers._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
+needs_c = pytest.mark.skipif(packed_headers._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
 
 pairs = st.lists(st.tuples(st.text(max_size=6), st.one_of(st.none(), st.binary(max_size=6))), min_size=1, max_size=4)
 
@@ -19,7 +21,7 @@ def both(function, *args):
     outcome being the result or the type of the error raised."""
     out = []
     for use_c in (True, False):
-        headers.USE_SPEEDUPS = use_c
+        packed_headers.USE_SPEEDUPS = use_c
         try:
             out.append(function(*args))
         except ValueError:  # UnicodeDecodeError included
@@ -27,7 +29,7 @@ def both(function, *args):
         except TypeError:
             out.append(TypeError)
         finally:
-            headers.USE_SPEEDUPS = True
+            packed_headers.USE_SPEEDUPS = True
     return tuple(out)
 
 
@@ -35,29 +37,29 @@ def both(function, *args):
 @settings(max_examples=300, deadline=None)
 @given(pairs)
 def test_packed_headers_round_trip_in_both(made):
-    c_packed, py_packed = both(headers.pack, made)
+    c_packed, py_packed = both(packed_headers.pack, made)
     assert c_packed == py_packed
-    assert both(headers.unpack, c_packed) == (made, made)
+    assert both(packed_headers.unpack, c_packed) == (made, made)
 
 
 @needs_c
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=24))
 def test_bytes_that_are_not_packed_headers_are_refused_by_both(data):
-    c_read, py_read = both(headers.unpack, data)
+    c_read, py_read = both(packed_headers.unpack, data)
     assert c_read == py_read
     if c_read is not ValueError:
-        assert headers.pack(c_read) == (data or None)
+        assert packed_headers.pack(c_read) == (data or None)
 
 
 def test_a_name_that_is_not_utf8_is_refused_by_both():
     data = b"\x02\x00\x00\x00\xff\xfe\x00\x00\x00\x00"
-    assert both(headers.unpack, data) == (ValueError, ValueError)
+    assert both(packed_headers.unpack, data) == (ValueError, ValueError)
 
 
 def test_no_headers_is_none():
-    assert both(headers.pack, None) == both(headers.pack, []) == (None, None)
-    assert both(headers.unpack, None) == (None, None)
+    assert both(packed_headers.pack, None) == both(packed_headers.pack, []) == (None, None)
+    assert both(packed_headers.unpack, None) == (None, None)
 
 
 @pytest.mark.parametrize("value, version", [

@@ -156,7 +156,7 @@ def test_chunk_rows_are_no_part_of_a_repeated_snapshot_for_the_stale_row_deletes
     has no such end, so noting its rows would only grow (and later mix into a real snapshot's)."""
     from cdc.log.embedded import EmbeddedLog
     from cdc.serde import Record
-    from snapshot.stale import StaleRows
+    from cdc.runtime.stale_rows import StaleRows
 
     log = EmbeddedLog(tmp_path / "log", fsync=False)
     try:

@@ -20,6 +20,7 @@ from cdc import sink_events
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.log.base import LogRecord
 from cdc.serde import EnvelopeEncoder
+from cdc.runtime.contexts import NATIVE
 from cdc.sink_events import PoisonRecord, decode_record, decode_records
 from sinks.sql import copy_rows
 from sinks.sql.plan import ColumnPlan
@@ -27,10 +28,10 @@ from sinks.sql.types import Family
 
 
 def test_the_c_paths_were_built():
-    assert sink_events.RAW_ROWS and copy_rows.RAW, "cdc._speedups was not built: pip install -e . with a C compiler"
+    assert sink_events.RAW_ROWS and NATIVE.copy_rows, "cdc._speedups was not built: pip install -e . with a C compiler"
 
 
-needs_c = pytest.mark.skipif(not (sink_events.RAW_ROWS and copy_rows.RAW), reason="cdc._speedups not built")
+needs_c = pytest.mark.skipif(not (sink_events.RAW_ROWS and NATIVE.copy_rows), reason="cdc._speedups not built")
 
 TABLE = TableId("shop", "public", "orders")
 STRINGS = ["", "plain", "tab\there", "new\nline", "cr\rx", "back\\slash", 'quote"d', "é ü ß", "日本語", "emoji 😀",
@@ -183,7 +184,7 @@ def test_copy_lines_from_bytes_are_the_lines_of_the_decoded_rows():
                b'{ "id" : 4 , "a" : [ 1 , { "b" : 2 } ] , "tab\\tname" : "\\ud83d\\ude00\\/" }']
     events += [events[0]._replace(after=after) for after in by_hand]
     pairs = [(orjson.dumps(e.key) if i % 5 else b'{"id":"a\\\\b"}', e) for i, e in enumerate(events)]
-    fast = copy_rows.formatter(columns())(pairs)
+    fast = copy_rows.formatter(columns(), NATIVE.copy_rows)(pairs)
     reference = copy_rows.python_formatter(columns())([(k, decoded(e)) for k, e in pairs])
     assert fast.count(b"\n") == len(pairs) > 300
     assert fast == reference
@@ -193,7 +194,7 @@ def test_copy_lines_from_bytes_are_the_lines_of_the_decoded_rows():
 def test_copy_lines_of_a_mixed_batch_hold_every_row_once():
     events = [e for e in decode_records(records(60), raw_rows=True) if isinstance(e.after, bytes)]
     pairs = [(orjson.dumps(e.key), e if i % 2 else decoded(e)) for i, e in enumerate(events)]
-    fast = copy_rows.formatter(columns())(pairs)
+    fast = copy_rows.formatter(columns(), NATIVE.copy_rows)(pairs)
     reference = copy_rows.python_formatter(columns())([(k, decoded(e)) for k, e in pairs])
     assert sorted(fast.splitlines()) == sorted(reference.splitlines())
 
@@ -205,11 +206,11 @@ def test_a_member_name_with_an_escaped_backslash_falls_back_to_the_decoded_row()
     assert isinstance(event.after, bytes)
     pairs = [(b'{"id":1}', event)]
     reference = copy_rows.python_formatter(columns())([(b'{"id":1}', decoded(event))])
-    assert copy_rows.formatter(columns())(pairs) == reference
+    assert copy_rows.formatter(columns(), NATIVE.copy_rows)(pairs) == reference
 
 
 @needs_c
 def test_names_outside_the_table_from_bytes_and_dicts():
     rows = [b'{"id":1,"a":2,"new":3}', {"id": 2, "other": 1}, b'{"\\u00e9t\\u00e9":1,"a\\\\b":2,"\\u0061":3}', b"{}"]
-    assert copy_rows.names_outside(rows, {"id", "a"}) == {"new", "other", "été", "a\\b"}
-    assert copy_rows.names_outside([b'{"id":1}'], {"id"}) == set()
+    assert copy_rows.names_outside(rows, {"id", "a"}, NATIVE.unknown_names) == {"new", "other", "été", "a\\b"}
+    assert copy_rows.names_outside([b'{"id":1}'], {"id"}, NATIVE.unknown_names) == set()

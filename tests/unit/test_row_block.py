@@ -158,7 +158,7 @@ def test_a_snapshot_of_blocks_taken_again_deletes_the_rows_it_no_longer_has(tmp_
     notes nothing."""
     from cdc.log.embedded import EmbeddedLog
     from cdc.serde import Record
-    from snapshot.stale import StaleRows
+    from cdc.runtime.stale_rows import StaleRows
 
     log = EmbeddedLog(tmp_path / "log", fsync=False)
     try:

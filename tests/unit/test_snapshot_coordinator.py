@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from cdc.api import SourceConfig
+from cdc.api import SourceConfig, StandaloneSourceContext
 from cdc.errors import PositionLostError
 from cdc.events import Batch, ChangeEvent, Op, SnapshotEnd, SnapshotMarker, TableId
 from cdc.positions import Counter, SnapshotProgress
-from snapshot.coordinator import OpenedSnapshot, SnapshotThenStream
+from snapshot.coordinator import CoordinatedSource, OpenedSnapshot, SnapshotCoordinator
 
 TABLES = {"s.a": TableId("d", "s", "a"), "s.b": TableId("d", "s", "b")}
 
@@ -37,17 +37,21 @@ class Reader:
         pass
 
 
-class ListSource(SnapshotThenStream):
-    """Tables of three rows each; a snapshot is consistent at Counter(10)."""
+class ListSource(CoordinatedSource):
+    """Tables of three rows each; a snapshot is consistent at Counter(10). It is its own halves."""
 
     config_model = SourceConfig
     connector = "test"
-    position_types = (Counter,)
-    position_kind = "a counter"
 
     def __init__(self, config, position, tables=("s.a",)) -> None:
         super().__init__(config, position)
+        self.coordinator = SnapshotCoordinator(self, config, position, position_types=(Counter,),
+                                               position_kind="a counter")
         self.tables, self.snapshots = frozenset(tables), []
+
+    @property
+    def stream(self):
+        return self.coordinator.stream
 
     def prepare(self) -> None:
         pass
@@ -104,7 +108,7 @@ def _drain(source: ListSource) -> list[Batch]:
 
 def test_no_row_goes_out_before_the_marker_is_stored():
     source, book = ListSource(_config(), None), Book(None)
-    source.table_book = book
+    source.attach(StandaloneSourceContext("t", book))
     source.start()
     marker = source.poll(0.1)
     assert marker.events == [] and marker.checkpoint == SnapshotProgress(Counter(10))
@@ -124,7 +128,7 @@ def test_no_row_goes_out_before_the_marker_is_stored():
 
 def test_a_new_table_is_backfilled_alone_and_the_stream_resumes_where_it_was():
     source, book = ListSource(_config(), Counter(5), tables=("s.a", "s.b")), Book(frozenset({"s.a"}))
-    source.table_book = book
+    source.attach(StandaloneSourceContext("t", book))
     source.start()
     marker = source.poll(0.1)
     assert marker.checkpoint == SnapshotProgress(Counter(5)) and marker.checkpoint.extra == {"backfill": ["s.b"]}
@@ -139,7 +143,7 @@ def test_a_new_table_is_backfilled_alone_and_the_stream_resumes_where_it_was():
 
 def test_without_a_record_the_tables_captured_now_count_as_complete():
     source, book = ListSource(_config(), Counter(5), tables=("s.a", "s.b")), Book(None)
-    source.table_book = book
+    source.attach(StandaloneSourceContext("t", book))
     source.start()
     assert source.snapshots == [] and source.phase == "streaming" and source.stream.position == Counter(5)
     source.commit(Counter(6))

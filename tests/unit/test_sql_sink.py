@@ -5,7 +5,6 @@ behaviours against PostgreSQL and MariaDB, with the helpers defined here."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import sqlite3
 from decimal import Decimal
@@ -15,6 +14,7 @@ import pytest
 
 from cdc.errors import PermanentError, RebuildRequired, RetriableError, SchemaChangeError
 from cdc.events import Op
+from cdc.runtime.contexts import RuntimeSinkContext
 from cdc.sink_events import SinkEvent
 from sinks.sql import SqlSink, SqlSinkConfig
 
@@ -103,8 +103,8 @@ class Sinks:
     def __call__(self, generation: int | None = None, **config: Any) -> SqlSink:
         config.setdefault("name", "s1")
         sink = SqlSink(SqlSinkConfig(topics=["*"], url=self.url, **config), generation)
-        sink.schema_for = self.schema_for
-        sink.context = dataclasses.replace(sink.context, shapes_between=self.shapes_between)
+        sink.attach(RuntimeSinkContext(sink.config.name, schema_for=self.schema_for,
+                                       shapes_between=self.shapes_between))
         sink.start()
         self.started.append(sink)
         return sink
@@ -701,3 +701,20 @@ def test_switching_to_a_generation_never_opened_is_refused(make_sink):
         sink.switch_generation(7)
     sink.switch_generation(1)  # the current one: nothing to do
     assert rows(sink, "id, v") == [(1, "a")]
+
+
+# --- reading back (cdc.api.ReadableSink) ---------------------------------------------------------
+
+def test_read_rows_gives_back_the_live_rows_of_the_current_generation_in_key_order(make_sink):
+    sink = make_sink(soft_delete=True)
+    sink.write([upsert(k, 10 + k, op=Op.CREATE, note=f"n{k}") for k in (10, 2, 9, 1)] + [delete(2, 30)])
+    read = sink.read_rows(TOPIC)
+    assert [r.key for r in read] == [(1,), (9,), (10,)]  # soft-deleted 2 left out; 10 after 9
+    assert [r.row for r in read][0] == {"id": 1, "note": "n1"}  # no bookkeeping columns
+    assert [r.key for r in sink.read_rows(TOPIC, after=(1,), limit=1)] == [(9,)]
+    assert sink.read_rows("shop.public.nothing") == []
+    sink.open_generation(2)  # readers still see generation 1
+    sink.write([upsert(5, 50, op=Op.CREATE, note="n5")])
+    assert [r.key for r in sink.read_rows(TOPIC)] == [(1,), (9,), (10,)]
+    sink.switch_generation(2)
+    assert [r.key for r in sink.read_rows(TOPIC)] == [(5,)]

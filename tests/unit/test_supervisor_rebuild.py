@@ -4,7 +4,7 @@ import dataclasses
 import multiprocessing
 import threading
 
-from cdc.runtime.stats import ConnectorStats
+from cdc.api.stats import ConnectorStats
 from cdc.runtime.supervisor import Supervisor, Worker
 
 

@@ -1,5 +1,9 @@
 """What a connector reports about itself: counters, its current phase, and its health.
 
+Part of the plugin API: the runtime hands a plugin its ``ConnectorStats`` (``SinkContext.stats``,
+``SourceContext.stats``), and a plugin adds its own counters to ``details``; a self-driven sink
+fills it itself and hands it to ``report``.
+
 A worker process fills one ``ConnectorStats`` and sends snapshots of it to the supervisor (a dict
 over a pipe, once a second and at every phase change); the supervisor serves them as /metrics and
 /status.

@@ -10,6 +10,9 @@ ends it) it reads the topic up to where it ended when the snapshot began, and pu
 not have. The source names every table the snapshot read (``Batch.snapshot_end``), so a table
 that became empty in between gets its deletes too. Topics that were empty at the start cost
 nothing.
+
+This is the runtime's side of a repeated snapshot, not the source's: it reads the topics, and a
+source never touches the log (it only names, in ``snapshot_end``, what its snapshot read).
 """
 
 from __future__ import annotations

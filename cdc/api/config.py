@@ -1,0 +1,118 @@
+"""The config bases every plugin's pydantic model derives from, and helpers for their fields.
+
+A config file's ``sources:`` and ``sinks:`` entries are validated against the model a plugin
+names (``Source.config_model``, ``Sink.config_model``), a subclass of ``SourceConfig`` or
+``SinkConfig``: unknown keys are errors, and the fields here mean the same for every plugin
+(the runtime reads them: batch sizes, dead letters, restarts after a failure).
+"""
+
+from __future__ import annotations
+
+import string
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Iterable, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+
+
+def template_fields(template: str, allowed: Iterable[str]) -> list[str]:
+    """The placeholders of a name template (``"{schema}.{table}"``) in order, for a config
+    validator; ``ValueError`` if it does not parse, or names one outside ``allowed``."""
+    allowed = list(allowed)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ValueError(f"not a valid template: {err}") from None
+    fields = [name for _, name, _, _ in parsed if name is not None]
+    unknown = set(fields) - set(allowed)
+    if unknown or "" in fields:
+        raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use "
+                         + ", ".join(f"{{{name}}}" for name in allowed))
+    return fields
+
+
+def resolve_config_path(path: Path, info: ValidationInfo) -> Path:
+    """A relative path in a config file is relative to that file's directory, never to the
+    directory the daemon happens to be started from. The loader passes the directory as
+    ``context={"base_dir": ...}``; without one (a config built in code) the path stays as written."""
+    path = Path(path).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    return path.resolve() if path.is_absolute() else path
+
+
+# The type of every local path field of a config model (plugins' too): resolved as above.
+ConfigPath = Annotated[Path, AfterValidator(resolve_config_path)]
+
+
+class SnapshotMode(StrEnum):
+    INITIAL = "initial"            # snapshot when there is no stored position, then stream
+    INITIAL_ONLY = "initial_only"  # snapshot, then stop
+    NEVER = "never"                # stream from the current log position, no snapshot
+    ALWAYS = "always"              # snapshot at every start, then stream
+    WHEN_NEEDED = "when_needed"    # snapshot when there is no usable position (none, or purged)
+
+
+class RetryFailed(BaseModel):
+    """How the daemon starts a connector again after a permanent error (one that no retry of the
+    same call helps, but that can heal outside: a grant given, a database created, a lock freed,
+    the config file corrected). Retriable errors are retried anyway, without limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=5, ge=0, description="starts after a permanent failure before the "
+                                                           "connector stays failed (0: never restart it)")
+    backoff: float = Field(default=30.0, gt=0, description="seconds before the first new start; doubles")
+    backoff_max: float = Field(default=600.0, gt=0, description="longest wait between two starts")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before start number ``attempt`` (from 1) after a permanent failure."""
+        return min(self.backoff * 2 ** (attempt - 1), self.backoff_max)
+
+
+class PluginConfig(BaseModel):
+    """Base of every plugin config: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique name of this connector")
+    type: str
+    unhealthy_after: float = Field(
+        default=60.0, gt=0, description="seconds without progress (blocked, or retrying) after which "
+                                        "/healthz answers 503; progress clears it")
+    retry_failed: RetryFailed = Field(default_factory=RetryFailed,
+                                      description="starting the connector again after a permanent error")
+
+
+class SourceConfig(PluginConfig):
+    tables: list[str] = Field(default_factory=lambda: ["*"],
+                              description="tables to capture, as schema.table globs")
+    snapshot: SnapshotMode = SnapshotMode.INITIAL
+    max_batch_events: int = Field(default=4096, ge=1, description="events per batch at most")
+
+
+class SinkConfig(PluginConfig):
+    topics: list[str] = Field(min_length=1, description="topics to consume, as globs")
+    batch_size: int = Field(default=2000, ge=1, description="events per write at most")
+    batch_wait_ms: int = Field(default=200, ge=0, description="how long to gather a batch")
+    on_poison: Literal["dead_letter", "stop"] = Field(
+        default="dead_letter", description="a record that fails even alone: set aside, or stop the sink")
+    dead_letter_topic: str | None = Field(default=None, description="default: <prefix>.dead-letter.<name>")
+    dead_letter_retention_hours: float | None = Field(
+        default=720.0, gt=0, description="how long the dead-letter topic keeps each letter (null: for ever); "
+                                         "the topic is not compacted, so every letter stays until then")
+    schema_wait: float = Field(
+        default=300.0, gt=0, description="seconds to wait for a schema version that rows name and the "
+                                         "schema topic does not hold; then the sink stops at that row")
+    scale_out: Literal["single", "group"] = Field(
+        default="single", description="single: one process reads every partition of the topics; group: "
+                                      "every process running this sink joins one Kafka consumer group and "
+                                      "the partitions are shared among them (Kafka only; no rebuilds)")
+    bulk_window_mb: int = Field(
+        default=512, ge=1, description="a rebuild or bootstrap of a sink that bulk-loads (BulkLoadableSink) "
+                                       "reduces the history to the newest version per key in memory, in "
+                                       "windows of at most this many MiB (keys, newest rows, the window's "
+                                       "tables; about 200 MiB per million keys of 100-byte rows); a history "
+                                       "with more takes several windows, each loaded before the next is read")
