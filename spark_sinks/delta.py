@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink
+from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, SelfRebuildingSink
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
 from spark_sinks.session import quiet_loggers
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 8.0
 
 
-class DeltaSink(SelfDrivenSink):
+class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
     config_model = DeltaSinkConfig
     formats = FORMATS  # each record's format is recognized by itself (parse.envelopes)
 
@@ -54,14 +54,21 @@ class DeltaSink(SelfDrivenSink):
         self.job = None
         self._own_session = False
         self._lock = threading.Lock()
+        self._rebuild = False  # request_rebuild(): the next run rebuilds every table first
+
+    def request_rebuild(self) -> None:
+        """``cdc rebuild``: the next ``run`` builds every table again from its compacted topic
+        (``DeltaJob.rebuild_all``, each swapped in by one overwrite commit) before it streams."""
+        self._rebuild = True
 
     @property
     def stats(self) -> ConnectorStats:
         return self.job.stats if self.job is not None else self.context.stats
 
     # -- the Sink interface ----------------------------------------------------------------------
-    def start(self, session=None) -> None:
-        """Start the streaming query (on ``session``, else a session of its own)."""
+    def start(self, session=None, *, before_query: Callable[[], None] | None = None) -> None:
+        """Start the streaming query (on ``session``, else a session of its own);
+        ``before_query()`` runs once the job exists, before the query starts."""
         from spark_sinks.job import DeltaJob
 
         bootstrap, options, prefix, log_, registry_url = self._kafka()
@@ -76,13 +83,25 @@ class DeltaSink(SelfDrivenSink):
                 self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
                                     kafka_options=options, stats=self.context.stats, registry_url=registry_url,
                                     context=self.context)
-                self.job.start(self.session)
+                if before_query is None:
+                    self.job.start(self.session)
             except BaseException:
                 log_.close()
                 if self._own_session:
                     session.sparkContext.stop()
                     self._own_session = False
                 raise
+        if before_query is None:
+            return
+        try:
+            before_query()  # outside the lock: stop() may come meanwhile
+            with self._lock:
+                if self.session is None:
+                    return  # stopped meanwhile
+                self.job.start(self.session)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """Stop the query once the batch in flight is written (at most STOP_WAIT_S); may be called
@@ -119,7 +138,17 @@ class DeltaSink(SelfDrivenSink):
         ``report`` gets the stats about once a second."""
         if log is not None:
             self.log_config = log
-        self.start(session)
+        rebuild, self._rebuild = self._rebuild, False
+        try:
+            self.start(session, before_query=(lambda: self._rebuild_tables(stop_event, report)) if rebuild else None)
+        except BaseException:
+            if not stop_event.is_set():
+                raise
+            # A stop during the rebuild: readers keep the tables not swapped yet.
+            self.stats.phase = "stopped"
+            if report is not None:
+                report(self.stats)
+            return
         job = self.job
         query = job.query
         try:
@@ -139,6 +168,31 @@ class DeltaSink(SelfDrivenSink):
             self.stop()
             if report is not None:
                 report(job.stats)
+
+    def _rebuild_tables(self, stop_event: threading.Event, report: Callable[[ConnectorStats], None] | None) -> None:
+        """Rebuild every table before the query starts, reporting the phase ``rebuilding`` each
+        second meanwhile (the runtime counts each report as progress)."""
+        job = self.job
+        job.stats.phase = "rebuilding"
+        done = threading.Event()
+
+        def tick() -> None:
+            while report is not None and not done.wait(1.0):
+                report(job.stats)
+
+        ticker = threading.Thread(target=tick, name="cdc-delta-rebuild-report", daemon=True)
+        ticker.start()
+        began = time.monotonic()
+        try:
+            tables = job.rebuild_all(self.session, stop_event)
+        finally:
+            done.set()
+            ticker.join()
+        log.warning("rebuilt %d table(s) in %.1fs%s", len(tables), time.monotonic() - began,
+                    "; stopped before the rest" if stop_event.is_set() else "",
+                    extra={"connector": self.config.name, "phase": job.stats.phase})
+        if stop_event.is_set():
+            raise _Stopped  # no query: run() says stopped
 
     @staticmethod
     def _typed(job, err: BaseException) -> CdcError:
@@ -182,6 +236,10 @@ def _session(config: DeltaSinkConfig, spark_jars: Callable[[], list[str]]):
         session = local_session(f"cdc-delta-{config.name}", jars=jars, conf=config.spark.conf,
                                 master=config.spark.master, driver_memory=config.spark.driver_memory)
     return session
+
+
+class _Stopped(Exception):
+    """The stop came during a rebuild, before the query started."""
 
 
 def _first_line(err: BaseException) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.api import (ConnectorStats, LogClient, PermanentError, RetriableError, SchemaChangeError, SinkContext,
-                     dead_letter_topic, standalone_sink_context)
+                     dead_letter_topic, standalone_sink_context, table_topics)
 from spark_sinks import evolve, merge, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
@@ -483,7 +484,30 @@ class DeltaJob:
                   first["poison"], topic, extra=self._extra())
 
     # -- rebuilds --------------------------------------------------------------------------------
-    def rebuild(self, session: SparkSession, target: TableTarget, shape: TableShape, batch_id: int) -> None:
+    def rebuild_all(self, session: SparkSession, stop: threading.Event) -> list[str]:
+        """``cdc rebuild``: every table of the sink's topics built again from offset 0 and swapped
+        in, before the query starts (no MERGE of it runs beside a swap). The query then resumes
+        from its checkpoint, which is behind the ends the rebuild read: what it reads again changes
+        nothing (version-guarded). Stops between tables once ``stop`` is set: a table not reached
+        keeps its rows, and the next ``cdc rebuild`` starts over. Returns the tables rebuilt."""
+        if self.log is None:
+            raise PermanentError(f"sink {self.name}: a rebuild needs the log's topic list (no log client)")
+        self.bind(f"rebuild-{uuid.uuid4().hex}")  # the staging tables' commit ids; start() binds the query's
+        done = []
+        try:
+            for topic in table_topics(self.log.topics(), self.config.topics):
+                if stop.is_set():
+                    break
+                target = self._target(topic)
+                # A table not made yet is made by the query, from its first batch as always.
+                if target.exists(session) and self.rebuild(session, target, None, 0):
+                    done.append(target.name)
+        finally:
+            self._query_id = None
+            self._started.clear()
+        return done
+
+    def rebuild(self, session: SparkSession, target: TableTarget, shape: TableShape | None, batch_id: int) -> bool:
         """Rebuild ``target`` from its compacted topic with ``shape``: into a staging table through
         the same path as every batch, then swapped in by one overwrite commit (readers see the old
         table until then). The topic is read to its current end; later batches that repeat some of
@@ -498,6 +522,10 @@ class DeltaJob:
                 .option("includeHeaders", "true").option("startingOffsets", "earliest").option("endingOffsets", "latest")
                 .option("failOnDataLoss", "false").load())
         rows, summary = self._read(full)
+        if not summary:   # an empty topic: nothing to build a table from
+            rows.unpersist()
+            log.warning("table %s not rebuilt: %s holds no record", target.name, target.topic, extra=self._extra())
+            return False
         try:
             [item] = summary
             self._learn_codecs(full, [item])
@@ -521,6 +549,7 @@ class DeltaJob:
         staging.forget()
         target.forget()
         log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
+        return True
 
 
 def _beside(work: Callable[[], None]) -> Callable[[], BaseException | None]:

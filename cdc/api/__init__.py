@@ -32,8 +32,8 @@ import cdc.servers.mysql  # noqa: F401 - servers.mysql and servers.postgres, for
 import cdc.servers.postgres  # noqa: F401
 from cdc import servers
 from cdc.api.capabilities import (BulkLoadableSink, DescribedSink, IncrementalSnapshotSource, MaintainedSink,
-                                  PipelinedSink, ReadableSink, RebuildableSink, SlotDrop, SlotListing,
-                                  SlotOwningSource, StoredRow, WriteCompletion, key_order, page)
+                                  PipelinedSink, ReadableSink, RebuildableSink, SelfRebuildingSink, SlotDrop,
+                                  SlotListing, SlotOwningSource, StoredRow, WriteCompletion, key_order, page)
 from cdc.api.config import (ConfigPath, PluginConfig, RetryFailed, SinkConfig, SnapshotMode, SourceConfig,
                             resolve_config_path, template_fields)
 from cdc.api.context import (CheckpointFeed, ConnectorLogger, DeadLetterWriter, LogClient, NativeCodecs,
@@ -61,7 +61,7 @@ __all__ = [
     # sinks
     "Sink", "SelfDrivenSink", "SinkContext", "StandaloneSinkContext", "standalone_sink_context", "SinkEvent", "Op",
     "WindowPart", "RebuildableSink", "BulkLoadableSink", "PipelinedSink", "WriteCompletion", "MaintainedSink",
-    "DescribedSink", "ReadableSink", "StoredRow", "key_order", "page",
+    "DescribedSink", "ReadableSink", "SelfRebuildingSink", "StoredRow", "key_order", "page",
     # services and their types
     "CheckpointFeed", "ConnectorLogger", "ConnectorStats", "DeadLetterWriter", "LogClient", "NativeCodecs",
     "SchemaLookup",

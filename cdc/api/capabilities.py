@@ -4,8 +4,9 @@ for a method). Each docstring states when the runtime calls it and on which thre
 
 Sinks: ``RebuildableSink`` (generations), ``BulkLoadableSink`` (a rebuild's windows in bulk),
 ``PipelinedSink`` (writes in flight), ``MaintainedSink`` (housekeeping between writes),
-``DescribedSink`` (what the store holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote,
-read back: ``cdc demo``, ``cdc verify``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
+``SelfRebuildingSink`` (a self-driven sink's ``cdc rebuild``), ``DescribedSink`` (what the store
+holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote, read back: ``cdc demo``, ``cdc
+verify``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
 
 Sources: ``IncrementalSnapshotSource`` (tables read again while streaming, on request),
 ``SlotOwningSource`` (server-side state that outlives the source: ``cdc status``, ``cdc drop``).
@@ -131,6 +132,20 @@ class MaintainedSink(Protocol):
 
     @abstractmethod
     def maintain(self) -> None: ...
+
+
+@runtime_checkable
+class SelfRebuildingSink(Protocol):
+    """A ``SelfDrivenSink`` that rebuilds its store itself, for ``cdc rebuild`` (declared by naming
+    it among the sink's bases). ``request_rebuild()`` is called before ``run``, on the thread that
+    then calls ``run``: that run first builds every table again from offset 0 of its topics and
+    swaps each in atomically (readers see the old one until then), reporting the phase
+    ``rebuilding``, then streams from its own position, reporting ``streaming``. Records the
+    rebuild read and the streaming reads again must change nothing (version-guarded writes). A
+    rebuild stopped half way leaves readers on the old store; the next one starts over."""
+
+    @abstractmethod
+    def request_rebuild(self) -> None: ...
 
 
 @runtime_checkable

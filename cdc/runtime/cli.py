@@ -419,6 +419,46 @@ def _rebuild_through_daemon(config, name: str, row: dict) -> int:
     return 130
 
 
+def _rebuilds_itself(config, name: str) -> bool:
+    """Whether sink ``name`` reads its topics itself (SelfDrivenSink); ConfigError if it does
+    and cannot rebuild."""
+    from cdc.api import SelfDrivenSink, SelfRebuildingSink
+    from cdc.plugins import sink_plugin
+
+    sink_config = {s.name: s for s in config.sinks}.get(name)
+    plugin = sink_plugin(sink_config.type) if sink_config is not None else None
+    if plugin is None or not issubclass(plugin, SelfDrivenSink):
+        return False
+    if not issubclass(plugin, SelfRebuildingSink):
+        raise ConfigError(f"sink {name} ({sink_config.type}) reads its topics itself and cannot rebuild its store")
+    return True
+
+
+def _self_rebuild(config, name: str) -> int:
+    """A self-driven sink rebuilds in its own run: that run is stopped once it streams again."""
+    from cdc.runtime.worker import build_runner
+
+    stop = _interruptible()
+    seen: list[str] = []
+    rebuilt = []
+
+    def report(stats) -> None:
+        if not seen or seen[-1] != stats.phase:
+            seen.append(stats.phase)
+        if stats.phase == "streaming" and "rebuilding" in seen:
+            rebuilt.append(True)
+            stop.set()
+
+    runner = build_runner(config, name, report)
+    runner.sink.request_rebuild()
+    runner.run(stop)
+    if not rebuilt:
+        print(f"the rebuild of {name} did not finish (phases: {' -> '.join(seen)})", file=sys.stderr)
+        return 130
+    print(f"rebuilt {name}", file=sys.stderr)
+    return 0
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.runtime.progress_bar import ProgressBar
@@ -427,6 +467,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     row = {r["name"]: r for r in (daemon_status(config.http) or [])}.get(args.sink)
     if row is not None and row.get("phase") not in ("stopped", "finished"):
         return _rebuild_through_daemon(config, args.sink, row)
+    if _rebuilds_itself(config, args.sink):
+        return _self_rebuild(config, args.sink)
     runner = _sink_runner(config, args.sink, progress=ProgressBar(f"rebuild {args.sink}"))
     runner.rebuild(_interruptible())
     print(f"rebuilt {args.sink}: readers now see generation {runner.sink.current_generation()}", file=sys.stderr)

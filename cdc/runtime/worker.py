@@ -118,12 +118,17 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
         if on_stats is not None:
             on_stats(stats)
         if mode == "rebuild":
+            from cdc.api import SelfRebuildingSink
             from cdc.runtime.sink_runner import SinkRunner
 
-            if not isinstance(runner, SinkRunner):
-                raise PermanentError(f"{name} cannot rebuild: only a sink the daemon drives has generations")
-            # One session: the sink stays started from the rebuild into the streaming after it.
-            runner.run(stop, rebuild_first=True)
+            if isinstance(runner, SinkRunner):
+                # One session: the sink stays started from the rebuild into the streaming after it.
+                runner.run(stop, rebuild_first=True)
+            elif isinstance(runner, SelfRunningSink) and isinstance(runner.sink, SelfRebuildingSink):
+                runner.sink.request_rebuild()  # its run rebuilds, then streams
+                runner.run(stop)
+            else:
+                raise PermanentError(f"{name} cannot rebuild: it is not a sink, or its store has no generations")
         else:
             runner.run(stop)
         return EXIT_OK
