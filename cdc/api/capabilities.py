@@ -5,8 +5,7 @@ for a method). Each docstring states when the runtime calls it and on which thre
 Sinks: ``RebuildableSink`` (generations), ``BulkLoadableSink`` (a rebuild's windows in bulk),
 ``PipelinedSink`` (writes in flight), ``MaintainedSink`` (housekeeping between writes),
 ``SelfRebuildingSink`` (a self-driven sink's ``cdc rebuild``), ``DescribedSink`` (what the store
-holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote, read back: ``cdc demo``, ``cdc
-verify``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
+holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote, read back: ``cdc demo``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
 
 Sources: ``IncrementalSnapshotSource`` (tables read again while streaming, on request),
 ``SlotOwningSource`` (server-side state that outlives the source: ``cdc status``, ``cdc drop``).
