@@ -16,7 +16,7 @@ earliest offsets (a new checkpoint over existing tables) never regresses a row.
 
 Threading: ``foreachBatch`` runs on a Py4J callback thread of the driver; ``stats``, ``failure``
 and the caches here are only touched from it (one batch at a time) and read elsewhere; the
-delete memory's append runs on a thread of its own beside the MERGE (``_beside``), which the
+delete memory's append runs on a thread of its own beside the MERGE (``merge.beside``), which the
 batch waits for before it goes on, and only marks its target's memory as written.
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,14 +37,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.api import (ConnectorStats, LogClient, PermanentError, RetriableError, SchemaChangeError, SinkContext,
-                     dead_letter_topic, standalone_sink_context, table_topics)
-from spark_sinks import evolve, merge, scd2
+                     dead_letter_topic, standalone_sink_context)
+from spark_sinks import evolve, merge, rebuild, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.connect_json import ConnectCodecs
-from spark_sinks.parse import (KEY, OP, TS, UPSERTS, VERSION, RowDecoder, connect_keys, envelopes, latest_per_key,
-                               learn_schemas, row_changes, topic_pattern)
+from spark_sinks.parse import (KEY, OP, TS, VERSION, RowDecoder, connect_keys, envelopes, latest_per_key,
+                               learn_schemas, row_changes, summarize, topic_pattern)
 from spark_sinks.schemas import SchemaRegistry, TableShape
+from spark_sinks.session import conf_within
 from spark_sinks.tables import TableTarget
 from spark_sinks.timing import PhaseClock
 
@@ -153,6 +153,11 @@ class DeltaJob:
         self._query_id = query_id
         self._started.set()
 
+    def unbind(self) -> None:
+        """Forget the query bound (a rebuild's own id): the next batch waits for ``start``'s."""
+        self._query_id = None
+        self._started.clear()
+
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
         try:
             self.apply(batch, batch_id)
@@ -210,43 +215,17 @@ class DeltaJob:
         log.debug("batch %d: %d records, %d tables, %.2fs (%s)", batch_id, records, len(summary), seconds,
                   " ".join(f"{name} {s:.2f}" for name, s in phases.items()), extra=self._extra())
 
-    @staticmethod
-    def summarize(rows: DataFrame) -> list[Row]:
-        """Per topic: records, the newest truncate, poison records, whether there are deletes, the
-        column names the rows have and the key's column names (one small aggregation)."""
-        clean = F.col("poison").isNull()
-        op = F.col("op")
-        return rows.groupBy("topic").agg(
-            F.count(F.lit(1)).alias("records"),
-            F.count(F.when(clean & op.isin("r", "c", "u", "d") | clean & op.isNull(), 1)).alias("changes"),
-            F.max(F.when(clean & (op == "t"), F.col("version"))).alias("truncated_at"),
-            F.count(F.when(~clean, 1)).alias("poison"),
-            F.max(F.when(clean & ((op == "d") | (op.isNull() & F.col("version").isNotNull())), 1))
-            .isNotNull().alias("deletes"),
-            F.max(F.col("ts_ms")).alias("newest_ts"),
-            F.max(F.when(clean, F.col("schema_version"))).alias("newest_shape"),
-            F.min(F.col("ts_ms")).alias("oldest_ts"),
-            F.array_distinct(F.flatten(F.collect_set(
-                F.when(clean & op.isin(*UPSERTS), F.json_object_keys("data"))))).alias("names"),
-            F.first(F.when(clean & (op != "t") | clean & op.isNull(), F.json_object_keys(KEY)),
-                    ignorenulls=True).alias("key_names"),
-            F.collect_set(F.when(clean, F.col("codec"))).alias("codecs"),
-            F.collect_set(F.when(clean, F.col("value_codec"))).alias("value_codecs"),
-            F.collect_set(F.when(clean, F.col("key_codec"))).alias("key_codecs"),
-            F.array_distinct(F.flatten(F.collect_set("unknown_avro"))).alias("unknown_avro"),
-        ).collect()
-
     def _read(self, raw: DataFrame) -> tuple[DataFrame, list[Row]]:
         """The envelopes of ``raw`` (Kafka rows), persisted, and their ``summarize``. The writer
         schemas of avro records new to the job are read from the registry first, and the rows
         parsed again with them (once per new schema)."""
         learnt = False
         while True:
-            with _settings(raw.sparkSession, {CACHE_COMPRESSED: "false"}):
+            with conf_within(raw.sparkSession, {CACHE_COMPRESSED: "false"}):
                 rows = envelopes(raw, self.avro.known()).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 with self.clock.phase("read"):  # the first action: Kafka read and envelope parse, cached
-                    summary = self.summarize(rows)
+                    summary = summarize(rows)
             except BaseException:
                 rows.unpersist()
                 raise
@@ -421,7 +400,7 @@ class DeltaJob:
             # The delete memory's append runs beside the MERGE: a remembered delete is true
             # whether or not its MERGE committed (it only drops upserts older than the delete),
             # and a re-run batch skips the append by its transaction id.
-            memory = _beside(lambda: merge.remember_deletes(session, target, source, self._txn_options(
+            memory = merge.beside(lambda: merge.remember_deletes(session, target, source, self._txn_options(
                 batch_id, "deletes"))) if remember else None
             failed = None
             try:
@@ -449,7 +428,7 @@ class DeltaJob:
         """``_txn_options`` as the session's settings, for the Delta commits inside (a MERGE
         takes no writer options)."""
         options = self._txn_options(batch_id, step)
-        with _settings(session, {TXN_APP_ID: options["txnAppId"], TXN_VERSION: options["txnVersion"],
+        with conf_within(session, {TXN_APP_ID: options["txnAppId"], TXN_VERSION: options["txnVersion"],
                                  USER_METADATA: options["userMetadata"]}):
             yield
 
@@ -483,110 +462,14 @@ class DeltaJob:
         log.error("records that are not change events (the first at %s: %s) sent to %s", where,
                   first["poison"], topic, extra=self._extra())
 
-    # -- rebuilds --------------------------------------------------------------------------------
+    # -- rebuilds (spark_sinks/rebuild.py) --------------------------------------------------------
     def rebuild_all(self, session: SparkSession, stop: threading.Event) -> list[str]:
-        """``cdc rebuild``: every table of the sink's topics built again from offset 0 and swapped
-        in, before the query starts (no MERGE of it runs beside a swap). The query then resumes
-        from its checkpoint, which is behind the ends the rebuild read: what it reads again changes
-        nothing (version-guarded). Stops between tables once ``stop`` is set: a table not reached
-        keeps its rows, and the next ``cdc rebuild`` starts over. Returns the tables rebuilt."""
-        if self.log is None:
-            raise PermanentError(f"sink {self.name}: a rebuild needs the log's topic list (no log client)")
-        self.bind(f"rebuild-{uuid.uuid4().hex}")  # the staging tables' commit ids; start() binds the query's
-        done = []
-        try:
-            for topic in table_topics(self.log.topics(), self.config.topics):
-                if stop.is_set():
-                    break
-                target = self._target(topic)
-                # A table not made yet is made by the query, from its first batch as always.
-                if target.exists(session) and self.rebuild(session, target, None, 0):
-                    done.append(target.name)
-        finally:
-            self._query_id = None
-            self._started.clear()
-        return done
+        """``cdc rebuild``: every table built again before the query starts (rebuild.rebuild_all)."""
+        return rebuild.rebuild_all(self, session, stop)
 
     def rebuild(self, session: SparkSession, target: TableTarget, shape: TableShape | None, batch_id: int) -> bool:
-        """Rebuild ``target`` from its compacted topic with ``shape``: into a staging table through
-        the same path as every batch, then swapped in by one overwrite commit (readers see the old
-        table until then). The topic is read to its current end; later batches that repeat some of
-        it change nothing (version-guarded)."""
-        staging = self._target(target.topic, "_cdc_rebuild")
-        for path in (staging.path, staging.deletes_path):
-            _remove(session, path)
-        staging.forget()
-        # Rows written before a rename the live table followed land under the new name.
-        staging.inherited_former = target.former_names(session)
-        full = (session.read.format("kafka").options(**self.source_options()).option("subscribe", target.topic)
-                .option("includeHeaders", "true").option("startingOffsets", "earliest").option("endingOffsets", "latest")
-                .option("failOnDataLoss", "false").load())
-        rows, summary = self._read(full)
-        if not summary:   # an empty topic: nothing to build a table from
-            rows.unpersist()
-            log.warning("table %s not rebuilt: %s holds no record", target.name, target.topic, extra=self._extra())
-            return False
-        try:
-            [item] = summary
-            self._learn_codecs(full, [item])
-            self.apply_topic(session, rows, item, batch_id, staging, shape)
-        finally:
-            rows.unpersist()
-        (session.read.format("delta").load(staging.path).write.format("delta").mode("overwrite")
-         .option("overwriteSchema", "true").save(target.path))
-        target.forget()
-        properties = {k: v for k, v in staging.properties(session).items() if k.startswith("cdc.")}
-        target.set_properties(session, properties)
-        if staging.deletes_exist(session):
-            (session.read.format("delta").load(staging.deletes_path).write.format("delta")
-             .mode("overwrite").save(target.deletes_path))
-        elif target.deletes_exist(session):
-            from delta.tables import DeltaTable
-
-            DeltaTable.forPath(session, target.deletes_path).delete()
-        for path in (staging.path, staging.deletes_path):
-            _remove(session, path)
-        staging.forget()
-        target.forget()
-        log.warning("table %s rebuilt from %s", target.name, target.topic, extra=self._extra())
-        return True
-
-
-def _beside(work: Callable[[], None]) -> Callable[[], BaseException | None]:
-    """Start ``work`` on a thread of its own; the function returned waits for it to end and
-    returns what it raised, if anything."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
-            failed.append(err)
-
-    thread = threading.Thread(target=run, name="cdc-delta-beside", daemon=True)
-    thread.start()
-
-    def wait() -> BaseException | None:
-        thread.join()
-        return failed[0] if failed else None
-    return wait
-
-
-@contextmanager
-def _settings(session: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """``settings`` in ``session``'s SQL conf inside, their former values (or none) after."""
-    conf = session.conf
-    former = {name: conf.get(name, None) for name in settings}
-    for name, value in settings.items():
-        conf.set(name, value)
-    try:
-        yield
-    finally:
-        for name, value in former.items():
-            if value is None:
-                conf.unset(name)
-            else:
-                conf.set(name, value)
+        """One table built again from its topic and swapped in (rebuild.rebuild_table)."""
+        return rebuild.rebuild_table(self, session, target, shape, batch_id)
 
 
 class BatchFailed(Exception):
@@ -595,11 +478,3 @@ class BatchFailed(Exception):
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
-
-
-def _remove(session: SparkSession, path: str) -> None:
-    """Delete a directory tree on whatever file system ``path`` names (Hadoop's FileSystem)."""
-    jvm = session.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
-

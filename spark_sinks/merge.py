@@ -23,6 +23,9 @@ any later MERGE.
 
 from __future__ import annotations
 
+import threading
+from typing import Callable
+
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -121,3 +124,23 @@ def truncate(session: SparkSession, target: TableTarget, version: int, soft_dele
         table.delete(older)
     if target.deletes_exist(session):
         DeltaTable.forPath(session, target.deletes_path).delete(older)
+
+
+def beside(work: Callable[[], None]) -> Callable[[], BaseException | None]:
+    """Start ``work`` on a thread of its own; the function returned waits for it to end and
+    returns what it raised, if anything."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name="cdc-delta-beside", daemon=True)
+    thread.start()
+
+    def wait() -> BaseException | None:
+        thread.join()
+        return failed[0] if failed else None
+    return wait

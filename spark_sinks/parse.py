@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -349,3 +349,29 @@ class RowDecoder:
                 value = choice
             out.append(_cast(value, field, self.casts).alias(field.name))
         return out
+
+
+def summarize(rows: DataFrame) -> list[Row]:
+    """Per topic: records, the newest truncate, poison records, whether there are deletes, the
+    column names the rows have and the key's column names (one small aggregation)."""
+    clean = F.col("poison").isNull()
+    op = F.col("op")
+    return rows.groupBy("topic").agg(
+        F.count(F.lit(1)).alias("records"),
+        F.count(F.when(clean & op.isin("r", "c", "u", "d") | clean & op.isNull(), 1)).alias("changes"),
+        F.max(F.when(clean & (op == "t"), F.col("version"))).alias("truncated_at"),
+        F.count(F.when(~clean, 1)).alias("poison"),
+        F.max(F.when(clean & ((op == "d") | (op.isNull() & F.col("version").isNotNull())), 1))
+        .isNotNull().alias("deletes"),
+        F.max(F.col("ts_ms")).alias("newest_ts"),
+        F.max(F.when(clean, F.col("schema_version"))).alias("newest_shape"),
+        F.min(F.col("ts_ms")).alias("oldest_ts"),
+        F.array_distinct(F.flatten(F.collect_set(
+            F.when(clean & op.isin(*UPSERTS), F.json_object_keys("data"))))).alias("names"),
+        F.first(F.when(clean & (op != "t") | clean & op.isNull(), F.json_object_keys(KEY)),
+                ignorenulls=True).alias("key_names"),
+        F.collect_set(F.when(clean, F.col("codec"))).alias("codecs"),
+        F.collect_set(F.when(clean, F.col("value_codec"))).alias("value_codecs"),
+        F.collect_set(F.when(clean, F.col("key_codec"))).alias("key_codecs"),
+        F.array_distinct(F.flatten(F.collect_set("unknown_avro"))).alias("unknown_avro"),
+    ).collect()

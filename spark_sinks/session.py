@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LOOPBACK = "127.0.0.1"
 BIND_ADDRESS, DRIVER_HOST = "spark.driver.bindAddress", "spark.driver.host"
@@ -134,3 +138,20 @@ def _start_jvm(spark_conf) -> None:
 
     gateway = launch_gateway(spark_conf, popen_kwargs={"start_new_session": True})
     SparkContext(conf=spark_conf, gateway=gateway)
+
+
+@contextmanager
+def conf_within(session: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in ``session``'s SQL conf inside, their former values (or none) after."""
+    conf = session.conf
+    former = {name: conf.get(name, None) for name in settings}
+    for name, value in settings.items():
+        conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, value in former.items():
+            if value is None:
+                conf.unset(name)
+            else:
+                conf.set(name, value)
