@@ -212,8 +212,8 @@ def main() -> None:
                         help="bulk_window_mb of the \"bulk\" runs (default: the sink's default)")
     args = parser.parse_args()
 
-    from cdc.dev.stack import read_env
     from bench.sink_group import publish_orders
+    from cdc.dev.stack import read_env
     from cdc.events import TableId
     from cdc.log.kafka import KafkaLog
     from cdc.runtime.sink_runner import SinkRunner
@@ -383,7 +383,7 @@ class ServerCpu:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def __enter__(self) -> "ServerCpu":
+    def __enter__(self) -> ServerCpu:
         self._thread.start()
         return self
 

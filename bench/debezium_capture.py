@@ -58,8 +58,7 @@ from pathlib import Path
 from psycopg2.extensions import parse_dsn
 
 from bench.pg_stream import ORDERS_DDL, delete_topics, execute, fresh_database, run_workload, stack_settings
-from bench.side_by_side import (add_contender_arguments, contenders, load, time_cdc, time_connect,
-                               wait_until_done)
+from bench.side_by_side import add_contender_arguments, contenders, load, time_cdc, time_connect, wait_until_done
 
 # Debezium's connector limits as its docs tune them for throughput; the producer as ours is set.
 DEBEZIUM_TUNED = {"max.batch.size": "20480", "max.queue.size": "81920", "poll.interval.ms": "10"}

@@ -51,9 +51,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 from urllib.parse import urlparse
 
 import psycopg2

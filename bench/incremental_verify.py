@@ -68,10 +68,10 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import orjson
 
@@ -302,7 +302,7 @@ class SqlTarget:
     def coverage(self) -> str:
         return ""
 
-    def twin(self) -> "SqlTarget":
+    def twin(self) -> SqlTarget:
         """Another reader of the same table, for another thread (a connection is for one)."""
         return SqlTarget(self.dsn)
 
@@ -388,7 +388,7 @@ class DeltaTarget:
     def rows(self) -> dict[int, tuple[int, str]]:
         return {r["id"]: (r["v"], r["note"]) for r in self._table().select("id", "v", "note").toLocalIterator()}
 
-    def twin(self) -> "DeltaTarget":
+    def twin(self) -> DeltaTarget:
         return self  # Spark's session takes queries from any thread
 
     def close(self) -> None:

@@ -57,8 +57,7 @@ import psycopg2
 from psycopg2.extensions import parse_dsn
 
 from bench.pg_stream import delete_topics, execute, stack_settings
-from bench.side_by_side import (add_contender_arguments, contenders, load, time_cdc, time_connect,
-                               wait_until_done)
+from bench.side_by_side import add_contender_arguments, contenders, load, time_cdc, time_connect, wait_until_done
 
 COLUMNS = ("id", "customer_id", "status", "total", "note", "updated_at", "seq")
 DEBEZIUM_TUNED = {"batch.size": "10000", "use.reduction.buffer": "true"}

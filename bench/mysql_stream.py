@@ -45,8 +45,15 @@ from urllib.parse import urlparse
 
 import pymysql
 
-from bench.pg_stream import (Workload, add_capture_arguments, delete_topics, max_rss_mb, plan, print_profile,
-                              time_capture)
+from bench.pg_stream import (
+    Workload,
+    add_capture_arguments,
+    delete_topics,
+    max_rss_mb,
+    plan,
+    print_profile,
+    time_capture,
+)
 
 
 def stack_settings() -> dict[str, str]:
@@ -191,9 +198,8 @@ def source_config(url: str, db: str, **overrides):
 
 
 def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, int]:
-    from sources.mysql.source import MySqlSource
-
     from cdc.runtime.runner import tune_gc
+    from sources.mysql.source import MySqlSource
 
     source = MySqlSource(config, start)
     source.start()

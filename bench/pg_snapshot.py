@@ -189,8 +189,19 @@ import uuid
 import psycopg2
 
 from bench.bootstrap import ServerCpu
-from bench.pg_stream import (ORDERS_DDL, ORDERS_INSERT, RunnerThread, delete_topics, drop_slots, execute,
-                             fresh_database, max_rss_mb, print_profile, source_config, stack_settings)
+from bench.pg_stream import (
+    ORDERS_DDL,
+    ORDERS_INSERT,
+    RunnerThread,
+    delete_topics,
+    drop_slots,
+    execute,
+    fresh_database,
+    max_rss_mb,
+    print_profile,
+    source_config,
+    stack_settings,
+)
 
 TARGET = 150_000
 
@@ -248,7 +259,7 @@ class CpuMeter:
         self.server = ServerCpu(dsn, database)
         self.broker_pid = broker_pid
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> CpuMeter:
         self.load = os.getloadavg()[0]
         self._ours = sum(os.times()[:4])
         self._readers = sum(os.times()[2:4])
@@ -265,7 +276,8 @@ class CpuMeter:
 
     def text(self, rows: int) -> str:
         server = self.server.total()
-        per_row = lambda s: f"{s:.1f}s ({s / rows * 1e6:.1f} us/row)"
+        def per_row(s):
+            return f"{s:.1f}s ({s / rows * 1e6:.1f} us/row)"
         parts = [f"ours {per_row(self.ours)}" + (f" of which readers {self.readers:.1f}s" if self.readers else ""),
                  "PostgreSQL " + ("unknown" if server is None else per_row(server))]
         if self.broker_pid is not None:

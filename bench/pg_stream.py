@@ -50,7 +50,6 @@ from dataclasses import dataclass
 import psycopg2
 import psycopg2.extensions
 
-
 # --- shared with bench.pg_snapshot -----------------------------------------------------------------
 
 def stack_settings() -> dict[str, str]:
@@ -171,7 +170,7 @@ class RunnerThread:
         except BaseException as err:  # noqa: BLE001 - raised by the caller
             self.error = err
 
-    def start(self) -> "RunnerThread":
+    def start(self) -> RunnerThread:
         self.thread.start()
         return self
 

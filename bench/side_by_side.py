@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # (done, where it stands): "1,200 of 5,000 records in t", "the target at (3, 9) of (5, 15)".
 Probe = Callable[[], tuple[bool, str]]

@@ -23,9 +23,8 @@ so its absence says nothing; absence after presence is a delete the sink applied
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable
 
 
 @dataclass(frozen=True, slots=True)

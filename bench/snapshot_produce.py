@@ -121,7 +121,8 @@ def run(name: str, records: list[tuple[bytes, bytes]], bootstrap: str, admin: Ad
             in_produce, deliveries, ours, brk, wall = run_blocks(topic, lines, count, config, broker)
         finally:
             admin.delete_topics([topic])
-        us = lambda seconds: f"{seconds / count * 1e6:5.2f}"
+        def us(seconds):
+            return f"{seconds / count * 1e6:5.2f}"
         return (f"{name:<11} produce {us(in_produce)}  deliveries {us(deliveries)}  "
                 f"librdkafka {us(ours - in_produce - deliveries)}  broker {us(brk) if broker else '  ?  '}  "
                 f"= {(ours + brk) / count * 1e6:.2f} us/record;  {count / wall:>9,.0f} records/s, load {load:.1f}")
@@ -153,7 +154,8 @@ def run(name: str, records: list[tuple[bytes, bytes]], bootstrap: str, admin: Ad
     finally:
         producer = None
         admin.delete_topics([topic])
-    us = lambda seconds: f"{seconds / count * 1e6:5.2f}"
+    def us(seconds):
+        return f"{seconds / count * 1e6:5.2f}"
     return (f"{name:<11} produce {us(in_produce)}  deliveries {us(main - in_produce)}  librdkafka {us(ours - main)}"
             f"  broker {us(brk) if broker else '  ?  '}  = {(ours + brk) / count * 1e6:.2f} us/record;"
             f"  {count / wall:>9,.0f} records/s, load {load:.1f}")

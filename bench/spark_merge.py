@@ -288,14 +288,14 @@ def check(spark, data: str, table: str) -> int:
 
 def run_latency(spark, bootstrap: str, root: str, seconds: float, rate: int, trigger: float,
                 keys: int = 10_000) -> list:
+    import orjson
+
     from cdc.events import ChangeEvent, Op, TableId
     from cdc.log.base import TopicSettings
     from cdc.log.kafka import KafkaLog
     from cdc.serde import EnvelopeEncoder, Record, schema_changes_topic
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.delta import DeltaSink
-
-    import orjson
 
     prefix = f"bench_{uuid.uuid4().hex[:8]}"
     log = KafkaLog(bootstrap)
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"round {round_ + 1} {label:<14} MERGE {args.changes:,} rows in {seconds:6.1f}s "
                       f"{args.changes / seconds:>8,.0f} rows/s ({append_s / seconds:.2f}x the append; load "
                       f"{load:.1f} -> {os.getloadavg()[0]:.1f}; {spent}{jobs})", flush=True)
-                print(f"          per batch: " + " ".join(f"{b.seconds:.1f}" for b in done)
+                print("          per batch: " + " ".join(f"{b.seconds:.1f}" for b in done)
                       + f" s; phases: {phase_line(done)}", flush=True)
                 shutil.rmtree(root, ignore_errors=True)
 
@@ -580,7 +580,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"rows/s ({append_cpu}), MERGE {rest / seconds:>8,.0f} rows/s ({spent}{jobs}): "
                   f"{append_each / seconds:.2f}x; {len(done)} batches, load {load:.1f} -> {os.getloadavg()[0]:.1f}",
                   flush=True)
-            print(f"          MERGE per batch: " + " ".join(f"{b.seconds:.1f}" for b in done)
+            print("          MERGE per batch: " + " ".join(f"{b.seconds:.1f}" for b in done)
                   + f" s; phases: {phase_line(done)}", flush=True)
             for path in (target, root, root + "-checkpoint"):
                 shutil.rmtree(path, ignore_errors=True)

@@ -35,7 +35,6 @@ from pathlib import Path
 from bench.pg_stream import drop_slots, execute, with_dbname
 from bench.side_by_side import stop_group
 
-
 LABELS = {"baseline": "python -c pass", "status": "cdc status FILE", "slow": "cdc -v status FILE"}
 
 

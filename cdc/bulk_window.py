@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import orjson
 
@@ -39,7 +39,8 @@ from cdc.sink_events import _OPS, PoisonRecord, decode_records
 log = logging.getLogger(__name__)
 
 try:  # built by setup.py where a compiler is found; without it rebuilds write record batches
-    from cdc._window import Window as _Window, hashes_meet, hashes_union
+    from cdc._window import Window as _Window
+    from cdc._window import hashes_meet, hashes_union
 except ImportError:  # pragma: no cover - a build without a compiler
     _Window = None
 
@@ -185,7 +186,7 @@ class NewestWindow:
         self._window.clear()
         self.records = 0
 
-    def following(self) -> "NewestWindow":
+    def following(self) -> NewestWindow:
         """An empty window for the next records of the same load: the same topic ids, so that
         its keys' hashes compare with this one's (``LoadedKeys``), and the source blocks known."""
         nxt = NewestWindow(self.max_bytes)

@@ -13,9 +13,10 @@ nothing captured changes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from cdc.positions import Position
 
@@ -96,7 +97,7 @@ class ChangeEvent(NamedTuple):
     source_fields: Mapping[str, Any] | None = None
     transaction: TransactionInfo | None = None
 
-    def check(self) -> "ChangeEvent":
+    def check(self) -> ChangeEvent:
         """Raise ValueError if the event breaks the contract; return it otherwise."""
         if not INT64_MIN <= self.version <= INT64_MAX:
             raise ValueError(f"version {self.version} of {self.table} does not fit in int64")
@@ -166,7 +167,7 @@ class Batch:
     snapshot_end: SnapshotEnd | None = None
     caught_up: bool = False
 
-    def with_schema_changes(self, changes: tuple[SchemaChange, ...]) -> "Batch":
+    def with_schema_changes(self, changes: tuple[SchemaChange, ...]) -> Batch:
         """This batch with ``changes`` published before its own schema changes."""
         return replace(self, schema_changes=changes + self.schema_changes) if changes else self
 
@@ -221,7 +222,7 @@ class RowBlock:
             return block[:block.index(b"\n") + 1]
         return block[block.rindex(b"\n", 0, len(block) - 1) + 1:] if self.count > 1 else block
 
-    def split_last(self) -> tuple["RowBlock | None", ChangeEvent]:
+    def split_last(self) -> tuple[RowBlock | None, ChangeEvent]:
         """(this block without its last line, or None if that was its only one; the last event)."""
         last = self[-1]
         if self.count == 1:

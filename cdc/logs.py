@@ -9,7 +9,7 @@ format too.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 FORMAT = "%(asctime)s %(levelname)s [%(connector)s/%(phase)s] %(name)s: %(message)s"
 

@@ -65,7 +65,7 @@ class PgLsn:
             raise ValueError(f"LSN {self.lsn} is outside 0..2^64-1")
 
     @classmethod
-    def parse(cls, text: str) -> "PgLsn":
+    def parse(cls, text: str) -> PgLsn:
         """From PostgreSQL's ``XXXXXXXX/XXXXXXXX`` notation."""
         high, _, low = text.partition("/")
         if not _:
@@ -79,7 +79,7 @@ class PgLsn:
         return {"lsn": str(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PgLsn":
+    def from_dict(cls, data: dict[str, Any]) -> PgLsn:
         return cls.parse(data["lsn"])
 
 
@@ -109,7 +109,7 @@ class MySqlPosition:
         return {"file": self.file, "pos": self.pos, "gtid_set": self.gtid_set}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MySqlPosition":
+    def from_dict(cls, data: dict[str, Any]) -> MySqlPosition:
         return cls(data["file"], int(data["pos"]), data.get("gtid_set"))
 
 
@@ -131,7 +131,7 @@ class SnapshotProgress:
                 "extra": self.extra}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SnapshotProgress":
+    def from_dict(cls, data: dict[str, Any]) -> SnapshotProgress:
         at = dict(data["at"])
         kind = at.pop("kind")
         last_key = data.get("last_key")
@@ -154,7 +154,7 @@ class Counter:
         return {"seq": self.seq}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Counter":
+    def from_dict(cls, data: dict[str, Any]) -> Counter:
         return cls(int(data["seq"]))
 
 
@@ -185,7 +185,7 @@ class IncrementalProgress:
                 "filters": [list(f) for f in self.filters], "paused": self.paused}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "IncrementalProgress":
+    def from_dict(cls, data: dict[str, Any]) -> IncrementalProgress:
         at = dict(data["at"])
         kind = at.pop("kind")
         last_key = data.get("last_key")

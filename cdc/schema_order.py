@@ -15,7 +15,7 @@ it was written under in ``source.schema_version``. So:
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from cdc.events import ChangeEvent, SchemaChange, TableId
 

@@ -24,13 +24,15 @@ it is made (``EnvelopeEncoder.emit``).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import orjson
 
-from cdc.topics import schema_changes_topic
 from cdc.events import ChangeEvent, Op, RowBlock, SchemaChange, SnapshotMarker, TableId
-from cdc.headers import VERSION as VERSION_HEADER, Headers, record_headers, source_header
+from cdc.headers import VERSION as VERSION_HEADER
+from cdc.headers import Headers, record_headers, source_header
+from cdc.topics import schema_changes_topic
 
 TRUNCATE_KEY = b"{}"
 

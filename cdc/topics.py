@@ -16,7 +16,7 @@ imports nothing of the framework, so plugins get it through ``cdc.api``.
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterable
+from collections.abc import Iterable
 
 OFFSETS_SUFFIX = ".offsets"
 SCHEMA_CHANGES_SUFFIX = ".schema-changes"

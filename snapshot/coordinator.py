@@ -61,8 +61,9 @@ import fnmatch
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from cdc.api import Source, TableBook
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
@@ -71,7 +72,6 @@ from cdc.positions import IncrementalProgress, Position, SnapshotProgress
 from snapshot.incremental import SIGNALS, IncrementalSettings, IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
-
 
 WINDOW_POLL_SECONDS = 0.0  # the stream's poll timeout while an incremental snapshot's chunk is in flight
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 Ctx = TypeVar("Ctx")

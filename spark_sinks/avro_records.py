@@ -22,8 +22,8 @@ integers, the Connect codecs 64-bit hashes of a schema's text.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F

@@ -26,7 +26,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, SelfRebuildingSink
 from spark_sinks.config import DeltaSinkConfig

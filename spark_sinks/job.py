@@ -26,9 +26,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import orjson
 from pyspark import StorageLevel
@@ -36,14 +36,34 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import (ConnectorStats, LogClient, PermanentError, RetriableError, SchemaChangeError, SinkContext,
-                     dead_letter_topic, standalone_sink_context)
+from cdc.api import (
+    ConnectorStats,
+    LogClient,
+    PermanentError,
+    RetriableError,
+    SchemaChangeError,
+    SinkContext,
+    dead_letter_topic,
+    standalone_sink_context,
+)
 from spark_sinks import evolve, merge, rebuild, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.connect_json import ConnectCodecs
-from spark_sinks.parse import (KEY, OP, TS, VERSION, RowDecoder, connect_keys, envelopes, latest_per_key,
-                               learn_schemas, row_changes, summarize, topic_pattern)
+from spark_sinks.parse import (
+    KEY,
+    OP,
+    TS,
+    VERSION,
+    RowDecoder,
+    connect_keys,
+    envelopes,
+    latest_per_key,
+    learn_schemas,
+    row_changes,
+    summarize,
+    topic_pattern,
+)
 from spark_sinks.schemas import SchemaRegistry, TableShape
 from spark_sinks.session import conf_within
 from spark_sinks.tables import TableTarget

@@ -27,7 +27,7 @@ or a frame without a ``headers`` column) its version is NULL, as before.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F

@@ -9,8 +9,8 @@ which one it was. Only the foreachBatch thread uses a clock (see ``job.py``'s th
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class PhaseClock:

@@ -47,7 +47,7 @@ class Element:
     def classes(self) -> set[str]:
         return set(self.attrs.get("class", "").split())
 
-    def find_all(self, cls: str | None = None, tag: str | None = None) -> list["Element"]:
+    def find_all(self, cls: str | None = None, tag: str | None = None) -> list[Element]:
         found = []
         for child in self.children:
             if (cls is None or cls in child.classes) and (tag is None or child.tag == tag):
@@ -55,7 +55,7 @@ class Element:
             found.extend(child.find_all(cls, tag))
         return found
 
-    def find(self, cls: str) -> "Element":
+    def find(self, cls: str) -> Element:
         [one] = self.find_all(cls)
         return one
 

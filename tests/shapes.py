@@ -4,7 +4,7 @@ it in ``source.schema_version``."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import Log, TopicSettings

@@ -31,19 +31,58 @@ from __future__ import annotations
 import cdc.servers.mysql  # noqa: F401 - servers.mysql and servers.postgres, for plugins
 import cdc.servers.postgres  # noqa: F401
 from cdc import servers
-from cdc.api.capabilities import (BulkLoadableSink, DescribedSink, IncrementalSnapshotSource, MaintainedSink,
-                                  PipelinedSink, ReadableSink, RebuildableSink, SelfRebuildingSink, SlotDrop,
-                                  SlotListing, SlotOwningSource, StoredRow, WriteCompletion, key_order, page)
-from cdc.api.config import (ConfigPath, PluginConfig, RetryFailed, SinkConfig, SnapshotMode, SourceConfig,
-                            resolve_config_path, template_fields)
-from cdc.api.context import (CheckpointFeed, ConnectorLogger, DeadLetterWriter, LogClient, NativeCodecs,
-                             SchemaLookup, SinkContext, StandaloneSinkContext, standalone_sink_context)
+from cdc.api.capabilities import (
+                                  BulkLoadableSink,
+                                  DescribedSink,
+                                  IncrementalSnapshotSource,
+                                  MaintainedSink,
+                                  PipelinedSink,
+                                  ReadableSink,
+                                  RebuildableSink,
+                                  SelfRebuildingSink,
+                                  SlotDrop,
+                                  SlotListing,
+                                  SlotOwningSource,
+                                  StoredRow,
+                                  WriteCompletion,
+                                  key_order,
+                                  page,
+)
+from cdc.api.config import (
+                                  ConfigPath,
+                                  PluginConfig,
+                                  RetryFailed,
+                                  SinkConfig,
+                                  SnapshotMode,
+                                  SourceConfig,
+                                  resolve_config_path,
+                                  template_fields,
+)
+from cdc.api.context import (
+                                  CheckpointFeed,
+                                  ConnectorLogger,
+                                  DeadLetterWriter,
+                                  LogClient,
+                                  NativeCodecs,
+                                  SchemaLookup,
+                                  SinkContext,
+                                  StandaloneSinkContext,
+                                  standalone_sink_context,
+)
 from cdc.api.renames import earlier_names, renames_to_follow
 from cdc.api.sink import SelfDrivenSink, Sink
 from cdc.api.source import Source, SourceContext, StandaloneSourceContext, TableBook
 from cdc.api.stats import ConnectorStats
-from cdc.errors import (CdcError, ConfigError, PermanentError, RebuildRequired, RetriableError, SchemaChangeError,
-                        ShapeMissingError, ShapeNotYetPublished)
+from cdc.errors import (
+                                  CdcError,
+                                  ConfigError,
+                                  PermanentError,
+                                  RebuildRequired,
+                                  RetriableError,
+                                  SchemaChangeError,
+                                  ShapeMissingError,
+                                  ShapeNotYetPublished,
+)
 from cdc.events import Batch, Op
 from cdc.headers import VERSION as VERSION_HEADER
 from cdc.positions import Position

@@ -14,9 +14,10 @@ Sources: ``IncrementalSnapshotSource`` (tables read again while streaming, on re
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from cdc.api.config import SourceConfig
 from cdc.errors import CdcError

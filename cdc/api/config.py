@@ -9,9 +9,10 @@ names (``Source.config_model``, ``Sink.config_model``), a subclass of ``SourceCo
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Iterable, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 

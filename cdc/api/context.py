@@ -15,8 +15,9 @@ tool builds the runtime's context (``cdc.runtime.contexts.sink_context``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from cdc.api.stats import ConnectorStats
 from cdc.errors import PermanentError

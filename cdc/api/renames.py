@@ -13,7 +13,8 @@ not take. Used by the sql and Delta sinks, through ``cdc.api``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 
 def earlier_names(shapes: Sequence[dict[str, Any]]) -> dict[str, tuple[str, ...]]:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from cdc.api.config import SinkConfig
 from cdc.api.context import SinkContext, standalone_sink_context

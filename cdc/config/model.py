@@ -14,8 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializeAsAny,
+    field_validator,
+    model_validator,
+)
 
 from cdc.api import ConfigPath, SinkConfig, SourceConfig
 from cdc.config.address import DEFAULT_HTTP, parse_http_address
@@ -114,7 +121,7 @@ class LogConfig(_Section):
         default=None, description="the schema registry of the avro format (sources register, sinks read)")
 
     @model_validator(mode="after")
-    def _avro_needs_a_registry(self) -> "LogConfig":
+    def _avro_needs_a_registry(self) -> LogConfig:
         if self.format == "avro" and self.schema_registry is None:
             raise ValueError("format avro needs schema_registry: {url: ...} (a registry with Confluent's API)")
         return self

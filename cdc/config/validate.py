@@ -15,14 +15,15 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, Callable, get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
 from cdc import plugins
-from cdc.config.loader import Document, Path as DataPath, read_yaml
+from cdc.config.loader import Document, read_yaml
+from cdc.config.loader import Path as DataPath
 from cdc.config.model import AppConfig
 from cdc.errors import ConfigError, ConfigProblem, PluginNotFoundError
 

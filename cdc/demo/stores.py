@@ -16,8 +16,9 @@ store equals its source.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable
+from typing import Any
 
 # table (as the demo names it) -> (where it lives in its source, key column, compared columns)
 COLUMNS: dict[str, tuple[str, ...]] = {

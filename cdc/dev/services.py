@@ -43,7 +43,7 @@ def _same_path(a: str | Path, b: str | Path) -> bool:
     return os.path.realpath(str(a).rstrip("/")) == os.path.realpath(str(b).rstrip("/"))
 
 
-def _foreign(service: "Service", what: str) -> bool:
+def _foreign(service: Service, what: str) -> bool:
     """Log (once per process and port) that another server answers our port; always False."""
     key = (service.name, service.port)
     if key not in _warned:
@@ -97,7 +97,7 @@ def _system_user(name: str) -> tuple[int, int] | None:
 def _chown_tree(path: Path, owner: tuple[int, int] | None) -> None:
     if owner is None:
         return
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, _dirnames, filenames in os.walk(path):
         os.chown(dirpath, *owner)
         for name in filenames:
             os.chown(os.path.join(dirpath, name), *owner)
@@ -424,8 +424,8 @@ class Kafka(Service):
     def probe(self) -> bool:
         if not port_open(self.port):
             return False
-        from confluent_kafka.admin import AdminClient
         from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": f"{LOOPBACK}:{self.port}", "log_level": 0})
         try:

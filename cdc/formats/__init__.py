@@ -13,7 +13,7 @@ in any format, even a topic whose format changed midway.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.serde import EnvelopeEncoder

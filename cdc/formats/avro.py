@@ -23,21 +23,20 @@ import base64
 import logging
 import struct
 import threading
-import time
+from collections.abc import Callable, Iterable
 from io import BytesIO
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import orjson
 
-from cdc.errors import FormatError, SchemaRegistryError
-from cdc.events import ChangeEvent, Column, Op
 import cdc.formats.avro_schema as avro_schema
 import cdc.formats.connect_decode as connect_decode
+from cdc.errors import FormatError, SchemaRegistryError
+from cdc.events import ChangeEvent, Column
 from cdc.formats.avro_write import compile_writer
 from cdc.formats.connect_decode import apply_converters
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.formats.debezium_json import DebeziumJsonEncoder, TableFormat
-from cdc.serde import EmitError, put_record
 
 log = logging.getLogger(__name__)
 

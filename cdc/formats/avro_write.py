@@ -12,7 +12,8 @@ times and timestamps; a missing field is written as its default, or is an error 
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Writer = Callable[[bytearray, Any], None]
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections.abc import Callable
 from decimal import Context, Decimal
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 

@@ -17,9 +17,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdc.formats.connect_values import (Convert, binary_converter, bits_converter, days, decimal_converter,
-                                        duration_micros, epoch_micros, json_text, micros_of_day, ms,
-                                        variable_scale_decimal, zoned_time, zoned_timestamp)
+from cdc.formats.connect_values import (
+    Convert,
+    binary_converter,
+    bits_converter,
+    days,
+    decimal_converter,
+    duration_micros,
+    epoch_micros,
+    json_text,
+    micros_of_day,
+    ms,
+    variable_scale_decimal,
+    zoned_time,
+    zoned_timestamp,
+)
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"

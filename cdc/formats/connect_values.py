@@ -12,8 +12,9 @@ import base64
 import datetime as dt
 import json
 import re
+from collections.abc import Callable
 from decimal import Context, Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 Convert = Callable[[Any], Any]
 

@@ -28,7 +28,8 @@ from typing import Any
 from cdc.errors import DeliveryError
 from cdc.headers import Headers
 from cdc.log.kafka_errors import TRANSIENT
-from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
+from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
+from cdc.log.kafka_logs import on_error
 
 try:  # built by setup.py where librdkafka's headers are (apt's librdkafka-dev)
     from cdc import _rdproduce

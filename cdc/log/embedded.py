@@ -39,15 +39,15 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from cdc.errors import DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
 from cdc.headers import Headers
-from cdc.log.packed_headers import pack, unpack
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
+from cdc.log.packed_headers import pack, unpack
 from cdc.log.partitioner import partition_for
 from cdc.positions import Position
 from cdc.serde import Record
@@ -60,7 +60,7 @@ _BUSY_MS = 30_000               # how long a connection waits for another's writ
 _WAIT_S = 0.025                 # how often a blocked poll looks for new commits
 _CHUNK = 20_000                 # offsets per compaction transaction (keeps the write lock short)
 
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
     name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, cleanup_policy TEXT NOT NULL,
     min_compaction_lag_ms INTEGER NOT NULL, delete_retention_ms INTEGER NOT NULL, retention_ms INTEGER);
@@ -294,10 +294,10 @@ class EmbeddedLog(Log):
                                         (topic,))
             return {(topic, p): end for p, end in rows}
 
-    def writer(self) -> "EmbeddedWriter":
+    def writer(self) -> EmbeddedWriter:
         return EmbeddedWriter(self)
 
-    def reader(self, group: str | None = None) -> "EmbeddedReader":
+    def reader(self, group: str | None = None) -> EmbeddedReader:
         return EmbeddedReader(self, group)
 
     # -- compaction ---------------------------------------------------------------------------

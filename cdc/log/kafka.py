@@ -36,23 +36,35 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition as KafkaTp
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTp
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
+from cdc.events import ChangeEvent, RowBlock
+from cdc.headers import Headers
+from cdc.log.base import (
+    GroupListener,
+    GroupLog,
+    GroupReader,
+    Log,
+    LogReader,
+    LogRecord,
+    LogWriter,
+    TopicPartition,
+    TopicSettings,
+)
 from cdc.log.block_producer import BlockProducer, open_block_producer
-from cdc.log.base import (GroupListener, GroupLog, GroupReader, Log, LogReader, LogRecord, LogWriter,
-                          TopicPartition, TopicSettings)
 from cdc.log.delivery import DeliveryTracker
 from cdc.log.kafka_bulk import KafkaBulkReader, open_bulk_reader
 from cdc.log.kafka_errors import TRANSIENT, delivery_error, kafka_error, wrap
-from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
+from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
+from cdc.log.kafka_logs import on_error
 from cdc.positions import Position
-from cdc.events import ChangeEvent, RowBlock
-from cdc.headers import Headers
 from cdc.serde import EmitError, EnvelopeEncoder, Record
 
 log = logging.getLogger(__name__)

@@ -42,10 +42,12 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc.errors import CdcError
-from cdc.log.packed_headers import pack as pack_headers, unpack as unpack_headers
 from cdc.log.base import LogRecord, TopicPartition
 from cdc.log.kafka_errors import TRANSIENT, wrap
-from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER, on_error
+from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
+from cdc.log.kafka_logs import on_error
+from cdc.log.packed_headers import pack as pack_headers
+from cdc.log.packed_headers import unpack as unpack_headers
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ class PackedBatch(NamedTuple):
         return out
 
     @classmethod
-    def of(cls, records: list[LogRecord]) -> "PackedBatch":
+    def of(cls, records: list[LogRecord]) -> PackedBatch:
         """``records`` packed as cdc/_rdconsume.c packs what it reads (for tests and benchmarks)."""
         topics = sorted({r.topic for r in records})
         parts = []
@@ -111,7 +113,7 @@ def _setting(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def open_bulk_reader(consumer_config: dict[str, Any], group: str) -> "KafkaBulkReader | None":
+def open_bulk_reader(consumer_config: dict[str, Any], group: str) -> KafkaBulkReader | None:
     """A bulk reader with these consumer settings, or None (not built, or the linked librdkafka
     refuses a setting: said in the log)."""
     if _rdconsume is None:

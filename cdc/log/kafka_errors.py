@@ -9,7 +9,6 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc.errors import CdcError, DeliveryError, LogUnavailableError, PermanentError
 from cdc.log.kafka_logs import UNREACHABLE
 
-
 # Errors that may clear up by themselves: the broker is away, slow, or electing a leader, or the
 # record was purged locally. librdkafka already retried these until ``message.timeout.ms``; what
 # reaches a delivery report otherwise (too large, invalid, unauthorized, unknown topic, a fatal

@@ -159,9 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     answers; 77 a source's server refused the login (the line names the setting to correct).
     Everything that could be read is shown either way."""
     from cdc.config import load_config
-
     from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
-
     from cdc.runtime.slots_cli import slot_rows
     from cdc.runtime.status_lines import slot_line, status_line, store_lines
 
@@ -386,7 +384,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if args.no_follow or stop.is_set():
         return 0
-    print(f"caught up; following the topics (Ctrl-C to stop)", file=sys.stderr)
+    print("caught up; following the topics (Ctrl-C to stop)", file=sys.stderr)
     runner = _sink_runner(config, args.sink)
     runner.run(stop)
     return 0

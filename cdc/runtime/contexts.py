@@ -10,8 +10,9 @@ with the real services (a Kafka log, the schema topic, the registry, the Spark j
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from cdc.api import ConnectorLogger, ConnectorStats, NativeCodecs, TableBook, dead_letter_topic, table_topics
 from cdc.log.base import Log

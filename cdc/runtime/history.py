@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,10 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from cdc.api.stats import PHASES
 from cdc.config.address import parse_http_address
 from cdc.errors import ConfigError
 from cdc.runtime.console import Console
-from cdc.api.stats import PHASES
-
 
 
 def _label(value: str) -> str:

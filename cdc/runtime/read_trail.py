@@ -39,7 +39,8 @@ keeps them apart (a fetch from the log is made outside it).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cdc.events import Op
 from cdc.log.base import LogRecord, TopicPartition

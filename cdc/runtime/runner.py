@@ -27,21 +27,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from cdc.api import ConnectorStats, Source
+from cdc.events import SnapshotMarker
+from cdc.formats import make_encoder
+from cdc.formats.shapes import known_shapes
 from cdc.log.base import Log, TopicSettings
 from cdc.offsets import OffsetStore
 from cdc.positions import Position
-from cdc.events import SnapshotMarker
-from cdc.runtime.snapshot_progress import SnapshotProgressMeter
-from cdc.schema_order import segments
-from cdc.runtime.gc_tuning import tune_gc
 from cdc.runtime.contexts import OffsetTableBook, RuntimeSourceContext
+from cdc.runtime.gc_tuning import tune_gc
+from cdc.runtime.snapshot_progress import SnapshotProgressMeter
 from cdc.runtime.stale_rows import StaleRows
-from cdc.formats import make_encoder
-from cdc.formats.shapes import known_shapes
+from cdc.schema_order import segments
 from cdc.serde import encode_schema_change, schema_changes_topic
 
 log = logging.getLogger(__name__)

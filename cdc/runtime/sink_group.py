@@ -37,11 +37,11 @@ expression subscription could not say as plainly).
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
+from cdc.api.stats import ConnectorStats
 from cdc.errors import ConfigError
 from cdc.log.base import GroupLog, GroupReader, LogRecord, TopicPartition
-from cdc.api.stats import ConnectorStats
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from cdc.api.stats import ConnectorStats
 from cdc.log.base import Log, LogRecord, TopicPartition
 from cdc.runtime.read_trail import ReadTrail
 from cdc.runtime.sink_group import GroupMembership, HandOver
-from cdc.api.stats import ConnectorStats
 from cdc.sink_events import SinkEvent, decode_batch, decode_packed
 from cdc.topics import table_topics
 

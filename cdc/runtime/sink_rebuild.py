@@ -25,16 +25,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from cdc import bulk_window
 from cdc.api import BulkLoadableSink, RebuildableSink, Sink
+from cdc.api.stats import ConnectorStats
 from cdc.errors import PermanentError, RebuildRequired
 from cdc.log.base import TopicPartition
 from cdc.runtime.sink_reading import SinkReading
 from cdc.runtime.sink_thread import SinkThread
 from cdc.runtime.sink_writing import SinkWriter
-from cdc.api.stats import ConnectorStats
 from cdc.runtime.window_fill import WindowFill
 from cdc.runtime.write_pipeline import InFlight, PendingWrite
 

@@ -29,7 +29,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from cdc.api import MaintainedSink, PipelinedSink, Sink
 from cdc.api.stats import ConnectorStats

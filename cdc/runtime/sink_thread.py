@@ -18,8 +18,9 @@ its events and its encoded requests until its completion returned: memory stays 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 
 class SinkThread:

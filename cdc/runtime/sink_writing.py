@@ -25,12 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from cdc.api import Sink
+from cdc.api.stats import ConnectorStats
 from cdc.errors import CdcError, PermanentError, SchemaChangeError
 from cdc.log.base import LogRecord
-from cdc.api.stats import ConnectorStats
 from cdc.schema_order import split_by_schema
 from cdc.sink_events import SinkEvent
 

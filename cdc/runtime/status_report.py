@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 HEALTH = ("healthy", "attempts", "last_error", "last_error_at", "seconds_since_progress")
 

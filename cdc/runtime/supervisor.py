@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from cdc.api import RetryFailed
-from cdc.errors import CdcError
 from cdc.api.stats import DONE_PHASES, ConnectorStats
+from cdc.errors import CdcError
 from cdc.runtime.stop_signals import StopSignals
 from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, same_error, worker_main
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from cdc import bulk_window
 from cdc.api import Sink
+from cdc.api.stats import ConnectorStats
 from cdc.bulk_window import NewestWindow
 from cdc.errors import SchemaChangeError
 from cdc.log.base import TopicPartition
 from cdc.runtime.sink_reading import SinkReading
 from cdc.runtime.sink_thread import SinkThread
 from cdc.runtime.sink_writing import SinkWriter
-from cdc.api.stats import ConnectorStats
 from cdc.runtime.window_loads import WindowLoads
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from cdc.bulk_window import LoadedKeys, NewestWindow
 

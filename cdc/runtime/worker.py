@@ -108,8 +108,8 @@ def run_connector(config_path: str, name: str, stop: threading.Event, report=Non
     ``previous_error``: what the connector's previous process failed with; the same error again
     is logged at DEBUG only (the supervisor's restart line says it recurred), as librdkafka's
     repeated lines are held back."""
-    from cdc.config import load_config
     from cdc.api.stats import ConnectorStats
+    from cdc.config import load_config
 
     stats = ConnectorStats(name, "source")  # the supervisor knows the real kind
     try:

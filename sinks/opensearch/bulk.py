@@ -117,7 +117,7 @@ class BulkWriter:
         sending.add(items, lines if lines is not None else [item.encode() for item in items])
         return sending.finish()
 
-    def sending(self, expected: int) -> "Sending":
+    def sending(self, expected: int) -> Sending:
         """A write whose items come in parts (``Sending.add``), each part's requests sent at once:
         the node indexes the first documents of a write while the sink encodes the next.
         ``expected``: about how many documents the write has (to even out the requests)."""
@@ -127,7 +127,7 @@ class BulkWriter:
         """Send the items refused for now again, after a backoff, a few times; then raise."""
         backoff = FIRST_BACKOFF_S
         pending = total
-        for attempt in range(1, RETRIES + 1):
+        for _attempt in range(1, RETRIES + 1):
             log.warning("%s: %d of %d documents refused for now (%s); sending them again in %.1fs", self.what,
                         len(retry), pending, retry[0][1], backoff)
             time.sleep(backoff)

@@ -34,7 +34,7 @@ class IndexOptions(BaseModel):
                                      description="index settings (analysis, shards, ...) over the sink's `settings`")
 
     @model_validator(mode="after")
-    def _no_overlap(self) -> "IndexOptions":
+    def _no_overlap(self) -> IndexOptions:
         if self.include is not None and set(self.include) & set(self.exclude):
             raise ValueError(f"columns both included and excluded: {sorted(set(self.include) & set(self.exclude))}")
         return self
@@ -89,7 +89,7 @@ class OpenSearchSinkConfig(SinkConfig):
                                            "events and requests in memory (1: one write at a time)")
 
     @model_validator(mode="after")
-    def _auth(self) -> "OpenSearchSinkConfig":
+    def _auth(self) -> OpenSearchSinkConfig:
         if self.api_key is not None:
             raise ValueError(API_KEY_REFUSED)
         if (self.username is None) != (self.password is None):

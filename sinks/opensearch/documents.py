@@ -31,7 +31,7 @@ class TableLayout:
     options: IndexOptions
 
     @classmethod
-    def for_table(cls, tables: dict[str, IndexOptions], qualified: str) -> "TableLayout":
+    def for_table(cls, tables: dict[str, IndexOptions], qualified: str) -> TableLayout:
         for pattern, options in tables.items():
             if fnmatch.fnmatchcase(qualified, pattern):
                 return cls(options)

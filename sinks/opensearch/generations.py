@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cdc.api import PermanentError
 from sinks.opensearch.naming import generation_index, split_generation

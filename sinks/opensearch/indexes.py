@@ -15,14 +15,15 @@ take new analyzers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from cdc.api import RebuildRequired, SchemaChangeError
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.documents import TableLayout
 from sinks.opensearch.generations import Generations
-from sinks.opensearch.mapping import VERSION_FIELD, DELETED_FIELD, Shape, compare, fingerprint, shape_of
+from sinks.opensearch.mapping import DELETED_FIELD, VERSION_FIELD, Shape, compare, fingerprint, shape_of
 from sinks.opensearch.naming import alias_name, generation_index
 
 log = logging.getLogger(__name__)

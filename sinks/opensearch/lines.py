@@ -15,7 +15,8 @@ spliced in (or its members picked and renamed by the table layout).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import orjson
 

@@ -31,13 +31,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import orjson
 
-from cdc.api import (CdcError, DescribedSink, MaintainedSink, PermanentError, PipelinedSink, ReadableSink,
-                     RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page)
+from cdc.api import (
+    CdcError,
+    DescribedSink,
+    MaintainedSink,
+    PermanentError,
+    PipelinedSink,
+    ReadableSink,
+    RebuildableSink,
+    RetriableError,
+    Sink,
+    SinkEvent,
+    StoredRow,
+    page,
+)
 from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -45,7 +57,8 @@ from sinks.opensearch.documents import Tombstone, reduce
 from sinks.opensearch.errors import shown, translate
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
-from sinks.opensearch.lines import RAW as RAW_ROWS, encode as encode_items
+from sinks.opensearch.lines import RAW as RAW_ROWS
+from sinks.opensearch.lines import encode as encode_items
 from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
 
 log = logging.getLogger(__name__)
@@ -120,7 +133,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
             sending, count = self._send(reduce(events), self._writing())
         self._finish(sending, count)
 
-    def submit(self, events: list[SinkEvent]) -> "SubmittedWrite | None":
+    def submit(self, events: list[SinkEvent]) -> SubmittedWrite | None:
         """``write`` up to the requests handed to the bulk pool (cdc.api.PipelinedSink); None,
         having sent nothing, unless the batch is a plain write: every topic's index prepared
         already in the shape the rows name, no truncate, and no tombstone to resolve against the

@@ -23,7 +23,15 @@ See README.md for the key layout, value formats and the read-your-writes recipe.
 """
 
 from sinks.redis.config import RedisSinkConfig
-from sinks.redis.wait import WaitTimeout, applied_version, current_namespace, mysql_version, pg_version, row_key, wait_for
+from sinks.redis.wait import (
+           WaitTimeout,
+           applied_version,
+           current_namespace,
+           mysql_version,
+           pg_version,
+           row_key,
+           wait_for,
+)
 
 __all__ = ["RedisSinkConfig", "WaitTimeout", "applied_version", "current_namespace", "mysql_version",
            "pg_version", "row_key", "wait_for"]

@@ -65,7 +65,7 @@ class RedisSinkConfig(SinkConfig):
         return template
 
     @model_validator(mode="after")
-    def _columns(self) -> "RedisSinkConfig":
+    def _columns(self) -> RedisSinkConfig:
         if self.include is not None and set(self.include) & set(self.exclude):
             raise ValueError(f"columns both included and excluded: {sorted(set(self.include) & set(self.exclude))}")
         if self.cluster and self.database not in (None, 0):

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Iterable, Iterator
 
-from cdc.api import PermanentError, RetriableError
 import sinks.redis.guard as guard
+from cdc.api import PermanentError, RetriableError
 from sinks.redis.client import is_noscript, is_retriable
 from sinks.redis.resp import ClusterSender, SingleSender, bulk, pack_args, pack_call, pack_row, pack_rows
 

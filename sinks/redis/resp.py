@@ -16,7 +16,7 @@ Threading: one caller at a time per sender.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError, TimeoutError
 

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -72,7 +73,7 @@ class Followed:
     key: tuple[str, ...]
 
     @staticmethod
-    def of(record: dict[str, Any]) -> "Followed":
+    def of(record: dict[str, Any]) -> Followed:
         columns = record.get("columns") or []
         return Followed(int(record["version"]), {c["name"]: c["type"] for c in columns},
                         tuple(c["name"] for c in columns if c.get("key")))
@@ -81,7 +82,7 @@ class Followed:
         return orjson.dumps({"version": self.version, "columns": self.columns, "key": self.key})
 
     @staticmethod
-    def from_json(data: bytes) -> "Followed":
+    def from_json(data: bytes) -> Followed:
         value = orjson.loads(data)
         return Followed(int(value["version"]), dict(value["columns"]), tuple(value["key"]))
 

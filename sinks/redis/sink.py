@@ -33,7 +33,8 @@ from sinks.redis.client import command_known, connect, redacted_url, translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.generations import Generations
 from sinks.redis.keys import KeySpace, companion, decode_key, namespace, stats_key
-from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
+from sinks.redis.pipeline import Command, ScriptPipeline
+from sinks.redis.pipeline import row as row_change
 from sinks.redis.plan import plan_batch
 from sinks.redis.publisher import AppliedPublisher
 from sinks.redis.shapes import ShapeFollower

@@ -13,7 +13,8 @@ format, so a reader sees the same names in a hash and in a JSON document:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -24,6 +24,7 @@ from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, 
 from sinks.sql.target import Target
 from sinks.sql.values import converter
 
+
 class GenericApplier:
     def __init__(self, target: Target, bookkeeping: Bookkeeping, soft_delete: bool) -> None:
         self.target = target

@@ -36,8 +36,8 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Connection
 
-from cdc.api import NativeCodecs
 import sinks.sql.copy_rows as copy_rows
+from cdc.api import NativeCodecs
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.errors import DRIVER_ERRORS
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, key_values

@@ -19,9 +19,9 @@ which TEXT cannot be indexed in and 4-byte characters would quarter.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
 
 import orjson
 import sqlalchemy as sa

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import io
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 
-from cdc.api import NativeCodecs, Op, SinkEvent, WindowPart
 import sinks.sql.copy_rows as copy_rows
+from cdc.api import NativeCodecs, Op, SinkEvent, WindowPart
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.plan import VERSION, TablePlan
 from sinks.sql.reduce import TopicChanges
@@ -76,7 +76,7 @@ class BulkLoader:
                 return False
             if any(c.family is Family.BINARY and not c.skipped for c in plan.columns):
                 return False
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        now = datetime.now(UTC).replace(tzinfo=None)
         with self.target.engine.begin() as conn:
             plan.watermark = part.truncate
             with conn.connection.dbapi_connection.cursor() as cursor:

@@ -24,7 +24,8 @@ the sink reports like any data error of the table.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
 
 import orjson
 

@@ -22,7 +22,8 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy as sa
 

@@ -21,8 +21,9 @@ without a comparison: nothing changed in the source, only our guess was rougher.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from cdc.api import earlier_names, renames_to_follow
 from sinks.sql.bookkeeping import SourceColumn, TableEntry

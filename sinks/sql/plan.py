@@ -6,8 +6,9 @@ applier of its dialect (``apply_staged`` or ``apply_generic``) inside the write'
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Collection
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -22,7 +23,7 @@ VERSION, DELETED = "__cdc_version", "__cdc_deleted"
 class PlanFailed(Exception):
     """A database error while applying ``plan`` (None: while staging the plans of a write)."""
 
-    def __init__(self, plan: "TablePlan | None", error: BaseException) -> None:
+    def __init__(self, plan: TablePlan | None, error: BaseException) -> None:
         super().__init__(str(error))
         self.plan, self.error = plan, error
 

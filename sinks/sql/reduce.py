@@ -48,7 +48,7 @@ class TopicChanges:
     def __len__(self) -> int:
         return len(self.upserts) + len(self.deletes) + len(self.tombstones)
 
-    def split(self, parts: int) -> list["TopicChanges"]:
+    def split(self, parts: int) -> list[TopicChanges]:
         """The changes in ``parts`` pieces with no key in two of them (a key's upsert, delete and
         tombstone stay together), for applying the pieces at once on several connections. A
         truncate is table-wide: the caller splits only changes without one."""

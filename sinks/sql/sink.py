@@ -36,15 +36,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from cdc.api import (BulkLoadableSink, CdcError, PermanentError, ReadableSink, RebuildableSink, RetriableError,
-                     SchemaChangeError, Sink, SinkEvent, StoredRow, WindowPart, page, servers)
+from cdc.api import (
+    BulkLoadableSink,
+    CdcError,
+    PermanentError,
+    ReadableSink,
+    RebuildableSink,
+    RetriableError,
+    SchemaChangeError,
+    Sink,
+    SinkEvent,
+    StoredRow,
+    WindowPart,
+    page,
+    servers,
+)
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -236,7 +249,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
         for plan in plans:
             stored, truncate = marks.get(plan.tbl), plan.changes.truncate
             plan.watermark = stored if truncate is None else truncate if stored is None else max(stored, truncate)
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        now = datetime.now(UTC).replace(tzinfo=None)
         self.applier.apply_all(conn, plans, now)
 
     def _diagnose(self, plan: TablePlan, error: BaseException) -> PermanentError:
@@ -290,7 +303,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
             return
         hours = self.config.delete_memory_hours
         self._next_prune = now + min(3600.0, hours * 360.0)
-        cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(hours=hours)
+        cutoff = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=hours)
         with self.target.engine.begin() as conn:
             pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
         if pruned > 0:  # -1: the driver (DuckDB) does not say how many; nothing worth a line then

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 import sqlalchemy as sa
 
-from cdc.api import PermanentError, RebuildRequired, SchemaChangeError, earlier_names
 import sinks.sql.copy_rows as copy_rows
+from cdc.api import PermanentError, RebuildRequired, SchemaChangeError, earlier_names
 from sinks.sql.bookkeeping import Bookkeeping, SourceColumn, TableEntry, physical_name
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.evolve import KEY, diff, infer_columns, record_columns, renamed_columns, widens, with_key

@@ -21,7 +21,8 @@ assigned last (MySQL evaluates the assignments in order, each seeing the ones be
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event

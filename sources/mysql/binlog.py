@@ -26,8 +26,17 @@ import struct
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import (FormatDescriptionEvent, GtidEvent, HeartbeatLogEvent, MariadbGtidEvent,
-                                      NotImplementedEvent, QueryEvent, RotateEvent, XAPrepareEvent, XidEvent)
+from pymysqlreplication.event import (
+    FormatDescriptionEvent,
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    NotImplementedEvent,
+    QueryEvent,
+    RotateEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc.errors import CdcError, PermanentError, RetriableError

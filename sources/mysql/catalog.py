@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import pymysql
 
+from cdc.api import servers
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import TableId
-from cdc.api import servers
 from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.ddl import ColumnDef, normalize_column_type

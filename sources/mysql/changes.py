@@ -20,8 +20,8 @@ An UPDATE whose primary key changed becomes a delete of the old key and a create
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId, TransactionInfo
 from sources.mysql.decoder import RowDecoder

@@ -68,7 +68,7 @@ class ColumnDef:
     def type_name(self) -> str:
         return "json" if self.type.json else self.type.column_type
 
-    def as_json(self) -> "ColumnDef":
+    def as_json(self) -> ColumnDef:
         return ColumnDef(self.name, ColumnType(self.type.data_type, self.type.column_type, self.type.fsp, True,
                                                self.type.binary, self.type.length), self.nullable, self.primary)
 

@@ -25,15 +25,24 @@ silent short read (the last row must end exactly at the end of the event).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from cdc.errors import DecodeError, PrerequisiteError
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId, TransactionInfo
 from sources.mysql import values
 from sources.mysql.types import _decode_mysql_latin1, b64, parse_json, python_codec, shortest_float32
-from sources.mysql.values import (DIG2BYTES, DayCache, EpochDayCache, PackedTimeCache, SecondsCache, fraction_reader,
-                                  make_decimal, make_time2)
+from sources.mysql.values import (
+    DIG2BYTES,
+    DayCache,
+    EpochDayCache,
+    PackedTimeCache,
+    SecondsCache,
+    fraction_reader,
+    make_decimal,
+    make_time2,
+)
 
 # Binlog column type codes (include/mysql_com.h enum_field_types).
 DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
@@ -74,7 +83,7 @@ class ColumnSpec:
         return {k: v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ColumnSpec":
+    def from_dict(cls, data: dict[str, Any]) -> ColumnSpec:
         return cls(**{**data, "labels": tuple(data.get("labels") or ())})
 
     @property

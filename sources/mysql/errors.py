@@ -4,8 +4,8 @@ knows: a 1236 from the binlog dump before any event means the stored position is
 
 from __future__ import annotations
 
-from cdc.errors import CdcError, PositionLostError, RetriableError
 from cdc.api import servers
+from cdc.errors import CdcError, PositionLostError, RetriableError
 
 ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
 DEFAULT_SETTING = "the source's url (or url_file)"

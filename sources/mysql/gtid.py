@@ -16,7 +16,7 @@ class GtidPosition:
     domains: dict[int, tuple[int, int]] = field(default_factory=dict)   # domain -> (server id, seq no)
 
     @classmethod
-    def parse(cls, text: str | None) -> "GtidPosition":
+    def parse(cls, text: str | None) -> GtidPosition:
         position = cls()
         for part in (text or "").replace(" ", "").split(","):
             if not part:
@@ -31,7 +31,7 @@ class GtidPosition:
     def advance(self, domain: int, server: int, seq: int) -> None:
         self.domains[domain] = (server, seq)
 
-    def covered_by(self, other: "GtidPosition") -> bool:
+    def covered_by(self, other: GtidPosition) -> bool:
         """True when every transaction up to ``self`` is also up to ``other``."""
         return all(domain in other.domains and other.domains[domain][1] >= seq
                    for domain, (_, seq) in self.domains.items())

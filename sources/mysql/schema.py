@@ -12,8 +12,8 @@ the copy is rebuilt from the table map, and the change is published then (``from
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from cdc.events import Column, SchemaChange, TableId
 from sources.mysql import ddl

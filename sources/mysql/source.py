@@ -35,9 +35,20 @@ from cdc.positions import MySqlPosition, Position
 from snapshot.coordinator import CoordinatedSource, OpenedSnapshot, SnapshotCoordinator, close_quietly, signal_snapshot
 from snapshot.incremental import conditions_of
 from sources.mysql.binlog import BinlogConnection
-from sources.mysql.catalog import (captured_tables, check_position, check_privileges, check_settings, connect,
-                                   current_position, gtid_at, is_mariadb, json_columns, load_schemas, matches,
-                                   server_variables)
+from sources.mysql.catalog import (
+    captured_tables,
+    check_position,
+    check_privileges,
+    check_settings,
+    connect,
+    current_position,
+    gtid_at,
+    is_mariadb,
+    json_columns,
+    load_schemas,
+    matches,
+    server_variables,
+)
 from sources.mysql.changes import version_of
 from sources.mysql.config import MySqlConfig
 from sources.mysql.errors import wrap

@@ -17,10 +17,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from pymysqlreplication.event import (GtidEvent, HeartbeatLogEvent, MariadbGtidEvent, NotImplementedEvent,
-                                      QueryEvent, RotateEvent, XAPrepareEvent, XidEvent)
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    NotImplementedEvent,
+    QueryEvent,
+    RotateEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc.errors import DecodeError, PermanentError
@@ -214,7 +222,7 @@ class BinlogStream:
         specs = specs_from_table_map(event, self.dbms, json_columns)
         names = tuple(s.name for s in specs)
         metadata = event.optional_metadata
-        key_index = list(metadata.simple_primary_key_list or []) or list((metadata.primary_keys_with_prefix or {}))
+        key_index = list(metadata.simple_primary_key_list or []) or list(metadata.primary_keys_with_prefix or {})
         key = tuple(names[i] for i in key_index if i < len(names))
         if not key:
             key = resolve_key(db, name, specs, self.key_columns)  # no primary key: the configured one

@@ -11,7 +11,7 @@ days and at most 86400 seconds of the day, so each is formatted once and then lo
 from __future__ import annotations
 
 import datetime as dt
-from typing import Callable
+from collections.abc import Callable
 
 from cdc.errors import PrerequisiteError
 from sources.mysql.types import format_datetime, format_time, format_timestamp

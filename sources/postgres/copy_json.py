@@ -21,13 +21,12 @@ than the server is.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from cdc.errors import DecodeError
 from sources.postgres.types.catalog import TypeInfo
-from sources.postgres.types.server_json import (BOOL, BYTEA, FLOAT, RAW, STRING, TIMESTAMP, TIMESTAMPTZ,
-                                                json_kind)
+from sources.postgres.types.server_json import BOOL, BYTEA, FLOAT, RAW, STRING, TIMESTAMP, TIMESTAMPTZ, json_kind
 
 try:  # built by setup.py where a compiler is found
     from sources.postgres import _copyjson
@@ -148,7 +147,7 @@ class CopyJson:
 
     @classmethod
     def for_table(cls, table: str, columns: list[tuple[str, int]], catalog: Mapping[int, TypeInfo],
-                  keys: list[int], toast: list[int], min_chars: int) -> "CopyJson | None":
+                  keys: list[int], toast: list[int], min_chars: int) -> CopyJson | None:
         """For ``columns`` (name, type oid); None where a column has no kind (the server's
         expressions do not serve the table either) or the C function was not built."""
         kinds = [json_kind(oid, catalog) for _, oid in columns]
@@ -158,7 +157,7 @@ class CopyJson:
 
     @classmethod
     def of(cls, table: str, names: list[str], kinds: list[int], keys: list[int], toast: list[int],
-           min_chars: int) -> "CopyJson":
+           min_chars: int) -> CopyJson:
         heads = tuple(copy_escape(("{" if i == 0 else ",") + '"' + escape_json(name) + '":').encode()
                       for i, name in enumerate(names))
         return cls(table, bytes(kinds), heads, tuple(keys), tuple(toast), min_chars)

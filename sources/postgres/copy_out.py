@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg2
 import psycopg2.errors

@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import psycopg2
 import psycopg2.extensions

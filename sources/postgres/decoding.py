@@ -17,8 +17,9 @@ import logging
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg2
 

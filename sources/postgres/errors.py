@@ -8,8 +8,8 @@ connection may not meet again."""
 
 from __future__ import annotations
 
-from cdc.errors import CdcError, PositionLostError, RetriableError
 from cdc.api import servers
+from cdc.errors import CdcError, PositionLostError, RetriableError
 
 _LOST = "55000"  # object_not_in_prerequisite_state: e.g. "can no longer get changes from slot"
 DEFAULT_SETTING = "the source's dsn (or dsn_file)"

@@ -28,7 +28,8 @@ compares the two on the same payloads.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -8,7 +8,8 @@ theirs: while ``in_snapshot()`` it reads the catalog on a connection of its own.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psycopg2
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Mapping
 
 import orjson
 import psycopg2
@@ -119,7 +119,7 @@ class SnapshotRows:
         self.toast = toast
         self.batch = batch
 
-    def plan(self, chunk: Chunk) -> "ChunkPlan":
+    def plan(self, chunk: Chunk) -> ChunkPlan:
         """The COPY statement of ``chunk`` and how its lines become events."""
         table = chunk.table
         names = [c.name for c in table.columns]

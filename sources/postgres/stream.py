@@ -26,8 +26,8 @@ import os
 import select
 import struct
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg2
 import psycopg2.extras

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import base64
 import sqlite3
+from urllib.parse import urlparse
 
 import psycopg2
 import pymysql
-
-from urllib.parse import urlparse
 
 
 def mysql_connect(url: str, database: str | None, **kwargs):

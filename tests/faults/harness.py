@@ -22,9 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tests.faults.proxy import FaultProxy
 
@@ -199,7 +199,7 @@ class Writer:
         if conn is not None:
             conn.close()
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         self.thread.start()
         return self
 

@@ -79,7 +79,7 @@ class FaultProxy:
         self._bandwidth: float | None = None  # bytes per second
 
     # -- life cycle (test thread) ----------------------------------------------------------------
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         self._thread.start()
         self._call(self._init())
         self._call(self._listen())
@@ -93,7 +93,7 @@ class FaultProxy:
         self._thread.join(10)
         self._loop.close()
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

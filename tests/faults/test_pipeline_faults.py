@@ -42,8 +42,19 @@ from pathlib import Path
 import pytest
 
 from tests.faults import databases
-from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, delete_topics, dev, differences, \
-    proxy_for, topic_rows, wait_for
+from tests.faults.harness import (
+    Campaign,
+    Daemon,
+    Fault,
+    Writer,
+    big_text,
+    delete_topics,
+    dev,
+    differences,
+    proxy_for,
+    topic_rows,
+    wait_for,
+)
 
 # serial: the faults restart and kill the stack's PostgreSQL, MariaDB and Kafka.
 pytestmark = [pytest.mark.faults, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.serial]

@@ -30,8 +30,16 @@ from cdc.config import load_config
 from cdc.log.open import open_log
 from cdc.runtime.worker import EXIT_OK
 from tests.daemon import cdc_process, run_daemon, stop_daemon
-from tests.faults.storms import (SinkLedger, SourceLedger, Workers, burst, keep_records, stop_within, tail_text,
-                                 wait_while_alive)
+from tests.faults.storms import (
+    SinkLedger,
+    SourceLedger,
+    Workers,
+    burst,
+    keep_records,
+    stop_within,
+    tail_text,
+    wait_while_alive,
+)
 
 pytestmark = pytest.mark.faults
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import orjson
 import psycopg2
@@ -72,7 +73,7 @@ class Capture:
         except BaseException as err:  # noqa: BLE001 - reported by stop()
             self.error = err
 
-    def start(self) -> "Capture":
+    def start(self) -> Capture:
         self.thread.start()
         return self
 

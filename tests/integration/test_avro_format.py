@@ -17,8 +17,17 @@ from cdc.events import ChangeEvent, Column, Op, SchemaChange
 from cdc.formats import avro, make_encoder
 from cdc.serde import EnvelopeEncoder, Record
 from cdc.sink_events import decode_record
-from tests.unit.test_debezium_json import (MY, MY_COLUMNS, MY_ROW, PG, PG_COLUMNS, PG_ROW, _event, _record,
-                                           _same_instants)
+from tests.unit.test_debezium_json import (
+    MY,
+    MY_COLUMNS,
+    MY_ROW,
+    PG,
+    PG_COLUMNS,
+    PG_ROW,
+    _event,
+    _record,
+    _same_instants,
+)
 
 pytestmark = pytest.mark.registry
 

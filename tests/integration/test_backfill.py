@@ -15,8 +15,12 @@ import threading
 import pytest
 
 from cdc.offsets import OffsetStore
-from tests.integration.pg_capture import capturing, topic_state, wait_until
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    capturing,
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    topic_state,
+    wait_until,
+)
 
 
 def _writer(run, stop: threading.Event, seed: int) -> threading.Thread:

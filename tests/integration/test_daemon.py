@@ -180,7 +180,7 @@ def test_kill_9_cycles_lose_nothing_and_never_store_ahead(tmp_path, log_kind):
     log_, prefix = _open_log(config)
     offsets_seen = []
     try:
-        for cycle in range(8):
+        for _cycle in range(8):
             before = _stored(log_, prefix)
             process = _start(config)
             try:

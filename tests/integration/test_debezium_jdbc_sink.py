@@ -28,8 +28,8 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
-from tests.conftest import mysql_connect
 from cdc.dev.connect import ConnectStandalone
+from tests.conftest import mysql_connect
 from tests.daemon import cdc_process, stop_daemon
 from tests.integration.pg_capture import execute
 
@@ -75,7 +75,7 @@ def pg_row(rng: random.Random, id_: int) -> dict:
         "t": dt.time(rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59), rng.choice([0, 500000, 123456])),
         "ts": dt.datetime(2024, 1, 2, 3, 4, 5, rng.choice([0, 123456])) + dt.timedelta(minutes=rng.randint(-10**6, 10**6)),
         "ts3": dt.datetime(2001, 2, 3, 4, 5, 6, rng.choice([0, 120000])),
-        "tz": dt.datetime(2024, 5, 6, 7, 8, 9, rng.choice([0, 654321]), tzinfo=dt.timezone.utc),
+        "tz": dt.datetime(2024, 5, 6, 7, 8, 9, rng.choice([0, 654321]), tzinfo=dt.UTC),
         "j": psycopg2.extras.Json({"k": id_, "list": [1, 2.5, None, True], "s": "é"}),
         "js": psycopg2.extras.Json([id_, "two"]), "u": str(uuid.UUID(int=rng.getrandbits(128))),
         "b": None if nullable else bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 20))),
@@ -151,7 +151,7 @@ def _norm(value, column: str = ""):
     if isinstance(value, dt.timedelta):  # a MySQL TIME of the day
         return (dt.datetime.min + value).time()
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
     if isinstance(value, str) and value[:1] in "{[":
         try:
             return json.loads(value)

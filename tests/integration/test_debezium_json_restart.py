@@ -10,7 +10,6 @@ import pytest
 from cdc.log.base import TopicSettings
 from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
-from cdc.plugins import source_plugin
 from cdc.runtime.runner import SourceRunner
 from tests.integration.pg_capture import Capture, pg_config, wait_until
 from tests.integration.test_mysql_source import execute, mysql_config

@@ -19,8 +19,12 @@ import pytest
 
 from cdc.offsets import OffsetStore
 from cdc.positions import IncrementalProgress
-from tests.integration.pg_capture import capturing, topic_state, wait_until
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    capturing,
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    topic_state,
+    wait_until,
+)
 
 ROWS = 4000
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.integration.pg_capture import topic_state, wait_until
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    topic_state,
+    wait_until,
+)
 from tests.integration.test_mysql_source import capturing, execute, mysql_config, records
 
 pytestmark = pytest.mark.mysql

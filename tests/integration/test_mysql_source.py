@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
 import time
 import uuid
+from collections import Counter
 from decimal import Decimal
 
 import orjson
@@ -25,9 +25,16 @@ from cdc.positions import MySqlPosition
 from sources.mysql.config import MySqlConfig
 from sources.mysql.source import MySqlSource
 from tests.conftest import mysql_connect
-from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, execute_then_close, topic_state,
-                                          wait_until, write_accounts)
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    Capture,
+    capturing,
+    crash_mid_snapshot,
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    execute_then_close,
+    topic_state,
+    wait_until,
+    write_accounts,
+)
 
 pytestmark = pytest.mark.mysql
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 
 import pytest
 from opensearchpy import OpenSearch

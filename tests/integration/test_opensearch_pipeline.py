@@ -23,7 +23,9 @@ from opensearchpy.exceptions import TransportError
 
 from cdc.dev import stack
 from tests.background import PgWriter
-from tests.daemon import kill_daemon as _kill, run_daemon as _run, stop_daemon as _stop
+from tests.daemon import kill_daemon as _kill
+from tests.daemon import run_daemon as _run
+from tests.daemon import stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.opensearch]

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from opensearchpy import OpenSearch
 
+from cdc.dev import stack
 from cdc.errors import RebuildRequired, SchemaChangeError
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import TopicSettings
@@ -22,7 +23,6 @@ from cdc.runtime.sink_runner import SinkRunner
 from cdc.serde import EnvelopeEncoder, encode_schema_change
 from sinks.opensearch import OpenSearchSink, OpenSearchSinkConfig
 from sinks.opensearch.generations import STATE_INDEX
-from cdc.dev import stack
 from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
 
 pytestmark = pytest.mark.opensearch

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from opensearchpy import OpenSearch
 
-from cdc.errors import ConfigError
 from cdc.config import parse_config
+from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, Op
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.opensearch import OpenSearchSink
 from sinks.opensearch.generations import STATE_INDEX
-from tests.integration.redis_tls import make_tls_files
 from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.redis_tls import make_tls_files
 from tests.integration.test_opensearch_sink import TABLE, _documents, _publish, _row
 
 pytestmark = pytest.mark.opensearch

@@ -9,7 +9,6 @@ import uuid
 import pytest
 
 from cdc.log.embedded import EmbeddedLog
-from tests.conftest import mysql_connect
 from tests.integration.pg_capture import topic_state, wait_until
 
 

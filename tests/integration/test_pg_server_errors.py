@@ -16,8 +16,14 @@ from pydantic import SecretStr
 from cdc.config.validate import parse_config
 from cdc.errors import ConfigError, PrerequisiteError, RetriableError
 from sources.postgres.source import PostgresSource
-from tests.integration.pg_capture import capturing, execute, pg_config, topic_state, wait_until
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    capturing,
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    execute,
+    pg_config,
+    topic_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -5,16 +5,23 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 
 import orjson
 import psycopg2
 import pytest
 
 from cdc.errors import PrerequisiteError
-from tests.integration.pg_capture import (capturing, execute, pg_config, slot_name, table_rows, topic_state,
-                                          wait_until, write_accounts)
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    capturing,
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    execute,
+    pg_config,
+    slot_name,
+    table_rows,
+    topic_state,
+    wait_until,
+    write_accounts,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -17,8 +17,15 @@ import psycopg2
 import pytest
 
 from cdc.log.embedded import EmbeddedLog
-from tests.integration.pg_capture import (capturing, execute, pg_config, snapshot_row_as_streamed, table_rows, topic_state,
-                                          wait_until)
+from tests.integration.pg_capture import (
+    capturing,
+    execute,
+    pg_config,
+    snapshot_row_as_streamed,
+    table_rows,
+    topic_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -12,8 +12,17 @@ import psycopg2
 import pytest
 
 from sources.postgres.pgoutput import (
-    Begin, Commit, Delete, Insert, Message, PgOutputDecoder, Relation, StreamCommit, StreamStart,
-    StreamStop, Update,
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    PgOutputDecoder,
+    Relation,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Update,
 )
 from tests.golden.capture_pgoutput import read_slot
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.pg_capture import wait_until
 from tests.daemon import run_daemon, stop_daemon
+from tests.integration.pg_capture import wait_until
 from tests.live_ddl import MyDb, PgDb, converge, query
 
 pytestmark = [pytest.mark.kafka]

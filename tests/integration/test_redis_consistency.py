@@ -15,7 +15,15 @@ import redis
 from sinks.redis import pg_version, row_key, wait_for
 from sinks.redis.keys import stats_key
 from tests.integration.pg_capture import execute, wait_until
-from tests.integration.test_redis_pipeline import RegressionWatch, _cache_rows, _clear, _cli, _config, _source_rows, _stop
+from tests.integration.test_redis_pipeline import (
+    RegressionWatch,
+    _cache_rows,
+    _clear,
+    _cli,
+    _config,
+    _source_rows,
+    _stop,
+)
 from tests.integration.test_sql_pipeline import _seed
 from tests.integration.valkey_server import valkey_url  # noqa: F401 - a fixture
 

@@ -11,7 +11,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from sinks.redis.keys import KeySpace, companion
-from sinks.redis.pipeline import Command, ScriptPipeline, row as row_change
+from sinks.redis.pipeline import Command, ScriptPipeline
+from sinks.redis.pipeline import row as row_change
 from tests.integration.valkey_server import valkey_url  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.redis

@@ -24,10 +24,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from sinks.redis import pg_version, wait_for
 from sinks.redis.keys import KeySpace, companion, stats_key
 from tests.background import Background
-from tests.integration.pg_capture import execute, wait_until
+from tests.integration.pg_capture import wait_until
 from tests.integration.test_sql_pipeline import Writer, _seed, _stop
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.redis]

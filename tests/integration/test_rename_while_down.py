@@ -16,8 +16,7 @@ import pytest
 
 from tests.daemon import run_daemon, stop_daemon
 from tests.integration.pg_capture import wait_until
-from tests.integration.test_recreate_while_down import (_config, assert_logs_clean, db,  # noqa: F401 - the fixture
-                                                        stop_once_the_shape_is_stored)
+from tests.integration.test_recreate_while_down import _config, assert_logs_clean, db, stop_once_the_shape_is_stored  # noqa: F401 - the fixture
 from tests.live_ddl import converge, query, target_types
 
 pytestmark = [pytest.mark.kafka]

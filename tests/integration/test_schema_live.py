@@ -36,11 +36,25 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from tests.daemon import run_daemon, stop_daemon as _stop
+from tests.daemon import run_daemon
+from tests.daemon import stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
-from tests.live_ddl import (STEPS, PgDb, Reader, Writer, caught_up, converge, differences, explain_missing, query,
-                            rows_of, shape_version, source_columns, target_types)
-from tests.live_ddl import source_db  # noqa: F401 - the fixture
+from tests.live_ddl import (
+    STEPS,
+    PgDb,
+    Reader,
+    Writer,
+    caught_up,
+    converge,
+    differences,
+    explain_missing,
+    query,
+    rows_of,
+    shape_version,
+    source_columns,
+    source_db,  # noqa: F401 - the fixture
+    target_types,
+)
 
 pytestmark = [pytest.mark.kafka]
 

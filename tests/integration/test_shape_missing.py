@@ -15,8 +15,8 @@ from cdc.log.kafka import KafkaLog
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
-from tests.shapes import ShapedTopics
 from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
+from tests.shapes import ShapedTopics
 
 pytestmark = pytest.mark.kafka
 

@@ -9,7 +9,7 @@ import threading
 import orjson
 import pytest
 
-from cdc.api import PermanentError, RebuildableSink, SelfDrivenSink, Sink, SinkConfig, SinkContext
+from cdc.api import PermanentError, RebuildableSink, SelfDrivenSink, Sink, SinkConfig
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
 from cdc.log.base import TopicSettings
 from cdc.positions import Counter

@@ -97,7 +97,7 @@ def test_a_failed_write_commits_nothing_of_its_batch_nor_of_the_batch_read_ahead
     failed_from = {}
     for partition, offset in sink.failed:
         failed_from[partition] = min(offset, failed_from.get(partition, offset))
-    for (topic, partition), stored in committed.items():
+    for (_topic, partition), stored in committed.items():
         stored = stored or 0
         # Everything below a committed offset was written ...
         assert {(partition, o) for o in range(stored)} <= sink.written, (partition, stored)

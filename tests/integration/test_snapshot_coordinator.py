@@ -6,9 +6,18 @@ import pytest
 
 from cdc.offsets import OffsetStore
 from cdc.positions import PgLsn, SnapshotProgress
-from tests.integration.pg_capture import (Capture, capturing, crash_mid_snapshot, execute, pg_config, slot_name,
-                                          table_rows, topic_state, wait_until)
-from tests.integration.pg_capture import embedded_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    Capture,
+    capturing,
+    crash_mid_snapshot,
+    embedded_log,  # noqa: F401 - the fixture ``log``
+    execute,
+    pg_config,
+    slot_name,
+    table_rows,
+    topic_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -23,7 +23,8 @@ from pyspark.sql import functions as F
 
 from cdc.config.model import LogConfig
 from cdc.events import ChangeEvent, Column, Op, SchemaChange, TableId
-from cdc.formats import avro as avro_format, make_encoder
+from cdc.formats import avro as avro_format
+from cdc.formats import make_encoder
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.log.base import TopicSettings
 from cdc.log.kafka import KafkaLog

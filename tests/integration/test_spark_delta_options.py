@@ -9,8 +9,14 @@ from pyspark.sql import types as T
 from cdc.events import Column, Op
 from spark_sinks.session import LOOPBACK, driver_address
 from spark_sinks.types import spark_type
-from tests.integration.test_spark_delta_sink import ITEMS, catch_up, rows, sink_config, upsert
-from tests.integration.test_spark_delta_sink import topics  # noqa: F401 - the fixture
+from tests.integration.test_spark_delta_sink import (
+    ITEMS,
+    catch_up,
+    rows,
+    sink_config,
+    topics,  # noqa: F401 - the fixture
+    upsert,
+)
 
 DOC_COLUMNS = (Column("id", "integer", True, False), Column("name", "text"), Column("doc", "jsonb"))
 

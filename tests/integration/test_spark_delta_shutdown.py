@@ -17,8 +17,8 @@ import yaml
 
 from cdc.events import Op
 from spark_sinks.config import DeltaSinkConfig
-from tests.integration.test_spark_delta_sink import ITEM_COLUMNS, ITEMS, Topics, catch_up, rows, upsert
 from tests.integration.pg_capture import wait_until
+from tests.integration.test_spark_delta_sink import ITEM_COLUMNS, ITEMS, Topics, catch_up, rows, upsert
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -13,8 +13,8 @@ from cdc.events import Column, Op, TableId
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
-from tests.shapes import ShapedTopics
 from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
+from tests.shapes import ShapedTopics
 
 pytestmark = pytest.mark.kafka
 

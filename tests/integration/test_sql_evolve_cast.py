@@ -15,8 +15,14 @@ from cdc.errors import SchemaChangeError
 from cdc.runtime.sink_runner import SinkRunner
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
-from tests.integration.pg_capture import capturing, execute, pg_config, topic_state, wait_until
-from tests.integration.pg_capture import kafka_log  # noqa: F401 - the fixture ``log``
+from tests.integration.pg_capture import (
+    capturing,
+    execute,
+    kafka_log,  # noqa: F401 - the fixture ``log``
+    pg_config,
+    topic_state,
+    wait_until,
+)
 from tests.live_ddl import differences, rows_of, target_types
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]

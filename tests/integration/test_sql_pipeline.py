@@ -20,7 +20,9 @@ import psycopg2
 import pytest
 
 from tests.background import PgWriter
-from tests.daemon import cdc_process as _cli, run_daemon as _run, stop_daemon as _stop
+from tests.daemon import cdc_process as _cli
+from tests.daemon import run_daemon as _run
+from tests.daemon import stop_daemon as _stop
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]

@@ -8,8 +8,8 @@ import pytest
 from cdc.errors import ConfigError, RetriableError
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.sink import SqlSink
-from tests.integration.test_pg_server_errors import _with, password_role, role  # noqa: F401 - fixtures
 from tests.integration.test_mysql_server_errors import user  # noqa: F401 - a fixture
+from tests.integration.test_pg_server_errors import _with, password_role, role  # noqa: F401 - fixtures
 
 
 def _start(url: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
@@ -97,7 +97,7 @@ def test_types_land_in_typed_columns(make_sink, columns):
     if is_postgres(sink):
         assert types["total"] == "NUMERIC" and types["placed"] == "TIMESTAMP WITH TIME ZONE"
         assert types["meta"] == types["tags"] == "JSONB" and types["payload"] == "BYTEA"
-        assert row["placed"] == datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
+        assert row["placed"] == datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
         assert row["local_at"] == datetime(2024, 1, 2, 3, 4, 5, 250000)
         assert row["meta"] == {"a": [1, 2], "b": None} and row["tags"] == ["x", "y"]
     else:

@@ -21,16 +21,17 @@ from urllib.parse import urlparse
 import orjson
 import pytest
 
+from cdc.dev.connect import ConnectStandalone, first_value
 from cdc.events import ChangeEvent, Op, SnapshotMarker
 from cdc.formats import make_encoder
+from cdc.formats.connect_types import DebeziumOptions
 from cdc.formats.debezium_json import DebeziumJsonEncoder
 from cdc.formats.shapes import known_shapes
 from cdc.log.base import TopicSettings
 from cdc.log.embedded import EmbeddedLog
-from cdc.formats.connect_types import DebeziumOptions
-from cdc.dev.connect import ConnectStandalone, first_value
 from tests.integration.pg_capture import capturing, execute, pg_config, wait_until
-from tests.integration.test_mysql_source import execute as my_execute, mysql_config
+from tests.integration.test_mysql_source import execute as my_execute
+from tests.integration.test_mysql_source import mysql_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-formats.md"
 

@@ -13,9 +13,9 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis

@@ -8,8 +8,18 @@ import sys
 
 import pytest
 
-from cdc.api import (IncrementalSnapshotSource, PermanentError, ReadableSink, SlotOwningSource, Source,
-                     SourceConfig, StoredRow, key_order, page, standalone_sink_context)
+from cdc.api import (
+    IncrementalSnapshotSource,
+    PermanentError,
+    ReadableSink,
+    SlotOwningSource,
+    Source,
+    SourceConfig,
+    StoredRow,
+    key_order,
+    page,
+    standalone_sink_context,
+)
 
 
 def test_importing_the_api_loads_nothing_of_the_runtime():
@@ -49,11 +59,11 @@ def test_a_source_built_alone_has_a_context_whose_table_book_records_nothing():
 
 
 def test_capabilities_are_declared_types():
+    from sinks.redis.sink import RedisSink
+    from sinks.sql.sink import SqlSink
     from sources.generator import GeneratorSource
     from sources.mysql.source import MySqlSource
     from sources.postgres.source import PostgresSource
-    from sinks.redis.sink import RedisSink
-    from sinks.sql.sink import SqlSink
 
     assert issubclass(PostgresSource, IncrementalSnapshotSource) and issubclass(PostgresSource, SlotOwningSource)
     assert issubclass(MySqlSource, IncrementalSnapshotSource) and not issubclass(MySqlSource, SlotOwningSource)

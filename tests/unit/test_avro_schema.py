@@ -4,7 +4,6 @@ AvroConverter registers), and back; and the delta sink taking it."""
 from __future__ import annotations
 
 import fastavro
-import pytest
 
 from cdc.formats.avro_schema import avro_name, to_avro, to_connect
 

@@ -100,7 +100,7 @@ def test_a_killed_writer_leaves_only_whole_batches(tmp_path, fsync):
 
     log = EmbeddedLog(tmp_path)
     ends = log.end_offsets("t")
-    for (topic, partition), end in ends.items():
+    for (_topic, partition), end in ends.items():
         offsets = [r.offset for r in records if r.partition == partition]
         assert offsets == list(range(end))  # dense, no duplicates (the keys are all distinct)
     assert len({(r.partition, r.key) for r in records}) == len(records)

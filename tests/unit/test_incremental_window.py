@@ -155,8 +155,8 @@ def test_chunk_rows_are_no_part_of_a_repeated_snapshot_for_the_stale_row_deletes
     """The stale-row search notes the keys of a snapshot until its end; an incremental snapshot
     has no such end, so noting its rows would only grow (and later mix into a real snapshot's)."""
     from cdc.log.embedded import EmbeddedLog
-    from cdc.serde import Record
     from cdc.runtime.stale_rows import StaleRows
+    from cdc.serde import Record
 
     log = EmbeddedLog(tmp_path / "log", fsync=False)
     try:

@@ -20,8 +20,17 @@ from hypothesis import strategies as st
 
 from cdc.errors import DecodeError
 from cdc.events import Op, TableId
-from sources.mysql.decoder import (DATETIME2, DELETE_ROWS, NEWDECIMAL, TIME2, TIMESTAMP2, UPDATE_ROWS, WRITE,
-                                   ColumnSpec, RowDecoder)
+from sources.mysql.decoder import (
+    DATETIME2,
+    DELETE_ROWS,
+    NEWDECIMAL,
+    TIME2,
+    TIMESTAMP2,
+    UPDATE_ROWS,
+    WRITE,
+    ColumnSpec,
+    RowDecoder,
+)
 from sources.mysql.types import shortest_float32
 from tests.golden.mysql.capture_binlog import load
 
@@ -294,7 +303,7 @@ def test_timestamp_round_trip(seconds, micros, fsp):
     spec = ColumnSpec("v", TIMESTAMP2, nullable=False, fsp=fsp)
     body = b"\x00" + seconds.to_bytes(4, "big") + stored.to_bytes(width, "big")
     (_, row), = RowDecoder("t", [spec]).rows(body, 0, len(body))
-    text = dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    text = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     digits = f"{stored * 10 ** (6 - 2 * width):06d}"[:fsp] if width else ""
     assert row["v"] == text + ("." + digits if fsp else "") + "Z"
 

@@ -47,9 +47,9 @@ def test_a_line_becomes_the_statements_line():
 
 
 def test_nulls_edge_values_and_short_values():
-    line = "\\N\t\\N\tNaN\tf\tabc\t0044-03-15 12:00:00 BC\t0044-03-15 12:00:00+00 BC\t\\N\n".encode()
-    want = ('\\N\tabc\t{"id":null,"we\\\\"ird\\\\\\\\name":null,"f":"NaN","b":false,"s":"abc",'
-            '"ts":"0044-03-15 12:00:00 BC","tstz":"0044-03-15 12:00:00+00 BC","raw":null}\t\t\t\n').encode()
+    line = b"\\N\t\\N\tNaN\tf\tabc\t0044-03-15 12:00:00 BC\t0044-03-15 12:00:00+00 BC\t\\N\n"
+    want = (b'\\N\tabc\t{"id":null,"we\\\\"ird\\\\\\\\name":null,"f":"NaN","b":false,"s":"abc",'
+            b'"ts":"0044-03-15 12:00:00 BC","tstz":"0044-03-15 12:00:00+00 BC","raw":null}\t\t\t\n')
     assert SPEC.rewrite_lines(line) == want
     if copy_json._copyjson is not None:
         assert _c(SPEC, line) == want

@@ -20,16 +20,36 @@ import pytest
 
 from cdc.errors import DecodeError
 from sources.postgres.pgoutput import (
-    UNCHANGED_TOAST, Begin, BeginPrepare, Column, Commit, CommitPrepared, Delete, Insert, Message,
-    Origin, PgOutputDecoder, Prepare, Relation, RollbackPrepared, StreamAbort, StreamCommit,
-    StreamPrepare, StreamStart, StreamStop, Truncate, Type, Update, pg_time_to_unix_ms,
+    UNCHANGED_TOAST,
+    Begin,
+    BeginPrepare,
+    Column,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    PgOutputDecoder,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+    pg_time_to_unix_ms,
 )
 from tests.golden.capture_pgoutput import OUT, TOAST_BODY, read_frames
 
 MANIFEST = json.loads((OUT / "manifest.json").read_text())
 TEXT_CAPTURES = [name for name in ("v1", "v2", "v3") if name in MANIFEST["captures"]]
 STREAMED_CAPTURES = [name for name in TEXT_CAPTURES if name != "v1"]
-PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 
 def protocol(name: str) -> int:
@@ -67,7 +87,7 @@ def rows(transaction, relation: Relation, cls=Insert) -> list:
 
 def micros(value: dt.datetime | dt.date) -> int:
     if isinstance(value, dt.datetime):
-        value = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
         delta = value - PG_EPOCH
         return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return (value - PG_EPOCH.date()).days
@@ -180,7 +200,7 @@ def test_begin_and_commit_agree(capture):
         assert commit.flags == 0
     xids = [tx[0].xid for tx in txs]
     assert xids == sorted(xids) and len(set(xids)) == len(xids)
-    recent = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    recent = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
     assert micros(recent) < txs[0][0].commit_time_us
 
 
@@ -277,7 +297,7 @@ def test_origin(capture):
     begin, same, insert, commit = next(tx for tx in transactions(messages) if origin in tx)
     assert same is origin
     assert origin == Origin(0x1234ABCD, "golden_origin")
-    origin_time = dt.datetime(2020, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    origin_time = dt.datetime(2020, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     assert begin.commit_time_us == commit.commit_time_us == micros(origin_time) == 631_249_445_000_000
     assert pg_time_to_unix_ms(begin.commit_time_us) == int(origin_time.timestamp() * 1000) == 1_577_934_245_000
     assert insert.new == ("100", "from-origin", None)

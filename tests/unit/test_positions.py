@@ -1,7 +1,6 @@
 import pytest
 
-from cdc.positions import (Counter, MySqlPosition, PgLsn, SnapshotProgress, position_from_json,
-                           position_to_json)
+from cdc.positions import Counter, MySqlPosition, PgLsn, SnapshotProgress, position_from_json, position_to_json
 
 
 @pytest.mark.parametrize("position", [

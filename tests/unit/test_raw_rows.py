@@ -19,8 +19,8 @@ import pytest
 from cdc import sink_events
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.log.base import LogRecord
-from cdc.serde import EnvelopeEncoder
 from cdc.runtime.contexts import NATIVE
+from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import PoisonRecord, decode_record, decode_records
 from sinks.sql import copy_rows
 from sinks.sql.plan import ColumnPlan

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cdc.api import ConfigError, Op, SinkEvent
@@ -33,7 +34,8 @@ def test_different_keys_never_encode_alike(a, b):
     key_b = {f"c{i}": v for i, v in enumerate(b)}
     # Values that print alike (1 and "1", True and "true") are the same key by design: a primary
     # key column has one type. Compare what the encoding promises: the texts of the components.
-    texts = lambda values: [None if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    def texts(values):
+        return [None if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in values]
     if texts(a) != texts(b):
         assert encode_key(key_a) != encode_key(key_b)
 

@@ -157,8 +157,8 @@ def test_a_snapshot_of_blocks_taken_again_deletes_the_rows_it_no_longer_has(tmp_
     (made into events for that alone) and deletes what it did not read; into an empty topic it
     notes nothing."""
     from cdc.log.embedded import EmbeddedLog
-    from cdc.serde import Record
     from cdc.runtime.stale_rows import StaleRows
+    from cdc.serde import Record
 
     log = EmbeddedLog(tmp_path / "log", fsync=False)
     try:

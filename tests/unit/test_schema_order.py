@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc import schema_order
 from cdc.api import Source, SourceConfig
 from cdc.errors import RetriableError, SchemaChangeError
 from cdc.events import Batch, ChangeEvent, Column, Op, SchemaChange, TableId
@@ -23,7 +24,6 @@ from cdc.positions import Counter
 from cdc.runtime.runner import SourceRunner
 from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_runner import SinkRunner
-from cdc import schema_order
 from cdc.schema_order import segments, split_by_schema
 from cdc.serde import schema_changes_topic
 from cdc.sink_events import SinkEvent, decode_record

@@ -10,9 +10,9 @@ further queries. Built-in types are also known without a catalog (``BUILTIN_TYPE
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable
 
 
 class TypeKind(StrEnum):

@@ -9,7 +9,8 @@ construction.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cdc.errors import DecodeError
 from sources.postgres.types.arrays import array_converter

@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from cdc.errors import DecodeError
 

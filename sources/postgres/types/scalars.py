@@ -25,7 +25,8 @@ from __future__ import annotations
 import binascii
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -27,7 +27,7 @@ characters are escaped, which no JSON reader sees.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from sources.postgres.types.catalog import BUILTIN_TYPES, TypeInfo, TypeKind
 
