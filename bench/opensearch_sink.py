@@ -291,12 +291,12 @@ def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
     of rows as JSON bytes (the sink path's own steps) also in writes of ``batch_size`` events, as
     the runner hands them out: one batch of every row makes the collector walk what the steps
     before made, and inflated those steps 1.5-2x."""
-    from cdc.runtime.gc_tuning import tune_gc
+    from cdc import sink_events
     from cdc.events import ChangeEvent, Op, TableId
     from cdc.log.base import LogRecord
+    from cdc.runtime.gc_tuning import tune_gc
     from cdc.schema_order import split_by_schema
     from cdc.serde import EnvelopeEncoder
-    from cdc import sink_events
     from sinks.opensearch import documents, lines
 
     table = TableId("shop", "public", "orders")
@@ -337,7 +337,7 @@ def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
     raw_actions = list(documents.reduce(raw)["p.public.orders"].actions.values())
     timed("items and NDJSON lines, rows as JSON bytes", lines,
           lambda: lines.encode(raw_actions, "p.public.orders__g1", None, None, [], []))
-    del events, raw, reduced, actions, raw_actions
+    events = raw = reduced = actions = raw_actions = None  # free them before the writes below
     print(f"  the sink path's steps, in writes of {batch_size:,} (as the runner hands them out):")
     writes = [packed(records[i:i + batch_size]) for i in range(0, len(records), batch_size)]
     decoded = timed("decode a packed batch (raw_rows)", None,

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where it is used: `cdc --version` stays quick
+    import argparse
 
 
-def build_parser() -> "argparse.ArgumentParser":
+def build_parser() -> argparse.ArgumentParser:
     import argparse
 
     from cdc import demo

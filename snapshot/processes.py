@@ -31,7 +31,8 @@ import queue
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from cdc.errors import RetriableError
 from snapshot.parallel import SnapshotCancelled
@@ -180,7 +181,7 @@ class ProcessSnapshot:
                 if any(p.exitcode not in (None, 0) for p in self._processes):
                     self._error = RetriableError("a snapshot reader process died "
                                                  f"(exit codes {[p.exitcode for p in self._processes]})")
-                    raise self._error
+                    raise self._error from None
                 return None
             if kind == _ITEM:
                 return value

@@ -27,10 +27,10 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from cdc.dev import jars
 from cdc.dev.paths import dev_home, env_file, state_file
@@ -84,7 +84,7 @@ def _save(state: dict) -> None:
     tmp.write_text(json.dumps(state, indent=2))
     tmp.replace(state_file())
     env: dict[str, str] = {}
-    for name, entry in sorted(state["services"].items()):
+    for _name, entry in sorted(state["services"].items()):
         env.update(entry["settings"])
     lines = [f"{key}={value}\n" for key, value in sorted(env.items())]
     tmp = env_file().with_suffix(".tmp")
@@ -223,7 +223,7 @@ def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180
                 started[name] = (service, service.launch())
             _wait_ready(started, timeout)
         except BaseException:
-            for service, process in started.values():
+            for _, process in started.values():
                 _stop_group(process.pid, signal.SIGKILL)
             raise
         for name, (service, process) in started.items():

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from cdc.errors import DeliveryError, LogUnavailableError
 from cdc.events import ChangeEvent
@@ -97,7 +98,7 @@ class LogWriter(ABC):
     def flush(self, timeout: float = 30.0) -> Position | None:
         """Wait until every published record is acknowledged (or ``timeout``; then raise DeliveryError)."""
 
-    def send_now(self, timeout: float) -> None:
+    def send_now(self, timeout: float) -> None:  # noqa: B027 (optional: a writer that batches nothing needs none)
         """The publisher has nothing more for now: send what waits to be batched with later
         records at once, and serve acknowledgements for up to ``timeout`` seconds. Unlike
         ``flush`` it never raises for records still unacknowledged after that. A writer that
@@ -221,7 +222,7 @@ class Log(ABC):
         (cdc.log.kafka_bulk), or None: the log has none, and bulk loads read through ``reader``."""
         return None
 
-    def compact(self, topic: str) -> None:
+    def compact(self, topic: str) -> None:  # noqa: B027 (optional: Kafka's broker compacts on its own)
         """Ask for compaction now. The embedded log runs it; Kafka's broker cleans on its own."""
 
     def read_all(self, topic: str, timeout: float = 30.0,

@@ -23,15 +23,15 @@ written later than the truncate stay.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
-
-import orjson
+from typing import Any
 
 from cdc.api import Op, SinkEvent
 from sinks.redis.guard import OP_CODES
 from sinks.redis.keys import KeySpace, companion, encode_key
-from sinks.redis.pipeline import Command, row as row_change
+from sinks.redis.pipeline import Command
+from sinks.redis.pipeline import row as row_change
 from sinks.redis.resp import pack_args
 from sinks.redis.values import hash_fields, json_value
 
@@ -135,7 +135,7 @@ def _commands(newest: dict[str, SinkEvent], tombstoned: dict[str, SinkEvent], ke
                 value = json_value(row_value)
                 yield Command("row", keys, (), (1, packed_keys, upsert_op + version,
                                                 b"$%d\r\n%b\r\n" % (len(value), value)))
-    for row, event in tombstoned.items():
+    for row in tombstoned:
         if row in newest and newest[row].op is delete:
             continue  # its delete is remembered already; the row key is gone
         yield row_change((row, companion(row)), "t", "0")

@@ -18,9 +18,10 @@ Per dialect, because the drivers differ:
 from __future__ import annotations
 
 import base64
-from datetime import date, datetime, time, timezone
+from collections.abc import Callable
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -51,7 +52,8 @@ def _to_decimal_text(value: Any) -> str:
     return str(_to_decimal(value))
 
 
-_TRUE = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "t": True, "f": False}
+# 1 and 0 are keys too: they hash and compare equal to True and False.
+_TRUE = {True: True, False: False, "true": True, "false": False, "t": True, "f": False}
 
 
 def _to_bool(value: Any) -> bool:
@@ -83,13 +85,13 @@ def _parse_datetime(value: Any) -> datetime:
 
 def _naive(value: Any) -> datetime:
     parsed = _parse_datetime(value)
-    return parsed if parsed.tzinfo is None else parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    return parsed if parsed.tzinfo is None else parsed.astimezone(UTC).replace(tzinfo=None)
 
 
 def _naive_utc(value: Any) -> datetime:
     """An instant as naive UTC; a value without an offset is taken as UTC already."""
     parsed = _parse_datetime(value)
-    return parsed if parsed.tzinfo is None else parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    return parsed if parsed.tzinfo is None else parsed.astimezone(UTC).replace(tzinfo=None)
 
 
 def _sqlite_datetime(parsed: datetime) -> str:

@@ -31,8 +31,9 @@ import binascii
 import codecs
 import datetime as dt
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -98,7 +99,7 @@ def charset_name(collation_id: int) -> str:
         # MariaDB's newer collation ids (UCA 14 and friends, 2048+) are utf8mb4/utf8mb3 ones.
         if collation_id >= 2048:
             return "utf8mb4" if (collation_id >> 8) % 2 == 0 else "utf8mb3"
-        raise PrerequisiteError(f"unknown collation id {collation_id}: this connector cannot decode its text")
+        raise PrerequisiteError(f"unknown collation id {collation_id}: this connector cannot decode its text") from None
 
 
 def python_codec(charset: str) -> str | None:

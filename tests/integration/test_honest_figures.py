@@ -19,7 +19,6 @@ from tests.integration.test_daemon_control import _cdc, _rows, _stop, _wait
 
 def _metric(port: int, name: str, **labels: str) -> float | None:
     _, text = _get(f"http://127.0.0.1:{port}/metrics")
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     for line in text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])

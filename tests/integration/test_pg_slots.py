@@ -56,7 +56,7 @@ def test_sources_of_the_same_name_in_two_databases_get_their_own_slots(pg_dsn, s
     try:
         with capturing(pg_config(pg_dsn, tmp_path / "a", name="shop_pg"), logs[0], "a") as first, \
                 capturing(pg_config(second_db, tmp_path / "b", name="shop_pg"), logs[1], "b") as second:
-            for capture, log in ((first, logs[0]), (second, logs[1])):
+            for capture in (first, second):
                 wait_until(lambda: capture.source.phase == "streaming", capture=capture)
         slots = _slots(pg_dsn)
         config = pg_config(pg_dsn, tmp_path, name="shop_pg")

@@ -34,8 +34,13 @@ from spark_sinks.delta import DeltaSink
 from tests.contexts import attached
 from tests.integration.pg_capture import capturing, pg_config, topic_state, wait_until
 from tests.integration.test_mysql_source import mysql_config
-from tests.live_ddl import STEPS, Writer, rows_of, source_columns
-from tests.live_ddl import source_db  # noqa: F401 - the fixture
+from tests.live_ddl import (
+    STEPS,
+    Writer,
+    rows_of,
+    source_columns,
+    source_db,  # noqa: F401 - the fixture
+)
 
 # Up to three sinks' micro-batches per step on two shared cores: past the default timeout when
 # the machine is loaded (a run at load 30-48 passed step 6 of the PostgreSQL script at 1500 s).
@@ -122,7 +127,7 @@ class DeltaReader:
             self.seen.append(self.count())
             time.sleep(0.5)   # each count is a Spark job beside the rebuild's, on two cores
 
-    def __enter__(self) -> "DeltaReader":
+    def __enter__(self) -> DeltaReader:
         self.thread.start()
         return self
 
@@ -187,7 +192,7 @@ def test_the_ddl_script_reaches_delta_in_order(spark, source_db, kafka_bootstrap
                 sinks = {policy: attached(DeltaSink(configs[policy])) for policy in live}
                 failures = {}
                 try:
-                    for policy, sink in sinks.items():
+                    for sink in sinks.values():
                         sink.start(session=spark)
                     if rebuilding:
                         _watch_the_swap(sinks["rebuild"], reader, inside)

@@ -279,7 +279,7 @@ def test_a_type_change_the_table_cannot_follow_fails_or_rebuilds_by_policy(spark
     topics.publish(upsert(2, 21, name="b", qty="many"))
     sink = attached(DeltaSink(config))
     sink.start(session=spark)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever pyspark wraps it in; sink.job.failure is checked)
         sink.job.query.processAllAvailable()
     assert isinstance(sink.job.failure, SchemaChangeError)
     assert "column qty: string values do not fit the table's bigint" in str(sink.job.failure)
@@ -310,7 +310,7 @@ def test_rows_of_a_shape_the_sink_has_not_read_yet_wait_for_it(spark, topics, tm
     topics.publish(upsert(2, 21, op=Op.CREATE, name="b", qty=2.5))
     sink = attached(DeltaSink(config))
     sink.start(session=spark)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever pyspark wraps it in; sink.job.failure is checked)
         sink.job.query.processAllAvailable()
     assert isinstance(sink.job.failure, RetriableError) and "shape 20" in str(sink.job.failure)
     sink.stop()
@@ -333,7 +333,7 @@ def test_fail_stops_at_a_widening_that_evolve_makes_in_place(spark, topics, tmp_
     topics.publish(upsert(1, 21, name="a", price="1234567.25"))
     sink = attached(DeltaSink(config))
     sink.start(session=spark)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever pyspark wraps it in; sink.job.failure is checked)
         sink.job.query.processAllAvailable()
     sink.stop()
     assert isinstance(sink.job.failure, SchemaChangeError)

@@ -74,10 +74,11 @@ packable_headers = st.one_of(
                                  st.one_of(st.binary(max_size=3), st.none()))), min_size=1, max_size=3))
 # And what a LogRecord made by hand may hold: pairs as lists, a str value.
 odd_headers = st.sampled_from([[["cdc.version", b"5"]], [("cdc.version", "5")], [("cdc.version", 5)], (("cdc.version", b"5"),)])
+any_headers = st.one_of(packable_headers, odd_headers)
 
 
 @st.composite
-def records(draw, headers=st.one_of(packable_headers, odd_headers)) -> list[LogRecord]:
+def records(draw, headers=any_headers) -> list[LogRecord]:
     out = []
     for offset in range(draw(st.integers(0, 12))):
         out.append(LogRecord(draw(st.sampled_from(["p.s.a", "p.s.b"])), draw(st.integers(0, 2)), offset,
