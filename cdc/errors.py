@@ -113,7 +113,7 @@ class ShapeMissingError(SchemaChangeError):
     table, version."""
 
     def __init__(self, message: str, *, topic: str, partition: int, offset: int, table: str,
-                 version: int) -> None:
+                 version: int | None) -> None:
         super().__init__(message)
         self.topic, self.partition, self.offset = topic, partition, offset
         self.table, self.version = table, version

@@ -28,7 +28,11 @@ class Position(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-_KINDS: dict[str, type] = {}
+class _Kind(Protocol):
+    def from_dict(self, data: dict[str, Any]) -> Position: ...
+
+
+_KINDS: dict[str, _Kind] = {}
 
 
 def _register(cls):

@@ -57,9 +57,9 @@ def split_by_schema(events: list) -> list[list]:
     built it, ``cdc/_speedups.c`` runs this loop in C (0.4 us an event in Python, on every
     write); this loop is the reference (tests/unit/test_schema_order.py compares them)."""
     if _speedups is not None and USE_SPEEDUPS and type(events) is list:
-        parts = _speedups.split_by_schema(events)
-        if parts is not None:  # None: something the C loop does not take; this loop decides
-            return parts
+        from_c = _speedups.split_by_schema(events)
+        if from_c is not None:  # None: something the C loop does not take; this loop decides
+            return from_c
     parts: list[list] = []
     shapes: dict[str, int] = {}
     start = 0

@@ -24,7 +24,7 @@ it is made (``EnvelopeEncoder.emit``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -169,7 +169,7 @@ class EnvelopeEncoder:
                 return self._emit_rows(events, emit, when_room, now_ms)
             events = events.events()
         if _speedups is not None and self.use_speedups:
-            where = [None, 0]
+            where: list[Any] = [None, 0]  # the C loop leaves the failing topic and the bytes so far
             try:
                 self.value_bytes += _speedups.emit(self._middle, events, emit, when_room, everywhere, now_ms, where,
                                                    self.source_header)
@@ -185,7 +185,7 @@ class EnvelopeEncoder:
         # The ids are safe as keys here: the events keep their tables alive for the call.
         middles: dict[int, dict] = {}
         last_table: TableId | None = None
-        per_op: dict = {}
+        per_op: dict | None = {}
         last_tx_id, tx_id_json = None, b""
         last_fields, fields_json = None, b""
         source = self.source_header
@@ -280,7 +280,7 @@ class EnvelopeEncoder:
 
 
 def put_record(emit, when_room, topic: str, value: bytes, key: bytes | None, tombstone: bool,
-               headers: Headers) -> None:
+               headers: Sequence[tuple[str, bytes | None]]) -> None:
     """Hand one record to the producer (``emit``), and after a delete its tombstone, both with
     ``headers`` (the tombstone carries its delete's version); a full producer queue
     (``BufferError``) waits for room (``when_room``) instead of failing. Every format's encoder

@@ -87,15 +87,18 @@ class WindowPart(NamedTuple):
         deletes' rows decoded."""
         loads = orjson.loads
         out: list[SinkEvent] = []
-        first = (self.upserts or self.deletes or [(b"{}", None)])[0][1]
+        pairs = self.upserts or self.deletes
+        first = pairs[0][1] if pairs else None
         if self.truncate is not None:
             out.append(SinkEvent(self.topic, -1, -1, {}, Op.TRUNCATE, None, None, self.truncate, self.source))
         for key, event in self.upserts:
             out.append(event if event.key is not None else event._replace(key=loads(key)))
         for key, event in self.deletes:
-            before = loads(event.before) if event.before.__class__ is bytes else event.before
+            before: Any = event.before  # bytes too: a delete's row as JSON, for a sink with raw_rows
+            if before.__class__ is bytes:
+                before = loads(before)
             out.append(event._replace(key=loads(key) if event.key is None else event.key, before=before))
         partition, offset = (first.partition, first.offset) if first is not None else (-1, -1)
-        for key in self.tombstones.values():
-            out.append(SinkEvent(self.topic, partition, offset, key, None, None, None, None, {}))
+        for tombstone_key in self.tombstones.values():
+            out.append(SinkEvent(self.topic, partition, offset, tombstone_key, None, None, None, None, {}))
         return out

@@ -172,7 +172,7 @@ def key_order(values: Sequence[Any]) -> tuple:
     """The order of keys every ``ReadableSink`` (and whoever compares with one) uses, the same in
     every store whatever form it keeps a value in: per column, numbers (and text that reads as
     one) by value, before any other value, compared as text; None first."""
-    out = []
+    out: list[tuple[int, Decimal | int, str]] = []
     for value in values:
         if value is None:
             out.append((0, 0, ""))

@@ -37,8 +37,8 @@ class ConnectorLogger(logging.LoggerAdapter):
         super().__init__(logger, {"connector": connector})
         self._stats = stats
 
-    def process(self, msg, kwargs):
-        extra = {"connector": self.extra["connector"]}
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = {"connector": self.extra["connector"]} if self.extra is not None else {}
         if self._stats is not None:
             extra["phase"] = self._stats.phase
         kwargs["extra"] = {**extra, **kwargs.get("extra", {})}
@@ -171,14 +171,23 @@ class SinkContext(Protocol):
     session needs, resolved into the cache once.
     """
 
-    name: str
-    topic_prefix: str
-    stats: ConnectorStats
-    logger: ConnectorLogger
-    dead_letter_topic: str
-    log: LogClient | None
-    log_config: Any
-    native: NativeCodecs
+    # Read-only for a sink: properties, so a frozen dataclass (StandaloneSinkContext) is one too.
+    @property
+    def name(self) -> str: ...
+    @property
+    def topic_prefix(self) -> str: ...
+    @property
+    def stats(self) -> ConnectorStats: ...
+    @property
+    def logger(self) -> ConnectorLogger: ...
+    @property
+    def dead_letter_topic(self) -> str: ...
+    @property
+    def log(self) -> LogClient | None: ...
+    @property
+    def log_config(self) -> Any: ...
+    @property
+    def native(self) -> NativeCodecs: ...
 
     def schema_for(self, topic: str, version: int | None = None) -> dict | None: ...
 

@@ -50,10 +50,15 @@ class SourceContext(Protocol):
     its name, the stats it reports through (``stats.phase`` is the source's ``phase``), a logger
     naming the connector, and the ``table_book`` kept with its offsets."""
 
-    name: str
-    stats: ConnectorStats
-    logger: ConnectorLogger
-    table_book: TableBook
+    # Read-only for a source: properties, so a frozen dataclass (the runtime's) is one too.
+    @property
+    def name(self) -> str: ...
+    @property
+    def stats(self) -> ConnectorStats: ...
+    @property
+    def logger(self) -> ConnectorLogger: ...
+    @property
+    def table_book(self) -> TableBook: ...
 
 
 class _NoTableBook:

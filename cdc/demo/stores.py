@@ -51,7 +51,7 @@ def _row(columns: Iterable[str], values: Iterable[Any]) -> dict[str, str | None]
     return {c: canonical(v) for c, v in zip(columns, values)}
 
 
-def _by_key(table: str, rows: Iterable[dict]) -> dict[str, dict[str, str | None]]:
+def _by_key(table: str, rows: Iterable[dict]) -> dict[str | None, dict[str, str | None]]:
     columns = COLUMNS[table]
     return {canonical(row.get("id")): {c: canonical(row.get(c)) for c in columns} for row in rows}
 

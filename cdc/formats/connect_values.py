@@ -82,7 +82,7 @@ def variable_scale_decimal(value: Any) -> Any:
         return None
     if not number.is_finite():
         return None
-    scale = max(0, -number.as_tuple().exponent)
+    scale = max(0, -int(number.as_tuple().exponent))  # an int: the number is finite
     return {"scale": scale, "value": _b64(java_big_integer_bytes(int(number.scaleb(scale, _EXACT))))}
 
 

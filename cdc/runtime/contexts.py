@@ -12,9 +12,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from cdc.api import ConnectorLogger, ConnectorStats, NativeCodecs, TableBook, dead_letter_topic, table_topics
+from cdc.api import (
+    ConnectorLogger,
+    ConnectorStats,
+    LogClient,
+    NativeCodecs,
+    SchemaLookup,
+    TableBook,
+    dead_letter_topic,
+    table_topics,
+)
 from cdc.log.base import Log
 from cdc.offsets import CheckpointFeed, OffsetStore
 
@@ -51,12 +60,12 @@ class RuntimeSinkContext:
 
     name: str
     topic_prefix: str = "cdc"
-    stats: ConnectorStats | None = None
+    stats: ConnectorStats = None  # type: ignore[assignment]  # set from the name
     schema_for: Callable[..., dict | None] = lambda topic, version=None: None
     shapes_between: Callable[[str, int, int], list[dict]] = lambda topic, after, before: []
     delete_retention_ms: Callable[[str], int | None] = lambda topic: None
     dead_letter_topic: str = ""
-    dead_letter: Callable[..., None] | None = None
+    dead_letter: Callable[..., None] = None  # type: ignore[assignment]  # set from the name
     log: Log | None = None
     log_config: Any = None
     logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]
@@ -88,15 +97,16 @@ class RuntimeSinkContext:
 
         return KafkaLog(bootstrap_servers, producer_config=producer_config, consumer_config=consumer_config)
 
-    def schema_book(self, log: Log, prefix: str):
+    # The LogClient a sink hands back is one open_kafka_log made: a Log.
+    def schema_book(self, log: LogClient, prefix: str) -> SchemaLookup:
         from cdc.runtime.schemas import SchemaBook
 
-        return SchemaBook(log, prefix)
+        return SchemaBook(cast(Log, log), prefix)
 
-    def ensure_dead_letter_topic(self, log: Log, topic: str, retention_hours: float | None) -> None:
+    def ensure_dead_letter_topic(self, log: LogClient, topic: str, retention_hours: float | None) -> None:
         from cdc.runtime.dead_letters import ensure_topic
 
-        ensure_topic(log, topic, None if retention_hours is None else int(retention_hours * 3_600_000))
+        ensure_topic(cast(Log, log), topic, None if retention_hours is None else int(retention_hours * 3_600_000))
 
     def avro_writer_schema(self, registry_url: str, schema_id: int) -> tuple[str, dict]:
         return avro_writer_schema(registry_url, schema_id)
@@ -126,7 +136,7 @@ def sink_context(name: str, *, log_config: Any = None, topic_prefix: str | None 
     self-driven sink under the worker or a launcher, tools, tests): ``log_config`` is the config
     file's ``log`` section the sink finds its topics by."""
     prefix = topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
-    return RuntimeSinkContext(name, prefix, stats=stats, log_config=log_config)
+    return RuntimeSinkContext(name, prefix, stats=stats, log_config=log_config)  # type: ignore[arg-type]  # None: made from the name
 
 
 class OffsetTableBook:

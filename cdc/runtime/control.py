@@ -68,12 +68,12 @@ def post_command(config, name: str, action: str, body: dict | None = None) -> di
         with urllib.request.urlopen(request, timeout=COMMAND_TIMEOUT) as response:
             return json.load(response)
     except urllib.error.HTTPError as err:
-        body = err.read().decode(errors="replace")
+        message = err.read().decode(errors="replace")
         try:
-            body = json.loads(body).get("message", body)
+            message = json.loads(message).get("message", message)
         except ValueError:
             pass
-        raise ConfigError(f"the daemon at {config.http} refused to {action} {name}: {body.strip()}") from None
+        raise ConfigError(f"the daemon at {config.http} refused to {action} {name}: {message.strip()}") from None
     except OSError as err:
         raise RetriableError(f"no daemon answers at {config.http} ({err}); is `cdc run` running with this "
                              "file?") from None

@@ -85,7 +85,7 @@ def _read_config(text: str, file: str, names: list[str]) -> tuple[tuple[str, int
     doc = read_yaml(text, file, os.environ)
     if not isinstance(doc.data, dict):
         return None
-    declared: dict[tuple[str, int], str] = {}
+    declared: dict[tuple[str | int, ...], str] = {}  # (section, index): a problem's path begins so
     for section in ("sources", "sinks"):
         items = doc.data.get(section) or []
         if not isinstance(items, list):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -39,8 +40,8 @@ class StopSignals:
 
     def __init__(self, event: threading.Event | None = None) -> None:
         self.event = event if event is not None else threading.Event()
-        self._previous: dict[int, object] = {}
-        self._wake: int | None = None  # the pipe's write end: all a handler touches
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, SIG_IGN or None
+        self._wake = -1  # the pipe's write end: all a handler touches (-1: none yet)
         self._watcher: threading.Thread | None = None
         self._owner = 0
 
@@ -83,7 +84,7 @@ class StopSignals:
         if self._watcher is not None:
             os.close(self._wake)  # the watcher reads what is left, then the end of the pipe
             self._watcher.join()
-            self._watcher = self._wake = None
+            self._watcher, self._wake = None, -1
 
     def __enter__(self) -> threading.Event:
         return self.install()
