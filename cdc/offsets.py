@@ -14,7 +14,7 @@ from __future__ import annotations
 import orjson
 
 from cdc.errors import DecodeError
-from cdc.log.base import Log, TopicSettings
+from cdc.log.base import Log, LogReader, TopicSettings
 from cdc.positions import IncrementalProgress, MySqlPosition, PgLsn, Position, position_from_json, position_to_json
 from cdc.serde import Record
 from cdc.topics import offsets_topic
@@ -112,7 +112,7 @@ class CheckpointFeed:
     def __init__(self, log: Log, prefix: str) -> None:
         self.log = log
         self.topic = offsets_topic(prefix)
-        self._reader = None
+        self._reader: LogReader | None = None
         self._versions: dict[str, int] = {}
 
     def poll(self, timeout: float = 0.05) -> dict[str, int]:

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import BinaryIO
 
 from cdc.dev.jars import ensure_jars
 
@@ -50,7 +51,7 @@ class ConnectStandalone:
         self.bootstrap = bootstrap
         self.log = directory / "connect.log"
         self.process: subprocess.Popen | None = None
-        self._output = None
+        self._output: BinaryIO | None = None
 
     def start(self, connectors: dict[str, dict[str, str]], worker_settings: dict[str, str] | None = None,
               heap: str = "512m") -> None:

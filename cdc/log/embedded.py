@@ -384,7 +384,7 @@ class EmbeddedWriter(LogWriter):
         except sqlite3.OperationalError as err:
             _log.warning("embedded log: compaction skipped, will retry: %s", err)
 
-    def _append(self, records: list[Record]) -> None:
+    def _append(self, records: Iterable[Record]) -> None:
         conn = self._conn
         topics: dict[str, _Topic] = {}
         pids: list[int] = []

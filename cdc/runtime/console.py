@@ -22,11 +22,15 @@ import logging
 import threading
 import time
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import orjson
 
 from cdc.runtime.history import History
 from cdc.topics import dead_letter_sink, schema_changes_topic
+
+if TYPE_CHECKING:
+    from cdc.log.base import Log
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class LogView:
 
     def __init__(self, config_path: str) -> None:
         self.config_path = config_path
-        self._log = None
+        self._log: Log | None = None
         self._prefix = ""
         self._cache: dict[str, tuple[float, object]] = {}
         self._lock = threading.Lock()  # one reader at a time: a Kafka consumer is not shared

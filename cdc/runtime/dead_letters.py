@@ -43,7 +43,7 @@ import threading
 
 import orjson
 
-from cdc.log.base import Log, TopicSettings
+from cdc.log.base import Log, LogWriter, TopicSettings
 from cdc.serde import Record
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class DeadLetters:
         self.topic = topic
         self.sink = sink
         self.retention_ms = None if retention_hours is None else int(retention_hours * 3_600_000)
-        self._writer = None
+        self._writer: LogWriter | None = None
         self._lock = threading.Lock()
 
     def send(self, topic: str, partition: int, offset: int, reason: str, key: bytes | None,
@@ -147,7 +147,8 @@ class DeadLetters:
                 # (the broker was away a moment) needs a fresh one, or it fails forever.
                 writer, self._writer = self._writer, None
                 try:
-                    writer.close()
+                    if writer is not None:  # always: made above
+                        writer.close()
                 except Exception:  # noqa: BLE001 - the delivery error is the one worth raising
                     log.debug("closing the failed dead-letter writer", exc_info=True)
                 raise

@@ -33,7 +33,8 @@ class _Tracked:
     __slots__ = ("table", "ends", "keys", "version")
 
     def __init__(self, table: TableId, ends: dict, version: int) -> None:
-        self.table, self.ends, self.keys, self.version = table, ends, set(), version
+        self.keys: set[bytes | None] = set()
+        self.table, self.ends, self.version = table, ends, version
 
 
 class StaleRows:
@@ -113,7 +114,7 @@ class StaleRows:
         for topic, entry in self.tracked.items():
             if entry is None:
                 continue
-            newest: dict[bytes, bool] = {}  # key -> is its newest record a row?
+            newest: dict[bytes | None, bool] = {}  # key -> is its newest record a row?
             for record in self.log.read_all(topic):
                 if record.offset >= entry.ends.get((record.topic, record.partition), 0):
                     continue
