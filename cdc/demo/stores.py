@@ -29,7 +29,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 PG_TABLES = ("customers", "orders")
 MARIA_TABLES = ("products",)
 
-Rows = dict[str, dict[str, dict[str, str | None]]]
+Rows = dict[str, dict[str | None, dict[str, str | None]]]
 
 
 def canonical(value: Any) -> str | None:

@@ -32,7 +32,7 @@ from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
 from cdc.log.kafka_logs import on_error
 
 try:  # built by setup.py where librdkafka's headers are (apt's librdkafka-dev)
-    from cdc import _rdproduce
+    import cdc._rdproduce as _rdproduce
 except ImportError:  # pragma: no cover - a build without librdkafka-dev
     _rdproduce = None
 

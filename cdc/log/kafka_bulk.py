@@ -52,7 +52,7 @@ from cdc.log.packed_headers import unpack as unpack_headers
 log = logging.getLogger(__name__)
 
 try:  # built by setup.py where a compiler and librdkafka's headers are found
-    from cdc import _rdconsume
+    import cdc._rdconsume as _rdconsume
 except ImportError:  # pragma: no cover - a build without them
     _rdconsume = None
 

@@ -34,8 +34,9 @@ def status_line(row: dict) -> str:
                      f"{' where=' + repr(incremental['where']) if incremental.get('where') else ''}"
                      f" queued={','.join(incremental.get('tables', [])[1:]) or '-'}")
     else:
-        lag: object = row.get("consumer_lag")
-        line = f"sink   {row['name']:<20} {row['phase']:<12} consumer_lag={'-' if lag is None else lag}"
+        consumer_lag = row.get("consumer_lag")
+        line = (f"sink   {row['name']:<20} {row['phase']:<12} "
+                f"consumer_lag={'-' if consumer_lag is None else consumer_lag}")
         if row.get("lag_seconds") is not None:
             line += f" lag={row['lag_seconds']:.1f}s"
         line += "".join(f" {name}={value}" for name, value in (row.get("details") or {}).items())

@@ -49,7 +49,7 @@ _DATA = {1048, 1062, 1264, 1265, 1292, 1366, 1406, 1411, 1452, 3140, 4025}
 
 def errno_of(err: BaseException) -> int | None:
     """The error number of a PyMySQL error (None for anything else)."""
-    args = getattr(err, "args", ())
+    args: tuple = getattr(err, "args", ())
     if type(err).__module__.startswith("pymysql") and args and isinstance(args[0], int):
         return args[0]
     return None
@@ -81,7 +81,7 @@ def classify(err: BaseException) -> Kind:
 
 
 def describe(err: BaseException) -> str:
-    args = getattr(err, "args", ())
+    args: tuple = getattr(err, "args", ())
     text = str(args[1]) if len(args) > 1 else str(err)
     errno = errno_of(err)
     return (text.strip() or type(err).__name__) + (f" (errno {errno})" if errno is not None else "")

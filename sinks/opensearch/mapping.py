@@ -97,7 +97,7 @@ def field_mapping(type_name: str) -> dict[str, Any]:
 def _decimal(args: list[int]) -> dict[str, Any]:
     exact = {"exact": {"type": "keyword"}}
     precision, scale = (args + [0, 0])[:2] if args else (None, None)
-    if precision is not None and precision <= 15 and scale <= 6:
+    if precision is not None and scale is not None and precision <= 15 and scale <= 6:
         return {"type": "scaled_float", "scaling_factor": 10 ** scale, "fields": exact}
     return {"type": "double", "fields": exact}
 

@@ -446,7 +446,7 @@ class RowDecoder:
 
 
 try:  # the C row decoder (sources/mysql/_rowdecode.c), built by setup.py where a compiler is found
-    from sources.mysql import _rowdecode
+    import sources.mysql._rowdecode as _rowdecode
 except ImportError:  # pragma: no cover - a build without a compiler
     _rowdecode = None
 

@@ -94,7 +94,7 @@ def charset_name(collation_id: int) -> str:
     if collation_id == 63:
         return "binary"
     try:
-        return charset_by_id(collation_id).name
+        return charset_by_id(collation_id).name  # type: ignore[attr-defined]  # types-PyMySQL lacks Charset.name
     except KeyError:
         # MariaDB's newer collation ids (UCA 14 and friends, 2048+) are utf8mb4/utf8mb3 ones.
         if collation_id >= 2048:

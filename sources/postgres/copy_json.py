@@ -23,13 +23,14 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from cdc.errors import DecodeError
 from sources.postgres.types.catalog import TypeInfo
 from sources.postgres.types.server_json import BOOL, BYTEA, FLOAT, RAW, STRING, TIMESTAMP, TIMESTAMPTZ, json_kind
 
 try:  # built by setup.py where a compiler is found
-    from sources.postgres import _copyjson
+    import sources.postgres._copyjson as _copyjson
 except ImportError:  # pragma: no cover - a build without a compiler
     _copyjson = None
 
@@ -153,7 +154,7 @@ class CopyJson:
         kinds = [json_kind(oid, catalog) for _, oid in columns]
         if _copyjson is None or None in kinds:
             return None
-        return cls.of(table, [name for name, _ in columns], kinds, keys, toast, min_chars)
+        return cls.of(table, [name for name, _ in columns], cast(list[int], kinds), keys, toast, min_chars)
 
     @classmethod
     def of(cls, table: str, names: list[str], kinds: list[int], keys: list[int], toast: list[int],

@@ -21,6 +21,7 @@ message type, the byte offset and what was expected there.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -468,7 +469,7 @@ def _logical_message(p: bytes, pos: int, xid: int | None) -> Message:
     return Message(xid, bool(flags & 1), lsn, prefix, p[pos:pos + length])
 
 
-_DATA = {82: _relation, 89: _type, 73: _insert, 85: _update, 68: _delete, 84: _truncate,
+_DATA: dict[int, Callable[[bytes, int, int | None], PgOutputMessage]] = {82: _relation, 89: _type, 73: _insert, 85: _update, 68: _delete, 84: _truncate,
          77: _logical_message}
 
 # --- control messages: (decoder, payload) -> message ------------------------------------------
