@@ -185,7 +185,7 @@ class EnvelopeEncoder:
         # The ids are safe as keys here: the events keep their tables alive for the call.
         middles: dict[int, dict] = {}
         last_table: TableId | None = None
-        per_op: dict | None = {}
+        per_op: dict = {}
         last_tx_id, tx_id_json = None, b""
         last_fields, fields_json = None, b""
         source = self.source_header
@@ -195,9 +195,10 @@ class EnvelopeEncoder:
             for event in events:
                 op, table, key, before, after, version, ts_ms, snapshot, fields, tx = event
                 if table is not last_table:
-                    per_op = middles.get(id(table))
-                    if per_op is None:
-                        per_op = middles[id(table)] = {}
+                    found = middles.get(id(table))
+                    if found is None:
+                        found = middles[id(table)] = {}
+                    per_op = found
                     last_table = table
                 middle = per_op.get((op, snapshot))
                 if middle is None:

@@ -33,15 +33,15 @@ def template_fields(template: str, allowed: Iterable[str]) -> list[str]:
     return fields
 
 
-def resolve_config_path(path: Path, info: ValidationInfo) -> Path:
+def resolve_config_path(path: str | Path, info: ValidationInfo) -> Path:
     """A relative path in a config file is relative to that file's directory, never to the
     directory the daemon happens to be started from. The loader passes the directory as
     ``context={"base_dir": ...}``; without one (a config built in code) the path stays as written."""
-    path = Path(path).expanduser()
+    resolved = Path(path).expanduser()
     base_dir = (info.context or {}).get("base_dir")
-    if base_dir is not None and not path.is_absolute():
-        path = Path(base_dir) / path
-    return path.resolve() if path.is_absolute() else path
+    if base_dir is not None and not resolved.is_absolute():
+        resolved = Path(base_dir) / resolved
+    return resolved.resolve() if resolved.is_absolute() else resolved
 
 
 # The type of every local path field of a config model (plugins' too): resolved as above.

@@ -16,6 +16,7 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, get_args
 
@@ -91,7 +92,7 @@ def format_path(path: DataPath) -> str:
 
 
 class _Builder:
-    def __init__(self, doc: Document, base_dir: Path, skipped: set[tuple] = frozenset()) -> None:
+    def __init__(self, doc: Document, base_dir: Path, skipped: AbstractSet[tuple] = frozenset()) -> None:
         self.doc = doc
         self.skipped = skipped
         self.base_dir = base_dir

@@ -150,9 +150,9 @@ class Console:
             return 200, json.dumps(body).encode(), "application/json"
         if path in ("/api/dead-letters", "/api/schemas"):
             try:
-                body = self.logs.dead_letters() if path == "/api/dead-letters" else self.logs.schemas()
+                listed = self.logs.dead_letters() if path == "/api/dead-letters" else self.logs.schemas()
             except Exception as err:  # noqa: BLE001 - the page says why, the daemon goes on
                 log.warning("console: cannot read the log for %s: %s", path, err)
                 return 503, json.dumps({"error": f"{type(err).__name__}: {err}"}).encode(), "application/json"
-            return 200, json.dumps(body).encode(), "application/json"
+            return 200, json.dumps(listed).encode(), "application/json"
         return None

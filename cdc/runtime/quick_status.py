@@ -123,7 +123,8 @@ def _ask(address: tuple[str, int], names: list[str]) -> dict | None:
     host, port = address
     try:
         # An address as bytes skips the IDNA codec (and unicodedata) that a str host pulls in.
-        with socket.create_connection((host.encode("ascii"), port), timeout=TIMEOUT) as conn:
+        with socket.create_connection((host.encode("ascii"), port),  # type: ignore[arg-type]  # bytes: see above
+                                      timeout=TIMEOUT) as conn:
             conn.sendall(request)
             chunks = []
             while chunk := conn.recv(65536):

@@ -66,7 +66,10 @@ class SinkWriter:
 
     def _wait(self, seconds: float) -> bool:
         """Sleep unless stopping; True when the runner should stop."""
-        return self.stopping.wait(seconds) if self.stopping is not None else (time.sleep(seconds) or False)
+        if self.stopping is not None:
+            return self.stopping.wait(seconds)
+        time.sleep(seconds)
+        return False
 
     def written(self) -> None:
         """A write succeeded (here or a pipelined one): the run of poison events is broken."""

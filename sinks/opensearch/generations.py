@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cdc.api import PermanentError
 from sinks.opensearch.naming import generation_index, split_generation
@@ -144,7 +145,7 @@ class Generations:
         if generation != self.state.open:
             raise PermanentError(f"opensearch sink {self.sink_name}: generation {generation} was never opened")
         pointed = self.alias_targets()
-        actions = []
+        actions: list[dict[str, Any]] = []
         for alias, topic in sorted(self.state.aliases.items()):
             new_index = generation_index(alias, generation)
             if not self.client.indices.exists(index=new_index):

@@ -46,7 +46,7 @@ class Target:
 
 class IndexCatalog:
     def __init__(self, client, config: OpenSearchSinkConfig, generations: Generations,
-                 schema_for: Callable[[str], dict | None]) -> None:
+                 schema_for: Callable[..., dict | None]) -> None:
         self.client = client
         self.config = config
         self.generations = generations

@@ -25,7 +25,8 @@ from sqlalchemy.engine import make_url
 
 from cdc.api import CdcError, servers
 
-Kind, as_error = servers.Kind, servers.as_error
+Kind = servers.Kind
+as_error = servers.as_error
 mysql_errors, pg_errors = servers.mysql, servers.postgres
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError)

@@ -235,9 +235,9 @@ class Target:
         conflict = ", ".join(self.quote(c) for c in columns if c in key)
         if not updates:
             return f"{head}AS x ({names}) VALUES ({values}) ON CONFLICT ({conflict}) DO NOTHING"
-        sets = ", ".join(f"{self.quote(c)} = excluded.{self.quote(c)}" for c in updates)
+        assignments = ", ".join(f"{self.quote(c)} = excluded.{self.quote(c)}" for c in updates)
         where = f" WHERE x.{self.quote(guard)} < excluded.{self.quote(guard)}" if guard else ""
-        return f"{head}AS x ({names}) VALUES ({values}) ON CONFLICT ({conflict}) DO UPDATE SET {sets}{where}"
+        return f"{head}AS x ({names}) VALUES ({values}) ON CONFLICT ({conflict}) DO UPDATE SET {assignments}{where}"
 
 
 def _engine(url: sa.engine.URL, kind: str, application_name: str, connect_timeout: int) -> sa.engine.Engine:

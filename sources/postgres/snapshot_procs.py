@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import psycopg2
 
+from sources.postgres.copy_json import CopyJson
 from sources.postgres.copy_out import copy_blocks
 from sources.postgres.errors import wrap
 from sources.postgres.snapshot import SnapshotReader
@@ -41,7 +42,7 @@ class OpenReader:
         return SnapshotReader(self.dsn, self.options, self.snapshot_name, self.application_name, self.setting)
 
 
-def copy_lines(reader: SnapshotReader, task: tuple[int, str, str, int, Callable | None], emit: Callable) -> None:
+def copy_lines(reader: SnapshotReader, task: tuple[int, str, str, int, CopyJson | None], emit: Callable) -> None:
     """Runs in a child: ``task`` is (chunk index, table name, COPY statement, lines per block,
     what makes a block's row JSON or None)."""
     index, table, sql, lines, rewrite = task
