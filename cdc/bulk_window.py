@@ -82,7 +82,8 @@ class NewestWindow:
         returned (not in the window) for the caller to set aside. ``ends[(topic, partition)]`` is
         set to the offset after each partition's last record."""
         records = records if records.__class__ is list else list(records)
-        known, poisons = len(self._topics), []
+        known = len(self._topics)
+        poisons: list[tuple[object, PoisonRecord]] = []
         self.records += len(records)
         self._window.add(records, self._topics, ends, self._resolver(lambda: records, poisons))
         if len(self._topics) > known:
@@ -98,7 +99,8 @@ class NewestWindow:
             if not unpacked:
                 unpacked.extend(batch.records())
             return unpacked
-        known, poisons = len(self._topics), []
+        known = len(self._topics)
+        poisons: list[tuple[object, PoisonRecord]] = []
         self.records += batch.count
         self._window.add_packed(batch.data, batch.count, batch.topics, self._topics, ends,
                                 self._resolver(records, poisons))
@@ -114,7 +116,7 @@ class NewestWindow:
         def resolve(index: int) -> tuple | None:
             record = records()[index]
             event = decode_records([record], True)[0]
-            if event.__class__ is PoisonRecord:
+            if isinstance(event, PoisonRecord):
                 poisons.append((record, event))
                 return None
             tid = topics[record.topic]
@@ -140,7 +142,7 @@ class NewestWindow:
         for record in records:
             if record.topic not in self._sources and record.value is not None:
                 event = decode_records([record], True)[0]
-                if event.__class__ is not PoisonRecord and event.source:
+                if not isinstance(event, PoisonRecord) and event.source:
                     self._sources[record.topic] = event.source
 
     def stats(self) -> tuple[int, int]:
