@@ -24,7 +24,7 @@ any later MERGE.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession

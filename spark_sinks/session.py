@@ -151,8 +151,8 @@ def conf_within(session: SparkSession, settings: dict[str, str]) -> Iterator[Non
     try:
         yield
     finally:
-        for name, value in former.items():
-            if value is None:
+        for name, old in former.items():
+            if old is None:
                 conf.unset(name)
             else:
-                conf.set(name, value)
+                conf.set(name, old)
