@@ -164,7 +164,7 @@ class SnapshotCoordinator:
         self.stream: Stream | None = None
         self.snapshot: ParallelSnapshot | None = None
         self._opened: OpenedSnapshot | None = None
-        self._held = None                  # the newest snapshot item (events or a RowBlock), held back to mark the last row
+        self._held: Any = None             # the newest snapshot item (events or a RowBlock), held back to mark the last row
         self._pending_changes: tuple = ()  # schema records for the next batch
         self._progress: SnapshotProgress | None = None
         self._progress_stored = False
@@ -356,7 +356,7 @@ class SnapshotCoordinator:
     def _finish_snapshot(self) -> Batch:
         opened = self._opened
         self._close_snapshot()
-        events = []
+        events: list = []
         if self._held is not None:
             held, self._held = self._held, None
             if isinstance(held, RowBlock):

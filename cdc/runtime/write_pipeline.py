@@ -60,7 +60,7 @@ class Submitted(NamedTuple):
 def submit_in_shape(sink, events: list[SinkEvent]) -> Submitted:
     """On the sink's thread: ``events`` submitted part by part until the sink declines one."""
     parts = [part for part in split_by_schema(events) if part]
-    completions = []
+    completions: list = []
     for at, part in enumerate(parts):
         completion = sink.submit(part)
         if completion is None:

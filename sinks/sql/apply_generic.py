@@ -122,7 +122,7 @@ class GenericApplier:
         rows = []
         for event in events:
             after, key = event.after, event.key
-            row = []
+            row: list = []
             for name, conv in convert:
                 value = after.get(name)
                 if value is None:

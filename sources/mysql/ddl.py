@@ -209,7 +209,9 @@ class _Parser:
 
 
 def _split(tokens: list[Tok]) -> list[list[Tok]]:
-    parts, depth, current = [], 0, []
+    parts: list[list[Tok]] = []
+    current: list[Tok] = []
+    depth = 0
     for tok in tokens:
         if tok.text == "," and depth == 0:
             parts.append(current)
