@@ -83,18 +83,18 @@ def plan(shape: TableShape, table_schema: T.StructType, table_key: tuple[str, ..
             out.passed[new] = passed
         existing[new.lower()] = T.StructField(new, column.dataType, column.nullable)
     for name, kind in shape.columns:
-        column = existing.get(name.lower())
-        if column is None:
+        present = existing.get(name.lower())
+        if present is None:
             out.add.append(T.StructField(name, kind, True))
-        elif column.dataType == kind:
+        elif present.dataType == kind:
             continue
-        elif fits(kind, column.dataType):
-            out.casts[name] = column.dataType
-        elif widening(column.dataType, kind):
-            out.widen.append((column.name, kind))
-        elif recast(column.dataType, kind) and name in shape.doubles:
-            out.recast.append((column.name, kind))
+        elif fits(kind, present.dataType):
+            out.casts[name] = present.dataType
+        elif widening(present.dataType, kind):
+            out.widen.append((present.name, kind))
+        elif recast(present.dataType, kind) and name in shape.doubles:
+            out.recast.append((present.name, kind))
         else:
             out.incompatible.append(f"column {name}: {kind.simpleString()} values do not fit the table's "
-                                    f"{column.dataType.simpleString()}")
+                                    f"{present.dataType.simpleString()}")
     return out

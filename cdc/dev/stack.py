@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -135,7 +136,7 @@ def _reap() -> None:
             pass
 
 
-def _wait_ready(services: dict[str, tuple[Service, object]], timeout: float) -> None:
+def _wait_ready(services: dict[str, tuple[Service, subprocess.Popen]], timeout: float) -> None:
     pending = dict(services)
     deadline = time.monotonic() + timeout
     while pending:
@@ -217,7 +218,7 @@ def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180
         with ThreadPoolExecutor(max_workers=max(1, len(services))) as pool:
             for future in [pool.submit(s.prepare) for s in services.values()]:
                 future.result()
-        started: dict[str, tuple[Service, object]] = {}
+        started: dict[str, tuple[Service, subprocess.Popen]] = {}
         try:
             for name, service in services.items():
                 started[name] = (service, service.launch())

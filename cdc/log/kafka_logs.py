@@ -44,7 +44,7 @@ class RepeatFilter(logging.Filter):
             if len(self._seen) >= self.max_kinds:
                 self._seen.clear()
             self._seen[kind] = (now, 0)
-        if held:
+        if held and passed is not None:  # held: a record of this kind passed before
             record.msg = f"{record.getMessage()} (and {held} more like it in the last {now - passed:.0f}s)"
             record.args = ()
         return True
