@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -17,10 +17,10 @@ from cdc.api import PermanentError, table_topics
 from spark_sinks.schemas import TableShape
 from spark_sinks.tables import TableTarget
 
-if TYPE_CHECKING:
-    from spark_sinks.job import DeltaJob
-
 log = logging.getLogger(__name__)
+
+# ``job`` below is the sink's DeltaJob, untyped here: job.py imports this module, not the reverse.
+DeltaJob = Any
 
 
 def rebuild_all(job: DeltaJob, session: SparkSession, stop: threading.Event) -> list[str]:
