@@ -62,3 +62,22 @@ class PgWriter(Background):
                     time.sleep(self.pause)
         finally:
             conn.close()
+
+
+class ItemsWriter(PgWriter):
+    """Changes ``items (id int PRIMARY KEY, qty int NOT NULL, note text)``, seeded with ids 1 to
+    ``rows``: updates (qty and note), inserts and deletes, never of id 1 (a test's marker row)."""
+
+    rows = 1000
+    per_commit = 5
+    pause = 0.02
+
+    def change(self, cur) -> None:
+        roll, some = self.rng.random(), self.rng.randrange(2, self.rows)
+        if roll < 0.6:
+            cur.execute("UPDATE items SET qty = qty + 1, note = %s WHERE id = %s", (f"w{self.changes}", some))
+        elif roll < 0.8:
+            cur.execute("INSERT INTO items VALUES (%s, 0, 'new')", (self.new_id(),))
+        else:
+            cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(2, self.next_id),))
+

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -59,6 +60,19 @@ def kill_daemon(process: subprocess.Popen) -> None:
             except ProcessLookupError:
                 pass
     process.wait()
+
+
+def wait_beside(what: str, check, daemon: subprocess.Popen, limit: float = 180.0, every: float = 0.5):
+    """Poll ``check`` until it returns something truthy, which is returned; fail naming ``what``
+    after ``limit`` seconds, or at once if ``daemon`` exited meanwhile."""
+    deadline = time.monotonic() + limit
+    while True:
+        value = check()
+        if value:
+            return value
+        assert daemon.poll() is None, f"the daemon exited ({daemon.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"not within {limit:.0f}s: {what}"
+        time.sleep(every)
 
 
 def _group(pid: int) -> int | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg2
@@ -24,8 +23,8 @@ import redis as redis_client
 from opensearchpy import NotFoundError, OpenSearch
 
 from cdc.dev.services import free_port
-from tests.background import PgWriter
-from tests.daemon import cdc_process, kill_daemon
+from tests.background import ItemsWriter
+from tests.daemon import cdc_process, kill_daemon, wait_beside
 from tests.integration.pg_capture import execute
 from tests.integration.test_daemon_control import _rows
 
@@ -33,20 +32,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.kafka, pytes
               pytest.mark.redis]
 
 ROWS = 1000
-
-
-class Writer(PgWriter):
-    per_commit = 5
-    pause = 0.02
-
-    def change(self, cur) -> None:
-        roll, some = self.rng.random(), self.rng.randrange(2, ROWS)
-        if roll < 0.6:
-            cur.execute("UPDATE items SET qty = qty + 1, note = %s WHERE id = %s", (f"w{self.changes}", some))
-        elif roll < 0.8:
-            cur.execute("INSERT INTO items VALUES (%s, 0, 'new')", (self.new_id(),))
-        else:
-            cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(2, self.next_id),))
 
 
 def _config(tmp_path: Path, dsn: str, target: str, kafka: str, opensearch: str, redis_url: str,
@@ -110,17 +95,6 @@ def _cache(client, prefix: str) -> dict[int, tuple]:
     return out
 
 
-def _wait(what: str, check, daemon: subprocess.Popen, limit: float = 180.0):
-    deadline = time.monotonic() + limit
-    while True:
-        value = check()
-        if value:
-            return value
-        assert daemon.poll() is None, f"the daemon exited ({daemon.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"not within {limit:.0f}s: {what}"
-        time.sleep(0.5)
-
-
 def test_rebuild_three_times_under_a_writer_and_every_later_change_arrives(
         pg_dsn, target_dsn, kafka_bootstrap, opensearch_url, opensearch_index, redis_url, tmp_path):
     prefix = opensearch_index
@@ -135,9 +109,9 @@ def test_rebuild_three_times_under_a_writer_and_every_later_change_arrives(
               "cache": lambda: _cache(cache, prefix)}
     daemon = cdc_process(config, "run", log="daemon.log")
     try:
-        _wait("every store holds the snapshot",
-              lambda: all(len(read()) >= ROWS for read in stores.values()), daemon)
-        with Writer(pg_dsn, seed=7):
+        wait_beside("every store holds the snapshot",
+                    lambda: all(len(read()) >= ROWS for read in stores.values()), daemon)
+        with ItemsWriter(pg_dsn, seed=7):
             for round_ in range(1, 4):
                 for sink in stores:
                     result = subprocess.run([sys.executable, "-m", "cdc.cli", "rebuild", str(config), sink],
@@ -146,24 +120,24 @@ def test_rebuild_three_times_under_a_writer_and_every_later_change_arrives(
                     marker = f"after-{sink}-{round_}"
                     execute(pg_dsn, f"UPDATE items SET note = '{marker}' WHERE id = 1")
                     for name, read in stores.items():
-                        _wait(f"round {round_}: the change made after rebuilding {sink} reaches {name}",
-                              lambda read=read: (read().get(1) or (None, None))[1] == marker, daemon, 90)
+                        wait_beside(f"round {round_}: the change made after rebuilding {sink} reaches {name}",
+                                    lambda read=read: (read().get(1) or (None, None))[1] == marker, daemon, 90)
         expected = _source(pg_dsn)
         for name, read in stores.items():
-            _wait(f"{name} equals the source", lambda read=read: read() == expected, daemon)
+            wait_beside(f"{name} equals the source", lambda read=read: read() == expected, daemon)
         status = _rows(port)
         for sink in stores:
             assert status[sink]["healthy"], status[sink]
         # Only the current generation is left in each store (the index's old ones are dropped at
         # once: drop_old_generation_after_s: 0).
-        _wait("the old index generations are dropped",
-              lambda: sorted(search.indices.get(index=f"{alias}__g*")) == [f"{alias}__g4"], daemon, 60)
+        wait_beside("the old index generations are dropped",
+                    lambda: sorted(search.indices.get(index=f"{alias}__g*")) == [f"{alias}__g4"], daemon, 60)
         with psycopg2.connect(target_dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT generation, state FROM cdc_sink_generations")
             assert dict(cur.fetchall()) == {4: "current"}
-        _wait("the old cache generations are dropped",
-              lambda: {k.decode().split(":")[0] for k in cache.scan_iter(match=f"{prefix}*:public.items:*", count=1000)}
-              == {f"{prefix}.g4"}, daemon, 60)
+        def namespaces() -> set[str]:
+            return {k.decode().split(":")[0] for k in cache.scan_iter(match=f"{prefix}*:public.items:*", count=1000)}
+        wait_beside("the old cache generations are dropped", lambda: namespaces() == {f"{prefix}.g4"}, daemon, 60)
     finally:
         kill_daemon(daemon)
         search.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -21,8 +20,8 @@ import psycopg2
 import pytest
 
 from cdc.dev.services import free_port
-from tests.background import PgWriter
-from tests.daemon import cdc_process, kill_daemon
+from tests.background import ItemsWriter
+from tests.daemon import cdc_process, kill_daemon, wait_beside
 from tests.integration.pg_capture import execute
 from tests.integration.test_daemon_control import _rows
 from tests.integration.test_spark_delta_schema_live import delta_state
@@ -33,18 +32,9 @@ ROWS = 300
 COLUMNS = ["id", "qty", "note"]
 
 
-class Writer(PgWriter):
-    per_commit = 5
+class Writer(ItemsWriter):
+    rows = ROWS
     pause = 0.05
-
-    def change(self, cur) -> None:
-        roll, some = self.rng.random(), self.rng.randrange(2, ROWS)
-        if roll < 0.6:
-            cur.execute("UPDATE items SET qty = qty + 1, note = %s WHERE id = %s", (f"w{self.changes}", some))
-        elif roll < 0.8:
-            cur.execute("INSERT INTO items VALUES (%s, 0, 'new')", (self.new_id(),))
-        else:
-            cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(2, self.next_id),))
 
 
 def _config(tmp_path: Path, dsn: str, kafka: str, jars: str, port: int) -> Path:
@@ -68,17 +58,6 @@ def _source(dsn: str) -> dict:
         return {r[0]: tuple(r[1:]) for r in cur.fetchall()}
 
 
-def _wait(what: str, check, daemon: subprocess.Popen, limit: float = 600.0):
-    deadline = time.monotonic() + limit
-    while True:
-        value = check()
-        if value:
-            return value
-        assert daemon.poll() is None, f"the daemon exited ({daemon.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"not within {limit:.0f}s: {what}"
-        time.sleep(1.0)
-
-
 def test_delta_rebuilds_three_times_under_a_writer_and_every_later_change_arrives(
         spark, pg_dsn, kafka_bootstrap, dev_env_for, tmp_path):
     execute(pg_dsn, "CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL, note text)",
@@ -97,7 +76,7 @@ def test_delta_rebuilds_three_times_under_a_writer_and_every_later_change_arrive
 
     daemon = cdc_process(config, "run", log="daemon.log")
     try:
-        _wait("the table holds the snapshot", lambda: len(lake()) >= ROWS, daemon)
+        wait_beside("the table holds the snapshot", lambda: len(lake()) >= ROWS, daemon, 600)
         assert overwrites() == 0
         with Writer(pg_dsn, seed=5):
             for round_ in range(1, 4):
@@ -107,10 +86,10 @@ def test_delta_rebuilds_three_times_under_a_writer_and_every_later_change_arrive
                 assert overwrites() == round_, f"rebuild #{round_} swapped no table in"
                 marker = f"after-{round_}"
                 execute(pg_dsn, f"UPDATE items SET note = '{marker}' WHERE id = 1")
-                _wait(f"round {round_}: the change made after the rebuild reaches the table",
-                      lambda: (lake().get(1) or (None, None))[1] == marker, daemon, 300)
+                wait_beside(f"round {round_}: the change made after the rebuild reaches the table",
+                            lambda: (lake().get(1) or (None, None))[1] == marker, daemon, 300)
         expected = _source(pg_dsn)
-        _wait("the table equals the source", lambda: lake() == expected, daemon, 300)
+        wait_beside("the table equals the source", lambda: lake() == expected, daemon, 300)
         status = _rows(port)
         assert status["lake"]["healthy"] and status["lake"]["phase"] == "streaming", status["lake"]
     finally:
