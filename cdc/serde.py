@@ -142,7 +142,7 @@ class EnvelopeEncoder:
         delete's), or, for a truncate, ``everywhere(topic, value, key, headers)`` (one copy to
         every partition). ``headers`` is cdc/headers.py's list, the form confluent-kafka's
         ``produce`` takes (the Kafka writer passes its produce through
-        ``cdc.log.kafka.positional_produce``). ``emit`` may raise
+        ``cdc.log.kafka_writer.positional_produce``). ``emit`` may raise
         ``BufferError`` (no room just now); the record then goes to ``when_room``, which must wait
         for room and take it. Any other failure, of encoding or of ``emit``, is raised as an
         ``EmitError`` naming the topic, with the failure as its cause.

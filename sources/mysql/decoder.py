@@ -20,19 +20,55 @@ pymysqlreplication's own decoding, in CPU time.
 A decoder never trusts lengths: on anything malformed (truncated, corrupted) it raises
 ``DecodeError`` naming the table and the offset of the row; never another exception, never a
 silent short read (the last row must end exactly at the end of the event).
+
+The columns the decoders are generated from are in ``columns``; the C decoder's program in
+``c_decoder``.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from cdc.errors import DecodeError, PrerequisiteError
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId, TransactionInfo
 from sources.mysql import values
-from sources.mysql.types import _decode_mysql_latin1, b64, parse_json, python_codec, shortest_float32
+from sources.mysql.c_decoder import c_program
+from sources.mysql.columns import (
+    BIT,
+    BLOB,
+    DATE,
+    DATETIME,
+    DATETIME2,
+    DOUBLE,
+    ENUM,
+    FLOAT,
+    GEOMETRY,
+    INT24,
+    JSON,
+    LONG,
+    LONG_BLOB,
+    LONGLONG,
+    MEDIUM_BLOB,
+    NEWDECIMAL,
+    SET,
+    SHORT,
+    STRING,
+    TIME,
+    TIME2,
+    TIMESTAMP,
+    TIMESTAMP2,
+    TINY,
+    TINY_BLOB,
+    TYPE_NAMES,
+    VAR_STRING,
+    VARCHAR,
+    YEAR,
+    ColumnSpec,
+    string_converter,
+)
+from sources.mysql.types import shortest_float32
 from sources.mysql.values import (
     DIG2BYTES,
     DayCache,
@@ -44,70 +80,9 @@ from sources.mysql.values import (
     make_time2,
 )
 
-# Binlog column type codes (include/mysql_com.h enum_field_types).
-DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
-DATE, TIME, DATETIME, YEAR, NEWDATE, VARCHAR, BIT, TIMESTAMP2, DATETIME2, TIME2 = 10, 11, 12, 13, 14, 15, 16, 17, 18, 19
-JSON, NEWDECIMAL, ENUM, SET, TINY_BLOB, MEDIUM_BLOB, LONG_BLOB, BLOB, VAR_STRING, STRING, GEOMETRY = (
-    245, 246, 247, 248, 249, 250, 251, 252, 253, 254, 255)
-
-TYPE_NAMES = {TINY: "tinyint", SHORT: "smallint", INT24: "mediumint", LONG: "int", LONGLONG: "bigint",
-              FLOAT: "float", DOUBLE: "double", NEWDECIMAL: "decimal", YEAR: "year", DATE: "date",
-              TIME: "time", TIME2: "time", DATETIME: "datetime", DATETIME2: "datetime",
-              TIMESTAMP: "timestamp", TIMESTAMP2: "timestamp", VARCHAR: "varchar", VAR_STRING: "varchar",
-              STRING: "char", ENUM: "enum", SET: "set", BIT: "bit", BLOB: "blob", GEOMETRY: "geometry",
-              JSON: "json"}
-
 _FIXED = {TINY: ("b", "B"), SHORT: ("h", "H"), LONG: ("i", "I"), LONGLONG: ("q", "Q"),
           FLOAT: ("f", "f"), DOUBLE: ("d", "d"), YEAR: ("B", "B")}
 WRITE, UPDATE_ROWS, DELETE_ROWS = 1, 2, 3  # the kinds of rows events ``RowDecoder.events`` makes
-
-
-@dataclass(frozen=True, slots=True)
-class ColumnSpec:
-    """One column as the table map describes it (with ``binlog_row_metadata=FULL``)."""
-
-    name: str
-    type: int                      # binlog type code; STRING's real type (ENUM/SET) resolved
-    nullable: bool = True
-    unsigned: bool = False
-    length: int = 0                # VARCHAR/STRING: max bytes; BLOB/GEOMETRY/JSON: length-prefix bytes;
-                                   # ENUM/SET: storage bytes; BIT: bits
-    precision: int = 0             # DECIMAL
-    scale: int = 0                 # DECIMAL
-    fsp: int = 0                   # TIME2/DATETIME2/TIMESTAMP2 fractional digits
-    charset: str | None = None     # MySQL character set of text columns; "binary" for binary strings
-    labels: tuple[str, ...] = ()   # ENUM/SET labels in definition order
-    json: bool = False             # MariaDB JSON (a LONGTEXT with json_valid): parsed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ColumnSpec:
-        return cls(**{**data, "labels": tuple(data.get("labels") or ())})
-
-    @property
-    def type_name(self) -> str:
-        """A readable type for schema records: ``decimal(10,2)``, ``int unsigned``, ``datetime(3)``."""
-        base = "json" if self.json else TYPE_NAMES.get(self.type, f"type{self.type}")
-        if self.type == NEWDECIMAL:
-            base += f"({self.precision},{self.scale})"
-        elif self.type in (TIME2, DATETIME2, TIMESTAMP2) and self.fsp:
-            base += f"({self.fsp})"
-        elif self.type in (ENUM, SET):
-            base += "(" + ",".join("'" + label.replace("'", "''") + "'" for label in self.labels) + ")"
-        elif self.type == BIT:
-            base += f"({self.length})"
-        elif self.type in (VARCHAR, VAR_STRING, STRING) and self.charset == "binary":
-            base = ("binary" if self.type == STRING else "varbinary") + f"({self.length})"
-        elif self.type in (VARCHAR, VAR_STRING, STRING):
-            base += f"({self.length} bytes)"
-        elif self.type == BLOB and not self.json:
-            kind = ("tiny", "", "medium", "long")[min(max(self.length, 1), 4) - 1]
-            base = kind + ("blob" if self.charset == "binary" else "text")
-        if self.unsigned:
-            base += " unsigned"
-        return base
 
 
 # --- code generation ------------------------------------------------------------------------------
@@ -260,22 +235,6 @@ class _Gen:
         if isinstance(convert, str):
             return f"str({raw}, {convert!r})"
         return f"{self.name('D', convert)}({raw})"
-
-
-def string_converter(s: ColumnSpec) -> str | Callable[[bytes], Any]:
-    """How a string column's bytes become its value: a Python codec name (``str(raw, codec)``) or
-    a function of the bytes. The generated decoders and the C decoder both follow it."""
-    if s.json:
-        return parse_json
-    if s.charset == "binary" or s.type == GEOMETRY:
-        if s.type == STRING and s.length:  # BINARY(n): the binlog drops the trailing zero bytes
-            width = s.length
-            return lambda raw: b64(raw.ljust(width, b"\0"))
-        return b64
-    if s.charset is None:
-        raise PrerequisiteError(f"column {s.name}: the table map has no character set for it "
-                                "(binlog_row_metadata must be FULL)")
-    return python_codec(s.charset) or _decode_mysql_latin1
 
 
 # A WRITE or DELETE rows event: one image a row, the event's op and which side the image stands on.
@@ -443,107 +402,3 @@ class RowDecoder:
         out, _, count = self._run(self._events[kind], data, start, end, where, tid, base, ts_ms, file, pos, gtid,
                                   tx_id, order, first)
         return out, count
-
-
-try:  # the C row decoder (sources/mysql/_rowdecode.c), built by setup.py where a compiler is found
-    import sources.mysql._rowdecode as _rowdecode
-except ImportError:  # pragma: no cover - a build without a compiler
-    _rowdecode = None
-
-_INT_BYTES = {TINY: 1, SHORT: 2, INT24: 3, LONG: 4, LONGLONG: 8}
-
-
-def _c_string(s: ColumnSpec) -> Callable[[bytes], Any] | None:
-    """What the C decoder calls on a string column's bytes; None: it decodes UTF-8 itself."""
-    convert = string_converter(s)
-    if convert == "utf-8":
-        return None
-    if isinstance(convert, str):
-        return lambda raw: str(raw, convert)
-    return convert
-
-
-_PY_FIXED = {TIME: (values.time, 3), DATETIME: (values.datetime, 8), TIMESTAMP: (values.timestamp, 4)}
-
-
-def c_program(specs: Sequence[ColumnSpec], names: Sequence[str], key_index: Sequence[int]) -> Any:
-    """The C decoder of this row shape, or None (not built, or a column type it does not take:
-    MySQL's binary JSON; those tables keep the Python decoder). TIME and the pre-5.6 temporal
-    types are decoded by their Python functions, called from C."""
-    if _rowdecode is None or not key_index:
-        return None
-    c = _rowdecode
-    ops = []
-    for s in specs:
-        t, nullable = s.type, int(s.nullable)
-        if t in _INT_BYTES:
-            ops.append((c.INT, nullable, _INT_BYTES[t], int(not s.unsigned), None))
-        elif t == FLOAT:
-            ops.append((c.FLOAT, nullable, 0, 0, shortest_float32))
-        elif t == DOUBLE:
-            ops.append((c.DOUBLE, nullable, 0, 0, None))
-        elif t == YEAR:
-            ops.append((c.YEAR, nullable, 0, 0, None))
-        elif t == NEWDECIMAL and 1 <= s.precision <= 65 and 0 <= s.scale <= min(30, s.precision):
-            ops.append((c.DECIMAL, nullable, s.precision, s.scale, None))
-        elif t == DATE:
-            ops.append((c.DATE, nullable, 0, 0, None))
-        elif t in (DATETIME2, TIMESTAMP2) and 0 <= s.fsp <= 6:
-            ops.append((c.DATETIME2 if t == DATETIME2 else c.TIMESTAMP2, nullable, s.fsp, 0, None))
-        elif t in (VARCHAR, VAR_STRING, STRING):
-            ops.append((c.STR, nullable, 2 if s.length > 255 else 1, 0, _c_string(s)))
-        elif t in (BLOB, GEOMETRY, TINY_BLOB, MEDIUM_BLOB, LONG_BLOB) and 1 <= s.length <= 4:
-            ops.append((c.STR, nullable, s.length, 0, _c_string(s)))
-        elif t == ENUM and s.length in (1, 2):
-            ops.append((c.ENUM, nullable, s.length, 0, ("",) + s.labels))
-        elif t == BIT and 1 <= (s.length + 7) // 8 <= 8:
-            ops.append((c.BIT, nullable, (s.length + 7) // 8, 0, None))
-        elif t == SET and 1 <= s.length <= 8:
-            ops.append((c.SET, nullable, s.length, 0, s.labels))
-        elif t == TIME2 and 0 <= s.fsp <= 6:
-            ops.append((c.PYFIXED, nullable, 3 + (s.fsp + 1) // 2, 0, make_time2(s.fsp)))
-        elif t in _PY_FIXED:
-            decode, width = _PY_FIXED[t]
-            ops.append((c.PYFIXED, nullable, width, 0, decode))
-        else:
-            return None
-    return c.Program(tuple(ops), tuple(names), tuple(key_index),
-                     (ChangeEvent, TransactionInfo, Op.CREATE, Op.UPDATE, Op.DELETE, SnapshotMarker.FALSE))
-
-
-def specs_from_table_map(event: Any, dbms: str, json_columns: set[str]) -> list[ColumnSpec]:
-    """ColumnSpecs from a pymysqlreplication ``TableMapEvent`` (its columns and optional metadata)."""
-    metadata = event.optional_metadata
-    charsets = list(metadata.charset_collation_list or [])
-    null_bits = event.null_bitmask
-    from sources.mysql.types import charset_name
-
-    specs = []
-    char_index = 0
-    for i, column in enumerate(event.columns):
-        t = column.type
-        charset = None
-        if t in (STRING, VAR_STRING, VARCHAR, BLOB) or (t == GEOMETRY and dbms == "mariadb"):
-            if char_index < len(charsets):
-                charset = charset_name(charsets[char_index])
-            char_index += 1
-        if t in (VARCHAR, VAR_STRING, STRING):
-            length = column.max_length
-        elif t in (BLOB, GEOMETRY, JSON):
-            length = column.length_size
-        elif t in (ENUM, SET):
-            length = column.size
-        elif t == BIT:
-            length = column.bits
-        else:
-            length = 0
-        labels = tuple(column.enum_values[1:] if t == ENUM and column.enum_values
-                       else column.set_values if t == SET and column.set_values else ())
-        specs.append(ColumnSpec(
-            name=column.name or "", type=t, nullable=bool(null_bits[i >> 3] & (1 << (i & 7))),
-            unsigned=bool(column.unsigned), length=length,
-            precision=getattr(column, "precision", 0) if t == NEWDECIMAL else 0,
-            scale=getattr(column, "decimals", 0) if t == NEWDECIMAL else 0,
-            fsp=getattr(column, "fsp", 0) if t in (TIME2, DATETIME2, TIMESTAMP2) else 0,
-            charset=charset, labels=labels, json=column.name in json_columns and t == BLOB))
-    return specs

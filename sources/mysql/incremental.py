@@ -19,7 +19,7 @@ import pymysql
 from pymysql.converters import encoders
 
 from cdc.events import ChangeEvent, TableId
-from snapshot.incremental import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
+from snapshot.signals import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
 from sources.mysql.catalog import connect, current_position, query
 from sources.mysql.changes import version_of
 from sources.mysql.config import MySqlConfig

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 from cdc.events import Column, SchemaChange, TableId
 from sources.mysql import ddl
+from sources.mysql.columns import ColumnSpec
 from sources.mysql.ddl import ColumnDef
-from sources.mysql.decoder import ColumnSpec
 from sources.mysql.types import BINARY_TYPES, ColumnType
 
 log = logging.getLogger(__name__)

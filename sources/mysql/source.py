@@ -33,7 +33,7 @@ from cdc.errors import ConfigError
 from cdc.events import Batch, SnapshotEnd, TableId
 from cdc.positions import MySqlPosition, Position
 from snapshot.coordinator import CoordinatedSource, OpenedSnapshot, SnapshotCoordinator, close_quietly, signal_snapshot
-from snapshot.incremental import conditions_of
+from snapshot.signals import conditions_of
 from sources.mysql.binlog import BinlogConnection
 from sources.mysql.catalog import (
     captured_tables,

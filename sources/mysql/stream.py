@@ -38,7 +38,8 @@ from sources.mysql import ddl
 from sources.mysql.binlog import UNSUPPORTED_EVENTS, BinlogConnection, event_start, row_body
 from sources.mysql.catalog import resolve_key
 from sources.mysql.changes import CapturedTable, ChangeBuilder, version_of
-from sources.mysql.decoder import DELETE_ROWS, UPDATE_ROWS, WRITE, RowDecoder, specs_from_table_map
+from sources.mysql.columns import specs_from_table_map
+from sources.mysql.decoder import DELETE_ROWS, UPDATE_ROWS, WRITE, RowDecoder
 from sources.mysql.gtid import GtidPosition
 from sources.mysql.schema import SchemaTracker
 

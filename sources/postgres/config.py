@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 
 from cdc.api import ConfigPath, SnapshotMode, SourceConfig, servers
-from snapshot.incremental import IncrementalSettings
+from snapshot.signals import IncrementalSettings
 
 
 class PostgresConfig(SourceConfig, IncrementalSettings):

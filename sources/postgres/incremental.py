@@ -26,7 +26,7 @@ import time
 import psycopg2
 
 from cdc.events import ChangeEvent, TableId
-from snapshot.incremental import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
+from snapshot.signals import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
 from sources.postgres.catalog import TableMeta, table_meta
 from sources.postgres.errors import wrap
 from sources.postgres.lookup import CatalogLookup

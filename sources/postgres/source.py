@@ -36,7 +36,7 @@ from cdc.errors import ConfigError
 from cdc.events import TableId
 from cdc.positions import PgLsn, Position
 from snapshot.coordinator import CoordinatedSource, OpenedSnapshot, SnapshotCoordinator, close_quietly, signal_snapshot
-from snapshot.incremental import conditions_of
+from snapshot.signals import conditions_of
 from sources.postgres.catalog import TableMeta, captured_tables, check_readable, check_server, ensure_publication
 from sources.postgres.changes import ChangeBuilder
 from sources.postgres.config import PostgresConfig

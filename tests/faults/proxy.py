@@ -20,7 +20,7 @@ test can wait for a client to have come back after a fault.
 Kafka needs one more step: a client asks the broker for metadata and then connects to the
 address the broker *advertises*, bypassing a proxy at the bootstrap address. The local stack's
 broker therefore has a ``FAULTS`` listener that advertises the proxy's port (``KAFKA_FAULT_PROXY``
-in dev.env; the proxy forwards to ``KAFKA_FAULT_LISTENER``), see ``cdc.dev.services.Kafka``.
+in dev.env; the proxy forwards to ``KAFKA_FAULT_LISTENER``), see ``cdc.dev.brokers.Kafka``.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def test_a_snapshot_through_the_block_producer_then_the_stream_compacts_to_the_t
     execute(pg_dsn, "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
             "INSERT INTO accounts SELECT g, 100, 'n' FROM generate_series(1, 5000) g")
     opened = []
-    monkeypatch.setattr("cdc.log.kafka.open_block_producer",
+    monkeypatch.setattr("cdc.log.kafka_writer.open_block_producer",
                         lambda config: opened.append(block_producer.open_block_producer(config)) or opened[-1])
     log = KafkaLog(kafka_bootstrap, TopicSettings(partitions=3))
     topic = f"{kafka_topic}.public.accounts"

@@ -315,7 +315,7 @@ def test_a_request_with_another_condition_reads_the_table_again_from_its_start()
 
 
 def test_malformed_additional_conditions_are_refused_whole():
-    from snapshot.incremental import conditions_of
+    from snapshot.signals import conditions_of
 
     assert conditions_of({"additional-conditions": [{"data-collection": "public.t", "filter": "a = 1"}]}) == {
         "public.t": "a = 1"}
@@ -359,7 +359,7 @@ def _line(snapshots: IncrementalSnapshots) -> str:
 
 
 def test_a_condition_that_would_escape_its_place_in_the_chunk_query_is_refused():
-    from snapshot.incremental import condition_error
+    from snapshot.signals import condition_error
 
     for fine in ("id % 2 = 0", "region = 'eu' AND (a > 1 OR b < 2)", "note = 'a) OR (1=1'",
                  "name = 'it''s'", "\"odd)name\" = 1", "`odd(name` = 1", "note = 'a\\' OR ('"):

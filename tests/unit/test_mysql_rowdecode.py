@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from cdc.errors import DecodeError
 from cdc.events import TableId
+from sources.mysql import c_decoder
 from sources.mysql import decoder as dec
 from sources.mysql.decoder import DELETE_ROWS, UPDATE_ROWS, WRITE, ColumnSpec, RowDecoder
 from tests.damage import damage
@@ -31,10 +32,10 @@ def test_the_c_decoder_is_built():
     it is expected."""
     if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1":
         return
-    assert dec._rowdecode is not None, "sources.mysql._rowdecode was not built: pip install -e . with a C compiler"
+    assert c_decoder._rowdecode is not None, "sources.mysql._rowdecode was not built: pip install -e . with a C compiler"
 
 
-needs_c = pytest.mark.skipif(dec._rowdecode is None, reason="not built (see the test above)")
+needs_c = pytest.mark.skipif(c_decoder._rowdecode is None, reason="not built (see the test above)")
 GOLDEN = load()
 SPECS = {name: [ColumnSpec.from_dict(d) for d in specs] for name, specs in GOLDEN["tables"].items()}
 KIND = {"write": WRITE, "update": UPDATE_ROWS, "delete": DELETE_ROWS}

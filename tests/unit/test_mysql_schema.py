@@ -9,7 +9,7 @@ from cdc.errors import PrerequisiteError
 from cdc.events import TableId
 from sources.mysql import ddl
 from sources.mysql.catalog import check_settings
-from sources.mysql.decoder import BLOB, LONG, VARCHAR, ColumnSpec
+from sources.mysql.columns import BLOB, LONG, VARCHAR, ColumnSpec
 from sources.mysql.gtid import GtidPosition
 from sources.mysql.schema import SchemaTracker, TableSchema
 

@@ -127,11 +127,11 @@ def test_the_c_loop_makes_sink_events_of_plain_envelopes(monkeypatch):
 @given(st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.binary(max_size=4)), st.integers(0, 2 ** 40)),
                 max_size=12), st.integers(0, 3))
 def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
-    """cdc.log.kafka.log_records: records up to the first message with an error, in C and in
+    """cdc.log.kafka_reader.log_records: records up to the first message with an error, in C and in
     Python alike (real confluent-kafka Message objects)."""
     from confluent_kafka import KafkaError, Message
 
-    from cdc.log import kafka
+    from cdc.log import kafka_reader
 
     messages = [Message(topic="p.s.t", partition=n % 3, offset=n, key=value, value=value, timestamp=(1, stamp),
                         headers=None if value is None else [("cdc.version", b"%d" % stamp), ("cdc.source", value)],
@@ -139,12 +139,12 @@ def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
                 for n, (failed, value, stamp) in enumerate(made)]
     results = []
     for use_c in (True, False):
-        kafka.USE_SPEEDUPS = use_c
+        kafka_reader.USE_SPEEDUPS = use_c
         try:
             out: list = []
-            at = kafka.log_records(messages, start, out)
+            at = kafka_reader.log_records(messages, start, out)
         finally:
-            kafka.USE_SPEEDUPS = True
+            kafka_reader.USE_SPEEDUPS = True
         results.append((at, [(type(r), tuple(r)) for r in out]))
     assert results[0] == results[1]
     assert [r[1][6] for r in results[0][1]] == [m.headers() for m in messages[start:start + len(results[0][1])]]

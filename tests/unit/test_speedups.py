@@ -168,11 +168,11 @@ def test_events_from_a_generator_that_drops_them_as_it_goes():
 
 
 def test_positional_produce_puts_the_headers_in_their_place_in_both():
-    """The Kafka writer's produce (cdc.log.kafka.positional_produce): confluent-kafka's
+    """The Kafka writer's produce (cdc.log.kafka_writer.positional_produce): confluent-kafka's
     Producer.produce(topic, value, key, partition, callback, on_delivery, timestamp, headers),
     every argument before the headers at its default (tests/integration/test_record_headers.py
     checks a real producer: the headers, the key's partition, the time)."""
-    from cdc.log import kafka
+    from cdc.log import kafka_writer
 
     calls: list = []
 
@@ -180,11 +180,11 @@ def test_positional_produce_puts_the_headers_in_their_place_in_both():
         calls.append((args, kwargs))
 
     for use_c in (True, False) if serde._speedups is not None else (False,):
-        kafka.USE_SPEEDUPS = use_c
+        kafka_writer.USE_SPEEDUPS = use_c
         try:
-            positional = kafka.positional_produce(produce)
+            positional = kafka_writer.positional_produce(produce)
         finally:
-            kafka.USE_SPEEDUPS = True
+            kafka_writer.USE_SPEEDUPS = True
         positional("t", b"v", b"k", [("cdc.version", b"1")])
         positional("t", None, b"k")
         assert calls == [(("t", b"v", b"k", -1, None, None, 0, [("cdc.version", b"1")]), {}),

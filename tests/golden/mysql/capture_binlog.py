@@ -97,7 +97,7 @@ def capture(url: str) -> dict:
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-    from sources.mysql.decoder import specs_from_table_map
+    from sources.mysql.columns import specs_from_table_map
 
     parsed = urlparse(url)
     settings = dict(host=parsed.hostname, port=parsed.port or 3306, user=parsed.username or "root",
