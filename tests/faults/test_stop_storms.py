@@ -20,6 +20,7 @@ spend minutes importing the framework.
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 from pathlib import Path
@@ -47,7 +48,7 @@ STOPS = 50
 # A daemon's stop costs a supervisor's start and two spawned workers' (seconds of imports each), so
 # fewer: the worker kinds above take the 50 bursts each, and the supervisor's handler is the same
 # code (stop_signals) that tests/unit/test_stop_signals.py storms with 30,000 signals.
-DAEMON_STOPS = 20
+DAEMON_STOPS = int(os.environ.get("CDC_DAEMON_STORM_STOPS", "20"))  # 50: bench/results/stop_storms.md
 GRACE = 20.0  # cdc run's default --grace: how long the supervisor waits for a worker to drain
 DRAIN = GRACE * 0.75  # the drain bound the supervisor gives its workers
 # One partition, so a topic's offsets follow the generator's seqs; transactions of one event, so
