@@ -28,8 +28,8 @@ from tests.faults.storms import burst, wait_while_alive
 from tests.integration.test_spark_delta_shutdown import NOISE, commits
 from tests.integration.test_spark_delta_sink import ITEM_COLUMNS, ITEMS, Topics, catch_up, rows, upsert
 
-# Two in the suite; CDC_SPARK_STORM_STOPS=50 runs the workers' 50 (about half an hour on a quiet
-# machine: bench/results/stop_storms.md).
+# Two in the suite; CDC_SPARK_STORM_STOPS=50 runs the workers' 50 (about 45 s a stop on these
+# machines: bench/results/stop_storms.md).
 STOPS = int(os.environ.get("CDC_SPARK_STORM_STOPS", "2"))
 KEYS = max(6000, STOPS * 3000)  # enough that the last burst still comes mid-stream
 # A JVM's start and a Spark session per stop: minutes on a loaded machine.
