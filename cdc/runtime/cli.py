@@ -437,20 +437,21 @@ def _self_rebuild(config, name: str) -> int:
     from cdc.runtime.worker import build_runner
 
     stop = _interruptible()
-    seen: list[str] = []
-    rebuilt = []
+    seen: list[str] = []  # the phases reported, each once in a row
+
+    def rebuilt() -> bool:
+        return "rebuilding" in seen and "streaming" in seen[seen.index("rebuilding"):]
 
     def report(stats) -> None:
         if not seen or seen[-1] != stats.phase:
             seen.append(stats.phase)
-        if stats.phase == "streaming" and "rebuilding" in seen:
-            rebuilt.append(True)
+        if rebuilt():
             stop.set()
 
     runner = build_runner(config, name, report)
     runner.sink.request_rebuild()
     runner.run(stop)
-    if not rebuilt:
+    if not rebuilt():
         print(f"the rebuild of {name} did not finish (phases: {' -> '.join(seen)})", file=sys.stderr)
         return 130
     print(f"rebuilt {name}", file=sys.stderr)

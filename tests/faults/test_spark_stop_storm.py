@@ -19,13 +19,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cdc.events import Op
 from spark_sinks.config import DeltaSinkConfig
 from tests.daemon import module_process
 from tests.faults.storms import burst, wait_while_alive
-from tests.integration.test_spark_delta_shutdown import NOISE, commits
+from tests.integration.test_spark_delta_shutdown import NOISE, commits, submit_config
 from tests.integration.test_spark_delta_sink import ITEM_COLUMNS, ITEMS, Topics, catch_up, rows, upsert
 
 # Two in the suite; CDC_SPARK_STORM_STOPS=50 runs the workers' 50 (about 45 s a stop on these
@@ -51,17 +50,9 @@ def test_the_delta_sink_process_stops_cleanly_after_every_burst(spark, dev_env_f
         topics.publish(*[upsert(k, k, op=Op.CREATE, name=f"n{k}", qty=k) for k in range(1, KEYS + 1)])
     finally:
         topics.close()
-    sink = {"name": "lake", "type": "delta", "topics": [f"{kafka_topic}.*"], "path": str(tmp_path / "lake"),
-            "checkpoint": str(tmp_path / "checkpoint"), "topic_prefix": kafka_topic,
-            # Small batches one right after another: whenever the burst comes, one is running.
-            "trigger_seconds": 0, "max_offsets_per_trigger": 300,
-            "spark": {"master": "local[2]", "driver_memory": "1g",
-                      "jars": dev_env_for("spark")["SPARK_JARS"].split(","),
-                      "conf": {"spark.sql.shuffle.partitions": "2"}}}
-    config_file = tmp_path / "cdc.yaml"
-    config_file.write_text(yaml.safe_dump({"log": {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                                             "topic_prefix": kafka_topic}},
-                                           "sinks": [sink]}))
+    # Small batches one right after another: whenever the burst comes, one is running.
+    config_file, sink = submit_config(tmp_path, dev_env_for("spark")["SPARK_JARS"], kafka_bootstrap, kafka_topic,
+                                      trigger_seconds=0, max_offsets_per_trigger=300)
     table, checkpoint = tmp_path / "lake" / "public" / "items", tmp_path / "checkpoint"
     rng, done = random.Random(27), 0
     for stop in range(1, STOPS + 1):

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cdc.events import Op
+from tests.integration.test_spark_delta_shutdown import submit_config
 from tests.integration.test_spark_delta_sink import ITEM_COLUMNS, ITEMS, Topics, delete, rows, upsert
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -36,16 +36,8 @@ def test_merges_over_deletion_vectors_print_no_error_line(spark, dev_env_for, ka
         topics.publish(*[delete(k, 100) for k in range(1, 11)])
     finally:
         topics.close()
-    sink = {"name": "lake", "type": "delta", "topics": [f"{kafka_topic}.*"], "path": str(tmp_path / "lake"),
-            "checkpoint": str(tmp_path / "checkpoint"), "topic_prefix": kafka_topic,
-            "available_now": True, "max_offsets_per_trigger": KEYS,
-            "spark": {"master": "local[2]", "driver_memory": "1g",
-                      "jars": dev_env_for("spark")["SPARK_JARS"].split(","),
-                      "conf": {"spark.sql.shuffle.partitions": "2"}}}
-    config_file = tmp_path / "cdc.yaml"
-    config_file.write_text(yaml.safe_dump({"log": {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                                             "topic_prefix": kafka_topic}},
-                                           "sinks": [sink]}))
+    config_file, _ = submit_config(tmp_path, dev_env_for("spark")["SPARK_JARS"], kafka_bootstrap, kafka_topic,
+                                   available_now=True, max_offsets_per_trigger=KEYS)
     result = subprocess.run([sys.executable, "-m", "cdc.runtime.submit", str(config_file), "lake"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900,
                             cwd=Path(__file__).resolve().parents[2])

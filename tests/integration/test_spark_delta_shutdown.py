@@ -31,6 +31,22 @@ def commits(table: Path) -> int:
     return len(list(log.glob("*.json"))) if log.is_dir() else 0
 
 
+def submit_config(tmp_path: Path, jars: str, kafka_bootstrap: str, kafka_topic: str,
+                  **settings) -> tuple[Path, dict]:
+    """A config file with one delta sink ``lake`` over ``<kafka_topic>.*`` (tables and checkpoint
+    under ``tmp_path``, a small local Spark) plus ``settings``, for ``cdc.runtime.submit``;
+    returns (the file, the sink's settings)."""
+    sink = {"name": "lake", "type": "delta", "topics": [f"{kafka_topic}.*"], "path": str(tmp_path / "lake"),
+            "checkpoint": str(tmp_path / "checkpoint"), "topic_prefix": kafka_topic, **settings,
+            "spark": {"master": "local[2]", "driver_memory": "1g", "jars": jars.split(","),
+                      "conf": {"spark.sql.shuffle.partitions": "2"}}}
+    config_file = tmp_path / "cdc.yaml"
+    config_file.write_text(yaml.safe_dump({"log": {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                                             "topic_prefix": kafka_topic}},
+                                           "sinks": [sink]}))
+    return config_file, sink
+
+
 def test_sigterm_to_the_process_group_mid_batch_stops_cleanly(spark, dev_env_for, kafka_bootstrap,
                                                               kafka_topic, tmp_path):
     topics = Topics(kafka_bootstrap, kafka_topic)
@@ -39,17 +55,9 @@ def test_sigterm_to_the_process_group_mid_batch_stops_cleanly(spark, dev_env_for
         topics.publish(*[upsert(k, k, op=Op.CREATE, name=f"n{k}", qty=k) for k in range(1, KEYS + 1)])
     finally:
         topics.close()
-    sink = {"name": "lake", "type": "delta", "topics": [f"{kafka_topic}.*"], "path": str(tmp_path / "lake"),
-            "checkpoint": str(tmp_path / "checkpoint"), "topic_prefix": kafka_topic,
-            # Small batches one right after another: whenever the signal comes, one is running.
-            "trigger_seconds": 0, "max_offsets_per_trigger": 300,
-            "spark": {"master": "local[2]", "driver_memory": "1g",
-                      "jars": dev_env_for("spark")["SPARK_JARS"].split(","),
-                      "conf": {"spark.sql.shuffle.partitions": "2"}}}
-    config_file = tmp_path / "cdc.yaml"
-    config_file.write_text(yaml.safe_dump({"log": {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                                             "topic_prefix": kafka_topic}},
-                                           "sinks": [sink]}))
+    # Small batches one right after another: whenever the signal comes, one is running.
+    config_file, sink = submit_config(tmp_path, dev_env_for("spark")["SPARK_JARS"], kafka_bootstrap, kafka_topic,
+                                      trigger_seconds=0, max_offsets_per_trigger=300)
     output = tmp_path / "output.txt"
     table = tmp_path / "lake" / "public" / "items"
     with output.open("wb") as out:
