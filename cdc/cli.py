@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cdc.runtime import cli as runtime_cli
 
     runtime_cli.add_parser(commands)
+    from cdc.runtime import verify_cli
+
+    verify_cli.add_parser(commands)
     return parser
 
 

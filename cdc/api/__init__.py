@@ -43,8 +43,12 @@ from cdc.api.capabilities import (
                                   SlotDrop,
                                   SlotListing,
                                   SlotOwningSource,
+                                  SourceRead,
                                   StoredRow,
+                                  TableReader,
+                                  VerifiableSource,
                                   WriteCompletion,
+                                  in_range,
                                   key_order,
                                   page,
 )
@@ -97,10 +101,11 @@ __all__ = [
     # sources
     "Source", "SourceContext", "StandaloneSourceContext", "TableBook", "Batch", "Position",
     "IncrementalSnapshotSource", "SlotOwningSource", "SlotListing", "SlotDrop",
+    "VerifiableSource", "TableReader", "SourceRead",
     # sinks
     "Sink", "SelfDrivenSink", "SinkContext", "StandaloneSinkContext", "standalone_sink_context", "SinkEvent", "Op",
     "WindowPart", "RebuildableSink", "BulkLoadableSink", "PipelinedSink", "WriteCompletion", "MaintainedSink",
-    "DescribedSink", "ReadableSink", "SelfRebuildingSink", "StoredRow", "key_order", "page",
+    "DescribedSink", "ReadableSink", "SelfRebuildingSink", "StoredRow", "key_order", "page", "in_range",
     # services and their types
     "CheckpointFeed", "ConnectorLogger", "ConnectorStats", "DeadLetterWriter", "LogClient", "NativeCodecs",
     "SchemaLookup",

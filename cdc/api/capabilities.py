@@ -5,10 +5,12 @@ for a method). Each docstring states when the runtime calls it and on which thre
 Sinks: ``RebuildableSink`` (generations), ``BulkLoadableSink`` (a rebuild's windows in bulk),
 ``PipelinedSink`` (writes in flight), ``MaintainedSink`` (housekeeping between writes),
 ``SelfRebuildingSink`` (a self-driven sink's ``cdc rebuild``), ``DescribedSink`` (what the store
-holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote, read back: ``cdc demo``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
+holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote, read back: ``cdc demo``, ``cdc
+verify``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
 
 Sources: ``IncrementalSnapshotSource`` (tables read again while streaming, on request),
-``SlotOwningSource`` (server-side state that outlives the source: ``cdc status``, ``cdc drop``).
+``SlotOwningSource`` (server-side state that outlives the source: ``cdc status``, ``cdc drop``),
+``VerifiableSource`` (key ranges read at a known log position: ``cdc verify``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from cdc.api.config import SourceConfig
 from cdc.errors import CdcError
+from cdc.events import ChangeEvent
+from cdc.positions import Position
 from cdc.sink_event import SinkEvent, WindowPart
 
 
@@ -202,6 +206,35 @@ class ReadableSink(Protocol):
     @abstractmethod
     def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]: ...
 
+    def read_range(self, topic: str, after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+        """The live rows of ``topic`` whose key comes after ``after`` and not after ``upto`` (in
+        ``key_order``; None: unbounded), in key order: one chunk of ``cdc verify``. This default
+        reads the whole table per call; a sink overrides it with a read of the range alone."""
+        return in_range(self.read_rows(topic), after, upto)
+
+    def read_keys(self, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
+        """The live rows of ``topic`` with these keys (as ``StoredRow.key`` gives them; a key the
+        store lacks is left out), in key order: ``cdc verify``'s second look. This default reads
+        the whole table; a sink overrides it with a read of those keys alone."""
+        wanted = {key_order(key) for key in keys}
+        return [row for row in page(self.read_rows(topic), None, None) if key_order(row.key) in wanted]
+
+    def stored_forms(self, topic: str, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[StoredRow]:
+        """What the store holds for source rows, in the forms ``read_rows`` gives back: each a
+        (key, row) pair, the event's key object and its ``after`` as the sink receives them; the
+        sink's column choice, renames and value mapping applied (``cdc verify`` compares the
+        source this way). This default: the rows as they are."""
+        return [StoredRow(tuple(key.values()), dict(row)) for key, row in rows]
+
+
+def in_range(rows: list[StoredRow], after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+    """``rows`` (any order) as ``read_range`` answers: in key order, after ``after``, up to ``upto``."""
+    rows = page(rows, after, None)
+    if upto is None:
+        return rows
+    bound = key_order(upto)
+    return [r for r in rows if key_order(r.key) <= bound]
+
 
 def page(rows: list[StoredRow], after: tuple | None, limit: int | None) -> list[StoredRow]:
     """``rows`` (any order) as ``read_rows`` answers: in key order, after ``after``, ``limit`` at most."""
@@ -233,6 +266,48 @@ class IncrementalSnapshotSource(Protocol):
     @abstractmethod
     def signal_snapshot(cls, config: Any, tables: list[str], action: str = "execute",
                         where: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceRead:
+    """What a ``TableReader`` read: ``events``, the rows as ``r`` change events (what the source
+    would publish for them), in key order; ``position``, a log position such that every change
+    the read shows is at or before it, and every change it does not show is after it."""
+
+    events: list[ChangeEvent]
+    position: Position
+
+
+class TableReader(Protocol):
+    """A reader of a source's captured tables for ``cdc verify`` (``VerifiableSource``). Each call
+    reads in one snapshot of the database, without table locks, and answers with the position
+    that snapshot matches. Called from one thread; ``close()`` always."""
+
+    def tables(self) -> list[str]:
+        """The captured tables, as ``namespace.table``."""
+        ...
+
+    def read(self, table: str, after: tuple | None, limit: int) -> SourceRead:
+        """The rows of ``table`` whose key comes after ``after`` (None: from the first), at most
+        ``limit``, in the order of its key."""
+        ...
+
+    def read_keys(self, table: str, keys: Sequence[dict[str, Any]]) -> SourceRead:
+        """The rows of ``table`` with these keys (record key objects); a key not there is left out."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class VerifiableSource(Protocol):
+    """A source whose tables ``cdc verify`` can read beside the running capture (declared by
+    naming it among the source's bases). ``open_reader(config)`` (a classmethod: no source is
+    built) opens a ``TableReader`` on the server of ``config``; typed errors as the source's."""
+
+    @classmethod
+    @abstractmethod
+    def open_reader(cls, config: Any) -> TableReader: ...
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from cdc.api import PermanentError, ReadableSink, RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page
 from sinks.redis.client import command_known, connect, redacted_url, translate
@@ -37,6 +39,9 @@ from sinks.redis.pipeline import Command, ScriptPipeline
 from sinks.redis.pipeline import row as row_change
 from sinks.redis.plan import plan_batch
 from sinks.redis.publisher import AppliedPublisher
+from sinks.redis.reading import read_keys as _read_keys
+from sinks.redis.reading import read_range as _read_range
+from sinks.redis.reading import stored_forms as _stored_forms
 from sinks.redis.shapes import ShapeFollower
 from sinks.redis.values import column_chooser, stored_row
 from sinks.redis.wait import current_namespace
@@ -263,6 +268,18 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
         except Exception as err:  # noqa: BLE001
             raise translate(err, f"redis sink {self.config.name}: reading the rows of {topic}") from err
         return page(rows, after, limit)
+
+    def read_range(self, topic: str, after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+        """One chunk of ``cdc verify`` (cdc.api.ReadableSink; reading.py says what it costs)."""
+        self._started()
+        return _read_range(self, topic, after, upto)
+
+    def read_keys(self, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
+        self._started()
+        return _read_keys(self, topic, keys)
+
+    def stored_forms(self, topic: str, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[StoredRow]:
+        return _stored_forms(self, rows)
 
     def _count(self, replies: list) -> None:
         written = sum(1 for r in replies if r == 1)

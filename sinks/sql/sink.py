@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -67,6 +68,9 @@ from sinks.sql.deadline import WriteDeadline
 from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
 from sinks.sql.generations import Generations
 from sinks.sql.plan import DELETED, PlanFailed, TablePlan
+from sinks.sql.reading import read_keys as _read_keys
+from sinks.sql.reading import read_range as _read_range
+from sinks.sql.reading import stored_forms as _stored_forms
 from sinks.sql.reduce import TopicChanges, reduce_events
 from sinks.sql.tables import TableCatalog
 from sinks.sql.target import Target
@@ -339,6 +343,22 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
                                             f"{self.target.qualified(entry.physical)}{live}").all()
         key = [columns.index(name) for name in entry.key]
         return page([StoredRow(tuple(row[i] for i in key), dict(zip(columns, row))) for row in rows], after, limit)
+
+    def read_range(self, topic: str, after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+        """One chunk of ``cdc verify`` (cdc.api.ReadableSink; reading.py says what it costs)."""
+        self._started()
+        with self._errors("read_range"):
+            return _read_range(self, topic, after, upto)
+
+    def read_keys(self, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
+        self._started()
+        with self._errors("read_keys"):
+            return _read_keys(self, topic, keys)
+
+    def stored_forms(self, topic: str, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[StoredRow]:
+        self._started()
+        with self._errors("stored_forms"):
+            return _stored_forms(self, topic, rows)
 
     # --- generations ----------------------------------------------------------------------------
 

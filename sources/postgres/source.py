@@ -13,6 +13,7 @@ The lifecycle (decision, progress marker, handover) is the ``SnapshotCoordinator
   lookup.py           what the stream looks up in the catalog (tables, types, missing values)
   incremental.py      incremental snapshots' half: the signal table, waiting out older
                       transactions after a low watermark, reading a key range
+  verify_reader.py    ``cdc verify``'s half: key ranges read at a known WAL position
 
 ``prepare`` checks the server, resolves the captured tables, makes sure the publication covers
 them and takes back a slot a dead process of this connector still holds. A new snapshot always
@@ -31,7 +32,15 @@ import time
 
 import psycopg2
 
-from cdc.api import IncrementalSnapshotSource, SlotDrop, SlotListing, SlotOwningSource, servers
+from cdc.api import (
+    IncrementalSnapshotSource,
+    SlotDrop,
+    SlotListing,
+    SlotOwningSource,
+    TableReader,
+    VerifiableSource,
+    servers,
+)
 from cdc.errors import ConfigError
 from cdc.events import TableId
 from cdc.positions import PgLsn, Position
@@ -56,7 +65,7 @@ from sources.postgres.types import session_options
 log = logging.getLogger(__name__)
 
 
-class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSource):
+class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSource, VerifiableSource):
     config_model = PostgresConfig
     connector = "postgresql"
 
@@ -108,6 +117,12 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
     def signal_snapshot(cls, config: PostgresConfig, tables: list[str], action: str = "execute",
                         where: str | None = None) -> None:
         signal_snapshot(config, tables, action, where, cls.send_signal)
+
+    @classmethod
+    def open_reader(cls, config: PostgresConfig) -> TableReader:
+        from sources.postgres.verify_reader import PgTableReader  # only `cdc verify` needs it
+
+        return PgTableReader(config)
 
     @classmethod
     def list_slots(cls, configs, timeout: float) -> SlotListing:

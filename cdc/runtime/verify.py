@@ -1,0 +1,268 @@
+"""``cdc verify``: compare a sink's store with the source database, table by table, chunk by chunk.
+
+The source side is read through the source plugin (``cdc.api.VerifiableSource``: a ``TableReader``
+reads a key range in one snapshot, without table locks, and says at which log position), at most
+``rows_per_s`` rows a second. Each row becomes what the sink receives for it (the event's key and
+``after``, as the JSON envelope carries them) and then what the store holds for it
+(``ReadableSink.stored_forms``: the sink's own column choice, renames and value mapping). The store
+side is read through the sink (``ReadableSink.read_range``): the keys after the previous chunk's
+last key up to this chunk's last (the last chunk: to the end), so the chunks cover every key the
+store holds. Per chunk, one digest of each side (verify_compare.py); only a chunk whose digests
+differ is compared key by key.
+
+No false alarms under a live writer. A chunk read at position P can differ from a store that is
+correct: the store may not have applied the log up to P yet, or may already hold changes after P.
+So a key that differs is only a candidate. It gets up to ``looks`` second looks, each:
+
+1. wait until the store has applied the log past P (the position of the last source read of the
+   key): the source's stored offset (which the runtime saves only once the log holds every
+   change before it) has reached P, and then the sink's committed offsets (which it commits only
+   once its store holds the writes) have reached the topic's end offsets as they were then;
+2. read the candidates in the store;
+3. read them again in the source, in one snapshot, at position Q; Q is the next look's P.
+
+A key equal now is dropped. A key whose source row at Q is the one it had at P, and whose store
+row differs from it, is reported: no change of the key committed between the two source reads,
+and the store read between them came after the store applied everything up to P, so the store
+should have held that row. A key whose source row changed between P and Q is looked at again;
+one still changing after ``looks`` looks is reported as unsettled, not as different. (A key
+changed and changed back between the two source reads, with the store read in between, looks
+unchanged; it is reported only if that happens at every look up to one that catches the store
+still differing.) What a wait cannot bring (a sink that is not running, a source whose offset
+does not move within ``settle_timeout``) ends the looks: the keys still differing then are
+reported as they stood, and the report says the store did not settle.
+
+Threading: one thread; the reader and the sink are used from it alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from cdc.api import ReadableSink, SourceRead, TableReader, key_order
+from cdc.positions import IncrementalProgress, PgLsn, Position, SnapshotProgress
+from cdc.runtime.verify_compare import Finding, Row, TableReport, by_key, canonical_key, compare, digest
+
+log = logging.getLogger(__name__)
+
+
+class Settle(Protocol):
+    """Waits until the store applied the log past a source position (see the module docstring)."""
+
+    def wait(self, position: Position, topic: str) -> bool:
+        """True once applied; False when it could not be seen within the timeout."""
+        ...
+
+
+@dataclass(frozen=True)
+class Options:
+    chunk: int = 10_000
+    rows_per_s: float | None = None
+    looks: int = 3
+    shown: int = 10
+
+
+class Pacer:
+    """Keeps the source reads at ``rows_per_s`` at most (None: no limit)."""
+
+    def __init__(self, rows_per_s: float | None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.rows_per_s, self.clock, self.sleep = rows_per_s, clock, sleep
+        self.start: float | None = None
+        self.rows = 0
+
+    def took(self, rows: int) -> None:
+        if self.rows_per_s is None:
+            return
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        self.rows += rows
+        ahead = self.rows / self.rows_per_s - (now - self.start)
+        if ahead > 0:
+            self.sleep(ahead)
+
+
+class Verifier:
+    def __init__(self, reader: TableReader, sink: ReadableSink, topic_prefix: str, settle: Settle,
+                 options: Options = Options()) -> None:
+        self.reader, self.sink, self.prefix, self.settle, self.options = reader, sink, topic_prefix, settle, options
+        self.pacer = Pacer(options.rows_per_s)
+        self._source_keys: dict[tuple, dict[str, Any]] = {}  # canonical key -> the record key object
+
+    def topic(self, table: str) -> str:
+        return f"{self.prefix}.{table}"
+
+    def table(self, table: str) -> TableReport:
+        """Verify one table (``namespace.table``, as the reader names it)."""
+        began = time.monotonic()
+        topic = self.topic(table)
+        report = TableReport(table, topic, shown=self.options.shown)
+        after: tuple | None = None
+        while True:
+            read = self._read(self.reader.read(table, after, self.options.chunk))
+            source, keys = self._source_side(topic, read)
+            last = max((k for k in keys), key=key_order, default=None)
+            end = len(read.events) < self.options.chunk
+            store = by_key(self.sink.read_range(topic, after, None if end else last))
+            report.chunks += 1
+            report.rows += len(source)
+            report.store_rows += len(store)
+            if digest(source) != digest(store):
+                report.chunks_differing += 1
+                self._second_looks(table, topic, source, store, keys, read.position, report)
+            if end or last is None:
+                break
+            after = keys[last]
+        report.seconds = time.monotonic() - began
+        return report
+
+    def _read(self, done: SourceRead) -> SourceRead:
+        self.pacer.took(len(done.events))
+        return done
+
+    def _source_side(self, topic: str, read: SourceRead) -> tuple[dict[tuple, Row], dict[tuple, tuple]]:
+        """The rows read, as the store should hold them (canonical key -> row), and canonical key
+        -> the key's values as the source gives them (what the store is asked with)."""
+        pairs = [(dict(event.key or {}), _plain(event.after)) for event in read.events]
+        rows, keys = {}, {}
+        for (key, _), stored in zip(pairs, self.sink.stored_forms(topic, pairs)):
+            canon = canonical_key(stored.key)
+            rows.update(by_key([stored]))
+            keys[canon] = tuple(key.values())
+            self._source_keys[canon] = key
+        return rows, keys
+
+    def _second_looks(self, table: str, topic: str, source: dict[tuple, Row], store: dict[tuple, Row],
+                      keys: dict[tuple, tuple], position: Position, report: TableReport) -> None:
+        """The keys of a chunk whose digests differ, looked at again (the module docstring)."""
+        candidates = compare(source, store).keys
+        before = {k: source.get(k) for k in candidates}  # each key's source row at ``position``
+        now_source, now_store = source, store
+        for look in range(self.options.looks):
+            if not candidates:
+                return
+            if not self.settle.wait(position, topic):
+                report.settled = False
+                break
+            asked = [keys.get(k, k) for k in candidates]  # a store-only key is asked as the store spells it
+            now_store = by_key(self.sink.read_keys(topic, asked))
+            objects = [self._source_keys.get(k) or self._key_object(k) for k in candidates]
+            read = self._read(self.reader.read_keys(table, objects))
+            now_source, more = self._source_side(topic, read)
+            keys.update(more)
+            moving: list[tuple] = []
+            for k in candidates:
+                if now_source.get(k) == now_store.get(k):
+                    continue
+                if now_source.get(k) == before[k]:  # unchanged across the store's read: it differs
+                    self._report(report, k, now_source.get(k), now_store.get(k))
+                else:
+                    moving.append(k)
+            log.debug("verify %s: look %d: %d keys still moving", table, look + 1, len(moving))
+            before = {k: now_source.get(k) for k in moving}
+            candidates, position = moving, read.position
+        for k in candidates:  # still moving after every look, or the store did not settle
+            found = Finding(list(k), _dict(now_source.get(k)), _dict(now_store.get(k)))
+            report.add("unsettled" if report.settled else _kind(now_source.get(k), now_store.get(k)), found)
+
+    def _key_object(self, key: tuple) -> dict[str, Any]:
+        """A store-only key as a record key object: the source's key columns, from a row of the
+        table read before (the reader's order of key columns is the store's)."""
+        names = next((list(obj) for obj in self._source_keys.values()), None)
+        if names is None or len(names) != len(key):
+            names = [f"key{i}" for i in range(len(key))]
+        return {name: _number_or_text(value) for name, value in zip(names, key)}
+
+    @staticmethod
+    def _report(report: TableReport, key: tuple, source: Row | None, store: Row | None) -> None:
+        report.add(_kind(source, store), Finding(list(key), _dict(source), _dict(store)))
+
+
+def _kind(source: Row | None, store: Row | None) -> str:
+    return "missing" if store is None else "extra" if source is None else "different"
+
+
+def _plain(after: Any) -> dict[str, Any]:
+    """An event's ``after`` as the sink receives it: the JSON envelope's object (a source may
+    hand it over as JSON bytes already, an ``orjson.Fragment``)."""
+    return orjson.loads(orjson.dumps(after)) if after is not None else {}
+
+
+def _dict(row: Row | None) -> dict | None:
+    return None if row is None else dict(row)
+
+
+def _number_or_text(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def reached(stored: Position | None, at: Position) -> bool | None:
+    """Whether the source's stored offset ``stored`` is at or past ``at``; None when the two
+    cannot be compared (a kind of position this does not know)."""
+    while isinstance(stored, (IncrementalProgress, SnapshotProgress)):
+        if isinstance(stored, SnapshotProgress):
+            return False  # a snapshot in progress: nothing after it is in the log yet
+        stored = stored.at
+    if stored is None:
+        return False
+    if isinstance(stored, PgLsn) and isinstance(at, PgLsn):
+        return stored.lsn >= at.lsn
+    return None
+
+
+class LogSettle:
+    """``Settle`` through the log: the source's stored offset, then the sink's committed offsets
+    against the topic's ends (what ``cdc status`` shows as consumer lag)."""
+
+    def __init__(self, log_: Any, prefix: str, source: str, sink: str, timeout: float = 60.0,
+                 poll: float = 0.2) -> None:
+        from cdc.offsets import OffsetStore
+
+        self.log, self.source, self.sink, self.timeout, self.poll = log_, source, sink, timeout, poll
+        self.offsets = OffsetStore(log_, prefix)
+        self.reader = log_.reader(sink)
+
+    def wait(self, position: Position, topic: str) -> bool:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            answer = reached(self.offsets.load(self.source), position)
+            if answer is None or answer:
+                break
+            if time.monotonic() >= deadline:
+                log.warning("verify: the stored offset of source %s did not reach %s within %.0fs",
+                            self.source, position, self.timeout)
+                return False
+            time.sleep(self.poll)
+        try:
+            ends = self.log.end_offsets(topic)
+        except Exception:  # noqa: BLE001 - no topic yet: nothing to apply
+            return True
+        while True:
+            committed = self.reader.committed(list(ends))
+            if all((committed.get(tp) or 0) >= end for tp, end in ends.items()):
+                return True
+            if time.monotonic() >= deadline:
+                log.warning("verify: sink %s did not apply %s up to its ends within %.0fs (is it running?)",
+                            self.sink, topic, self.timeout)
+                return False
+            time.sleep(self.poll)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.offsets.close()
+
+
+def verify_tables(verifier: Verifier, tables: Sequence[str]) -> list[TableReport]:
+    return [verifier.table(table) for table in tables]

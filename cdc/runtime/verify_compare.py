@@ -1,0 +1,193 @@
+"""The pure half of ``cdc verify``: rows in one comparable form, a chunk's digest, what differs
+between the two sides of a chunk, and the report.
+
+``canonical`` makes a value equal wherever it lives, once both sides are in the forms the store
+gives back (``ReadableSink.stored_forms`` maps the source side): numbers by value (``12.30`` the
+text, ``Decimal('12.3')`` and ``12.3`` the float agree), instants in UTC, bytes as hex, JSON (a
+dict, or text holding an object or array) with its keys sorted. A NULL column and a column the
+store has no field for (a Redis hash) are the same: both are left out of the row.
+
+A chunk's digest is a SHA-256 of its rows in this form, in key order: equal digests mean equal
+chunks, and only a chunk whose digests differ is compared key by key (``compare``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, time
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+from cdc.api import StoredRow, key_order
+
+Row = tuple[tuple[str, Any], ...]  # (column, canonical value) sorted by column, NULLs left out
+
+
+def canonical(value: Any) -> Any:
+    """``value`` in the form compared (see the module docstring); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):  # as the stores that have no boolean keep it (SQLite: 1)
+        return "1" if value else "0"
+    if isinstance(value, (int, Decimal, float)):
+        return _number(str(value) if not isinstance(value, float) else repr(value))
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.isoformat(sep=" ", timespec="microseconds")
+    if isinstance(value, (date, time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    text = str(value)
+    if text[:1] in ("{", "["):
+        try:
+            return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONDecodeError:
+            return text
+    return _number(text)
+
+
+def _number(text: str) -> str:
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return text
+    if not number.is_finite():
+        return text
+    return format(number.normalize(), "f") if number else "0"
+
+
+def canonical_row(row: dict[str, Any]) -> Row:
+    return tuple(sorted((name, canonical(v)) for name, v in row.items() if v is not None))
+
+
+def canonical_key(key: Iterable[Any]) -> tuple:
+    return tuple(canonical(v) for v in key)
+
+
+def digest(rows: dict[tuple, Row]) -> str:
+    """One hash of a chunk's rows (canonical key -> canonical row), in key order."""
+    h = hashlib.sha256()
+    for key in sorted(rows, key=key_order):
+        h.update(orjson.dumps([key, rows[key]]))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def by_key(rows: Iterable[StoredRow]) -> dict[tuple, Row]:
+    return {canonical_key(r.key): canonical_row(r.row) for r in rows}
+
+
+@dataclass(frozen=True)
+class ChunkDiff:
+    """Keys of one chunk: in the source only, in the store only, in both with other values."""
+
+    missing: list[tuple]
+    extra: list[tuple]
+    different: list[tuple]
+
+    @property
+    def keys(self) -> list[tuple]:
+        return sorted([*self.missing, *self.extra, *self.different], key=key_order)
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.extra or self.different)
+
+
+def compare(source: dict[tuple, Row], store: dict[tuple, Row]) -> ChunkDiff:
+    """What differs between the two sides of a chunk (canonical rows by canonical key)."""
+    order = key_order
+    return ChunkDiff(missing=sorted((k for k in source if k not in store), key=order),
+                     extra=sorted((k for k in store if k not in source), key=order),
+                     different=sorted((k for k in source if k in store and source[k] != store[k]), key=order))
+
+
+@dataclass
+class Finding:
+    """A key that differs: its values on each side (None: the side has no such row)."""
+
+    key: list
+    source: dict | None
+    store: dict | None
+
+
+@dataclass
+class TableReport:
+    """What ``cdc verify`` found for one table. The lists hold the first ``shown`` keys of each
+    kind; the counts are complete."""
+
+    table: str
+    topic: str
+    rows: int = 0                 # source rows compared
+    store_rows: int = 0           # store rows compared
+    chunks: int = 0
+    chunks_differing: int = 0     # chunks whose digests differed (then compared key by key)
+    missing: list[Finding] = field(default_factory=list)
+    extra: list[Finding] = field(default_factory=list)
+    different: list[Finding] = field(default_factory=list)
+    unsettled: list[Finding] = field(default_factory=list)  # still changing after every look
+    counts: dict[str, int] = field(default_factory=lambda: {"missing": 0, "extra": 0, "different": 0,
+                                                             "unsettled": 0})
+    seconds: float = 0.0
+    settled: bool = True          # False: a wait for the store to apply the log timed out
+    shown: int = 10
+
+    def add(self, kind: str, finding: Finding) -> None:
+        self.counts[kind] += 1
+        found: list[Finding] = getattr(self, kind)
+        if len(found) < self.shown:
+            found.append(finding)
+
+    @property
+    def mismatched(self) -> int:
+        """Keys reported as differing (missing, extra or different; not the unsettled)."""
+        return self.counts["missing"] + self.counts["extra"] + self.counts["different"]
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["shown"]
+        out["rows_per_s"] = round(self.rows_per_s, 1)
+        out["seconds"] = round(self.seconds, 3)
+        out["equal"] = self.mismatched == 0
+        return out
+
+    def lines(self) -> list[str]:
+        """The report for people."""
+        verdict = "equal" if self.mismatched == 0 else f"{self.mismatched} keys differ"
+        out = [f"{self.table} ({self.topic}): {verdict}; {self.rows:,} source rows and {self.store_rows:,} store "
+               f"rows in {self.chunks} chunks ({self.chunks_differing} compared key by key), "
+               f"{self.seconds:.1f}s, {self.rows_per_s:,.0f} source rows/s"]
+        if not self.settled:
+            out.append("  the store did not apply the log within the settle timeout: keys still moving were "
+                       "reported as they stood (is the sink running?)")
+        for kind in ("missing", "extra", "different", "unsettled"):
+            count, found = self.counts[kind], getattr(self, kind)
+            if not count:
+                continue
+            more = f" (the first {len(found)})" if count > len(found) else ""
+            out.append(f"  {kind} {count}{more}:")
+            for f in found:
+                key = _show(f.key[0] if len(f.key) == 1 else f.key)
+                if kind == "missing":
+                    out.append(f"    key {key}: source {_show(f.source)}")
+                elif kind == "extra":
+                    out.append(f"    key {key}: store {_show(f.store)}")
+                else:
+                    out.append(f"    key {key}: source {_show(f.source)} != store {_show(f.store)}")
+        return out
+
+
+def _show(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()

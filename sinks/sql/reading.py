@@ -1,0 +1,108 @@
+"""What ``cdc verify`` reads of a SQL sink's store (cdc.api.ReadableSink), and a source row in
+the forms the store gives back.
+
+Cost: where a table's key is one integer column, a chunk is one range query on the key (its
+index) and a second look one ``IN`` query on it, so a pass reads each row once; the database's
+order of such a key is ``key_order``. For any other key the text order of the target may differ
+from ``key_order``, so each call reads the whole table and filters it here: correct, but a pass
+over N rows in C chunks reads N x C rows (verify such tables with a large ``--chunk``).
+
+``stored_forms`` binds each value through the converter a write uses for the target (values.py),
+so the comparison sees what a write of that row would have stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from cdc.api import PermanentError, StoredRow, in_range, key_order, page
+from sinks.sql.bookkeeping import Bookkeeping, TableEntry
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.generations import Generations
+from sinks.sql.plan import DELETED
+from sinks.sql.target import Target
+from sinks.sql.types import Family, parse_type
+from sinks.sql.values import converter
+
+
+class SqlSink(Protocol):
+    """What these reads use of the sink (sink.py)."""
+
+    config: SqlSinkConfig
+    target: Target | None
+    books: Bookkeeping
+    generations: Generations
+
+    def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]: ...
+
+
+def read_range(sink: SqlSink, topic: str, after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+    entry = _entry(sink, topic)
+    if entry is None:
+        return []
+    if not _integer_key(entry):
+        return in_range(sink.read_rows(topic), after, upto)
+    name = _target(sink).quote(entry.key[0])
+    bounds = [f"{name} > {int(after[0])}"] if after is not None else []
+    bounds += [f"{name} <= {int(upto[0])}"] if upto is not None else []
+    return in_range(_select(sink, entry, bounds), after, upto)
+
+
+def read_keys(sink: SqlSink, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
+    entry = _entry(sink, topic)
+    if entry is None or not keys:
+        return []
+    if not _integer_key(entry):
+        wanted = {key_order(key) for key in keys}
+        return [row for row in page(sink.read_rows(topic), None, None) if key_order(row.key) in wanted]
+    listed = ", ".join(str(int(key[0])) for key in keys)
+    return page(_select(sink, entry, [f"{_target(sink).quote(entry.key[0])} IN ({listed})"]), None, None)
+
+
+def stored_forms(sink: SqlSink, topic: str, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[StoredRow]:
+    entry = _entry(sink, topic)
+    if entry is None:
+        return [StoredRow(tuple(key.values()), dict(row)) for key, row in rows]
+    kind = _target(sink).kind
+    convert = [(name, converter(parse_type(column.type)[0], kind)) for name, column in entry.columns.items()]
+    out = []
+    for key, row in rows:
+        stored = {}
+        for name, to_store in convert:
+            value = row.get(name)
+            if value is None:
+                value = key.get(name)
+            stored[name] = None if value is None else to_store(value)
+        out.append(StoredRow(tuple(stored[name] for name in entry.key), stored))
+    return out
+
+
+def _entry(sink: SqlSink, topic: str) -> TableEntry | None:
+    generation = sink.generations.current()
+    with _target(sink).engine.begin() as conn:
+        return next((e for e in sink.books.entries(conn, generation).values() if e.topic == topic), None)
+
+
+def _select(sink: SqlSink, entry: TableEntry, conditions: list[str]) -> list[StoredRow]:
+    q, columns = _target(sink).quote, list(entry.columns)
+    if sink.config.soft_delete:
+        conditions = [*conditions, f"{q(DELETED)} = FALSE"]
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    with _target(sink).engine.begin() as conn:
+        rows = conn.exec_driver_sql(f"SELECT {', '.join(q(c) for c in columns)} FROM "
+                                    f"{_target(sink).qualified(entry.physical)}{where}").all()
+    key = [columns.index(name) for name in entry.key]
+    return [StoredRow(tuple(row[i] for i in key), dict(zip(columns, row))) for row in rows]
+
+
+def _target(sink: SqlSink) -> Target:
+    target = sink.target
+    if target is None:
+        raise PermanentError(f"sql sink {sink.config.name}: call start() first")
+    return target
+
+
+def _integer_key(entry: TableEntry) -> bool:
+    keys = entry.key
+    return len(keys) == 1 and parse_type(entry.columns[keys[0]].type)[0] is Family.INTEGER

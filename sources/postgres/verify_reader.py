@@ -1,0 +1,128 @@
+"""The PostgreSQL half of ``cdc verify`` (cdc.api.VerifiableSource): key ranges and single keys
+of the captured tables, each read in a snapshot of its own at a known WAL position.
+
+A read is one REPEATABLE READ, READ ONLY transaction on a connection of its own (no table lock
+beyond the ACCESS SHARE every SELECT takes). Its first statement takes the snapshot and, in it,
+``pg_current_wal_lsn()``: every transaction the snapshot sees committed before that, so its
+changes are at or below the LSN, and every change it does not see commits after the snapshot, its
+commit record beyond the LSN. The rows go through the incremental snapshot's reader
+(incremental.read_chunk), so they are the events the source would publish for them.
+
+Large values (TOAST) the reader would remember go to a store of its own in a temporary folder,
+never the running source's.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from cdc.api import SourceRead, TableReader, servers
+from cdc.positions import PgLsn
+from sources.postgres.catalog import TableMeta, captured_tables
+from sources.postgres.config import PostgresConfig
+from sources.postgres.deadline import with_connect_timeout
+from sources.postgres.errors import wrap
+from sources.postgres.incremental import read_chunk, signal_table_id
+from sources.postgres.lookup import CatalogLookup
+from sources.postgres.snapshot import quote_ident
+from sources.postgres.toast import ToastStore
+from sources.postgres.types import session_options
+
+
+class PgTableReader(TableReader):
+    def __init__(self, config: PostgresConfig) -> None:
+        self.cfg = config
+        self.setting = servers.setting_of("source", config.name, "dsn")
+        dsn = with_connect_timeout(config.dsn.get_secret_value(), config.server_timeout)
+        options = session_options()
+        self.conn = servers.postgres.connect(dsn, what=f"source {config.name}: connecting to verify",
+                                             setting=self.setting, options=options,
+                                             application_name=f"cdc-{config.name}-verify"[:63])
+        self._scratch = tempfile.TemporaryDirectory(prefix="cdc-verify-")
+        self.toast = ToastStore(Path(self._scratch.name) / "toast.db")
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT current_database()")
+                database = _one(cur.fetchone())
+            self.conn.rollback()
+            signals = signal_table_id(config.signal_table, database) if config.signal_table else None
+            found = [t for t in captured_tables(self.conn, config.tables, database, config.key_columns)
+                     if t.id != signals]
+            self.conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        except psycopg2.Error as err:
+            self.close()
+            raise wrap(err, f"source {config.name}: reading the catalog to verify", setting=self.setting) from err
+        self._tables: dict[str, TableMeta] = {str(t.id): t for t in found}
+        self.lookup = CatalogLookup(config, self.conn, database, {t.oid: t for t in found}, dsn, options,
+                                    in_snapshot=lambda: False, phase=lambda: "verify")
+
+    def tables(self) -> list[str]:
+        return sorted(self._tables)
+
+    def read(self, table: str, after: tuple | None, limit: int) -> SourceRead:
+        return self._read(table, after, limit, None, f"rows of {table} after {after}")
+
+    def read_keys(self, table: str, keys: Sequence[dict[str, Any]]) -> SourceRead:
+        meta = self._meta(table)
+        if not keys:
+            return SourceRead([], self._position())
+        names = ", ".join(quote_ident(k) for k in meta.key)
+        types = {c.name: c.type_name for c in meta.columns}
+        with self.conn.cursor() as cur:
+            values = ", ".join("(" + ", ".join(f"{cur.mogrify('%s', (_plain(key.get(k)),)).decode()}::{types[k]}"
+                                               for k in meta.key) + ")" for key in keys)
+        self.conn.rollback()
+        return self._read(table, None, len(keys), f"({names}) IN ({values})", f"{len(keys)} keys of {table}")
+
+    def _read(self, table: str, after: tuple | None, limit: int, where: str | None, what: str) -> SourceRead:
+        meta = self._meta(table)
+        try:
+            position = self._position(end=False)  # the snapshot the read below shares
+            events = read_chunk(self.conn, self.lookup, self.toast, meta, after, limit, position.lsn, where)
+        except psycopg2.Error as err:
+            self.conn.rollback()
+            raise wrap(err, f"source {self.cfg.name}: reading {what} to verify", setting=self.setting) from err
+        return SourceRead(events, position)
+
+    def _position(self, end: bool = True) -> PgLsn:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+            lsn = int(_one(cur.fetchone()))
+        if end:
+            self.conn.rollback()
+        return PgLsn(lsn)
+
+    def _meta(self, table: str) -> TableMeta:
+        meta = self._tables.get(table)
+        if meta is None:
+            from cdc.api import ConfigError
+
+            raise ConfigError(f"source {self.cfg.name} does not capture {table}; it captures: "
+                              f"{', '.join(self.tables()) or 'no tables'}")
+        return meta
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        finally:
+            toast = getattr(self, "toast", None)
+            if toast is not None:
+                toast.close()
+            self._scratch.cleanup()
+
+
+def _plain(value: Any) -> Any:
+    """A key value as psycopg2 binds it (json and arrays as their text)."""
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
+
+
+def _one(row: tuple | None) -> Any:
+    if row is None:
+        raise psycopg2.InterfaceError("the server answered no row")
+    return row[0]

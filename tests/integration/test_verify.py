@@ -1,0 +1,176 @@
+"""``cdc verify`` against real stores under a live writer (cdc/runtime/verify.py).
+
+One pipeline for the module: a PostgreSQL source into the embedded log, a daemon running the
+source, a PostgreSQL warehouse sink and a Redis cache sink, and a writer changing the source all
+along (never the keys below ``RESERVED``: those the tests corrupt by hand). A clean store
+verifies equal; hand edits of each store are reported exactly, key by key. A DuckDB target lets
+no other process in while its sink runs: it is verified with its sink stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
+
+import psycopg2
+import pytest
+import redis
+
+from cdc.cli import main
+from tests.background import PgWriter
+from tests.conftest import _fresh_database
+from tests.daemon import run_daemon, stop_daemon
+from tests.integration.pg_capture import execute, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+ROWS = 1500
+RESERVED = 100  # keys 1..RESERVED-1 are never touched by the writer
+
+
+class Writer(PgWriter):
+    """Updates, inserts and deletes on ``items`` above ``RESERVED``."""
+
+    pause = 0.005
+
+    def change(self, cur) -> None:
+        roll = self.rng.random()
+        if roll < 0.6:
+            cur.execute("UPDATE items SET qty = qty + 1, note = %s WHERE id = %s",
+                        (f"n{self.changes}", self.rng.randrange(RESERVED, ROWS)))
+        elif roll < 0.8:
+            cur.execute("INSERT INTO items VALUES (%s, 1, 2.50, 'new', now())", (self.new_id(),))
+        else:
+            cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(RESERVED, self.next_id),))
+
+
+@dataclass
+class Pipeline:
+    config: Path
+    source_dsn: str
+    target_dsn: str
+    redis_url: str
+    redis_prefix: str
+    writer: Writer
+
+
+def verify(config: Path, sink: str, *args: str) -> tuple[int, dict]:
+    """``cdc verify --json`` in this process: its exit code and its answer."""
+    out = StringIO()
+    with redirect_stdout(out):
+        code = main(["verify", str(config), sink, "--json", "--settle-timeout", "30", *args])
+    return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
+
+
+def keys_of(answer: dict, kind: str) -> list:
+    return sorted(k for table in answer["tables"] for finding in table[kind] for k in finding["key"])
+
+
+def _pair(generators: list) -> Iterator[str]:
+    for generator in generators:
+        yield next(generator)
+
+
+@pytest.fixture(scope="module")
+def pipeline(pg_admin_dsn, redis_url, tmp_path_factory) -> Iterator[Pipeline]:
+    databases = [_fresh_database(pg_admin_dsn), _fresh_database(pg_admin_dsn)]
+    source_dsn, target_dsn = _pair(databases)
+    tmp = tmp_path_factory.mktemp("verify")
+    prefix, cache = f"v{uuid.uuid4().hex[:6]}", f"v{uuid.uuid4().hex[:6]}"
+    execute(source_dsn, "CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL, price numeric(10,2), note text, "
+                        "at timestamptz)",
+            f"INSERT INTO items SELECT g, g % 7, 9.90, 'seed', '2026-01-01T00:00:00Z' "
+            f"FROM generate_series(1, {ROWS}) g")
+    url = target_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+    config = tmp / "cdc.yaml"
+    config.write_text(
+        f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
+        f"sources:\n  - {{name: src, type: postgres, dsn: '{source_dsn}', tables: ['public.items'], "
+        f"state_dir: ./state, heartbeat_interval: 1, status_interval: 1}}\n"
+        f"sinks:\n"
+        f"  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
+        f"  - {{name: cache, type: redis, url: '{redis_url}', key_prefix: {cache}, topics: ['{prefix}.public.*'], "
+        f"exclude: [at], batch_wait_ms: 50}}\n"
+        f"  - {{name: duck, type: sql, url: 'duckdb:///duck.db', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
+        f"http: null\n")
+    daemon = run_daemon(config, "src", log="daemon.log")
+    sinks = [run_daemon(config, name, log=f"{name}.log") for name in ("wh", "cache")]
+    try:
+        wait_until(lambda: _count(target_dsn) == ROWS, timeout=120, what="the warehouse's first fill")
+        wait_until(lambda: _cached(redis_url, cache) == ROWS, timeout=120, what="the cache's first fill")
+        with Writer(source_dsn, seed=30) as writer:
+            wait_until(lambda: writer.changes > 200, timeout=60, what="the writer to write")
+            yield Pipeline(config, source_dsn, target_dsn, redis_url, cache, writer)
+    finally:
+        for process in [*sinks, daemon]:
+            stop_daemon(process)
+        client = redis.Redis.from_url(redis_url)
+        names = list(client.scan_iter(match=f"{cache}*"))
+        if names:
+            client.delete(*names)
+        client.close()
+        for generator in databases:
+            next(generator, None)
+
+
+def _cached(url: str, prefix: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return sum(1 for _ in client.scan_iter(match=f"{prefix}:public.items:*", count=1000))
+    finally:
+        client.close()
+
+
+def _count(dsn: str) -> int:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM items")
+            return cur.fetchone()[0]
+    except psycopg2.errors.UndefinedTable:
+        return 0
+    finally:
+        conn.close()
+
+
+def test_a_clean_store_under_a_live_writer_verifies_equal(pipeline):
+    before = pipeline.writer.changes
+    for sink in ("wh", "cache"):
+        code, answer = verify(pipeline.config, sink, "--chunk", "400")
+        table = answer["tables"][0]
+        assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), \
+            (sink, table)
+        assert table["rows"] >= ROWS // 2 and table["chunks"] >= 3
+    assert pipeline.writer.changes > before  # the writer wrote while verify ran
+
+
+def test_hand_edits_of_the_warehouse_are_reported_exactly(pipeline):
+    execute(pipeline.target_dsn, "DELETE FROM items WHERE id = 5", "UPDATE items SET qty = 999 WHERE id = 6",
+            "INSERT INTO items (id, qty, price, note, __cdc_version) VALUES (99999999, 1, 1.00, 'stray', 1)")
+    code, answer = verify(pipeline.config, "wh", "--chunk", "400")
+    assert code == 1
+    assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
+        (["5"], ["6"], ["99999999"])
+    [different] = answer["tables"][0]["different"]
+    assert (different["source"]["qty"], different["store"]["qty"]) == ("6", "999")
+
+
+def test_hand_edits_of_the_cache_are_reported_exactly(pipeline):
+    client = redis.Redis.from_url(pipeline.redis_url)
+    try:
+        client.hset(f"{pipeline.redis_prefix}:public.items:7", "note", "edited")
+        client.delete(f"{pipeline.redis_prefix}:public.items:8")
+    finally:
+        client.close()
+    code, answer = verify(pipeline.config, "cache", "--chunk", "400")
+    assert code == 1
+    assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
+        (["8"], ["7"], [])
+    [different] = answer["tables"][0]["different"]
+    assert (different["source"]["note"], different["store"]["note"]) == ("seed", "edited")
+    assert "at" not in different["source"]  # the sink's exclude applies to the source side too

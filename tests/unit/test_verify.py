@@ -1,0 +1,208 @@
+"""``cdc verify``'s pure logic: canonical values, chunk digests, key ranges, the looks that keep a
+live writer from raising false alarms, the pacing and the report (cdc/runtime/verify*.py).
+The source and the store here are fakes of the two plugin interfaces; tests/integration/
+test_verify.py runs the same against real servers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+
+from cdc.api import ReadableSink, SourceRead, StoredRow, in_range
+from cdc.events import ChangeEvent, Op, TableId
+from cdc.positions import IncrementalProgress, PgLsn, SnapshotProgress
+from cdc.runtime.verify import Options, Pacer, Verifier, reached
+from cdc.runtime.verify_compare import TableReport, by_key, canonical, compare, digest
+
+TABLE = TableId("db", "public", "t")
+
+
+def test_a_value_compares_equal_whatever_form_a_store_keeps_it_in():
+    assert canonical("12.30") == canonical(Decimal("12.3")) == canonical(12.3) == "12.3"
+    assert canonical(7) == canonical("7") == canonical(Decimal("7.00")) == "7"
+    assert canonical(True) == canonical(1 == 1) == "1" and canonical(False) == "0"
+    instant = datetime(2026, 1, 1, 1, 0, tzinfo=timezone(timedelta(hours=1)))
+    assert canonical(instant) == canonical(datetime(2026, 1, 1, 0, 0)) == canonical(instant.astimezone(UTC))
+    assert canonical({"b": 1, "a": [1]}) == canonical('{"a": [1], "b": 1}')
+    assert canonical(b"\x00\x01") == canonical(memoryview(b"\x00\x01"))
+    assert canonical("NaN") == "NaN" and canonical("text") == "text" and canonical(None) is None
+    assert canonical("12.3") != canonical("12.4")
+
+
+def test_a_chunk_digest_ignores_order_and_null_columns_but_not_values():
+    one = by_key([StoredRow((1,), {"id": 1, "v": "2.50", "n": None}), StoredRow((2,), {"id": 2, "v": 3})])
+    two = by_key([StoredRow(("2",), {"v": "3", "id": "2"}), StoredRow(("1",), {"id": "1", "v": Decimal("2.5")})])
+    assert digest(one) == digest(two)
+    three = by_key([StoredRow((1,), {"id": 1, "v": "2.51"}), StoredRow((2,), {"id": 2, "v": 3})])
+    assert digest(one) != digest(three)
+
+
+def test_compare_names_missing_extra_and_different_keys_in_key_order():
+    source = by_key([StoredRow((k,), {"v": k}) for k in (1, 2, 3, 10)])
+    store = by_key([StoredRow((1,), {"v": 1}), StoredRow((3,), {"v": 0}), StoredRow((9,), {"v": 9}),
+                    StoredRow((10,), {"v": 10})])
+    diff = compare(source, store)
+    assert (diff.missing, diff.extra, diff.different) == ([("2",)], [("9",)], [("3",)])
+    assert diff.keys == [("2",), ("3",), ("9",)]
+
+
+def test_key_ranges_are_after_the_lower_bound_up_to_and_with_the_upper_one():
+    rows = [StoredRow((k,), {}) for k in (10, 2, 9, 1, "x")]
+    assert [r.key for r in in_range(rows, (1,), (9,))] == [(2,), (9,)]
+    assert [r.key for r in in_range(rows, None, (2,))] == [(1,), (2,)]
+    assert [r.key for r in in_range(rows, (9,), None)] == [(10,), ("x",)]
+
+
+def test_the_pacer_holds_reads_to_the_rate():
+    now, slept = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    pacer = Pacer(100, clock=lambda: now[0], sleep=sleep)
+    for _ in range(5):
+        pacer.took(50)
+    assert now[0] == 2.5 and sum(slept) == 2.5  # 250 rows at 100 a second
+    unpaced = Pacer(None, clock=lambda: 0.0, sleep=sleep)
+    unpaced.took(10_000)
+    assert len(slept) == 5
+
+
+def test_a_stored_offset_reaches_a_position_through_progress_wrappers():
+    assert reached(PgLsn(10), PgLsn(10)) and not reached(PgLsn(9), PgLsn(10))
+    assert reached(IncrementalProgress(PgLsn(12), ("public.t",)), PgLsn(10))
+    assert reached(SnapshotProgress(PgLsn(12)), PgLsn(10)) is False
+    assert reached(None, PgLsn(1)) is False
+
+
+# --- the looks, with a fake source and store -----------------------------------------------------
+
+class FakeSource:
+    """A table that a test changes; ``on_read`` runs after every read (a writer)."""
+
+    def __init__(self, rows: dict[int, int]) -> None:
+        self.rows, self.lsn, self.on_read = dict(rows), 100, None
+
+    def tables(self) -> list[str]:
+        return ["public.t"]
+
+    def _answer(self, keys) -> SourceRead:
+        self.lsn += 1
+        events = [ChangeEvent(Op.READ, TABLE, {"id": k}, None, {"id": k, "v": self.rows[k]}, self.lsn, 0)
+                  for k in sorted(keys) if k in self.rows]
+        read = SourceRead(events, PgLsn(self.lsn))
+        if self.on_read is not None:
+            self.on_read()
+        return read
+
+    def read(self, table, after, limit) -> SourceRead:
+        return self._answer([k for k in sorted(self.rows) if after is None or k > after[0]][:limit])
+
+    def read_keys(self, table, keys) -> SourceRead:
+        return self._answer([key["id"] for key in keys])
+
+    def close(self) -> None:
+        pass
+
+
+class FakeStore(ReadableSink):
+    def __init__(self, rows: dict[int, int]) -> None:
+        self.rows = dict(rows)
+
+    def read_rows(self, topic, after=None, limit=None):
+        from cdc.api import page
+
+        return page([StoredRow((k,), {"id": k, "v": v}) for k, v in self.rows.items()], after, limit)
+
+
+class Settle:
+    """Applies the source to the store when asked to wait (a sink catching up), or never settles."""
+
+    def __init__(self, source: FakeSource, store: FakeStore, catch_up: bool = True, works: bool = True) -> None:
+        self.source, self.store, self.catch_up, self.works, self.waits = source, store, catch_up, works, 0
+
+    def wait(self, position, topic) -> bool:
+        self.waits += 1
+        if self.catch_up:
+            self.store.rows = {k: v for k, v in self.source.rows.items() if k not in BROKEN} | \
+                {k: v for k, v in self.store.rows.items() if k in BROKEN}
+        return self.works
+
+
+BROKEN: set[int] = set()
+
+
+def run(source: FakeSource, store: FakeStore, settle: Settle | None = None, chunk: int = 4,
+        looks: int = 3) -> TableReport:
+    verifier = Verifier(source, store, "p", settle or Settle(source, store), Options(chunk=chunk, looks=looks))
+    return verifier.table("public.t")
+
+
+def test_equal_chunks_are_not_looked_at_again():
+    rows = {k: k for k in range(1, 11)}
+    source, store = FakeSource(rows), FakeStore(rows)
+    settle = Settle(source, store)
+    report = run(source, store, settle)
+    assert (report.rows, report.store_rows, report.chunks, report.chunks_differing) == (10, 10, 3, 0)
+    assert report.mismatched == 0 and settle.waits == 0
+
+
+def test_a_store_that_lags_is_not_a_difference_once_it_caught_up():
+    rows = {k: k for k in range(1, 11)}
+    source, store = FakeSource(rows), FakeStore({**rows, 3: 0, 7: 0})  # not applied yet
+    del store.rows[5]
+    report = run(source, store)
+    assert report.mismatched == 0 and report.chunks_differing == 1  # its wait caught the whole store up
+
+
+def test_hand_edits_are_reported_by_kind_with_both_sides():
+    BROKEN.update({3, 5, 7, 42})
+    try:
+        rows = {k: k for k in range(1, 11)}
+        source, store = FakeSource(rows), FakeStore({**rows, 3: -3, 42: 1})
+        del store.rows[5]
+        report = run(source, store)
+    finally:
+        BROKEN.clear()
+    assert report.counts == {"missing": 1, "extra": 1, "different": 1, "unsettled": 0}
+    assert [f.key for f in report.missing] == [["5"]] and [f.key for f in report.extra] == [["42"]]
+    [different] = report.different
+    assert (different.key, different.source, different.store) == (["3"], {"id": "3", "v": "3"},
+                                                                  {"id": "3", "v": "-3"})
+    assert "3 keys differ" in report.lines()[0]
+
+
+def test_a_key_that_changes_at_every_read_is_unsettled_not_different():
+    rows = {k: k for k in range(1, 6)}
+    source, store = FakeSource(rows), FakeStore(rows)
+    store.rows[2] = 0
+
+    def writer() -> None:
+        source.rows[2] += 1
+
+    source.on_read = writer
+    report = run(source, store, Settle(source, store, catch_up=False), looks=2)
+    assert report.counts == {"missing": 0, "extra": 0, "different": 0, "unsettled": 1}
+    assert [f.key for f in report.unsettled] == [["2"]]
+
+
+def test_a_store_that_never_settles_is_said_so():
+    rows = {k: k for k in range(1, 6)}
+    source, store = FakeSource(rows), FakeStore({**rows, 4: 0})
+    report = run(source, store, Settle(source, store, catch_up=False, works=False))
+    assert not report.settled and report.counts["different"] == 1
+    assert "did not apply the log" in report.lines()[1]
+    assert report.as_json()["equal"] is False
+
+
+def test_the_report_lists_the_first_keys_and_counts_them_all():
+    report = TableReport("public.t", "p.public.t", shown=2)
+    from cdc.runtime.verify_compare import Finding
+
+    for k in range(5):
+        report.add("missing", Finding([str(k)], {"id": str(k)}, None))
+    assert report.counts["missing"] == 5 and len(report.missing) == 2
+    lines = report.lines()
+    assert lines[1] == "  missing 5 (the first 2):" and lines[2] == '    key "0": source {"id":"0"}'
+    assert report.as_json()["counts"]["missing"] == 5
