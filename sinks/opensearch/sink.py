@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import orjson
 
@@ -59,6 +60,10 @@ from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
 from sinks.opensearch.lines import RAW as RAW_ROWS
 from sinks.opensearch.lines import encode as encode_items
+from sinks.opensearch.reading import key_of
+from sinks.opensearch.reading import read_keys as _read_keys
+from sinks.opensearch.reading import read_range as _read_range
+from sinks.opensearch.reading import stored_forms as _stored_forms
 from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
 
 log = logging.getLogger(__name__)
@@ -89,6 +94,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
         self.config: OpenSearchSinkConfig = config
         # The parts do no I/O until start(): the client connects on its first request.
         self.client = make_client(config)
+        self.key_fields: dict[str, str] = {}  # for cdc verify's ranges (reading.py)
         self.generations = Generations(self.client, config.name)
         self.catalog = IndexCatalog(self.client, config, self.generations, lambda *args: self.schema_for(*args))
         self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
@@ -334,7 +340,21 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
         self._started()
         with self._errors("read_rows"):
             documents = self.catalog.documents(topic)
-        return page([StoredRow(_key_of(doc_id), row) for doc_id, row in documents], after, limit)
+        return page([StoredRow(key_of(doc_id), row) for doc_id, row in documents], after, limit)
+
+    def read_range(self, topic: str, after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+        """One chunk of ``cdc verify`` (cdc.api.ReadableSink; reading.py says what it costs)."""
+        self._started()
+        with self._errors("read_range"):
+            return _read_range(self, topic, after, upto)
+
+    def read_keys(self, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
+        self._started()
+        with self._errors("read_keys"):
+            return _read_keys(self, topic, keys)
+
+    def stored_forms(self, topic: str, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[StoredRow]:
+        return _stored_forms(self, topic, rows)
 
     # --- errors ---------------------------------------------------------------------------------
 
@@ -361,13 +381,3 @@ class SubmittedWrite:
         sending, self.sending = self.sending, None
         if sending is not None:
             self.sink._finish(sending, self.count, pipelined=True)
-
-
-def _key_of(doc_id: str) -> tuple:
-    """The key values a document id spells (naming.document_id)."""
-    if doc_id.startswith("["):
-        try:
-            return tuple(orjson.loads(doc_id))
-        except orjson.JSONDecodeError:
-            pass
-    return (doc_id,)

@@ -1,15 +1,18 @@
 """``cdc verify`` against real stores under a live writer (cdc/runtime/verify.py).
 
-One pipeline for the module: a PostgreSQL source into the embedded log, a daemon running the
-source, a PostgreSQL warehouse sink and a Redis cache sink, and a writer changing the source all
-along (never the keys below ``RESERVED``: those the tests corrupt by hand). A clean store
-verifies equal; hand edits of each store are reported exactly, key by key. A DuckDB target lets
-no other process in while its sink runs: it is verified with its sink stopped.
+One pipeline for the module: a PostgreSQL source into the embedded log, daemons running the
+source, a PostgreSQL warehouse sink, a Redis cache sink and an OpenSearch sink, and a writer
+changing the source all along (never the keys below ``RESERVED``: those the tests corrupt by
+hand). A clean store verifies equal; hand edits of each store are reported exactly, key by key.
+A DuckDB target lets no other process in while its sink runs: it is verified with its sink
+stopped, the writer held meanwhile (else the stopped store falls behind, rightly reported).
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -17,9 +20,11 @@ from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 
+import duckdb
 import psycopg2
 import pytest
 import redis
+from opensearchpy import OpenSearch
 
 from cdc.cli import main
 from tests.background import PgWriter
@@ -27,7 +32,7 @@ from tests.conftest import _fresh_database
 from tests.daemon import run_daemon, stop_daemon
 from tests.integration.pg_capture import execute, wait_until
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.opensearch]
 
 ROWS = 1500
 RESERVED = 100  # keys 1..RESERVED-1 are never touched by the writer
@@ -36,9 +41,16 @@ RESERVED = 100  # keys 1..RESERVED-1 are never touched by the writer
 class Writer(PgWriter):
     """Updates, inserts and deletes on ``items`` above ``RESERVED``."""
 
-    pause = 0.005
+    pause = 0.05
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(dsn, seed)
+        self.hold = threading.Event()  # set: commit nothing new (a test reads a stopped store)
 
     def change(self, cur) -> None:
+        if self.hold.is_set():
+            time.sleep(0.01)
+            return
         roll = self.rng.random()
         if roll < 0.6:
             cur.execute("UPDATE items SET qty = qty + 1, note = %s WHERE id = %s",
@@ -56,6 +68,8 @@ class Pipeline:
     target_dsn: str
     redis_url: str
     redis_prefix: str
+    opensearch_url: str
+    alias: str
     writer: Writer
 
 
@@ -77,7 +91,7 @@ def _pair(generators: list) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def pipeline(pg_admin_dsn, redis_url, tmp_path_factory) -> Iterator[Pipeline]:
+def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Iterator[Pipeline]:
     databases = [_fresh_database(pg_admin_dsn), _fresh_database(pg_admin_dsn)]
     source_dsn, target_dsn = _pair(databases)
     tmp = tmp_path_factory.mktemp("verify")
@@ -96,16 +110,19 @@ def pipeline(pg_admin_dsn, redis_url, tmp_path_factory) -> Iterator[Pipeline]:
         f"  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
         f"  - {{name: cache, type: redis, url: '{redis_url}', key_prefix: {cache}, topics: ['{prefix}.public.*'], "
         f"exclude: [at], batch_wait_ms: 50}}\n"
+        f"  - {{name: search, type: opensearch, hosts: ['{opensearch_url}'], topics: ['{prefix}.public.*'], "
+        f"index_name: '{prefix}-{{table}}', batch_wait_ms: 50}}\n"
         f"  - {{name: duck, type: sql, url: 'duckdb:///duck.db', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
         f"http: null\n")
     daemon = run_daemon(config, "src", log="daemon.log")
-    sinks = [run_daemon(config, name, log=f"{name}.log") for name in ("wh", "cache")]
+    sinks = [run_daemon(config, name, log=f"{name}.log") for name in ("wh", "cache", "search")]
     try:
         wait_until(lambda: _count(target_dsn) == ROWS, timeout=120, what="the warehouse's first fill")
         wait_until(lambda: _cached(redis_url, cache) == ROWS, timeout=120, what="the cache's first fill")
+        wait_until(lambda: _indexed(opensearch_url, prefix) == ROWS, timeout=120, what="the index's first fill")
         with Writer(source_dsn, seed=30) as writer:
             wait_until(lambda: writer.changes > 200, timeout=60, what="the writer to write")
-            yield Pipeline(config, source_dsn, target_dsn, redis_url, cache, writer)
+            yield Pipeline(config, source_dsn, target_dsn, redis_url, cache, opensearch_url, f"{prefix}-items", writer)
     finally:
         for process in [*sinks, daemon]:
             stop_daemon(process)
@@ -114,8 +131,22 @@ def pipeline(pg_admin_dsn, redis_url, tmp_path_factory) -> Iterator[Pipeline]:
         if names:
             client.delete(*names)
         client.close()
+        search = OpenSearch(opensearch_url)
+        search.indices.delete(index=f"{prefix}-*", ignore_unavailable=True)
+        search.close()
         for generator in databases:
             next(generator, None)
+
+
+def _indexed(url: str, prefix: str) -> int:
+    client = OpenSearch(url)
+    try:
+        if not client.indices.exists_alias(name=f"{prefix}-items"):
+            return 0
+        client.indices.refresh(index=f"{prefix}-items")
+        return client.count(index=f"{prefix}-items")["count"]
+    finally:
+        client.close()
 
 
 def _cached(url: str, prefix: str) -> int:
@@ -140,7 +171,7 @@ def _count(dsn: str) -> int:
 
 def test_a_clean_store_under_a_live_writer_verifies_equal(pipeline):
     before = pipeline.writer.changes
-    for sink in ("wh", "cache"):
+    for sink in ("wh", "cache", "search"):
         code, answer = verify(pipeline.config, sink, "--chunk", "400")
         table = answer["tables"][0]
         assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), \
@@ -174,3 +205,61 @@ def test_hand_edits_of_the_cache_are_reported_exactly(pipeline):
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["note"], different["store"]["note"]) == ("seed", "edited")
     assert "at" not in different["source"]  # the sink's exclude applies to the source side too
+
+
+def test_hand_edits_behind_the_search_alias_are_reported_exactly(pipeline):
+    client = OpenSearch(pipeline.opensearch_url)
+    try:
+        # Edited as a careless user would: by id, through the alias, bookkeeping fields untouched.
+        client.update(index=pipeline.alias, id="9", body={"doc": {"note": "edited"}}, params={"refresh": "true"})
+        client.delete(index=pipeline.alias, id="10", params={"refresh": "true"})
+    finally:
+        client.close()
+    code, answer = verify(pipeline.config, "search", "--chunk", "400")
+    assert code == 1
+    assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
+        (["10"], ["9"], [])
+    [different] = answer["tables"][0]["different"]
+    assert (different["source"]["note"], different["store"]["note"]) == ("seed", "edited")
+
+
+def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):
+    from cdc.config import load_config
+    from cdc.log.open import open_log
+    from cdc.positions import PgLsn
+    from cdc.runtime.verify import LogSettle
+
+    config = load_config(str(pipeline.config))
+    topic = f"{config.log.topic_prefix}.public.items"
+    duck = run_daemon(pipeline.config, "duck", log="duck.log")
+    pipeline.writer.hold.set()
+    try:
+        conn = psycopg2.connect(pipeline.source_dsn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+            now = PgLsn(int(cur.fetchone()[0]))
+        conn.close()
+        log_ = open_log(config.log)
+        settle = LogSettle(log_, config.log.topic_prefix, "src", "duck", timeout=120)
+        try:
+            assert settle.wait(now, topic), "the DuckDB sink to apply everything the source wrote"
+        finally:
+            settle.close()
+            log_.close()
+        stop_daemon(duck)
+        target = duckdb.connect(str(pipeline.config.parent / "duck.db"))
+        try:
+            target.execute("DELETE FROM items__g1 WHERE id = 11")  # DuckDB edits tables, not views
+            target.execute("UPDATE items__g1 SET price = 0.01 WHERE id = 12")
+            target.execute("INSERT INTO items__g1 (id, qty, note, __cdc_version) VALUES (77777777, 1, 'stray', 1)")
+        finally:
+            target.close()
+        code, answer = verify(pipeline.config, "duck", "--chunk", "400")
+    finally:
+        pipeline.writer.hold.clear()
+        stop_daemon(duck)
+    assert code == 1
+    assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
+        (["11"], ["12"], ["77777777"])
+    [different] = answer["tables"][0]["different"]
+    assert (different["source"]["price"], different["store"]["price"]) == ("9.9", "0.01")
