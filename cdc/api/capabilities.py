@@ -296,6 +296,11 @@ class TableReader(Protocol):
         """The rows of ``table`` with these keys (record key objects); a key not there is left out."""
         ...
 
+    def where_keys(self, table: str, keys: Sequence[dict[str, Any]]) -> str:
+        """An SQL condition on ``table``'s rows that selects these keys (the ``where`` of an
+        incremental snapshot that re-sends them: ``cdc verify --repair``)."""
+        ...
+
     def close(self) -> None: ...
 
 

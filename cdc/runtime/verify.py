@@ -123,6 +123,23 @@ class Verifier:
         report.seconds = time.monotonic() - began
         return report
 
+    def recheck(self, table: str, keys: Sequence[tuple]) -> TableReport:
+        """Look at ``keys`` (canonical keys a pass of this verifier reported) again: the source
+        and the store read now, then the looks of any that differ (``--repair``'s check)."""
+        began = time.monotonic()
+        topic = self.topic(table)
+        report = TableReport(table, topic, shown=self.options.shown)
+        objects = [self._source_keys.get(k) or self.key_object(k) for k in keys]
+        read = self._read(self.reader.read_keys(table, objects))
+        source, found = self._source_side(topic, read)
+        store = by_key(self.sink.read_keys(topic, [found.get(k, k) for k in keys]))
+        report.chunks, report.rows, report.store_rows = 1, len(source), len(store)
+        if digest(source) != digest(store):
+            report.chunks_differing = 1
+            self._second_looks(table, topic, source, store, found, read.position, report)
+        report.seconds = time.monotonic() - began
+        return report
+
     def _read(self, done: SourceRead) -> SourceRead:
         self.pacer.took(len(done.events))
         return done
@@ -153,7 +170,7 @@ class Verifier:
                 break
             asked = [keys.get(k, k) for k in candidates]  # a store-only key is asked as the store spells it
             now_store = by_key(self.sink.read_keys(topic, asked))
-            objects = [self._source_keys.get(k) or self._key_object(k) for k in candidates]
+            objects = [self._source_keys.get(k) or self.key_object(k) for k in candidates]
             read = self._read(self.reader.read_keys(table, objects))
             now_source, more = self._source_side(topic, read)
             keys.update(more)
@@ -172,9 +189,11 @@ class Verifier:
             found = Finding(list(k), _dict(now_source.get(k)), _dict(now_store.get(k)))
             report.add("unsettled" if report.settled else _kind(now_source.get(k), now_store.get(k)), found)
 
-    def _key_object(self, key: tuple) -> dict[str, Any]:
-        """A store-only key as a record key object: the source's key columns, from a row of the
-        table read before (the reader's order of key columns is the store's)."""
+    def key_object(self, key: tuple) -> dict[str, Any]:
+        """A canonical key as a record key object: the source's own where this verifier read it;
+        else (a store-only key) the key columns of a row read before, in the reader's order."""
+        if key in self._source_keys:
+            return self._source_keys[key]
         names = next((list(obj) for obj in self._source_keys.values()), None)
         if names is None or len(names) != len(key):
             names = [f"key{i}" for i in range(len(key))]

@@ -1,8 +1,8 @@
 """``cdc verify FILE SINK [TABLE...]``: whether a sink's store equals its source (cdc/runtime/verify.py).
 
-Exit codes: 0 every table verified is equal; 1 some keys differ (or are still changing after
-every look); 2 a usage error (an unknown sink or table, a sink that cannot read its store back,
-no source that can be read to verify); 75 a server could not be reached (trying again may help).
+Exit codes: 0 every table verified is equal (with ``--repair``: is equal once repaired); 1 some
+keys differ (or are still changing after every look); 2 a usage error (an unknown sink or table, a sink that cannot read its store back,
+no source that can be read to verify); 75 a server, or for ``--repair`` the daemon, could not be reached (trying again may help).
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="keys listed per kind of difference (default 10; the counts are complete)")
     verify.add_argument("--settle-timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the store to apply the log before a second look (default 60)")
+    verify.add_argument("--repair", action="store_true",
+                        help="send the missing and different keys again through the source's incremental "
+                             "snapshot (the daemon must be running), wait until the store holds them, and "
+                             "verify them again")
+    verify.add_argument("--repair-timeout", type=float, default=300.0, metavar="S",
+                        help="seconds a repair waits for the store to hold the keys (default 300)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=cmd_verify)
 
@@ -45,6 +51,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from cdc.log.open import open_log
     from cdc.plugins import sink_plugin, source_plugin
     from cdc.runtime.verify import LogSettle, Options, Verifier
+    from cdc.runtime.verify_repair import repair, require_daemon
 
     for name in ("chunk", "looks", "show"):
         if getattr(args, name) < 1:
@@ -52,6 +59,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.rows_per_s is not None and args.rows_per_s <= 0:
         raise ConfigError("--rows-per-s must be positive")
     config = load_config(args.file)
+    if args.repair:
+        require_daemon(config)
     sinks = {s.name: s for s in config.sinks}
     if args.sink not in sinks:
         raise ConfigError(f"no sink named {args.sink!r}; the file declares: {', '.join(sinks) or 'no sinks'}")
@@ -85,7 +94,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if not found:
             raise ConfigError(f"sink {args.sink} reads no table of a source that can be verified")
         sink.start()
-        reports = []
+        reports, repaired = [], []
         options = Options(chunk=args.chunk, rows_per_s=args.rows_per_s, looks=args.looks, shown=args.show)
         for source_config, reader, tables in readers:
             if not tables:
@@ -93,11 +102,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
             settle = LogSettle(log_, prefix, source_config.name, args.sink, timeout=args.settle_timeout)
             try:
                 verifier = Verifier(reader, sink, prefix, settle, options)
+                done = []
                 for table in tables:
                     report = verifier.table(table)
-                    reports.append(report)
+                    done.append(report)
                     if not args.json:
                         print("\n".join(report.lines()), flush=True)
+                reports += done
+                if args.repair and any(r.repairable for r in done):
+                    again = repair(config, source_config.name, reader, verifier, done, args.repair_timeout)
+                    repaired += again
+                    if not args.json:
+                        for report in again:
+                            print(f"repair of {report.table}: " + "\n".join(report.lines()), flush=True)
             finally:
                 settle.close()
     finally:
@@ -105,8 +122,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
             reader.close()
         sink.stop()
         log_.close()
+    if args.repair:  # what stands now: the rechecks of the keys sent, and what was not sent
+        fixed = {r.table for r in repaired}
+        left = [r.mismatched == 0 and not r.counts["unsettled"] for r in repaired] + \
+            [r.counts["extra"] == 0 and not r.counts["unsettled"] and (r.table in fixed or not r.mismatched)
+             for r in reports]
+    else:
+        left = [r.mismatched == 0 and not r.counts["unsettled"] for r in reports]
     if args.json:
-        json.dump({"sink": args.sink, "equal": all(r.mismatched == 0 and not r.counts["unsettled"] for r in reports),
-                   "tables": [r.as_json() for r in reports]}, sys.stdout, indent=2, default=str)
+        json.dump({"sink": args.sink, "equal": all(left), "tables": [r.as_json() for r in reports],
+                   **({"repair": [r.as_json() for r in repaired]} if args.repair else {})},
+                  sys.stdout, indent=2, default=str)
         print()
-    return EXIT_EQUAL if all(r.mismatched == 0 and not r.counts["unsettled"] for r in reports) else EXIT_DIFFERENT
+    return EXIT_EQUAL if all(left) else EXIT_DIFFERENT

@@ -139,9 +139,12 @@ class TableReport:
     seconds: float = 0.0
     settled: bool = True          # False: a wait for the store to apply the log timed out
     shown: int = 10
+    repairable: list[tuple] = field(default_factory=list)  # every missing or different key (canonical)
 
     def add(self, kind: str, finding: Finding) -> None:
         self.counts[kind] += 1
+        if kind in ("missing", "different"):
+            self.repairable.append(tuple(finding.key))
         found: list[Finding] = getattr(self, kind)
         if len(found) < self.shown:
             found.append(finding)
@@ -157,7 +160,7 @@ class TableReport:
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["shown"]
+        del out["shown"], out["repairable"]
         out["rows_per_s"] = round(self.rows_per_s, 1)
         out["seconds"] = round(self.seconds, 3)
         out["equal"] = self.mismatched == 0

@@ -69,16 +69,19 @@ class PgTableReader(TableReader):
         return self._read(table, after, limit, None, f"rows of {table} after {after}")
 
     def read_keys(self, table: str, keys: Sequence[dict[str, Any]]) -> SourceRead:
-        meta = self._meta(table)
         if not keys:
             return SourceRead([], self._position())
+        return self._read(table, None, len(keys), self.where_keys(table, keys), f"{len(keys)} keys of {table}")
+
+    def where_keys(self, table: str, keys: Sequence[dict[str, Any]]) -> str:
+        meta = self._meta(table)
         names = ", ".join(quote_ident(k) for k in meta.key)
         types = {c.name: c.type_name for c in meta.columns}
         with self.conn.cursor() as cur:
             values = ", ".join("(" + ", ".join(f"{cur.mogrify('%s', (_plain(key.get(k)),)).decode()}::{types[k]}"
                                                for k in meta.key) + ")" for key in keys)
         self.conn.rollback()
-        return self._read(table, None, len(keys), f"({names}) IN ({values})", f"{len(keys)} keys of {table}")
+        return f"({names}) IN ({values})"
 
     def _read(self, table: str, after: tuple | None, limit: int, where: str | None, what: str) -> SourceRead:
         meta = self._meta(table)

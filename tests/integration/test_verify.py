@@ -11,6 +11,7 @@ stopped, the writer held meanwhile (else the stopped store falls behind, rightly
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ from opensearchpy import OpenSearch
 from cdc.cli import main
 from tests.background import PgWriter
 from tests.conftest import _fresh_database
-from tests.daemon import run_daemon, stop_daemon
+from tests.daemon import cdc_process, run_daemon, stop_daemon
 from tests.integration.pg_capture import execute, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.opensearch]
@@ -85,6 +86,14 @@ def keys_of(answer: dict, kind: str) -> list:
     return sorted(k for table in answer["tables"] for finding in table[kind] for k in finding["key"])
 
 
+def assert_repaired(pipeline: Pipeline, sink: str) -> None:
+    """``--repair`` heals what a verify found (exit 0), and the next verify finds the store equal."""
+    code, answer = verify(pipeline.config, sink, "--repair", "--repair-timeout", "120")
+    assert code == 0, answer
+    assert answer["repair"] and all(r["equal"] for r in answer["repair"])
+    assert verify(pipeline.config, sink)[0] == 0
+
+
 def _pair(generators: list) -> Iterator[str]:
     for generator in generators:
         yield next(generator)
@@ -105,7 +114,7 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
     config.write_text(
         f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
         f"sources:\n  - {{name: src, type: postgres, dsn: '{source_dsn}', tables: ['public.items'], "
-        f"state_dir: ./state, heartbeat_interval: 1, status_interval: 1}}\n"
+        f"state_dir: ./state, heartbeat_interval: 1, status_interval: 1, signal_table: public.cdc_signal}}\n"
         f"sinks:\n"
         f"  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
         f"  - {{name: cache, type: redis, url: '{redis_url}', key_prefix: {cache}, topics: ['{prefix}.public.*'], "
@@ -113,9 +122,10 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
         f"  - {{name: search, type: opensearch, hosts: ['{opensearch_url}'], topics: ['{prefix}.public.*'], "
         f"index_name: '{prefix}-{{table}}', batch_wait_ms: 50}}\n"
         f"  - {{name: duck, type: sql, url: 'duckdb:///duck.db', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
-        f"http: null\n")
-    daemon = run_daemon(config, "src", log="daemon.log")
-    sinks = [run_daemon(config, name, log=f"{name}.log") for name in ("wh", "cache", "search")]
+        f"http: '127.0.0.1:{_free_port()}'\n")
+    # The DuckDB sink runs alone, from a copy of the file without the HTTP API (one daemon serves it).
+    config.with_name("duck.yaml").write_text(config.read_text().rsplit("http:", 1)[0] + "http: null\n")
+    daemon = cdc_process(config, "run", "--only", "src", "wh", "cache", "search", log="daemon.log")
     try:
         wait_until(lambda: _count(target_dsn) == ROWS, timeout=120, what="the warehouse's first fill")
         wait_until(lambda: _cached(redis_url, cache) == ROWS, timeout=120, what="the cache's first fill")
@@ -124,8 +134,7 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
             wait_until(lambda: writer.changes > 200, timeout=60, what="the writer to write")
             yield Pipeline(config, source_dsn, target_dsn, redis_url, cache, opensearch_url, f"{prefix}-items", writer)
     finally:
-        for process in [*sinks, daemon]:
-            stop_daemon(process)
+        stop_daemon(daemon)
         client = redis.Redis.from_url(redis_url)
         names = list(client.scan_iter(match=f"{cache}*"))
         if names:
@@ -136,6 +145,12 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
         search.close()
         for generator in databases:
             next(generator, None)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _indexed(url: str, prefix: str) -> int:
@@ -189,6 +204,12 @@ def test_hand_edits_of_the_warehouse_are_reported_exactly(pipeline):
         (["5"], ["6"], ["99999999"])
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["qty"], different["store"]["qty"]) == ("6", "999")
+    # --repair re-sends 5 and 6 through the source; the stray row has no source row to send.
+    code, answer = verify(pipeline.config, "wh", "--repair", "--repair-timeout", "120")
+    assert code == 1 and keys_of(answer, "extra") == ["99999999"]
+    assert [r["counts"] for r in answer["repair"]] == [{"missing": 0, "extra": 0, "different": 0, "unsettled": 0}]
+    execute(pipeline.target_dsn, "DELETE FROM items WHERE id = 99999999")
+    assert verify(pipeline.config, "wh")[0] == 0
 
 
 def test_hand_edits_of_the_cache_are_reported_exactly(pipeline):
@@ -205,6 +226,7 @@ def test_hand_edits_of_the_cache_are_reported_exactly(pipeline):
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["note"], different["store"]["note"]) == ("seed", "edited")
     assert "at" not in different["source"]  # the sink's exclude applies to the source side too
+    assert_repaired(pipeline, "cache")
 
 
 def test_hand_edits_behind_the_search_alias_are_reported_exactly(pipeline):
@@ -221,6 +243,7 @@ def test_hand_edits_behind_the_search_alias_are_reported_exactly(pipeline):
         (["10"], ["9"], [])
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["note"], different["store"]["note"]) == ("seed", "edited")
+    assert_repaired(pipeline, "search")
 
 
 def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):
@@ -231,7 +254,7 @@ def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):
 
     config = load_config(str(pipeline.config))
     topic = f"{config.log.topic_prefix}.public.items"
-    duck = run_daemon(pipeline.config, "duck", log="duck.log")
+    duck = run_daemon(pipeline.config.with_name("duck.yaml"), "duck", log="duck.log")
     pipeline.writer.hold.set()
     try:
         conn = psycopg2.connect(pipeline.source_dsn)
