@@ -194,7 +194,7 @@ def key_order(values: Sequence[Any]) -> tuple:
 @runtime_checkable
 class ReadableSink(Protocol):
     """A sink that can read back the rows it wrote, as it wrote them (``cdc demo`` compares them
-    with the source; ``cdc verify`` will compare them chunk by chunk). Declared by naming it
+    with the source; ``cdc verify`` compares them chunk by chunk). Declared by naming it
     among the sink's bases.
 
     ``read_rows(topic, after=None, limit=None)`` on a started sink: the live rows of ``topic``'s
