@@ -31,10 +31,13 @@ def require_daemon(config: Any) -> None:
     snapshot and its sink to apply it."""
     from cdc.runtime.control import daemon_status
 
-    if config.http is None or daemon_status(config.http) is None:
-        raise RetriableError(f"--repair sends the keys through the running daemon, and no daemon answers at "
-                             f"{config.http} (`http: null`, or `cdc run` is not running with this file): start "
-                             f"it, then repair; verifying without --repair needs no daemon")
+    if config.http is None:
+        raise RetriableError("--repair sends the keys through the running daemon's API, and this file has "
+                             "`http: null`: give it an `http:` address, run `cdc run` with it, then repair")
+    if daemon_status(config.http) is None:
+        raise RetriableError(f"--repair sends the keys through the running daemon, and none answers at "
+                             f"{config.http}: start `cdc run` with this file, then repair (verifying without "
+                             f"--repair needs no daemon)")
 
 
 def repair(config: Any, source: str, reader: TableReader, verifier: Verifier, reports: list[TableReport],

@@ -286,3 +286,14 @@ def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):
         (["11"], ["12"], ["77777777"])
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["price"], different["store"]["price"]) == ("9.9", "0.01")
+
+
+def test_usage_errors_exit_2_and_a_repair_without_a_daemon_says_so(pipeline, capsys):
+    config = str(pipeline.config)
+    assert main(["verify", config, "nosuch"]) == 2
+    assert "no sink named 'nosuch'" in capsys.readouterr().err
+    assert main(["verify", config, "wh", "public.nosuch"]) == 2
+    assert "reads no table public.nosuch" in capsys.readouterr().err
+    assert main(["verify", config, "wh", "--chunk", "0"]) == 2
+    assert main(["verify", str(pipeline.config.with_name("duck.yaml")), "duck", "--repair"]) == 75
+    assert "--repair sends the keys through the running daemon's API" in capsys.readouterr().err
