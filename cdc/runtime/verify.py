@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import orjson
 
 from cdc.api import ReadableSink, SourceRead, TableReader, key_order
-from cdc.positions import IncrementalProgress, PgLsn, Position, SnapshotProgress
+from cdc.positions import IncrementalProgress, MySqlPosition, PgLsn, Position, SnapshotProgress
 from cdc.runtime.verify_compare import Finding, Row, TableReport, by_key, canonical_key, compare, digest
 
 log = logging.getLogger(__name__)
@@ -238,6 +238,8 @@ def reached(stored: Position | None, at: Position) -> bool | None:
         return False
     if isinstance(stored, PgLsn) and isinstance(at, PgLsn):
         return stored.lsn >= at.lsn
+    if isinstance(stored, MySqlPosition) and isinstance(at, MySqlPosition):
+        return (stored.file_index, stored.pos) >= (at.file_index, at.pos)
     return None
 
 

@@ -18,6 +18,7 @@ after the last transaction whose events the log acknowledged.
 
 Incremental snapshots (``snapshot/incremental.py``): ``incremental.py`` writes the signal table's
 rows and reads key ranges; the stream reads the signal table (``_streamed``) but no snapshot does.
+``cdc verify`` reads key ranges at a binlog position through ``verify_reader.py``.
 
 Threading: all calls on the runtime's thread; ``stop`` may come from another one.
 """
@@ -28,7 +29,7 @@ import dataclasses
 import logging
 import time
 
-from cdc.api import IncrementalSnapshotSource
+from cdc.api import IncrementalSnapshotSource, TableReader, VerifiableSource
 from cdc.errors import ConfigError
 from cdc.events import Batch, SnapshotEnd, TableId
 from cdc.positions import MySqlPosition, Position
@@ -83,7 +84,7 @@ class _Stream:
         self.binlog.close()
 
 
-class MySqlSource(CoordinatedSource, IncrementalSnapshotSource):
+class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource):
     config_model = MySqlConfig
     connector = "mysql"
 
@@ -129,6 +130,12 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource):
         self._server_at = current_position(self.conn)
         read_to = stream.binlog.read_to
         return before is not None and read_to is not None and _binlog_key(read_to) >= _binlog_key(before)
+
+    @classmethod
+    def open_reader(cls, config: MySqlConfig) -> TableReader:
+        from sources.mysql.verify_reader import MySqlTableReader  # only `cdc verify` needs it
+
+        return MySqlTableReader(config)
 
     @classmethod
     def signal_snapshot(cls, config: MySqlConfig, tables: list[str], action: str = "execute",
