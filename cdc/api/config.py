@@ -12,9 +12,9 @@ import string
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 def template_fields(template: str, allowed: Iterable[str]) -> list[str]:
@@ -73,6 +73,31 @@ class RetryFailed(BaseModel):
         return min(self.backoff * 2 ** (attempt - 1), self.backoff_max)
 
 
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class VerifySchedule(BaseModel):
+    """``cdc verify`` of a sink's store run by the daemon in the background (``verify:`` on a
+    sink): every ``every`` (seconds, or text such as ``90s``, ``15m``, ``6h``, ``1d``), at most
+    ``rows_per_s`` source rows a second. A mismatch is reported (log, ``/metrics``), never stops
+    the pipeline."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every: float = Field(gt=0, description="seconds between the starts of two passes (or 90s, 15m, 6h, 1d)")
+    rows_per_s: float | None = Field(default=None, gt=0, description="source rows read a second at most")
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, str) and value[-1:] in _SECONDS:
+            try:
+                return float(value[:-1]) * _SECONDS[value[-1]]
+            except ValueError:
+                raise ValueError(f"{value!r} is not a duration (a number of seconds, or 90s, 15m, 6h, 1d)") from None
+        return value
+
+
 class PluginConfig(BaseModel):
     """Base of every plugin config: unknown keys are errors."""
 
@@ -96,6 +121,8 @@ class SourceConfig(PluginConfig):
 
 class SinkConfig(PluginConfig):
     topics: list[str] = Field(min_length=1, description="topics to consume, as globs")
+    verify: VerifySchedule | None = Field(default=None, description="run `cdc verify` of this sink's store in "
+                                                                    "the background (a sink that can read it back)")
     batch_size: int = Field(default=2000, ge=1, description="events per write at most")
     batch_wait_ms: int = Field(default=200, ge=0, description="how long to gather a batch")
     on_poison: Literal["dead_letter", "stop"] = Field(

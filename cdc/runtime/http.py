@@ -83,6 +83,15 @@ def render_metrics(rows: list[dict]) -> str:
           "stalled_seconds", ids, optional=True)
     field("cdc_last_error_timestamp_seconds", "gauge", "Unix time of the last error not yet cleared by progress.",
           "last_error_at", ids, optional=True)
+    verified = [(r["name"], r["verify"]) for r in rows if r.get("verify")]
+    family("cdc_verify_mismatched_rows", "gauge", "Keys the sink's last background verify found missing, extra "
+                                                  "or different in its store (cdc verify names them).",
+           [({"sink": sink, "table": t}, n) for sink, v in verified for t, n in v["tables"].items()])
+    family("cdc_verify_last_pass_timestamp_seconds", "gauge", "Unix time the sink's last background verify "
+                                                              "ended (with an answer or not).",
+           [({"sink": sink}, round(v["at"], 3)) for sink, v in verified])
+    family("cdc_verify_failed", "gauge", "1 when the sink's last background verify gave no answer (see the log).",
+           [({"sink": sink}, int(v["error"] is not None)) for sink, v in verified])
     return "\n".join(out) + "\n"
 
 

@@ -142,6 +142,9 @@ class Supervisor:
 
         sinks = [n for n in names if kinds.get(n) == "sink"]
         self.sink_lag = SinkLagMonitor(config_path, sinks) if sinks else None
+        from cdc.runtime.verify_schedule import VerifySchedule
+
+        self.verify = VerifySchedule(config_path, sinks) if sinks else None  # sinks' `verify:` passes
         self.stopping = threading.Event()
         # What `cdc status` prints, computed here (GET /status/report); set by `cdc run`, which
         # has the config loaded (cdc.runtime.status_report).
@@ -162,7 +165,8 @@ class Supervisor:
                      "seconds_since_progress": round(now - w.last_progress, 1),
                      "unhealthy_after": w.unhealthy_after,
                      "pid": w.process.pid if w.process is not None else None,
-                     "next_attempt_at": self._next_attempt_at(w, now), "rebuilt_at": w.rebuilt_at}
+                     "next_attempt_at": self._next_attempt_at(w, now), "rebuilt_at": w.rebuilt_at,
+                     "verify": self.verify.result(w.name) if self.verify is not None else None}
                     for w in self.workers.values()]
 
     @staticmethod
@@ -392,6 +396,8 @@ class Supervisor:
             server = serve(self, self.http, self.token, report=self.status_report)
         if self.sink_lag is not None:
             self.sink_lag.start()
+        if self.verify is not None:
+            self.verify.start()
         try:
             for worker in self.workers.values():
                 self._start(worker)
@@ -409,6 +415,8 @@ class Supervisor:
             signals.uninstall()
             if self.sink_lag is not None:
                 self.sink_lag.stop()
+            if self.verify is not None:
+                self.verify.stop()
             if server is not None:
                 server.shutdown()
                 server.server_close()

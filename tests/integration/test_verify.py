@@ -11,9 +11,11 @@ stopped, the writer held meanwhile (else the stopped store falls behind, rightly
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -125,6 +127,11 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
         f"http: '127.0.0.1:{_free_port()}'\n")
     # The DuckDB sink runs alone, from a copy of the file without the HTTP API (one daemon serves it).
     config.with_name("duck.yaml").write_text(config.read_text().rsplit("http:", 1)[0] + "http: null\n")
+    # A second warehouse sink (schema bg) that the daemon verifies in the background every 2 s.
+    config.with_name("background.yaml").write_text(
+        config.read_text().rsplit("http:", 1)[0] +
+        f"  - {{name: bg, type: sql, url: '{url}', schema: bg, topics: ['{prefix}.public.*'], batch_wait_ms: 50, "
+        f"verify: {{every: 2s, rows_per_s: 100000}}}}\nhttp: '127.0.0.1:{_free_port()}'\n")
     daemon = cdc_process(config, "run", "--only", "src", "wh", "cache", "search", log="daemon.log")
     try:
         wait_until(lambda: _count(target_dsn) == ROWS, timeout=120, what="the warehouse's first fill")
@@ -297,3 +304,32 @@ def test_usage_errors_exit_2_and_a_repair_without_a_daemon_says_so(pipeline, cap
     assert main(["verify", config, "wh", "--chunk", "0"]) == 2
     assert main(["verify", str(pipeline.config.with_name("duck.yaml")), "duck", "--repair"]) == 75
     assert "--repair sends the keys through the running daemon's API" in capsys.readouterr().err
+
+
+def test_the_daemon_verifies_a_sink_in_the_background_and_exports_what_differs(pipeline):
+    config = pipeline.config.with_name("background.yaml")
+    port = re.search(r"http: '127.0.0.1:(\d+)'", config.read_text())[1]
+
+    def passes() -> dict[str, str]:
+        """The bg sink's verify figures in /metrics: series -> value."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return {}
+        return dict(line.rsplit(" ", 1) for line in text.splitlines()
+                    if line.startswith("cdc_verify_") and 'sink="bg"' in line)
+
+    mismatched = 'cdc_verify_mismatched_rows{sink="bg",table="public.items"}'
+    stamp = 'cdc_verify_last_pass_timestamp_seconds{sink="bg"}'
+    daemon = cdc_process(config, "run", "--only", "bg", log="background.log")
+    try:
+        wait_until(lambda: passes().get(mismatched) == "0", timeout=120, what="a background pass finding bg equal")
+        execute(pipeline.target_dsn, "UPDATE bg.items SET qty = -1 WHERE id = 14")
+        edited = time.time()
+        wait_until(lambda: (f := passes()) and float(f[stamp]) > edited and f[mismatched] == "1", timeout=60,
+                   what="a background pass finding the edit")
+        assert passes()['cdc_verify_failed{sink="bg"}'] == "0"
+        assert daemon.poll() is None  # a mismatch never stops the pipeline
+    finally:
+        stop_daemon(daemon)
