@@ -8,14 +8,16 @@ reads a key range in one snapshot, without table locks, and says at which log po
 side is read through the sink (``ReadableSink.read_range``): the keys after the previous chunk's
 last key up to this chunk's last (the last chunk: to the end), so the chunks cover every key the
 store holds. Per chunk, one digest of each side (verify_compare.py); only a chunk whose digests
-differ is compared key by key.
+differ is compared key by key. Bounds are in ``key_order``; a source that orders its keys
+otherwise (text under a collation) reads chunks whose keys may fall outside them: such a key is a
+candidate that its second look clears, so this costs looks, never a false report.
 
 No false alarms under a live writer. A chunk read at position P can differ from a store that is
 correct: the store may not have applied the log up to P yet, or may already hold changes after P.
 So a key that differs is only a candidate. It gets up to ``looks`` second looks, each:
 
 1. wait until the store has applied the log past P (the position of the last source read of the
-   key): the source's stored offset (which the runtime saves only once the log holds every
+   key; every change that read shows is at or before it): the source's stored offset (which the runtime saves only once the log holds every
    change before it) has reached P, and then the sink's committed offsets (which it commits only
    once its store holds the writes) have reached the topic's end offsets as they were then;
 2. read the candidates in the store;
@@ -28,7 +30,8 @@ should have held that row. A key whose source row changed between P and Q is loo
 one still changing after ``looks`` looks is reported as unsettled, not as different. (A key
 changed and changed back between the two source reads, with the store read in between, looks
 unchanged; it is reported only if that happens at every look up to one that catches the store
-still differing.) What a wait cannot bring (a sink that is not running, a source whose offset
+still differing.) An idle source stores a new offset at its next heartbeat
+(``heartbeat_interval``), so a look may wait that long. What a wait cannot bring (a sink that is not running, a source whose offset
 does not move within ``settle_timeout``) ends the looks: the keys still differing then are
 reported as they stood, and the report says the store did not settle.
 
@@ -94,7 +97,9 @@ class Verifier:
                  options: Options = Options()) -> None:
         self.reader, self.sink, self.prefix, self.settle, self.options = reader, sink, topic_prefix, settle, options
         self.pacer = Pacer(options.rows_per_s)
-        self._source_keys: dict[tuple, dict[str, Any]] = {}  # canonical key -> the record key object
+        # Record key objects of the keys reported (for --repair), and each table's key columns.
+        self._source_keys: dict[tuple, dict[str, Any]] = {}
+        self._key_names: dict[str, list[str]] = {}
 
     def topic(self, table: str) -> str:
         return f"{self.prefix}.{table}"
@@ -107,7 +112,7 @@ class Verifier:
         after: tuple | None = None
         while True:
             read = self._read(self.reader.read(table, after, self.options.chunk))
-            source, keys = self._source_side(topic, read)
+            source, keys = self._source_side(table, topic, read)
             last = max((k for k in keys), key=key_order, default=None)
             end = len(read.events) < self.options.chunk
             store = by_key(self.sink.read_range(topic, after, None if end else last))
@@ -119,7 +124,7 @@ class Verifier:
                 self._second_looks(table, topic, source, store, keys, read.position, report)
             if end or last is None:
                 break
-            after = keys[last]
+            after = tuple(keys[last].values())
         report.seconds = time.monotonic() - began
         return report
 
@@ -129,10 +134,9 @@ class Verifier:
         began = time.monotonic()
         topic = self.topic(table)
         report = TableReport(table, topic, shown=self.options.shown)
-        objects = [self._source_keys.get(k) or self.key_object(k) for k in keys]
-        read = self._read(self.reader.read_keys(table, objects))
-        source, found = self._source_side(topic, read)
-        store = by_key(self.sink.read_keys(topic, [found.get(k, k) for k in keys]))
+        read = self._read(self.reader.read_keys(table, [self.key_object(table, k) for k in keys]))
+        source, found = self._source_side(table, topic, read)
+        store = by_key(self.sink.read_keys(topic, [_values(found, k) for k in keys]))
         report.chunks, report.rows, report.store_rows = 1, len(source), len(store)
         if digest(source) != digest(store):
             report.chunks_differing = 1
@@ -144,20 +148,22 @@ class Verifier:
         self.pacer.took(len(done.events))
         return done
 
-    def _source_side(self, topic: str, read: SourceRead) -> tuple[dict[tuple, Row], dict[tuple, tuple]]:
+    def _source_side(self, table: str, topic: str,
+                     read: SourceRead) -> tuple[dict[tuple, Row], dict[tuple, dict[str, Any]]]:
         """The rows read, as the store should hold them (canonical key -> row), and canonical key
-        -> the key's values as the source gives them (what the store is asked with)."""
+        -> the record key object (its values are what the store and the source are asked with)."""
         pairs = [(dict(event.key or {}), _plain(event.after)) for event in read.events]
+        if pairs and table not in self._key_names:
+            self._key_names[table] = list(pairs[0][0])
         rows, keys = {}, {}
         for (key, _), stored in zip(pairs, self.sink.stored_forms(topic, pairs)):
             canon = canonical_key(stored.key)
             rows.update(by_key([stored]))
-            keys[canon] = tuple(key.values())
-            self._source_keys[canon] = key
+            keys[canon] = key
         return rows, keys
 
     def _second_looks(self, table: str, topic: str, source: dict[tuple, Row], store: dict[tuple, Row],
-                      keys: dict[tuple, tuple], position: Position, report: TableReport) -> None:
+                      keys: dict[tuple, dict[str, Any]], position: Position, report: TableReport) -> None:
         """The keys of a chunk whose digests differ, looked at again (the module docstring)."""
         candidates = compare(source, store).keys
         before = {k: source.get(k) for k in candidates}  # each key's source row at ``position``
@@ -168,11 +174,9 @@ class Verifier:
             if not self.settle.wait(position, topic):
                 report.settled = False
                 break
-            asked = [keys.get(k, k) for k in candidates]  # a store-only key is asked as the store spells it
-            now_store = by_key(self.sink.read_keys(topic, asked))
-            objects = [self._source_keys.get(k) or self.key_object(k) for k in candidates]
-            read = self._read(self.reader.read_keys(table, objects))
-            now_source, more = self._source_side(topic, read)
+            now_store = by_key(self.sink.read_keys(topic, [_values(keys, k) for k in candidates]))
+            read = self._read(self.reader.read_keys(table, [self.key_object(table, k) for k in candidates]))
+            now_source, more = self._source_side(table, topic, read)
             keys.update(more)
             moving: list[tuple] = []
             for k in candidates:
@@ -180,6 +184,8 @@ class Verifier:
                     continue
                 if now_source.get(k) == before[k]:  # unchanged across the store's read: it differs
                     self._report(report, k, now_source.get(k), now_store.get(k))
+                    if k in keys:  # for --repair
+                        self._source_keys[k] = keys[k]
                 else:
                     moving.append(k)
             log.debug("verify %s: look %d: %d keys still moving", table, look + 1, len(moving))
@@ -188,13 +194,15 @@ class Verifier:
         for k in candidates:  # still moving after every look, or the store did not settle
             found = Finding(list(k), _dict(now_source.get(k)), _dict(now_store.get(k)))
             report.add("unsettled" if report.settled else _kind(now_source.get(k), now_store.get(k)), found)
+            if k in keys:
+                self._source_keys[k] = keys[k]
 
-    def key_object(self, key: tuple) -> dict[str, Any]:
-        """A canonical key as a record key object: the source's own where this verifier read it;
-        else (a store-only key) the key columns of a row read before, in the reader's order."""
+    def key_object(self, table: str, key: tuple) -> dict[str, Any]:
+        """A canonical key of ``table`` as a record key object: the source's own where this
+        verifier looked at it; else (a store-only key) made from the table's key columns."""
         if key in self._source_keys:
             return self._source_keys[key]
-        names = next((list(obj) for obj in self._source_keys.values()), None)
+        names = self._key_names.get(table)
         if names is None or len(names) != len(key):
             names = [f"key{i}" for i in range(len(key))]
         return {name: _number_or_text(value) for name, value in zip(names, key)}
@@ -206,6 +214,12 @@ class Verifier:
 
 def _kind(source: Row | None, store: Row | None) -> str:
     return "missing" if store is None else "extra" if source is None else "different"
+
+
+def _values(keys: dict[tuple, dict[str, Any]], key: tuple) -> tuple:
+    """A key as the store is asked for it: the source's values; a store-only key as it spells it."""
+    found = keys.get(key)
+    return key if found is None else tuple(found.values())
 
 
 def _plain(after: Any) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def repair(config: Any, source: str, reader: TableReader, verifier: Verifier, re
         if not report.repairable:
             continue
         keys = report.repairable
-        objects = [verifier.key_object(key) for key in keys]
+        objects = [verifier.key_object(report.table, key) for key in keys]
         where = reader.where_keys(report.table, objects)
         post_command(config, source, "snapshot", {"tables": [report.table], "action": "execute", "where": where})
         log.info("verify: %d keys of %s sent again through source %s's incremental snapshot", len(keys),
