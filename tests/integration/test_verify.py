@@ -202,6 +202,20 @@ def test_a_clean_store_under_a_live_writer_verifies_equal(pipeline):
     assert pipeline.writer.changes > before  # the writer wrote while verify ran
 
 
+def test_a_store_that_lags_behind_under_a_live_writer_is_no_false_alarm(pipeline):
+    """The cache paused while the writer writes, then resumed as verify starts: its first chunks
+    differ from the source (the store is behind), and the second looks wait for it instead of
+    reporting."""
+    assert main(["pause", str(pipeline.config), "cache"]) == 0
+    written = pipeline.writer.changes
+    wait_until(lambda: pipeline.writer.changes > written + 100, timeout=60, what="writes the cache misses")
+    assert main(["resume", str(pipeline.config), "cache"]) == 0
+    code, answer = verify(pipeline.config, "cache", "--chunk", "400")
+    table = answer["tables"][0]
+    assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), table
+    assert table["chunks_differing"] >= 1 and table["settled"]
+
+
 def test_hand_edits_of_the_warehouse_are_reported_exactly(pipeline):
     execute(pipeline.target_dsn, "DELETE FROM items WHERE id = 5", "UPDATE items SET qty = 999 WHERE id = 6",
             "INSERT INTO items (id, qty, price, note, __cdc_version) VALUES (99999999, 1, 1.00, 'stray', 1)")
