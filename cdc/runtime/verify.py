@@ -50,7 +50,7 @@ import orjson
 
 from cdc.api import ReadableSink, SourceRead, TableReader, key_order
 from cdc.positions import IncrementalProgress, MySqlPosition, PgLsn, Position, SnapshotProgress
-from cdc.runtime.verify_compare import Finding, Row, TableReport, by_key, canonical_key, compare, digest
+from cdc.runtime.verify_compare import Finding, Row, TableReport, by_key, canonical_key, compare, digest, same_row
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Verifier:
             keys.update(more)
             moving: list[tuple] = []
             for k in candidates:
-                if now_source.get(k) == now_store.get(k):
+                if same_row(now_source.get(k), now_store.get(k)):
                     continue
                 if now_source.get(k) == before[k]:  # unchanged across the store's read: it differs
                     self._report(report, k, now_source.get(k), now_store.get(k))

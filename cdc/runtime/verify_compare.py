@@ -1,11 +1,14 @@
 """The pure half of ``cdc verify``: rows in one comparable form, a chunk's digest, what differs
 between the two sides of a chunk, and the report.
 
-``canonical`` makes a value equal wherever it lives, once both sides are in the forms the store
-gives back (``ReadableSink.stored_forms`` maps the source side): numbers by value (``12.30`` the
-text, ``Decimal('12.3')`` and ``12.3`` the float agree), instants in UTC, bytes as hex, JSON (a
-dict, or text holding an object or array) with its keys sorted. A NULL column and a column the
-store has no field for (a Redis hash) are the same: both are left out of the row.
+``canonical`` makes a value comparable wherever it lives, once both sides are in the forms the
+store gives back (``ReadableSink.stored_forms`` maps the source side): a number (int, Decimal,
+float, bool as 1/0) becomes its shortest decimal text, marked as a number (``Num``); instants are
+put in UTC, bytes in base64, JSON (a dict, or text holding an object or array) with its keys
+sorted; other text stays as it is, so ``007`` and ``7`` differ. ``same`` compares two values: the
+same text, or a number and a text that reads as that number (SQLite gives back ``9.9`` for the
+``"9.90"`` a write bound). A NULL column and a column the store has no field for (a Redis hash)
+are the same: both are left out of the row.
 
 A chunk's digest is a SHA-256 of its rows in this form, in key order: equal digests mean equal
 chunks, and only a chunk whose digests differ is compared key by key (``compare``).
@@ -28,14 +31,22 @@ from cdc.api import StoredRow, key_order
 Row = tuple[tuple[str, Any], ...]  # (column, canonical value) sorted by column, NULLs left out
 
 
+class Num(str):
+    """A number's shortest decimal text (``canonical``): equal, by ``same``, to a text that reads
+    as the same number."""
+
+    __slots__ = ()
+
+
 def canonical(value: Any) -> Any:
     """``value`` in the form compared (see the module docstring); None stays None."""
     if value is None:
         return None
     if isinstance(value, bool):  # as the stores that have no boolean keep it (SQLite: 1)
-        return "1" if value else "0"
+        return Num("1" if value else "0")
     if isinstance(value, (int, Decimal, float)):
-        return _number(str(value) if not isinstance(value, float) else repr(value))
+        number = _number(str(value) if not isinstance(value, float) else repr(value))
+        return Num(number) if number is not None else str(value)
     if isinstance(value, datetime):
         if value.tzinfo is not None:
             value = value.astimezone(UTC).replace(tzinfo=None)
@@ -52,17 +63,35 @@ def canonical(value: Any) -> Any:
             return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
         except orjson.JSONDecodeError:
             return text
-    return _number(text)
+    return text
 
 
-def _number(text: str) -> str:
+def _number(text: str) -> str | None:
+    """The shortest decimal text of a finite number; None for anything else."""
     try:
         number = Decimal(text)
     except InvalidOperation:
-        return text
+        return None
     if not number.is_finite():
-        return text
+        return None
     return format(number.normalize(), "f") if number else "0"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two canonical values are equal (see the module docstring)."""
+    if a == b:
+        return True
+    if isinstance(a, Num) and isinstance(b, str) and not isinstance(b, Num):
+        return _number(b) == a
+    if isinstance(b, Num) and isinstance(a, str):
+        return _number(a) == b
+    return False
+
+
+def same_row(a: Row | None, b: Row | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(x[0] == y[0] and same(x[1], y[1]) for x, y in zip(a, b))
 
 
 def canonical_row(row: dict[str, Any]) -> Row:
@@ -107,7 +136,8 @@ def compare(source: dict[tuple, Row], store: dict[tuple, Row]) -> ChunkDiff:
     order = key_order
     return ChunkDiff(missing=sorted((k for k in source if k not in store), key=order),
                      extra=sorted((k for k in store if k not in source), key=order),
-                     different=sorted((k for k in source if k in store and source[k] != store[k]), key=order))
+                     different=sorted((k for k in source if k in store and not same_row(source[k], store[k])),
+                                      key=order))
 
 
 @dataclass

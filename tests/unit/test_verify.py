@@ -12,29 +12,37 @@ from cdc.api import ReadableSink, SourceRead, StoredRow, in_range
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.positions import IncrementalProgress, PgLsn, SnapshotProgress
 from cdc.runtime.verify import Options, Pacer, Verifier, reached
-from cdc.runtime.verify_compare import TableReport, by_key, canonical, compare, digest
+from cdc.runtime.verify_compare import TableReport, by_key, canonical, compare, digest, same
 
 TABLE = TableId("db", "public", "t")
 
 
 def test_a_value_compares_equal_whatever_form_a_store_keeps_it_in():
-    assert canonical("12.30") == canonical(Decimal("12.3")) == canonical(12.3) == "12.3"
-    assert canonical(7) == canonical("7") == canonical(Decimal("7.00")) == "7"
-    assert canonical(True) == canonical(1 == 1) == "1" and canonical(False) == "0"
+    assert same(canonical("12.30"), canonical(Decimal("12.3"))) and same(canonical(12.3), canonical("12.3"))
+    assert canonical(7) == canonical(Decimal("7.00")) == "7" and same(canonical("7"), canonical(7.0))
+    assert canonical(True) == canonical(1) == "1" and canonical(False) == "0"
     instant = datetime(2026, 1, 1, 1, 0, tzinfo=timezone(timedelta(hours=1)))
     assert canonical(instant) == canonical(datetime(2026, 1, 1, 0, 0)) == canonical(instant.astimezone(UTC))
     assert canonical({"b": 1, "a": [1]}) == canonical('{"a": [1], "b": 1}')
     assert canonical(b"\x00\x01") == canonical(memoryview(b"\x00\x01"))
     assert canonical("NaN") == "NaN" and canonical("text") == "text" and canonical(None) is None
-    assert canonical("12.3") != canonical("12.4")
+    assert not same(canonical("12.3"), canonical("12.4"))
+
+
+def test_text_stays_text_so_a_changed_spelling_is_a_difference():
+    assert not same(canonical("007"), canonical("7")) and not same(canonical("1.0"), canonical("1"))
 
 
 def test_a_chunk_digest_ignores_order_and_null_columns_but_not_values():
-    one = by_key([StoredRow((1,), {"id": 1, "v": "2.50", "n": None}), StoredRow((2,), {"id": 2, "v": 3})])
-    two = by_key([StoredRow(("2",), {"v": "3", "id": "2"}), StoredRow(("1",), {"id": "1", "v": Decimal("2.5")})])
+    one = by_key([StoredRow((1,), {"id": 1, "v": Decimal("2.50"), "n": None}), StoredRow((2,), {"id": 2, "v": 3})])
+    two = by_key([StoredRow((2,), {"v": 3.0, "id": 2}), StoredRow((1,), {"id": 1, "v": 2.5})])
     assert digest(one) == digest(two)
     three = by_key([StoredRow((1,), {"id": 1, "v": "2.51"}), StoredRow((2,), {"id": 2, "v": 3})])
     assert digest(one) != digest(three)
+    # Text against numbers (SQLite reads back 2.5 for the "2.50" bound): the digests differ, the
+    # rows compare equal key by key.
+    text = by_key([StoredRow((1,), {"id": "1", "v": "2.50"}), StoredRow((2,), {"id": 2, "v": "3"})])
+    assert digest(one) != digest(text) and not compare(one, text)
 
 
 def test_compare_names_missing_extra_and_different_keys_in_key_order():
