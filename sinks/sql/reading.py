@@ -8,19 +8,21 @@ from ``key_order``, so each call reads the whole table and filters it here: corr
 over N rows in C chunks reads N x C rows (verify such tables with a large ``--chunk``).
 
 ``stored_forms`` binds each value through the converter a write uses for the target (values.py),
-so the comparison sees what a write of that row would have stored.
+and rounds an exact numeric to the scale of its column (plan.column_plans, the sink's own
+mapping), so the comparison sees what a write of that row would have stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Protocol
 
 from cdc.api import PermanentError, StoredRow, in_range, key_order, page
 from sinks.sql.bookkeeping import Bookkeeping, TableEntry
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.generations import Generations
-from sinks.sql.plan import DELETED
+from sinks.sql.plan import DELETED, ColumnPlan, column_plans
 from sinks.sql.target import Target
 from sinks.sql.types import Family, parse_type
 from sinks.sql.values import converter
@@ -64,8 +66,9 @@ def stored_forms(sink: SqlSink, topic: str, rows: Sequence[tuple[dict[str, Any],
     entry = _entry(sink, topic)
     if entry is None:
         return [StoredRow(tuple(key.values()), dict(row)) for key, row in rows]
-    kind = _target(sink).kind
-    convert = [(name, converter(parse_type(column.type)[0], kind)) for name, column in entry.columns.items()]
+    target = _target(sink)
+    plans = column_plans(entry, target.dialect, target.kind, target.mariadb, set())
+    convert = [(plan.name, _storing(plan, target.kind)) for plan in plans]
     out = []
     for key, row in rows:
         stored = {}
@@ -76,6 +79,18 @@ def stored_forms(sink: SqlSink, topic: str, rows: Sequence[tuple[dict[str, Any],
             stored[name] = None if value is None else to_store(value)
         out.append(StoredRow(tuple(stored[name] for name in entry.key), stored))
     return out
+
+
+def _storing(plan: ColumnPlan, kind: str) -> Callable[[Any], Any]:
+    """What the target makes of a value of ``plan``'s column: the converter a write binds it
+    with, and an exact numeric rounded to the column's scale as the database rounds it (half
+    away from zero; SQLite keeps no scale)."""
+    to_store = converter(plan.family, kind)
+    scale = getattr(plan.type, "scale", None)
+    if plan.family is not Family.NUMERIC or scale is None or kind == "sqlite":
+        return to_store
+    step = Decimal(1).scaleb(-scale)
+    return lambda value: Decimal(to_store(value)).quantize(step, rounding=ROUND_HALF_UP)
 
 
 def _entry(sink: SqlSink, topic: str) -> TableEntry | None:

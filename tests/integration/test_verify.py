@@ -110,12 +110,21 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
     execute(source_dsn, "CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL, price numeric(10,2), note text, "
                         "at timestamptz)",
             f"INSERT INTO items SELECT g, g % 7, 9.90, 'seed', '2026-01-01T00:00:00Z' "
-            f"FROM generate_series(1, {ROWS}) g")
+            f"FROM generate_series(1, {ROWS}) g",
+            # Values of many types, never written again: compared as each store keeps them.
+            "CREATE TABLE kinds (id int PRIMARY KEY, u uuid, j jsonb, b bytea, f float8, r real, flag boolean, "
+            "d date, ts timestamp, tstz timestamptz, arr int[], tx text, n numeric, big bigint, t time)",
+            "INSERT INTO kinds SELECT g, md5(g::text)::uuid, jsonb_build_object('k', g, 'a', array[1, 2]), "
+            "decode(md5(g::text), 'hex'), g / 3.0, g / 7.0, g % 2 = 0, date '2026-02-01' + g, "
+            "timestamp '2026-02-01 10:00:00.123456' + g * interval '1 hour', "
+            "timestamptz '2026-02-01 10:00:00+02' + g * interval '1 minute', array[g, g + 1], "
+            "'007-' || g, 12345.678901234567 * g, 9007199254740993 + g, time '10:11:12.5' "
+            "FROM generate_series(1, 30) g")
     url = target_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
     config = tmp / "cdc.yaml"
     config.write_text(
         f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
-        f"sources:\n  - {{name: src, type: postgres, dsn: '{source_dsn}', tables: ['public.items'], "
+        f"sources:\n  - {{name: src, type: postgres, dsn: '{source_dsn}', tables: ['public.items', 'public.kinds'], "
         f"state_dir: ./state, heartbeat_interval: 1, status_interval: 1, signal_table: public.cdc_signal}}\n"
         f"sinks:\n"
         f"  - {{name: wh, type: sql, url: '{url}', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
@@ -195,10 +204,12 @@ def test_a_clean_store_under_a_live_writer_verifies_equal(pipeline):
     before = pipeline.writer.changes
     for sink in ("wh", "cache", "search"):
         code, answer = verify(pipeline.config, sink, "--chunk", "400")
-        table = answer["tables"][0]
-        assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), \
-            (sink, table)
-        assert table["rows"] >= ROWS // 2 and table["chunks"] >= 3
+        assert [t["table"] for t in answer["tables"]] == ["public.items", "public.kinds"]
+        for table in answer["tables"]:
+            assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), \
+                (sink, table)
+        items, kinds = answer["tables"]
+        assert items["rows"] >= ROWS // 2 and items["chunks"] >= 3 and kinds["rows"] == kinds["store_rows"] == 30
     assert pipeline.writer.changes > before  # the writer wrote while verify ran
 
 
