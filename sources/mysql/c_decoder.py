@@ -45,7 +45,7 @@ from sources.mysql.types import shortest_float32
 from sources.mysql.values import make_time2
 
 try:  # the C row decoder (sources/mysql/_rowdecode.c), built by setup.py where a compiler is found
-    from sources.mysql import _rowdecode
+    import sources.mysql._rowdecode as _rowdecode
 except ImportError:  # pragma: no cover - a build without a compiler
     _rowdecode = None
 
@@ -72,7 +72,7 @@ def c_program(specs: Sequence[ColumnSpec], names: Sequence[str], key_index: Sequ
     if _rowdecode is None or not key_index:
         return None
     c = _rowdecode
-    ops = []
+    ops: list[tuple[int, int, int, int, Any]] = []  # (op, nullable, width, arg, what it calls or reads)
     for s in specs:
         t, nullable = s.type, int(s.nullable)
         if t in _INT_BYTES:
