@@ -291,7 +291,7 @@ def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
     of rows as JSON bytes (the sink path's own steps) also in writes of ``batch_size`` events, as
     the runner hands them out: one batch of every row makes the collector walk what the steps
     before made, and inflated those steps 1.5-2x."""
-    from cdc import sink_events
+    from cdc import native, sink_events
     from cdc.events import ChangeEvent, Op, TableId
     from cdc.log.base import LogRecord
     from cdc.runtime.gc_tuning import tune_gc
@@ -309,17 +309,14 @@ def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
 
     def timed(name: str, module, fn) -> object:
         for use_c in ((True, False) if module is not None else (None,)):
-            if module is not None:
-                module.USE_SPEEDUPS = use_c
             best = float("inf")
-            for _ in range(repeat):
-                began = time.process_time()
-                out = fn()
-                best = min(best, time.process_time() - began)
+            with native.choose(use_c is not False):
+                for _ in range(repeat):
+                    began = time.process_time()
+                    out = fn()
+                    best = min(best, time.process_time() - began)
             label = name if use_c is None else f"{name} ({'C' if use_c else 'Python'})"
             print(f"  {label:<46} {best / len(rows) * 1e6:6.2f} us/document")
-            if module is not None:
-                module.USE_SPEEDUPS = True
         return out
 
     print(f"{len(rows):,} documents, {len(records[0].value)} bytes per envelope; load {os.getloadavg()[0]:.2f}")

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from cdc import native
 from cdc.events import ChangeEvent, Op, RowBlock, SchemaChange, SnapshotMarker, TableId
 from cdc.headers import VERSION as VERSION_HEADER
 from cdc.headers import Headers, record_headers, source_header
@@ -57,7 +58,7 @@ class EnvelopeEncoder:
     readers and tests.
     """
 
-    __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics", "use_speedups",
+    __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics",
                  "schema_versions", "source_header")
 
     def __init__(self, connector: str, name: str, topic_prefix: str,
@@ -67,7 +68,6 @@ class EnvelopeEncoder:
         self.prefix = topic_prefix
         self.on_new_topic = on_new_topic  # called once per topic, before its first record is made
         self.value_bytes = 0              # bytes of values encoded so far (for metrics)
-        self.use_speedups = True          # the C loop where it was built (tests turn it off to compare)
         self._topics: dict[TableId, str] = {}
         # table -> the version of the schema record its events are written under (``source.
         # schema_version``). Part of the per-table constant head of ``source``, so it costs
@@ -165,10 +165,10 @@ class EnvelopeEncoder:
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
         if type(events) is RowBlock:
-            if _speedups is not None and self.use_speedups:
+            if _speedups is not None and native.enabled():
                 return self._emit_rows(events, emit, when_room, now_ms)
             events = events.events()
-        if _speedups is not None and self.use_speedups:
+        if _speedups is not None and native.enabled():
             where: list[Any] = [None, 0]  # the C loop leaves the failing topic and the bytes so far
             try:
                 self.value_bytes += _speedups.emit(self._middle, events, emit, when_room, everywhere, now_ms, where,
@@ -311,11 +311,8 @@ _TRUNCATE, _DELETE = Op.TRUNCATE, Op.DELETE  # module globals: an enum class att
 _READ, _SNAPSHOT_TRUE = Op.READ, SnapshotMarker.TRUE
 _AFTER_AT = b'{"before":null,"after":'  # what every snapshot row's value begins with
 
-try:  # the same loop in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
-else:
+_speedups = native.load("cdc._speedups")  # the same loop in C
+if _speedups is not None:
     _speedups.setup(orjson.dumps, _TRUNCATE, _DELETE, TRUNCATE_KEY)
 
 # The value, in four shapes (with or without the connector's source fields, with or without a

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTp
 
+from cdc import native
 from cdc.errors import CdcError, PermanentError
 from cdc.log.base import GroupListener, GroupReader, LogReader, LogRecord, TopicPartition
 from cdc.log.kafka_errors import TRANSIENT, kafka_error, wrap
@@ -34,7 +35,7 @@ def log_records(messages: list, start: int, out: list[LogRecord]) -> int:
     an error; return its index (``len(messages)`` if none). Where setup.py built it,
     ``cdc/_speedups.c`` runs this loop in C (tests/unit/test_sink_decode_batch.py compares the
     two); this Python loop is the reference."""
-    if _speedups is not None and USE_SPEEDUPS and type(messages) is list:
+    if _speedups is not None and native.enabled() and type(messages) is list:
         return _speedups.log_records(messages, start, out, LogRecord)
     append, new = out.append, tuple.__new__
     for at in range(start, len(messages)):
@@ -46,11 +47,7 @@ def log_records(messages: list, start: int, out: list[LogRecord]) -> int:
     return len(messages)
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two loops
-try:  # the same loop in C, built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
+_speedups = native.load("cdc._speedups")  # the same loop in C
 
 
 class KafkaReader(LogReader):

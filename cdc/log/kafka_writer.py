@@ -11,6 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from cdc import native
 from cdc.errors import CdcError, DeliveryError
 from cdc.events import ChangeEvent, RowBlock
 from cdc.headers import Headers
@@ -261,7 +262,7 @@ def positional_produce(produce: Callable[..., None]) -> Callable[..., None]:
     partition, the producer's delivery callback, now). A keyword costs about 0.45 us a record
     there (its argument parser makes a str for every keyword it looks up), a tenth of a record's
     encoding and producing. In C where ``cdc/_speedups.c`` is built; this is the reference."""
-    if _speedups is not None and USE_SPEEDUPS:
+    if _speedups is not None and native.enabled():
         return _speedups.produce_positionally(produce)
 
     def positional(topic: str, value: bytes | None, key: bytes | None, headers: Headers | None = None) -> None:
@@ -269,8 +270,4 @@ def positional_produce(produce: Callable[..., None]) -> Callable[..., None]:
     return positional
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two produce calls
-try:  # the same call in C, built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
+_speedups = native.load("cdc._speedups")  # the same call in C

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc import headers
+from cdc import headers, native
 from cdc.log import packed_headers
 
 needs_c = pytest.mark.skipif(packed_headers._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
@@ -21,15 +21,13 @@ def both(function, *args):
     outcome being the result or the type of the error raised."""
     out = []
     for use_c in (True, False):
-        packed_headers.USE_SPEEDUPS = use_c
-        try:
-            out.append(function(*args))
-        except ValueError:  # UnicodeDecodeError included
-            out.append(ValueError)
-        except TypeError:
-            out.append(TypeError)
-        finally:
-            packed_headers.USE_SPEEDUPS = True
+        with native.choose(use_c):
+            try:
+                out.append(function(*args))
+            except ValueError:  # UnicodeDecodeError included
+                out.append(ValueError)
+            except TypeError:
+                out.append(TypeError)
     return tuple(out)
 
 

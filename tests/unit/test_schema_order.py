@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc import schema_order
+from cdc import native, schema_order
 from cdc.api import Source, SourceConfig
 from cdc.errors import RetriableError, SchemaChangeError
 from cdc.events import Batch, ChangeEvent, Column, Op, SchemaChange, TableId
@@ -155,11 +155,8 @@ def test_split_by_schema_in_c_cuts_where_the_python_loop_cuts(made):
     events = [SinkEvent(topic, 0, n, {"id": n}, Op.CREATE, None, {"id": n}, n, source, None)
               for n, (topic, source) in enumerate(made)]
     in_c = schema_order._speedups.split_by_schema(events)
-    schema_order.USE_SPEEDUPS = False
-    try:
+    with native.reference():
         in_python = split_by_schema(events)
-    finally:
-        schema_order.USE_SPEEDUPS = True
     assert in_c is not None
     assert [[e.offset for e in part] for part in in_c] == [[e.offset for e in part] for part in in_python]
 
