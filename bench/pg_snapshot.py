@@ -38,8 +38,8 @@ Where the time goes (1M rows; CPU per row, from those figures, perf, and timing 
   copy_json.py``, C in ``_copyjson.c``, the same bytes): PostgreSQL 0.5 us per row.
 * then each row became an event in the publishing process (a tuple, a key dict, an int, an
   ``orjson.Fragment``: 0.26 us, ``_copyjson.int_key_events``) and was encoded from it (0.31 us,
-  ``_speedups.emit``). Now a block of plain rows goes on as it was read, a ``RowBlock``
-  (cdc/events.py), and the json format makes each record from its line (``_speedups.emit_rows``,
+  ``_encode.emit``). Now a block of plain rows goes on as it was read, a ``RowBlock``
+  (cdc/events.py), and the json format makes each record from its line (``_encode.emit_rows``,
   0.10 us per row for both steps; the same bytes). ``--compare-events`` runs the old path
   (``sources.postgres.snapshot.ROW_BLOCKS`` off) right before the new one.
 * what is left of the publishing process is mostly confluent-kafka and librdkafka. Timed alone

@@ -55,10 +55,10 @@ def segments(events: list[ChangeEvent], changes: Sequence[SchemaChange]
 def split_by_schema(events: list) -> list[list]:
     """``events`` (sink events, in order) cut where a topic's ``source.schema_version`` changes,
     so that each part has one shape per topic. Tombstones (no source) never cut. Where setup.py
-    built it, ``cdc/_speedups.c`` runs this loop in C (0.4 us an event in Python, on every
+    built it, ``cdc/_decode.c`` runs this loop in C (0.4 us an event in Python, on every
     write); this loop is the reference (tests/unit/test_schema_order.py compares them)."""
-    if _speedups is not None and native.enabled() and type(events) is list:
-        from_c = _speedups.split_by_schema(events)
+    if _decode is not None and native.enabled() and type(events) is list:
+        from_c = _decode.split_by_schema(events)
         if from_c is not None:  # None: something the C loop does not take; this loop decides
             return from_c
     parts: list[list] = []
@@ -78,4 +78,4 @@ def split_by_schema(events: list) -> list[list]:
     return parts
 
 
-_speedups = native.load("cdc._speedups")  # the same loop in C
+_decode = native.load("cdc._decode")  # the same loop in C

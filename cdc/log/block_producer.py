@@ -8,7 +8,7 @@ record of a block in C and hands it to ``rd_kafka_producev`` with the block's he
 share a version), the whole block with the GIL released, and delivery reports are counted in C. ``KafkaWriter`` sends RowBlocks through it (cdc/log/kafka_writer.py).
 
 The records are the ones confluent-kafka would produce: the same bytes (the encoder's
-``row_block_parts``, also what cdc/_speedups.c ``emit_rows`` makes), the same topic, and the same
+``row_block_parts``, also what cdc/_encode.c ``emit_rows`` makes), the same topic, and the same
 partition per key, because the producer gets the log's producer settings (``partitioner=
 murmur2_random``, idempotence, acks, compression, the bootstrap and security settings) as given.
 Settings only confluent-kafka's Python layer understands are left out (``logger``, ``error_cb``:

@@ -28,7 +28,7 @@ from cdc.api import (
 from cdc.log.base import Log
 from cdc.offsets import CheckpointFeed, OffsetStore
 
-_SPEEDUPS = native.load("cdc._speedups")  # rows as JSON bytes (Sink.raw_rows): their COPY text in C
+_COPYTEXT = native.load("cdc._copytext")  # rows as JSON bytes (Sink.raw_rows): their COPY text in C
 _WINDOW = native.load("cdc._window")  # copy_rows' lines, key dropped and version last (a bulk load's COPY)
 
 
@@ -37,7 +37,7 @@ def native_codecs() -> NativeCodecs:
     no compiler built them or ``cdc.native`` is off (no raw rows and no bulk loads either then)."""
     if not native.enabled():
         return NativeCodecs()
-    return NativeCodecs(_SPEEDUPS and _SPEEDUPS.copy_rows, _SPEEDUPS and _SPEEDUPS.unknown_names,
+    return NativeCodecs(_COPYTEXT and _COPYTEXT.copy_rows, _COPYTEXT and _COPYTEXT.unknown_names,
                         _WINDOW and _WINDOW.columns_first)
 
 

@@ -1,6 +1,6 @@
 """Record headers (cdc/headers.py): the version header's reading rule, and the packed form the
 embedded log stores and the bulk reader hands out (cdc/log/packed_headers.py), in C
-(cdc/_speedups.c) and in Python alike."""
+(cdc/_records.c) and in Python alike."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cdc import headers, native
 from cdc.log import packed_headers
 
-needs_c = pytest.mark.skipif(packed_headers._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
+needs_c = pytest.mark.skipif(packed_headers._records is None, reason="cdc._records not built (test_encode.py)")
 
 pairs = st.lists(st.tuples(st.text(max_size=6), st.one_of(st.none(), st.binary(max_size=6))), min_size=1, max_size=4)
 

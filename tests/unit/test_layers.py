@@ -168,7 +168,7 @@ def test_the_scanner_follows_the_rule_of_what_an_import_names(tmp_path):
 
 def test_the_graph_covers_every_package():
     assert {"cdc.api", "cdc.runtime.runner", "sources.postgres.source", "sinks.sql.sink", "spark_sinks.delta",
-            "snapshot.coordinator", "cdc._speedups"} <= set(GRAPH)
+            "snapshot.coordinator", "cdc._encode"} <= set(GRAPH)
     assert "snapshot.coordinator" in GRAPH["sources.postgres.source"]
 
 

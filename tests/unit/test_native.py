@@ -12,7 +12,7 @@ import pytest
 
 from cdc import native
 
-needs_c = pytest.mark.skipif(native.load("cdc._speedups") is None, reason="not built, or CDC_NATIVE=0")
+needs_c = pytest.mark.skipif(native.load("cdc._encode") is None, reason="not built, or CDC_NATIVE=0")
 
 
 def test_reference_turns_the_switch_off_for_its_block_and_nests():
@@ -45,9 +45,9 @@ def test_choose_runs_the_compiled_or_the_reference_code():
 
 
 # The modules with a compiled twin or part, and what each holds of it: all None under CDC_NATIVE=0.
-LOADED = {"cdc.serde": "_speedups", "cdc.sink_events": "_speedups", "cdc.schema_order": "_speedups",
-          "cdc.log.packed_headers": "_speedups", "cdc.log.kafka_reader": "_speedups",
-          "cdc.log.kafka_writer": "_speedups", "cdc.bulk_window": "_window", "cdc.log.kafka_bulk": "_rdconsume",
+LOADED = {"cdc.serde": "_encode", "cdc.sink_events": "_decode", "cdc.schema_order": "_decode",
+          "cdc.log.packed_headers": "_records", "cdc.log.kafka_reader": "_records",
+          "cdc.log.kafka_writer": "_records", "cdc.runtime.contexts": "_COPYTEXT", "cdc.bulk_window": "_window", "cdc.log.kafka_bulk": "_rdconsume",
           "cdc.log.block_producer": "_rdproduce", "sinks.opensearch.lines": "_lines",
           "sinks.opensearch.documents": "_lines", "sources.mysql.c_decoder": "_rowdecode",
           "sources.postgres.copy_json": "_copyjson"}

@@ -1,4 +1,4 @@
-"""Rows left as JSON bytes (issue #18): the C scanner and COPY loop of cdc/_speedups.c against
+"""Rows left as JSON bytes (issue #18): the C scanner and COPY loop of cdc/_decode.c and cdc/_copytext.c against
 the Python paths they stand in for.
 
 * ``decode_records(raw_rows=True)`` against ``decode_record``: the same event once ``after`` is
@@ -34,7 +34,7 @@ def test_the_c_paths_were_built():
         assert not sink_events.raw_rows_decoded() and NATIVE.copy_rows is None
         return
     assert sink_events.raw_rows_decoded() and NATIVE.copy_rows, \
-        "cdc._speedups was not built: pip install -e . with a C compiler"
+        "cdc._decode or cdc._copytext was not built: pip install -e . with a C compiler"
 
 
 def test_the_reference_switch_turns_the_c_paths_off():
@@ -45,7 +45,7 @@ def test_the_reference_switch_turns_the_c_paths_off():
                    if not isinstance(e, PoisonRecord) and e.after is not None)
 
 
-needs_c = pytest.mark.skipif(not (sink_events.raw_rows_decoded() and NATIVE.copy_rows), reason="cdc._speedups not built")
+needs_c = pytest.mark.skipif(not (sink_events.raw_rows_decoded() and NATIVE.copy_rows), reason="cdc._decode/_copytext not built")
 
 TABLE = TableId("shop", "public", "orders")
 STRINGS = ["", "plain", "tab\there", "new\nline", "cr\rx", "back\\slash", 'quote"d', "é ü ß", "日本語", "emoji 😀",

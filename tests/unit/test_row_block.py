@@ -1,6 +1,6 @@
 """RowBlock (cdc/events.py): snapshot rows that go to the log as the lines they were read as.
 
-The json format makes their records straight from the lines (cdc/_speedups.c ``emit_rows``); these
+The json format makes their records straight from the lines (cdc/_encode.c ``emit_rows``); these
 tests pin that those are the bytes the rows' events give, that only blocks whose key text is the
 record key's digits are taken (``_copyjson.int_key_rows``), that a failing producer stops the block
 as it stops events, and that the coordinator still marks the snapshot's very last row ``last``.

@@ -1,4 +1,4 @@
-"""The sink runtime's decoding loop in C (cdc/_speedups.c, ``decode_batch``) against the Python
+"""The sink runtime's decoding loop in C (cdc/_decode.c, ``decode_batch``) against the Python
 loop of cdc/sink_events.py, the reference: for any records, both must give the same events (field
 for field, and the same type), the same poison records with the same reasons, the same ends and
 the same byte count. Records carry headers of every kind (a tombstone's version comes from them)."""
@@ -14,7 +14,7 @@ from cdc import native, sink_events
 from cdc.log.base import LogRecord
 from cdc.sink_events import SinkEvent, decode_batch
 
-needs_c = pytest.mark.skipif(sink_events._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
+needs_c = pytest.mark.skipif(sink_events._decode is None, reason="cdc._decode not built (test_encode.py)")
 
 text = st.text(max_size=8)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1), text, st.floats(allow_nan=False))
@@ -108,7 +108,7 @@ def test_the_c_loop_makes_sink_events_of_plain_envelopes(monkeypatch):
                           "source": {"table": "t", "version": 42}})
     monkeypatch.setattr(sink_events, "decode_record", lambda record: pytest.fail("handed to Python"))
     ends: dict = {}
-    events, poisons, nbytes = sink_events._speedups.decode_batch(
+    events, poisons, nbytes = sink_events._decode.decode_batch(
         [LogRecord("p.s.t", 1, 9, b'{"id":1}', value, 0), LogRecord("p.s.t", 1, 10, b'{"id":1}', None, 0)], ends)
     assert events[0] == SinkEvent("p.s.t", 1, 9, {"id": 1}, sink_events.Op.CREATE, None, {"id": 1}, 42,
                                   {"table": "t", "version": 42}, 5)
@@ -198,4 +198,4 @@ def test_a_tombstone_reads_its_version_from_its_headers_in_both_loops():
 def test_a_packed_batch_cut_short_is_an_error_not_a_read_past_its_end():
     batch = packed([LogRecord("p.s.t", 0, 1, b'{"id":1}', b'{"op":"c"}', 0)])
     with pytest.raises(ValueError, match="ends inside a record"):
-        sink_events._speedups.decode_packed(batch.data[:-3], 1, batch.topics, {}, False, LogRecord)
+        sink_events._decode.decode_packed(batch.data[:-3], 1, batch.topics, {}, False, LogRecord)

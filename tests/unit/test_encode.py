@@ -1,4 +1,4 @@
-"""The C encoding loop (cdc/_speedups.c) against the Python loop of EnvelopeEncoder.emit.
+"""The C encoding loop (cdc/_encode.c) against the Python loop of EnvelopeEncoder.emit.
 
 The Python loop is the reference: for any events, the C loop must hand over the same records in
 the same order (bytes for bytes, headers included), count the same bytes, call ``when_room`` for
@@ -24,10 +24,10 @@ def test_the_c_loop_is_built():
     CDC_ALLOW_NO_SPEEDUPS=1 says a build without it is expected, as CDC_NATIVE=0 does."""
     if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1" or not native.ALLOWED:
         return
-    assert serde._speedups is not None, "cdc._speedups was not built: pip install -e . with a C compiler"
+    assert serde._encode is not None, "cdc._encode was not built: pip install -e . with a C compiler"
 
 
-needs_c = pytest.mark.skipif(serde._speedups is None, reason="cdc._speedups not built (see the test above)")
+needs_c = pytest.mark.skipif(serde._encode is None, reason="cdc._encode not built (see the test above)")
 
 TABLES = [TableId("shop", "public", "orders"), TableId("shop", None, "items"), TableId("db", "s", "t\"q")]
 text = st.text(max_size=12)
@@ -97,7 +97,7 @@ def test_every_record_carries_its_version_and_source_a_tombstone_its_deletes():
                            version=-(2 ** 63), ts_ms=1),
                ChangeEvent(op=Op.TRUNCATE, table=table, key=None, before=None, after=None, version=2 ** 63 - 1,
                            ts_ms=1)]
-    for use in (True, False) if serde._speedups is not None else (False,):
+    for use in (True, False) if serde._encode is not None else (False,):
         calls, _, error = run(events_, use)
         assert error is None
         assert [(kind, value is None, headers) for kind, _, value, _, headers in calls] == [
@@ -108,9 +108,9 @@ def test_every_record_carries_its_version_and_source_a_tombstone_its_deletes():
 
 
 def test_the_c_header_name_is_the_python_one():
-    if serde._speedups is not None:
+    if serde._encode is not None:
         from cdc.headers import VERSION
-        assert serde._speedups.VERSION_HEADER == VERSION
+        assert serde._encode.VERSION_HEADER == VERSION
 
 
 @needs_c
@@ -178,7 +178,7 @@ def test_positional_produce_puts_the_headers_in_their_place_in_both():
     def produce(*args, **kwargs):
         calls.append((args, kwargs))
 
-    for use_c in (True, False) if serde._speedups is not None else (False,):
+    for use_c in (True, False) if serde._encode is not None else (False,):
         with native.choose(use_c):
             positional = kafka_writer.positional_produce(produce)
         positional("t", b"v", b"k", [("cdc.version", b"1")])
