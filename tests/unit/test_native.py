@@ -69,3 +69,60 @@ def test_cdc_native_off_loads_nothing_compiled(setting):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
+
+
+class Tripwire:
+    """Stands for a compiled module: any use of it fails the test."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the compiled {name} ran under native.reference()")
+
+
+def _calls():
+    """(module, attribute holding its extension, a call through its hot path) for every call site."""
+    from cdc import bulk_window, schema_order, serde, sink_events
+    from cdc.events import ChangeEvent, Op, TableId
+    from cdc.log import block_producer, kafka_bulk, kafka_reader, kafka_writer, packed_headers
+    from cdc.log.base import LogRecord
+    from cdc.runtime import contexts
+    from sinks.opensearch import documents, lines
+    from sources.mysql import c_decoder
+    from sources.mysql.columns import LONG, ColumnSpec
+    from sources.postgres import copy_json
+    from sources.postgres.types.server_json import RAW
+
+    table = TableId("db", "s", "t")
+    event = ChangeEvent(Op.CREATE, table, {"id": 1}, None, {"id": 1}, 5, 1)
+    value = serde.EnvelopeEncoder("postgresql", "src", "p").encode([event])[0]
+    record = LogRecord(value.topic, 0, 0, value.key, value.value, 0, None)
+    events = sink_events.decode_batch([record], {})[0]
+    spec = copy_json.CopyJson.of("public.t", ["id"], [RAW], [0], [], 5)
+    emit = serde.EnvelopeEncoder("postgresql", "src", "p").emit
+    return [
+        (serde, "_encode", lambda: emit([event], lambda *a: None, None, None, now_ms=1)),
+        (sink_events, "_decode", lambda: sink_events.decode_batch([record], {}, True)),
+        (sink_events, "_decode", lambda: sink_events.decode_records([record], True)),
+        (sink_events, "_decode", lambda: sink_events.decode_packed(kafka_bulk.PackedBatch.of([record]), {}, True)),
+        (schema_order, "_decode", lambda: schema_order.split_by_schema(events)),
+        (packed_headers, "_records", lambda: packed_headers.unpack(packed_headers.pack([("a", b"1")]))),
+        (kafka_reader, "_records", lambda: kafka_reader.log_records([], 0, [])),
+        (kafka_writer, "_records", lambda: kafka_writer.positional_produce(print)),
+        (documents, "_lines", lambda: documents.reduce(events)),
+        (lines, "_lines", lambda: lines.encode([documents.Upsert("1", 5, {"id": 1}, None)], "i", None, None, [], [])),
+        (c_decoder, "_rowdecode", lambda: c_decoder.c_program([ColumnSpec(LONG, False, 0)], ["id"], [0])),
+        (copy_json, "_copyjson", lambda: spec(b"1\n") and copy_json.CopyJson.for_table(
+            "public.t", [("id", 23)], {}, [0], [], 5)),
+        (contexts, "_COPYTEXT", lambda: contexts.native_codecs()),
+        (contexts, "_WINDOW", lambda: contexts.native_codecs()),
+        (bulk_window, "_window", lambda: bulk_window.available() and bulk_window.NewestWindow(1)),
+        (kafka_bulk, "_rdconsume", lambda: kafka_bulk.open_bulk_reader({}, "g")),
+        (block_producer, "_rdproduce", lambda: block_producer.open_block_producer({})),
+    ]
+
+
+@pytest.mark.parametrize("at", range(len(_calls())))
+def test_every_call_site_takes_the_reference_under_the_switch(at, monkeypatch):
+    module, attribute, call = _calls()[at]
+    monkeypatch.setattr(module, attribute, Tripwire())
+    with native.reference():
+        call()
