@@ -1,7 +1,7 @@
 """The layers (docs/architecture.md, "Layers"), checked on the source text with ``ast``:
 
 * the leaf modules (events, positions, errors, the sink event type, record headers, the topics'
-  names, servers, units) import no other module of the framework;
+  names, servers, units, the compiled-code switch) import no other module of the framework;
 * ``cdc.api`` imports only itself and the leaves: a change inside the runtime cannot break a
   plugin through it;
 * the framework (``cdc``) imports no plugin (``sources``, ``sinks``, ``spark_sinks``,
