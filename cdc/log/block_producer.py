@@ -46,8 +46,8 @@ LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logg
 
 
 def available() -> bool:
-    """Whether block producers can be opened now (built, and ``cdc.native`` on: tests and
-    bench/pg_snapshot.py turn it off to compare with confluent-kafka alone)."""
+    """Whether block producers can be opened now (built, and ``cdc.native`` on); otherwise
+    confluent-kafka produces every record (tests/integration/test_block_producer.py compares)."""
     return _rdproduce is not None and native.enabled()
 
 

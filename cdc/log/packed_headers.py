@@ -2,8 +2,8 @@
 column) and the bulk reader packs them in (cdc/_rdconsume.c): per header a little-endian int32
 name length, the name (UTF-8), an int32 value length (-1: null) and the value. ``pack`` and
 ``unpack`` run in C where cdc/_records.c is built and ``cdc.native`` is on (a record each on
-the embedded log's paths);
-the Python functions here are the reference (tests/unit/test_headers.py compares them).
+the embedded log's paths); the Python functions here are the reference
+(tests/unit/test_headers.py compares them).
 """
 
 from __future__ import annotations
