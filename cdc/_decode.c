@@ -604,7 +604,6 @@ fail:
  *   its topic indexes point into): no confluent-kafka Message per record, and the LogRecord made here is dropped
  *   once its event is made (kept only in a poison pair). `ends` gets each partition's next offset,
  *   once per run of records of one partition. */
-#define PACKED_HEAD 36  /* cdc/_rdconsume.c's HEADER */
 
 static int
 packed_end(PyObject *ends, PyObject *topic, int partition, long long offset)
@@ -650,20 +649,12 @@ py_decode_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (events == NULL || poisons == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t topic_index, partition, key_len, value_len, headers_len;
-        int64_t offset, timestamp;
-        if (end - at < PACKED_HEAD) goto short_data;
-        memcpy(&topic_index, at, 4);
-        memcpy(&partition, at + 4, 4);
-        memcpy(&offset, at + 8, 8);
-        memcpy(&timestamp, at + 16, 8);
-        memcpy(&key_len, at + 24, 4);
-        memcpy(&value_len, at + 28, 4);
-        memcpy(&headers_len, at + 32, 4);
-        at += PACKED_HEAD;
-        if (topic_index < 0 || topic_index >= PyList_GET_SIZE(topics) ||
-                end - at < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0)
-                           + (headers_len > 0 ? headers_len : 0))
+        PackedHead h;
+        if (!packed_head(&at, end, &h)) goto short_data;
+        int32_t topic_index = h.topic, partition = h.partition, key_len = h.key_len, value_len = h.value_len,
+                headers_len = h.headers_len;
+        int64_t offset = h.offset, timestamp = h.timestamp;
+        if (topic_index < 0 || topic_index >= PyList_GET_SIZE(topics) || end - at < packed_body(&h))
             goto short_data;
         PyObject *topic = PyList_GET_ITEM(topics, topic_index);
         if (run_topic != NULL && (run_topic != topic || run_partition != partition)) {

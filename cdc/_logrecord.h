@@ -1,11 +1,13 @@
-/* A log record as the runtime holds it (cdc.log.base.LogRecord) and its headers packed as the
- * embedded log stores them and the bulk reader hands them out (cdc/log/packed_headers.py), for
- * cdc/_decode.c and cdc/_records.c (separate extensions, so each gets its own copy). */
+/* A log record as the runtime holds it (cdc.log.base.LogRecord), its headers packed as the
+ * embedded log stores them and the bulk reader hands them out (cdc/log/packed_headers.py), and the
+ * head of a record in a batch of the bulk reader (cdc/_rdconsume.c), for cdc/_decode.c,
+ * cdc/_records.c and cdc/_window.c (separate extensions, so each gets its own copy). */
 #ifndef CDC_LOGRECORD_H
 #define CDC_LOGRECORD_H
 
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifndef CDC_SHARED
 #define CDC_SHARED static __attribute__((unused))  /* one copy in each extension that includes it */
@@ -94,6 +96,41 @@ record_of(PyTypeObject *record_type, PyObject **fields)
     for (int f = 0; f < RECORD_FIELDS; f++)
         Py_XDECREF(fields[f]);
     return record;
+}
+
+/* The head of a record in a batch of cdc/_rdconsume.c's Reader.read (its HEADER, native-endian):
+ * topic index, partition, offset, timestamp, and the lengths of the key, value and headers that
+ * follow it (-1: null). */
+#define PACKED_HEAD 36
+typedef struct {
+    int32_t topic, partition, key_len, value_len, headers_len;
+    int64_t offset, timestamp;
+} PackedHead;
+
+/* The head at *at into *h, *at moved past it; 0 (nothing moved) when fewer bytes are left. */
+CDC_SHARED int
+packed_head(const char **at, const char *end, PackedHead *h)
+{
+    const char *p = *at;
+    if (end - p < PACKED_HEAD)
+        return 0;
+    memcpy(&h->topic, p, 4);
+    memcpy(&h->partition, p + 4, 4);
+    memcpy(&h->offset, p + 8, 8);
+    memcpy(&h->timestamp, p + 16, 8);
+    memcpy(&h->key_len, p + 24, 4);
+    memcpy(&h->value_len, p + 28, 4);
+    memcpy(&h->headers_len, p + 32, 4);
+    *at = p + PACKED_HEAD;
+    return 1;
+}
+
+/* The bytes a record's key, value and headers take after its head. */
+CDC_SHARED Py_ssize_t
+packed_body(const PackedHead *h)
+{
+    return (Py_ssize_t)(h->key_len > 0 ? h->key_len : 0) + (h->value_len > 0 ? h->value_len : 0)
+           + (h->headers_len > 0 ? h->headers_len : 0);
 }
 
 #endif
