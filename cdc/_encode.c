@@ -1,8 +1,8 @@
 /* Capture encoding: the loop of cdc.serde.EnvelopeEncoder.emit in C, and emit_rows for a
  * snapshot's RowBlock further down.
  *
- * Optional: cdc/serde.py uses it when it was built (setup.py, `optional=True`) and otherwise
- * runs its own Python loop, which stays the reference. Both make the same bytes
+ * Optional: cdc/serde.py loads it through cdc.native where setup.py built it (`optional=True`)
+ * and otherwise runs its own Python loop, which stays the reference. Both make the same bytes
  * (tests/unit/test_encode.py compares them on generated events). Rows, keys and fields are
  * still serialized by orjson.dumps; what moves to C is the per-event work around it: unpacking
  * the event, the cache lookups, assembling the value from its pieces and calling `emit`.

@@ -113,11 +113,11 @@ fail:
  * appended to `out`. The caller handles that message (end of partition, a transient error, ...)
  * in Python and calls again after it. */
 
-static PyObject *db_m_error, *db_m_topic, *db_m_partition, *db_m_offset, *db_m_key, *db_m_value, *db_m_timestamp,
-    *db_m_headers;
+static PyObject *msg_error, *msg_topic, *msg_partition, *msg_offset, *msg_key, *msg_value, *msg_timestamp,
+    *msg_headers;
 
 static PyObject *
-db_call0(PyObject *obj, PyObject *name)
+call0(PyObject *obj, PyObject *name)
 {
     return PyObject_CallMethodNoArgs(obj, name);
 }
@@ -129,17 +129,17 @@ py_log_records(PyObject *self, PyObject *args)
     Py_ssize_t start;
     if (!PyArg_ParseTuple(args, "O!nO!O!", &PyList_Type, &messages, &start, &PyList_Type, &out, &PyType_Type, &type))
         return NULL;
-    if (db_m_error == NULL) {
-        db_m_error = PyUnicode_InternFromString("error");
-        db_m_topic = PyUnicode_InternFromString("topic");
-        db_m_partition = PyUnicode_InternFromString("partition");
-        db_m_offset = PyUnicode_InternFromString("offset");
-        db_m_key = PyUnicode_InternFromString("key");
-        db_m_value = PyUnicode_InternFromString("value");
-        db_m_timestamp = PyUnicode_InternFromString("timestamp");
-        db_m_headers = PyUnicode_InternFromString("headers");
-        if (!db_m_error || !db_m_topic || !db_m_partition || !db_m_offset || !db_m_key || !db_m_value || !db_m_timestamp
-                || !db_m_headers)
+    if (msg_error == NULL) {
+        msg_error = PyUnicode_InternFromString("error");
+        msg_topic = PyUnicode_InternFromString("topic");
+        msg_partition = PyUnicode_InternFromString("partition");
+        msg_offset = PyUnicode_InternFromString("offset");
+        msg_key = PyUnicode_InternFromString("key");
+        msg_value = PyUnicode_InternFromString("value");
+        msg_timestamp = PyUnicode_InternFromString("timestamp");
+        msg_headers = PyUnicode_InternFromString("headers");
+        if (!msg_error || !msg_topic || !msg_partition || !msg_offset || !msg_key || !msg_value || !msg_timestamp
+                || !msg_headers)
             return NULL;
     }
     PyTypeObject *record_type = (PyTypeObject *)type;
@@ -149,7 +149,7 @@ py_log_records(PyObject *self, PyObject *args)
     for (; i < PyList_GET_SIZE(messages); i++) {
         PyObject *msg = PyList_GET_ITEM(messages, i);
         Py_INCREF(msg);
-        PyObject *err = db_call0(msg, db_m_error);
+        PyObject *err = call0(msg, msg_error);
         if (err == NULL)
             goto fail;
         Py_DECREF(err);
@@ -157,10 +157,10 @@ py_log_records(PyObject *self, PyObject *args)
             Py_DECREF(msg);
             break;
         }
-        PyObject *fields[RECORD_FIELDS] = {db_call0(msg, db_m_topic), db_call0(msg, db_m_partition),
-                                           db_call0(msg, db_m_offset), db_call0(msg, db_m_key), db_call0(msg, db_m_value),
-                                           NULL, db_call0(msg, db_m_headers)};
-        PyObject *stamp = db_call0(msg, db_m_timestamp);
+        PyObject *fields[RECORD_FIELDS] = {call0(msg, msg_topic), call0(msg, msg_partition),
+                                           call0(msg, msg_offset), call0(msg, msg_key), call0(msg, msg_value),
+                                           NULL, call0(msg, msg_headers)};
+        PyObject *stamp = call0(msg, msg_timestamp);
         if (stamp != NULL && PyTuple_Check(stamp) && PyTuple_GET_SIZE(stamp) == 2)
             fields[5] = Py_NewRef(PyTuple_GET_ITEM(stamp, 1));
         else if (stamp != NULL)
