@@ -87,11 +87,15 @@ def main() -> None:
                     cur.copy_expert(sql, sink, size=1 << 20)
 
             def blocks(use_c: bool, rewrite) -> None:
-                copy_out.USE_C = use_c
+                # Only the read loop changes (copy_blocks' fallback is copy_expert): the row JSON
+                # stays the C rewrite either way, so the two reads are compared alone.
+                real = copy_out.libpq_functions
+                if not use_c:
+                    copy_out.libpq_functions = lambda: None
                 try:
                     copy_out.copy_blocks(conn, sql, 2048, lambda block: None, rewrite)
                 finally:
-                    copy_out.USE_C = True
+                    copy_out.libpq_functions = real
 
             ways = [("copy_expert -> NullSink", lambda: expert(NullSink())),
                     ("copy_expert -> io.BytesIO", lambda: expert(io.BytesIO())),

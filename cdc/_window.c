@@ -60,6 +60,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "_logrecord.h"
 
 #define NO_SCHEMA INT64_MIN
 
@@ -665,19 +666,13 @@ window_add_packed(Window *w, PyObject *args)
         if ((tids[t] = topic_id(w, topics, PyList_GET_ITEM(names, t))) < 0) goto done;
     const char *p = PyBytes_AS_STRING(data), *end = p + PyBytes_GET_SIZE(data);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t topic, partition, key_len, value_len, headers_len;
-        int64_t offset;
-        if (end - p < 36) goto damaged;
-        memcpy(&topic, p, 4);
-        memcpy(&partition, p + 4, 4);
-        memcpy(&offset, p + 8, 8);
-        memcpy(&key_len, p + 24, 4);
-        memcpy(&value_len, p + 28, 4);
-        memcpy(&headers_len, p + 32, 4);
-        p += 36;
+        PackedHead h;
+        if (!packed_head(&p, end, &h)) goto damaged;
+        int32_t topic = h.topic, partition = h.partition, key_len = h.key_len, value_len = h.value_len,
+                headers_len = h.headers_len;
+        int64_t offset = h.offset;
         if (topic < 0 || topic >= nnames || key_len < -1 || value_len < -1 || headers_len < -1
-                || end - p < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0)
-                             + (headers_len > 0 ? headers_len : 0))
+                || end - p < packed_body(&h))
             goto damaged;
         Item *it = &items[i];
         it->topic = (int32_t)tids[topic];

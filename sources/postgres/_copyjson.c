@@ -1,7 +1,7 @@
 /* The row JSON of the PostgreSQL snapshot, made from plain COPY text in the reader instead of
  * by the server's row_to_json.
  *
- * Optional, like cdc/_speedups.c: sources/postgres/copy_json.py holds the Python twin (the
+ * Optional, like cdc/_encode.c: sources/postgres/copy_json.py holds the Python twin (the
  * reference, and the fallback where this was not built) and builds the spec. The C path never
  * raises on bad input: on anything it does not take (a line with the wrong number of fields, an
  * escape the server does not print, a bool that is not t/f, a bytea not in hex) it returns None

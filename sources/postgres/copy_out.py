@@ -35,6 +35,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
+from cdc import native
 from sources.postgres.copy_json import CopyJson, _copyjson
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,6 @@ log = logging.getLogger(__name__)
 _FUNCTIONS = ("PQexec", "PQresultStatus", "PQresultErrorField", "PQresultErrorMessage", "PQclear",
               "PQgetCopyData", "PQfreemem", "PQgetResult", "PQerrorMessage", "PQstatus")
 _SEVERITIES = ("ERROR:  ", "FATAL:  ", "PANIC:  ")
-
-USE_C = True  # False: always copy_expert (tests compare the two)
-
 
 def _mapped_file(address: int, maps: list[tuple[int, int, str]]) -> str | None:
     for start, end, path in maps:
@@ -97,7 +95,7 @@ def copy_blocks(conn, sql: str, lines: int, emit: Callable[[bytes], None], rewri
     """Runs ``sql`` (a COPY ... TO STDOUT) on psycopg2 connection ``conn`` and calls ``emit`` with
     each block of up to ``lines`` whole lines, each made by ``rewrite`` where given. Returns the
     number of rows read; raises ``psycopg2.Error`` as ``copy_expert`` does."""
-    functions = libpq_functions() if USE_C else None
+    functions = libpq_functions() if native.enabled() else None
     if functions is None or not (conn.autocommit or conn.status == psycopg2.extensions.STATUS_BEGIN):
         # Outside a transaction on a connection that is not autocommit, psycopg2 would send BEGIN
         # first (incremental.py's chunk reads): it keeps doing so.

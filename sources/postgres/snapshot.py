@@ -32,7 +32,7 @@ import psycopg2
 
 from cdc.events import ChangeEvent, Op, RowBlock, SnapshotMarker
 from sources.postgres.catalog import TableMeta, quoted_name
-from sources.postgres.copy_json import CopyJson, _copyjson
+from sources.postgres.copy_json import CopyJson, compiled
 from sources.postgres.copy_out import copy_blocks
 from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
@@ -223,19 +223,19 @@ class SnapshotRows:
                                               fragment(j), version, ts_ms, marker, source, None))
                             for k, j in (line.split(b"\t", 2)[:2] for line in lines)]
 
-                if convert_key is int and _copyjson is not None:
+                if convert_key is int and (in_c := compiled()) is not None:
                     # build_batch's int case for a whole block, in C (_copyjson.c): the same events.
                     head, tail = (read, table_id), (version, ts_ms, marker, source, None)
                     make = partial(new, ChangeEvent)
 
                     def materialize(block: bytes) -> list[ChangeEvent] | None:
-                        return _copyjson.int_key_events(block, make, head, single_key, fragment, tail,
+                        return in_c.int_key_events(block, make, head, single_key, fragment, tail,
                                                         MIN_TOASTABLE_CHARS)
 
                     def block_events(block: bytes) -> list[ChangeEvent] | RowBlock | None:
                         # The block as it is where its keys' text is orjson's (a RowBlock: the json
                         # format makes its records from the lines, cdc/events.py), else its events.
-                        count = _copyjson.int_key_rows(block, MIN_TOASTABLE_CHARS) if ROW_BLOCKS else None
+                        count = in_c.int_key_rows(block, MIN_TOASTABLE_CHARS) if ROW_BLOCKS else None
                         if count is None:
                             return materialize(block)
                         return RowBlock(table_id, single_key, block, count, version, ts_ms, source, materialize)

@@ -12,6 +12,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
+from cdc import native
 from cdc.errors import PermanentError, RetriableError
 from sources.postgres import copy_out
 from sources.postgres.copy_out import copy_blocks
@@ -22,12 +23,12 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture(params=[True, False], ids=["c_loop", "copy_expert"])
-def use_c(request, monkeypatch):
-    monkeypatch.setattr(copy_out, "USE_C", request.param)
+def use_c(request):
     if request.param:
         # This build has a compiler and psycopg2's libpq: the C loop must be the one under test.
         assert copy_out.libpq_functions() is not None, copy_out._LIBPQ
-    return request.param
+    with native.choose(request.param):
+        yield request.param
 
 
 def _blocks(conn, sql: str, lines: int, rewrite=None) -> list[bytes]:
@@ -37,7 +38,7 @@ def _blocks(conn, sql: str, lines: int, rewrite=None) -> list[bytes]:
     return blocks
 
 
-def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn, monkeypatch):
+def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn):
     assert copy_out.libpq_functions() is not None, copy_out._LIBPQ
     conn = _connect(pg_dsn)
     try:
@@ -58,8 +59,8 @@ def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn, monkeypatch):
             assert all(block.endswith(b"\n") and block.count(b"\n") <= lines for block in blocks)
         # The row JSON made in the loop, against the same made by the reference from copy_expert's lines.
         made_in_loop = b"".join(_blocks(conn, plan.sql, 2, plan.rewrite))
-        monkeypatch.setattr(copy_out, "USE_C", False)
-        assert made_in_loop == b"".join(_blocks(conn, plan.sql, 2, plan.rewrite))
+        with native.reference():
+            assert made_in_loop == b"".join(_blocks(conn, plan.sql, 2, plan.rewrite))
         assert made_in_loop == plan.rewrite.rewrite_lines(b"".join(_blocks(conn, plan.sql, 2)))
     finally:
         conn.close()

@@ -20,7 +20,7 @@ from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import decode_records
 from sinks.sql.reduce import reduce_events
 
-pytestmark = pytest.mark.skipif(not bulk_window.AVAILABLE, reason="cdc._window not built")
+pytestmark = pytest.mark.skipif(not bulk_window.available(), reason="cdc._window not built")
 
 TABLE = TableId("shop", "public", "things")
 
