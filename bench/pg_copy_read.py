@@ -70,8 +70,8 @@ def main() -> None:
     from sources.postgres import copy_out
     from sources.postgres.types import session_options
 
-    if copy_out.libpq_functions() is None:
-        raise SystemExit(f"the C loop is not available here: {copy_out._LIBPQ[1]}")
+    if not copy_out.c_loop_ready():
+        raise SystemExit(f"the C loop is not available here: {copy_out.why_not_c_loop()}")
     settings = stack_settings()
     with fresh_database(settings["PG_DSN"], f"bench_copy_read_{uuid.uuid4().hex[:8]}") as dsn:
         make_table(dsn, args.rows)
@@ -89,13 +89,13 @@ def main() -> None:
             def blocks(use_c: bool, rewrite) -> None:
                 # Only the read loop changes (copy_blocks' fallback is copy_expert): the row JSON
                 # stays the C rewrite either way, so the two reads are compared alone.
-                real = copy_out.libpq_functions
+                real = copy_out.c_loop_ready
                 if not use_c:
-                    copy_out.libpq_functions = lambda: None
+                    copy_out.c_loop_ready = lambda: False
                 try:
                     copy_out.copy_blocks(conn, sql, 2048, lambda block: None, rewrite)
                 finally:
-                    copy_out.libpq_functions = real
+                    copy_out.c_loop_ready = real
 
             ways = [("copy_expert -> NullSink", lambda: expert(NullSink())),
                     ("copy_expert -> io.BytesIO", lambda: expert(io.BytesIO())),

@@ -1,4 +1,4 @@
-"""The snapshot's COPY read in blocks by the C loop over psycopg2's libpq (sources/postgres/copy_out.py)
+"""The snapshot's COPY read in blocks by the C loop over the libpq psycopg2 runs on (sources/postgres/copy_out.py)
 against psycopg2's copy_expert: the same bytes on a table of awkward values (escapes, control
 characters, NULLs, TOAST-sized text, bytea, unicode), with and without the row JSON made in the
 loop, and the same typed errors for a server error and for a connection killed mid-COPY."""
@@ -25,8 +25,9 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture(params=[True, False], ids=["c_loop", "copy_expert"])
 def use_c(request):
     if request.param:
-        # This build has a compiler and psycopg2's libpq: the C loop must be the one under test.
-        assert copy_out.libpq_functions() is not None, copy_out._LIBPQ
+        # This build has a compiler, libpq's headers and psycopg2 built on the same libpq
+        # (scripts/setup): the C loop must be the one under test.
+        assert copy_out.c_loop_ready(), copy_out.why_not_c_loop()
     with native.choose(request.param):
         yield request.param
 
@@ -39,7 +40,7 @@ def _blocks(conn, sql: str, lines: int, rewrite=None) -> list[bytes]:
 
 
 def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn):
-    assert copy_out.libpq_functions() is not None, copy_out._LIBPQ
+    assert copy_out.c_loop_ready(), copy_out.why_not_c_loop()
     conn = _connect(pg_dsn)
     try:
         table = _served_table(conn, "text")
