@@ -35,7 +35,7 @@ from cdc.errors import DecodeError, PermanentError
 from cdc.events import Batch, ChangeEvent, SchemaChange, TableId
 from cdc.positions import MySqlPosition
 from sources.mysql import ddl
-from sources.mysql.binlog import UNSUPPORTED_EVENTS, BinlogConnection, event_start, row_body
+from sources.mysql.binlog import EVENT_BODY, UNSUPPORTED_EVENTS, BinlogConnection, event_start, row_body
 from sources.mysql.catalog import resolve_key
 from sources.mysql.changes import CapturedTable, ChangeBuilder, version_of
 from sources.mysql.columns import specs_from_table_map
@@ -203,7 +203,7 @@ class BinlogStream:
     # -- tables and rows -----------------------------------------------------------------------------
     def _table_map(self, event) -> SchemaChange | None:
         packet = event.packet.packet
-        raw = packet._data[20:20 + event.event_size]
+        raw = packet.get_all_data()[EVENT_BODY:EVENT_BODY + event.event_size]
         try:
             self.table_ids[event.table_id] = self.map_cache[raw]
             return None
