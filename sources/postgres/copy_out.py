@@ -42,12 +42,20 @@ log = logging.getLogger(__name__)
 
 _SEVERITIES = ("ERROR:  ", "FATAL:  ", "PANIC:  ")
 
+# The distributions that install the psycopg2 package: from source, and as a wheel or from source.
+_PSYCOPG2_DISTRIBUTIONS = ("psycopg2", "psycopg2-binary")
+
+
 def _why_not_c_loop() -> str | None:
     """None when ``_copyjson.copy_out`` may be given psycopg2's connections, else why not."""
     if _copyjson is None or not hasattr(_copyjson, "copy_out"):
         return "sources.postgres._copyjson was built without libpq (no C compiler or no libpq-dev)"
-    files = [str(name) for dist in importlib.metadata.packages_distributions().get("psycopg2", [])
-             for name in importlib.metadata.files(dist) or []]
+    files = []
+    for dist in _PSYCOPG2_DISTRIBUTIONS:  # named, not searched for: a scan of every installed one costs 50 ms
+        try:
+            files += [str(name) for name in importlib.metadata.files(dist) or []]
+        except importlib.metadata.PackageNotFoundError:
+            pass
     return refusal(files, _copyjson.libpq_version(), psycopg2.extensions.libpq_version())
 
 
