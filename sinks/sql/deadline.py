@@ -33,7 +33,10 @@ NETWORK_KINDS = ("postgresql", "mysql")
 
 
 def _socket_of(dbapi_connection: Any) -> socket.socket | None:
-    """A duplicate of the connection's socket (psycopg2: ``fileno()``; PyMySQL: ``_sock``)."""
+    """A duplicate of the connection's socket (psycopg2: ``fileno()``; PyMySQL: ``_sock``).
+
+    PyMySQL has no public ``fileno()``: its private ``_sock`` is read here and nowhere else, and
+    tests/integration/test_third_party_internals.py fails if a PyMySQL release (pinned < 2) moves it."""
     with contextlib.suppress(Exception):
         fileno = dbapi_connection.fileno() if hasattr(dbapi_connection, "fileno") else \
             dbapi_connection._sock.fileno()  # noqa: SLF001 - PyMySQL keeps its socket there
