@@ -22,7 +22,7 @@ those are the figures to compare.
              PostgreSQL database. Records/s over the whole history, and rows/s of the final table.
              "now": reading and decoding the next batch while the sink writes one, upserts staged
              as typed COPY rows, and the rows left as JSON bytes from the log to the COPY text
-             (``raw_rows``: the C decoder and COPY loop of cdc/_speedups.c, no dict per row);
+             (``raw_rows``: the C decoder and COPY loop of cdc/_decode.c and cdc/_copytext.c, no dict per row);
              "dicts": the same with every row decoded to a dict (how "now" ran before the raw
              rows); "before": every row a dict, upserts staged as jsonb (how it ran before issue
              #18, but reading ahead of the writes: the runner has no switch to read only after

@@ -3,7 +3,7 @@ plain pymysqlreplication iteration and ``mariadb-binlog --verbose`` over the sam
 
     .venv/bin/cdc dev up --only mysql,kafka
     .venv/bin/python -m bench.mysql_stream [--changes 1000000] [--txn-rows 5000] [--partitions 3]
-                                           [--profile stream.prof]
+                                           [--profile stream.prof] [--decode-only]
 
 Steps, in one run on this machine:
   1. a fresh database with an ``orders`` table (bigint key, int, varchar, DECIMAL(10,2), a
@@ -197,7 +197,8 @@ def source_config(url: str, db: str, **overrides):
     return MySqlConfig.model_validate(settings)
 
 
-def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, int]:
+def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, int, float]:
+    """(wall seconds, events, this process's CPU seconds)."""
     from cdc.runtime.runner import tune_gc
     from sources.mysql.source import MySqlSource
 
@@ -205,7 +206,7 @@ def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, i
     source.start()
     tune_gc()  # as the runner does once its source has started
     events = 0
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time()
     try:
         while True:
             batch = source.poll(1.0)
@@ -217,7 +218,7 @@ def run_decode_only(config, start, files: list[str], end: int) -> tuple[float, i
                 break
     finally:
         source.stop()
-    return time.perf_counter() - began, events
+    return time.perf_counter() - began, events, time.process_time() - cpu_began
 
 
 def run_ours(config, start, kafka, prefix: str, partitions: int, files: list[str], end: int,
@@ -243,6 +244,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_capture_arguments(parser)
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="only step 5 (the row path without Kafka), with its CPU time: for paired runs")
     args = parser.parse_args()
 
     from cdc.log.base import TopicSettings
@@ -274,6 +277,12 @@ def main() -> None:
               f"made in {work.seconds:.1f}s; binlog {files[0]}:{start.pos} .. {files[-1]}:{end} ({len(files)} files)")
         print(f"Kafka acks=all, {args.partitions} partitions, {os.cpu_count()} CPUs shared with MariaDB and Kafka")
 
+        if args.decode_only:
+            seconds, events, cpu = run_decode_only(source_config(url, db), start, files, end)
+            if events != work.changes:
+                raise AssertionError(f"the source made {events} events, the workload {work.changes} changes")
+            print(line("ours, decode only", events, seconds) + f"  cpu {cpu / events * 1e6:.2f} us/row")
+            return
         baseline = None
         if not args.skip_baselines:
             seconds = run_mariadb_binlog(url, files, start.pos, end)
@@ -283,7 +292,7 @@ def main() -> None:
                 raise AssertionError(f"pymysqlreplication saw {rows} rows, the workload made {work.changes}")
             baseline = rows / seconds
             print(line("pymysqlreplication .rows", rows, seconds))
-            seconds, events = run_decode_only(source_config(url, db), start, files, end)
+            seconds, events, _ = run_decode_only(source_config(url, db), start, files, end)
             if events != work.changes:
                 raise AssertionError(f"the source made {events} events, the workload {work.changes} changes")
             print(line("ours, decode only", events, seconds, baseline))

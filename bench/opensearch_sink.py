@@ -96,7 +96,7 @@ machine, 200,000 documents; see sinks/opensearch/README.md, "Throughput", for th
 
   Kafka read                       1.3 -> 0.2 us (a script reading the bench's topic both ways,
                                    load ~6): the runner fetches through the bulk reader
-                                   (cdc/log/kafka_bulk.py) and ``decode_packed`` (cdc/_speedups.c)
+                                   (cdc/log/kafka_bulk.py) and ``decode_packed`` (cdc/_decode.c)
                                    makes the SinkEvents straight from the packed batch: no
                                    confluent-kafka Message, no LogRecord kept; decoding itself is
                                    unchanged (~2.3 us)
@@ -117,7 +117,7 @@ Second round (py-spy --gil on this bench's sink path, and
 ``--stages`` on 100,000 documents of 383 bytes; load 20-25 from other work, so absolute figures
 are inflated, their proportions are not):
 
-  decode (records -> SinkEvents)   7.2 -> 4.1 us: one loop per batch (cdc/_speedups.c
+  decode (records -> SinkEvents)   7.2 -> 4.1 us: one loop per batch (cdc/_decode.c
                                    decode_batch: the JSON key and envelope parsed by orjson, the
                                    SinkEvent made in C; any other record goes to decode_record);
                                    what is left is orjson.loads of the envelope (~4 us): now the
@@ -137,7 +137,7 @@ are inflated, their proportions are not):
 
 What was left then was orjson.loads (the envelope's four objects and every value made into
 Python objects) and the bulk requests' HTTP. Now the rows are not decoded at all: this sink
-declares ``raw_rows``, the runtime's one envelope parser (cdc/_speedups.c ``decode_one``, which
+declares ``raw_rows``, the runtime's one envelope parser (cdc/_decode.c ``decode_one``, which
 checks each value as strictly as orjson) hands an upsert's ``after`` over as the row's JSON bytes,
 and the lines loop (``_lines.c``) makes the document from those bytes (the version field spliced
 in before the closing brace; a table layout's include/exclude/rename by picking and renaming the
@@ -291,7 +291,7 @@ def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
     of rows as JSON bytes (the sink path's own steps) also in writes of ``batch_size`` events, as
     the runner hands them out: one batch of every row makes the collector walk what the steps
     before made, and inflated those steps 1.5-2x."""
-    from cdc import sink_events
+    from cdc import native, sink_events
     from cdc.events import ChangeEvent, Op, TableId
     from cdc.log.base import LogRecord
     from cdc.runtime.gc_tuning import tune_gc
@@ -309,17 +309,14 @@ def stages(rows: list[dict], batch_size: int, repeat: int = 3) -> None:
 
     def timed(name: str, module, fn) -> object:
         for use_c in ((True, False) if module is not None else (None,)):
-            if module is not None:
-                module.USE_SPEEDUPS = use_c
             best = float("inf")
-            for _ in range(repeat):
-                began = time.process_time()
-                out = fn()
-                best = min(best, time.process_time() - began)
+            with native.choose(use_c is not False):
+                for _ in range(repeat):
+                    began = time.process_time()
+                    out = fn()
+                    best = min(best, time.process_time() - began)
             label = name if use_c is None else f"{name} ({'C' if use_c else 'Python'})"
             print(f"  {label:<46} {best / len(rows) * 1e6:6.2f} us/document")
-            if module is not None:
-                module.USE_SPEEDUPS = True
         return out
 
     print(f"{len(rows):,} documents, {len(records[0].value)} bytes per envelope; load {os.getloadavg()[0]:.2f}")

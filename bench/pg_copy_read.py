@@ -16,6 +16,9 @@ printed too, and it is mostly the server's):
   and with the row JSON (``copy_json.CopyJson``);
 * ``C loop -> blocks``: ``copy_out.copy_blocks``, libpq's loop in C without the GIL, without and
   with the row JSON made in the same loop.
+* ``psycopg 3 -> blocks``: where psycopg 3 is importable (not a dependency), ``cursor.copy`` read
+  a row per ``read()`` and joined into the same blocks, without and with the row JSON (the C
+  rewrite of ``_copyjson`` per block): the alternative to the C loop that drives no libpq itself.
 
 Measured (load 11-12 on the shared 2-core machine, 1M rows, two sessions of two rounds): copy_expert
 into the null sink 0.17-0.23 us a row, into BytesIO 0.21-0.33, into the line blocks 0.24-0.32 and
@@ -35,6 +38,11 @@ import time
 import uuid
 
 import psycopg2
+
+try:
+    import psycopg  # only to compare with: not a dependency of the project
+except ImportError:
+    psycopg = None
 
 from bench.pg_snapshot import NullSink, make_table
 from bench.pg_stream import fresh_database, stack_settings
@@ -70,13 +78,14 @@ def main() -> None:
     from sources.postgres import copy_out
     from sources.postgres.types import session_options
 
-    if copy_out.libpq_functions() is None:
-        raise SystemExit(f"the C loop is not available here: {copy_out._LIBPQ[1]}")
+    if not copy_out.c_loop_ready():
+        raise SystemExit(f"the C loop is not available here: {copy_out.why_not_c_loop()}")
     settings = stack_settings()
     with fresh_database(settings["PG_DSN"], f"bench_copy_read_{uuid.uuid4().hex[:8]}") as dsn:
         make_table(dsn, args.rows)
         conn = psycopg2.connect(dsn, options=session_options())
         conn.autocommit = True
+        conn3 = None
         try:
             plan = orders_plan(conn)
             assert plan.rewrite is not None, "the row JSON is made by the server here: no _copyjson build"
@@ -87,11 +96,31 @@ def main() -> None:
                     cur.copy_expert(sql, sink, size=1 << 20)
 
             def blocks(use_c: bool, rewrite) -> None:
-                copy_out.USE_C = use_c
+                # Only the read loop changes (copy_blocks' fallback is copy_expert): the row JSON
+                # stays the C rewrite either way, so the two reads are compared alone.
+                real = copy_out.c_loop_ready
+                if not use_c:
+                    copy_out.c_loop_ready = lambda: False
                 try:
                     copy_out.copy_blocks(conn, sql, 2048, lambda block: None, rewrite)
                 finally:
-                    copy_out.USE_C = True
+                    copy_out.c_loop_ready = real
+
+            if psycopg is not None:
+                conn3 = psycopg.connect(dsn, options=session_options(), autocommit=True)
+
+            def psycopg3(rewrite) -> None:
+                with conn3.cursor() as cur, cur.copy(sql) as copy:
+                    rows, read = [], copy.read
+                    while data := read():
+                        rows.append(data)
+                        if len(rows) == 2048:
+                            block = b"".join(rows)
+                            rows.clear()
+                            if rewrite is not None:
+                                rewrite(block)
+                    if rows and rewrite is not None:
+                        rewrite(b"".join(rows))
 
             ways = [("copy_expert -> NullSink", lambda: expert(NullSink())),
                     ("copy_expert -> io.BytesIO", lambda: expert(io.BytesIO())),
@@ -99,6 +128,9 @@ def main() -> None:
                     ("copy_expert -> blocks + row JSON", lambda: blocks(False, plan.rewrite)),
                     ("C loop -> blocks", lambda: blocks(True, None)),
                     ("C loop -> blocks + row JSON", lambda: blocks(True, plan.rewrite))]
+            if psycopg is not None:
+                ways += [(f"psycopg 3 ({psycopg.pq.__impl__}) -> blocks", lambda: psycopg3(None)),
+                         (f"psycopg 3 ({psycopg.pq.__impl__}) -> blocks + row JSON", lambda: psycopg3(plan.rewrite))]
             expert(NullSink())  # warm the cache
             for number in range(args.rounds):
                 print(f"round {number + 1}, load {os.getloadavg()[0]:.1f}")
@@ -106,10 +138,12 @@ def main() -> None:
                     began_cpu, began = cpu_seconds(), time.perf_counter()
                     run()
                     used, elapsed = cpu_seconds() - began_cpu, time.perf_counter() - began
-                    print(f"  {label:<34} cpu {used / args.rows * 1e6:5.2f} us/row   "
+                    print(f"  {label:<44} cpu {used / args.rows * 1e6:5.2f} us/row   "
                           f"wall {elapsed / args.rows * 1e6:5.2f} us/row", flush=True)
         finally:
             conn.close()
+            if conn3 is not None:
+                conn3.close()
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ Where the time goes (1M rows; CPU per row, from those figures, perf, and timing 
   copy_json.py``, C in ``_copyjson.c``, the same bytes): PostgreSQL 0.5 us per row.
 * then each row became an event in the publishing process (a tuple, a key dict, an int, an
   ``orjson.Fragment``: 0.26 us, ``_copyjson.int_key_events``) and was encoded from it (0.31 us,
-  ``_speedups.emit``). Now a block of plain rows goes on as it was read, a ``RowBlock``
-  (cdc/events.py), and the json format makes each record from its line (``_speedups.emit_rows``,
+  ``_encode.emit``). Now a block of plain rows goes on as it was read, a ``RowBlock``
+  (cdc/events.py), and the json format makes each record from its line (``_encode.emit_rows``,
   0.10 us per row for both steps; the same bytes). ``--compare-events`` runs the old path
   (``sources.postgres.snapshot.ROW_BLOCKS`` off) right before the new one.
 * what is left of the publishing process is mostly confluent-kafka and librdkafka. Timed alone
@@ -362,7 +362,7 @@ def main() -> None:
                              "then as RowBlocks, to compare the two in the same conditions")
     parser.add_argument("--compare-producer", action="store_true",
                         help="run each count twice in a row, first with every record through confluent-kafka "
-                             "(cdc.log.block_producer.ENABLED off: the code before the block producer), then "
+                             "(cdc.log.block_producer as not built: the code before the block producer), then "
                              "with RowBlocks through the block producer, alternating, in the same conditions")
     parser.add_argument("--rounds", type=int, default=1, help="times to run the whole list of runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one snapshot may take at most")
@@ -402,6 +402,7 @@ def main() -> None:
             runs = [(count, True) for count in workers] + ([(count, False) for count in workers] if args.threads else [])
             from cdc.log import block_producer
 
+            rdproduce = block_producer._rdproduce
             # (RowBlocks, through the block producer) per run of a count
             blocks = [(False, False), (True, False)] if args.compare_events else [(pg_snapshot.ROW_BLOCKS, False)]
             if args.compare_producer:
@@ -412,7 +413,8 @@ def main() -> None:
                     for row_blocks, ours in blocks]
             for number, (count, processes, row_blocks, ours) in enumerate(runs):
                 pg_snapshot.ROW_BLOCKS = row_blocks
-                block_producer.ENABLED = ours
+                # Only the producer changes (everything else stays compiled): as a build without it.
+                block_producer._rdproduce = rdproduce if ours else None
                 kind = ("p" if processes else "t") + ("" if row_blocks else "e") + ("b" if ours else "")
                 name = f"bench_snap_{run_id}_{kind}{count}_{number}"
                 prefix = f"bench_{run_id}_{kind}{count}_{number}"

@@ -16,7 +16,7 @@ Steps, in one run on this machine, in a fresh database:
   3. ours: an SqlSink (schema from a schema record, as the runtime gives it) ``write``s the events
      in batches of ``--batch``, each a transaction committed before the next, into a fresh table:
      "raw", the rows as the runtime hands them to this sink now (``raw_rows``: each row's JSON
-     bytes, written into the typed COPY by the C loop of cdc/_speedups.c); "typed", the same
+     bytes, written into the typed COPY by the C loop of cdc/_copytext.c); "typed", the same
      staging from rows decoded to dicts (how the runtime handed them before); "jsonb", the earlier
      staging of each row as one jsonb document; alternately ``--rounds`` times. ``LABEL/N`` in
      ``--labels`` runs that staging with ``write_connections: N`` (``raw/1``: one transaction per

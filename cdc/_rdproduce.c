@@ -3,7 +3,7 @@
  * confluent-kafka produces one message per Python call (argument parsing, a per-message state of
  * its own) and frees that state through a delivery trampoline that takes the GIL for every
  * acknowledged message. A snapshot row needs none of that: its key and value are made from the
- * lines of a RowBlock (cdc/events.py), the same bytes cdc/_speedups.c emit_rows makes, and handed
+ * lines of a RowBlock (cdc/events.py), the same bytes cdc/_encode.c emit_rows makes, and handed
  * to rd_kafka_producev() here with the block's headers (cdc/headers.py: its rows share one
  * version), the whole block with the GIL released. Delivery reports are counted
  * in C (no Python call per message); the first failure is kept for the writer to raise
@@ -289,7 +289,7 @@ c_headers(PyObject *pairs, rd_kafka_headers_t **out)
 
 /* produce_rows(topic, block, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made
  *   One record per line `<key text>\t<row JSON>[\t...]\n` of block: value = value_head + row JSON +
- *   value_tail, key = key_head + key text + key_tail (what cdc/_speedups.c emit_rows makes), each
+ *   value_tail, key = key_head + key text + key_tail (what cdc/_encode.c emit_rows makes), each
  *   with `headers` (a list of (str, bytes) pairs, or None), to
  *   `topic` through the partitioner of the config. Waits for room when librdkafka's queue is full.
  *   Every line is checked before anything is produced (TypeError); a record librdkafka refuses

@@ -1,5 +1,5 @@
 /* The lines of a RowBlock (cdc/events.py), `<key text>\t<row JSON>[\t...]\n`, cut into the key
- * text and the row JSON: for cdc/_speedups.c (emit_rows) and cdc/_rdproduce.c (produce_rows),
+ * text and the row JSON: for cdc/_encode.c (emit_rows) and cdc/_rdproduce.c (produce_rows),
  * which make the same records from them. They are built as separate extensions (setup.py), so
  * the functions here are static: one copy in each. */
 #ifndef CDC_ROWBLOCK_H

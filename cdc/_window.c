@@ -43,12 +43,12 @@
  * Per key the semantics are reduce.py's over one batch as large as the window: the newest
  * version wins; a tombstone marks the key until a newer version arrives; the result is an upsert
  * (newest r/c/u, no tombstone after it), a delete (newest d; remembered by the sink), or a
- * tombstone (the key's row, if any, goes).
+ * tombstone (the key's row, if any, goes). A tombstone whose cdc.version header (cdc/headers.py)
+ * gives its delete's version is taken as that delete.
  *
  * Records it does not take, for the general decoder: a value that is not a plain JSON envelope
- * (Connect JSON, Avro, malformed: maybe poison), a tombstone with headers (its version is its
- * delete's, cdc/headers.py: the general decoder reads it, and the window takes it as that
- * delete), a truncate, a missing or non-integer version,
+ * (Connect JSON, Avro, malformed: maybe poison), a tombstone whose headers are not readable or
+ * whose cdc.version is not a decimal int64, a truncate, a missing or non-integer version,
  * an upsert whose after is not an object, and a key that is not JSON in orjson's compact form
  * (the key JSON is what the sink stores in remembered deletes, so it must be the bytes
  * orjson.dumps makes of the decoded key; a compact key of strings and integers already is).
@@ -60,6 +60,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "_logrecord.h"
 
 #define NO_SCHEMA INT64_MIN
 
@@ -482,8 +483,94 @@ typedef struct {
     int64_t offset;
     int32_t topic, partition;
     char fallback;
+    char versioned;   /* a tombstone whose cdc.version header gives its delete's version */
+    int64_t version;
     PyObject *topic_name;  /* borrowed; NULL: the record named none the window could read */
 } Item;
+
+/* A cdc.version header's value (cdc/headers.py, version_of: "-" then 1 to 19 ASCII digits, an
+ * int64): 1 and *version, 0 when it is not that. */
+static int
+decimal_version(const unsigned char *p, Py_ssize_t len, int64_t *version)
+{
+    int negative = len > 0 && p[0] == '-';
+    p += negative;
+    len -= negative;
+    if (len < 1 || len > 19) return 0;
+    uint64_t v = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        if (p[i] < '0' || p[i] > '9') return 0;
+        v = v * 10 + (uint64_t)(p[i] - '0');
+    }
+    if (v > (uint64_t)INT64_MAX + negative) return 0;
+    *version = negative ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+static int32_t
+le32(const unsigned char *p)
+{
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+/* The last cdc.version header among headers packed as cdc/log/packed_headers.py packs them:
+ * 1 and *version, 0 when there is none, -1 when the bytes or the value are not what they should
+ * be (the general decoder then names the fault). */
+static int
+packed_version(const unsigned char *p, Py_ssize_t len, int64_t *version)
+{
+    const unsigned char *end = p + len, *value = NULL;
+    int32_t value_len = 0;
+    int seen = 0;
+    while (p < end) {
+        if (end - p < 4) return -1;
+        int32_t name_len = le32(p);
+        p += 4;
+        if (name_len < 0 || end - p < name_len + 4) return -1;
+        const unsigned char *name = p;
+        p += name_len;
+        int32_t n = le32(p);
+        p += 4;
+        if (n < -1 || end - p < (n > 0 ? n : 0)) return -1;
+        if (name_len == 11 && memcmp(name, "cdc.version", 11) == 0) {
+            seen = 1;
+            value = n < 0 ? NULL : p;
+            value_len = n;
+        }
+        p += n > 0 ? n : 0;
+    }
+    if (!seen) return 0;
+    return value != NULL && decimal_version(value, value_len, version) ? 1 : -1;
+}
+
+/* As packed_version, for headers as a list of (name, value) pairs (a LogRecord's). */
+static int
+listed_version(PyObject *headers, int64_t *version)
+{
+    if (!PyList_Check(headers)) return -1;
+    PyObject *value = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)))
+            return -1;
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(pair, 0), "cdc.version") == 0)
+            value = PyTuple_GET_ITEM(pair, 1);
+    }
+    if (value == NULL) return 0;
+    if (!PyBytes_Check(value)) return -1;
+    return decimal_version((const unsigned char *)PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), version) ? 1
+                                                                                                                : -1;
+}
+
+/* A tombstone's headers read: versioned and its version set, or fallback where they are not
+ * readable here. */
+static void
+tombstone_headers(Item *it, int found, int64_t version)
+{
+    if (found < 0) it->fallback = 1;
+    it->versioned = found > 0;
+    it->version = version;
+}
 
 static PyObject *reduce_items(Window *w, Item *items, Py_ssize_t n, PyObject *ends, PyObject *resolve);
 
@@ -540,8 +627,13 @@ window_add(Window *w, PyObject *args)
         it->value = value == Py_None ? NULL : PyBytes_AS_STRING(value);
         it->value_len = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
         w->read_bytes += it->value_len;
-        /* a tombstone with headers may carry its delete's version: the general decoder reads it */
-        it->fallback = value == Py_None && PyTuple_GET_SIZE(r) > 6 && PyTuple_GET_ITEM(r, 6) != Py_None;
+        it->fallback = 0;
+        /* a tombstone with headers may carry its delete's version */
+        if (value == Py_None && PyTuple_GET_SIZE(r) > 6 && PyTuple_GET_ITEM(r, 6) != Py_None) {
+            int64_t version = 0;
+            int found = listed_version(PyTuple_GET_ITEM(r, 6), &version);
+            tombstone_headers(it, found, version);
+        }
     }
     result = reduce_items(w, items, n, ends, resolve);
 done:
@@ -574,19 +666,13 @@ window_add_packed(Window *w, PyObject *args)
         if ((tids[t] = topic_id(w, topics, PyList_GET_ITEM(names, t))) < 0) goto done;
     const char *p = PyBytes_AS_STRING(data), *end = p + PyBytes_GET_SIZE(data);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t topic, partition, key_len, value_len, headers_len;
-        int64_t offset;
-        if (end - p < 36) goto damaged;
-        memcpy(&topic, p, 4);
-        memcpy(&partition, p + 4, 4);
-        memcpy(&offset, p + 8, 8);
-        memcpy(&key_len, p + 24, 4);
-        memcpy(&value_len, p + 28, 4);
-        memcpy(&headers_len, p + 32, 4);
-        p += 36;
+        PackedHead h;
+        if (!packed_head(&p, end, &h)) goto damaged;
+        int32_t topic = h.topic, partition = h.partition, key_len = h.key_len, value_len = h.value_len,
+                headers_len = h.headers_len;
+        int64_t offset = h.offset;
         if (topic < 0 || topic >= nnames || key_len < -1 || value_len < -1 || headers_len < -1
-                || end - p < (Py_ssize_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0)
-                             + (headers_len > 0 ? headers_len : 0))
+                || end - p < packed_body(&h))
             goto damaged;
         Item *it = &items[i];
         it->topic = (int32_t)tids[topic];
@@ -599,11 +685,16 @@ window_add_packed(Window *w, PyObject *args)
         it->value = value_len < 0 ? NULL : p;
         it->value_len = value_len < 0 ? 0 : value_len;
         p += it->value_len;
-        p += headers_len > 0 ? headers_len : 0;
         w->read_bytes += it->value_len;
-        /* a record without a key (the general decoder names it), or a tombstone with headers (it
-         * may carry its delete's version, read by the general decoder) */
-        it->fallback = it->key == NULL || (value_len < 0 && headers_len >= 0);
+        /* a record without a key: the general decoder names it */
+        it->fallback = it->key == NULL;
+        /* a tombstone with headers may carry its delete's version */
+        if (value_len < 0 && headers_len >= 0) {
+            int64_t version = 0;
+            int found = packed_version((const unsigned char *)p, headers_len, &version);
+            tombstone_headers(it, found, version);
+        }
+        p += headers_len > 0 ? headers_len : 0;
     }
     result = reduce_items(w, items, n, ends, resolve);
     goto done;
@@ -631,8 +722,9 @@ reduce_items(Window *w, Item *items, Py_ssize_t n, PyObject *ends, PyObject *res
             Item *it = &items[i];
             if (it->fallback) break;
             if (!compact_key((const unsigned char *)it->key, it->key_len)) { it->fallback = 1; break; }
-            if (it->value == NULL) {
-                oom = !apply(w, it->topic, it->key, it->key_len, 0, 0, NULL, 0, NO_SCHEMA, it->partition, it->offset);
+            if (it->value == NULL) {  /* a tombstone: with its delete's version, that delete */
+                oom = !apply(w, it->topic, it->key, it->key_len, it->versioned ? 'd' : 0, it->version, NULL, 0,
+                             NO_SCHEMA, it->partition, it->offset);
                 continue;
             }
             Envelope env;

@@ -20,6 +20,9 @@ headers carry its delete's version counts as that delete), and, separately, a to
 version (the key's last word is a tombstone: a sink removes the key's row whatever its version).
 A truncate is the topic's newest truncate version; what is older than it is dropped.
 
+There is no Python twin: without a compiler, and while ``cdc.native`` is off, ``available()`` is
+False and rebuilds write record batches instead.
+
 Threading: one thread at a time.
 """
 
@@ -32,19 +35,20 @@ from contextlib import contextmanager
 
 import orjson
 
+from cdc import native
 from cdc.events import Op
 from cdc.sink_event import SinkEvent, WindowPart
 from cdc.sink_events import _OPS, PoisonRecord, decode_records
 
 log = logging.getLogger(__name__)
 
-try:  # built by setup.py where a compiler is found; without it rebuilds write record batches
-    from cdc._window import Window as _Window
-    from cdc._window import hashes_meet, hashes_union
-except ImportError:  # pragma: no cover - a build without a compiler
-    _Window = None
+_window = native.load("cdc._window")
 
-AVAILABLE = _Window is not None
+
+def available() -> bool:
+    """Whether windows can be made now (built, and ``cdc.native`` on)."""
+    return _window is not None and native.enabled()
+
 _KEY_OPS = {Op.CREATE: "c", Op.UPDATE: "u", Op.READ: "r", Op.DELETE: "d"}
 
 
@@ -69,10 +73,10 @@ class NewestWindow:
     ``parts`` to load it; ``clear`` for the next window."""
 
     def __init__(self, max_bytes: int) -> None:
-        if _Window is None:
-            raise RuntimeError("cdc._window was not built (no C compiler at install time)")
+        if not available():
+            raise RuntimeError("cdc._window was not built (no C compiler at install time) or cdc.native is off")
         self.max_bytes = max_bytes
-        self._window = _Window(SinkEvent, _OPS)
+        self._window = _window.Window(SinkEvent, _OPS)
         self._topics: dict[str, int] = {}
         self._sources: dict[str, dict] = {}  # per topic: a source block naming its table
         self.records = 0
@@ -230,11 +234,11 @@ class LoadedKeys:
             return "a truncate was loaded before it"
         if self.windows and window.truncates():
             return "it holds a truncate and windows were loaded before it"
-        if hashes_meet(self.hashes, hashes):
+        if _window.hashes_meet(self.hashes, hashes):
             return "it holds keys an earlier window loaded"
         return None
 
     def add(self, window: NewestWindow, hashes: bytes) -> None:
-        self.hashes = hashes_union(self.hashes, hashes) if self.hashes else hashes
+        self.hashes = _window.hashes_union(self.hashes, hashes) if self.hashes else hashes
         self.truncated = self.truncated or window.truncates()
         self.windows += 1

@@ -180,7 +180,7 @@ class RowBlock:
     SnapshotMarker.TRUE, source_fields)``. Whoever makes one guarantees that the key text is how
     ``orjson`` writes that int (no sign but ``-``, no leading zero) and the row JSON is the row's
     JSON as it goes into the envelope (no escapes to undo), so the ``json`` format makes each
-    record straight from its line (``EnvelopeEncoder.emit``; ``cdc/_speedups.c`` ``emit_rows``)
+    record straight from its line (``EnvelopeEncoder.emit``; ``cdc/_encode.c`` ``emit_rows``)
     with the very bytes the events give, without the events: a snapshot row then costs no tuple,
     dict, int or Fragment in the publishing process.
 

@@ -39,7 +39,7 @@ def record_headers(version: int, source: tuple[str, bytes]) -> Headers:
 
 def version_of(headers: Headers | None) -> int | None:
     """The ``cdc.version`` header as an int, None when there is none; ``ValueError`` when it is not
-    a decimal int64 (``-``, then 1 to 19 ASCII digits). cdc/_speedups.c reads it by the same rule."""
+    a decimal int64 (``-``, then 1 to 19 ASCII digits). cdc/_decode.c reads it by the same rule."""
     if not headers:
         return None
     found = None

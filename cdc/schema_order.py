@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from cdc import native
 from cdc.events import ChangeEvent, SchemaChange, TableId
 
 
@@ -54,10 +55,10 @@ def segments(events: list[ChangeEvent], changes: Sequence[SchemaChange]
 def split_by_schema(events: list) -> list[list]:
     """``events`` (sink events, in order) cut where a topic's ``source.schema_version`` changes,
     so that each part has one shape per topic. Tombstones (no source) never cut. Where setup.py
-    built it, ``cdc/_speedups.c`` runs this loop in C (0.4 us an event in Python, on every
+    built it, ``cdc/_decode.c`` runs this loop in C (0.4 us an event in Python, on every
     write); this loop is the reference (tests/unit/test_schema_order.py compares them)."""
-    if _speedups is not None and USE_SPEEDUPS and type(events) is list:
-        from_c = _speedups.split_by_schema(events)
+    if _decode is not None and native.enabled() and type(events) is list:
+        from_c = _decode.split_by_schema(events)
         if from_c is not None:  # None: something the C loop does not take; this loop decides
             return from_c
     parts: list[list] = []
@@ -77,8 +78,4 @@ def split_by_schema(events: list) -> list[list]:
     return parts
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two loops
-try:  # the same loop in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
+_decode = native.load("cdc._decode")  # the same loop in C

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from cdc import native
 from cdc.events import ChangeEvent, Op, RowBlock, SchemaChange, SnapshotMarker, TableId
 from cdc.headers import VERSION as VERSION_HEADER
 from cdc.headers import Headers, record_headers, source_header
@@ -57,7 +58,7 @@ class EnvelopeEncoder:
     readers and tests.
     """
 
-    __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics", "use_speedups",
+    __slots__ = ("connector", "name", "prefix", "on_new_topic", "value_bytes", "_topics",
                  "schema_versions", "source_header")
 
     def __init__(self, connector: str, name: str, topic_prefix: str,
@@ -67,7 +68,6 @@ class EnvelopeEncoder:
         self.prefix = topic_prefix
         self.on_new_topic = on_new_topic  # called once per topic, before its first record is made
         self.value_bytes = 0              # bytes of values encoded so far (for metrics)
-        self.use_speedups = True          # the C loop where it was built (tests turn it off to compare)
         self._topics: dict[TableId, str] = {}
         # table -> the version of the schema record its events are written under (``source.
         # schema_version``). Part of the per-table constant head of ``source``, so it costs
@@ -157,21 +157,21 @@ class EnvelopeEncoder:
         over 512 bytes, past Python's small-object allocator). Measured: about 1.3 µs per event
         of encoding for a 10-column row with its transaction.
 
-        Where setup.py could build it, ``cdc/_speedups.c`` runs this same loop in C (the rows,
+        Where setup.py could build it, ``cdc/_encode.c`` runs this same loop in C (the rows,
         keys and fields still go through ``orjson.dumps``): about 0.6 µs per event, the same
-        bytes (tests/unit/test_speedups.py compares the two on generated events). This Python
+        bytes (tests/unit/test_encode.py compares the two on generated events). This Python
         loop stays the reference and runs where there is no compiler.
         """
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
         if type(events) is RowBlock:
-            if _speedups is not None and self.use_speedups:
+            if _encode is not None and native.enabled():
                 return self._emit_rows(events, emit, when_room, now_ms)
             events = events.events()
-        if _speedups is not None and self.use_speedups:
+        if _encode is not None and native.enabled():
             where: list[Any] = [None, 0]  # the C loop leaves the failing topic and the bytes so far
             try:
-                self.value_bytes += _speedups.emit(self._middle, events, emit, when_room, everywhere, now_ms, where,
+                self.value_bytes += _encode.emit(self._middle, events, emit, when_room, everywhere, now_ms, where,
                                                    self.source_header)
             except Exception as exc:
                 self.value_bytes += where[1]
@@ -269,12 +269,12 @@ class EnvelopeEncoder:
             raise EmitError(topic, exc) from exc
 
     def _emit_rows(self, rows: RowBlock, emit, when_room, now_ms: int) -> None:
-        """The records of a ``RowBlock`` straight from its lines (cdc/_speedups.c ``emit_rows``),
+        """The records of a ``RowBlock`` straight from its lines (cdc/_encode.c ``emit_rows``),
         made from ``row_block_parts``."""
         topic = None
         try:
             topic, *parts = self.row_block_parts(rows, now_ms)
-            self.value_bytes += _speedups.emit_rows(rows.block, emit, when_room, topic, *parts,
+            self.value_bytes += _encode.emit_rows(rows.block, emit, when_room, topic, *parts,
                                                     record_headers(rows.version, self.source_header))
         except Exception as exc:
             raise EmitError(topic, exc) from exc
@@ -311,12 +311,9 @@ _TRUNCATE, _DELETE = Op.TRUNCATE, Op.DELETE  # module globals: an enum class att
 _READ, _SNAPSHOT_TRUE = Op.READ, SnapshotMarker.TRUE
 _AFTER_AT = b'{"before":null,"after":'  # what every snapshot row's value begins with
 
-try:  # the same loop in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
-else:
-    _speedups.setup(orjson.dumps, _TRUNCATE, _DELETE, TRUNCATE_KEY)
+_encode = native.load("cdc._encode")  # the same loop in C
+if _encode is not None:
+    _encode.setup(orjson.dumps, _TRUNCATE, _DELETE, TRUNCATE_KEY)
 
 # The value, in four shapes (with or without the connector's source fields, with or without a
 # transaction). _MIDDLE holds what is constant per table, op, snapshot flag and call; it opens

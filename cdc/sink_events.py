@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from cdc import native
 from cdc.events import Op
 from cdc.formats import avro, connect_decode
 from cdc.headers import version_of
@@ -72,15 +73,15 @@ def decode_batch(records: list, ends: dict, raw_rows: bool = False
                  ) -> tuple[list[SinkEvent], list[tuple[Any, PoisonRecord]], int]:
     """A batch of LogRecords -> (their SinkEvents in order, the records that are poison with why,
     the bytes of their values); ``ends[(topic, partition)]`` is set to the offset after each
-    partition's last record. Where setup.py built it, ``cdc/_speedups.c`` runs this loop in C: its
+    partition's last record. Where setup.py built it, ``cdc/_decode.c`` runs this loop in C: its
     one envelope parser (``decode_one``) decodes the common record (a JSON key object and a plain
     JSON envelope, or a tombstone) and hands every other one to ``decode_record``, so both give the
     same events and the same poisons (tests/unit/test_sink_decode_batch.py compares them). This
     Python loop is the reference. ``raw_rows`` (a sink's ``raw_rows``): the C parser leaves an
     upsert's ``after`` as the JSON bytes of the row (see ``decode_records``); without the C
     module every row is a dict."""
-    if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.decode_batch(records if type(records) is list else list(records), ends, raw_rows)
+    if _decode is not None and native.enabled():
+        return _decode.decode_batch(records if type(records) is list else list(records), ends, raw_rows)
     events: list[SinkEvent] = []
     poisons: list[tuple[Any, PoisonRecord]] = []
     nbytes = 0
@@ -103,25 +104,20 @@ def decode_packed(batch, ends: dict, raw_rows: bool = False
     LogRecord made only for a record the C parser hands to ``decode_record``; else its records,
     decoded by ``decode_batch``. The same events and the same poisons either way
     (tests/unit/test_sink_decode_batch.py)."""
-    if _speedups is not None and USE_SPEEDUPS:
+    if _decode is not None and native.enabled():
         from cdc.log.base import LogRecord
-        return _speedups.decode_packed(batch.data, batch.count, batch.topics, ends, raw_rows, LogRecord)
+        return _decode.decode_packed(batch.data, batch.count, batch.topics, ends, raw_rows, LogRecord)
     return decode_batch(batch.records(), ends, raw_rows)
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two loops
-try:  # the same loop in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
-else:
-    _speedups.decode_setup(orjson.loads, decode_record, PoisonRecord, SinkEvent, _OPS)
-try:  # the envelope decoder in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc._speedups import decode_envelopes as _decode_envelopes
-except ImportError:  # pragma: no cover - a build without a compiler: every record the general way
-    _decode_envelopes = None
+_decode = native.load("cdc._decode")  # the same loops and the envelope decoder in C
+if _decode is not None:
+    _decode.decode_setup(orjson.loads, decode_record, PoisonRecord, SinkEvent, _OPS)
 
-RAW_ROWS = _decode_envelopes is not None  # whether decode_records can leave rows undecoded
+
+def raw_rows_decoded() -> bool:
+    """Whether ``decode_records`` can leave rows undecoded now (the C decoder built and on)."""
+    return _decode is not None and native.enabled()
 
 
 def decode_records(records: list, raw_rows: bool) -> list[SinkEvent | PoisonRecord]:
@@ -138,8 +134,8 @@ def decode_records(records: list, raw_rows: bool) -> list[SinkEvent | PoisonReco
     decoded (tests/unit/test_raw_rows.py). The parser is ``decode_batch``'s (one in C for both)."""
     out: list[SinkEvent | PoisonRecord] = []
     append = out.append
-    fast = _decode_envelopes(records, SinkEvent, _OPS, orjson.loads) \
-        if raw_rows and _decode_envelopes is not None else [None] * len(records)
+    fast = _decode.decode_envelopes(records, SinkEvent, _OPS, orjson.loads) \
+        if raw_rows and raw_rows_decoded() else [None] * len(records)
     for record, event in zip(records, fast):
         if event is not None:
             append(event)

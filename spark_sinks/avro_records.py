@@ -132,7 +132,7 @@ def key_text(record: Column) -> Column:
 
 def require_spark_avro(session, sink: str) -> None:
     """``ConfigError`` naming the jar when spark-avro is not on the session's classpath."""
-    jvm = session.sparkContext._jvm
+    jvm = session.sparkContext._jvm  # noqa: SLF001 - the JVM's class loader is reached through Py4J only
     try:
         jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(
             "org.apache.spark.sql.avro.AvroDataToCatalyst")

@@ -94,7 +94,8 @@ def rebuild_table(job: DeltaJob, session: SparkSession, target: TableTarget, sha
 
 def _remove(session: SparkSession, path: str) -> None:
     """Delete a directory tree on whatever file system ``path`` names (Hadoop's FileSystem)."""
-    jvm = session.sparkContext._jvm
+    # PySpark has no public file system API: Hadoop's is reached through Py4J only.
+    jvm = session.sparkContext._jvm  # noqa: SLF001
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
+    hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)  # noqa: SLF001
 

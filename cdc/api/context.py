@@ -90,7 +90,7 @@ class SchemaLookup(Protocol):
 
 @dataclass(frozen=True)
 class NativeCodecs:
-    """Compiled helpers the runtime has (cdc/_speedups.c, cdc/_window.c), for sinks that take rows
+    """Compiled helpers the runtime has (cdc/_copytext.c, cdc/_window.c), for sinks that take rows
     as JSON bytes (``Sink.raw_rows``); each None where they were not built (no compiler), and in a
     standalone context: a sink then takes its Python path.
 

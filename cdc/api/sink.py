@@ -49,15 +49,23 @@ class Sink(ABC):
     """
 
     config_model: ClassVar[type[SinkConfig]]
-    #: ``cdc bootstrap`` fills a new generation and switches readers to it once it caught up,
-    #: instead of writing into the one readers see (for a ``RebuildableSink`` whose readers must
-    #: never see a partly filled store, e.g. a search index).
-    bootstrap_by_rebuild: ClassVar[bool] = False
-    #: True (read before each batch): the runtime may hand an upsert's ``after`` as the JSON bytes
-    #: of the row object, undecoded, when the record is a plain ``json`` envelope (the runtime's
-    #: decoding: cdc/sink_events.py). A sink that writes rows without looking at most of
-    #: their values (the SQL sink's COPY into PostgreSQL) skips building a dict per row.
-    raw_rows: bool = False
+
+    # The two answers below are read on the sink: a class attribute gives one for every instance, a
+    # property may depend on the config or on what start() found.
+    @property
+    def bootstrap_by_rebuild(self) -> bool:
+        """``cdc bootstrap`` fills a new generation and switches readers to it once it caught up,
+        instead of writing into the one readers see (for a ``RebuildableSink`` whose readers must
+        never see a partly filled store, e.g. a search index)."""
+        return False
+
+    @property
+    def raw_rows(self) -> bool:
+        """True (read before each batch): the runtime may hand an upsert's ``after`` as the JSON
+        bytes of the row object, undecoded, when the record is a plain ``json`` envelope (the
+        runtime's decoding: cdc/sink_events.py). A sink that writes rows without looking at most of
+        their values (the SQL sink's COPY into PostgreSQL) skips building a dict per row."""
+        return False
 
     def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config

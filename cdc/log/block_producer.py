@@ -8,7 +8,7 @@ record of a block in C and hands it to ``rd_kafka_producev`` with the block's he
 share a version), the whole block with the GIL released, and delivery reports are counted in C. ``KafkaWriter`` sends RowBlocks through it (cdc/log/kafka_writer.py).
 
 The records are the ones confluent-kafka would produce: the same bytes (the encoder's
-``row_block_parts``, also what cdc/_speedups.c ``emit_rows`` makes), the same topic, and the same
+``row_block_parts``, also what cdc/_encode.c ``emit_rows`` makes), the same topic, and the same
 partition per key, because the producer gets the log's producer settings (``partitioner=
 murmur2_random``, idempotence, acks, compression, the bootstrap and security settings) as given.
 Settings only confluent-kafka's Python layer understands are left out (``logger``, ``error_cb``:
@@ -25,23 +25,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from cdc import native
 from cdc.errors import DeliveryError
 from cdc.headers import Headers
 from cdc.log.kafka_errors import TRANSIENT
 from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
 from cdc.log.kafka_logs import on_error
 
-try:  # built by setup.py where librdkafka's headers are (apt's librdkafka-dev)
-    import cdc._rdproduce as _rdproduce
-except ImportError:  # pragma: no cover - a build without librdkafka-dev
-    _rdproduce = None
+_rdproduce = native.load("cdc._rdproduce")  # built where librdkafka's headers are (apt's librdkafka-dev)
 
 log = logging.getLogger(__name__)
 
 # librdkafka reports failed records only (``delivery.report.only.error``): successes are freed on
 # its own threads rather than served on the publishing one. bench/snapshot_produce.py compares.
 ONLY_FAILURES = False
-ENABLED = True  # tests and bench/pg_snapshot.py turn it off to compare with confluent-kafka alone
 PYTHON_ONLY = frozenset({"logger", "error_cb", "on_delivery", "delivery.report.only.error"})
 # syslog levels (librdkafka's) -> logging levels
 LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING,
@@ -49,7 +46,9 @@ LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logg
 
 
 def available() -> bool:
-    return _rdproduce is not None and ENABLED
+    """Whether block producers can be opened now (built, and ``cdc.native`` on); otherwise
+    confluent-kafka produces every record (tests/integration/test_block_producer.py compares)."""
+    return _rdproduce is not None and native.enabled()
 
 
 def c_settings(config: dict[str, Any]) -> dict[str, str] | None:

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc import native
 from cdc.errors import CdcError
 from cdc.log.base import LogRecord, TopicPartition
 from cdc.log.kafka_errors import TRANSIENT, wrap
@@ -51,12 +52,12 @@ from cdc.log.packed_headers import unpack as unpack_headers
 
 log = logging.getLogger(__name__)
 
-try:  # built by setup.py where a compiler and librdkafka's headers are found
-    import cdc._rdconsume as _rdconsume
-except ImportError:  # pragma: no cover - a build without them
-    _rdconsume = None
+_rdconsume = native.load("cdc._rdconsume")  # built where a compiler and librdkafka's headers are found
 
-AVAILABLE = _rdconsume is not None
+
+def available() -> bool:
+    """Whether bulk readers can be opened now (built, and ``cdc.native`` on)."""
+    return _rdconsume is not None and native.enabled()
 
 # What a bulk read may prefetch (see the module docstring): enough that librdkafka never pauses
 # fetching while the window takes records faster than the broker sends them.
@@ -115,8 +116,8 @@ def _setting(value: Any) -> str:
 
 def open_bulk_reader(consumer_config: dict[str, Any], group: str) -> KafkaBulkReader | None:
     """A bulk reader with these consumer settings, or None (not built, or the linked librdkafka
-    refuses a setting: said in the log)."""
-    if _rdconsume is None:
+    refuses a setting: said in the log; or ``cdc.native`` is off)."""
+    if not available():
         return None
     config = {name: _setting(value) for name, value in {**BULK_PREFETCH, **consumer_config, "group.id": group}.items()
               if name not in _PYTHON_ONLY and name not in _NOT_FOR_BULK and not callable(value)}

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTp
 
+from cdc import native
 from cdc.errors import CdcError, PermanentError
 from cdc.log.base import GroupListener, GroupReader, LogReader, LogRecord, TopicPartition
 from cdc.log.kafka_errors import TRANSIENT, kafka_error, wrap
@@ -32,10 +33,10 @@ FENCED = frozenset({
 def log_records(messages: list, start: int, out: list[LogRecord]) -> int:
     """Append the records of ``messages[start:]`` to ``out`` up to the first message that carries
     an error; return its index (``len(messages)`` if none). Where setup.py built it,
-    ``cdc/_speedups.c`` runs this loop in C (tests/unit/test_sink_decode_batch.py compares the
+    ``cdc/_records.c`` runs this loop in C (tests/unit/test_sink_decode_batch.py compares the
     two); this Python loop is the reference."""
-    if _speedups is not None and USE_SPEEDUPS and type(messages) is list:
-        return _speedups.log_records(messages, start, out, LogRecord)
+    if _records is not None and native.enabled() and type(messages) is list:
+        return _records.log_records(messages, start, out, LogRecord)
     append, new = out.append, tuple.__new__
     for at in range(start, len(messages)):
         msg = messages[at]
@@ -46,11 +47,7 @@ def log_records(messages: list, start: int, out: list[LogRecord]) -> int:
     return len(messages)
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two loops
-try:  # the same loop in C, built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
+_records = native.load("cdc._records")  # the same loop in C
 
 
 class KafkaReader(LogReader):

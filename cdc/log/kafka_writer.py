@@ -11,6 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from cdc import native
 from cdc.errors import CdcError, DeliveryError
 from cdc.events import ChangeEvent, RowBlock
 from cdc.headers import Headers
@@ -260,17 +261,13 @@ def positional_produce(produce: Callable[..., None]) -> Callable[..., None]:
     timestamp, headers): the headers in their place, the others at their defaults (any
     partition, the producer's delivery callback, now). A keyword costs about 0.45 us a record
     there (its argument parser makes a str for every keyword it looks up), a tenth of a record's
-    encoding and producing. In C where ``cdc/_speedups.c`` is built; this is the reference."""
-    if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.produce_positionally(produce)
+    encoding and producing. In C where ``cdc/_records.c`` is built; this is the reference."""
+    if _records is not None and native.enabled():
+        return _records.produce_positionally(produce)
 
     def positional(topic: str, value: bytes | None, key: bytes | None, headers: Headers | None = None) -> None:
         return produce(topic, value, key, -1, None, None, 0, headers)
     return positional
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two produce calls
-try:  # the same call in C, built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
+_records = native.load("cdc._records")  # the same call in C

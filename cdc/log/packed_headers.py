@@ -1,14 +1,16 @@
 """Record headers (cdc/headers.py) as the bytes the embedded log stores them in (its ``headers``
 column) and the bulk reader packs them in (cdc/_rdconsume.c): per header a little-endian int32
 name length, the name (UTF-8), an int32 value length (-1: null) and the value. ``pack`` and
-``unpack`` run in C where cdc/_speedups.c is built (a record each on the embedded log's paths);
-the Python functions here are the reference (tests/unit/test_headers.py compares them).
+``unpack`` run in C where cdc/_records.c is built and ``cdc.native`` is on (a record each on
+the embedded log's paths); the Python functions here are the reference
+(tests/unit/test_headers.py compares them).
 """
 
 from __future__ import annotations
 
 import struct
 
+from cdc import native
 from cdc.headers import Headers
 
 _INT32 = struct.Struct("<i")
@@ -16,15 +18,15 @@ _INT32 = struct.Struct("<i")
 
 def pack(headers: Headers | None) -> bytes | None:
     """``headers`` as bytes (see the module docstring); None for none."""
-    if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.pack_headers(headers)
+    if _records is not None and native.enabled():
+        return _records.pack_headers(headers)
     return _pack(headers)
 
 
 def unpack(data: bytes | None) -> Headers | None:
     """``pack``'s bytes back as headers; ``ValueError`` for bytes that are not that."""
-    if _speedups is not None and USE_SPEEDUPS:
-        return _speedups.unpack_headers(data)
+    if _records is not None and native.enabled():
+        return _records.unpack_headers(data)
     return _unpack(data)
 
 
@@ -70,8 +72,4 @@ def _field(data: bytes, at: int, end: int) -> tuple[bytes | None, int]:
     return data[at:at + size], at + size
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two
-try:  # the same in C (cdc/_speedups.c), built by setup.py where a compiler is found
-    from cdc import _speedups
-except ImportError:  # pragma: no cover - a build without a compiler
-    _speedups = None
+_records = native.load("cdc._records")  # the same in C

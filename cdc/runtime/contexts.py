@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from cdc import native
 from cdc.api import (
     ConnectorLogger,
     ConnectorStats,
@@ -27,21 +28,17 @@ from cdc.api import (
 from cdc.log.base import Log
 from cdc.offsets import CheckpointFeed, OffsetStore
 
+_COPYTEXT = native.load("cdc._copytext")  # rows as JSON bytes (Sink.raw_rows): their COPY text in C
+_WINDOW = native.load("cdc._window")  # copy_rows' lines, key dropped and version last (a bulk load's COPY)
+
 
 def native_codecs() -> NativeCodecs:
-    """The compiled helpers this installation has (None each where no compiler built them)."""
-    try:  # rows as JSON bytes (Sink.raw_rows): their COPY text made in C
-        from cdc._speedups import copy_rows, unknown_names
-    except ImportError:  # pragma: no cover - no compiler: the runtime decodes every row, none are raw
-        copy_rows = unknown_names = None
-    try:  # copy_rows' lines with the key dropped and the version last (a bulk load's plain COPY)
-        from cdc._window import columns_first
-    except ImportError:  # pragma: no cover - no compiler: no bulk loads either (cdc.bulk_window.AVAILABLE)
-        columns_first = None
-    return NativeCodecs(copy_rows, unknown_names, columns_first)
-
-
-NATIVE = native_codecs()
+    """The compiled helpers this installation has, asked when a context is made: None each where
+    no compiler built them or ``cdc.native`` is off (no raw rows and no bulk loads either then)."""
+    if not native.enabled():
+        return NativeCodecs()
+    return NativeCodecs(_COPYTEXT and _COPYTEXT.copy_rows, _COPYTEXT and _COPYTEXT.unknown_names,
+                        _WINDOW and _WINDOW.columns_first)
 
 
 def _no_dead_letter(name: str) -> Callable[..., None]:
@@ -70,7 +67,7 @@ class RuntimeSinkContext:
     log_config: Any = None
     logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]
     delete_read: Callable[[str, int, int], bool] = lambda topic, partition, offset: False
-    native: NativeCodecs = NATIVE
+    native: NativeCodecs = field(default_factory=native_codecs)
 
     def __post_init__(self) -> None:
         # Defaults that depend on the name: a context built with only a name is a usable one.

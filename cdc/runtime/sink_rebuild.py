@@ -92,7 +92,7 @@ class Rebuilds:
             if stop_event.is_set():
                 raise PermanentError(f"sink {self.name}: stopped during a rebuild; generation {new} is "
                                      f"incomplete and readers still see {old}; start again to redo it")
-        if isinstance(sink, BulkLoadableSink) and bulk_window.AVAILABLE and call(lambda: sink.bulk_loads):
+        if isinstance(sink, BulkLoadableSink) and bulk_window.available() and call(lambda: sink.bulk_loads):
             self.windows.fill(targets, new, halt)
         else:
             self._fill_in_batches(writes, targets, halt)

@@ -30,6 +30,7 @@ words so the operator sees which. On an open connection 53300 is retriable as us
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 from enum import IntEnum
 
 import psycopg2
@@ -126,14 +127,17 @@ class Ping(IntEnum):
     REJECT = 1        # the server is up but accepts no connections now (57P03)
     NO_RESPONSE = 2   # nothing answered
     NO_ATTEMPT = 3    # the options are unusable: no attempt was made
-    UNKNOWN = -1      # libpq's PQping could not be found in this process
+    UNKNOWN = -1      # no libpq to ask: the system has none (apt's libpq5)
 
 
 def _pq_ping():
-    # psycopg2's extension module is linked to libpq; looking a symbol up through its handle finds
-    # the libpq psycopg2 itself uses (a wheel's bundled copy or the system's).
+    # psycopg2 does not wrap PQping. It takes only a conninfo string and shares no state with any
+    # connection, so the system's libpq serves, whichever libpq psycopg2 itself runs on.
+    name = ctypes.util.find_library("pq")
+    if name is None:
+        return None
     try:
-        function = ctypes.CDLL(psycopg2._psycopg.__file__).PQping
+        function = ctypes.CDLL(name).PQping
     except (OSError, AttributeError):
         return None
     function.argtypes, function.restype = [ctypes.c_char_p], ctypes.c_int

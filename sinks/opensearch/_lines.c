@@ -205,7 +205,7 @@ digits_of(PyObject *value, char *buf)
 /* ---- rows as JSON bytes (the runtime's raw_rows) ---------------------------------------------
  *
  * A row the runtime left as the bytes of its JSON object (checked as strictly as orjson.loads
- * checks it, cdc/_speedups.c) becomes its document without a dict: its top-level members are
+ * checks it, cdc/_decode.c) becomes its document without a dict: its top-level members are
  * found here, the table layout (include/exclude/rename, `fields`) picks and renames them, and the
  * version field is spliced in before the closing brace. A row this does not take as it is (a
  * member name with escapes, a name given twice, the version field already there, two members

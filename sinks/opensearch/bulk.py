@@ -43,7 +43,8 @@ _FILTER = "errors,items.*.status,items.*.error.type,items.*.error.reason"
 class Item(NamedTuple):
     """One bulk item. A tuple: a write makes one per document (see documents.py)."""
 
-    index: str
+    # The target index, named as in the bulk API; it shadows tuple.index(), which nothing calls.
+    index: str  # type: ignore[assignment]
     doc_id: str
     version: int
     body: dict[str, Any]

@@ -18,11 +18,12 @@ from cdc.api import ConfigError
 from sinks.opensearch.config import OpenSearchSinkConfig
 
 
-def _check_client_certificate(config: OpenSearchSinkConfig) -> None:
-    """Load the certificate and key once here: urllib3 would load them at each connection and
-    report a missing or mismatched file as a connection error, which the runtime retries forever."""
+def _check_client_certificate(config: OpenSearchSinkConfig, cert_file: str) -> None:
+    """Load the certificate (``cert_file``, the config's ``client_cert_file``) and key once here:
+    urllib3 would load them at each connection and report a missing or mismatched file as a
+    connection error, which the runtime retries forever."""
     try:
-        ssl.create_default_context().load_cert_chain(config.client_cert_file, config.client_key_file)
+        ssl.create_default_context().load_cert_chain(cert_file, config.client_key_file)
     except (OSError, ssl.SSLError) as err:
         files = " and ".join(f"{name} {path}" for name, path in (("client_cert_file", config.client_cert_file),
                                                                   ("client_key_file", config.client_key_file)) if path)
@@ -49,7 +50,7 @@ def make_client(config: OpenSearchSinkConfig):
         if config.ca_file:
             kwargs["ca_certs"] = config.ca_file
         if config.client_cert_file:
-            _check_client_certificate(config)
+            _check_client_certificate(config, config.client_cert_file)
             kwargs["client_cert"] = config.client_cert_file
             if config.client_key_file:
                 kwargs["client_key"] = config.client_key_file

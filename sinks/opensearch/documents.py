@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from cdc import native
 from cdc.api import Op
 from sinks.opensearch.config import IndexOptions
 from sinks.opensearch.naming import MAX_ID_BYTES, document_id
@@ -110,7 +111,7 @@ def reduce(events: list) -> dict[str, TopicActions]:
     it, ``_lines.c`` runs this loop in C for the common batch (inserts, updates, deletes and
     tombstones keyed by one int or text column) and hands any other batch back to this one, the
     reference (tests/unit/test_opensearch_lines.py compares them)."""
-    if _lines is not None and USE_SPEEDUPS and type(events) is list:
+    if _lines is not None and native.enabled() and type(events) is list:
         out = _lines.reduce(events, TopicActions, Op.TRUNCATE, Op.DELETE, Upsert, Delete, Tombstone, MAX_ID_BYTES)
         if out is not None:
             return out
@@ -150,8 +151,4 @@ def _reduce(events: list) -> dict[str, TopicActions]:
     return out
 
 
-USE_SPEEDUPS = True  # tests turn it off to compare the two loops
-try:  # the same loop in C (_lines.c), built by setup.py where a compiler is found
-    import sinks.opensearch._lines as _lines
-except ImportError:  # pragma: no cover - a build without a compiler
-    _lines = None
+_lines = native.load("sinks.opensearch._lines")  # the same loop in C

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from cdc.api import CdcError, ConfigError, PermanentError, RetriableError
@@ -62,10 +63,11 @@ def translate(err: BaseException, what: str, hosts=()) -> CdcError:
     return PermanentError(f"{what}: {type(err).__name__}: {err}")
 
 
-def _chain(err: BaseException):
+def _chain(err: BaseException) -> Iterator[BaseException]:
     """``err``, its ``info`` and their causes and contexts (opensearch-py wraps urllib3's error,
     which wraps the ssl module's)."""
-    seen, todo = set(), [err]
+    seen: set[int] = set()
+    todo: list[object] = [err]
     while todo:
         current = todo.pop()
         if current is None or id(current) in seen or not isinstance(current, BaseException):

@@ -152,8 +152,8 @@ class Generations:
                 create_missing(alias, topic)
             finish_fill(alias, topic)
             self.client.indices.refresh(index=new_index)
-            if pointed.get(alias) is not None and pointed[alias] != generation:
-                actions.append({"remove": {"index": generation_index(alias, pointed[alias]), "alias": alias}})
+            if (was := pointed.get(alias)) is not None and was != generation:
+                actions.append({"remove": {"index": generation_index(alias, was), "alias": alias}})
             actions.append({"add": {"index": new_index, "alias": alias, "filter": ALIAS_FILTER}})
         self.client.indices.update_aliases(body={"actions": actions})
         self.state.current, self.state.open = generation, None

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from cdc import native
 from sinks.opensearch.bulk import Item
 from sinks.opensearch.documents import Delete, Upsert
 from sinks.opensearch.mapping import VERSION_FIELD
@@ -27,7 +28,6 @@ from sinks.opensearch.tombstones import tombstone_body
 
 _OPTION = orjson.OPT_NON_STR_KEYS
 _VERSION_KEY = orjson.dumps(VERSION_FIELD)
-USE_SPEEDUPS = True  # tests turn it off to compare the two loops
 
 
 def _dumps(value: Any) -> bytes:
@@ -89,7 +89,7 @@ def encode(actions: Iterable, index: str, floor: int | None, body_of: Callable |
     and values in the same order (tests/unit/test_opensearch_lines.py)."""
     rest: list = []
     index_json = orjson.dumps(index)
-    if _lines is not None and USE_SPEEDUPS:
+    if _lines is not None and native.enabled():
         _lines.encode(actions if type(actions) is list else list(actions), index, index_json, floor, body_of,
                       items, lines, rest, fields)
     else:
@@ -97,11 +97,8 @@ def encode(actions: Iterable, index: str, floor: int | None, body_of: Callable |
     return rest
 
 
-try:  # the same loop in C (_lines.c), built by setup.py where a compiler is found
-    import sinks.opensearch._lines as _lines
-except ImportError:  # pragma: no cover - a build without a compiler
-    _lines = None
-else:
+_lines = native.load("sinks.opensearch._lines")  # the same loop in C
+if _lines is not None:
     _lines.setup(orjson.dumps, _OPTION, Upsert, Delete, Item, tombstone_body, VERSION_FIELD, "external", orjson.loads)
 
 # Whether this sink takes rows as JSON bytes (OpenSearchSink.raw_rows): only where the C loop makes

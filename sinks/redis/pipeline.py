@@ -85,7 +85,8 @@ class ScriptPipeline:
         RetriableError / PermanentError."""
         packed_ttls = bulk(str(ttls[0])) + bulk(str(ttls[1]))
         chunks = _chunks(commands, self.pipeline_size)
-        if not self.shas or not self.single:
+        sender = self.sender
+        if not self.shas or not isinstance(sender, SingleSender):
             return [reply for chunk in chunks for reply in self._run_chunk(chunk, packed_ttls)]
         made: list[tuple[list[Command], list[int]]] = []
 
@@ -96,7 +97,7 @@ class ScriptPipeline:
                 yield calls
 
         calls = packed()
-        outcomes = self.sender.send_overlapped(calls)
+        outcomes = sender.send_overlapped(calls)
         for _ in calls:  # a connection failed part way: make the rest, to send them one by one
             pass
         replies: list = []
@@ -119,7 +120,9 @@ class ScriptPipeline:
 
         def flush() -> None:
             if len(group) == 1:
-                calls.append(pack_row(shas["row"], ttls, group[0].tail))
+                tail = group[0].tail
+                assert tail is not None, "a row command is made with its tail (row(), plan.py)"
+                calls.append(pack_row(shas["row"], ttls, tail))
                 sizes.append(0)
             elif group:
                 calls.append(pack_rows(shas["rows"], group, ttls))

@@ -35,6 +35,9 @@ from sinks.redis.pipeline import row as row_change
 from sinks.redis.resp import pack_args
 from sinks.redis.values import hash_fields, json_value
 
+# Only a tombstone written before records had headers has none (the runtime's decoding, cdc/sink_events.py).
+_NO_VERSION = "a change event without a version"
+
 
 @dataclass(slots=True)
 class Plan:
@@ -49,11 +52,11 @@ def table_of(event: SinkEvent, known: dict[str, tuple[str, str]]) -> tuple[str, 
         where = (source.get("schema") or source.get("db") or "", source.get("table") or event.table)
         known[event.topic] = where
         return where
-    where = known.get(event.topic)
-    if where is None:
+    found = known.get(event.topic)
+    if found is None:
         parts = event.topic.split(".")
-        where = (parts[-2] if len(parts) >= 3 else "", parts[-1])
-    return where
+        found = (parts[-2] if len(parts) >= 3 else "", parts[-1])
+    return found
 
 
 def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
@@ -68,17 +71,18 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
     each change is packed as RESP here, once, in a few bytes formats (pipeline.row_tail's layout).
     """
     plan = Plan()
-    newest: dict[str, SinkEvent] = {}
+    newest: dict[str, tuple[int, SinkEvent]] = {}  # row key -> its newest change and that one's version
     tombstoned: dict[str, SinkEvent] = {}
     heads: dict[str, tuple[str, str]] = {}   # topic -> the key template around {key}
     truncate, delete = Op.TRUNCATE, Op.DELETE
     parts_of = keyspace.parts
     for event in events:
-        op = event.op
+        op, version = event.op, event.version
         if op is truncate:
+            assert version is not None, _NO_VERSION
             where = table_of(event, known_tables)
-            if event.version > plan.truncates.get(where, event.version - 1):
-                plan.truncates[where] = event.version
+            if version > plan.truncates.get(where, version - 1):
+                plan.truncates[where] = version
             continue
         if event.source:  # one table per topic: its template parts once per batch
             parts = heads.get(event.topic)
@@ -88,19 +92,20 @@ def plan_batch(events: list[SinkEvent], keyspace: KeySpace, fmt: str,
             parts = parts_of(*table_of(event, known_tables))
         row = parts[0] + encode_key(event.key) + parts[1]
         if op is None:
-            if event.version is None:
+            if version is None:
                 tombstoned[row] = event
                 continue
             event = event._replace(op=delete)  # versioned: its delete, guarded like one
+        assert version is not None, _NO_VERSION
         before = newest.get(row)
-        if before is None or event.version > before.version:
-            newest[row] = event
+        if before is None or version > before[0]:
+            newest[row] = version, event
             tombstoned.pop(row, None)
     plan.commands = _commands(newest, tombstoned, keyspace, OP_CODES[fmt], choose, keep)
     return plan
 
 
-def _commands(newest: dict[str, SinkEvent], tombstoned: dict[str, SinkEvent], keyspace: KeySpace,
+def _commands(newest: dict[str, tuple[int, SinkEvent]], tombstoned: dict[str, SinkEvent], keyspace: KeySpace,
               upsert_code: str, choose: Callable[[dict[str, Any]], dict[str, Any]],
               keep: dict[str, frozenset[str]] | None) -> Iterator[Command]:
     """The guarded change of each key, packed, made one at a time as the pipeline takes them (so
@@ -108,7 +113,7 @@ def _commands(newest: dict[str, SinkEvent], tombstoned: dict[str, SinkEvent], ke
     delete = Op.DELETE
     ns = keyspace.ns.encode()
     upsert_op = b"$1\r\n%b\r\n" % upsert_code.encode()
-    for row, event in newest.items():
+    for row, (event_version, event) in newest.items():
         if event.op is not delete and row in tombstoned:
             continue  # the log says the key's latest record is a delete: the tombstone below wins
         row_bytes = row.encode()
@@ -116,14 +121,15 @@ def _commands(newest: dict[str, SinkEvent], tombstoned: dict[str, SinkEvent], ke
         keys = (row, companion_bytes.decode())
         packed_keys = b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(row_bytes), row_bytes, len(companion_bytes),
                                                              companion_bytes)
-        version = b"%d" % event.version
-        version = b"$%d\r\n%b\r\n" % (len(version), version)
+        digits = b"%d" % event_version
+        version = b"$%d\r\n%b\r\n" % (len(digits), digits)
         if event.op is delete:
             yield Command("row", keys, (), (0, packed_keys, b"$1\r\nd\r\n" + version, b""))
         elif upsert_code == "x":
             yield Command("row", keys, (), (0, packed_keys, upsert_op + version, b""))
         else:
             after = event.after or {}
+            assert not isinstance(after, bytes), "rows come as dicts: the sink does not ask for raw_rows"
             if keep and event.topic in keep:
                 columns = keep[event.topic]
                 after = {name: value for name, value in after.items() if name in columns}
@@ -136,6 +142,6 @@ def _commands(newest: dict[str, SinkEvent], tombstoned: dict[str, SinkEvent], ke
                 yield Command("row", keys, (), (1, packed_keys, upsert_op + version,
                                                 b"$%d\r\n%b\r\n" % (len(value), value)))
     for row in tombstoned:
-        if row in newest and newest[row].op is delete:
+        if row in newest and newest[row][1].op is delete:
             continue  # its delete is remembered already; the row key is gone
         yield row_change((row, companion(row)), "t", "0")

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from cdc.api import SinkContext
+from cdc.api import CheckpointFeed, LogClient, SinkContext
+from cdc.api.context import LogReader  # not exported by cdc.api: only its type is needed here
 from sinks.redis.applied import AppliedTracker, TopicPartition
 from sinks.redis.keys import applied_key
 from sinks.redis.pipeline import Command, ScriptPipeline
@@ -26,12 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class AppliedPublisher:
-    """``context``: the sink's (with a log); ``group``: the sink's consumer group."""
+    """``context``: the sink's, with its log ``log_client``; ``group``: the sink's consumer group."""
 
-    def __init__(self, context: SinkContext, topic_globs: list[str], group: str,
+    def __init__(self, context: SinkContext, log_client: LogClient, topic_globs: list[str], group: str,
                  pipeline: ScriptPipeline, namespace: str, use_committed: bool, interval: float = 0.1) -> None:
         self.context = context
-        self.log_client = context.log
+        self.log_client = log_client
         self.topic_globs = topic_globs
         self.group = group
         self.pipeline = pipeline
@@ -43,8 +44,8 @@ class AppliedPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redis-applied", daemon=True)
-        self._feed = None  # opened in the thread that polls it
-        self._group_reader = None
+        self._feed: CheckpointFeed | None = None  # opened in the thread that polls it
+        self._group_reader: LogReader | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -87,9 +88,11 @@ class AppliedPublisher:
 
     def _read_checkpoints(self) -> dict[str, int]:
         """Sources whose stored checkpoint moved since the last round -> its version."""
-        if self._feed is None:
-            self._feed = self.context.checkpoint_feed()
-        return self._feed.poll()
+        feed = self._feed
+        if feed is None:
+            feed = self._feed = self.context.checkpoint_feed()
+            assert feed is not None, "a context with a log has a checkpoint feed (SinkContext)"
+        return feed.poll()
 
     def _round(self) -> None:
         moved = self._read_checkpoints()
@@ -116,6 +119,7 @@ class AppliedPublisher:
                                for source, version in done.items()])
 
     def _committed(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int | None]:
-        if self._group_reader is None:
-            self._group_reader = self.log_client.reader(self.group)
-        return self._group_reader.committed(partitions)
+        reader = self._group_reader
+        if reader is None:
+            reader = self._group_reader = self.log_client.reader(self.group)
+        return reader.committed(partitions)

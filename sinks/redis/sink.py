@@ -30,6 +30,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis
+from redis.cluster import RedisCluster
+
 from cdc.api import PermanentError, ReadableSink, RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page
 from sinks.redis.client import command_known, connect, redacted_url, translate
 from sinks.redis.config import RedisSinkConfig
@@ -61,7 +64,7 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
     def __init__(self, config: RedisSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
         self.config: RedisSinkConfig = config
-        self.client = None
+        self.client: redis.Redis | RedisCluster | None = None  # connected by start()
         self._choose = column_chooser(config)
         self._known_tables: dict[str, tuple[str, str]] = {}
         self._current = 1
@@ -96,10 +99,10 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
         self._tombstone_ms = config.tombstone_retention_ms or DEFAULT_TOMBSTONE_MS
         self._tombstone_from_topics = config.tombstone_retention_ms is None
         context = self.context
-        if context.log is not None:
+        if (log_client := context.log) is not None:
             # A pipeline of its own: the publisher runs in its own thread (ScriptPipeline is not shared).
-            own = ScriptPipeline(self.client, config.name, config.pipeline_size, config.max_retries)
-            self._publisher = AppliedPublisher(context, list(config.topics), config.name, own, self._keyspace.ns,
+            own = ScriptPipeline(client, config.name, config.pipeline_size, config.max_retries)
+            self._publisher = AppliedPublisher(context, log_client, list(config.topics), config.name, own, self._keyspace.ns,
                                                use_committed=self.generation is None)
             self._publisher.start()
         log.info("redis sink %s: started (%s, format %s), writing generation %d under %s:", config.name,
@@ -133,9 +136,11 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
             self.generations.wait()
             self.client.close()
 
-    def _started(self) -> None:
+    def _started(self) -> redis.Redis | RedisCluster:
+        """The client, once ``start`` connected it."""
         if self.client is None:
             raise PermanentError(f"redis sink {self.config.name}: call start() first")
+        return self.client
 
     def _writing(self) -> int:
         return self.generation if self.generation is not None else self._current
@@ -180,13 +185,13 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
 
     def _get(self, key: str) -> bytes | None:
         try:
-            return self.client.get(key)
+            return self._started().get(key)  # type: ignore[return-value]  # redis-py: sync client, bytes or None
         except Exception as err:  # noqa: BLE001 - classified
             raise translate(err, f"redis sink {self.config.name}: reading {key}") from err
 
     def _set(self, key: str, value: bytes) -> None:
         try:
-            self.client.set(key, value)
+            self._started().set(key, value)
         except Exception as err:  # noqa: BLE001 - classified
             raise translate(err, f"redis sink {self.config.name}: writing {key}") from err
 
@@ -220,8 +225,9 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
         commands: list[Command] = []
         replies: list = []
         ttls = (self._live_ms, self._tombstone_ms)
+        client = self._started()
         try:
-            for key in self.client.scan_iter(match=pattern, count=TRUNCATE_SCAN_COUNT):
+            for key in client.scan_iter(match=pattern, count=TRUNCATE_SCAN_COUNT):
                 row = key.decode() if isinstance(key, bytes) else key
                 if "{" in row:
                     continue  # a version companion, not a row (row keys never hold a brace)
@@ -241,25 +247,25 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
         """The rows of ``topic``'s table in the namespace readers use (cdc.api.ReadableSink), as a
         reader gets them back (``values.stored_row``: a hash's fields as text), each keyed by the
         components of its encoded key (keys.py), as text. SCANs the table's keys."""
-        self._started()
+        client = self._started()
         if self.config.format == "invalidate":
             raise PermanentError(f"redis sink {self.config.name}: format invalidate stores no rows to read back")
         parts = topic.split(".")
         schema, table = parts[-2] if len(parts) > 2 else "", parts[-1]  # <prefix>.<schema or db>.<table>
-        keyspace = KeySpace(self.config.key_template, current_namespace(self.client, self.config.prefix))
+        keyspace = KeySpace(self.config.key_template, current_namespace(client, self.config.prefix))
         head, tail = keyspace.parts(schema, table)
         rows: list[StoredRow] = []
         try:
-            for key in self.client.scan_iter(match=keyspace.table_pattern(schema, table), count=TRUNCATE_SCAN_COUNT):
+            for key in client.scan_iter(match=keyspace.table_pattern(schema, table), count=TRUNCATE_SCAN_COUNT):
                 name = key.decode() if isinstance(key, bytes) else key
                 if "{" in name:
                     continue  # a version companion, not a row (row keys never hold a brace)
                 if self.config.format == "hash":
-                    stored = self.client.hgetall(name)
+                    stored = client.hgetall(name)
                 elif self.config.format == "redisjson":
-                    stored = self.client.execute_command("JSON.GET", name)
+                    stored = client.execute_command("JSON.GET", name)
                 else:
-                    stored = self.client.get(name)
+                    stored = client.get(name)
                 row = stored_row(self.config.format, stored or None)
                 if row is not None:  # gone between the SCAN and the read
                     rows.append(StoredRow(decode_key(name[len(head):len(name) - len(tail)]), row))
@@ -292,7 +298,7 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
         self.context.stats.details.update(keys_written=self.counts["written"], tombstones=self.counts["deleted"],
                                           stale_skipped=self.counts["skipped"])
         try:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self._started().pipeline(transaction=False)
             key = stats_key(self._keyspace.ns)
             pipe.hincrby(key, "written", written)
             pipe.hincrby(key, "deleted", deleted)
@@ -341,6 +347,6 @@ def _modules(server) -> str:
         modules = server.module_list()
     except Exception as err:  # noqa: BLE001 - only said in the message
         return f"refused: {err}"
-    names = [m.get(b"name", m.get("name")) if isinstance(m, dict) else m for m in modules]
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    found = [m.get(b"name", m.get("name")) if isinstance(m, dict) else m for m in modules]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in found]
     return ", ".join(names) if names else "no modules loaded"

@@ -21,6 +21,7 @@ from cdc.api import PermanentError
 from sinks.sql.bookkeeping import Bookkeeping
 from sinks.sql.errors import DRIVER_ERRORS
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, key_values
+from sinks.sql.reduce import version_of
 from sinks.sql.target import Target
 from sinks.sql.values import converter
 
@@ -47,7 +48,7 @@ class GenericApplier:
             if plan.entry is not None:
                 self._truncate(conn, plan, changes.truncate)
         deletes = plan.live_deletes()
-        books.remember_deletes(conn, tbl, [(k.decode(), e.version) for k, e in deletes], now)
+        books.remember_deletes(conn, tbl, [(k.decode(), version_of(e)) for k, e in deletes], now)
         if plan.entry is None:
             return
         if deletes:
@@ -60,7 +61,7 @@ class GenericApplier:
         if upserts:
             deleted = books.deleted_versions(conn, tbl, [k.decode() for k, _ in upserts])
             if deleted:
-                upserts = [(k, e) for k, e in upserts if deleted.get(k.decode(), -1 << 63) < e.version]
+                upserts = [(k, e) for k, e in upserts if deleted.get(k.decode(), -1 << 63) < version_of(e)]
             self.upsert(conn, plan, [e for _, e in upserts])
 
     @staticmethod

@@ -30,6 +30,7 @@ probes a single-row batch column by column (``SqlSink._diagnose``).
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -37,10 +38,11 @@ import orjson
 from sqlalchemy.engine import Connection
 
 import sinks.sql.copy_rows as copy_rows
-from cdc.api import NativeCodecs
+from cdc.api import NativeCodecs, SinkEvent
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.errors import DRIVER_ERRORS
 from sinks.sql.plan import DELETED, VERSION, ColumnPlan, PlanFailed, TablePlan, key_values
+from sinks.sql.reduce import version_of
 from sinks.sql.target import Target
 from sinks.sql.types import Family
 
@@ -53,6 +55,14 @@ _DUCKDB_STAGE = f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE} (t INTEGER, k VAR
 _DUCKDB_FILL = (f"INSERT INTO {STAGE} SELECT * FROM (SELECT unnest(from_json(?::JSON, "
                 f"'[{{\"t\":\"INTEGER\",\"k\":\"VARCHAR\",\"v\":\"BIGINT\",\"op\":\"VARCHAR\",\"j\":\"JSON\"}}]'), "
                 f"recursive := true))")
+
+
+def driver_cursor(conn: Connection) -> Any:
+    """A cursor of the driver's own under ``conn`` (psycopg2: a context manager with
+    ``copy_expert``, which SQLAlchemy's DBAPI protocol does not describe)."""
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None, "a connection in use holds its DBAPI connection (None only once closed)"
+    return dbapi.cursor()
 
 
 class StagedApplier:
@@ -73,14 +83,14 @@ class StagedApplier:
         # in a statement-level test probing won only at about 300k remembered deletes.
         self.probe_deletes = False
         self._sql: dict[tuple, str] = {}
-        self._formatters: dict[tuple, object] = {}
+        self._formatters: dict[tuple, Callable[[Iterable[tuple[bytes, SinkEvent]]], bytes]] = {}
 
     # --- statements on the caller's connection ---------------------------------------------------
 
     def _run(self, conn: Connection, sql: str, params: tuple = ()) -> Any:
         """Run one statement; its first row, if it returns rows."""
         if self.pg:  # psycopg2's own cursor: no SQLAlchemy work per statement on the hot path
-            with conn.connection.dbapi_connection.cursor() as cursor:
+            with driver_cursor(conn) as cursor:
                 cursor.execute(sql, params)
                 return cursor.fetchone() if cursor.description else None
         result = conn.exec_driver_sql(sql, params)
@@ -124,13 +134,14 @@ class StagedApplier:
                     pass
                 elif self.pg:  # one format per row, no call
                     dumps, head = orjson.dumps, b"%d\x02" % index
-                    pieces += [b"%b%b\x02%d\x02u\x02%b\n" % (head, k, e.version, dumps(e.after)) for k, e in upserts]
+                    pieces += [b"%b%b\x02%d\x02u\x02%b\n" % (head, k, version_of(e), dumps(e.after))
+                               for k, e in upserts]
                 else:
                     pieces += [line(index, k, e.version, UPSERT, e.after) for k, e in upserts]
         if not pieces:
             return staged
         if self.pg:
-            with conn.connection.dbapi_connection.cursor() as cursor:
+            with driver_cursor(conn) as cursor:
                 cursor.execute(_PG_STAGE)
                 cursor.copy_expert(_PG_COPY, io.BytesIO(b"".join(pieces)))
         else:
@@ -160,7 +171,7 @@ class StagedApplier:
                 else:
                     self._run(conn, f"DELETE FROM {table} WHERE {q(VERSION)} < {p}", (changes.truncate,))
         if plan.entry is None:  # no table yet: only remember the deletes
-            self.books.remember_deletes(conn, tbl, [(k.decode(), e.version) for k, e in plan.live_deletes()], now)
+            self.books.remember_deletes(conn, tbl, [(k.decode(), version_of(e)) for k, e in plan.live_deletes()], now)
             return
         deletes_table = self.target.qualified(DELETES)
         if DELETE in staged:
@@ -194,7 +205,7 @@ class StagedApplier:
             format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns, self.copy_rows)
         stage = copy_rows.stage_name(index, plan.columns)
         columns = ", ".join(f"c{i} {copy_rows.stage_type(c)}" for i, c in enumerate(plan.columns))
-        with conn.connection.dbapi_connection.cursor() as cursor:
+        with driver_cursor(conn) as cursor:
             cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} (k text, v bigint"
                            f"{', ' if columns else ''}{columns}) ON COMMIT DELETE ROWS")
             cursor.copy_expert(f"COPY {stage} FROM STDIN", io.BytesIO(format_rows(plan.live_upserts())))

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import orjson
 
 import sinks.sql.copy_rows as copy_rows
 from cdc.api import NativeCodecs, Op, SinkEvent, WindowPart
+from sinks.sql.apply_staged import driver_cursor
 from sinks.sql.bookkeeping import DELETES, Bookkeeping
 from sinks.sql.plan import VERSION, TablePlan
-from sinks.sql.reduce import TopicChanges
+from sinks.sql.reduce import TopicChanges, version_of
 from sinks.sql.tables import TableCatalog
 from sinks.sql.target import Target
 from sinks.sql.types import Family
@@ -48,7 +50,7 @@ class BulkLoader:
         self.catalog = catalog
         self.native = native
         self.able = target.kind == "postgresql" and not soft_delete and native.columns_first is not None
-        self._formatters: dict[tuple, object] = {}
+        self._formatters: dict[tuple, Callable[[Iterable[tuple[bytes, SinkEvent]]], bytes]] = {}
 
     def load(self, part: WindowPart, generation: int) -> bool:
         """``part`` into ``generation``'s table (see the module docstring); False: not taken."""
@@ -79,7 +81,7 @@ class BulkLoader:
         now = datetime.now(UTC).replace(tzinfo=None)
         with self.target.engine.begin() as conn:
             plan.watermark = part.truncate
-            with conn.connection.dbapi_connection.cursor() as cursor:
+            with driver_cursor(conn) as cursor:
                 if part.truncate is not None:
                     cursor.execute(self.books.watermark_sql, (plan.tbl, part.truncate))
                 if plan.entry is not None and upserts:
@@ -93,7 +95,9 @@ class BulkLoader:
         format_rows = self._formatters.get(shape)
         if format_rows is None:
             format_rows = self._formatters[shape] = copy_rows.formatter(plan.columns, self.native.copy_rows)
-        text = self.native.columns_first(format_rows(plan.live_upserts()))
+        columns_first = self.native.columns_first
+        assert columns_first is not None, "the loader is able only with the compiled columns_first"
+        text = columns_first(format_rows(plan.live_upserts()))
         q = self.target.quote
         columns = ", ".join(q(c.name) for c in plan.columns) + (", " if plan.columns else "") + q(VERSION)
         cursor.copy_expert(f"COPY {self.target.qualified(plan.tbl)} ({columns}) FROM STDIN", io.BytesIO(text))
@@ -101,7 +105,7 @@ class BulkLoader:
     def _copy_deletes(self, cursor, plan: TablePlan, now: datetime) -> None:
         head = plan.tbl.encode().replace(b"\\", b"\\\\") + b"\t"
         at = now.isoformat().encode()
-        text = b"".join(b"%b%b\t%d\t%b\n" % (head, key.replace(b"\\", b"\\\\"), event.version, at)
+        text = b"".join(b"%b%b\t%d\t%b\n" % (head, key.replace(b"\\", b"\\\\"), version_of(event), at)
                         for key, event in plan.live_deletes())
         cursor.copy_expert(f"COPY {self.target.qualified(DELETES)} (tbl, key_json, version, "
                            f"{self.target.quote('at')}) FROM STDIN", io.BytesIO(text))

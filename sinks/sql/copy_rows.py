@@ -137,6 +137,6 @@ def python_formatter(columns: list[ColumnPlan]) -> Callable[[Iterable[tuple[byte
              f"        append('\\t'.join(({', '.join(values)},)))",
              "    append('')",
              "    return '\\n'.join(out).encode()"]
-    namespace = {"text": _text, "json_text": _json_text}
+    namespace: dict[str, Any] = {"text": _text, "json_text": _json_text}
     exec("\n".join(lines), namespace)  # noqa: S102 - generated from names via repr only
     return namespace["format_rows"]

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 from cdc.api import earlier_names, renames_to_follow
 from sinks.sql.bookkeeping import SourceColumn, TableEntry
 from sinks.sql.types import Family, grows, infer_type, is_double, parse_type, target_type
@@ -127,16 +129,23 @@ def widens(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool:
         return old_family in (Family.INTEGER, Family.NUMERIC, Family.TEXT)
     if new_family is not Family.NUMERIC or old_family not in (Family.INTEGER, Family.NUMERIC):
         return False
-    new_type = target_type(new, kind, key=False, mariadb=mariadb)
+    new_type = _numeric_type(new, kind, mariadb)
     if new_type.precision is None:  # PostgreSQL's unbounded numeric holds every value
         return True
     new_int, new_scale = new_type.precision - (new_type.scale or 0), new_type.scale or 0
     if old_family is Family.INTEGER:
         return new_int >= 20  # every integer is BIGINT here: 19 digits and a sign
-    old_type = target_type(old, kind, key=False, mariadb=mariadb)
+    old_type = _numeric_type(old, kind, mariadb)
     if old_type.precision is None:
         return False
     return new_scale >= (old_type.scale or 0) and new_int >= old_type.precision - (old_type.scale or 0)
+
+
+def _numeric_type(type_name: str, kind: str, mariadb: bool) -> sa.Numeric:
+    """The target's type for a source type of the NUMERIC family (types.target_type: a Numeric)."""
+    numeric = target_type(type_name, kind, key=False, mariadb=mariadb)
+    assert isinstance(numeric, sa.Numeric), f"{type_name}: {numeric!r} is not a numeric type"
+    return numeric
 
 
 # DuckDB casts a DECIMAL to DOUBLE by dividing its integer by a power of ten; the one rounding
@@ -157,6 +166,6 @@ def casts_alike(old: str, new: str, kind: str, *, mariadb: bool = False) -> bool
     if not is_double(new) or old_family not in (Family.INTEGER, Family.NUMERIC):
         return False
     if kind == "duckdb" and old_family is Family.NUMERIC:
-        precision = target_type(old, kind, key=False, mariadb=mariadb).precision
+        precision = _numeric_type(old, kind, mariadb).precision
         return precision is not None and precision <= DUCKDB_EXACT_DIGITS
     return True

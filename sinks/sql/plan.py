@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from cdc.api import SinkEvent
 from sinks.sql.bookkeeping import TableEntry
-from sinks.sql.reduce import TopicChanges
+from sinks.sql.reduce import TopicChanges, version_of
 from sinks.sql.types import Family, parse_type, target_type
 
 VERSION, DELETED = "__cdc_version", "__cdc_deleted"
@@ -54,12 +54,12 @@ class TablePlan:
         """Upserts at or above the truncate watermark (key JSON, event)."""
         mark = self.watermark
         items = self.changes.upserts.items()
-        return items if mark is None else [(k, e) for k, e in items if e.version >= mark]
+        return items if mark is None else [(k, e) for k, e in items if version_of(e) >= mark]
 
     def live_deletes(self) -> list[tuple[bytes, SinkEvent]]:
         mark = self.watermark
         items = self.changes.deletes.items()
-        return list(items) if mark is None else [(k, e) for k, e in items if e.version >= mark]
+        return list(items) if mark is None else [(k, e) for k, e in items if version_of(e) >= mark]
 
 
 def column_plans(entry: TableEntry, dialect: sa.engine.Dialect, kind: str, mariadb: bool,

@@ -35,6 +35,17 @@ import orjson
 
 from cdc.api import Op, SinkEvent
 
+# Only a tombstone written before records had headers has none (the runtime's decoding,
+# cdc/sink_events.py); reduce_events keeps those apart, in ``tombstones``.
+_NO_VERSION = "a change event without a version"
+
+
+def version_of(change: SinkEvent) -> int:
+    """The version of a change (an upsert or delete of ``TopicChanges``: every one has one)."""
+    version = change.version
+    assert version is not None, _NO_VERSION
+    return version
+
 
 @dataclass(slots=True)
 class TopicChanges:
@@ -77,9 +88,11 @@ def reduce_events(events: list[SinkEvent], delete_read=lambda topic, partition, 
     newest_by_topic: dict[str, dict[bytes, SinkEvent]] = {}
     dumps = orjson.dumps
     truncate_op, delete_op = Op.TRUNCATE, Op.DELETE
-    topic, changes, newest, tombstones = None, None, {}, {}
+    changes: TopicChanges | None = None
+    newest: dict[bytes, SinkEvent] = {}
+    tombstones: dict[bytes, dict[str, Any]] = {}
     for event in events:
-        if event.topic != topic:  # batches come in runs of one topic: look it up once per run
+        if changes is None or event.topic != changes.topic:  # batches come in runs of one topic: look it up once per run
             topic = event.topic
             changes = by_topic.get(topic)
             if changes is None:
@@ -88,20 +101,22 @@ def reduce_events(events: list[SinkEvent], delete_read=lambda topic, partition, 
             newest, tombstones = newest_by_topic[topic], changes.tombstones
         if not changes.first.source and event.source:
             changes.first = event  # a tombstone has no source block to name the table
-        op = event.op
+        op, version = event.op, event.version
         if op is truncate_op:
-            if changes.truncate is None or event.version > changes.truncate:
-                changes.truncate = event.version
+            assert version is not None, _NO_VERSION
+            if changes.truncate is None or version > changes.truncate:
+                changes.truncate = version
             continue
         key = dumps(event.key)
         if op is None:
-            if event.version is None:
-                if not delete_read(topic, event.partition, event.offset):
+            if version is None:
+                if not delete_read(event.topic, event.partition, event.offset):
                     tombstones[key] = event.key
                 continue
             event = event._replace(op=delete_op)  # versioned: its delete, guarded like one
+        assert version is not None, _NO_VERSION
         before = newest.get(key)
-        if before is None or event.version > before.version:
+        if before is None or version > version_of(before):
             newest[key] = event
             if tombstones:
                 tombstones.pop(key, None)

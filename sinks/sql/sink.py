@@ -161,12 +161,13 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
     @property
     def engine(self) -> sa.engine.Engine:
         """The target's engine (for tests and tools that read what the sink wrote)."""
-        self._started()
-        return self.target.engine
+        return self._started().engine
 
-    def _started(self) -> None:
+    def _started(self) -> Target:
+        """The target, once ``start`` connected to it."""
         if self.target is None:
             raise PermanentError(f"sql sink {self.config.name}: call start() first")
+        return self.target
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -208,10 +209,10 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
     def _commit(self, plans: list[TablePlan], generation: int) -> bool:
         """Apply ``plans``, in parts at once where ``_parts`` splits them; False if readers moved to
         another generation first (then some parts may be in the old one: the write is retried)."""
-        parts = self._parts(plans)
-        if len(parts) == 1:
+        parts, pool = self._parts(plans), self._pool
+        if len(parts) == 1 or pool is None:  # no pool: one part
             return self._commit_part(plans, generation)
-        futures = [self._pool.submit(self._commit_part, part, generation) for part in parts[1:]]
+        futures = [pool.submit(self._commit_part, part, generation) for part in parts[1:]]
         error: Exception | None = None
         try:
             results = [self._commit_part(parts[0], generation)]
@@ -239,7 +240,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
 
     def _commit_part(self, plans: list[TablePlan], generation: int) -> bool:
         """Apply ``plans`` in one transaction; False if readers moved to another generation first."""
-        with self.target.engine.begin() as conn:
+        with self._started().engine.begin() as conn:
             if self.generation is None:
                 current = self.books.current(conn, lock="share") or 1
                 if current != generation:
@@ -266,24 +267,26 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
                                   f"(one of {len(plan.changes)} keys; a batch of one names the key and "
                                   f"column): {describe(error)}")
         key_json, event = upserts[0]
+        row = event.after
+        assert isinstance(row, dict), "materialized above: an upsert's row, decoded"
         key_names = {c.name for c in plan.key_columns}
-        missing = sorted(name for name in key_names if event.after.get(name) is None and event.key.get(name) is None)
+        missing = sorted(name for name in key_names if row.get(name) is None and event.key.get(name) is None)
         if missing:  # every column would fail on the key's NOT NULL: name the key, not the first column
             return PermanentError(f"sql sink {self.config.name}: {plan.tbl}: key {key_json.decode()}: the row has "
                                   f"no value for the table's key column{'s' if len(missing) > 1 else ''} "
                                   f"{', '.join(missing)} (neither in the record's key nor in its after): "
                                   f"{describe(error)}")
         for column in plan.columns:
-            value = event.after.get(column.name)
+            value = row.get(column.name)
             if column.key or column.skipped or value is None:
                 continue
-            after = {name: v for name, v in event.after.items() if name in key_names}
+            after = {name: v for name, v in row.items() if name in key_names}
             after[column.name] = value
             probe = event._replace(after=after)
             changes = TopicChanges(plan.changes.topic, probe, upserts={key_json: probe})
             probe_plan = TablePlan(changes, plan.tbl, plan.entry, plan.columns, plan.watermark)
             try:
-                with self.target.engine.connect() as conn:
+                with self._started().engine.connect() as conn:
                     transaction = conn.begin()
                     try:
                         self._apply(conn, [probe_plan])
@@ -308,7 +311,7 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
         hours = self.config.delete_memory_hours
         self._next_prune = now + min(3600.0, hours * 360.0)
         cutoff = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=hours)
-        with self.target.engine.begin() as conn:
+        with self._started().engine.begin() as conn:
             pruned = self.books.prune_deletes(conn, sorted(self._seen_tables), cutoff)
         if pruned > 0:  # -1: the driver (DuckDB) does not say how many; nothing worth a line then
             log.info("sql sink %s: forgot %d deletes older than %s h", self.config.name, pruned, hours)
@@ -324,23 +327,24 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
         self._started()
         if self.generation is None:  # only into a generation opened for it, never the one readers see
             return False
+        assert self.bulk is not None, "start() made it"
         with self._errors("bulk load"), self.deadline.watch(f"sql sink {self.config.name}: bulk load"):
             return self.bulk.load(part, self.generation)
 
     def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]:
         """The live rows of ``topic``'s table in the generation readers see (cdc.api.ReadableSink),
         as the driver reads its columns (no bookkeeping columns), keyed by the table's key."""
-        self._started()
+        target = self._started()
         with self._errors("read_rows"):
             generation = self.generations.current()
-            with self.target.engine.begin() as conn:
+            with target.engine.begin() as conn:
                 entry = next((e for e in self.books.entries(conn, generation).values() if e.topic == topic), None)
                 if entry is None:
                     return []
-                q, columns = self.target.quote, list(entry.columns)
+                q, columns = target.quote, list(entry.columns)
                 live = f" WHERE {q(DELETED)} = FALSE" if self.config.soft_delete else ""
                 rows = conn.exec_driver_sql(f"SELECT {', '.join(q(c) for c in columns)} FROM "
-                                            f"{self.target.qualified(entry.physical)}{live}").all()
+                                            f"{target.qualified(entry.physical)}{live}").all()
         key = [columns.index(name) for name in entry.key]
         return page([StoredRow(tuple(row[i] for i in key), dict(zip(columns, row))) for row in rows], after, limit)
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import sqlalchemy as sa
@@ -114,7 +114,7 @@ class TableCatalog:
         if entry is None or (record is None and copy_rows.names_outside(
                 [event.after for event in changes.upserts.values()], entry.columns, self.unknown_names)):
             changes.materialize()  # values decide the columns (or may): rows as dicts
-        rows = [event.after for event in changes.upserts.values()]  # JSON bytes or dicts
+        rows = _rows(changes)
         key_names = _key_names(changes)
         if entry is None:
             if not rows and record is None:
@@ -124,7 +124,7 @@ class TableCatalog:
             if shape is not None:
                 columns = self._with_earlier_names(changes.topic, shape, columns)
             if shape is None:  # the source publishes no shapes: only then types come from values
-                columns += infer_columns(rows, set(), key_names)
+                columns += infer_columns([r for r in rows if isinstance(r, dict)], set(), key_names)  # decoded above
             if not any(c.key for c in columns):
                 if not rows:  # e.g. only a truncate so far: the table can wait for a keyed event
                     return TablePlan(changes, physical, None)
@@ -149,7 +149,7 @@ class TableCatalog:
                 entry = self._older_columns(entry, rows, record, changes.topic)
         else:
             # Rows still as JSON bytes carry only the table's columns (else they were decoded above).
-            unknown = infer_columns([r for r in rows if r.__class__ is not bytes], set(entry.columns), ())
+            unknown = infer_columns([r for r in rows if isinstance(r, dict)], set(entry.columns), ())
             if unknown:
                 log.info("sql sink %s: %s: new column(s) %s inferred from values (the source publishes no "
                          "shape)", self.config.name, physical, ", ".join(f"{c.name} {c.type}" for c in unknown))
@@ -197,7 +197,7 @@ class TableCatalog:
             return None
         return max(shapes, key=lambda r: r["version"] if isinstance(r.get("version"), int) else -1)
 
-    def _older_columns(self, entry: TableEntry, rows: list[dict[str, Any]], record: dict[str, Any],
+    def _older_columns(self, entry: TableEntry, rows: list[dict[str, Any] | bytes], record: dict[str, Any],
                        topic: str) -> TableEntry:
         """Columns of rows written under an older shape that the (newer) table lacks, typed by
         that shape: a column dropped before the table was made in the newest shape. Kept (with
@@ -238,7 +238,7 @@ class TableCatalog:
         return self.sync(entry)  # first use here: check the physical table against the entry
 
     def _follow(self, entry: TableEntry, record: dict[str, Any], key_names: list[str],
-                between: list[dict[str, Any]] = ()) -> TableEntry:
+                between: Sequence[dict[str, Any]] = ()) -> TableEntry:
         """Evolve ``entry`` to the source columns of ``record`` (see evolve.py), or raise;
         ``between``: the shapes it skips (their renames count, see ``renamed_columns``)."""
         cache_key = (entry.generation, entry.name)
@@ -319,7 +319,7 @@ class TableCatalog:
 
     # --- DDL --------------------------------------------------------------------------------------
 
-    def sync(self, entry: TableEntry, retype: list[str] = (), fill: dict[str, Any] | None = None,
+    def sync(self, entry: TableEntry, retype: Collection[str] = (), fill: dict[str, Any] | None = None,
              below: int | None = None, renames: dict[str, str] | None = None,
              passed: dict[str, tuple[str, ...]] | None = None) -> TableEntry:
         """Make the physical table hold every column of ``entry`` (creating the table if needed),
@@ -403,8 +403,8 @@ def _renamed(columns: dict[str, SourceColumn], renames: dict[str, str],
     return out
 
 
-def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[str, Any]]:
-    """The rows of ``changes``, with values that rows of a shape before a rename carry under a
+def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[str, Any] | bytes]:
+    """The rows of ``changes`` (``_rows``), with values that rows of a shape before a rename carry under a
     column's earlier name moved to its current one (in ``changes`` too, for the write). Only
     names the table does not use now: a new column may take an old name again."""
     former = {old: column.name for column in entry.columns.values() for old in column.was
@@ -413,6 +413,7 @@ def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[
         changes.materialize()
         for key, event in changes.upserts.items():
             after = event.after
+            assert isinstance(after, dict), "materialized: an upsert's row, decoded"
             if not former.keys() & after.keys():
                 continue
             moved = {}
@@ -423,7 +424,13 @@ def _under_current_names(changes: TopicChanges, entry: TableEntry) -> list[dict[
                 elif current not in after:
                     moved.setdefault(current, value)
             changes.upserts[key] = event._replace(after=moved)
-    return [event.after for event in changes.upserts.values()]
+    return _rows(changes)
+
+
+def _rows(changes: TopicChanges) -> list[dict[str, Any] | bytes]:
+    """The upserts' rows: dicts, or the JSON bytes the runtime left undecoded (``raw_rows``). An
+    upsert (r c u) always has its row: only deletes and tombstones have none."""
+    return cast("list[dict[str, Any] | bytes]", [event.after for event in changes.upserts.values()])
 
 
 def _key_names(changes: TopicChanges) -> list[str]:

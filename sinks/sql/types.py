@@ -170,7 +170,7 @@ def enum_labels(type_name: str) -> list[str] | None:
     return [label.replace("''", "'") for label in _LABEL.findall(text[5:-1])]
 
 
-def _mysql_string(type_name: str) -> sa.types.TypeEngine:
+def _mysql_string(type_name: str) -> mysql.ENUM | mysql.VARCHAR | mysql.LONGTEXT:
     labels = enum_labels(type_name)
     if labels:
         return mysql.ENUM(*labels, charset="utf8mb4", collation="utf8mb4_bin")
@@ -195,7 +195,7 @@ def grows(old: str, new: str, dialect: str) -> bool:
                else None if isinstance(before, mysql.LONGTEXT) else before.length)
     if isinstance(after, mysql.ENUM):
         return isinstance(before, mysql.ENUM) and list(after.enums[:len(before.enums)]) == list(before.enums)
-    return longest is not None and after.length >= longest
+    return longest is not None and after.length is not None and after.length >= longest
 
 
 def _mysql_key_varchar(length: int, mariadb: bool) -> sa.types.TypeEngine:

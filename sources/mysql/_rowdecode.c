@@ -1,6 +1,6 @@
 /* Row images of binlog row events -> change events, in C, for the common column types.
  *
- * Optional, like cdc/_speedups.c: sources/mysql/decoder.py builds a Program for a table map whose
+ * Optional, like cdc/_encode.c: sources/mysql/decoder.py builds a Program for a table map whose
  * every column is of a type handled here, and keeps its generated Python decoder as the
  * reference and the fallback. The C path never raises on bad input: on anything it does not
  * take (bytes past the end, a value a converter refuses, a date it does not print, an int that

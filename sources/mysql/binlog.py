@@ -11,10 +11,16 @@ Two of its behaviours are switched off because they break exactly-once resume:
 * on a lost connection it silently reconnects from where *it* thinks it is (in GTID mode: from the
   original start GTID, so everything would come again, mid-transaction state and all). Here a lost
   connection raises ``RetriableError``; the runtime restarts the source from the stored position.
+  Its connections are made by ``_Connections`` (its public ``pymysql_wrapper`` argument), which
+  opens each of the two it needs (the stream and its control connection) once and refuses a third.
 * row events it cannot decode (MariaDB's compressed row events) are dropped silently as
   "not implemented"; here they raise.
 
-Threading: ``next_event`` on the source's thread; ``close`` from any thread (it shuts the socket
+Only public API of pymysql and pymysqlreplication is used: ``_Connections`` makes the sockets
+itself and hands them to pymysql (``Connection.connect(sock)``), and the row images are the rest of
+the packet (``read_all``) after what pymysqlreplication parsed.
+
+Threading: ``next_event`` on the source's thread; ``close`` from any thread (it shuts the sockets
 down so that a blocked read returns).
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+import threading
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
@@ -58,16 +65,54 @@ UNSUPPORTED_EVENTS = {165: "a compressed query event (log_bin_compress)", 166: "
                       40: "a compressed transaction payload (binlog_transaction_compression)"}
 
 
-class _NoReconnectReader(BinLogStreamReader):
-    """A BinLogStreamReader that connects its stream once (see the module docstring)."""
+# Where an event's body starts in its packet: the OK byte, then the 19-byte event header.
+EVENT_BODY = 20
 
-    _connected_once = False
 
-    def _BinLogStreamReader__connect_to_stream(self):  # noqa: N802 - overrides the name-mangled method
-        if self._connected_once:
-            raise RetriableError("the binlog connection was lost; the source restarts from the stored position")
-        self._connected_once = True
-        return super()._BinLogStreamReader__connect_to_stream()
+class _Connections:
+    """pymysqlreplication's ``pymysql_wrapper``: its connections, on sockets made here so that
+    ``shut`` (from any thread) can wake a read blocked on them. pymysqlreplication opens two, the
+    stream and its control connection; any further one is its reconnect after a lost connection,
+    refused (see the module docstring)."""
+
+    OPENED_ONCE = 2
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sockets: list[socket.socket] = []
+        self.shut_down = False
+
+    def __call__(self, **settings) -> pymysql.connections.Connection:
+        with self.lock:
+            if self.shut_down:
+                raise RetriableError("the binlog connection was closed")
+            if len(self.sockets) >= self.OPENED_ONCE:
+                raise RetriableError("the binlog connection was lost; the source restarts from the stored position")
+            host, port = settings["host"], settings["port"]
+            try:
+                sock = socket.create_connection((host, port), settings.get("connect_timeout"))
+            except OSError as err:  # as pymysql reports a failed connect: CR_CONN_HOST_ERROR
+                raise pymysql.err.OperationalError(2003, f"Can't connect to MySQL server on {host!r} ({err})") from err
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            self.sockets.append(sock)
+        conn = pymysql.connections.Connection(**settings, defer_connect=True)
+        try:
+            conn.connect(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return conn
+
+    def shut(self) -> None:
+        with self.lock:
+            self.shut_down = True
+            sockets = list(self.sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class BinlogConnection:
@@ -77,16 +122,18 @@ class BinlogConnection:
         settings = config.connection_settings()
         settings.pop("charset", None)
         settings["read_timeout"] = max(60.0, config.heartbeat_interval * 10)
+        self.connections = _Connections()
         kwargs = dict(connection_settings=settings, server_id=config.server_id, blocking=True,
                       resume_stream=True, only_events=EVENTS, slave_heartbeat=config.heartbeat_interval,
-                      enable_logging=False, filter_non_implemented_events=False)
+                      enable_logging=False, filter_non_implemented_events=False,
+                      pymysql_wrapper=self.connections)
         if by_gtid:
             kwargs.update(auto_position=position.gtid_set, is_mariadb=True)
         else:
             kwargs.update(log_file=position.file, log_pos=position.pos, is_mariadb=False)
         self.position = position
         self.by_gtid = by_gtid
-        self.reader = _NoReconnectReader(**kwargs)
+        self.reader = BinLogStreamReader(**kwargs)
         self._received = False
         self._closed = False
 
@@ -111,13 +158,7 @@ class BinlogConnection:
 
     def close(self) -> None:
         self._closed = True
-        conn = getattr(self.reader, "_stream_connection", None)
-        sock = getattr(conn, "_sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self.connections.shut()
         try:
             self.reader.close()
         except Exception:  # noqa: BLE001 - closing on the way out
@@ -125,10 +166,12 @@ class BinlogConnection:
 
 
 def row_body(event) -> tuple[bytes, int, int]:
-    """(packet bytes, start, end) of a rows event's row images: what follows the header and the
-    column bitmaps pymysqlreplication has read. ``data[1]`` is the event's first header byte."""
+    """(bytes, start, end) of a rows event's row images: what follows the header and the column
+    bitmaps pymysqlreplication has read, up to the event's end (a checksum may follow it)."""
     packet = event.packet.packet
-    return packet._data, packet._position, 20 + event.event_size
+    after_event = len(packet.get_all_data()) - (EVENT_BODY + event.event_size)
+    rest = packet.read_all()
+    return rest, 0, len(rest) - after_event
 
 
 def event_start(event) -> int:

@@ -1,6 +1,6 @@
 """The C row decoder (``sources/mysql/_rowdecode.c``): the program it runs for one row shape, or
-None where it was not built or a column's type is not one it takes (``decoder.RowDecoder`` then
-keeps its generated Python decoder).
+None where it was not built, ``cdc.native`` is off when the decoder is made, or a column's type is
+not one it takes (``decoder.RowDecoder`` then keeps its generated Python decoder).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cdc import native
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TransactionInfo
 from sources.mysql import values
 from sources.mysql.columns import (
@@ -44,10 +45,7 @@ from sources.mysql.columns import (
 from sources.mysql.types import shortest_float32
 from sources.mysql.values import make_time2
 
-try:  # the C row decoder (sources/mysql/_rowdecode.c), built by setup.py where a compiler is found
-    from sources.mysql import _rowdecode
-except ImportError:  # pragma: no cover - a build without a compiler
-    _rowdecode = None
+_rowdecode = native.load("sources.mysql._rowdecode")
 
 _INT_BYTES = {TINY: 1, SHORT: 2, INT24: 3, LONG: 4, LONGLONG: 8}
 
@@ -69,10 +67,10 @@ def c_program(specs: Sequence[ColumnSpec], names: Sequence[str], key_index: Sequ
     """The C decoder of this row shape, or None (not built, or a column type it does not take:
     MySQL's binary JSON; those tables keep the Python decoder). TIME and the pre-5.6 temporal
     types are decoded by their Python functions, called from C."""
-    if _rowdecode is None or not key_index:
+    if _rowdecode is None or not native.enabled() or not key_index:
         return None
     c = _rowdecode
-    ops = []
+    ops: list[tuple[int, int, int, int, Any]] = []  # (op, nullable, width, arg, what it calls or reads)
     for s in specs:
         t, nullable = s.type, int(s.nullable)
         if t in _INT_BYTES:

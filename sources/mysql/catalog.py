@@ -17,6 +17,7 @@ from cdc.api import servers
 from cdc.errors import PositionLostError, PrerequisiteError
 from cdc.events import TableId
 from cdc.positions import MySqlPosition
+from sources.mysql.columns import ColumnSpec
 from sources.mysql.config import MySqlConfig
 from sources.mysql.ddl import ColumnDef, normalize_column_type
 from sources.mysql.errors import wrap
@@ -222,7 +223,8 @@ def load_schemas(conn, names: list[tuple[str, str]], key_columns: dict[str, list
     return out
 
 
-def resolve_key(db: str, table: str, columns: list[ColumnDef], key_columns: dict[str, list[str]]) -> tuple[str, ...]:
+def resolve_key(db: str, table: str, columns: Iterable[ColumnDef | ColumnSpec],
+                key_columns: dict[str, list[str]]) -> tuple[str, ...]:
     """The event key of a table without a primary key: the configured columns, or an error with the fix."""
     qualified = f"{db}.{table}"
     configured = key_columns.get(qualified)

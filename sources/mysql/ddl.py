@@ -45,6 +45,7 @@ def tokenize(sql: str) -> list[Tok]:
     tokens = []
     for match in _TOKEN.finditer(sql):
         kind = match.lastgroup
+        assert kind is not None, "every alternative of _TOKEN is a named group"
         text = match.group()
         if kind == "ws":
             continue
@@ -160,6 +161,11 @@ class _Parser:
     def peek(self, ahead: int = 0) -> Tok | None:
         j = self.i + ahead
         return self.t[j] if j < len(self.t) else None
+
+    def peek_upper(self) -> str:
+        """The next token's ``upper`` ("" at the end)."""
+        tok = self.peek()
+        return tok.upper if tok is not None else ""
 
     def at(self, *words: str) -> bool:
         for k, word in enumerate(words):
@@ -294,7 +300,8 @@ def _create(p: _Parser) -> CreateTable | CreateTableLike | Unparsed | None:
         return CreateTableLike(db, table, p.name())
     if not p.at("("):
         return Unparsed(db, table)
-    columns, key = [], ()
+    columns: list[ColumnDef] = []
+    key: tuple[str, ...] = ()
     json_checked: set[str] = set()
     for part in _split(p.group()):
         head = part[0].upper if part[0].kind == "id" and part[0].text[0] != "`" else ""
@@ -345,16 +352,16 @@ def _alter(p: _Parser) -> AlterTable | Unparsed | None:
             q.accept("IF", "NOT", "EXISTS")
             if q.at("("):
                 ops += [AddColumn(column_def(c)[0]) for c in _split(q.group())]
-            elif column or not (q.peek() and q.peek().upper in ("INDEX", "KEY", "UNIQUE", "FULLTEXT", "SPATIAL",
+            elif column or q.peek_upper() not in ("INDEX", "KEY", "UNIQUE", "FULLTEXT", "SPATIAL",
                                                                 "FOREIGN", "CONSTRAINT", "PARTITION", "CHECK",
-                                                                "PERIOD", "SYSTEM")):
+                                                                "PERIOD", "SYSTEM"):
                 definition, after = column_def(part[q.i:])
                 ops.append(AddColumn(definition, after))
         elif q.accept("DROP"):
             if q.accept("PRIMARY", "KEY"):
                 ops.append(SetPrimaryKey(()))
-            elif q.accept("COLUMN") or not (q.peek() and q.peek().upper in (
-                    "INDEX", "KEY", "FOREIGN", "CONSTRAINT", "PARTITION", "CHECK", "SYSTEM", "PERIOD")):
+            elif q.accept("COLUMN") or q.peek_upper() not in (
+                    "INDEX", "KEY", "FOREIGN", "CONSTRAINT", "PARTITION", "CHECK", "SYSTEM", "PERIOD"):
                 q.accept("IF", "EXISTS")
                 ops.append(DropColumn(q.take().value))
         elif q.accept("MODIFY"):
@@ -373,11 +380,11 @@ def _alter(p: _Parser) -> AlterTable | Unparsed | None:
             q.accept("TO")
             ops.append(RenameColumn(old, q.take().value))
         elif q.accept("RENAME"):
-            if q.peek() and q.peek().upper in ("INDEX", "KEY"):
+            if q.peek_upper() in ("INDEX", "KEY"):
                 continue
             q.accept("TO") or q.accept("AS")
             rename_to = q.name()
-        elif q.peek() and q.peek().upper in ("ENGINE", "COMMENT", "AUTO_INCREMENT", "ALGORITHM", "LOCK", "FORCE",
+        elif q.peek_upper() in ("ENGINE", "COMMENT", "AUTO_INCREMENT", "ALGORITHM", "LOCK", "FORCE",
                                               "ALTER", "ORDER", "ROW_FORMAT", "KEY_BLOCK_SIZE", "DISABLE", "ENABLE",
                                               "DEFAULT", "CHARACTER", "CHARSET", "COLLATE", "CONVERT", "PARTITION",
                                               "REMOVE", "COALESCE", "REORGANIZE", "ANALYZE", "CHECK", "OPTIMIZE",
@@ -429,7 +436,7 @@ def parse(sql: str, default_db: str) -> object | None:
         p.i = 0
         for word in ("CREATE", "ALTER"):
             if p.accept(word):
-                while p.peek() is not None and p.peek().upper != "TABLE":
+                while p.peek() is not None and p.peek_upper() != "TABLE":
                     p.i += 1
                 if p.accept("TABLE"):
                     p.accept("IF", "NOT", "EXISTS") or p.accept("IF", "EXISTS")

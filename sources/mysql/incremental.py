@@ -85,27 +85,28 @@ class _KeyRange:
 
 
 class _OnConnection:
-    def __init__(self, conn) -> None:
+    def __init__(self, conn: pymysql.connections.Connection) -> None:
         self.conn = conn
 
 
 class ChunkReader:
     def __init__(self, config: MySqlConfig) -> None:
         self.config = config
-        self.conn = None
+        self.conn: pymysql.connections.Connection | None = None  # connected at the first read
 
     def read(self, table: TableSchema, after: tuple | None, size: int, version: int, file: str,
              pos: int, where: str | None = None) -> list[ChangeEvent]:
-        if self.conn is None:
-            self.conn = connect(self.config, raw=True)
+        conn = self.conn
+        if conn is None:
+            conn = self.conn = connect(self.config, raw=True)
         try:
-            self.conn.ping()
+            conn.ping()
         except pymysql.Error as err:
             raise wrap(err, f"reconnecting to read a chunk of {table.id}") from err
         rows = SnapshotRows(version, int(time.time() * 1000), {"file": file, "pos": pos, "row": 0, "gtid": None},
                             batch=size)
         events: list[ChangeEvent] = []
-        conn = self.conn  # raw: no converters of its own, so the default encoders quote the key values
+        # raw: no converters of its own, so the default encoders quote the key values
         rows.read(_OnConnection(conn), _KeyRange(table, after, size, lambda v: conn.escape(v, encoders), where),
                   events.extend)
         return events

@@ -110,18 +110,18 @@ class SchemaTracker:
                     changes.append(schema.change(version, ts_ms, ddl_text))
         elif isinstance(statement, ddl.AlterTable):
             name = (statement.db, statement.table)
-            schema = self.tables.get(name)
+            altered = self.tables.get(name)
             renamed: dict[str, str] = {}
-            if schema is not None:
-                schema, renamed = self._alter(schema, statement.ops, self.ahead.setdefault(name, {}))
-                renamed = self._carry(name, schema, renamed)
+            if altered is not None:
+                altered, renamed = self._alter(altered, statement.ops, self.ahead.setdefault(name, {}))
+                renamed = self._carry(name, altered, renamed)
             elif self.captured(*name):
                 self.stale[name] = ddl_text
             if statement.rename_to is not None:
-                changes += self._rename(name, statement.rename_to, schema, version, ts_ms, ddl_text)
-            elif schema is not None:
-                self._put(name, schema)
-                changes.append(schema.change(version, ts_ms, ddl_text, renamed))
+                changes += self._rename(name, statement.rename_to, altered, version, ts_ms, ddl_text)
+            elif altered is not None:
+                self._put(name, altered)
+                changes.append(altered.change(version, ts_ms, ddl_text, renamed))
         elif isinstance(statement, ddl.RenameTables):
             for old, new in statement.pairs:
                 changes += self._rename(old, new, self.tables.get(old), version, ts_ms, ddl_text)
@@ -165,6 +165,7 @@ class SchemaTracker:
         if self.tables.pop(old, None) is not None:
             changes.append(_dropped(TableId(old[0], None, old[1]), version, ts_ms, ddl_text))
         self.stale.pop(old, None)
+        self.unconfirmed.discard(old)  # a table made again under the old name is a new one
         if self.captured(*new):
             if schema is None:
                 self.stale[new] = ddl_text
@@ -278,7 +279,7 @@ class SchemaTracker:
                                                            data_type in BINARY_TYPES or spec.charset == "binary"),
                                      spec.nullable, spec.name in key))
         ddl_text = self.stale.pop(name, None)
-        if name in self.unconfirmed:
+        if schema is not None and name in self.unconfirmed:
             log.info("table %s.%s: at the resume point its columns were %s (the catalog has %s since): following "
                      "the binlog", db, table, [s.name for s in specs], schema.names)
         elif schema is not None and not stale:

@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pymysql
 import pymysql.cursors
@@ -90,8 +90,9 @@ def open_readers(config: MySqlConfig, count: int, extra: dict) -> tuple[list[Sna
             for reader in readers:
                 reader.begin()
             positions = {reader.position() for reader in readers}
-            if len(positions) == 1 and None not in positions:
-                return readers, positions.pop(), "lock-free"
+            shared = positions.pop() if len(positions) == 1 else None
+            if shared is not None:
+                return readers, shared, "lock-free"
             _close(readers)
         locked = _open_under_lock(config, count, extra)
         if locked is not None:
@@ -152,11 +153,14 @@ class Chunk:
     high: int | None = None      # exclusive; None: to the end
 
     def where(self) -> str:
+        column = self.column
+        if column is None:  # the whole table: no bounds either
+            return ""
         parts = []
         if self.low is not None:
-            parts.append(f"{_quote(self.column)} >= {self.low}")
+            parts.append(f"{_quote(column)} >= {self.low}")
         if self.high is not None:
-            parts.append(f"{_quote(self.column)} < {self.high}")
+            parts.append(f"{_quote(column)} < {self.high}")
         return (" WHERE " + " AND ".join(parts)) if parts else ""
 
 
@@ -189,6 +193,23 @@ def plan_chunks(reader: SnapshotReader, tables: list[TableSchema], chunk_rows: i
     return chunks
 
 
+class OnConnection(Protocol):
+    """What ``SnapshotRows`` reads through: a ``SnapshotReader``, or an incremental snapshot's
+    connection (incremental.py)."""
+
+    @property
+    def conn(self) -> pymysql.connections.Connection: ...
+
+
+class RowRange(Protocol):
+    """The rows ``SnapshotRows`` reads: a ``Chunk``, or an incremental snapshot's keyset range."""
+
+    @property
+    def table(self) -> TableSchema: ...
+
+    def where(self) -> str: ...
+
+
 class SnapshotRows:
     """Reads a chunk into ``r`` events tagged with the snapshot's version and position."""
 
@@ -198,7 +219,7 @@ class SnapshotRows:
         self.source_fields = source_fields
         self.batch = batch
 
-    def read(self, reader: SnapshotReader, chunk: Chunk, emit: Callable[[list], None]) -> None:
+    def read(self, reader: OnConnection, chunk: RowRange, emit: Callable[[list], None]) -> None:
         table = chunk.table
         names = [c.name for c in table.columns]
         converters = [text_converter(c.type) for c in table.columns]

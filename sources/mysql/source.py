@@ -29,6 +29,8 @@ import dataclasses
 import logging
 import time
 
+import pymysql
+
 from cdc.api import IncrementalSnapshotSource, TableReader, VerifiableSource
 from cdc.errors import ConfigError
 from cdc.events import Batch, SnapshotEnd, TableId
@@ -94,7 +96,9 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
                                                position_kind="a binlog position", log=log)
         self.start_position = self.coordinator.start_position
         self.cfg = config
-        self.conn = None
+        # The control connection, the tables' definitions and the server's kind: set by prepare(),
+        # the coordinator's first call.
+        self.conn: pymysql.connections.Connection | None = None
         self.tracker: SchemaTracker | None = None
         self.dbms: str | None = None
         self._server_at: tuple[str, int] | None = None  # SHOW MASTER STATUS at the previous look
@@ -109,7 +113,7 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
         if self._caught_up():
             return 0.0
         stream = self.coordinator.stream
-        binlog = stream.binlog if stream is not None else None
+        binlog = stream.binlog if isinstance(stream, _Stream) else None
         if binlog is None or binlog.last_commit_ms is None:
             return None
         return max(0.0, time.time() - binlog.last_commit_ms / 1000)
@@ -119,15 +123,16 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
         server's was at the previous look (SHOW MASTER STATUS, a second ago): an idle source is
         not behind, however old its newest commit."""
         stream = self.coordinator.stream
-        if stream is None or self.coordinator.snapshot is not None or not stream.idle:
+        if not isinstance(stream, _Stream) or self.coordinator.snapshot is not None or not stream.idle:
             self._server_at = None
             return False
         before = self._server_at
+        conn = self._control()
         try:
-            self.conn.ping(reconnect=True)  # the control connection may have idled past wait_timeout
+            conn.ping(reconnect=True)  # the control connection may have idled past wait_timeout
         except Exception as err:  # noqa: BLE001 - classified by wrap
             raise wrap(err, "reconnecting to read the binlog position") from err
-        self._server_at = current_position(self.conn)
+        self._server_at = current_position(conn)
         read_to = stream.binlog.read_to
         return before is not None and read_to is not None and _binlog_key(read_to) >= _binlog_key(before)
 
@@ -141,6 +146,16 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
     def signal_snapshot(cls, config: MySqlConfig, tables: list[str], action: str = "execute",
                         where: str | None = None) -> None:
         signal_snapshot(config, tables, action, where, cls.send_signal)
+
+    def _control(self) -> pymysql.connections.Connection:
+        conn = self.conn
+        assert conn is not None, "prepare() connects first"
+        return conn
+
+    def _tracked(self) -> SchemaTracker:
+        tracker = self.tracker
+        assert tracker is not None, "prepare() reads the definitions first"
+        return tracker
 
     def _extra(self) -> dict:
         return {"connector": self.cfg.name, "phase": self.phase}
@@ -176,6 +191,7 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
         log.info("%s %s, %d tables captured", self.dbms, variables.get("version"), len(names), extra=self._extra())
 
     def resume_point(self, position: Position) -> MySqlPosition:
+        assert isinstance(position, MySqlPosition), "the coordinator checked it (position_types)"
         check_position(self.conn, position, self._by_gtid(position), self.cfg.name)
         return self._with_gtid(position)
 
@@ -188,7 +204,7 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
         return self.cfg.gtid and self.dbms == "mariadb" and bool(position.gtid_set)
 
     def captured_names(self) -> frozenset[str]:
-        return frozenset(str(s.id) for s in self.tracker.tables.values() if s.id != self.signal_table)
+        return frozenset(str(s.id) for s in self._tracked().tables.values() if s.id != self.signal_table)
 
     def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
         cfg = self.cfg
@@ -213,20 +229,23 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
                               tuple(s.change(version, now, None) for s in schemas.values()),
                               SnapshotEnd(tuple(s.id for s in schemas.values()), version), described=method)
 
-    def open_stream(self, position: MySqlPosition | None, after_snapshot: bool) -> _Stream:
+    def open_stream(self, position: Position | None, after_snapshot: bool) -> _Stream:
         if position is None:  # snapshot: never, nothing stored: from the server's position now
             file, pos = current_position(self.conn)
             position = MySqlPosition(file, pos, gtid_at(self.conn, file, pos) if self.dbms == "mariadb" else None)
+        assert isinstance(position, MySqlPosition), "the coordinator checked it (position_types)"
+        tracker, dbms = self._tracked(), self.dbms
+        assert dbms is not None, "prepare() asks the server first"
         if not after_snapshot:
             # Every row names its shape (cdc/schema_order.py). The catalog read at start may be
             # ahead of the resume point (DDL while the source was down), so a table's shape goes
             # out at its first table map (the binlog's columns as of there) or DDL statement,
             # before its rows, not from the catalog here (schema.py, ``defer``).
-            self.tracker.defer()
+            tracker.defer()
         by_gtid = self._by_gtid(position)
         connection = BinlogConnection(self.cfg, position, by_gtid)
-        stream = BinlogStream(connection, position, self.tracker, self._streamed, self.cfg.key_columns,
-                              self.dbms, self._json_columns, self.cfg.name)
+        stream = BinlogStream(connection, position, tracker, self._streamed, self.cfg.key_columns,
+                              dbms, self._json_columns, self.cfg.name)
         log.info("streaming after %s (by %s)", position, "GTID" if by_gtid else "file and position",
                  extra=self._extra())
         return _Stream(stream, self.cfg.max_batch_events)
@@ -240,11 +259,12 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
     def _ping(self) -> None:
         """The control connection may have sat idle past wait_timeout: reconnect it if so."""
         try:
-            self.conn.ping(reconnect=True)
+            self._control().ping(reconnect=True)
         except Exception as err:  # noqa: BLE001 - classified by wrap
             raise wrap(err, "reconnecting to the server") from err
 
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
+        assert self.signals is not None, "signals are written only with a signal_table (prepare() opened it)"
         version, file, pos = self.signals.write(signal_id, kind, data)
         self._low_at = (file, pos)  # the source block of the chunk read next
         return version
@@ -262,12 +282,13 @@ class MySqlSource(CoordinatedSource, IncrementalSnapshotSource, VerifiableSource
                 refused = filter_error(conn, TableId(db, None, name), where)
                 if refused is not None:
                     raise ConfigError(f"source {config.name}: the condition {where!r} on {table} is refused: {refused}")
+            assert config.signal_table, "signal_snapshot checked it"
             SignalTable(conn, config.signal_table, config.name).write(signal_id, kind, data)
         finally:
             close_quietly(conn)
 
     def _schema_of(self, table: str):
-        return next(s for s in self.tracker.tables.values() if str(s.id) == table)
+        return next(s for s in self._tracked().tables.values() if str(s.id) == table)
 
     def read_chunk(self, table: str, after: tuple | None, size: int, version: int, where: str | None = None) -> list:
         file, pos = self._low_at

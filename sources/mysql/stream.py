@@ -35,7 +35,7 @@ from cdc.errors import DecodeError, PermanentError
 from cdc.events import Batch, ChangeEvent, SchemaChange, TableId
 from cdc.positions import MySqlPosition
 from sources.mysql import ddl
-from sources.mysql.binlog import UNSUPPORTED_EVENTS, BinlogConnection, event_start, row_body
+from sources.mysql.binlog import EVENT_BODY, UNSUPPORTED_EVENTS, BinlogConnection, event_start, row_body
 from sources.mysql.catalog import resolve_key
 from sources.mysql.changes import CapturedTable, ChangeBuilder, version_of
 from sources.mysql.columns import specs_from_table_map
@@ -203,11 +203,12 @@ class BinlogStream:
     # -- tables and rows -----------------------------------------------------------------------------
     def _table_map(self, event) -> SchemaChange | None:
         packet = event.packet.packet
-        raw = packet._data[20:20 + event.event_size]
-        cached = self.map_cache.get(raw, False)
-        if cached is not False:
-            self.table_ids[event.table_id] = cached
+        raw = packet.get_all_data()[EVENT_BODY:EVENT_BODY + event.event_size]
+        try:
+            self.table_ids[event.table_id] = self.map_cache[raw]
             return None
+        except KeyError:
+            pass
         table, change = self._resolve(event)
         if len(self.map_cache) > 10_000:
             self.map_cache.clear()
@@ -231,7 +232,9 @@ class BinlogStream:
         change = self.tracker.from_table_map(db, name, specs, key, lambda: self.load_json(db, name),
                                              version_of(self.builder.file_index, pos), event.timestamp * 1000)
         if change is not None:
-            json_now = self.tracker.get(db, name).json_columns()
+            tracked = self.tracker.get(db, name)
+            assert tracked is not None, "a table map that changed the copy leaves the table in it"
+            json_now = tracked.json_columns()
             if json_now != json_columns:
                 specs = specs_from_table_map(event, self.dbms, json_now)
             log.info("table %s.%s as of %s:%d: %s", db, name, self.file, pos,
@@ -246,12 +249,13 @@ class BinlogStream:
         return CapturedTable(TableId(db, None, name), decoder), change
 
     def _rows(self, event, kind) -> list[ChangeEvent]:
-        table = self.table_ids.get(event.table_id, False)
+        try:
+            table = self.table_ids[event.table_id]
+        except KeyError:
+            raise DecodeError(f"binlog {self.file}:{event_start(event)}: a row event for table id "
+                              f"{event.table_id} without its table map") from None
         if table is None:
             return []
-        if table is False:
-            raise DecodeError(f"binlog {self.file}:{event_start(event)}: a row event for table id "
-                              f"{event.table_id} without its table map")
         n = len(table.decoder.specs)
         full = self.full_bitmaps.get(n)
         if full is None:

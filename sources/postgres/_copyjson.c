@@ -1,7 +1,7 @@
 /* The row JSON of the PostgreSQL snapshot, made from plain COPY text in the reader instead of
  * by the server's row_to_json.
  *
- * Optional, like cdc/_speedups.c: sources/postgres/copy_json.py holds the Python twin (the
+ * Optional, like cdc/_encode.c: sources/postgres/copy_json.py holds the Python twin (the
  * reference, and the fallback where this was not built) and builds the spec. The C path never
  * raises on bad input: on anything it does not take (a line with the wrong number of fields, an
  * escape the server does not print, a bool that is not t/f, a bytea not in hex) it returns None
@@ -467,28 +467,11 @@ done:
  *
  * psycopg2's copy_expert calls the file's write() once per row (libpq's PQgetCopyData hands out
  * one row per call): a GIL round trip, a bytes object and a Python call per row. copy_out runs the
- * same libpq loop without the GIL and hands whole blocks of lines to Python. It never links libpq:
- * the caller passes the addresses of the functions of the very libpq psycopg2 loaded (a wheel's
- * bundled copy is not the system's, and the PGconn is that copy's), found by copy_out.py. */
-
-typedef struct pg_conn PGconn;
-typedef struct pg_result PGresult;
-enum { PGRES_COMMAND_OK = 1, PGRES_COPY_OUT = 3, CONNECTION_BAD = 1, DIAG_SQLSTATE = 'C' };
-
-typedef struct {
-    PGresult *(*exec)(PGconn *, const char *);
-    int (*result_status)(const PGresult *);
-    char *(*error_field)(const PGresult *, int);
-    char *(*result_error)(const PGresult *);
-    void (*clear)(PGresult *);
-    int (*get_copy_data)(PGconn *, char **, int);
-    void (*freemem)(void *);
-    PGresult *(*get_result)(PGconn *);
-    char *(*error_message)(const PGconn *);
-    int (*status)(const PGconn *);
-} Libpq;
-
-#define LIBPQ_FUNCTIONS 10  /* in the order of Libpq, as copy_out.py passes them */
+ * same libpq loop without the GIL and hands whole blocks of lines to Python. Built only where
+ * libpq's headers are (setup.py defines CDC_WITH_LIBPQ), linked to the system's libpq; the PGconn
+ * it is given must be of that same libpq, which copy_out.py checks before it calls. */
+#ifdef CDC_WITH_LIBPQ
+#include <libpq-fe.h>
 
 /* What went wrong, copied out of libpq while it is still there. */
 typedef struct {
@@ -498,35 +481,35 @@ typedef struct {
 } Failure;
 
 static void
-failure_from(Failure *f, const Libpq *pq, PGconn *conn, PGresult *res)
+failure_from(Failure *f, PGconn *conn, PGresult *res)
 {
-    const char *state = res != NULL ? pq->error_field(res, DIAG_SQLSTATE) : NULL;
-    const char *text = res != NULL ? pq->result_error(res) : NULL;
+    const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *text = res != NULL ? PQresultErrorMessage(res) : NULL;
     if (text == NULL || text[0] == 0)
-        text = pq->error_message(conn);
+        text = PQerrorMessage(conn);
     if (state != NULL && strlen(state) == 5) {
         memcpy(f->sqlstate, state, 6);
         f->has_state = 1;
     }
     f->message = strdup(text != NULL ? text : "");
-    f->bad = pq->status(conn) == CONNECTION_BAD;
+    f->bad = PQstatus(conn) == CONNECTION_BAD;
 }
 
 /* The results after the COPY data (its end, or its error), each read to the end as PQexec does. */
 static void
-finish_results(Failure *f, const Libpq *pq, PGconn *conn)
+finish_results(Failure *f, PGconn *conn)
 {
     PGresult *res;
-    while ((res = pq->get_result(conn)) != NULL) {
-        if (pq->result_status(res) != PGRES_COMMAND_OK && f->message == NULL)
-            failure_from(f, pq, conn, res);
-        pq->clear(res);
+    while ((res = PQgetResult(conn)) != NULL) {
+        if (PQresultStatus(res) != PGRES_COMMAND_OK && f->message == NULL)
+            failure_from(f, conn, res);
+        PQclear(res);
     }
 }
 
-/* copy_out(conn, sql, libpq, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)
- *   conn: the PGconn* (psycopg2's connection.pgconn_ptr); sql: the COPY ... TO STDOUT statement
- *   (bytes); libpq: the LIBPQ_FUNCTIONS addresses; emit(block, rewritten) is called per block of up
+/* copy_out(conn, sql, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)
+ *   conn: the PGconn* (psycopg2's connection.pgconn_ptr), of the libpq this module is linked to;
+ *   sql: the COPY ... TO STDOUT statement (bytes); emit(block, rewritten) is called per block of up
  *   to `lines` whole lines; spec: None, or (kinds, heads, keys, toast, min_chars) as rewrite()
  *   takes them: each block is rewritten here, without the GIL, and emitted with rewritten True,
  *   or as read with rewritten False where rewrite() would have returned None.
@@ -539,29 +522,14 @@ copyjson_copy_out(PyObject *self, PyObject *args)
 {
     unsigned long long conn_ptr;
     const char *sql;
-    PyObject *functions, *emit, *spec_args;
+    PyObject *emit, *spec_args;
     Py_ssize_t lines;
-    if (!PyArg_ParseTuple(args, "KyO!OnO", &conn_ptr, &sql, &PyTuple_Type, &functions, &emit, &lines, &spec_args))
+    if (!PyArg_ParseTuple(args, "KyOnO", &conn_ptr, &sql, &emit, &lines, &spec_args))
         return NULL;
-    if (PyTuple_GET_SIZE(functions) != LIBPQ_FUNCTIONS) {
-        PyErr_Format(PyExc_ValueError, "libpq: %d function addresses", LIBPQ_FUNCTIONS);
-        return NULL;
-    }
     if (conn_ptr == 0 || lines < 1) {
         PyErr_SetString(PyExc_ValueError, "no connection, or blocks of no lines");
         return NULL;
     }
-    void *address[LIBPQ_FUNCTIONS];
-    for (int i = 0; i < LIBPQ_FUNCTIONS; i++) {
-        address[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i));
-        if (address[i] == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "a libpq function address is NULL");
-            return NULL;
-        }
-    }
-    Libpq pq;
-    memcpy(&pq, address, sizeof(pq));  /* LIBPQ_FUNCTIONS function pointers, in order */
     PGconn *conn = (PGconn *)(uintptr_t)conn_ptr;
 
     Spec spec;
@@ -589,10 +557,10 @@ copyjson_copy_out(PyObject *self, PyObject *args)
     PGresult *res;
 
     Py_BEGIN_ALLOW_THREADS
-    res = pq.exec(conn, sql);
-    if (pq.result_status(res) != PGRES_COPY_OUT)
-        failure_from(&failure, &pq, conn, res);
-    pq.clear(res);  /* PQclear(NULL) is a no-op */
+    res = PQexec(conn, sql);
+    if (PQresultStatus(res) != PGRES_COPY_OUT)
+        failure_from(&failure, conn, res);
+    PQclear(res);  /* PQclear(NULL) is a no-op */
     Py_END_ALLOW_THREADS
     if (failure.message != NULL)
         goto finished;
@@ -604,17 +572,17 @@ copyjson_copy_out(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         while (n < lines) {
             char *data = NULL;
-            len = pq.get_copy_data(conn, &data, 0);
+            len = PQgetCopyData(conn, &data, 0);
             if (len <= 0)
                 break;  /* -1: the COPY is done; -2: an error; 0 only happens in async mode */
             if (grow(&in, len) < 0) {
-                pq.freemem(data);
+                PQfreemem(data);
                 oom = 1;
                 break;
             }
             memcpy(in.data + in.len, data, (size_t)len);
             in.len += len;
-            pq.freemem(data);
+            PQfreemem(data);
             n++;
         }
         if (n > 0 && rewriting && !oom) {
@@ -646,9 +614,9 @@ copyjson_copy_out(PyObject *self, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     if (len == -1)
-        finish_results(&failure, &pq, conn);  /* the COPY's end, or the error that ended it */
+        finish_results(&failure, conn);  /* the COPY's end, or the error that ended it */
     else
-        failure_from(&failure, &pq, conn, NULL);
+        failure_from(&failure, conn, NULL);
     Py_END_ALLOW_THREADS
 
 finished:
@@ -672,6 +640,14 @@ done:
         PyBuffer_Release(&kinds);
     return result;
 }
+
+/* libpq_version() -> PQlibVersion() of the libpq this module is linked to. */
+static PyObject *
+copyjson_libpq_version(PyObject *self, PyObject *args)
+{
+    return PyLong_FromLong(PQlibVersion());
+}
+#endif /* CDC_WITH_LIBPQ */
 
 /* The next line of an integer-keyed block from p: its end (the '\n'), with *tab at the tab after
  * the key, or NULL when the line is not the common case (no '\n' before end, min_chars bytes or
@@ -811,8 +787,11 @@ static PyMethodDef methods[] = {
      "int_key_events(block, new_event, head, key_name, fragment, tail, min_chars) -> list, or None"},
     {"int_key_rows", copyjson_int_key_rows, METH_VARARGS,
      "int_key_rows(block, min_chars) -> number of lines, or None for a block that cannot go to the log as it is"},
+#ifdef CDC_WITH_LIBPQ
     {"copy_out", copyjson_copy_out, METH_VARARGS,
-     "copy_out(conn, sql, libpq, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)"},
+     "copy_out(conn, sql, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)"},
+    {"libpq_version", copyjson_libpq_version, METH_NOARGS, "libpq_version() -> PQlibVersion() of the linked libpq"},
+#endif
     {"rewrite", copyjson_rewrite, METH_VARARGS,
      "rewrite(block, kinds, heads, keys, toast, min_chars) -> bytes, or None for a block it does not take"},
     {NULL, NULL, 0, NULL},

@@ -164,8 +164,20 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def schema_of(table: TableId) -> str:
+    """A PostgreSQL table's schema (a TableId has None there only for MySQL)."""
+    schema = table.schema
+    assert schema is not None, f"{table}: a PostgreSQL table without its schema"
+    return schema
+
+
+def quoted_name(table: TableId) -> str:
+    """The table's ``"schema"."table"``, quoted for SQL text."""
+    return f"{_ident(schema_of(table))}.{_ident(table.table)}"
+
+
 def _table_list(tables: list[TableMeta]) -> str:
-    return ", ".join(f"{_ident(t.id.schema)}.{_ident(t.id.table)}" for t in tables)
+    return ", ".join(quoted_name(t.id) for t in tables)
 
 
 def check_readable(conn, tables: list[TableMeta]) -> None:

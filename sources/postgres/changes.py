@@ -309,8 +309,7 @@ class ChangeBuilder:
         before = None
         old_key = key
         if old_values is not None:
-            old_key = {name: rel.converters[i](old_values[i]) if old_values[i] is not None else None
-                       for name, i in zip(rel.key_names, rel.key_index)}
+            old_key = self._key(rel, old_values)
             if message.old_kind == "O":
                 old_full = dict(zip(rel.names, old_values))
                 before = self._row(rel, old_values, None, (), [])

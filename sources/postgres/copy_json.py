@@ -23,16 +23,19 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
+from cdc import native
 from cdc.errors import DecodeError
 from sources.postgres.types.catalog import TypeInfo
 from sources.postgres.types.server_json import BOOL, BYTEA, FLOAT, RAW, STRING, TIMESTAMP, TIMESTAMPTZ, json_kind
 
-try:  # built by setup.py where a compiler is found
-    import sources.postgres._copyjson as _copyjson
-except ImportError:  # pragma: no cover - a build without a compiler
-    _copyjson = None
+_copyjson = native.load("sources.postgres._copyjson")
+
+
+def compiled() -> Any:
+    """``_copyjson`` where it was built and ``cdc.native`` is on, else None."""
+    return _copyjson if native.enabled() else None
 
 _JSON_ESCAPES = {0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x22: '\\"', 0x5C: "\\\\"}
 _COPY_UNESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
@@ -152,7 +155,7 @@ class CopyJson:
         """For ``columns`` (name, type oid); None where a column has no kind (the server's
         expressions do not serve the table either) or the C function was not built."""
         kinds = [json_kind(oid, catalog) for _, oid in columns]
-        if _copyjson is None or None in kinds:
+        if compiled() is None or None in kinds:
             return None
         return cls.of(table, [name for name, _ in columns], cast(list[int], kinds), keys, toast, min_chars)
 
@@ -165,8 +168,8 @@ class CopyJson:
 
     def __call__(self, block: bytes) -> bytes:
         """The statement's lines for ``block`` (whole lines, each ending in a newline)."""
-        if _copyjson is not None:
-            out = _copyjson.rewrite(block, self.kinds, self.heads, self.keys, self.toast, self.min_chars)
+        if (c := compiled()) is not None:
+            out = c.rewrite(block, self.kinds, self.heads, self.keys, self.toast, self.min_chars)
             if out is not None:
                 return out
         return self.rewrite_lines(block)  # the reference, which names what is wrong

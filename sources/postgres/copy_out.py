@@ -10,12 +10,13 @@ is used where psycopg2 would send nothing before it: on an autocommit connection
 open transaction (the snapshot readers'); elsewhere ``copy_expert`` runs, with its BEGIN.
 
 The connection stays psycopg2's (it is inside the exported snapshot): the loop drives its
-``PGconn`` (``connection.pgconn_ptr``) with the functions of the very libpq psycopg2 loaded. A
-psycopg2-binary wheel bundles its own libpq, and calling the system's on that copy's PGconn is
-unsafe, so the functions are looked up through the handle of psycopg2's extension module (the
-dynamic linker then searches that module's own dependencies: the libpq it is linked to) and each
-address is checked to lie in one mapped file named libpq (``/proc/self/maps``). Where any of that
-fails (no C build, no /proc, another platform) the readers keep ``copy_expert``, logged once.
+``PGconn`` (``connection.pgconn_ptr``, public psycopg2 API) with the libpq ``_copyjson`` is linked
+to, the system's. That is safe only when psycopg2 runs on that same libpq, i.e. when it was built
+from source (``scripts/setup`` does so: ``pip install --no-binary psycopg2-binary``); a
+psycopg2-binary wheel carries its own libpq (and OpenSSL), whose ``PGconn`` the system's libpq must
+never touch. So the loop runs only when the distribution that provides psycopg2 ships no libpq of
+its own and psycopg2's libpq has the version of ours (``libpq_version()``); otherwise (a wheel, no
+C build, no libpq headers at build time) the readers keep ``copy_expert``, logged once with why.
 
 Errors come out as psycopg2 would raise them from ``copy_expert``: a server error as the class of
 its SQLSTATE with ``pgcode`` set (the message without its severity prefix, as psycopg2 strips
@@ -26,79 +27,74 @@ stopped, as ``copy_expert`` does when the file's ``write`` raises.
 
 from __future__ import annotations
 
-import ctypes
+import importlib.metadata
 import logging
-import os
 from collections.abc import Callable
 
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
+from cdc import native
 from sources.postgres.copy_json import CopyJson, _copyjson
 
 log = logging.getLogger(__name__)
 
-# In the order of the Libpq struct of _copyjson.c.
-_FUNCTIONS = ("PQexec", "PQresultStatus", "PQresultErrorField", "PQresultErrorMessage", "PQclear",
-              "PQgetCopyData", "PQfreemem", "PQgetResult", "PQerrorMessage", "PQstatus")
 _SEVERITIES = ("ERROR:  ", "FATAL:  ", "PANIC:  ")
 
-USE_C = True  # False: always copy_expert (tests compare the two)
+# The distributions that install the psycopg2 package: from source, and as a wheel or from source.
+_PSYCOPG2_DISTRIBUTIONS = ("psycopg2", "psycopg2-binary")
 
 
-def _mapped_file(address: int, maps: list[tuple[int, int, str]]) -> str | None:
-    for start, end, path in maps:
-        if start <= address < end:
-            return path
+def _why_not_c_loop() -> str | None:
+    """None when ``_copyjson.copy_out`` may be given psycopg2's connections, else why not."""
+    if _copyjson is None or not hasattr(_copyjson, "copy_out"):
+        return "sources.postgres._copyjson was built without libpq (no C compiler or no libpq-dev)"
+    files = []
+    for dist in _PSYCOPG2_DISTRIBUTIONS:  # named, not searched for: a scan of every installed one costs 50 ms
+        try:
+            files += [str(name) for name in importlib.metadata.files(dist) or []]
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return refusal(files, _copyjson.libpq_version(), psycopg2.extensions.libpq_version())
+
+
+def refusal(psycopg2_files: list[str], ours: int, theirs: int) -> str | None:
+    """Why the libpq of a psycopg2 installed as ``psycopg2_files`` (its distribution's files), of
+    version ``theirs``, may not be driven by ours (version ``ours``); None when it may."""
+    bundled = sorted(name for name in psycopg2_files if name.rsplit("/", 1)[-1].startswith("libpq"))
+    if bundled:
+        return (f"psycopg2 runs on the libpq its wheel bundles ({', '.join(bundled)}), not the system's: "
+                "install it from source (scripts/setup; pip install --no-binary psycopg2-binary psycopg2-binary)")
+    if ours != theirs:
+        return f"psycopg2 runs on libpq {theirs}, sources.postgres._copyjson was linked to libpq {ours}"
     return None
 
 
-def _find_libpq() -> tuple[tuple[int, ...] | None, str]:
-    """The addresses of ``_FUNCTIONS`` in psycopg2's libpq, or None and why not."""
-    if _copyjson is None or not hasattr(_copyjson, "copy_out"):
-        return None, "sources.postgres._copyjson was not built"
-    try:
-        module = ctypes.CDLL(psycopg2._psycopg.__file__)
-        addresses = tuple(ctypes.cast(getattr(module, name), ctypes.c_void_p).value for name in _FUNCTIONS)
-    except (OSError, AttributeError) as err:
-        return None, f"libpq's functions were not found through psycopg2's module ({err})"
-    try:
-        with open(f"/proc/{os.getpid()}/maps") as file:
-            maps = []
-            for row in file:
-                fields = row.split(maxsplit=5)
-                if len(fields) == 6:
-                    start, end = (int(x, 16) for x in fields[0].split("-"))
-                    maps.append((start, end, fields[5].strip()))
-    except OSError as err:
-        return None, f"the process's mappings cannot be read ({err})"
-    files = {_mapped_file(address, maps) for address in addresses}
-    path = files.pop() if len(files) == 1 else None
-    if path is None or not os.path.basename(path).startswith("libpq"):
-        return None, f"libpq's functions do not all lie in one mapped libpq ({sorted(map(str, files | {path}))})"
-    return addresses, path
+_WHY_NOT: list[str | None] = []
 
 
-_LIBPQ: tuple[tuple[int, ...] | None, str] | None = None
+def c_loop_ready() -> bool:
+    """Whether ``copy_blocks`` reads with the C loop (the reason it does not is logged the first time)."""
+    if not _WHY_NOT:
+        _WHY_NOT.append(_why_not_c_loop())
+        if _WHY_NOT[0] is not None:
+            log.info("snapshot COPY goes through psycopg2's copy_expert, a row per call: %s", _WHY_NOT[0])
+    return _WHY_NOT[0] is None
 
 
-def libpq_functions() -> tuple[int, ...] | None:
-    """psycopg2's libpq functions for ``_copyjson.copy_out``, or None (logged the first time)."""
-    global _LIBPQ
-    if _LIBPQ is None:
-        _LIBPQ = _find_libpq()
-        if _LIBPQ[0] is None:
-            log.info("snapshot COPY goes through psycopg2's copy_expert, a row per call: %s", _LIBPQ[1])
-    return _LIBPQ[0]
+def why_not_c_loop() -> str | None:
+    """Why ``copy_blocks`` does not read with the C loop, or None when it does."""
+    c_loop_ready()
+    return _WHY_NOT[0]
 
 
 def copy_blocks(conn, sql: str, lines: int, emit: Callable[[bytes], None], rewrite: CopyJson | None = None) -> int:
     """Runs ``sql`` (a COPY ... TO STDOUT) on psycopg2 connection ``conn`` and calls ``emit`` with
     each block of up to ``lines`` whole lines, each made by ``rewrite`` where given. Returns the
     number of rows read; raises ``psycopg2.Error`` as ``copy_expert`` does."""
-    functions = libpq_functions() if USE_C else None
-    if functions is None or not (conn.autocommit or conn.status == psycopg2.extensions.STATUS_BEGIN):
+    as_is = conn.autocommit or conn.status == psycopg2.extensions.STATUS_BEGIN
+    if not (native.enabled() and c_loop_ready() and as_is):
         # Outside a transaction on a connection that is not autocommit, psycopg2 would send BEGIN
         # first (incremental.py's chunk reads): it keeps doing so.
         return _copy_expert(conn, sql, lines, emit, rewrite)
@@ -112,8 +108,7 @@ def copy_blocks(conn, sql: str, lines: int, emit: Callable[[bytes], None], rewri
     else:
         def emit_block(block: bytes, rewritten: bool) -> None:
             emit(block)
-    rows, _, code, message, broken = _copyjson.copy_out(conn.pgconn_ptr, sql.encode(), functions, emit_block,
-                                                        lines, spec)
+    rows, _, code, message, broken = _copyjson.copy_out(conn.pgconn_ptr, sql.encode(), emit_block, lines, spec)
     if message is not None:
         raise _error(code, message, broken)
     return rows

@@ -116,23 +116,23 @@ class LogicalStream:
             kind = type(message)
             if self.stream_xid is not None and kind not in (pg.StreamStop, pg.StreamStart):
                 self.buffers[self.stream_xid].add(data_start, payload)
-                if kind is pg.Relation:
+                if isinstance(message, pg.Relation):
                     builder.on_relation(message, data_start)
                 continue
             handle = data.get(kind)
             if handle is not None:
                 events += handle(message, data_start)
                 continue
-            handle = control.get(kind)
-            if handle is not None:
-                handle(message)
+            on_control = control.get(kind)
+            if on_control is not None:
+                on_control(message)
                 if self.replay is not None:  # a streamed transaction committed: what came before goes first
                     self.toast.flush()
                     return Batch(events, self._checkpoint, builder.take_schema_changes())
         self.toast.flush()
-        changes = builder.take_schema_changes()
-        if events or self._checkpoint is not None or changes:
-            return Batch(events, self._checkpoint, changes, caught_up=caught_up)
+        schema_changes = builder.take_schema_changes()
+        if events or self._checkpoint is not None or schema_changes:
+            return Batch(events, self._checkpoint, schema_changes, caught_up=caught_up)
         return None
 
     def commit(self, position: Position) -> None:

@@ -27,7 +27,7 @@ import psycopg2
 
 from cdc.events import ChangeEvent, TableId
 from snapshot.signals import OPEN, SIGNAL_COLUMNS, WATERMARKS, condition_error
-from sources.postgres.catalog import TableMeta, table_meta
+from sources.postgres.catalog import TableMeta, quoted_name, table_meta
 from sources.postgres.errors import wrap
 from sources.postgres.lookup import CatalogLookup
 from sources.postgres.snapshot import SnapshotRows, quote_ident
@@ -44,7 +44,7 @@ def signal_table_id(name: str, database: str) -> TableId:
 class SignalTable:
     def __init__(self, conn, table: TableId, key_columns: dict, server_timeout: float, source: str) -> None:
         self.conn, self.id, self.server_timeout, self.source = conn, table, server_timeout, source
-        self.qualified = f"{quote_ident(table.schema)}.{quote_ident(table.table)}"
+        self.qualified = quoted_name(table)
         self.waiting_for: tuple[int, float, float] | None = None  # (xmax at the low watermark, since, warned)
         try:
             with conn.cursor() as cur:
@@ -176,7 +176,7 @@ def filter_error(conn, table: TableId, where: str) -> str | None:
         return shape
     try:
         with conn.cursor() as cur:
-            cur.execute(f"EXPLAIN SELECT FROM {quote_ident(table.schema)}.{quote_ident(table.table)} WHERE ({where})")
+            cur.execute(f"EXPLAIN SELECT FROM {quoted_name(table)} WHERE ({where})")
         return None
     except psycopg2.Error as err:
         return (err.diag.message_primary or str(err)).strip()
@@ -189,7 +189,7 @@ def estimate_rows(conn, table: TableId) -> int | None:
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                        (f"{quote_ident(table.schema)}.{quote_ident(table.table)}",))
+                        (quoted_name(table),))
             found = cur.fetchone()
     finally:
         conn.rollback()

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg2
 
 from cdc.events import TableId
-from sources.postgres.catalog import ColumnMeta, TableMeta, matches, table_meta
+from sources.postgres.catalog import ColumnMeta, TableMeta, matches, schema_of, table_meta
 from sources.postgres.config import PostgresConfig
 from sources.postgres.errors import wrap
 from sources.postgres.types import converter_for, load_type_catalog
@@ -56,7 +56,7 @@ class CatalogLookup:
                 candidate = table_meta(self.conn, oid, self.database, self.cfg.key_columns)
             except psycopg2.Error as err:
                 raise wrap(err, f"reading the catalog entry of relation {oid}") from err
-            if not matches(candidate.id.schema, candidate.id.table, self.cfg.tables):
+            if not matches(schema_of(candidate.id), candidate.id.table, self.cfg.tables):
                 return None
             log.info("new table in the publication: %s", candidate.id,
                      extra={"connector": self.cfg.name, "phase": self.phase()})

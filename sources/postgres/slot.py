@@ -113,9 +113,9 @@ class ReplicationSlot:
         """End a walsender of this connector that still holds the slot (a leftover of a process
         that died: the server has not noticed yet) rather than wait for its timeout."""
         slot = self.state()
-        pid = None if slot is None else slot["active_pid"]
-        if pid is None:
+        if slot is None or slot["active_pid"] is None:
             return
+        pid = slot["active_pid"]
         if slot["application_name"] != self.app_name:
             raise RetriableError(f"slot {self.name} is in use by another process (pid {pid}, "
                                  f"application {slot['application_name']!r})")

@@ -165,7 +165,7 @@ def plan_drop(config: PostgresConfig, timeout: float) -> SourceDrop:
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT current_database()")
-            database = cur.fetchone()[0]
+            (database,) = cur.fetchall()[0]  # one row
             cur.execute("SELECT database, slot_name, active_pid FROM pg_replication_slots "
                         "WHERE database = current_database()")
             slots = {(db, name): pid for db, name, pid in cur.fetchall()}

@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, Protocol
 
 import orjson
 import psycopg2
 
 from cdc.events import ChangeEvent, Op, RowBlock, SnapshotMarker
-from sources.postgres.catalog import TableMeta
-from sources.postgres.copy_json import CopyJson, _copyjson
+from sources.postgres.catalog import TableMeta, quoted_name
+from sources.postgres.copy_json import CopyJson, compiled
 from sources.postgres.copy_out import copy_blocks
 from sources.postgres.errors import DEFAULT_SETTING, connect, wrap
 from sources.postgres.toast import FIXED_WIDTH_TYPES, MIN_TOASTABLE_CHARS, ToastStore
@@ -103,6 +104,23 @@ class SnapshotReader:
             pass
 
 
+class OnConnection(Protocol):
+    """What ``SnapshotRows`` reads through: a ``SnapshotReader``, or an incremental snapshot's
+    connection (incremental.py)."""
+
+    @property
+    def conn(self) -> Any: ...
+
+
+class RowRange(Protocol):
+    """The rows ``SnapshotRows`` reads: a ``Chunk``, or an incremental snapshot's keyset range."""
+
+    @property
+    def table(self) -> TableMeta: ...
+
+    def where(self, alias: str = "") -> str: ...
+
+
 class SnapshotRows:
     """Turns COPY rows of a chunk into ``r`` events tagged with the snapshot's version."""
 
@@ -119,7 +137,7 @@ class SnapshotRows:
         self.toast = toast
         self.batch = batch
 
-    def plan(self, chunk: Chunk) -> ChunkPlan:
+    def plan(self, chunk: RowRange) -> ChunkPlan:
         """The COPY statement of ``chunk`` and how its lines become events."""
         table = chunk.table
         names = [c.name for c in table.columns]
@@ -155,7 +173,7 @@ class SnapshotRows:
                 return new(ChangeEvent, (read, table_id, key, None, after, version, ts_ms, marker, source, None))
 
             columns = ", ".join(quote_ident(n) for n in names)
-            sql = f"COPY (SELECT {columns} FROM {quote_ident(table_id.schema)}.{quote_ident(table_id.table)}" \
+            sql = f"COPY (SELECT {columns} FROM {quoted_name(table_id)}" \
                   f"{chunk.where()}) TO STDOUT"
         else:
             # The server prints the row's JSON (see types/server_json.py); per line here: the key
@@ -171,6 +189,7 @@ class SnapshotRows:
             convert_key = key_converters[0]
 
             def build(line: bytes) -> ChangeEvent:
+                values: Sequence[str | None]
                 if b"\\" in line:
                     values = parse_copy_text_line(line)
                 else:
@@ -185,7 +204,9 @@ class SnapshotRows:
                         value = values[at]
                         if value:
                             toastable.append((dumps(key), name, value))
-                return new(ChangeEvent, (read, table_id, key, None, fragment(values[nkey]), version, ts_ms,
+                row = values[nkey]
+                assert row is not None, "row_to_json is never NULL"
+                return new(ChangeEvent, (read, table_id, key, None, fragment(row), version, ts_ms,
                                          marker, source, None))
 
             if single_key is not None:
@@ -202,19 +223,19 @@ class SnapshotRows:
                                               fragment(j), version, ts_ms, marker, source, None))
                             for k, j in (line.split(b"\t", 2)[:2] for line in lines)]
 
-                if convert_key is int and _copyjson is not None:
+                if convert_key is int and (in_c := compiled()) is not None:
                     # build_batch's int case for a whole block, in C (_copyjson.c): the same events.
                     head, tail = (read, table_id), (version, ts_ms, marker, source, None)
                     make = partial(new, ChangeEvent)
 
                     def materialize(block: bytes) -> list[ChangeEvent] | None:
-                        return _copyjson.int_key_events(block, make, head, single_key, fragment, tail,
+                        return in_c.int_key_events(block, make, head, single_key, fragment, tail,
                                                         MIN_TOASTABLE_CHARS)
 
                     def block_events(block: bytes) -> list[ChangeEvent] | RowBlock | None:
                         # The block as it is where its keys' text is orjson's (a RowBlock: the json
                         # format makes its records from the lines, cdc/events.py), else its events.
-                        count = _copyjson.int_key_rows(block, MIN_TOASTABLE_CHARS) if ROW_BLOCKS else None
+                        count = in_c.int_key_rows(block, MIN_TOASTABLE_CHARS) if ROW_BLOCKS else None
                         if count is None:
                             return materialize(block)
                         return RowBlock(table_id, single_key, block, count, version, ts_ms, source, materialize)
@@ -225,7 +246,7 @@ class SnapshotRows:
                 f", CASE WHEN length(concat(x.{quote_ident(n)})) >= {MIN_TOASTABLE_CHARS} "
                 f"THEN concat(x.{quote_ident(n)}) ELSE '' END" for n in toast_names)
             sql = (f"COPY (SELECT {keys}, row_to_json(j){toast} "
-                   f"FROM {quote_ident(table_id.schema)}.{quote_ident(table_id.table)} x "
+                   f"FROM {quoted_name(table_id)} x "
                    f"CROSS JOIN LATERAL (SELECT {json_columns}) j{chunk.where('x')}) TO STDOUT")
             if self.client_json:
                 # The same lines, made in the reader from the plain COPY text (copy_json.py).
@@ -235,19 +256,21 @@ class SnapshotRows:
                                              MIN_TOASTABLE_CHARS)
                 if rewrite is not None:
                     sql = (f"COPY (SELECT {', '.join(quote_ident(n) for n in names)} "
-                           f"FROM {quote_ident(table_id.schema)}.{quote_ident(table_id.table)}"
+                           f"FROM {quoted_name(table_id)}"
                            f"{chunk.where()}) TO STDOUT")
 
         return ChunkPlan(sql, build, build_batch,
                          f"{table_id.schema}.{table_id.table}", toastable, expressions is not None, rewrite,
                          block_events)
 
-    def read(self, reader: SnapshotReader, chunk: Chunk, emit: Callable[[list], None]) -> None:
-        """Read ``chunk`` on this thread: ``emit((events, table, toastable values))`` per batch."""
+    def read(self, reader: OnConnection, chunk: RowRange, emit: Callable[[Any], None]) -> None:
+        """Read ``chunk`` on this thread: ``emit((events, table, toastable values))`` per batch
+        (the events a list or a ``RowBlock``, the table as ``schema.table``, the values the TOAST
+        store must keep as (key JSON, column, value))."""
         plan = self.plan(chunk)
         toastable = plan.toastable
 
-        def emit_with_toast(events: list) -> None:
+        def emit_with_toast(events: list[ChangeEvent] | RowBlock) -> None:
             # The store is the source thread's: hand the values over with the batch.
             batch_toast = list(toastable)
             toastable.clear()
@@ -282,7 +305,7 @@ class ChunkPlan:
     toastable: list
     server_json: bool
     rewrite: CopyJson | None = None
-    block_events: Callable[[bytes], list[ChangeEvent] | None] | None = None
+    block_events: Callable[[bytes], list[ChangeEvent] | RowBlock | None] | None = None
 
     def events(self, block: bytes) -> list[ChangeEvent] | RowBlock:
         """The events of ``block`` (whole COPY lines, each ending in a newline), or the block as a

@@ -31,12 +31,14 @@ import logging
 import time
 
 import psycopg2
+import psycopg2.extensions
 
 from cdc.api import (
     IncrementalSnapshotSource,
     SlotDrop,
     SlotListing,
     SlotOwningSource,
+    SourceConfig,
     TableReader,
     VerifiableSource,
     servers,
@@ -87,7 +89,7 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
         # Which OID each table was, across restarts (a drop and re-create while down; relations.py).
         self.relations = RelationMemory(config.state_dir / config.name / "relations.json")
         self.tables: dict[int, TableMeta] = {}
-        self.conn = None
+        self.conn: psycopg2.extensions.connection | None = None
         self.slot: ReplicationSlot | None = None     # set by prepare(), with the connection
         self.lookup: CatalogLookup | None = None
         self.protocol: int | None = None
@@ -102,15 +104,25 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
         """0 when caught up with the server (``LogicalStream.caught_up``); else now minus the
         commit time of the newest change handled. Called on the polling thread, about once a second."""
         stream = self.coordinator.stream
-        if stream is not None and self.coordinator.snapshot is None and stream.caught_up():
+        if not isinstance(stream, LogicalStream):  # None: not streaming
+            return None
+        if self.coordinator.snapshot is None and stream.caught_up():
             return 0.0
-        if stream is None or stream.last_commit_ms is None:
+        if stream.last_commit_ms is None:
             return None
         return max(0.0, time.time() - stream.last_commit_ms / 1000)
 
     def retained_log_bytes(self) -> int | None:
         stream = self.coordinator.stream
-        return None if stream is None else stream.retained_bytes()
+        return stream.retained_bytes() if isinstance(stream, LogicalStream) else None
+
+    def _prepared(self) -> tuple[psycopg2.extensions.connection, ReplicationSlot, CatalogLookup, int]:
+        """The connection, slot, catalog and protocol version prepare() set up (the coordinator's
+        first call)."""
+        conn, slot, lookup, protocol = self.conn, self.slot, self.lookup, self.protocol
+        assert conn is not None and slot is not None and lookup is not None and protocol is not None, \
+            "prepare() comes first"
+        return conn, slot, lookup, protocol
 
     # -- capabilities ------------------------------------------------------------------------------
     @classmethod
@@ -129,21 +141,22 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
         return list_slots(configs, timeout)
 
     @classmethod
-    def plan_drop(cls, config: PostgresConfig, timeout: float) -> SlotDrop:
+    def plan_drop(cls, config: SourceConfig, timeout: float) -> SlotDrop:
+        assert isinstance(config, PostgresConfig), "the runtime hands a source its own config_model"
         return plan_drop(config, timeout)
 
     # -- the halves the coordinator drives -------------------------------------------------------
     def prepare(self) -> None:
         cfg, setting = self.cfg, self.setting
-        self.conn = servers.postgres.connect(self.dsn, what=f"source {cfg.name}: connecting", setting=setting,
-                                             options=self.options, application_name=self.app_name)
+        self.conn = conn = servers.postgres.connect(self.dsn, what=f"source {cfg.name}: connecting", setting=setting,
+                                                    options=self.options, application_name=self.app_name)
         try:
-            check_server(self.conn)
-            with self.conn.cursor() as cur:
+            check_server(conn)
+            with conn.cursor() as cur:
                 cur.execute("SELECT current_database(), current_setting('server_version_num')::int, current_user")
-                database, version, self.role = cur.fetchone()
-            self.conn.rollback()
-            tables = captured_tables(self.conn, cfg.tables, database, cfg.key_columns)
+                database, version, self.role = cur.fetchall()[0]  # one row
+            conn.rollback()
+            tables = captured_tables(conn, cfg.tables, database, cfg.key_columns)
             signal_meta = []
             if cfg.signal_table:
                 self.signal_table = signal_table_id(cfg.signal_table, database)
@@ -173,67 +186,77 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
                        role=self.role) from err
 
     def resume_point(self, position: Position) -> PgLsn:
+        assert isinstance(position, PgLsn), "the coordinator checked it (position_types)"
+        _, slot, _, _ = self._prepared()
         try:
-            resumable = self.slot.check_resumable(position)
-            self.slot.match_failover()
+            resumable = slot.check_resumable(position)
+            slot.match_failover()
             return resumable
         except psycopg2.Error as err:
-            raise wrap(err, f"source {self.cfg.name}: looking up slot {self.slot.name}", setting=self.setting,
+            raise wrap(err, f"source {self.cfg.name}: looking up slot {slot.name}", setting=self.setting,
                        role=self.role) from err
 
     def captured_names(self) -> frozenset[str]:
         return frozenset(str(t.id) for t in self.tables.values())
 
     def open_snapshot(self, only: frozenset[str] | None = None) -> OpenedSnapshot:
+        conn, slot, lookup, _ = self._prepared()
         tables = [t for t in self.tables.values() if only is None or str(t.id) in only]
         try:
-            opened = open_snapshot(self.cfg, self.conn, self.slot, tables, self.lookup, self.toast,
-                                   backfill=only is not None)
+            opened = open_snapshot(self.cfg, conn, slot, tables, lookup, self.toast, backfill=only is not None)
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: opening the snapshot", setting=self.setting,
                        role=self.role) from err
-        columns = self.lookup.all_attnums([t.oid for t in tables])
+        consistent = opened.consistent
+        assert isinstance(consistent, PgLsn), "open_snapshot gives the slot's LSN"
+        columns = lookup.all_attnums([t.oid for t in tables])
         for table in tables:  # the snapshot reads these relations as of its consistent point
-            self.relations.seen(table.id, table.oid, opened.consistent.lsn)
-            self.relations.shaped(table.id, table.oid, columns.get(table.oid, {}), opened.consistent.lsn)
+            self.relations.seen(table.id, table.oid, consistent.lsn)
+            self.relations.shaped(table.id, table.oid, columns.get(table.oid, {}), consistent.lsn)
         return opened
 
-    def open_stream(self, position: PgLsn | None, after_snapshot: bool) -> LogicalStream:
+    def open_stream(self, position: Position | None, after_snapshot: bool) -> LogicalStream:
         cfg = self.cfg
+        conn, slot, lookup, protocol = self._prepared()
         if position is None:  # snapshot: never, nothing stored: the slot as it is (made now if missing)
             try:
-                if self.slot.state() is None:
-                    self.slot.create(export=False)
+                if slot.state() is None:
+                    slot.create(export=False)
             except psycopg2.Error as err:
-                raise wrap(err, f"source {cfg.name}: creating slot {self.slot.name}", setting=self.setting,
+                raise wrap(err, f"source {cfg.name}: creating slot {slot.name}", setting=self.setting,
                            role=self.role) from err
             position = PgLsn(0)
-        builder = ChangeBuilder(self.slot.database, self.lookup.table, self.lookup.converters_for, self.toast,
-                                self.lookup.type_name, self.lookup.filled,
-                                self.lookup.attnums)
-        builder.oids.update(self.relations.known(self.slot.database))
+        assert isinstance(position, PgLsn), "the coordinator checked it (position_types)"
+        builder = ChangeBuilder(slot.database, lookup.table, lookup.converters_for, self.toast,
+                                lookup.type_name, lookup.filled,
+                                lookup.attnums)
+        builder.oids.update(self.relations.known(slot.database))
         # The captured tables' columns as of the stored position (relations.py), else as they are
         # now: a column renamed before the table's first Relation message of this session, even
         # while the source was down, is then told from a dropped one (changes.py, _renamed).
-        builder.column_ids.update(self.lookup.all_attnums(list(self.tables)))
+        builder.column_ids.update(lookup.all_attnums(list(self.tables)))
         builder.column_ids.update(self.relations.columns())
         builder.on_oid = self.relations.seen
         builder.on_columns = self.relations.shaped
-        builder.gone_table = self.lookup.gone_table
-        transport = ReplicationStream(self.dsn, self.options, self.slot.name, cfg.publication_name, self.protocol,
+        builder.gone_table = lookup.gone_table
+        transport = ReplicationStream(self.dsn, self.options, slot.name, cfg.publication_name, protocol,
                                       position.lsn, cfg.status_interval, self.app_name, self.setting,
                                       server_timeout=cfg.server_timeout)
-        log.info("streaming from %s (pgoutput protocol %d)", position, self.protocol,
+        log.info("streaming from %s (pgoutput protocol %d)", position, protocol,
                  extra={"connector": cfg.name, "phase": "streaming"})
-        return LogicalStream(cfg, transport, self.conn, builder, self.lookup, self.toast, self.protocol,
-                             self.slot.name, cfg.state_dir / cfg.name / "spill",
+        return LogicalStream(cfg, transport, conn, builder, lookup, self.toast, protocol,
+                             slot.name, cfg.state_dir / cfg.name / "spill",
                              on_commit=self.relations.committed)
 
     def write_signal(self, signal_id: str, kind: str, data: dict) -> int:
-        return self.signals.write(signal_id, kind, data)
+        return self._signals().write(signal_id, kind, data)
 
     def chunk_readable(self) -> bool:
-        return self.signals.readable()
+        return self._signals().readable()
+
+    def _signals(self) -> SignalTable:
+        assert self.signals is not None, "signals are used only with a signal_table (prepare() opened it)"
+        return self.signals
 
     @classmethod
     def send_signal(cls, config: PostgresConfig, signal_id: str, kind: str, data: dict) -> None:
@@ -243,11 +266,12 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT current_database()")
-                database = cur.fetchone()[0]
+                (database,) = cur.fetchall()[0]  # one row
             for table, where in (conditions_of(data) or {}).items():  # refused here, not in the daemon's log
                 refused = filter_error(conn, TableId(database, *table.split(".", 1)), where)
                 if refused is not None:
                     raise ConfigError(f"source {config.name}: the condition {where!r} on {table} is refused: {refused}")
+            assert config.signal_table, "signal_snapshot checked it"
             SignalTable(conn, signal_table_id(config.signal_table, database), config.key_columns,
                         config.server_timeout, config.name).write(signal_id, kind, data)
         finally:
@@ -258,7 +282,8 @@ class PostgresSource(CoordinatedSource, IncrementalSnapshotSource, SlotOwningSou
 
     def read_chunk(self, table: str, after: tuple | None, size: int, version: int, where: str | None = None) -> list:
         try:
-            return read_chunk(self.conn, self.lookup, self.toast, self._table_meta(table), after, size, version, where)
+            conn, _, lookup, _ = self._prepared()
+            return read_chunk(conn, lookup, self.toast, self._table_meta(table), after, size, version, where)
         except psycopg2.Error as err:
             raise wrap(err, f"source {self.cfg.name}: reading a chunk of {table} after {after}",
                        setting=self.setting, role=self.role) from err

@@ -28,6 +28,7 @@ import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import psycopg2
 import psycopg2.extras
@@ -119,7 +120,7 @@ class TransactionBuffer:
         self.memory_bytes = 0
         self.spilled = 0
         self.aborted_subxacts: set[int] = set()
-        self._file = None
+        self._file: BinaryIO | None = None  # made at the first spill
 
     def add(self, data_start: int, payload: bytes) -> None:
         if self._file is not None:

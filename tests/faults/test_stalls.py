@@ -7,8 +7,8 @@ The fault campaigns (test_pipeline_faults.py) hold each stall for a few seconds 
 the pipeline recovers when it ends. These tests ask the harder question, each on one connection:
 is a stall that does not end noticed? The PostgreSQL source's is (``server_timeout``: keepalive
 requests on the replication stream, a deadline on the heartbeat, a connect timeout); the SQL
-sink's too (``write_timeout``: the sockets of a write that gets no answer are shut down, and the
-batch is retried on new connections).
+sink's too, on PostgreSQL and MariaDB targets (``write_timeout``: the sockets of a write that gets
+no answer are shut down, and the batch is retried on new connections).
 """
 
 from __future__ import annotations
@@ -60,45 +60,59 @@ def test_a_stalled_postgres_source_connection_is_noticed(pg_dsn, pg_admin_dsn, t
     assert noticed is not None and noticed.retriable, f"the stall was not noticed within {NOTICE_WITHIN:.0f}s"
 
 
-def test_a_stalled_sql_target_connection_is_noticed(pg_admin_dsn, tmp_path):
+def _write_through_a_stall(proxy: FaultProxy, url: str) -> BaseException | None:
+    """What a SQL sink's write on ``url`` (through ``proxy``) raised within NOTICE_WITHIN of the
+    proxy's stall, or None when it had not ended by then."""
     from sinks.sql.config import SqlSinkConfig
     from sinks.sql.sink import SqlSink
     from tests.unit.test_sql_sink import upsert
 
+    sink = SqlSink(SqlSinkConfig(name="stalled", topics=["*"], url=url, write_timeout=5, connect_timeout=5))
+    sink.start()
+    writer: threading.Thread | None = None
+    outcome: dict[str, BaseException | None] = {}
+    noticed: dict[str, BaseException | None] = {}
+    try:
+        sink.write([upsert(1, 1, v="a")])  # evidence: the path works
+        proxy.stall()
+
+        def write() -> None:
+            try:
+                sink.write([upsert(2, 2, v="b")])
+                outcome["error"] = None
+            except BaseException as err:  # noqa: BLE001 - the outcome under test
+                outcome["error"] = err
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        writer.join(NOTICE_WITHIN)
+        noticed = dict(outcome)  # before the stall ends
+    finally:
+        proxy.heal()
+        proxy.cut()  # releases a write still blocked, so the sink can stop
+        if writer is not None:
+            writer.join(30)
+        sink.stop()
+    return noticed.get("error")
+
+
+def test_a_stalled_sql_target_connection_is_noticed(pg_admin_dsn, tmp_path):
     name = f"target_{uuid.uuid4().hex[:8]}"
     execute(pg_admin_dsn, f'CREATE DATABASE "{name}"')
     try:
         with FaultProxy(_pg_address(pg_admin_dsn), name="pg-tgt") as proxy:
-            url = f"postgresql+psycopg2://postgres@{proxy.address}/{name}"
-            sink = SqlSink(SqlSinkConfig(name="stalled", topics=["*"], url=url, write_timeout=5, connect_timeout=5))
-            sink.start()
-            writer: threading.Thread | None = None
-            outcome: dict[str, BaseException | None] = {}
-            noticed: dict[str, BaseException | None] = {}
-            try:
-                sink.write([upsert(1, 1, v="a")])  # evidence: the path works
-                proxy.stall()
-
-                def write() -> None:
-                    try:
-                        sink.write([upsert(2, 2, v="b")])
-                        outcome["error"] = None
-                    except BaseException as err:  # noqa: BLE001 - the outcome under test
-                        outcome["error"] = err
-
-                writer = threading.Thread(target=write, daemon=True)
-                writer.start()
-                writer.join(NOTICE_WITHIN)
-                noticed = dict(outcome)  # before the stall ends
-            finally:
-                proxy.heal()
-                proxy.cut()  # releases a write still blocked, so the sink can stop
-                if writer is not None:
-                    writer.join(30)
-                sink.stop()
+            error = _write_through_a_stall(proxy, f"postgresql+psycopg2://postgres@{proxy.address}/{name}")
     finally:
         execute(pg_admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    error = noticed.get("error")
+    assert isinstance(error, CdcError) and error.retriable, \
+        f"the write on a stalled connection did not fail within {NOTICE_WITHIN:.0f}s"
+
+
+@pytest.mark.mysql
+def test_a_stalled_mysql_target_connection_is_noticed(mysql_url, mysql_db):
+    # PyMySQL shows no socket: the deadline makes the sockets it hands PyMySQL (sinks/sql/deadline.py).
+    with FaultProxy(mysql_url.split("@", 1)[1], name="mysql-tgt") as proxy:
+        error = _write_through_a_stall(proxy, f"mysql+pymysql://root@{proxy.address}/{mysql_db}")
     assert isinstance(error, CdcError) and error.retriable, \
         f"the write on a stalled connection did not fail within {NOTICE_WITHIN:.0f}s"
 

@@ -17,6 +17,7 @@ import re
 import orjson
 import pytest
 
+from cdc import native
 from cdc.errors import DeliveryError
 from cdc.events import ChangeEvent, Op, SnapshotMarker
 from cdc.log import block_producer
@@ -51,17 +52,17 @@ def _published(log: KafkaLog, topic: str) -> dict[bytes, tuple[int, bytes, list]
     return {r.key: (r.partition, NOW.sub(b"", r.value), r.headers) for r in log.read_all(topic)}
 
 
-def test_block_records_are_confluent_kafkas_bytes_in_the_same_partitions(log, kafka_topic, monkeypatch):
+def test_block_records_are_confluent_kafkas_bytes_in_the_same_partitions(log, kafka_topic):
     block = _block(KEYS)
     published = {}
     for name, ours in (("ours", True), ("confluent", False)):
-        monkeypatch.setattr(block_producer, "ENABLED", ours)
         encoder = _encoder(log, f"{kafka_topic}.{name}")
-        writer = log.writer()
-        writer.publish_events(encoder, _row_block(block), Counter(1))
-        assert (writer._blocks is not None) is ours  # the block went through our producer, or not
-        assert writer.flush(60) == Counter(1)
-        writer.close()
+        with native.choose(ours):
+            writer = log.writer()
+            writer.publish_events(encoder, _row_block(block), Counter(1))
+            assert (writer._blocks is not None) is ours  # the block went through our producer, or not
+            assert writer.flush(60) == Counter(1)
+            writer.close()
         published[name] = _published(log, encoder.topic(TABLE))
 
     assert published["ours"] == published["confluent"]

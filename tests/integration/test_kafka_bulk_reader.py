@@ -29,7 +29,7 @@ def _read_all(reader, ends: dict) -> list:
 
 def test_it_reads_what_confluent_kafka_wrote_as_confluent_kafkas_reader_does(log, kafka_topic):
     """Both librdkafka copies in one process: confluent-kafka's writes, the system's reads."""
-    assert kafka_bulk.AVAILABLE, "cdc._rdconsume was not built (scripts/setup installs librdkafka-dev)"
+    assert kafka_bulk.available(), "cdc._rdconsume was not built (scripts/setup installs librdkafka-dev)"
     log.ensure_topic(kafka_topic, TopicSettings(partitions=3))
     producer = Producer({"bootstrap.servers": log.bootstrap_servers, "compression.type": "lz4"})
     failed = []

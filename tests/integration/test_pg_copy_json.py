@@ -12,7 +12,7 @@ import pytest
 
 from cdc.serde import EnvelopeEncoder
 from sources.postgres.catalog import table_meta
-from sources.postgres.copy_json import CopyJson
+from sources.postgres.copy_json import CopyJson, compiled
 from sources.postgres.snapshot import Chunk, SnapshotRows
 from sources.postgres.toast import MIN_TOASTABLE_CHARS
 from sources.postgres.types import converter_for, load_type_catalog, session_options
@@ -81,6 +81,7 @@ def _served_table(conn, key_type: str) -> str:
     return "served"
 
 
+@pytest.mark.skipif(compiled() is None, reason="sources.postgres._copyjson not built, or CDC_NATIVE=0")
 @pytest.mark.parametrize("key_type", ["int8", "text"])
 def test_the_readers_lines_are_the_servers(pg_dsn, key_type):
     conn = _connect(pg_dsn)

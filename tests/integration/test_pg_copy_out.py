@@ -1,4 +1,4 @@
-"""The snapshot's COPY read in blocks by the C loop over psycopg2's libpq (sources/postgres/copy_out.py)
+"""The snapshot's COPY read in blocks by the C loop over the libpq psycopg2 runs on (sources/postgres/copy_out.py)
 against psycopg2's copy_expert: the same bytes on a table of awkward values (escapes, control
 characters, NULLs, TOAST-sized text, bytea, unicode), with and without the row JSON made in the
 loop, and the same typed errors for a server error and for a connection killed mid-COPY."""
@@ -12,6 +12,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
+from cdc import native
 from cdc.errors import PermanentError, RetriableError
 from sources.postgres import copy_out
 from sources.postgres.copy_out import copy_blocks
@@ -22,12 +23,13 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture(params=[True, False], ids=["c_loop", "copy_expert"])
-def use_c(request, monkeypatch):
-    monkeypatch.setattr(copy_out, "USE_C", request.param)
+def use_c(request):
     if request.param:
-        # This build has a compiler and psycopg2's libpq: the C loop must be the one under test.
-        assert copy_out.libpq_functions() is not None, copy_out._LIBPQ
-    return request.param
+        # This build has a compiler, libpq's headers and psycopg2 built on the same libpq
+        # (scripts/setup): the C loop must be the one under test.
+        assert copy_out.c_loop_ready(), copy_out.why_not_c_loop()
+    with native.choose(request.param):
+        yield request.param
 
 
 def _blocks(conn, sql: str, lines: int, rewrite=None) -> list[bytes]:
@@ -37,8 +39,8 @@ def _blocks(conn, sql: str, lines: int, rewrite=None) -> list[bytes]:
     return blocks
 
 
-def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn, monkeypatch):
-    assert copy_out.libpq_functions() is not None, copy_out._LIBPQ
+def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn):
+    assert copy_out.c_loop_ready(), copy_out.why_not_c_loop()
     conn = _connect(pg_dsn)
     try:
         table = _served_table(conn, "text")
@@ -58,8 +60,8 @@ def test_the_c_loop_reads_what_copy_expert_reads(pg_dsn, monkeypatch):
             assert all(block.endswith(b"\n") and block.count(b"\n") <= lines for block in blocks)
         # The row JSON made in the loop, against the same made by the reference from copy_expert's lines.
         made_in_loop = b"".join(_blocks(conn, plan.sql, 2, plan.rewrite))
-        monkeypatch.setattr(copy_out, "USE_C", False)
-        assert made_in_loop == b"".join(_blocks(conn, plan.sql, 2, plan.rewrite))
+        with native.reference():
+            assert made_in_loop == b"".join(_blocks(conn, plan.sql, 2, plan.rewrite))
         assert made_in_loop == plan.rewrite.rewrite_lines(b"".join(_blocks(conn, plan.sql, 2)))
     finally:
         conn.close()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.kafka
 
 
 def test_the_runner_fetches_packed_and_commits_through_the_group_after_each_write(log, kafka_topic, monkeypatch):
-    assert kafka_bulk.AVAILABLE, "cdc._rdconsume was not built (scripts/setup installs librdkafka-dev)"
+    assert kafka_bulk.available(), "cdc._rdconsume was not built (scripts/setup installs librdkafka-dev)"
     prefix, group = kafka_topic, f"{kafka_topic}-sink"
     packed_batches = []
     decode = sink_reading.decode_packed

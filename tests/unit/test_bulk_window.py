@@ -20,7 +20,7 @@ from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import decode_records
 from sinks.sql.reduce import reduce_events
 
-pytestmark = pytest.mark.skipif(not bulk_window.AVAILABLE, reason="cdc._window not built")
+pytestmark = pytest.mark.skipif(not bulk_window.available(), reason="cdc._window not built")
 
 TABLE = TableId("shop", "public", "things")
 
@@ -181,3 +181,56 @@ def test_loaded_keys_tell_a_window_that_shares_a_key_or_follows_a_truncate():
     later = first.following()
     later.add([_upsert("c", 1, 20)], {})
     assert loaded.conflict(later, later.key_hashes()) == "a truncate was loaded before it"
+
+
+def test_versioned_tombstones_stay_in_the_c_loop(monkeypatch):
+    """Every tombstone the capture writes carries its delete's version (cdc/headers.py): the C loop
+    reads it from the packed headers, so a batch is never unpacked into LogRecords for them (the
+    bulk bootstrap's CPU per record doubled while it was). Only a topic's first batch is, once,
+    for its source block."""
+    records = _records(6)
+    assert any(r.value is None and r.headers for r in records[1:])
+    window = bulk_window.NewestWindow(1 << 30)
+    assert window.add_packed(packed(records[:1]), {}) == []
+    monkeypatch.setattr(PackedBatch, "records", lambda self: pytest.fail("a batch was unpacked"))
+    for at in range(1, len(records), 997):
+        assert window.add_packed(packed(records[at:at + 997]), {}) == []
+    monkeypatch.undo()
+    held = {"upserts": {}, "deletes": {}, "tombstones": {}}
+    for part in window.parts(50):
+        held["upserts"].update((key, (e.version, orjson.loads(e.after))) for key, e in part.upserts)
+        held["deletes"].update((key, (e.version, orjson.loads(e.before))) for key, e in part.deletes)
+        held["tombstones"].update(part.tombstones)
+    assert held == _reduced(records)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["records", "packed"])
+def test_tombstone_headers_the_c_loop_does_not_read_go_to_the_general_decoder(pack):
+    def tombstone(offset, headers):
+        return LogRecord("t", 0, offset, b'{"id":%d}' % offset, None, 0, headers)
+
+    upserts = [LogRecord("t", 0, i, b'{"id":%d}' % i,
+                         b'{"op":"c","before":null,"after":{"id":%d},"source":{"version":50}}' % i, 0)
+               for i in range(8)]
+    odd = [tombstone(10, [("cdc.version", b"x12")]), tombstone(11, [("cdc.version", None)]),
+           tombstone(12, [("cdc.version", b"99999999999999999999")]),
+           tombstone(13, [("cdc.version", b"9223372036854775808")]),
+           tombstone(14, [("cdc.version", b"")])]
+    readable = [tombstone(1, [("cdc.source", b"s")]),             # no version: a plain tombstone
+                tombstone(2, [("cdc.version", b"40")]),           # older than the upsert: it stays
+                tombstone(3, [("cdc.version", b"60"), ("cdc.source", b"s")]),
+                tombstone(4, [("cdc.version", b"1"), ("cdc.version", b"70")]),  # the last one counts
+                tombstone(5, [("cdc.version", b"-9223372036854775808")])]  # the oldest there is
+    records = upserts + [r._replace(offset=r.offset + 100) for r in readable] + odd
+    window = bulk_window.NewestWindow(1 << 30)
+    poisons = _add(window, records, {}, pack)
+    general = [(r, e) for r, e in zip(records, decode_records(records, True), strict=True)
+               if type(e).__name__ == "PoisonRecord"]
+    assert [(r, str(e)) for r, e in poisons] == [(r, str(e)) for r, e in general]
+    assert [r.offset for r, _ in poisons] == [10, 11, 12, 13, 14]
+    parts = list(window.parts(50))
+    assert {key for part in parts for key, _ in part.upserts} == {b'{"id":0}', b'{"id":2}', b'{"id":5}',
+                                                                  b'{"id":6}', b'{"id":7}'}
+    assert {key: event.version for part in parts for key, event in part.deletes} == \
+        {b'{"id":3}': 60, b'{"id":4}': 70}
+    assert {key for part in parts for key in part.tombstones} >= {b'{"id":1}'}

@@ -1,6 +1,6 @@
 """Record headers (cdc/headers.py): the version header's reading rule, and the packed form the
 embedded log stores and the bulk reader hands out (cdc/log/packed_headers.py), in C
-(cdc/_speedups.c) and in Python alike."""
+(cdc/_records.c) and in Python alike."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc import headers
+from cdc import headers, native
 from cdc.log import packed_headers
 
-needs_c = pytest.mark.skipif(packed_headers._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
+needs_c = pytest.mark.skipif(packed_headers._records is None, reason="cdc._records not built (test_encode.py)")
 
 pairs = st.lists(st.tuples(st.text(max_size=6), st.one_of(st.none(), st.binary(max_size=6))), min_size=1, max_size=4)
 
@@ -21,15 +21,13 @@ def both(function, *args):
     outcome being the result or the type of the error raised."""
     out = []
     for use_c in (True, False):
-        packed_headers.USE_SPEEDUPS = use_c
-        try:
-            out.append(function(*args))
-        except ValueError:  # UnicodeDecodeError included
-            out.append(ValueError)
-        except TypeError:
-            out.append(TypeError)
-        finally:
-            packed_headers.USE_SPEEDUPS = True
+        with native.choose(use_c):
+            try:
+                out.append(function(*args))
+            except ValueError:  # UnicodeDecodeError included
+                out.append(ValueError)
+            except TypeError:
+                out.append(TypeError)
     return tuple(out)
 
 

@@ -1,7 +1,7 @@
 """The layers (docs/architecture.md, "Layers"), checked on the source text with ``ast``:
 
 * the leaf modules (events, positions, errors, the sink event type, record headers, the topics'
-  names, servers, units) import no other module of the framework;
+  names, servers, units, the compiled-code switch) import no other module of the framework;
 * ``cdc.api`` imports only itself and the leaves: a change inside the runtime cannot break a
   plugin through it;
 * the framework (``cdc``) imports no plugin (``sources``, ``sinks``, ``spark_sinks``,
@@ -12,8 +12,8 @@ Every import counts, at module level, inside a function, or under ``TYPE_CHECKIN
 depends on what it names: ``from pkg import name`` on ``pkg`` (its ``__init__`` runs) and on
 ``pkg.name`` where that is a module; ``import pkg.mod`` on ``pkg.mod``. So a package whose
 ``__init__`` imports a submodule that imports the package back is a circle, and a submodule that
-imports a sibling by its own name is not. Compiled extensions (``cdc/_speedups.c``, ...) are
-modules of their package. Modules are read, never imported: a missing optional dependency
+imports a sibling by its own name is not. Compiled extensions (``cdc/_encode.c``, ...) are
+modules of their package, and ``native.load("pkg._ext")`` (cdc/native.py) imports the one it names. Modules are read, never imported: a missing optional dependency
 (pyspark) cannot hide anything.
 """
 
@@ -32,7 +32,8 @@ API = "cdc.api"
 # runtime use, importing nothing of the framework but each other. ``cdc`` itself holds only
 # the version.
 LEAVES = frozenset({"cdc", "cdc.events", "cdc.positions", "cdc.errors", "cdc.sink_event", "cdc.headers",
-                    "cdc.topics", "cdc.units", "cdc.servers", "cdc.servers.postgres", "cdc.servers.mysql"})
+                    "cdc.topics", "cdc.units", "cdc.servers", "cdc.servers.postgres", "cdc.servers.mysql",
+                    "cdc.native"})
 
 
 def modules(root: Path = ROOT, packages=(FRAMEWORK, *PLUGINS)) -> dict[str, Path | None]:
@@ -74,8 +75,18 @@ def imports_of(name: str, source: str, known) -> set[str]:
             if (module := resolve(target)) is not None:
                 found.add(module)
             found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known)
+        elif isinstance(node, ast.Call) and _loads_native(node) and (module := resolve(node.args[0].value)):
+            found.add(module)
     found.discard(name)
     return found
+
+
+def _loads_native(call: ast.Call) -> bool:
+    """``native.load("pkg._ext")``: the compiled module it names is imported."""
+    func = call.func
+    return isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name) \
+        and func.value.id == "native" and len(call.args) == 1 and isinstance(call.args[0], ast.Constant) \
+        and isinstance(call.args[0].value, str)
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -142,19 +153,22 @@ def test_the_scanner_follows_the_rule_of_what_an_import_names(tmp_path):
                        "pkg/sub.py": "import pkg.other as o\nfrom pkg import other\n",
                        "pkg/other.py": "def f():\n    from . import sub\n",
                        "pkg/lone.py": "from .other import f\nimport pkg._native\n",
+                       "pkg/loads.py": "from pkg import native\nnative.load('pkg._ext')\n",
+                       "pkg/native.py": "", "pkg/_ext.c": "",
                        "pkg/_native.c": ""}.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
     known = modules(tmp_path, ("pkg",))
     graph = {name: imports_of(name, path.read_text(), known) if path else set() for name, path in known.items()}
     assert graph == {"pkg": {"pkg.sub"}, "pkg.sub": {"pkg", "pkg.other"}, "pkg.other": {"pkg", "pkg.sub"},
-                     "pkg.lone": {"pkg.other", "pkg._native"}, "pkg._native": set()}
+                     "pkg.lone": {"pkg.other", "pkg._native"}, "pkg._native": set(),
+                     "pkg.loads": {"pkg", "pkg.native", "pkg._ext"}, "pkg.native": set(), "pkg._ext": set()}
     assert circles(graph) == [frozenset({"pkg", "pkg.sub", "pkg.other"})]
 
 
 def test_the_graph_covers_every_package():
     assert {"cdc.api", "cdc.runtime.runner", "sources.postgres.source", "sinks.sql.sink", "spark_sinks.delta",
-            "snapshot.coordinator", "cdc._speedups"} <= set(GRAPH)
+            "snapshot.coordinator", "cdc._encode"} <= set(GRAPH)
     assert "snapshot.coordinator" in GRAPH["sources.postgres.source"]
 
 

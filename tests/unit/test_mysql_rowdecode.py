@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc import native
 from cdc.errors import DecodeError
 from cdc.events import TableId
 from sources.mysql import c_decoder
@@ -29,8 +30,8 @@ from tests.unit.test_mysql_decoder import decimal2bin
 
 def test_the_c_decoder_is_built():
     """setup.py builds it wherever a C compiler is; CDC_ALLOW_NO_SPEEDUPS=1 says a build without
-    it is expected."""
-    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1":
+    it is expected, as CDC_NATIVE=0 does."""
+    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1" or not native.ALLOWED:
         return
     assert c_decoder._rowdecode is not None, "sources.mysql._rowdecode was not built: pip install -e . with a C compiler"
 
@@ -55,6 +56,14 @@ def both(specs, kind: int, body: bytes, key=("id",), tx_id="0-1-5"):
     except DecodeError:
         reference = DecodeError
     return (None if made is None else (made[0], made[2])), reference
+
+
+@needs_c
+def test_a_decoder_made_under_the_reference_switch_keeps_the_python_decoder():
+    specs = next(iter(SPECS.values()))
+    with native.reference():
+        assert RowDecoder("db.t", specs, ("id",)).program is None
+    assert RowDecoder("db.t", specs, ("id",)).program is not None
 
 
 @needs_c

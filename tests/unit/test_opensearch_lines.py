@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc import native
 from sinks.opensearch import lines, tombstones
 from sinks.opensearch.bulk import Item
 from sinks.opensearch.config import IndexOptions
@@ -35,12 +36,9 @@ def rename(row: dict) -> dict:
 
 
 def run(batch, floor, body_of, use_c: bool):
-    lines.USE_SPEEDUPS = use_c
-    try:
+    with native.choose(use_c):
         items, made = [], []
         rest = lines.encode(batch, "idx.é", floor, body_of, items, made)
-    finally:
-        lines.USE_SPEEDUPS = True
     return [tuple(i) for i in items], made, rest
 
 
@@ -85,13 +83,12 @@ def test_rows_as_json_bytes_make_the_documents_their_dicts_make(batch, floor, la
     try:
         out = {}
         for use_c in (True, False):
-            lines.USE_SPEEDUPS = use_c
-            items, made = [], []
-            rest = lines.encode(raw, "idx.é", floor, body_of, items, made, fields)
+            with native.choose(use_c):
+                items, made = [], []
+                rest = lines.encode(raw, "idx.é", floor, body_of, items, made, fields)
             out[use_c] = ([(*i[:3], orjson.loads(i.body) if type(i.body) is bytes else i.body, *i[4:]) for i in items],
                           made, rest)
     finally:
-        lines.USE_SPEEDUPS = True
         tombstones.time.time = real
     assert out[True] == out[False]
 
@@ -140,11 +137,8 @@ def test_lines_are_the_action_and_the_row_with_its_version(use_c):
 def _reduced(events, use_c: bool):
     from sinks.opensearch import documents
 
-    documents.USE_SPEEDUPS = use_c
-    try:
+    with native.choose(use_c):
         out = documents.reduce(events)
-    finally:
-        documents.USE_SPEEDUPS = True
     return {topic: (t.topic, t.first, [(k, type(a), tuple(a)) for k, a in t.actions.items()], t.truncate)
             for topic, t in out.items()}
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc import native
 from cdc.errors import DecodeError
 from sources.postgres import copy_json
 from sources.postgres.copy_json import CopyJson, copy_escape
@@ -18,7 +19,7 @@ from sources.postgres.types.server_json import BOOL, BYTEA, FLOAT, RAW, STRING, 
 
 
 def test_the_c_function_is_built():
-    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1":
+    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1" or not native.ALLOWED:
         return
     assert copy_json._copyjson is not None, "sources.postgres._copyjson was not built: pip install -e ."
 
@@ -33,6 +34,15 @@ SPEC = CopyJson.of("public.t", ["id", 'we"ird\\name', "f", "b", "s", "ts", "tstz
 
 def _c(spec: CopyJson, block: bytes):
     return copy_json._copyjson.rewrite(block, spec.kinds, spec.heads, spec.keys, spec.toast, spec.min_chars)
+
+
+@needs_c
+def test_under_the_reference_switch_the_server_makes_the_row_json():
+    def plan():
+        return CopyJson.for_table("public.t", [("id", 23)], {}, [0], [], 5)
+    assert plan() is not None
+    with native.reference():
+        assert plan() is None
 
 
 def test_a_line_becomes_the_statements_line():

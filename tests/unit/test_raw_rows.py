@@ -1,4 +1,4 @@
-"""Rows left as JSON bytes (issue #18): the C scanner and COPY loop of cdc/_speedups.c against
+"""Rows left as JSON bytes (issue #18): the C scanner and COPY loop of cdc/_decode.c and cdc/_copytext.c against
 the Python paths they stand in for.
 
 * ``decode_records(raw_rows=True)`` against ``decode_record``: the same event once ``after`` is
@@ -11,27 +11,45 @@ the Python paths they stand in for.
 
 from __future__ import annotations
 
+import os
 import random
 
 import orjson
 import pytest
 
-from cdc import sink_events
+from cdc import native, sink_events
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId
 from cdc.log.base import LogRecord
-from cdc.runtime.contexts import NATIVE
+from cdc.runtime.contexts import native_codecs
 from cdc.serde import EnvelopeEncoder
 from cdc.sink_events import PoisonRecord, decode_record, decode_records
 from sinks.sql import copy_rows
 from sinks.sql.plan import ColumnPlan
 from sinks.sql.types import Family
 
+NATIVE = native_codecs()
+
 
 def test_the_c_paths_were_built():
-    assert sink_events.RAW_ROWS and NATIVE.copy_rows, "cdc._speedups was not built: pip install -e . with a C compiler"
+    """As tests/unit/test_encode.py's: CDC_ALLOW_NO_SPEEDUPS=1 says a build without them is expected."""
+    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1":
+        return
+    if not native.ALLOWED:  # CDC_NATIVE=0: as a build without them
+        assert not sink_events.raw_rows_decoded() and NATIVE.copy_rows is None
+        return
+    assert sink_events.raw_rows_decoded() and NATIVE.copy_rows, \
+        "cdc._decode or cdc._copytext was not built: pip install -e . with a C compiler"
 
 
-needs_c = pytest.mark.skipif(not (sink_events.RAW_ROWS and NATIVE.copy_rows), reason="cdc._speedups not built")
+def test_the_reference_switch_turns_the_c_paths_off():
+    with native.reference():
+        assert not sink_events.raw_rows_decoded()
+        assert native_codecs() == type(NATIVE)()
+        assert all(isinstance(e.after, dict) for e in decode_records(records(20), raw_rows=True)
+                   if not isinstance(e, PoisonRecord) and e.after is not None)
+
+
+needs_c = pytest.mark.skipif(not (sink_events.raw_rows_decoded() and NATIVE.copy_rows), reason="cdc._decode/_copytext not built")
 
 TABLE = TableId("shop", "public", "orders")
 STRINGS = ["", "plain", "tab\there", "new\nline", "cr\rx", "back\\slash", 'quote"d', "é ü ß", "日本語", "emoji 😀",

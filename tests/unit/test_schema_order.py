@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc import schema_order
+from cdc import native, schema_order
 from cdc.api import Source, SourceConfig
 from cdc.errors import RetriableError, SchemaChangeError
 from cdc.events import Batch, ChangeEvent, Column, Op, SchemaChange, TableId
@@ -144,7 +144,7 @@ def test_split_by_schema_cuts_where_a_topic_changes_shape():
         [[("a", 0), ("b", 0), ("a", 1), ("a", 2)], [("b", 1), ("a", 3)]]
 
 
-@pytest.mark.skipif(schema_order._speedups is None, reason="cdc._speedups not built")
+@pytest.mark.skipif(schema_order._decode is None, reason="cdc._decode not built")
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]),
                           st.one_of(st.none(), st.just({}), st.just({"table": "t"}),
@@ -154,12 +154,9 @@ def test_split_by_schema_cuts_where_a_topic_changes_shape():
 def test_split_by_schema_in_c_cuts_where_the_python_loop_cuts(made):
     events = [SinkEvent(topic, 0, n, {"id": n}, Op.CREATE, None, {"id": n}, n, source, None)
               for n, (topic, source) in enumerate(made)]
-    in_c = schema_order._speedups.split_by_schema(events)
-    schema_order.USE_SPEEDUPS = False
-    try:
+    in_c = schema_order._decode.split_by_schema(events)
+    with native.reference():
         in_python = split_by_schema(events)
-    finally:
-        schema_order.USE_SPEEDUPS = True
     assert in_c is not None
     assert [[e.offset for e in part] for part in in_c] == [[e.offset for e in part] for part in in_python]
 

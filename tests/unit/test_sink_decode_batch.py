@@ -1,4 +1,4 @@
-"""The sink runtime's decoding loop in C (cdc/_speedups.c, ``decode_batch``) against the Python
+"""The sink runtime's decoding loop in C (cdc/_decode.c, ``decode_batch``) against the Python
 loop of cdc/sink_events.py, the reference: for any records, both must give the same events (field
 for field, and the same type), the same poison records with the same reasons, the same ends and
 the same byte count. Records carry headers of every kind (a tombstone's version comes from them)."""
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc import sink_events
+from cdc import native, sink_events
 from cdc.log.base import LogRecord
 from cdc.sink_events import SinkEvent, decode_batch
 
-needs_c = pytest.mark.skipif(sink_events._speedups is None, reason="cdc._speedups not built (test_speedups.py)")
+needs_c = pytest.mark.skipif(sink_events._decode is None, reason="cdc._decode not built (test_encode.py)")
 
 text = st.text(max_size=8)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1), text, st.floats(allow_nan=False))
@@ -87,12 +87,9 @@ def records(draw, headers=any_headers) -> list[LogRecord]:
 
 
 def run(batch: list[LogRecord], use_c: bool) -> tuple:
-    sink_events.USE_SPEEDUPS = use_c
-    try:
+    with native.choose(use_c):
         ends: dict = {}
         events, poisons, nbytes = decode_batch(batch, ends)
-    finally:
-        sink_events.USE_SPEEDUPS = True
     return ([(type(e), tuple(e)) for e in events], [(r, type(err), str(err)) for r, err in poisons], ends, nbytes)
 
 
@@ -111,7 +108,7 @@ def test_the_c_loop_makes_sink_events_of_plain_envelopes(monkeypatch):
                           "source": {"table": "t", "version": 42}})
     monkeypatch.setattr(sink_events, "decode_record", lambda record: pytest.fail("handed to Python"))
     ends: dict = {}
-    events, poisons, nbytes = sink_events._speedups.decode_batch(
+    events, poisons, nbytes = sink_events._decode.decode_batch(
         [LogRecord("p.s.t", 1, 9, b'{"id":1}', value, 0), LogRecord("p.s.t", 1, 10, b'{"id":1}', None, 0)], ends)
     assert events[0] == SinkEvent("p.s.t", 1, 9, {"id": 1}, sink_events.Op.CREATE, None, {"id": 1}, 42,
                                   {"table": "t", "version": 42}, 5)
@@ -139,12 +136,9 @@ def test_the_c_loop_reads_kafka_messages_as_the_python_loop(made, start):
                 for n, (failed, value, stamp) in enumerate(made)]
     results = []
     for use_c in (True, False):
-        kafka_reader.USE_SPEEDUPS = use_c
-        try:
+        with native.choose(use_c):
             out: list = []
             at = kafka_reader.log_records(messages, start, out)
-        finally:
-            kafka_reader.USE_SPEEDUPS = True
         results.append((at, [(type(r), tuple(r)) for r in out]))
     assert results[0] == results[1]
     assert [r[1][6] for r in results[0][1]] == [m.headers() for m in messages[start:start + len(results[0][1])]]
@@ -167,11 +161,8 @@ def test_the_c_loop_decodes_packed_batches_as_the_python_loop_decodes_records(ba
     """decode_packed (the runner's reads through the bulk reader) against decode_batch of the same
     records in Python: the same events, poisons (with the records), ends and byte count."""
     from_packed = sink_events.decode_packed(packed(batch), ends := {}, raw_rows)
-    sink_events.USE_SPEEDUPS = False
-    try:
+    with native.reference():
         reference = decode_batch(batch, reference_ends := {}, raw_rows)
-    finally:
-        sink_events.USE_SPEEDUPS = True
     if raw_rows:  # the C parser leaves an upsert's row as its JSON bytes: compare the decoded row
         from_packed = ([e._replace(after=orjson.loads(e.after)) if type(e.after) is bytes else e
                         for e in from_packed[0]], *from_packed[1:])
@@ -186,13 +177,10 @@ def test_a_tombstone_reads_its_version_from_its_headers_in_both_loops():
     """The version header of a tombstone is its event's version (the last one counts); without one
     the version is None, and a header that is no decimal int64 makes the record poison, naming why."""
     def decoded(headers, use_c: bool):
-        sink_events.USE_SPEEDUPS = use_c
-        try:
+        with native.choose(use_c):
             records_ = [LogRecord("p.s.t", 0, 4, b'{"id":1}', None, 0, headers)]
             plain = decode_batch(records_, {})
             from_packed = sink_events.decode_packed(packed(records_), {})
-        finally:
-            sink_events.USE_SPEEDUPS = True
         assert [tuple(e) for e in plain[0]] == [tuple(e) for e in from_packed[0]]
         return [e.version for e in plain[0]], [str(err) for _, err in plain[1]]
 
@@ -210,4 +198,4 @@ def test_a_tombstone_reads_its_version_from_its_headers_in_both_loops():
 def test_a_packed_batch_cut_short_is_an_error_not_a_read_past_its_end():
     batch = packed([LogRecord("p.s.t", 0, 1, b'{"id":1}', b'{"op":"c"}', 0)])
     with pytest.raises(ValueError, match="ends inside a record"):
-        sink_events._speedups.decode_packed(batch.data[:-3], 1, batch.topics, {}, False, LogRecord)
+        sink_events._decode.decode_packed(batch.data[:-3], 1, batch.topics, {}, False, LogRecord)

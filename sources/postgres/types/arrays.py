@@ -50,6 +50,7 @@ def _parse_nested(text: str, tokens: re.Pattern, element: Converter) -> list[Any
             raise DecodeError(f"array text {text!r}: unexpected character at offset {pos}")
         pos = m.end()
         kind = m.lastindex
+        assert kind is not None, "every alternative of the token pattern is a group"
         if kind == _OPEN:
             inner: list[Any] = []
             if stack:

@@ -81,7 +81,9 @@ def multirange_converter(subtype: Converter) -> Converter:
         ranges: list[dict[str, Any]] = []
         pos, end = 1, len(body) - 1
         while True:
-            pos = match_gap(body, pos).end()
+            gap = match_gap(body, pos)
+            assert gap is not None, "the gap's pattern matches the empty text too"
+            pos = gap.end()
             if pos >= end:
                 return ranges
             m = match_range(body, pos, end)

@@ -1,4 +1,4 @@
-"""The C encoding loop (cdc/_speedups.c) against the Python loop of EnvelopeEncoder.emit.
+"""The C encoding loop (cdc/_encode.c) against the Python loop of EnvelopeEncoder.emit.
 
 The Python loop is the reference: for any events, the C loop must hand over the same records in
 the same order (bytes for bytes, headers included), count the same bytes, call ``when_room`` for
@@ -14,20 +14,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc import serde
+from cdc import native, serde
 from cdc.events import ChangeEvent, Op, SnapshotMarker, TableId, TransactionInfo
 from cdc.serde import EmitError, EnvelopeEncoder
 
 
 def test_the_c_loop_is_built():
     """setup.py builds it wherever a C compiler is (every machine this project sets up has one);
-    CDC_ALLOW_NO_SPEEDUPS=1 says a build without it is expected."""
-    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1":
+    CDC_ALLOW_NO_SPEEDUPS=1 says a build without it is expected, as CDC_NATIVE=0 does."""
+    if os.environ.get("CDC_ALLOW_NO_SPEEDUPS") == "1" or not native.ALLOWED:
         return
-    assert serde._speedups is not None, "cdc._speedups was not built: pip install -e . with a C compiler"
+    assert serde._encode is not None, "cdc._encode was not built: pip install -e . with a C compiler"
 
 
-needs_c = pytest.mark.skipif(serde._speedups is None, reason="cdc._speedups not built (see the test above)")
+needs_c = pytest.mark.skipif(serde._encode is None, reason="cdc._encode not built (see the test above)")
 
 TABLES = [TableId("shop", "public", "orders"), TableId("shop", None, "items"), TableId("db", "s", "t\"q")]
 text = st.text(max_size=12)
@@ -55,7 +55,6 @@ def events(draw) -> ChangeEvent:
 def run(events_: list, use_speedups: bool, full_every: int = 0):
     """(calls made, value bytes, error topic or None) of one emit over ``events_``."""
     encoder = EnvelopeEncoder("postgresql", "src", "p")
-    encoder.use_speedups = use_speedups
     encoder.schema_versions[TABLES[0]] = 2 ** 40 + 7  # one table names its shape, the others none
     calls: list = []
     count = [0]
@@ -74,7 +73,8 @@ def run(events_: list, use_speedups: bool, full_every: int = 0):
 
     error = None
     try:
-        encoder.emit(events_, emit, when_room, everywhere, now_ms=1_700_000_000_000)
+        with native.choose(use_speedups):
+            encoder.emit(events_, emit, when_room, everywhere, now_ms=1_700_000_000_000)
     except EmitError as exc:
         error = (exc.topic, type(exc.cause).__name__)
     return calls, encoder.value_bytes, error
@@ -97,7 +97,7 @@ def test_every_record_carries_its_version_and_source_a_tombstone_its_deletes():
                            version=-(2 ** 63), ts_ms=1),
                ChangeEvent(op=Op.TRUNCATE, table=table, key=None, before=None, after=None, version=2 ** 63 - 1,
                            ts_ms=1)]
-    for use in (True, False) if serde._speedups is not None else (False,):
+    for use in (True, False) if serde._encode is not None else (False,):
         calls, _, error = run(events_, use)
         assert error is None
         assert [(kind, value is None, headers) for kind, _, value, _, headers in calls] == [
@@ -108,9 +108,9 @@ def test_every_record_carries_its_version_and_source_a_tombstone_its_deletes():
 
 
 def test_the_c_header_name_is_the_python_one():
-    if serde._speedups is not None:
+    if serde._encode is not None:
         from cdc.headers import VERSION
-        assert serde._speedups.VERSION_HEADER == VERSION
+        assert serde._encode.VERSION_HEADER == VERSION
 
 
 @needs_c
@@ -132,12 +132,11 @@ def test_a_failing_emit_names_the_topic_in_both_loops():
                         version=1, ts_ms=1)
     for use in (True, False):
         encoder = EnvelopeEncoder("postgresql", "src", "p")
-        encoder.use_speedups = use
 
         def emit(topic, value, key, headers):
             raise RuntimeError("refused")
 
-        with pytest.raises(EmitError, match="p.public.orders") as raised:
+        with native.choose(use), pytest.raises(EmitError, match="p.public.orders") as raised:
             encoder.emit([event], emit, emit, emit, now_ms=1)
         assert isinstance(raised.value.cause, RuntimeError)
 
@@ -161,9 +160,9 @@ def test_events_from_a_generator_that_drops_them_as_it_goes():
 
     for use in (True, False):
         encoder = EnvelopeEncoder("postgresql", "src", "p")
-        encoder.use_speedups = use
         records: list = []
-        encoder.emit(made(), lambda t, v, k, headers: records.append((t, k)), print, print, now_ms=1)
+        with native.choose(use):
+            encoder.emit(made(), lambda t, v, k, headers: records.append((t, k)), print, print, now_ms=1)
         assert records == [(f"p.s.t{i % 7}", b'{"id":%d}' % i) for i in range(2000)]
 
 
@@ -179,12 +178,9 @@ def test_positional_produce_puts_the_headers_in_their_place_in_both():
     def produce(*args, **kwargs):
         calls.append((args, kwargs))
 
-    for use_c in (True, False) if serde._speedups is not None else (False,):
-        kafka_writer.USE_SPEEDUPS = use_c
-        try:
+    for use_c in (True, False) if serde._encode is not None else (False,):
+        with native.choose(use_c):
             positional = kafka_writer.positional_produce(produce)
-        finally:
-            kafka_writer.USE_SPEEDUPS = True
         positional("t", b"v", b"k", [("cdc.version", b"1")])
         positional("t", None, b"k")
         assert calls == [(("t", b"v", b"k", -1, None, None, 0, [("cdc.version", b"1")]), {}),
