@@ -224,10 +224,11 @@ def batches(spark, path: str, changes: int, size: int, first: int = 0):
 
 
 def run_append(spark, data: str, target: str, changes: int, size: int, first: int = 0) -> float:
+    from spark_sinks.connect_json import ConnectCodecs
     from spark_sinks.parse import RowDecoder, envelopes
     from spark_sinks.schemas import TableShape
 
-    decoder = RowDecoder(TableShape.from_record(schema_record()).struct(), {}, None, set())
+    decoder = RowDecoder(TableShape.from_record(schema_record()).struct(), {}, ConnectCodecs(), set())
     began = time.perf_counter()
     for _, batch in batches(spark, data, changes, size, first):
         parsed = decoder.prepare(envelopes(batch))

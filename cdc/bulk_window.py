@@ -32,6 +32,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -39,6 +40,9 @@ from cdc import native
 from cdc.events import Op
 from cdc.sink_event import SinkEvent, WindowPart
 from cdc.sink_events import _OPS, PoisonRecord, decode_records
+
+if TYPE_CHECKING:
+    from cdc.log.base import LogRecord
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +85,20 @@ class NewestWindow:
         self._sources: dict[str, dict] = {}  # per topic: a source block naming its table
         self.records = 0
 
-    def add(self, records: list, ends: dict) -> list[tuple[object, PoisonRecord]]:
+    def add(self, records: list, ends: dict) -> list[tuple[LogRecord, PoisonRecord]]:
         """Reduce ``records`` (LogRecords) into the window; the poison ones, with why, are
         returned (not in the window) for the caller to set aside. ``ends[(topic, partition)]`` is
         set to the offset after each partition's last record."""
         records = records if records.__class__ is list else list(records)
         known = len(self._topics)
-        poisons: list[tuple[object, PoisonRecord]] = []
+        poisons: list[tuple[LogRecord, PoisonRecord]] = []
         self.records += len(records)
         self._window.add(records, self._topics, ends, self._resolver(lambda: records, poisons))
         if len(self._topics) > known:
             self._name_new_topics(records)
         return poisons
 
-    def add_packed(self, batch, ends: dict) -> list[tuple[object, PoisonRecord]]:
+    def add_packed(self, batch, ends: dict) -> list[tuple[LogRecord, PoisonRecord]]:
         """``add`` for a ``cdc.log.kafka_bulk.PackedBatch``: the records parsed where they lie, a
         LogRecord made only for those the C loop does not take."""
         unpacked: list = []
@@ -104,7 +108,7 @@ class NewestWindow:
                 unpacked.extend(batch.records())
             return unpacked
         known = len(self._topics)
-        poisons: list[tuple[object, PoisonRecord]] = []
+        poisons: list[tuple[LogRecord, PoisonRecord]] = []
         self.records += batch.count
         self._window.add_packed(batch.data, batch.count, batch.topics, self._topics, ends,
                                 self._resolver(records, poisons))

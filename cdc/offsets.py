@@ -40,6 +40,8 @@ class OffsetStore:
         latest: dict[str, Position | None] = {}
         for record in self.log.read_all(self.topic):
             try:
+                if record.key is None:
+                    raise ValueError("no key")
                 key = orjson.loads(record.key)
                 if "record" in key:  # not a position: the source's tables (load_tables)
                     continue

@@ -73,10 +73,10 @@ def _lookup(group: str, type_name: str) -> Any:
         if len(named) > 1:
             log.warning("%s type %r is registered twice; using the first (not %s)", _KINDS[group][0],
                         type_name, named[1].value)
-        cls, reason = _load(group, named[0])
-        if cls is not None:
-            return cls
-        found = _Discovered({}, {type_name: reason})
+        loaded = _load(group, named[0])
+        if not isinstance(loaded, str):
+            return loaded
+        found = _Discovered({}, {type_name: loaded})
     else:
         found = _discover(group)
     kind = _KINDS[group][0]
@@ -99,26 +99,26 @@ def _discover(group: str) -> _Discovered:
         if ep.name in plugins or ep.name in broken:
             log.warning("%s type %r is registered twice; using the first (not %s)", kind, ep.name, ep.value)
             continue
-        cls, reason = _load(group, ep)
-        if cls is None:
-            broken[ep.name] = reason
+        loaded = _load(group, ep)
+        if isinstance(loaded, str):
+            broken[ep.name] = loaded
         else:
-            plugins[ep.name] = cls
+            plugins[ep.name] = loaded
     return _Discovered(plugins, broken)
 
 
-_loaded: dict[tuple[str, str, str], tuple[type | None, str | None]] = {}
+_loaded: dict[tuple[str, str, str], type | str] = {}
 
 
-def _load(group: str, ep: Any) -> tuple[type | None, str | None]:
-    """(the plugin class, None), or (None, why it cannot be used); once per entry point."""
+def _load(group: str, ep: Any) -> type | str:
+    """The plugin class, or why it cannot be used; once per entry point."""
     key = (group, ep.name, ep.value)
     if key not in _loaded:
         _loaded[key] = _import(group, ep)
     return _loaded[key]
 
 
-def _import(group: str, ep: Any) -> tuple[type | None, str | None]:
+def _import(group: str, ep: Any) -> type | str:
     kind, base, config_base = _KINDS[group]
     try:
         cls = ep.load()
@@ -126,13 +126,13 @@ def _import(group: str, ep: Any) -> tuple[type | None, str | None]:
         reason = f"{type(err).__name__}: {err}"
         hint = _install_hint(ep, err)
         log.debug("%s plugin %r (%s) failed to import: %s", kind, ep.name, ep.value, reason)
-        return None, f"{reason}; install it with: {hint}" if hint else reason
+        return f"{reason}; install it with: {hint}" if hint else reason
     model = getattr(cls, "config_model", None)
     if not (isinstance(cls, type) and issubclass(cls, base)
             and isinstance(model, type) and issubclass(model, config_base)):
-        return None, (f"{ep.value} is not a {base.__name__} subclass with a "
-                      f"config_model derived from {config_base.__name__}")
-    return cls, None
+        return (f"{ep.value} is not a {base.__name__} subclass with a "
+                f"config_model derived from {config_base.__name__}")
+    return cls
 
 
 def _normalize(name: str) -> str:

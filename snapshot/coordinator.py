@@ -63,7 +63,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from cdc.api import Source, TableBook
 from cdc.errors import CdcError, ConfigError, PermanentError, PositionLostError
@@ -72,7 +72,7 @@ from cdc.positions import IncrementalProgress, Position, SnapshotProgress
 from snapshot.incremental import IncrementalSnapshots, unwrap
 from snapshot.parallel import ParallelSnapshot
 from snapshot.policy import Plan, Step, policy_for
-from snapshot.signals import SIGNALS, IncrementalSettings
+from snapshot.signals import SIGNALS, IncrementalReads, IncrementalSettings
 
 WINDOW_POLL_SECONDS = 0.0  # the stream's poll timeout while an incremental snapshot's chunk is in flight
 
@@ -203,9 +203,11 @@ class SnapshotCoordinator:
         current = halves.captured_names()
         # A source takes incremental snapshots when its config has their settings; its halves
         # then supply ``IncrementalReads`` (write_signal, chunk_readable, read_chunk, ...).
-        if isinstance(self.config, IncrementalSettings):
-            self.incremental = IncrementalSnapshots(halves, self.config.incremental_chunk_rows, self.config.name,
-                                                    current, self.config.incremental_chunk_pause_ms / 1000)
+        settings = self.config
+        if isinstance(settings, IncrementalSettings):
+            reads = cast(IncrementalReads, halves)  # what such a source's halves supply, as said above
+            self.incremental = IncrementalSnapshots(reads, settings.incremental_chunk_rows, self.config.name,
+                                                    current, settings.incremental_chunk_pause_ms / 1000)
             if self._incremental_progress is not None:
                 self.incremental.resume(self._incremental_progress)
         known = self.table_book.load() if self.table_book is not None else None
@@ -238,17 +240,19 @@ class SnapshotCoordinator:
             return None
         if self.snapshot is not None:
             return self._poll_snapshot(timeout)
+        stream = self.stream
+        assert stream is not None  # start() began a snapshot or the stream; a finished source returned above
         try:
             incremental = self.incremental
             if incremental is None:
-                return self.stream.poll(timeout)
+                return stream.poll(timeout)
             incremental.before_poll()
             if incremental.awaiting_high_watermark:
                 # A chunk waits for its watermarks: hand over what came as soon as it came. A
                 # binlog stream otherwise reads on past the high watermark's commit, blocked until
                 # the next event or heartbeat: one chunk per heartbeat on a quiet server.
                 timeout = min(timeout, WINDOW_POLL_SECONDS)
-            batch = self.stream.poll(timeout)
+            batch = stream.poll(timeout)
             return None if batch is None else incremental.filter(batch)
         except PositionLostError as lost:
             if self._stopping.is_set():
@@ -339,13 +343,15 @@ class SnapshotCoordinator:
                 return Batch([], self._progress)
             self._stopping.wait(min(timeout, 0.05))  # until the runtime stored the marker
             return None
+        snapshot, opened = self.snapshot, self._opened
+        assert snapshot is not None and opened is not None  # both set by _start_snapshot, unset by _close_snapshot
         try:
-            item = self.snapshot.next_batch(timeout)
+            item = snapshot.next_batch(timeout)
         except StopIteration:
-            return self._finish_snapshot()
+            return self._finish_snapshot(opened)
         if item is None:
             return None
-        events = self._opened.accept(item)
+        events = opened.accept(item)
         if not len(events):
             return None
         self._snapshot_rows += len(events)
@@ -354,8 +360,7 @@ class SnapshotCoordinator:
         out, self._held = self._held, events
         return self._with_changes(Batch(out)) if out is not None else None
 
-    def _finish_snapshot(self) -> Batch:
-        opened = self._opened
+    def _finish_snapshot(self, opened: OpenedSnapshot) -> Batch:
         self._close_snapshot()
         events: list = []
         if self._held is not None:

@@ -56,7 +56,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from cdc.errors import CdcError, ConfigError
 from cdc.events import Batch, ChangeEvent, Op, SnapshotMarker, TableId
@@ -70,7 +70,9 @@ INCREMENTAL_READ = SnapshotMarker.INCREMENTAL  # source.snapshot of a chunk row,
 
 def key_of(event: ChangeEvent) -> tuple:
     """An event's key as a tuple in key order (how the chunk cursor is stored)."""
-    return tuple(event.key.values())
+    key = event.key
+    assert key is not None  # a row of a captured table: a table without a key is refused (the sources' catalogs)
+    return tuple(key.values())
 
 
 @dataclass
@@ -102,8 +104,9 @@ class ChunkWindow:
         """The rows no change inside the window touched, as incremental reads."""
         if self.truncated:
             return []
-        changed = self.changed
-        return [e._replace(snapshot=INCREMENTAL_READ) for key, e in self.rows.items() if key not in changed]
+        changed, rows = self.changed, self.rows
+        assert rows is not None  # the close watermark is written after the chunk was read
+        return [e._replace(snapshot=INCREMENTAL_READ) for key, e in rows.items() if key not in changed]
 
 
 def has_table(events: list[ChangeEvent], table: TableId) -> bool:
@@ -294,7 +297,9 @@ class IncrementalSnapshots:
         return Batch(out, checkpoint, schema_changes, batch.snapshot_end)
 
     def _chunk_done(self, window: ChunkWindow) -> None:
-        self.rows += len(window.rows) - len(window.changed & window.rows.keys())
+        rows = window.rows
+        assert rows is not None  # the close watermark is written after the chunk was read
+        self.rows += len(rows) - len(window.changed & rows.keys())
         self._pace.chunk_done(self.rows)
         if window.complete:
             log.info("incremental snapshot of %s done: %d rows", window.table, self.rows, extra=self._extra())
@@ -364,7 +369,7 @@ class _Pace:
         """``rows_before``: rows of the table read before a restart (not timed here)."""
         self.estimate, self.chunks, self.rows, self.rows_before = estimate, 0, rows_before, rows_before
         self.reading = 0.0                    # seconds spent on this table up to the last chunk done
-        self._since = time.monotonic()        # when the time not yet in ``reading`` began; None: paused
+        self._since: float | None = time.monotonic()  # when the time not yet in ``reading`` began; None: paused
 
     def pause(self) -> None:
         if self._since is not None:
@@ -385,6 +390,14 @@ class _Pace:
         if not self.estimate or timed <= 0:
             return None
         return round(max(self.estimate - self.rows, 0) * self.reading / timed, 1)
+
+
+@overload
+def unwrap(position: Position) -> Position: ...
+
+
+@overload
+def unwrap(position: None) -> None: ...
 
 
 def unwrap(position: Position | None) -> Position | None:

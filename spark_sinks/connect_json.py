@@ -32,6 +32,7 @@ format's key text, so MERGE matches the same key from either format.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -225,7 +226,7 @@ class FieldReader:
     value (``convert(parsed)``) to the column's value."""
 
     json_type: T.DataType
-    convert: object  # Callable[[Column], Column]
+    convert: Callable[[Column], Column]
 
 
 def _reader(field: dict | None, target: T.DataType) -> FieldReader:
@@ -293,12 +294,12 @@ _KEY_TYPES = {"int8": T.LongType(), "int16": T.LongType(), "int32": T.LongType()
 def _unsigned(field: dict, struct: T.StructType) -> bool:
     """A MySQL ``bigint unsigned`` (the table's ``decimal(20,0)``), written as a wrapped int64."""
     names = {f.name: f.dataType for f in struct.fields}
-    return field.get("type") == "int64" and names.get(field.get("field")) == T.DecimalType(20, 0)
+    return field.get("type") == "int64" and names.get(field.get("field", "")) == T.DecimalType(20, 0)
 
 
 def _double_decimal(field: dict, struct: T.StructType) -> T.DecimalType | None:
     """The table's decimal type of a key field written as a double (decimal.handling.mode=double)."""
-    kind = {f.name: f.dataType for f in struct.fields}.get(field.get("field"))
+    kind = {f.name: f.dataType for f in struct.fields}.get(field.get("field", ""))
     return kind if field.get("type") in ("double", "float") and isinstance(kind, T.DecimalType) else None
 
 
@@ -317,16 +318,19 @@ def key_text(payload: Column, row: ConnectRow, struct: T.StructType) -> Column:
             reader = _reader(field, T.StringType())
         elif _unsigned(field, struct):
             reader = _reader(field, T.DecimalType(20, 0))
-        elif _double_decimal(field, struct) is not None:  # as the json format's decimal text
-            decimal = _double_decimal(field, struct)
-            reader = FieldReader(T.DoubleType(), lambda v, d=decimal: v.cast(d).cast(T.StringType()))
+        elif (decimal := _double_decimal(field, struct)) is not None:  # as the json format's decimal text
+            reader = FieldReader(T.DoubleType(), _decimal_text(decimal))
         else:
-            reader = FieldReader(_KEY_TYPES.get(field.get("type"), T.StringType()), lambda v: v)
+            reader = FieldReader(_KEY_TYPES.get(field.get("type", ""), T.StringType()), lambda v: v)
         parse.append(T.StructField(field["field"], reader.json_type))
         readers.append(reader)
         names.append(field["field"])
     parsed = F.from_json(payload, T.StructType(parse))
     return F.to_json(F.struct(*[r.convert(parsed.getField(n)).alias(n) for n, r in zip(names, readers)]))
+
+
+def _decimal_text(decimal: T.DecimalType) -> Callable[[Column], Column]:
+    return lambda value: value.cast(decimal).cast(T.StringType())
 
 
 _CONVERTED = frozenset({DECIMAL, VARIABLE_SCALE_DECIMAL, *DATES, *TIMES_MS, MICRO_TIME, *TIMESTAMPS_MS,

@@ -27,12 +27,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, SelfRebuildingSink
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
 from spark_sinks.session import quiet_loggers
+
+if TYPE_CHECKING:  # imported where used: pyspark loads only once a sink starts
+    from pyspark.sql import SparkSession
+
+    from spark_sinks.job import DeltaJob
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +56,8 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         self.config: DeltaSinkConfig = config
         # The app config's ``log`` section: run(log=...) sets it, else the context's is used.
         self.log_config: Any = None
-        self.session = None
-        self.job = None
+        self.session: SparkSession | None = None
+        self.job: DeltaJob | None = None
         self._own_session = False
         self._lock = threading.Lock()
         self._rebuild = False  # request_rebuild(): the next run rebuilds every table first
@@ -67,9 +72,9 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         return self.job.stats if self.job is not None else self.context.stats
 
     # -- the Sink interface ----------------------------------------------------------------------
-    def start(self, session=None, *, before_query: Callable[[], None] | None = None) -> None:
+    def start(self, session=None, *, before_query: Callable[[DeltaJob, SparkSession], None] | None = None) -> None:
         """Start the streaming query (on ``session``, else a session of its own);
-        ``before_query()`` runs once the job exists, before the query starts."""
+        ``before_query(job, session)`` runs once the job exists, before the query starts."""
         from spark_sinks.job import DeltaJob
 
         bootstrap, options, prefix, log_, registry_url = self._kafka()
@@ -78,14 +83,14 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
                 session, self._own_session = _session(self.config, self.context.spark_jars), True
             try:
                 quiet_loggers(session)  # spark-submit's session, or one given, too
-                self.session = session.newSession()  # its own SQL settings, the same SparkContext
+                own = self.session = session.newSession()  # its own SQL settings, the same SparkContext
                 for name, value in self.config.spark.conf.items():
-                    self.session.conf.set(name, value)  # runtime settings; static: spark-submit --conf
-                self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
-                                    kafka_options=options, stats=self.context.stats, registry_url=registry_url,
-                                    context=self.context)
+                    own.conf.set(name, value)  # runtime settings; static: spark-submit --conf
+                job = self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
+                                          kafka_options=options, stats=self.context.stats, registry_url=registry_url,
+                                          context=self.context)
                 if before_query is None:
-                    self.job.start(self.session)
+                    job.start(own)
             except BaseException:
                 log_.close()
                 if self._own_session:
@@ -95,11 +100,11 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         if before_query is None:
             return
         try:
-            before_query()  # outside the lock: stop() may come meanwhile
+            before_query(job, own)  # outside the lock: stop() may come meanwhile
             with self._lock:
                 if self.session is None:
                     return  # stopped meanwhile
-                self.job.start(self.session)
+                job.start(self.session)
         except BaseException:
             self.stop()
             raise
@@ -141,7 +146,8 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
             self.log_config = log
         rebuild, self._rebuild = self._rebuild, False
         try:
-            self.start(session, before_query=(lambda: self._rebuild_tables(stop_event, report)) if rebuild else None)
+            self.start(session, before_query=(lambda job, session: self._rebuild_tables(job, session, stop_event, report))
+                       if rebuild else None)
         except BaseException:
             if not stop_event.is_set():
                 raise
@@ -151,11 +157,16 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
                 report(self.stats)
             return
         job = self.job
-        query = job.query
+        query = job.query if job is not None else None
+        if job is None or query is None:  # stop() came during the rebuild, before the query started
+            self.stats.phase = "stopped"
+            if report is not None:
+                report(self.stats)
+            return
         try:
             while not stop_event.is_set():
                 try:
-                    if query.awaitTermination(1.0):
+                    if query.awaitTermination(1):
                         break  # available_now: caught up
                 except Exception as err:  # noqa: BLE001 - StreamingQueryException and Py4J errors
                     raise self._typed(job, err) from err
@@ -170,10 +181,10 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
             if report is not None:
                 report(job.stats)
 
-    def _rebuild_tables(self, stop_event: threading.Event, report: Callable[[ConnectorStats], None] | None) -> None:
+    def _rebuild_tables(self, job: DeltaJob, session: SparkSession, stop_event: threading.Event,
+                        report: Callable[[ConnectorStats], None] | None) -> None:
         """Rebuild every table before the query starts, reporting the phase ``rebuilding`` each
         second meanwhile (the runtime counts each report as progress)."""
-        job = self.job
         job.stats.phase = "rebuilding"
         done = threading.Event()
 
@@ -185,7 +196,7 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         ticker.start()
         began = time.monotonic()
         try:
-            tables = job.rebuild_all(self.session, stop_event)
+            tables = job.rebuild_all(session, stop_event)
         finally:
             done.set()
             ticker.join()
@@ -211,9 +222,11 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         prefix = self.config.topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
         if self.config.kafka is not None:
             bootstrap = self.config.kafka.bootstrap_servers
-            same = kafka_log is not None and kafka_log.bootstrap_servers == bootstrap
-            log_ = self.context.open_kafka_log(bootstrap, producer_config=dict(kafka_log.producer) if same else None,
-                                               consumer_config=dict(kafka_log.consumer) if same else None)
+            # The log's client settings, where the sink reads the log's own brokers.
+            same = kafka_log if kafka_log is not None and kafka_log.bootstrap_servers == bootstrap else None
+            log_ = self.context.open_kafka_log(bootstrap,
+                                               producer_config=dict(same.producer) if same is not None else None,
+                                               consumer_config=dict(same.consumer) if same is not None else None)
             return bootstrap, dict(self.config.kafka.options), prefix, log_, registry_url
         if kafka_log is None:
             raise ConfigError(f"sink {self.config.name} (delta) needs Kafka: give it kafka.bootstrap_servers, "

@@ -35,6 +35,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
 
 from cdc.api import (
     ConnectorStats,
@@ -122,7 +123,7 @@ class DeltaJob:
         # (columns added, renamed or widened) and before any row of the batch is written to it:
         # tests put a crash between a schema change and its first row there.
         self.after_shape: Callable[[int, str], None] | None = None
-        self.query = None
+        self.query: StreamingQuery | None = None
         self._query_id: str | None = None
         self._started = threading.Event()
         self._targets: dict[tuple[str, str], TableTarget] = {}
@@ -156,12 +157,12 @@ class DeltaJob:
         self._started.clear()
         self.failure = None
         self.stopping = False
-        self.query = writer.start()
-        self.bind(self.query.id)  # kept in the checkpoint: the same across restarts
+        query = self.query = writer.start()
+        self.bind(query.id)  # kept in the checkpoint: the same across restarts
         self.stats.phase = "streaming"
         log.info("streaming %s into %s (%s), checkpoint %s", ", ".join(config.topics), config.path,
                  self.mode, config.checkpoint, extra=self._extra())
-        return self.query
+        return query
 
     @property
     def batch_seconds(self) -> list[float]:
@@ -297,7 +298,8 @@ class DeltaJob:
         seen -= {old for olds in target.former_names(session).values() for old in olds}
         missing = shape.missing(seen)
         if missing:
-            shape = self.registry.shape(topic)  # the record may have come after the rows
+            # The record may have come after the rows; a newer one never goes away again.
+            shape = self.registry.shape(topic) or shape
             seen -= shape.former_names
             missing = shape.missing(seen)
             if missing:
@@ -465,6 +467,7 @@ class DeltaJob:
     def _poison(self, rows: DataFrame) -> None:
         bad = rows.where(F.col("poison").isNotNull())
         first = bad.select("topic", "partition", "offset", "poison").first()
+        assert first is not None  # called when the batch's summary counted poison rows
         where = f"{first['topic']}[{first['partition']}]@{first['offset']}"
         self.stats.errors += 1
         self.stats.last_error = f"poison record at {where}: {first['poison']}"

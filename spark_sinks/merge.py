@@ -66,7 +66,7 @@ def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_co
     table = DeltaTable.forPath(session, target.path).alias("t")
     is_delete = _s(OP) == "d"
     newer = _s(VERSION) > _t(VERSION)
-    row = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS)}
+    row: dict[str, str | Column] = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS)}
     builder = table.merge(source.alias("s"), _t(KEY) == _s(KEY))
     if soft_delete:
         if not insert_only:

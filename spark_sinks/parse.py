@@ -292,7 +292,7 @@ class RowDecoder:
     ``TableShape.was_text``) is read as its JSON text and cast: rows of that shape carry a string
     (``"1.01"``), which Spark's JSON reader reads as NULL into a double."""
 
-    def __init__(self, struct: T.StructType, casts: dict[str, T.DataType], codecs: ConnectCodecs | None,
+    def __init__(self, struct: T.StructType, casts: dict[str, T.DataType], codecs: ConnectCodecs,
                  used: set[int], former: dict[str, list[str]] | None = None,
                  was_text: frozenset[str] = frozenset()) -> None:
         self.struct, self.casts = struct, casts

@@ -96,6 +96,7 @@ def _remove(session: SparkSession, path: str) -> None:
     """Delete a directory tree on whatever file system ``path`` names (Hadoop's FileSystem)."""
     # PySpark has no public file system API: Hadoop's is reached through Py4J only.
     jvm = session.sparkContext._jvm  # noqa: SLF001
+    assert jvm is not None  # a live session's context has its JVM
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)  # noqa: SLF001
 

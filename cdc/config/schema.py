@@ -24,7 +24,8 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 def config_json_schema() -> dict[str, Any]:
     sources = {name: _typed(cls.config_model, name) for name, cls in sorted(plugins.source_plugins().items())}
     sinks = {name: _typed(cls.config_model, name) for name, cls in sorted(plugins.sink_plugins().items())}
-    entries = [(model, "validation") for model in (AppConfig, *sources.values(), *sinks.values())]
+    every: list[type[BaseModel]] = [AppConfig, *sources.values(), *sinks.values()]
+    entries: list[tuple[type[BaseModel], Literal["validation"]]] = [(model, "validation") for model in every]
     refs, schema = models_json_schema(entries, ref_template="#/$defs/{model}")
     defs = schema["$defs"]
     root = defs.pop(_def_name(refs[(AppConfig, "validation")]))
@@ -46,7 +47,8 @@ def _typed(model: type[BaseModel], type_name: str) -> type[BaseModel]:
     if field is not None and get_args(field.annotation) == (type_name,):
         return model
     return create_model(model.__name__, __base__=model, __doc__=model.__doc__,
-                        type=(Literal[type_name], type_name))  # type: ignore[valid-type]
+                        # a Literal made at run time, which mypy cannot read as a type
+                        type=(Literal[type_name], type_name))  # type: ignore[arg-type]
 
 
 def _def_name(ref: dict[str, str]) -> str:
@@ -60,7 +62,7 @@ def _is_secret(prop: dict[str, Any]) -> bool:
 def _add_secret_files(model_schema: dict[str, Any]) -> None:
     properties = model_schema.get("properties", {})
     required = set(model_schema.get("required", [])) | {"type"}  # the loader picks the plugin by it
-    rules = []
+    rules: list[dict[str, Any]] = []
     for name, prop in list(properties.items()):
         file_key = f"{name}_file"
         if not _is_secret(prop) or file_key in properties:

@@ -171,7 +171,9 @@ class _Builder:
                 continue  # not a secret file: validation reports the unknown key
             del out[key]
             key_path, target_path = path + (key,), path + (target,)
-            self.doc.lines[target_path] = self.doc.lines.get(key_path, self.doc.line_of(path))
+            line = self.doc.line_of(key_path)  # the key's own line, else its mapping's
+            if line is not None:
+                self.doc.lines[target_path] = line
             if target in item:
                 self.doc.problem(key_path, f"give {target} or {key}, not both")
             elif self.doc.is_tainted(key_path):

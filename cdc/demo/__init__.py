@@ -87,6 +87,7 @@ def release_source(home: Path) -> None:
     """After the daemon stopped: ``cdc drop`` of the PostgreSQL source of the demo's config, once
     the server has let go of the slot (a walsender ends a moment after its client)."""
     import psycopg2
+    from pydantic import SecretStr
 
     from cdc.config import load_config
     from cdc.errors import CdcError
@@ -96,8 +97,13 @@ def release_source(home: Path) -> None:
     if not config.exists():
         return
     try:
-        dsn = next(s for s in load_config(str(config)).sources if s.name == "shop_pg").dsn.get_secret_value()
-        shop.wait_slots_released(dsn, timeout=30)
+        source = next((s for s in load_config(str(config)).sources if s.name == "shop_pg"), None)
+        # a field of the PostgreSQL plugin's config, a model the framework does not import
+        dsn = getattr(source, "dsn", None)
+        if not isinstance(dsn, SecretStr):
+            print("the demo's config has no PostgreSQL source shop_pg: its replication slot is not dropped")
+            return
+        shop.wait_slots_released(dsn.get_secret_value(), timeout=30)
         cmd_drop(argparse.Namespace(file=str(config), source="shop_pg", yes=True))
     except (CdcError, OSError, psycopg2.Error) as err:  # the stack is down, or the config no longer the demo's
         print(f"the demo's replication slot is not dropped ({err}); `cdc drop {config} shop_pg` drops it")

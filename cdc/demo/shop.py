@@ -74,7 +74,9 @@ def wait_slots_released(dsn: str, timeout: float) -> None:
         with conn.cursor() as cur:
             while time.monotonic() < deadline:
                 cur.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND active")
-                if cur.fetchone()[0] == 0:
+                row = cur.fetchone()
+                assert row is not None  # an aggregate without GROUP BY returns exactly one row
+                if row[0] == 0:
                     return
                 time.sleep(0.2)
     finally:

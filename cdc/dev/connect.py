@@ -127,9 +127,11 @@ def first_value(bootstrap: str, topic: str, worker: ConnectStandalone, timeout: 
     try:
         while time.monotonic() < deadline and worker.alive():
             message = consumer.poll(1.0)
-            if message is None or message.error() is not None or message.value() is None:
+            if message is None or message.error() is not None:
                 continue
-            return orjson.loads(message.value())
+            value = message.value()
+            if value is not None:
+                return orjson.loads(value)
     finally:
         consumer.close()
     raise AssertionError(f"no record on {topic} (worker alive: {worker.alive()}):\n{worker.log_tail()}")

@@ -63,7 +63,9 @@ class Postgres(Service):
         try:
             with conn.cursor() as cur:
                 cur.execute("SHOW data_directory")
-                directory = cur.fetchone()[0]
+                row = cur.fetchone()
+                assert row is not None  # SHOW returns exactly one row
+                directory = row[0]
         except psycopg2.Error:
             return False
         finally:

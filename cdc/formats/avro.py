@@ -25,7 +25,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterable
 from io import BytesIO
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -251,21 +251,25 @@ class AvroEncoder(DebeziumJsonEncoder):
         write(out, datum)
         return bytes(out)
 
-    def _truncate_key(self, fmt: AvroTableFormat) -> bytes:
-        return fmt.truncate_key
+    # The formats handed to these are this encoder's, all made by its _make_format.
 
-    def _key(self, event: ChangeEvent, fmt: AvroTableFormat) -> bytes:
+    def _truncate_key(self, fmt: TableFormat) -> bytes:
+        return cast(AvroTableFormat, fmt).truncate_key
+
+    def _key(self, event: ChangeEvent, fmt: TableFormat) -> bytes:
+        avro = cast(AvroTableFormat, fmt)
         key = event.key or {}
-        payload = fmt.row({k: key[k] for k in fmt.key_names if k in key}) or {}
-        return self._avro(fmt.key_header, fmt.write_key, apply_converters(payload, fmt.key_mappers))
+        payload = avro.row({k: key[k] for k in avro.key_names if k in key}) or {}
+        return self._avro(avro.key_header, avro.write_key, apply_converters(payload, avro.key_mappers))
 
-    def _value(self, event: ChangeEvent, fmt: AvroTableFormat, head: dict[str, Any], now_ms: int) -> bytes:
-        payload = self._payload(event, fmt, head, now_ms)
-        mappers = fmt.row_mappers
+    def _value(self, event: ChangeEvent, fmt: TableFormat, head: dict[str, Any], now_ms: int) -> bytes:
+        avro = cast(AvroTableFormat, fmt)
+        payload = self._payload(event, avro, head, now_ms)
+        mappers = avro.row_mappers
         if mappers:
             apply_converters(payload["before"], mappers)
             apply_converters(payload["after"], mappers)
-        return self._avro(fmt.value_header, fmt.write_value, payload)
+        return self._avro(avro.value_header, avro.write_value, payload)
 
     def record_key(self, event: ChangeEvent) -> bytes:
         return self._key(event, self._format(event))
@@ -315,24 +319,26 @@ class _Decoder:
             self.key = self._row(connect)
 
     @staticmethod
-    def _row(row_schema: dict) -> list:
+    def _row(row_schema: dict) -> list[tuple[str, Callable[[Any], Any]]]:
         """(field, fix) per field: Avro bytes to base64 text, then the Connect JSON reader's
         conversion (``connect_decode``)."""
-        out = []
+        out: list[tuple[str, Callable[[Any], Any]]] = []
         for field in row_schema.get("fields") or []:
             to_text = _bytes_mapper(field, to_bytes=False)
             convert = connect_decode._converter(field)
             if field.get("type") == "float" and convert is None:
                 convert = _float32_shortest
-            if to_text is None and convert is None:
-                continue
-            if to_text is None:
-                out.append((field["field"], convert))
-            elif convert is None:
+            if to_text is not None and convert is not None:
+                out.append((field["field"], _then(to_text, convert)))
+            elif to_text is not None:
                 out.append((field["field"], to_text))
-            else:
-                out.append((field["field"], lambda v, a=to_text, b=convert: b(a(v))))
+            elif convert is not None:
+                out.append((field["field"], convert))
         return out
+
+
+def _then(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: second(first(value))
 
 
 class AvroReader:

@@ -16,7 +16,7 @@ import base64
 import datetime as dt
 from collections.abc import Callable
 from decimal import Context, Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -125,7 +125,10 @@ def _converters_for(schema: dict) -> tuple[list, list]:
     return cached
 
 
-def apply_converters(row: dict | None, converters: list) -> dict | None:
+_Row = TypeVar("_Row", dict, None)
+
+
+def apply_converters(row: _Row, converters: list) -> _Row:
     """``row`` with each (column, convert) of ``converters`` applied in place to its non-null
     value; also the Avro format's mappers (cdc/formats/avro.py)."""
     if row is None or not converters:

@@ -263,20 +263,19 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
         value_of = self._value
         topic = None
         nbytes = 0
-        per_table: dict[int, tuple] = {}
+        per_table: dict[int, tuple[TableFormat, str, dict[Any, dict[str, Any]]]] = {}
         last_table: TableId | None = None
-        last = None
         source = self.source_header
         try:
             for event in events:
                 table = event.table
                 if table is not last_table:
-                    last = per_table.get(id(table))
-                    if last is None:
+                    found = per_table.get(id(table))
+                    if found is None:
                         topic = self.topic(table)  # named in the error if making the table's format fails
-                        last = per_table[id(table)] = (self._format(event), topic, {})
-                    last_table = table
-                fmt, topic, heads = last
+                        found = per_table[id(table)] = (self._format(event), topic, {})
+                    fmt, table_topic, heads = found
+                    topic, last_table = table_topic, table
                 head = heads.get(event.snapshot)
                 if head is None:
                     head = heads[event.snapshot] = self._source_head(table, event.snapshot.value)
@@ -284,9 +283,9 @@ class DebeziumJsonEncoder(EnvelopeEncoder):
                 nbytes += len(value)
                 headers = record_headers(event.version, source)
                 if event.op is _TRUNCATE:
-                    everywhere(topic, value, self._truncate_key(fmt), headers)
+                    everywhere(table_topic, value, self._truncate_key(fmt), headers)
                     continue
-                put_record(emit, when_room, topic, value, self._key(event, fmt), event.op is _DELETE, headers)
+                put_record(emit, when_room, table_topic, value, self._key(event, fmt), event.op is _DELETE, headers)
         except Exception as exc:
             raise EmitError(topic, exc) from exc
         finally:

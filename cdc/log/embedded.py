@@ -135,7 +135,8 @@ class EmbeddedLog(Log):
                 return None
             ids = tuple(i for i, in conn.execute(
                 "SELECT id FROM partitions WHERE topic = ? ORDER BY partition", (name,)))
-            topic = self._topics[name] = _Topic(name, *row, ids)
+            policy, lag_ms, delete_retention_ms, retention_ms = row
+            topic = self._topics[name] = _Topic(name, policy, lag_ms, delete_retention_ms, retention_ms, ids)
         return topic
 
     def _require(self, name: str) -> _Topic:
@@ -259,7 +260,7 @@ class EmbeddedWriter(LogWriter):
         except sqlite3.OperationalError as err:
             _log.warning("embedded log: compaction skipped, will retry: %s", err)
 
-    def _append(self, records: list[Record]) -> None:
+    def _append(self, records: Iterable[Record]) -> None:
         conn = self._conn
         topics: dict[str, _Topic] = {}
         pids: list[int] = []
@@ -369,9 +370,9 @@ class EmbeddedReader(LogReader):
     def _fetch(self, budget: int) -> tuple[list[LogRecord], bool]:
         conn = self._conn
         for tp in self._positions.keys() - self._ids.keys():
-            topic = self._log._topic(tp[0], conn)
-            if topic is not None and 0 <= tp[1] < len(topic.ids):
-                self._ids[tp] = topic.ids[tp[1]]
+            known = self._log._topic(tp[0], conn)
+            if known is not None and 0 <= tp[1] < len(known.ids):
+                self._ids[tp] = known.ids[tp[1]]
         # The ends first: every offset below them is committed, so a missing one is a compacted gap.
         ends = dict(conn.execute("SELECT id, next_offset FROM partitions"))
         tps = list(self._positions)

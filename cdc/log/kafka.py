@@ -86,7 +86,7 @@ class KafkaLog(Log, GroupLog):
         self.defaults = defaults or TopicSettings()
         self.timeout = timeout
         # librdkafka's log and error events through Python logging, repeats held back (kafka_logs).
-        common = {"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER, "error_cb": on_error}
+        common: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOGGER, "error_cb": on_error}
         self.producer_config = {**common, **PRODUCER_DEFAULTS, **(producer_config or {})}
         self.consumer_config = {**common, **CONSUMER_DEFAULTS, **(consumer_config or {})}
         self._admin = AdminClient({**common, "allow.auto.create.topics": False})
@@ -253,7 +253,8 @@ class KafkaLog(Log, GroupLog):
                         out[(topic, p)] = meta.get_watermark_offsets(KafkaTp(topic, p), self.timeout, False)[1]
                     except KafkaException as exc:
                         # NOT_LEADER_FOR_PARTITION and the like: a new topic or a leader election.
-                        if kafka_error(exc).code() not in TRANSIENT or time.monotonic() > deadline:
+                        err = kafka_error(exc)
+                        if err is None or err.code() not in TRANSIENT or time.monotonic() > deadline:
                             raise wrap(f"reading the end offset of {topic}[{p}]", exc, self.bootstrap_servers) from exc
                         time.sleep(0.1)
         finally:

@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -74,7 +75,8 @@ _SYSLOG = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: log
            5: logging.INFO, 6: logging.INFO, 7: logging.DEBUG}
 
 
-class PackedBatch(NamedTuple):
+@dataclass(frozen=True, slots=True)  # not a NamedTuple: its field count would hide tuple.count
+class PackedBatch:
     """``count`` records packed in ``data`` (see cdc/_rdconsume.c), topic indexes into ``topics``."""
 
     data: bytes

@@ -52,7 +52,8 @@ _records = native.load("cdc._records")  # the same loop in C
 
 class KafkaReader(LogReader):
     def __init__(self, consumer: Consumer, group: str | None, timeout: float) -> None:
-        self._consumer: Consumer | None = consumer
+        self._consumer = consumer
+        self._closed = False
         self._group = group
         self._timeout = timeout
         self._start: dict[TopicPartition, int] = {}
@@ -78,8 +79,11 @@ class KafkaReader(LogReader):
             msg = messages[at]  # the first message from `at` on that carries an error
             at += 1
             err = msg.error()
+            assert err is not None  # log_records stops only at a message that carries an error
             if err.code() == KafkaError._PARTITION_EOF:
-                self._eof[(msg.topic(), msg.partition())] = msg.offset()
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                assert topic is not None and partition is not None and offset is not None  # an end names its place
+                self._eof[(topic, partition)] = offset
             elif err.code() in TRANSIENT and not err.fatal():
                 log.debug("kafka consumer: %s (librdkafka retries)", err)
             elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
@@ -131,9 +135,9 @@ class KafkaReader(LogReader):
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in result}
 
     def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.close()
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
 
 
 class KafkaMemberReader(KafkaReader, GroupReader):

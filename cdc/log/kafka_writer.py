@@ -45,9 +45,9 @@ class KafkaWriter(LogWriter):
         self._log = log
         self._config = config
         self._tracker: DeliveryTracker[Position] = DeliveryTracker(barrier_interval)
-        self._producer: Producer | None = Producer(
-            {**config, "on_delivery": self._on_failure, "delivery.report.only.error": True})
+        self._producer = Producer({**config, "on_delivery": self._on_failure, "delivery.report.only.error": True})
         self._produce = positional_produce(self._producer.produce)  # (topic, value, key, headers)
+        self._closed = False
         self._blocks: BlockProducer | None = None  # while a snapshot's RowBlocks are in flight
         self._no_blocks = False                    # no block producer to be had with this config
 
@@ -56,8 +56,7 @@ class KafkaWriter(LogWriter):
 
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
         """Produce ``records`` (any iterable; change events go through ``publish_events``)."""
-        producer = self._producer
-        if producer is None:
+        if self._closed:
             raise DeliveryError("publish on a closed writer", retriable=False)
         self._drain_blocks()
         produce = self._produce
@@ -91,8 +90,7 @@ class KafkaWriter(LogWriter):
                        checkpoint: Position | None = None) -> None:
         """Encode and produce in one loop: the encoder calls ``produce`` itself for each record
         (see ``EnvelopeEncoder.emit``)."""
-        producer = self._producer
-        if producer is None:
+        if self._closed:
             raise DeliveryError("publish on a closed writer", retriable=False)
         if type(events) is RowBlock and encoder.row_blocks_as_lines:
             blocks = self._block_producer()
@@ -165,7 +163,9 @@ class KafkaWriter(LogWriter):
         while True:
             producer.poll(0.1)
             try:
-                return producer.produce(topic, value, key, partition, None, None, 0, headers)
+                # the stub asks for a list of (str, str | bytes | None): ours only reads as one
+                producer.produce(topic, value, key, partition, None, None, 0, headers)  # type: ignore[arg-type]
+                return
             except BufferError:
                 continue
 
@@ -179,7 +179,7 @@ class KafkaWriter(LogWriter):
             raise error from exc
         for partition in range(count):
             try:  # produce's arguments in their places, as positional_produce gives them
-                self._producer.produce(topic, value, key, partition, None, None, 0, headers)
+                self._producer.produce(topic, value, key, partition, None, None, 0, headers)  # type: ignore[arg-type]
             except BufferError:
                 self._produce_when_room(topic, value, key, headers, partition)
 
@@ -202,7 +202,7 @@ class KafkaWriter(LogWriter):
         if blocks is not None:
             blocks.poll()
             self._block_failures(blocks)
-        if producer is not None:
+        if not self._closed:
             producer.poll(0)
             if len(producer) == 0 and (blocks is None or blocks.outstanding == 0):
                 tracker.drained()
@@ -212,7 +212,7 @@ class KafkaWriter(LogWriter):
 
     def flush(self, timeout: float = 30.0) -> Position | None:
         producer, tracker, blocks = self._producer, self._tracker, self._blocks
-        left = producer.flush(timeout) if producer is not None else 0
+        left = producer.flush(timeout) if not self._closed else 0
         if blocks is not None:  # at most one of the two holds records (see the class docstring)
             left += blocks.flush(timeout)
             error = blocks.error()
@@ -233,21 +233,22 @@ class KafkaWriter(LogWriter):
         if blocks is not None and blocks.outstanding:
             if blocks.flush(timeout) == 0 and blocks.error() is None:
                 self._tracker.drained()  # the other producer holds nothing while blocks are out
-        elif producer is not None and len(producer) and producer.flush(timeout) == 0:
+        elif not self._closed and len(producer) and producer.flush(timeout) == 0:
             self._tracker.drained()
 
     @property
     def outstanding(self) -> int:
         blocks = self._blocks.outstanding if self._blocks is not None else 0
-        return (len(self._producer) if self._producer is not None else 0) + blocks
+        return (len(self._producer) if not self._closed else 0) + blocks
 
     def close(self) -> None:
         blocks, self._blocks = self._blocks, None
         if blocks is not None:  # whatever it drops never becomes safe
             blocks.close(self.close_timeout)
-        producer, self._producer, self._produce = self._producer, None, None
-        if producer is None:
+        if self._closed:
             return
+        self._closed = True
+        producer = self._producer
         # Give records in flight a moment; whatever is left is dropped, and so never becomes safe.
         if producer.flush(self.close_timeout):
             producer.purge()

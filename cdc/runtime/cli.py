@@ -158,7 +158,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     cannot be reached: one line says so, after the daemon's own view of its connectors when it
     answers; 77 a source's server refused the login (the line names the setting to correct).
     Everything that could be read is shown either way."""
-    from cdc.config import load_config
+    from cdc.config import KafkaLogConfig, load_config
     from cdc.log.kafka_logs import LOGGER as LIBRDKAFKA_LOGGER
     from cdc.runtime.slots_cli import slot_rows
     from cdc.runtime.status_lines import slot_line, status_line, store_lines
@@ -179,8 +179,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(status_line({**row, "consumer_lag": None}))
             for row in slots:
                 print(slot_line(row))
-        where = (f"Kafka at {config.log.kafka.bootstrap_servers}" if config.log.kafka is not None
-                 else f"the embedded log at {config.log.backend.path}")
+        backend = config.log.backend
+        where = (f"Kafka at {backend.bootstrap_servers}" if isinstance(backend, KafkaLogConfig)
+                 else f"the embedded log at {backend.path}")
         print(f"cdc status: {where} is unreachable ({err})", file=sys.stderr)
         return EXIT_LOG_UNREACHABLE
     if args.json:
@@ -424,8 +425,10 @@ def _rebuilds_itself(config, name: str) -> bool:
     from cdc.plugins import sink_plugin
 
     sink_config = {s.name: s for s in config.sinks}.get(name)
-    plugin = sink_plugin(sink_config.type) if sink_config is not None else None
-    if plugin is None or not issubclass(plugin, SelfDrivenSink):
+    if sink_config is None:
+        return False
+    plugin = sink_plugin(sink_config.type)
+    if not issubclass(plugin, SelfDrivenSink):
         return False
     if not issubclass(plugin, SelfRebuildingSink):
         raise ConfigError(f"sink {name} ({sink_config.type}) reads its topics itself and cannot rebuild its store")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc.api.stats import ConnectorStats
-from cdc.log.base import Log, LogRecord, TopicPartition
+from cdc.log.base import GroupLog, Log, LogRecord, TopicPartition
 from cdc.runtime.read_trail import ReadTrail
 from cdc.runtime.sink_group import GroupMembership, HandOver
 from cdc.sink_events import SinkEvent, decode_batch, decode_packed
@@ -97,6 +97,7 @@ class SinkReading:
         ``hand_over`` runs inside a poll when partitions leave); else the group's reader, and
         the bulk reader where the log has one."""
         if hand_over is not None:
+            assert isinstance(self.log, GroupLog)  # SinkRunner refuses scale_out: group on any other log
             self.reader = self.log.member_reader(self.group)
             self.membership = GroupMembership(self.reader, self.group, self.stats, hand_over)
         else:

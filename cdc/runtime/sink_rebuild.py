@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from cdc import bulk_window
-from cdc.api import BulkLoadableSink, RebuildableSink, Sink
+from cdc.api import BulkLoadableSink, RebuildableSink, Sink, SinkEvent
 from cdc.api.stats import ConnectorStats
 from cdc.errors import PermanentError, RebuildRequired
 from cdc.log.base import TopicPartition
@@ -110,6 +110,8 @@ class Rebuilds:
         """The new generation written batch by batch, as the topics are read."""
         reading = self.reading
         reported = time.monotonic()
+        events: list[SinkEvent]
+        ends: dict[TopicPartition, int]
         # Read ahead as a run does: the next batch is read and decoded while the sink writes one
         # (a PipelinedSink: while its writes in flight run). Positions move only once a write
         # succeeded, in order; nothing is committed before the switch, so a failure anywhere

@@ -277,6 +277,7 @@ class SinkRunner:
 
     def _refuse_unless_alone(self, what: str) -> None:
         if self.scale_out:
+            assert isinstance(self.log, GroupLog)  # __init__ refuses scale_out: group on any other log
             refuse_unless_alone(self.log, self.group, self.name, what)
 
     def _in_flight(self, depth: int) -> InFlight:

@@ -52,9 +52,7 @@ class StaleRows:
         of_snapshot = (SnapshotMarker.TRUE, SnapshotMarker.LAST)
         if type(events) is RowBlock:  # one table: its rows are made into events only if it is tracked
             topic = self.topic_of(events.table)
-            entry = self.tracked.get(topic, False)
-            if entry is False:
-                entry = self._track(topic, events.table, events.version)
+            entry = self.tracked[topic] if topic in self.tracked else self._track(topic, events.table, events.version)
             if entry is None:
                 return
         for event in events:
@@ -62,9 +60,7 @@ class StaleRows:
             if table is not last_table:  # by identity: a TableId hash runs Python code
                 last_table = table
                 topic = self.topic_of(table)
-                entry = self.tracked.get(topic, False)
-                if entry is False:
-                    entry = self._track(topic, table, event.version)
+                entry = self.tracked[topic] if topic in self.tracked else self._track(topic, table, event.version)
             # None: the topic was empty when the snapshot began, nothing there can be stale.
             if entry is not None and event.snapshot in of_snapshot:
                 entry.keys.add(record_key(event))

@@ -45,12 +45,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 from cdc.api import RetryFailed
 from cdc.api.stats import DONE_PHASES, ConnectorStats
 from cdc.errors import CdcError
 from cdc.runtime.stop_signals import StopSignals
 from cdc.runtime.worker import EXIT_FINAL, EXIT_OK, EXIT_RETRIABLE, same_error, worker_main
+
+if TYPE_CHECKING:  # made by `cdc run`, which has the config loaded
+    from cdc.runtime.status_report import StatusReport
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ BACKOFF_FIRST, BACKOFF_MAX, HEALTHY_AFTER = 1.0, 60.0, 60.0
 class Worker:
     name: str
     stats: ConnectorStats
-    process: multiprocessing.Process | None = None
+    process: BaseProcess | None = None  # a spawn context's SpawnProcess
     conn: Connection | None = None
     started_at: float = 0.0
     backoff: float = BACKOFF_FIRST
@@ -148,7 +153,7 @@ class Supervisor:
         self.stopping = threading.Event()
         # What `cdc status` prints, computed here (GET /status/report); set by `cdc run`, which
         # has the config loaded (cdc.runtime.status_report).
-        self.status_report = None
+        self.status_report: StatusReport | None = None
         self._ctx = multiprocessing.get_context("spawn")
 
     # -- the view the HTTP server reads --------------------------------------------------------
@@ -242,6 +247,7 @@ class Supervisor:
             return
         self._drain_reports(worker)
         code = process.exitcode
+        assert code is not None  # a started process that is no longer alive has exited
         worker.exit_codes.append(code)
         intent, worker.intent, worker.stop_asked_at = worker.intent, None, None
         if intent is not None and not self.stopping.is_set():
@@ -423,17 +429,17 @@ class Supervisor:
         return 1 if any(w.stats.phase == "failed" for w in self.workers.values()) else 0
 
     def _shutdown(self) -> None:
-        live = [w for w in self.workers.values() if w.process is not None]
-        for worker in live:
-            worker.process.terminate()  # SIGTERM: the worker drains and stores its position
+        live = [(w, process) for w in self.workers.values() if (process := w.process) is not None]
+        for _, process in live:
+            process.terminate()  # SIGTERM: the worker drains and stores its position
         deadline = time.monotonic() + self.grace
-        for worker in live:
-            worker.process.join(max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
+        for worker, process in live:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
                 log.warning("did not drain within %.0fs; killing it", self.grace,
                             extra={"connector": worker.name, "phase": worker.stats.phase})
-                worker.process.kill()
-                worker.process.join()
+                process.kill()
+                process.join()
             self._reap(worker)
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from cdc import bulk_window
-from cdc.api import Sink
+from cdc.api import BulkLoadableSink, Sink
 from cdc.api.stats import ConnectorStats
 from cdc.bulk_window import NewestWindow
 from cdc.errors import SchemaChangeError
@@ -158,12 +158,14 @@ class WindowFill:
                  time.monotonic() - began, extra=self._extra())
 
     def _load_parts(self, window: NewestWindow, bulk: bool) -> None:
+        sink = self.sink
+        assert isinstance(sink, BulkLoadableSink)  # sink_rebuild fills in windows for no other sink
         for part in window.parts(BULK_PART_KEYS):
             if bulk:
                 if part.tombstones:  # the generation never held these keys: nothing to remove
                     continue
                 try:
-                    if self.sink.bulk_load(part):
+                    if sink.bulk_load(part):
                         self.stats.progressed()
                         continue
                 except SchemaChangeError:
