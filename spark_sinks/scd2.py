@@ -73,7 +73,7 @@ def merge(session: SparkSession, target: TableTarget, rows: DataFrame, data_colu
                                                      (VALID_FROM, "long"), (VALID_TO, "long"))],
         F.lit(None).cast("boolean").alias(CURRENT))
     source = new_rows.unionByName(closers)
-    insert = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS, VALID_FROM, VALID_TO, CURRENT)}
+    insert: dict[str, str | Column] = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS, VALID_FROM, VALID_TO, CURRENT)}
     (DeltaTable.forPath(session, target.path).alias("t")
      .merge(source.alias("s"), (_t(KEY) == _s(MERGE_KEY)) & _t(CURRENT))
      .whenMatchedUpdate(set={VALID_TO: _s(CLOSE_AT), CURRENT: F.lit(False)})
