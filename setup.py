@@ -35,8 +35,8 @@ def libpq() -> dict:
 setup(ext_modules=[
     Extension("cdc._encode", ["cdc/_encode.c"], depends=["cdc/_inttext.h", "cdc/_logrecord.h", "cdc/_rowblock.h"],
               optional=True, extra_compile_args=FLAGS),
-    Extension("cdc._decode", ["cdc/_decode.c"], depends=["cdc/_jsonscan.h", "cdc/_logrecord.h"], optional=True,
-              extra_compile_args=FLAGS),
+    Extension("cdc._decode", ["cdc/_decode.c", "cdc/_decode_one.c"],
+              depends=["cdc/_decode.h", "cdc/_jsonscan.h", "cdc/_logrecord.h"], optional=True, extra_compile_args=FLAGS),
     Extension("cdc._copytext", ["cdc/_copytext.c"], depends=["cdc/_inttext.h", "cdc/_jsonscan.h"], optional=True,
               extra_compile_args=FLAGS),
     Extension("cdc._records", ["cdc/_records.c"], depends=["cdc/_logrecord.h"], optional=True,
