@@ -19,40 +19,18 @@
  *   (sources/postgres/snapshot.py): the key fields as they were, the row JSON escaped as COPY
  *   escapes text, then per toast column its field when the value has min_chars characters or more,
  *   else nothing.
+ *
+ * The extension's other units: _copyjson_out.c (the COPY read loop over libpq) and
+ * _copyjson_keys.c (blocks of integer-keyed tables); _copyjson.h declares what they share.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdlib.h>
-#include <stdint.h>
-#include <string.h>
+#include "_copyjson.h"
 
 /* Kept equal to KINDS in copy_json.py. */
 enum { K_RAW = 1, K_FLOAT, K_BOOL, K_STRING, K_TIMESTAMP, K_TIMESTAMPTZ, K_BYTEA };
 
-typedef struct {
-    char *data;
-    Py_ssize_t len, cap;
-} Buf;
-
-static int
-grow(Buf *b, Py_ssize_t more)
-{
-    if (b->len + more <= b->cap)
-        return 0;
-    Py_ssize_t cap = b->cap * 2;
-    if (cap < b->len + more)
-        cap = b->len + more + 4096;
-    char *data = realloc(b->data, (size_t)cap);  /* not PyMem_: runs without the GIL */
-    if (data == NULL)
-        return -1;
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
-#define PUT(b, src, n) do { if (grow((b), (n)) < 0) goto error; memcpy((b)->data + (b)->len, (src), (size_t)(n)); \
-                            (b)->len += (n); } while (0)
-#define PUTC(b, c) do { if (grow((b), 1) < 0) goto error; (b)->data[(b)->len++] = (char)(c); } while (0)
+#define PUT(b, src, n) do { if (copyjson_grow((b), (n)) < 0) goto error; \
+                            memcpy((b)->data + (b)->len, (src), (size_t)(n)); (b)->len += (n); } while (0)
+#define PUTC(b, c) do { if (copyjson_grow((b), 1) < 0) goto error; (b)->data[(b)->len++] = (char)(c); } while (0)
 
 /* PostgreSQL's IsValidJsonNumber: what row_to_json prints bare for a float's output text. */
 static int
@@ -182,7 +160,7 @@ put_bytea(Buf *b, const char *s, Py_ssize_t n)
         return 0;
     const char *h = s + 3;
     Py_ssize_t bytes = (n - 3) / 2;
-    if (grow(b, (bytes + 2) / 3 * 4 + 2) < 0)
+    if (copyjson_grow(b, (bytes + 2) / 3 * 4 + 2) < 0)
         return -1;
     char *w = b->data + b->len;
     *w++ = '"';
@@ -222,7 +200,7 @@ put_timestamp(Buf *b, const char *s, Py_ssize_t n, int with_zone)
     } else {
         reshape = !(n >= 1 && s[n - 1] == 'C');
     }
-    if (grow(b, keep + 3) < 0)
+    if (copyjson_grow(b, keep + 3) < 0)
         return -1;
     char *w = b->data + b->len;
     *w++ = '"';
@@ -355,18 +333,8 @@ error:
     return -1;
 }
 
-/* A rewrite's spec (the arguments of rewrite() after the block), parsed once per call. */
-typedef struct {
-    Py_ssize_t ncols, nkeys, ntoast, min_chars;
-    const unsigned char *kind;
-    const char **head;
-    Py_ssize_t *head_len, *keys, *toast;
-    const char **start;  /* per column, scratch of rewrite_block */
-    Py_ssize_t *size;
-} Spec;
-
-static void
-spec_free(Spec *spec)
+void
+copyjson_spec_free(Spec *spec)
 {
     PyMem_Free(spec->start);
     PyMem_Free(spec->size);
@@ -378,9 +346,9 @@ spec_free(Spec *spec)
 }
 
 /* kinds (a buffer the caller keeps alive), heads (a tuple of bytes alive with the call), keys,
- * toast, min_chars. -1 with an error set (spec_free it anyway). */
-static int
-spec_init(Spec *spec, Py_buffer *kinds, PyObject *heads, PyObject *keys_tuple, PyObject *toast_tuple,
+ * toast, min_chars. -1 with an error set (copyjson_spec_free it anyway). */
+int
+copyjson_spec_init(Spec *spec, Py_buffer *kinds, PyObject *heads, PyObject *keys_tuple, PyObject *toast_tuple,
           Py_ssize_t min_chars)
 {
     memset(spec, 0, sizeof(*spec));
@@ -418,8 +386,8 @@ spec_init(Spec *spec, Py_buffer *kinds, PyObject *heads, PyObject *keys_tuple, P
     return 0;
 }
 
-static int
-spec_rewrite(Buf *out, const Spec *spec, const char *p, const char *end)
+int
+copyjson_spec_rewrite(Buf *out, const Spec *spec, const char *p, const char *end)
 {
     return rewrite_block(out, p, end, spec->kind, spec->ncols, spec->head, spec->head_len, spec->keys, spec->nkeys,
                          spec->toast, spec->ntoast, spec->min_chars, spec->start, spec->size);
@@ -437,7 +405,7 @@ copyjson_rewrite(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     Buf out = {NULL, 0, 0};
     Spec spec;
-    if (spec_init(&spec, &kinds, heads, keys_tuple, toast_tuple, min_chars) < 0)
+    if (copyjson_spec_init(&spec, &kinds, heads, keys_tuple, toast_tuple, min_chars) < 0)
         goto done;
     out.cap = block.len * 2 + 4096;
     if ((out.data = malloc((size_t)out.cap)) == NULL) {
@@ -447,7 +415,7 @@ copyjson_rewrite(PyObject *self, PyObject *args)
     int taken;
     /* Without the GIL: a reader thread makes its block's JSON while the publishing thread runs. */
     Py_BEGIN_ALLOW_THREADS
-    taken = spec_rewrite(&out, &spec, block.buf, (const char *)block.buf + block.len);
+    taken = copyjson_spec_rewrite(&out, &spec, block.buf, (const char *)block.buf + block.len);
     Py_END_ALLOW_THREADS
     if (taken < 0)
         PyErr_NoMemory();
@@ -457,329 +425,10 @@ copyjson_rewrite(PyObject *self, PyObject *args)
         result = PyBytes_FromStringAndSize(out.data, out.len);
 done:
     free(out.data);
-    spec_free(&spec);
+    copyjson_spec_free(&spec);
     PyBuffer_Release(&block);
     PyBuffer_Release(&kinds);
     return result;
-}
-
-/* ---- COPY TO STDOUT read in blocks, off psycopg2's connection (copy_out.py) ----
- *
- * psycopg2's copy_expert calls the file's write() once per row (libpq's PQgetCopyData hands out
- * one row per call): a GIL round trip, a bytes object and a Python call per row. copy_out runs the
- * same libpq loop without the GIL and hands whole blocks of lines to Python. Built only where
- * libpq's headers are (setup.py defines CDC_WITH_LIBPQ), linked to the system's libpq; the PGconn
- * it is given must be of that same libpq, which copy_out.py checks before it calls. */
-#ifdef CDC_WITH_LIBPQ
-#include <libpq-fe.h>
-
-/* What went wrong, copied out of libpq while it is still there. */
-typedef struct {
-    char sqlstate[6];
-    int has_state, bad;
-    char *message;  /* malloc'd */
-} Failure;
-
-static void
-failure_from(Failure *f, PGconn *conn, PGresult *res)
-{
-    const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-    const char *text = res != NULL ? PQresultErrorMessage(res) : NULL;
-    if (text == NULL || text[0] == 0)
-        text = PQerrorMessage(conn);
-    if (state != NULL && strlen(state) == 5) {
-        memcpy(f->sqlstate, state, 6);
-        f->has_state = 1;
-    }
-    f->message = strdup(text != NULL ? text : "");
-    f->bad = PQstatus(conn) == CONNECTION_BAD;
-}
-
-/* The results after the COPY data (its end, or its error), each read to the end as PQexec does. */
-static void
-finish_results(Failure *f, PGconn *conn)
-{
-    PGresult *res;
-    while ((res = PQgetResult(conn)) != NULL) {
-        if (PQresultStatus(res) != PGRES_COMMAND_OK && f->message == NULL)
-            failure_from(f, conn, res);
-        PQclear(res);
-    }
-}
-
-/* copy_out(conn, sql, emit, lines, spec) -> (rows, bytes, sqlstate, message, connection_bad)
- *   conn: the PGconn* (psycopg2's connection.pgconn_ptr), of the libpq this module is linked to;
- *   sql: the COPY ... TO STDOUT statement (bytes); emit(block, rewritten) is called per block of up
- *   to `lines` whole lines; spec: None, or (kinds, heads, keys, toast, min_chars) as rewrite()
- *   takes them: each block is rewritten here, without the GIL, and emitted with rewritten True,
- *   or as read with rewritten False where rewrite() would have returned None.
- *   Returns the rows and bytes read; message is None when the COPY completed, else the error as
- *   libpq put it (sqlstate None when the server sent none: connection_bad tells whether the
- *   connection broke). An exception from emit leaves the COPY where it stopped, as psycopg2's
- *   copy_expert does when the file's write raises. */
-static PyObject *
-copyjson_copy_out(PyObject *self, PyObject *args)
-{
-    unsigned long long conn_ptr;
-    const char *sql;
-    PyObject *emit, *spec_args;
-    Py_ssize_t lines;
-    if (!PyArg_ParseTuple(args, "KyOnO", &conn_ptr, &sql, &emit, &lines, &spec_args))
-        return NULL;
-    if (conn_ptr == 0 || lines < 1) {
-        PyErr_SetString(PyExc_ValueError, "no connection, or blocks of no lines");
-        return NULL;
-    }
-    PGconn *conn = (PGconn *)(uintptr_t)conn_ptr;
-
-    Spec spec;
-    memset(&spec, 0, sizeof(spec));
-    Py_buffer kinds = {0};
-    int rewriting = spec_args != Py_None;
-    if (rewriting) {
-        PyObject *heads, *keys_tuple, *toast_tuple;
-        Py_ssize_t min_chars;
-        if (!PyArg_ParseTuple(spec_args, "y*O!OOn", &kinds, &PyTuple_Type, &heads, &keys_tuple, &toast_tuple,
-                              &min_chars))
-            return NULL;
-        if (spec_init(&spec, &kinds, heads, keys_tuple, toast_tuple, min_chars) < 0) {
-            spec_free(&spec);
-            PyBuffer_Release(&kinds);
-            return NULL;
-        }
-    }
-
-    PyObject *result = NULL;
-    Buf in = {NULL, 0, 0}, out = {NULL, 0, 0};
-    Failure failure = {{0}, 0, 0, NULL};
-    long long rows = 0, nbytes = 0;
-    int oom = 0, len = 0;
-    PGresult *res;
-
-    Py_BEGIN_ALLOW_THREADS
-    res = PQexec(conn, sql);
-    if (PQresultStatus(res) != PGRES_COPY_OUT)
-        failure_from(&failure, conn, res);
-    PQclear(res);  /* PQclear(NULL) is a no-op */
-    Py_END_ALLOW_THREADS
-    if (failure.message != NULL)
-        goto finished;
-
-    while (1) {
-        Py_ssize_t n = 0;
-        int taken = 0;
-        in.len = 0;
-        Py_BEGIN_ALLOW_THREADS
-        while (n < lines) {
-            char *data = NULL;
-            len = PQgetCopyData(conn, &data, 0);
-            if (len <= 0)
-                break;  /* -1: the COPY is done; -2: an error; 0 only happens in async mode */
-            if (grow(&in, len) < 0) {
-                PQfreemem(data);
-                oom = 1;
-                break;
-            }
-            memcpy(in.data + in.len, data, (size_t)len);
-            in.len += len;
-            PQfreemem(data);
-            n++;
-        }
-        if (n > 0 && rewriting && !oom) {
-            out.len = 0;
-            taken = spec_rewrite(&out, &spec, in.data, in.data + in.len);
-            if (taken < 0)
-                oom = 1;
-        }
-        Py_END_ALLOW_THREADS
-        if (oom) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        if (n > 0) {
-            rows += n;
-            nbytes += in.len;
-            PyObject *block = taken > 0 ? PyBytes_FromStringAndSize(out.data, out.len)
-                                        : PyBytes_FromStringAndSize(in.data, in.len);
-            if (block == NULL)
-                goto done;
-            PyObject *called = PyObject_CallFunctionObjArgs(emit, block, taken > 0 ? Py_True : Py_False, NULL);
-            Py_DECREF(block);
-            if (called == NULL)
-                goto done;
-            Py_DECREF(called);
-        }
-        if (len <= 0)
-            break;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (len == -1)
-        finish_results(&failure, conn);  /* the COPY's end, or the error that ended it */
-    else
-        failure_from(&failure, conn, NULL);
-    Py_END_ALLOW_THREADS
-
-finished:
-    if (failure.message == NULL) {
-        result = Py_BuildValue("LLOOO", rows, nbytes, Py_None, Py_None, Py_False);
-    } else {
-        PyObject *state = failure.has_state ? PyUnicode_FromString(failure.sqlstate) : Py_NewRef(Py_None);
-        PyObject *text = state ? PyUnicode_DecodeUTF8(failure.message, (Py_ssize_t)strlen(failure.message),
-                                                      "replace") : NULL;
-        if (text != NULL)
-            result = Py_BuildValue("LLNNO", rows, nbytes, state, text, failure.bad ? Py_True : Py_False);
-        else
-            Py_XDECREF(state);
-    }
-done:
-    free(failure.message);
-    free(in.data);
-    free(out.data);
-    spec_free(&spec);
-    if (rewriting)
-        PyBuffer_Release(&kinds);
-    return result;
-}
-
-/* libpq_version() -> PQlibVersion() of the libpq this module is linked to. */
-static PyObject *
-copyjson_libpq_version(PyObject *self, PyObject *args)
-{
-    return PyLong_FromLong(PQlibVersion());
-}
-#endif /* CDC_WITH_LIBPQ */
-
-/* The next line of an integer-keyed block from p: its end (the '\n'), with *tab at the tab after
- * the key, or NULL when the line is not the common case (no '\n' before end, min_chars bytes or
- * more, a key that is not 1-19 plain decimal digits with an optional '-'; with canonical, also a
- * key orjson would not write so: a leading zero or "-0"). */
-static const char *
-int_key_line(const char *p, const char *end, Py_ssize_t min_chars, int canonical, const char **tab)
-{
-    const char *eol = memchr(p, '\n', (size_t)(end - p));
-    if (eol == NULL || eol - p >= min_chars)
-        return NULL;
-    const char *t = memchr(p, '\t', (size_t)(eol - p));
-    if (t == NULL || t == p || t - p > 19)
-        return NULL;
-    const char *q = p;
-    if (*q == '-')
-        q++;
-    if (q == t || (canonical && *q == '0' && (t - q > 1 || q > p)))
-        return NULL;
-    for (; q < t; q++)
-        if (*q < '0' || *q > '9')
-            return NULL;
-    *tab = t;
-    return eol;
-}
-
-/* int_key_events(block, new_event, head, key_name, fragment, tail, min_chars) -> list | None
- *   The snapshot's events of a block of the statement's lines (key text, row JSON, TOAST fields)
- *   for a table keyed by one integer column, in C: per line the event
- *     new_event(head + ({key_name: int(key)}, None, fragment(row JSON)) + tail)
- *   i.e. tuple.__new__(ChangeEvent, ...), as SnapshotRows.plan's build_batch makes it. None when
- *   the block is not the common case (a backslash anywhere, a line of min_chars bytes or more, a
- *   key that is not plain decimal digits): build_batch and the line-by-line path take it then. */
-static PyObject *
-copyjson_int_key_events(PyObject *self, PyObject *args)
-{
-    Py_buffer block;
-    PyObject *new_event, *head, *key_name, *fragment, *tail;
-    Py_ssize_t min_chars;
-    if (!PyArg_ParseTuple(args, "y*OO!UOO!n", &block, &new_event, &PyTuple_Type, &head, &key_name, &fragment,
-                          &PyTuple_Type, &tail, &min_chars))
-        return NULL;
-    const char *p = block.buf, *end = p + block.len;
-    PyObject *events = NULL;
-    if (memchr(p, '\\', (size_t)block.len) != NULL)
-        goto refuse;
-    Py_ssize_t nhead = PyTuple_GET_SIZE(head), ntail = PyTuple_GET_SIZE(tail), size = nhead + 3 + ntail;
-    if ((events = PyList_New(0)) == NULL)
-        goto error;
-    while (p < end) {
-        const char *tab, *eol = int_key_line(p, end, min_chars, 0, &tab);
-        if (eol == NULL)
-            goto refuse;
-        const char *json = tab + 1, *json_end = memchr(json, '\t', (size_t)(eol - json));
-        if (json_end == NULL)
-            json_end = eol;
-        char digits[24];
-        memcpy(digits, p, (size_t)(tab - p));
-        digits[tab - p] = 0;
-        PyObject *key_value = PyLong_FromString(digits, NULL, 10);
-        PyObject *key = key_value ? PyDict_New() : NULL;
-        if (key == NULL || PyDict_SetItem(key, key_name, key_value) < 0) {
-            Py_XDECREF(key_value);
-            Py_XDECREF(key);
-            goto error;
-        }
-        Py_DECREF(key_value);
-        PyObject *text = PyBytes_FromStringAndSize(json, json_end - json);
-        PyObject *after = text ? PyObject_CallOneArg(fragment, text) : NULL;
-        Py_XDECREF(text);
-        PyObject *items = after ? PyTuple_New(size) : NULL;
-        if (items == NULL) {
-            Py_DECREF(key);
-            Py_XDECREF(after);
-            goto error;
-        }
-        for (Py_ssize_t i = 0; i < nhead; i++)
-            PyTuple_SET_ITEM(items, i, Py_NewRef(PyTuple_GET_ITEM(head, i)));
-        PyTuple_SET_ITEM(items, nhead, key);
-        PyTuple_SET_ITEM(items, nhead + 1, Py_NewRef(Py_None));
-        PyTuple_SET_ITEM(items, nhead + 2, after);
-        for (Py_ssize_t i = 0; i < ntail; i++)
-            PyTuple_SET_ITEM(items, nhead + 3 + i, Py_NewRef(PyTuple_GET_ITEM(tail, i)));
-        PyObject *event = PyObject_CallOneArg(new_event, items);
-        Py_DECREF(items);
-        if (event == NULL)
-            goto error;
-        int appended = PyList_Append(events, event);
-        Py_DECREF(event);
-        if (appended < 0)
-            goto error;
-        p = eol + 1;
-    }
-    PyBuffer_Release(&block);
-    return events;
-refuse:
-    Py_XDECREF(events);
-    PyBuffer_Release(&block);
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(events);
-    PyBuffer_Release(&block);
-    return NULL;
-}
-
-/* int_key_rows(block, min_chars) -> number of lines | None
- *   Whether a block can go to the log as it is (cdc.events.RowBlock): int_key_events would take it
- *   (no backslash, every line shorter than min_chars with a key of decimal digits) and every key is
- *   written as orjson writes the int (no leading zero, no "-0"), so that the key text is the
- *   record key's digits. The number of lines, or None when not. */
-static PyObject *
-copyjson_int_key_rows(PyObject *self, PyObject *args)
-{
-    Py_buffer block;
-    Py_ssize_t min_chars, lines = 0;
-    if (!PyArg_ParseTuple(args, "y*n", &block, &min_chars))
-        return NULL;
-    const char *p = block.buf, *end = p + block.len;
-    if (block.len == 0 || memchr(p, '\\', (size_t)block.len) != NULL)
-        goto refuse;
-    while (p < end) {
-        const char *tab, *eol = int_key_line(p, end, min_chars, 1, &tab);
-        if (eol == NULL)
-            goto refuse;
-        lines++;
-        p = eol + 1;
-    }
-    PyBuffer_Release(&block);
-    return PyLong_FromSsize_t(lines);
-refuse:
-    PyBuffer_Release(&block);
-    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
