@@ -53,6 +53,7 @@ setup(ext_modules=[
               depends=["sources/postgres/_copyjson.h"], optional=True, extra_compile_args=FLAGS, **libpq()),
     Extension("cdc._rdconsume", ["cdc/_rdconsume.c"], optional=True, extra_compile_args=FLAGS,
               libraries=["rdkafka"]),
-    Extension("cdc._rdproduce", ["cdc/_rdproduce.c"], depends=["cdc/_rowblock.h"], optional=True,
-              libraries=["rdkafka"], extra_compile_args=FLAGS),
+    Extension("cdc._rdproduce", ["cdc/_rdproduce.c", "cdc/_rdproduce_rows.c"],
+              depends=["cdc/_rdproduce.h", "cdc/_rowblock.h"], optional=True, libraries=["rdkafka"],
+              extra_compile_args=FLAGS),
 ])

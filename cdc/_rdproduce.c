@@ -15,18 +15,16 @@
  * tests/integration/test_block_producer.py uses both in one process.
  *
  * Threading: one thread calls a producer's methods at a time (the writer's); a call made while
- * another runs with the GIL released raises RuntimeError rather than race. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <string.h>
-#include <librdkafka/rdkafka.h>
-
-#include "_rowblock.h"
+ * another runs with the GIL released raises RuntimeError rather than race.
+ *
+ * produce_rows, the block to records, is in _rdproduce_rows.c; _rdproduce.h declares what the
+ * two units share. */
+#include "_rdproduce.h"
 
 static PyObject *ProduceError;  /* args: (code, name, description) */
 
-static void
-set_produce_error(rd_kafka_resp_err_t err)
+void
+rdproduce_set_error(rd_kafka_resp_err_t err)
 {
     PyObject *args = Py_BuildValue("(iss)", err, rd_kafka_err2name(err), rd_kafka_err2str(err));
     if (args != NULL) {
@@ -34,21 +32,6 @@ set_produce_error(rd_kafka_resp_err_t err)
         Py_DECREF(args);
     }
 }
-
-typedef struct {
-    PyObject_HEAD
-    rd_kafka_t *rk;
-    PyObject *topics;      /* name -> PyCapsule of its rd_kafka_topic_t */
-    PyObject *on_log;      /* callable(level, facility, message) or None */
-    PyObject *on_error;    /* callable(code, reason) or None */
-    long long acked, failed;
-    int error_code;        /* the first failed delivery's (0: none yet) */
-    int error_partition;
-    char error_topic[256];
-    int busy;              /* a call runs without the GIL */
-    char *value, *key;     /* scratch buffers for the record being made */
-    size_t value_size, key_size;
-} Producer;
 
 /* --- callbacks (served on the thread that polls; no GIL held there) ---------------------------- */
 
@@ -102,8 +85,8 @@ on_error(rd_kafka_t *rk, int code, const char *reason, void *opaque)
 
 /* --- the type ----------------------------------------------------------------------------------- */
 
-static int
-enter(Producer *self)
+int
+rdproduce_enter(Producer *self)
 {
     if (self->rk == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the block producer is closed");
@@ -212,187 +195,6 @@ Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
-static rd_kafka_topic_t *
-topic_handle(Producer *self, PyObject *name)
-{
-    PyObject *capsule = PyDict_GetItemWithError(self->topics, name);
-    if (capsule != NULL)
-        return PyCapsule_GetPointer(capsule, NULL);
-    if (PyErr_Occurred())
-        return NULL;
-    const char *text = PyUnicode_AsUTF8(name);
-    if (text == NULL)
-        return NULL;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(self->rk, text, NULL);  /* the partitioner of the config */
-    if (rkt == NULL) {
-        set_produce_error(rd_kafka_last_error());
-        return NULL;
-    }
-    capsule = PyCapsule_New(rkt, NULL, NULL);
-    if (capsule == NULL || PyDict_SetItem(self->topics, name, capsule) < 0) {
-        Py_XDECREF(capsule);
-        rd_kafka_topic_destroy(rkt);
-        return NULL;
-    }
-    Py_DECREF(capsule);
-    return rkt;
-}
-
-static int
-grow(char **buffer, size_t *size, size_t need)
-{
-    if (need <= *size)
-        return 0;
-    size_t size2 = need < 4096 ? 4096 : need * 2;
-    char *grown = realloc(*buffer, size2);
-    if (grown == NULL)
-        return -1;
-    *buffer = grown;
-    *size = size2;
-    return 0;
-}
-
-/* The headers of a record (a list of (str, bytes or None) pairs, or None: none) for librdkafka; a
- * new list (NULL for none), or NULL with an error. */
-static int
-c_headers(PyObject *pairs, rd_kafka_headers_t **out)
-{
-    *out = NULL;
-    if (pairs == Py_None)
-        return 0;
-    if (!PyList_Check(pairs)) {
-        PyErr_SetString(PyExc_TypeError, "produce_rows: the headers are a list of (str, bytes) pairs");
-        return -1;
-    }
-    rd_kafka_headers_t *headers = rd_kafka_headers_new((size_t)PyList_GET_SIZE(pairs));
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
-        PyObject *pair = PyList_GET_ITEM(pairs, i);
-        const char *name;
-        Py_ssize_t name_len;
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))
-                || (PyTuple_GET_ITEM(pair, 1) != Py_None && !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)))) {
-            PyErr_SetString(PyExc_TypeError, "produce_rows: the headers are a list of (str, bytes) pairs");
-            rd_kafka_headers_destroy(headers);
-            return -1;
-        }
-        if ((name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &name_len)) == NULL) {
-            rd_kafka_headers_destroy(headers);
-            return -1;
-        }
-        PyObject *value = PyTuple_GET_ITEM(pair, 1);
-        rd_kafka_header_add(headers, name, name_len, value == Py_None ? NULL : PyBytes_AS_STRING(value),
-                            value == Py_None ? 0 : PyBytes_GET_SIZE(value));
-    }
-    *out = headers;
-    return 0;
-}
-
-/* produce_rows(topic, block, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made
- *   One record per line `<key text>\t<row JSON>[\t...]\n` of block: value = value_head + row JSON +
- *   value_tail, key = key_head + key text + key_tail (what cdc/_encode.c emit_rows makes), each
- *   with `headers` (a list of (str, bytes) pairs, or None), to
- *   `topic` through the partitioner of the config. Waits for room when librdkafka's queue is full.
- *   Every line is checked before anything is produced (TypeError); a record librdkafka refuses
- *   raises ProduceError with the records before it produced. */
-static PyObject *
-Producer_produce_rows(Producer *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "produce_rows takes 7 arguments");
-        return NULL;
-    }
-    if (!PyUnicode_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "produce_rows: the topic must be a str");
-        return NULL;
-    }
-    for (int i = 2; i < 6; i++)
-        if (!PyBytes_Check(args[i])) {
-            PyErr_SetString(PyExc_TypeError, "produce_rows: the heads and tails must be bytes");
-            return NULL;
-        }
-    rd_kafka_headers_t *headers;
-    if (c_headers(args[6], &headers) < 0)
-        return NULL;
-    if (enter(self) < 0) {
-        if (headers != NULL)
-            rd_kafka_headers_destroy(headers);
-        return NULL;
-    }
-    rd_kafka_topic_t *rkt = topic_handle(self, args[0]);
-    Py_buffer block;
-    if (rkt == NULL || PyObject_GetBuffer(args[1], &block, PyBUF_SIMPLE) < 0) {
-        if (headers != NULL)
-            rd_kafka_headers_destroy(headers);
-        self->busy = 0;
-        return NULL;
-    }
-    const char *start = block.buf, *end = start + block.len, *p;
-    size_t longest;
-    if (rowblock_check(start, end, &longest, "produce_rows") < 0) {
-        PyBuffer_Release(&block);
-        if (headers != NULL)
-            rd_kafka_headers_destroy(headers);
-        self->busy = 0;
-        return NULL;
-    }
-    /* The heads and tails are immutable bytes the caller holds for the call. */
-    const char *vh = PyBytes_AS_STRING(args[2]), *vt = PyBytes_AS_STRING(args[3]);
-    const char *kh = PyBytes_AS_STRING(args[4]), *kt = PyBytes_AS_STRING(args[5]);
-    size_t nvh = (size_t)PyBytes_GET_SIZE(args[2]), nvt = (size_t)PyBytes_GET_SIZE(args[3]);
-    size_t nkh = (size_t)PyBytes_GET_SIZE(args[4]), nkt = (size_t)PyBytes_GET_SIZE(args[5]);
-    if (grow(&self->value, &self->value_size, nvh + longest + nvt) < 0
-            || grow(&self->key, &self->key_size, nkh + longest + nkt) < 0) {
-        PyBuffer_Release(&block);
-        if (headers != NULL)
-            rd_kafka_headers_destroy(headers);
-        self->busy = 0;
-        return PyErr_NoMemory();
-    }
-    char *v = self->value, *k = self->key;
-    memcpy(v, vh, nvh);
-    memcpy(k, kh, nkh);
-    long long nbytes = 0;
-    rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
-    Py_BEGIN_ALLOW_THREADS
-    int since_poll = 0;
-    for (p = start; p < end;) {
-        RowLine line;
-        p = rowblock_line(p, end, &line);
-        size_t nk = line.nkey, nj = line.njson;
-        memcpy(v + nvh, line.json, nj);
-        memcpy(v + nvh + nj, vt, nvt);
-        memcpy(k + nkh, line.key, nk);
-        memcpy(k + nkh + nk, kt, nkt);
-        /* librdkafka owns a record's headers once it took the record, so each gets its copy. */
-        rd_kafka_headers_t *copy = headers != NULL ? rd_kafka_headers_copy(headers) : NULL;
-        while ((err = rd_kafka_producev(self->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
-                                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_VALUE(v, nvh + nj + nvt),
-                                        RD_KAFKA_V_KEY(k, nkh + nk + nkt), RD_KAFKA_V_HEADERS(copy),
-                                        RD_KAFKA_V_END)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-            rd_kafka_poll(self->rk, 100);  /* the backpressure: serve acknowledgements until there is room */
-        if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-            if (copy != NULL)
-                rd_kafka_headers_destroy(copy);
-            break;
-        }
-        nbytes += (long long)(nvh + nj + nvt);
-        if (++since_poll == 1000) {  /* keep the delivery reports from piling up */
-            since_poll = 0;
-            rd_kafka_poll(self->rk, 0);
-        }
-    }
-    rd_kafka_poll(self->rk, 0);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&block);
-    if (headers != NULL)
-        rd_kafka_headers_destroy(headers);
-    self->busy = 0;
-    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        set_produce_error(err);
-        return NULL;
-    }
-    return PyLong_FromLongLong(nbytes);
-}
 
 /* poll(timeout) -> events served: delivery reports (counted), log lines and errors (to Python). */
 static PyObject *
@@ -401,7 +203,7 @@ Producer_poll(Producer *self, PyObject *arg)
     double timeout = PyFloat_AsDouble(arg);
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
-    if (enter(self) < 0)
+    if (rdproduce_enter(self) < 0)
         return NULL;
     int served;
     Py_BEGIN_ALLOW_THREADS
@@ -419,7 +221,7 @@ Producer_flush(Producer *self, PyObject *arg)
     double timeout = PyFloat_AsDouble(arg);
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
-    if (enter(self) < 0)
+    if (rdproduce_enter(self) < 0)
         return NULL;
     int left;
     Py_BEGIN_ALLOW_THREADS
@@ -452,7 +254,7 @@ Producer_close(Producer *self, PyObject *arg)
         return NULL;
     if (self->rk == NULL)
         return PyLong_FromLong(0);
-    if (enter(self) < 0)
+    if (rdproduce_enter(self) < 0)
         return NULL;
     int left;
     Py_BEGIN_ALLOW_THREADS
@@ -487,7 +289,7 @@ Producer_failed(Producer *self, void *unused)
 }
 
 static PyMethodDef Producer_methods[] = {
-    {"produce_rows", (PyCFunction)(void (*)(void))Producer_produce_rows, METH_FASTCALL,
+    {"produce_rows", (PyCFunction)(void (*)(void))rdproduce_produce_rows, METH_FASTCALL,
      "produce_rows(topic, block, value_head, value_tail, key_head, key_tail, headers) -> bytes of values made"},
     {"poll", (PyCFunction)Producer_poll, METH_O, "poll(timeout) -> events served"},
     {"flush", (PyCFunction)Producer_flush, METH_O, "flush(timeout) -> records still unacknowledged"},
