@@ -77,6 +77,29 @@ dump(PyObject *obj)
     return out;
 }
 
+/* The JSON object data[0, size) (its closing brace last; `empty`: it has no member) with the
+ * version field added as its last member: new bytes, or NULL with an error. */
+PyObject *
+lines_with_version(const char *data, Py_ssize_t size, int empty, const char *digits, Py_ssize_t ndigits)
+{
+    Py_ssize_t keylen = PyBytes_GET_SIZE(lines_version_key_json);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size + (empty ? 0 : 1) + keylen + 1 + ndigits);
+    if (out == NULL)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memcpy(p, data, size - 1);
+    p += size - 1;
+    if (!empty)
+        *p++ = ',';
+    memcpy(p, PyBytes_AS_STRING(lines_version_key_json), keylen);
+    p += keylen;
+    *p++ = ':';
+    memcpy(p, digits, ndigits);
+    p += ndigits;
+    *p = '}';
+    return out;
+}
+
 /* The document's JSON: the body with the version field last. A body that is a dict without
  * that field gets it spliced into its JSON; any other one is copied into a new dict first, as
  * `{**body, VERSION_FIELD: version}` does. New bytes, or NULL with an error. */
@@ -92,25 +115,7 @@ document_json(PyObject *body, PyObject *version, const char *digits, Py_ssize_t 
             if (json == NULL)
                 return NULL;
             Py_ssize_t size = PyBytes_GET_SIZE(json);
-            const char *data = PyBytes_AS_STRING(json);
-            Py_ssize_t keylen = PyBytes_GET_SIZE(lines_version_key_json);
-            int empty = size == 2;  /* "{}" */
-            PyObject *out = PyBytes_FromStringAndSize(NULL, size + (empty ? 0 : 1) + keylen + 1 + ndigits);
-            if (out == NULL) {
-                Py_DECREF(json);
-                return NULL;
-            }
-            char *p = PyBytes_AS_STRING(out);
-            memcpy(p, data, size - 1);
-            p += size - 1;
-            if (!empty)
-                *p++ = ',';
-            memcpy(p, PyBytes_AS_STRING(lines_version_key_json), keylen);
-            p += keylen;
-            *p++ = ':';
-            memcpy(p, digits, ndigits);
-            p += ndigits;
-            *p = '}';
+            PyObject *out = lines_with_version(PyBytes_AS_STRING(json), size, size == 2 /* "{}" */, digits, ndigits);
             Py_DECREF(json);
             return out;
         }

@@ -42,6 +42,9 @@ void lines_raw_fields_free(RawFields *f);
 PyObject *lines_raw_body(PyObject *row, const RawFields *f, RawMembers *m);
 PyObject *lines_raw_document(PyObject *body, const char *digits, Py_ssize_t ndigits);
 
+/* _lines.c */
+PyObject *lines_with_version(const char *data, Py_ssize_t size, int empty, const char *digits, Py_ssize_t ndigits);
+
 /* _lines_reduce.c */
 PyObject *lines_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -294,20 +294,5 @@ lines_raw_document(PyObject *body, const char *digits, Py_ssize_t ndigits)
         size--;
     const char *q = skip_space(data + 1, data + size - 1);
     int empty = q == data + size - 1;  /* "{}" */
-    Py_ssize_t keylen = PyBytes_GET_SIZE(lines_version_key_json);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, size + (empty ? 0 : 1) + keylen + 1 + ndigits);
-    if (out == NULL)
-        return NULL;
-    char *p = PyBytes_AS_STRING(out);
-    memcpy(p, data, size - 1);
-    p += size - 1;
-    if (!empty)
-        *p++ = ',';
-    memcpy(p, PyBytes_AS_STRING(lines_version_key_json), keylen);
-    p += keylen;
-    *p++ = ':';
-    memcpy(p, digits, ndigits);
-    p += ndigits;
-    *p = '}';
-    return out;
+    return lines_with_version(data, size, empty, digits, ndigits);
 }
