@@ -2,14 +2,16 @@
 cdc/_decode.c (the sink side's envelope decoders and the cut by shape), cdc/_copytext.c (SQL COPY
 text of rows left as JSON bytes), cdc/_records.c (Kafka messages to records, the produce call,
 packed record headers), cdc/_window.c (the newest version per key of a bulk load's window),
-sinks/opensearch/_lines.c (the OpenSearch sink's reduction and bulk lines), sources/mysql/_rowdecode.c
-(binlog row images of the common column types), sources/postgres/_copyjson.c (the snapshot's row
-JSON from COPY text, and its COPY read in blocks over the system's libpq, built only where
-libpq's headers are: apt's libpq-dev), cdc/_rdconsume.c (a bulk load's Kafka reader)
-and cdc/_rdproduce.c (snapshot rows to Kafka a block per call), both linked to the system's
-librdkafka: apt's librdkafka-dev. Helpers that two of them share are in headers (cdc/_*.h), a copy
-in each. Without a compiler (or librdkafka's headers) the build goes on without them, and the
-Python code they mirror runs instead (the same output, slower); cdc/native.py is the switch."""
+sinks/opensearch/_lines.c (the OpenSearch sink's reduction and bulk lines),
+sources/mysql/_rowdecode.c (binlog row images of the common column types),
+sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text, and its COPY read in blocks
+over the system's libpq, built only where libpq's headers are: apt's libpq-dev), cdc/_rdconsume.c (a
+bulk load's Kafka reader) and cdc/_rdproduce.c (snapshot rows to Kafka a block per call), both
+linked to the system's librdkafka: apt's librdkafka-dev. Helpers that two of them share are in
+headers (cdc/_*.h), a copy in each. An extension of several files (its units: the file above and
+<name>_*.c) declares what they share in a private header of its own name (e.g. cdc/_window.h).
+Without a compiler (or librdkafka's headers) the build goes on without them, and the Python code
+they mirror runs instead (the same output, slower); cdc/native.py is the switch."""
 
 import shutil
 import subprocess

@@ -137,7 +137,7 @@ are inflated, their proportions are not):
 
 What was left then was orjson.loads (the envelope's four objects and every value made into
 Python objects) and the bulk requests' HTTP. Now the rows are not decoded at all: this sink
-declares ``raw_rows``, the runtime's one envelope parser (cdc/_decode.c ``decode_one``, which
+declares ``raw_rows``, the runtime's one envelope parser (``decode_one``, cdc/_decode_one.c, which
 checks each value as strictly as orjson) hands an upsert's ``after`` over as the row's JSON bytes,
 and the lines loop (``_lines.c``) makes the document from those bytes (the version field spliced
 in before the closing brace; a table layout's include/exclude/rename by picking and renaming the
