@@ -228,7 +228,7 @@ class StandaloneSinkContext:
     name: str
     topic_prefix: str = "cdc"
     stats: ConnectorStats = None  # type: ignore[assignment]  # set from the name
-    logger: ConnectorLogger = None  # type: ignore[assignment]
+    logger: ConnectorLogger = None  # type: ignore[assignment]  # set from the name
     dead_letter_topic: str = ""
     log: LogClient | None = None
     log_config: Any = None

@@ -86,7 +86,7 @@ class Postgres17(Postgres):
     name = "postgres17"
     shared_buffers = "64MB"  # a few tests' worth of rows: leave the memory to the main server
 
-    def bindir(self) -> str:  # type: ignore[override]
+    def bindir(self) -> str:  # type: ignore[override]  # the base's is static; this one is per data directory
         return str(self.dir.parent / "postgres17-install" / "bin")
 
     def prepare(self) -> None:

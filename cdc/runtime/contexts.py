@@ -65,7 +65,7 @@ class RuntimeSinkContext:
     dead_letter: Callable[..., None] = None  # type: ignore[assignment]  # set from the name
     log: Log | None = None
     log_config: Any = None
-    logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]
+    logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]  # set from the name
     delete_read: Callable[[str, int, int], bool] = lambda topic, partition, offset: False
     native: NativeCodecs = field(default_factory=native_codecs)
 
@@ -167,7 +167,7 @@ class RuntimeSourceContext:
     name: str
     stats: ConnectorStats
     table_book: TableBook
-    logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]
+    logger: ConnectorLogger = field(default=None)  # type: ignore[assignment]  # set from the name
 
     def __post_init__(self) -> None:
         if self.logger is None:

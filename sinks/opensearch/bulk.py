@@ -44,7 +44,7 @@ class Item(NamedTuple):
     """One bulk item. A tuple: a write makes one per document (see documents.py)."""
 
     # The target index, named as in the bulk API; it shadows tuple.index(), which nothing calls.
-    index: str  # type: ignore[assignment]
+    index: str  # type: ignore[assignment]  # see above
     doc_id: str
     version: int
     body: dict[str, Any]
