@@ -15,6 +15,8 @@ One run, on this machine, with the real daemon (issue #30's "no false positives"
 4. every 10 s a scrape of ``/metrics`` (``cdc_verify_mismatched_rows``,
    ``cdc_verify_last_pass_timestamp_seconds``, ``cdc_verify_failed``), a line printed every 30 s:
    elapsed, passes seen per sink, mismatched rows per sink/table, failures, the load;
+   a pass that reported a mismatch is followed at once by a ``cdc verify --json`` of its sink
+   (does a verify right after still see it?), its counts printed;
 5. at the end the writer stops and ``cdc verify --json`` of each sink (which waits for the store
    to apply the log) must find it equal.
 
