@@ -47,6 +47,7 @@ from opensearchpy import OpenSearch
 from tests.background import PgWriter
 from tests.conftest import _fresh_database
 from tests.daemon import cdc_process, stop_daemon, wait_beside
+from tests.integration.test_verify import _count as count
 
 SINKS = ("wh", "cache", "search")
 SERIES = re.compile(r'^(cdc_verify_\w+)\{sink="(\w+)"(?:,table="([^"]+)")?\} (\S+)$')
@@ -94,18 +95,6 @@ def scrape(port: int) -> dict[tuple[str, str, str | None], float]:
     except OSError:
         return {}
     return {(m[1], m[2], m[3]): float(m[4]) for line in text.splitlines() if (m := SERIES.match(line))}
-
-
-def count(dsn: str) -> int:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM items")
-            return cur.fetchone()[0]
-    except psycopg2.errors.UndefinedTable:
-        return 0
-    finally:
-        conn.close()
 
 
 def filled(dsn: str, redis_url: str, cache: str, search_url: str, alias: str, rows: int) -> bool:

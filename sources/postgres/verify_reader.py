@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg2
 
-from cdc.api import SourceRead, TableReader, servers
+from cdc.api import ConfigError, SourceRead, TableReader, servers
 from cdc.positions import PgLsn
 from sources.postgres.catalog import TableMeta, captured_tables
 from sources.postgres.config import PostgresConfig
@@ -104,8 +104,6 @@ class PgTableReader(TableReader):
     def _meta(self, table: str) -> TableMeta:
         meta = self._tables.get(table)
         if meta is None:
-            from cdc.api import ConfigError
-
             raise ConfigError(f"source {self.cfg.name} does not capture {table}; it captures: "
                               f"{', '.join(self.tables()) or 'no tables'}")
         return meta
