@@ -143,9 +143,12 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
         f"verify: {{every: 2s, rows_per_s: 100000}}}}\nhttp: '127.0.0.1:{_free_port()}'\n")
     daemon = cdc_process(config, "run", "--only", "src", "wh", "cache", "search", log="daemon.log")
     try:
-        wait_until(lambda: _count(target_dsn) == ROWS, timeout=120, what="the warehouse's first fill")
-        wait_until(lambda: _cached(redis_url, cache) == ROWS, timeout=120, what="the cache's first fill")
-        wait_until(lambda: _indexed(opensearch_url, prefix) == ROWS, timeout=120, what="the index's first fill")
+        # Both tables in all three stores before the writer starts: a test counts the store's rows.
+        for table, rows in (("items", ROWS), ("kinds", 30)):
+            wait_until(lambda: _count(target_dsn, table) == rows, timeout=120, what=f"the warehouse's {table}")
+            wait_until(lambda: _cached(redis_url, cache, table) == rows, timeout=120, what=f"the cache's {table}")
+            wait_until(lambda: _indexed(opensearch_url, prefix, table) == rows, timeout=120,
+                       what=f"the index's {table}")
         with Writer(source_dsn, seed=30) as writer:
             wait_until(lambda: writer.changes > 200, timeout=60, what="the writer to write")
             yield Pipeline(config, source_dsn, target_dsn, redis_url, cache, opensearch_url, f"{prefix}-items", writer)
@@ -169,30 +172,30 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _indexed(url: str, prefix: str) -> int:
+def _indexed(url: str, prefix: str, table: str = "items") -> int:
     client = OpenSearch(url)
     try:
-        if not client.indices.exists_alias(name=f"{prefix}-items"):
+        if not client.indices.exists_alias(name=f"{prefix}-{table}"):
             return 0
-        client.indices.refresh(index=f"{prefix}-items")
-        return client.count(index=f"{prefix}-items")["count"]
+        client.indices.refresh(index=f"{prefix}-{table}")
+        return client.count(index=f"{prefix}-{table}")["count"]
     finally:
         client.close()
 
 
-def _cached(url: str, prefix: str) -> int:
+def _cached(url: str, prefix: str, table: str = "items") -> int:
     client = redis.Redis.from_url(url)
     try:
-        return sum(1 for _ in client.scan_iter(match=f"{prefix}:public.items:*", count=1000))
+        return sum(1 for _ in client.scan_iter(match=f"{prefix}:public.{table}:*", count=1000))
     finally:
         client.close()
 
 
-def _count(dsn: str) -> int:
+def _count(dsn: str, table: str = "items") -> int:
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM items")
+            cur.execute(f"SELECT count(*) FROM {table}")
             return cur.fetchone()[0]
     except psycopg2.errors.UndefinedTable:
         return 0
