@@ -31,6 +31,7 @@ from opensearchpy import OpenSearch
 
 from cdc.cli import main
 from tests.background import PgWriter
+from tests.browser import dump_dom, parse
 from tests.conftest import _fresh_database
 from tests.daemon import cdc_process, run_daemon, stop_daemon
 from tests.integration.pg_capture import execute, wait_until
@@ -358,6 +359,13 @@ def test_the_daemon_verifies_a_sink_in_the_background_and_exports_what_differs(p
         wait_until(lambda: (f := passes()) and float(f[stamp]) > edited and f[mismatched] == "1", timeout=60,
                    what="a background pass finding the edit")
         assert passes()['cdc_verify_failed{sink="bg"}'] == "0"
+        # The console shows the last pass: the table and how many keys differ.
+        page = parse(dump_dom(f"http://127.0.0.1:{port}/"))
+        [bg] = [r for r in page.find_all("connector", tag="tr") if r.attrs["data-name"] == "bg"]
+        cell = bg.find("verify")
+        assert "verify-differs" in cell.classes and float(cell.attrs["data-at"]) > edited
+        assert {t.attrs["data-table"]: t.attrs["data-keys"] for t in cell.find_all("verify-table")} == \
+            {"public.items": "1", "public.kinds": "0"}
         assert daemon.poll() is None  # a mismatch never stops the pipeline
     finally:
         stop_daemon(daemon)

@@ -72,10 +72,26 @@ function snapshotProgress(row) {
   return row.kind === "source" && row.phase === "streaming" ? "done" : "–";
 }
 
+// A sink's last background verify (`verify:` in its config): when it ended, and per table the
+// keys that differ; or why the pass gave no answer. "–" for a sink without background verify.
+function verifyResult(row) {
+  const v = row.verify;
+  if (!v) return el("td", {class: "verify"}, "–");
+  const when = new Date(v.at * 1000).toISOString().slice(11, 19);
+  if (v.error) return el("td", {class: "verify verify-failed error", "data-at": v.at}, `no answer at ${when}: ${v.error}`);
+  const tables = Object.entries(v.tables).map(([table, keys]) =>
+    el("div", {class: keys ? "verify-table error" : "verify-table", "data-table": table, "data-keys": keys},
+       `${table}: ${keys ? `${fmt(keys, 0)} key(s) differ` : "equal"}`));
+  const differ = Object.values(v.tables).some(keys => keys);
+  const [verdict, text] = v.equal ? ["equal", "equal"] : differ ? ["differs", "differs"]
+    : ["unsettled", "keys still changing"];
+  return el("td", {class: `verify verify-${verdict}`, "data-at": v.at}, `${text} at ${when}`, ...tables);
+}
+
 function renderConnectors(data) {
   const now = data.now;
   const table = el("table", {id: "connector-table"},
-    el("tr", {}, ...["connector", "kind", "phase", "events", "lag (s)", "events/s", "snapshot",
+    el("tr", {}, ...["connector", "kind", "phase", "events", "lag (s)", "events/s", "snapshot", "verify",
                      "phase · lag · throughput, last hour", "details"].map(h => el("th", {}, h))));
   for (const row of data.connectors) {
     const history = row.history || [];
@@ -90,6 +106,7 @@ function renderConnectors(data) {
       el("td", {class: "num lag"}, fmt(row.lag_seconds, 2)),
       el("td", {class: "num rate"}, fmt(rate, 1)),
       el("td", {class: "snapshot"}, snapshotProgress(row)),
+      verifyResult(row),
       el("td", {}, phaseStrip(history, now), el("br"), lineChart(history, "lag_seconds", "lag s", now),
          el("br"), lineChart(history, "events_per_s", "events/s", now)),
       el("td", {class: "details"}, details)));
