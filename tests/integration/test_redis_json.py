@@ -70,3 +70,37 @@ def test_redisjson_documents_follow_the_version_guard(json_server):
         sink.stop()
         for stored in client.scan_iter(match=f"{prefix}*"):
             client.delete(stored)
+
+
+def test_redisjson_documents_read_back_as_verify_compares_them(json_server):
+    """``cdc verify``'s reads of a redisjson store (sinks/redis/reading.py): a range and a key read
+    give back what ``stored_forms`` makes of the source rows, and a hand edit is the one difference."""
+    from cdc.runtime.verify_compare import by_key, compare, digest
+
+    url, client = json_server
+    prefix = f"j{uuid.uuid4().hex[:8]}"
+    sink = RedisSink(RedisSinkConfig(name="cache", url=url, topics=["shop.*"], key_prefix=prefix, format="redisjson",
+                                     exclude=["secret"]))
+    rows = [({"id": i}, {"id": i, "balance": f"{i}.50", "note": None if i % 2 else f"n{i}", "secret": "x",
+                         "tags": ["a", str(i)], "at": "2026-01-02T03:04:05.123456Z"}) for i in range(1, 13)]
+    sink.start()
+    try:
+        sink.write([SinkEvent("shop.public.accounts", 0, n, key, Op.CREATE, None, after, 10,
+                              {"schema": "public", "table": "accounts", "name": "pg", "version": 10})
+                    for n, (key, after) in enumerate(rows)])
+        topic = "shop.public.accounts"
+        source = by_key(sink.stored_forms(topic, rows))
+        assert all("secret" not in row for row in source.values())  # the sink's exclude, applied to the source
+        assert digest(by_key(sink.read_range(topic, None, None))) == digest(source)
+        middle = sink.read_range(topic, (4,), (9,))
+        assert [r.key for r in middle] == [("5",), ("6",), ("7",), ("8",), ("9",)]  # key order, (after, upto]
+        assert digest(by_key(middle)) == digest({k: v for k, v in source.items() if k in by_key(middle)})
+        client.json().set(row_key(client, prefix, "public", "accounts", {"id": 7}), "$.balance", "0.01")
+        store = by_key(sink.read_keys(topic, [(7,), (8,), (99,)]))
+        assert len(store) == 2  # a key the store lacks is left out
+        [edited] = compare({k: v for k, v in source.items() if k in store}, store).keys
+        assert (str(dict(source[edited])["balance"]), str(dict(store[edited])["balance"])) == ("7.50", "0.01")
+    finally:
+        sink.stop()
+        for stored in client.scan_iter(match=f"{prefix}*"):
+            client.delete(stored)

@@ -1,6 +1,7 @@
-"""``cdc verify`` with a MariaDB source (reads at a binlog position) into a SQLite target, under a
-live writer: a clean store verifies equal, hand edits are reported exactly, ``--repair`` heals
-what a snapshot can send and the next verify is clean (cdc/runtime/verify.py)."""
+"""``cdc verify`` with a MariaDB source (reads at a binlog position) into a SQLite target, a MariaDB
+target and a Redis Cluster cache of JSON values, under a live writer: a clean store verifies equal,
+hand edits are reported exactly, ``--repair`` heals what a snapshot can send and the next verify
+is clean (cdc/runtime/verify.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from contextlib import redirect_stdout
 from io import StringIO
 
 import pytest
+from redis.cluster import RedisCluster
 
 from cdc.cli import main
 from tests.conftest import mysql_connect
 from tests.daemon import cdc_process, stop_daemon
 from tests.integration.pg_capture import wait_until
 
-pytestmark = [pytest.mark.mysql]
+pytestmark = [pytest.mark.mysql, pytest.mark.redis]
 
 ROWS = 800
 RESERVED = 100  # keys below are never touched by the writer
@@ -44,6 +46,22 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _mariadb_count(url: str, database: str) -> int:
+    conn = mysql_connect(url, database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM items")
+            return cur.fetchone()[0]
+    except Exception:  # noqa: BLE001 - not made yet
+        return 0
+    finally:
+        conn.close()
+
+
+def _cached(cluster: RedisCluster, prefix: str) -> int:
+    return sum(1 for k in cluster.scan_iter(match=f"{prefix}:*.items:*", count=1000) if b"{" not in k)
+
+
 def _count(path) -> int:
     try:
         conn = sqlite3.connect(path)
@@ -55,19 +73,26 @@ def _count(path) -> int:
         return 0
 
 
-def test_a_mariadb_source_verified_under_a_writer_reports_hand_edits_and_repairs(mysql_url, mysql_db, tmp_path):
+def test_a_mariadb_source_verified_under_a_writer_reports_hand_edits_and_repairs(mysql_url, mysql_db,
+                                                                                redis_cluster_url, tmp_path):
+    target_db = f"{mysql_db}_wh"
     admin = mysql_connect(mysql_url, mysql_db)
     with admin.cursor() as cur:
         cur.execute("CREATE TABLE items (id INT PRIMARY KEY, qty INT NOT NULL, price DECIMAL(10,2), note TEXT)")
         cur.execute(f"INSERT INTO items SELECT seq, seq MOD 7, 9.90, 'seed' FROM seq_1_to_{ROWS}")
-    admin.close()
-    prefix = f"m{uuid.uuid4().hex[:6]}"
+        cur.execute(f"CREATE DATABASE `{target_db}`")
+    prefix, cache = f"m{uuid.uuid4().hex[:6]}", f"m{uuid.uuid4().hex[:6]}"
+    target_url = mysql_url.replace("mysql://", "mysql+pymysql://", 1).rstrip("/") + f"/{target_db}"
+    cluster = RedisCluster.from_url(redis_cluster_url)
     config = tmp_path / "cdc.yaml"
     config.write_text(
         f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
         f"sources:\n  - {{name: my, type: mysql, url: '{mysql_url}', server_id: {random.randrange(10_000, 2**31)}, "
         f"tables: ['{mysql_db}.items'], heartbeat_interval: 0.5, signal_table: '{mysql_db}.cdc_signal'}}\n"
         f"sinks:\n  - {{name: lite, type: sql, url: 'sqlite:///lite.db', topics: ['{prefix}.*'], batch_wait_ms: 50}}\n"
+        f"  - {{name: mdb, type: sql, url: '{target_url}', topics: ['{prefix}.*'], batch_wait_ms: 50}}\n"
+        f"  - {{name: rc, type: redis, url: '{redis_cluster_url}', cluster: true, format: json, key_prefix: {cache}, "
+        f"topics: ['{prefix}.*'], batch_wait_ms: 50}}\n"
         f"http: '127.0.0.1:{_free_port()}'\n")
     daemon = cdc_process(config, "run", log="daemon.log")
     stop, changes = threading.Event(), [0]
@@ -93,25 +118,50 @@ def test_a_mariadb_source_verified_under_a_writer_reports_hand_edits_and_repairs
     thread = threading.Thread(target=writer, daemon=True)
     try:
         wait_until(lambda: _count(tmp_path / "lite.db") == ROWS, timeout=120, what="the SQLite target's first fill")
+        wait_until(lambda: _mariadb_count(mysql_url, target_db) == ROWS, timeout=120,
+                   what="the MariaDB target's first fill")
+        wait_until(lambda: _cached(cluster, cache) == ROWS, timeout=120, what="the cluster cache's first fill")
         thread.start()
         wait_until(lambda: changes[0] > 100, timeout=60, what="the writer to write")
-        code, answer = verify(config, "lite", "--chunk", "300")
-        assert (code, answer["tables"][0]["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0,
-                                                             "unsettled": 0}), answer
+        for sink in ("lite", "mdb", "rc"):
+            code, answer = verify(config, sink, "--chunk", "300")
+            assert (code, answer["tables"][0]["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0,
+                                                                 "unsettled": 0}), (sink, answer)
+            assert answer["tables"][0]["store_rows"] >= ROWS // 2, (sink, answer)
         target = sqlite3.connect(tmp_path / "lite.db", timeout=30)
         with target:
             target.execute("DELETE FROM items__g1 WHERE id = 3")
             target.execute("UPDATE items__g1 SET note = 'edited' WHERE id = 4")
         target.close()
-        code, answer = verify(config, "lite", "--chunk", "300")
-        assert code == 1
-        assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
-            (["3"], ["4"], [])
-        code, answer = verify(config, "lite", "--repair", "--repair-timeout", "120")
-        assert code == 0 and all(r["equal"] for r in answer["repair"]), answer
-        assert verify(config, "lite")[0] == 0
+        warehouse = mysql_connect(mysql_url, target_db)
+        with warehouse.cursor() as cur:  # items is a view of generation 1's table
+            cur.execute("DELETE FROM items__g1 WHERE id = 5")
+            cur.execute("UPDATE items__g1 SET price = 0.01 WHERE id = 6")
+            cur.execute("INSERT INTO items__g1 (id, qty, price, note, __cdc_version) VALUES (99999999, 1, 1, 'x', 1)")
+        warehouse.close()
+        [edited] = [k for k in cluster.scan_iter(match=f"{cache}:*.items:8") if b"{" not in k]
+        cluster.set(edited, json.dumps({**json.loads(cluster.get(edited)), "note": "edited"}))
+        [gone] = [k for k in cluster.scan_iter(match=f"{cache}:*.items:7") if b"{" not in k]
+        cluster.delete(gone)
+        for sink, expected in (("lite", (["3"], ["4"], [])), ("mdb", (["5"], ["6"], ["99999999"])),
+                               ("rc", (["7"], ["8"], []))):
+            code, answer = verify(config, sink, "--chunk", "300")
+            assert code == 1, (sink, answer)
+            assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
+                expected, sink
+        for sink in ("lite", "rc"):
+            code, answer = verify(config, sink, "--repair", "--repair-timeout", "120")
+            assert code == 0 and all(r["equal"] for r in answer["repair"]), answer
+            assert verify(config, sink)[0] == 0
     finally:
         stop.set()
         if thread.is_alive():
             thread.join()
         stop_daemon(daemon)
+        names = list(cluster.scan_iter(match=f"{cache}*"))
+        for name in names:
+            cluster.delete(name)
+        cluster.close()
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{target_db}`")
+        admin.close()
