@@ -51,12 +51,12 @@ def _unique(prefix: str) -> str:
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--phase", choices=("all", "parallel", "serial"), default="all",
-        help="which tests to run: 'parallel' leaves out the tests marked serial (they stop, freeze, "
-             "restart or kill a server of the shared stack, or change its global settings) and the "
-             "Spark tests, so the rest may run in pytest-xdist workers side by side; 'serial' runs "
-             "only those, one at a time. "
-             "scripts/test runs both phases one after the other.")
+        "--phase", choices=("all", "parallel", "spark", "serial"), default="all",
+        help="which tests to run: 'serial' only the tests marked serial (they stop, freeze, restart "
+             "or kill a server of the shared stack, or change its global settings), one at a time; "
+             "'spark' only the other Spark tests, one at a time (one Spark session); 'parallel' the "
+             "rest, which may run in pytest-xdist workers side by side. scripts/test runs the "
+             "parallel and spark phases side by side, then the serial phase alone.")
 
 
 def pytest_configure(config):
@@ -72,12 +72,18 @@ def _select_phase(config, items) -> None:
         return
     keep, drop = [], []
     for item in items:
-        # The Spark tests run in the serial phase too: each xdist worker would start a Spark JVM of
+        # The Spark tests have a phase of their own: each xdist worker would start a Spark JVM of
         # its own (seconds of CPU and a GB of memory each), two of them on two cores starve each
         # other's first batches, and `xdist_group` cannot keep them on one worker (pytest-xdist 3.8
-        # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads).
-        alone = item.get_closest_marker("serial") is not None or item.get_closest_marker("spark") is not None
-        (keep if alone == (phase == "serial") else drop).append(item)
+        # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads). One Spark process
+        # beside the parallel workers is fine: those mostly wait on servers.
+        if item.get_closest_marker("serial") is not None:
+            mine = "serial"
+        elif item.get_closest_marker("spark") is not None:
+            mine = "spark"
+        else:
+            mine = "parallel"
+        (keep if mine == phase else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
