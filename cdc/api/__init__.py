@@ -48,6 +48,7 @@ from cdc.api.capabilities import (
                                   TableReader,
                                   VerifiableSource,
                                   WriteCompletion,
+                                  captured_table,
                                   in_range,
                                   key_order,
                                   page,
@@ -101,7 +102,7 @@ __all__ = [
     # sources
     "Source", "SourceContext", "StandaloneSourceContext", "TableBook", "Batch", "Position",
     "IncrementalSnapshotSource", "SlotOwningSource", "SlotListing", "SlotDrop",
-    "VerifiableSource", "TableReader", "SourceRead",
+    "VerifiableSource", "TableReader", "SourceRead", "captured_table",
     # sinks
     "Sink", "SelfDrivenSink", "SinkContext", "StandaloneSinkContext", "standalone_sink_context", "SinkEvent", "Op",
     "WindowPart", "RebuildableSink", "BulkLoadableSink", "PipelinedSink", "WriteCompletion", "MaintainedSink",

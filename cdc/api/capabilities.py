@@ -16,16 +16,18 @@ Sources: ``IncrementalSnapshotSource`` (tables read again while streaming, on re
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from cdc.api.config import SourceConfig
-from cdc.errors import CdcError
+from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent
 from cdc.positions import Position
 from cdc.sink_event import SinkEvent, WindowPart
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -302,6 +304,16 @@ class TableReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def captured_table(source: str, tables: Mapping[str, T], table: str) -> T:
+    """``tables[table]``: what a ``TableReader`` of ``source`` knows of a table it captures; for
+    any other table a ``ConfigError`` that lists what it does capture."""
+    try:
+        return tables[table]
+    except KeyError:
+        raise ConfigError(f"source {source} does not capture {table}; it captures: "
+                          f"{', '.join(sorted(tables)) or 'no tables'}") from None
 
 
 @runtime_checkable

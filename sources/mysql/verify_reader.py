@@ -18,7 +18,7 @@ from typing import Any
 import pymysql
 from pymysql.converters import encoders
 
-from cdc.api import ConfigError, SourceRead, TableReader
+from cdc.api import SourceRead, TableReader, captured_table
 from cdc.events import ChangeEvent
 from cdc.positions import MySqlPosition
 from sources.mysql.catalog import captured_tables, connect, current_position, load_schemas, matches
@@ -82,11 +82,7 @@ class MySqlTableReader(TableReader):
         return SourceRead(events, MySqlPosition(file, pos))
 
     def _schema(self, table: str) -> TableSchema:
-        schema = self._tables.get(table)
-        if schema is None:
-            raise ConfigError(f"source {self.cfg.name} does not capture {table}; it captures: "
-                              f"{', '.join(self.tables()) or 'no tables'}")
-        return schema
+        return captured_table(self.cfg.name, self._tables, table)
 
     def close(self) -> None:
         for conn in (getattr(self, "control", None), getattr(self, "conn", None)):

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg2
 
-from cdc.api import ConfigError, SourceRead, TableReader, servers
+from cdc.api import SourceRead, TableReader, captured_table, servers
 from cdc.positions import PgLsn
 from sources.postgres.catalog import TableMeta, captured_tables
 from sources.postgres.config import PostgresConfig
@@ -102,11 +102,7 @@ class PgTableReader(TableReader):
         return PgLsn(lsn)
 
     def _meta(self, table: str) -> TableMeta:
-        meta = self._tables.get(table)
-        if meta is None:
-            raise ConfigError(f"source {self.cfg.name} does not capture {table}; it captures: "
-                              f"{', '.join(self.tables()) or 'no tables'}")
-        return meta
+        return captured_table(self.cfg.name, self._tables, table)
 
     def close(self) -> None:
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
+import pytest
+
 from cdc.api import ReadableSink, SourceRead, StoredRow, in_range
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.positions import IncrementalProgress, PgLsn, SnapshotProgress
@@ -214,3 +216,13 @@ def test_the_report_lists_the_first_keys_and_counts_them_all():
     lines = report.lines()
     assert lines[1] == "  missing 5 (the first 2):" and lines[2] == '    key "0": source {"id":"0"}'
     assert report.as_json()["counts"]["missing"] == 5
+
+
+def test_a_reader_asked_for_a_table_its_source_does_not_capture_names_what_it_does():
+    from cdc.api import ConfigError, captured_table
+
+    assert captured_table("pg", {"public.a": 1, "public.b": 2}, "public.b") == 2
+    with pytest.raises(ConfigError, match=r"source pg does not capture public\.c; it captures: public\.a, public\.b"):
+        captured_table("pg", {"public.b": 2, "public.a": 1}, "public.c")
+    with pytest.raises(ConfigError, match="it captures: no tables"):
+        captured_table("pg", {}, "public.c")
