@@ -16,9 +16,15 @@ import uuid
 from urllib.parse import urlparse
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from cdc.dev import stack
 from cdc.errors import DevStackError
+
+# Hypothesis times each example (200 ms by default) and its data generation: on a shared machine
+# at load 10 a correct example can take longer. Tests assert results, never timings.
+settings.register_profile("cdc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("cdc")
 
 MARKER_SERVICES = {"postgres", "postgres17", "mysql", "kafka", "redis", "opensearch", "spark"}
 
