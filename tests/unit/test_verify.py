@@ -252,3 +252,18 @@ def test_the_report_lists_the_first_keys_and_counts_them_all():
     lines = report.lines()
     assert lines[1] == "  missing 5 (the first 2):" and lines[2] == '    key "0": source {"id":"0"}'
     assert report.as_json()["counts"]["missing"] == 5
+
+
+def test_a_background_pass_logs_the_keys_it_found_with_both_sides(caplog):
+    from cdc.runtime.verify_schedule import VerifySchedule, _shown
+
+    found = {"key": ["9"], "source": None, "store": {"id": "9"}}
+    schedule = VerifySchedule("cdc.yaml", ["s"])
+    schedule._note("s", {"at": 1.0, "tables": {"public.t": 1}, "equal": False, "error": None,
+                         "shown": _shown([{"table": "public.t", "extra": [found]}])})
+    schedule._note("s", {"at": 2.0, "tables": {"public.t": 0}, "equal": False, "error": None,
+                         "shown": _shown([{"table": "public.t", "unsettled": [found]}])})
+    first, second = [r.getMessage() for r in caplog.records]
+    assert 'keys differ (public.t: 1): public.t extra key ["9"]: source null, store {"id": "9"}' in first
+    assert "not decided" in second and 'public.t unsettled key ["9"]' in second
+    assert schedule.result("s")["tables"] == {"public.t": 0}
