@@ -14,26 +14,31 @@ candidate that its second look clears, so this costs looks, never a false report
 
 No false alarms under a live writer. A chunk read at position P can differ from a store that is
 correct: the store may not have applied the log up to P yet, or may already hold changes after P.
-So a key that differs is only a candidate. It gets up to ``looks`` second looks, each:
+So a key that differs is only a candidate. It gets up to ``looks`` second looks (and one more
+that can only confirm a difference), each:
 
 1. wait until the store has applied the log past P (the position of the last source read of the
-   key; every change that read shows is at or before it): the source's stored offset (which the runtime saves only once the log holds every
-   change before it) has reached P, and then the sink's committed offsets (which it commits only
+   key; every change that read shows is at or before it): the source's stored offset (which the
+   runtime saves only once the log holds every change before it) has reached P, and then the sink's committed offsets (which it commits only
    once its store holds the writes) have reached the topic's end offsets as they were then;
 2. read the candidates in the store;
 3. read them again in the source, in one snapshot, at position Q; Q is the next look's P.
 
 A key equal now is dropped. A key whose source row at Q is the one it had at P, and whose store
-row differs from it, is reported: no change of the key committed between the two source reads,
-and the store read between them came after the store applied everything up to P, so the store
-should have held that row. A key whose source row changed between P and Q is looked at again;
-one still changing after ``looks`` looks is reported as unsettled, not as different. (A key
-changed and changed back between the two source reads, with the store read in between, looks
-unchanged; it is reported only if that happens at every look up to one that catches the store
-still differing.) An idle source stores a new offset at its next heartbeat
-(``heartbeat_interval``), so a look may wait that long. What a wait cannot bring (a sink that is not running, a source whose offset
-does not move within ``settle_timeout``) ends the looks: the keys still differing then are
-reported as they stood, and the report says the store did not settle.
+row differs from it, is steady: had no change of the key committed between the two source reads,
+the store read between them, after the store applied everything up to P, should have held that
+row. Equal rows at P and Q do not prove that, though: a key changed and changed back meanwhile (a
+row deleted, inserted and deleted again), with the store read while it held the middle row, looks
+steady too. So a steady key is reported only when the next look
+finds it steady again with the same store row: that store read came after the store applied
+everything up to Q, the change back included, so the middle row could only be there again if the
+key made the same detour once more and the read caught it at the same moment. A key whose source
+row changed is looked at again; one not reported after ``looks`` looks (and the one more that may
+confirm a steady key) is unsettled: not decided, not different. An idle source stores a new
+offset at its next heartbeat (``heartbeat_interval``), so a look may wait that long. What a wait
+cannot bring (a sink that is not running, a source whose offset does not move within
+``settle_timeout``) ends the looks: the keys not equal then are unsettled too (the store may only
+be behind), and the report says the store did not settle.
 
 Threading: one thread; the reader and the sink are used from it alone.
 """
@@ -167,8 +172,9 @@ class Verifier:
         """The keys of a chunk whose digests differ, looked at again (the module docstring)."""
         candidates = compare(source, store).keys
         before = {k: source.get(k) for k in candidates}  # each key's source row at ``position``
+        steady: dict[tuple, Row | None] = {}  # key -> its store row at the last look, which found it steady
         now_source, now_store = source, store
-        for look in range(self.options.looks):
+        for look in range(self.options.looks + 1):  # the last one can only confirm
             if not candidates:
                 return
             if not self.settle.wait(position, topic):
@@ -179,21 +185,27 @@ class Verifier:
             now_source, more = self._source_side(table, topic, read)
             keys.update(more)
             moving: list[tuple] = []
+            found: dict[tuple, Row | None] = {}
             for k in candidates:
                 if same_row(now_source.get(k), now_store.get(k)):
                     continue
-                if now_source.get(k) == before[k]:  # unchanged across the store's read: it differs
+                if now_source.get(k) != before[k]:
+                    moving.append(k)
+                elif k in steady and same_row(steady[k], now_store.get(k)):  # the same at two looks: it differs
                     self._report(report, k, now_source.get(k), now_store.get(k))
                     if k in keys:  # for --repair
                         self._source_keys[k] = keys[k]
+                elif look < self.options.looks:
+                    found[k] = now_store.get(k)
+                    moving.append(k)
                 else:
                     moving.append(k)
-            log.debug("verify %s: look %d: %d keys still moving", table, look + 1, len(moving))
+            log.debug("verify %s: look %d: %d keys still moving, %d to confirm", table, look + 1,
+                      len(moving) - len(found), len(found))
             before = {k: now_source.get(k) for k in moving}
-            candidates, position = moving, read.position
+            candidates, position, steady = moving, read.position, found
         for k in candidates:  # still moving after every look, or the store did not settle
-            found = Finding(list(k), _dict(now_source.get(k)), _dict(now_store.get(k)))
-            report.add("unsettled" if report.settled else _kind(now_source.get(k), now_store.get(k)), found)
+            report.add("unsettled", Finding(list(k), _dict(now_source.get(k)), _dict(now_store.get(k))))
             if k in keys:
                 self._source_keys[k] = keys[k]
 

@@ -1,7 +1,8 @@
 """``cdc verify FILE SINK [TABLE...]``: whether a sink's store equals its source (cdc/runtime/verify.py).
 
 Exit codes: 0 every table verified is equal (with ``--repair``: is equal once repaired); 1 some
-keys differ (or are still changing after every look); 2 a usage error (an unknown sink or table, a sink that cannot read its store back,
+keys differ; 3 none is known to differ but some are unsettled (still changing after every look,
+or the store did not apply the log within ``--settle-timeout``): not decided; 2 a usage error (an unknown sink or table, a sink that cannot read its store back,
 no source that can be read to verify); 75 a server, or for ``--repair`` the daemon, could not be reached (trying again may help).
 """
 
@@ -15,13 +16,13 @@ from typing import Any
 
 from cdc.errors import ConfigError
 
-EXIT_EQUAL, EXIT_DIFFERENT = 0, 1
+EXIT_EQUAL, EXIT_DIFFERENT, EXIT_UNSETTLED = 0, 1, 3
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     verify = subparsers.add_parser(
         "verify", help="compare a sink's store with the source database, chunk by chunk; "
-                       "exit 0 equal, 1 different, 2 usage error")
+                       "exit 0 equal, 1 different, 3 not decided (unsettled), 2 usage error")
     verify.add_argument("file", help="the config file")
     verify.add_argument("sink", help="the sink whose store to verify, as named in the file")
     verify.add_argument("tables", nargs="*", metavar="TABLE",
@@ -30,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="read at most N source rows a second (default: no limit)")
     verify.add_argument("--chunk", type=int, default=10_000, metavar="N", help="rows per chunk (default 10000)")
     verify.add_argument("--looks", type=int, default=3, metavar="N",
-                        help="second looks at a key that differs before it counts as unsettled (default 3)")
+                        help="second looks at a key that keeps changing before it counts as unsettled (default 3; "
+                             "a key is reported once two looks in a row find the same difference)")
     verify.add_argument("--show", type=int, default=10, metavar="N",
                         help="keys listed per kind of difference (default 10; the counts are complete)")
     verify.add_argument("--settle-timeout", type=float, default=60.0, metavar="S",
@@ -124,14 +126,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         log_.close()
     if args.repair:  # what stands now: the rechecks of the keys sent, and what was not sent
         fixed = {r.table for r in repaired}
-        left = [r.mismatched == 0 and not r.counts["unsettled"] for r in repaired] + \
-            [r.counts["extra"] == 0 and not r.counts["unsettled"] and (r.table in fixed or not r.mismatched)
-             for r in reports]
+        differ = any(r.mismatched for r in repaired) or \
+            any(r.counts["extra"] or (r.mismatched and r.table not in fixed) for r in reports)
+        undecided = any(r.counts["unsettled"] for r in [*repaired, *reports])
     else:
-        left = [r.mismatched == 0 and not r.counts["unsettled"] for r in reports]
+        differ = any(r.mismatched for r in reports)
+        undecided = any(r.counts["unsettled"] for r in reports)
     if args.json:
-        json.dump({"sink": args.sink, "equal": all(left), "tables": [r.as_json() for r in reports],
+        json.dump({"sink": args.sink, "equal": not differ and not undecided, "tables": [r.as_json() for r in reports],
                    **({"repair": [r.as_json() for r in repaired]} if args.repair else {})},
                   sys.stdout, indent=2, default=str)
         print()
-    return EXIT_EQUAL if all(left) else EXIT_DIFFERENT
+    return EXIT_DIFFERENT if differ else EXIT_UNSETTLED if undecided else EXIT_EQUAL

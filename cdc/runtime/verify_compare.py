@@ -163,11 +163,11 @@ class TableReport:
     missing: list[Finding] = field(default_factory=list)
     extra: list[Finding] = field(default_factory=list)
     different: list[Finding] = field(default_factory=list)
-    unsettled: list[Finding] = field(default_factory=list)  # still changing after every look
+    unsettled: list[Finding] = field(default_factory=list)  # not decided: still changing, or the store not settled
     counts: dict[str, int] = field(default_factory=lambda: {"missing": 0, "extra": 0, "different": 0,
                                                              "unsettled": 0})
     seconds: float = 0.0
-    settled: bool = True          # False: a wait for the store to apply the log timed out
+    settled: bool = True          # False: a wait for the store to apply the log timed out (its keys: unsettled)
     shown: int = 10
     repairable: list[tuple] = field(default_factory=list)  # every missing or different key (canonical)
 
@@ -185,6 +185,11 @@ class TableReport:
         return self.counts["missing"] + self.counts["extra"] + self.counts["different"]
 
     @property
+    def equal(self) -> bool:
+        """Known equal: no key differs and none was left undecided."""
+        return self.mismatched == 0 and self.counts["unsettled"] == 0
+
+    @property
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
@@ -193,18 +198,19 @@ class TableReport:
         del out["shown"], out["repairable"]
         out["rows_per_s"] = round(self.rows_per_s, 1)
         out["seconds"] = round(self.seconds, 3)
-        out["equal"] = self.mismatched == 0
+        out["equal"] = self.equal
         return out
 
     def lines(self) -> list[str]:
         """The report for people."""
-        verdict = "equal" if self.mismatched == 0 else f"{self.mismatched} keys differ"
+        verdict = f"{self.mismatched} keys differ" if self.mismatched else \
+            f"not decided, {self.counts['unsettled']} keys unsettled" if self.counts["unsettled"] else "equal"
         out = [f"{self.table} ({self.topic}): {verdict}; {self.rows:,} source rows and {self.store_rows:,} store "
                f"rows in {self.chunks} chunks ({self.chunks_differing} compared key by key), "
                f"{self.seconds:.1f}s, {self.rows_per_s:,.0f} source rows/s"]
         if not self.settled:
-            out.append("  the store did not apply the log within the settle timeout: keys still moving were "
-                       "reported as they stood (is the sink running?)")
+            out.append("  the store did not apply the log within the settle timeout: the keys not yet equal are "
+                       "unsettled, not known to differ (is the sink running?)")
         for kind in ("missing", "extra", "different", "unsettled"):
             count, found = self.counts[kind], getattr(self, kind)
             if not count:

@@ -6,7 +6,9 @@ child process ``cdc verify FILE SINK --json`` in a session of its own: the daemo
 never share a core's GIL with it, and a pass that fails or is killed changes nothing else. Its
 answer becomes ``result(sink)``, which ``/metrics`` shows as ``cdc_verify_mismatched_rows{sink,
 table}`` (missing, extra and different keys) and ``cdc_verify_last_pass_timestamp_seconds``. A
-mismatch is logged as a warning and never stops the pipeline. ``stop()`` kills a pass under way.
+mismatch, or a pass that could not decide (unsettled keys: exit 3), is logged as a warning naming
+the first keys of each kind with both sides, and never stops the pipeline. ``stop()`` kills a
+pass under way.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ import threading
 import time
 from typing import Any
 
+from cdc.runtime.verify_cli import EXIT_DIFFERENT, EXIT_EQUAL, EXIT_UNSETTLED
+
 log = logging.getLogger(__name__)
+
+SHOWN = 3  # keys per kind of difference named in the log, with both sides
 
 
 class VerifySchedule:
@@ -83,7 +89,7 @@ class VerifySchedule:
         out, err = self._child.communicate()
         code = self._child.returncode
         try:
-            answer = json.loads(out) if code in (0, 1) else None
+            answer = json.loads(out) if code in (EXIT_EQUAL, EXIT_DIFFERENT, EXIT_UNSETTLED) else None
         except json.JSONDecodeError:
             answer = None
         if answer is None:
@@ -91,7 +97,8 @@ class VerifySchedule:
             return {"at": time.time(), "tables": {}, "equal": None, "error": last}
         tables = {t["table"]: t["counts"]["missing"] + t["counts"]["extra"] + t["counts"]["different"]
                   for t in answer["tables"]}
-        return {"at": time.time(), "tables": tables, "equal": answer["equal"], "error": None}
+        return {"at": time.time(), "tables": tables, "equal": answer["equal"], "error": None,
+                "shown": _shown(answer["tables"])}
 
     def _note(self, sink: str, result: dict[str, Any]) -> None:
         if self._stop.is_set():
@@ -100,7 +107,22 @@ class VerifySchedule:
             log.warning("background verify of sink %s gave no answer: %s", sink, result["error"])
         elif not result["equal"]:
             differ = ", ".join(f"{t}: {n}" for t, n in result["tables"].items() if n)
-            log.warning("background verify of sink %s: keys differ (%s); `cdc verify` names them",
-                        sink, differ or "keys still changing")
+            if differ:
+                log.warning("background verify of sink %s: keys differ (%s): %s", sink, differ, result["shown"])
+            else:
+                log.warning("background verify of sink %s: not decided, keys unsettled (still changing, or the "
+                            "store did not apply the log in time): %s", sink, result["shown"])
         with self._lock:
             self._results[sink] = result
+
+
+def _shown(tables: list[dict[str, Any]]) -> str:
+    """The first keys of each kind a pass found, with both sides, as the warning names them (the
+    pass's process is gone after it: this line is what keeps them)."""
+    parts = []
+    for table in tables:
+        for kind in ("missing", "extra", "different", "unsettled"):
+            for found in table.get(kind, [])[:SHOWN]:
+                parts.append(f"{table['table']} {kind} key {json.dumps(found['key'])}: source "
+                             f"{json.dumps(found['source'], default=str)}, store {json.dumps(found['store'], default=str)}")
+    return "; ".join(parts) or "no keys listed"

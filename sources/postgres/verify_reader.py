@@ -3,9 +3,13 @@ of the captured tables, each read in a snapshot of its own at a known WAL positi
 
 A read is one REPEATABLE READ, READ ONLY transaction on a connection of its own (no table lock
 beyond the ACCESS SHARE every SELECT takes). Its first statement takes the snapshot and, in it,
-``pg_current_wal_lsn()``: every transaction the snapshot sees committed before that, so its
-changes are at or below the LSN, and every change it does not see commits after the snapshot, its
-commit record beyond the LSN. The rows go through the incremental snapshot's reader
+``pg_current_wal_insert_lsn()``: a transaction inserts its commit record before it becomes
+visible, so every transaction the snapshot sees has its changes and its commit below that LSN.
+Not the write position (``pg_current_wal_lsn()``): under ``synchronous_commit = off`` a commit is
+visible before its record is written, and a store that had applied the log up to the write
+position could lack it. A change the snapshot does not see commits after it took the snapshot;
+its commit record may be below the LSN still (inserted, not yet visible), which costs verify a
+look, never a false report. The rows go through the incremental snapshot's reader
 (incremental.read_chunk), so they are the events the source would publish for them.
 
 Large values (TOAST) the reader would remember go to a store of its own in a temporary folder,
@@ -95,7 +99,7 @@ class PgTableReader(TableReader):
 
     def _position(self, end: bool = True) -> PgLsn:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+            cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
             lsn = int(_one(cur.fetchone()))
         if end:
             self.conn.rollback()

@@ -3,9 +3,10 @@
 One pipeline for the module: a PostgreSQL source into the embedded log, daemons running the
 source, a PostgreSQL warehouse sink, a Redis cache sink and an OpenSearch sink, and a writer
 changing the source all along (never the keys below ``RESERVED``: those the tests corrupt by
-hand). A clean store verifies equal; hand edits of each store are reported exactly, key by key.
-A DuckDB target lets no other process in while its sink runs: it is verified with its sink
-stopped, the writer held meanwhile (else the stopped store falls behind, rightly reported).
+hand). A clean store verifies equal; hand edits of each store are reported exactly, key by key;
+a store that cannot catch up in time is unsettled, never different. A DuckDB target lets no
+other process in while its sink runs: it is verified with its sink stopped, the writer held
+meanwhile (else the stopped store falls behind, rightly reported).
 """
 
 from __future__ import annotations
@@ -229,6 +230,23 @@ def test_a_store_that_lags_behind_under_a_live_writer_is_no_false_alarm(pipeline
     table = answer["tables"][0]
     assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), table
     assert table["chunks_differing"] >= 1 and table["settled"]
+
+
+def test_a_store_that_does_not_settle_in_time_is_unsettled_not_different(pipeline):
+    """The warehouse paused while the writer writes: its store is behind, and the second looks
+    give up waiting for it (``--settle-timeout 2``). Nothing is known to differ: exit 3, the
+    keys unsettled, the report saying the store did not settle."""
+    assert main(["pause", str(pipeline.config), "wh"]) == 0
+    try:
+        written = pipeline.writer.changes
+        wait_until(lambda: pipeline.writer.changes > written + 50, timeout=60, what="writes the warehouse misses")
+        code, answer = verify(pipeline.config, "wh", "--settle-timeout", "2")
+    finally:
+        assert main(["resume", str(pipeline.config), "wh"]) == 0
+    table = answer["tables"][0]
+    assert (code, answer["equal"], table["settled"], table["equal"]) == (3, False, False, False), table
+    assert table["counts"]["unsettled"] >= 1 and table["unsettled"], table
+    assert sum(table["counts"][kind] for kind in ("missing", "extra", "different")) == 0, table
 
 
 def test_hand_edits_of_the_warehouse_are_reported_exactly(pipeline):
