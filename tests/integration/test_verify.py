@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -218,15 +220,34 @@ def test_a_clean_store_under_a_live_writer_verifies_equal(pipeline):
     assert pipeline.writer.changes > before  # the writer wrote while verify ran
 
 
-def test_a_store_that_lags_behind_under_a_live_writer_is_no_false_alarm(pipeline):
-    """The cache paused while the writer writes, then resumed as verify starts: its first chunks
-    differ from the source (the store is behind), and the second looks wait for it instead of
-    reporting."""
+def test_a_store_that_lags_behind_under_a_live_writer_is_no_false_alarm(pipeline, monkeypatch):
+    """The cache paused while the writer writes, and resumed only once verify waits for it: its
+    first chunks differ from the source (the store is behind), and the second looks wait for it
+    instead of reporting."""
+    from cdc.runtime.verify import LogSettle
+
     assert main(["pause", str(pipeline.config), "cache"]) == 0
     written = pipeline.writer.changes
     wait_until(lambda: pipeline.writer.changes > written + 100, timeout=60, what="writes the cache misses")
-    assert main(["resume", str(pipeline.config), "cache"]) == 0
-    code, answer = verify(pipeline.config, "cache", "--chunk", "400")
+    waiting, settle = threading.Event(), LogSettle.wait
+
+    def wait(self, position, topic):  # verify found a chunk differing and waits for the store
+        waiting.set()
+        return settle(self, position, topic)
+
+    def resume() -> None:  # a process of its own: verify() holds this one's stdout
+        waiting.wait(120)
+        subprocess.run([sys.executable, "-m", "cdc.cli", "resume", str(pipeline.config), "cache"], check=True,
+                       capture_output=True, timeout=60)
+
+    monkeypatch.setattr(LogSettle, "wait", wait)
+    resumer = threading.Thread(target=resume)
+    resumer.start()
+    try:
+        code, answer = verify(pipeline.config, "cache", "--chunk", "400")
+    finally:
+        waiting.set()
+        resumer.join()
     table = answer["tables"][0]
     assert (code, table["counts"]) == (0, {"missing": 0, "extra": 0, "different": 0, "unsettled": 0}), table
     assert table["chunks_differing"] >= 1 and table["settled"]
