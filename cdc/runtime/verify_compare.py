@@ -1,5 +1,5 @@
-"""The pure half of ``cdc verify``: rows in one comparable form, a chunk's digest, what differs
-between the two sides of a chunk, and the report.
+"""The pure half of ``cdc verify``: rows in one comparable form, what differs between the two
+sides of a chunk, and the report.
 
 ``canonical`` makes a value comparable wherever it lives, once both sides are in the forms the
 store gives back (``ReadableSink.stored_forms`` maps the source side): a number (int, Decimal,
@@ -10,15 +10,15 @@ same text, or a number and a text that reads as that number (SQLite gives back `
 ``"9.90"`` a write bound). A NULL column and a column the store has no field for (a Redis hash)
 are the same: both are left out of the row.
 
-A chunk's digest is a SHA-256 of its rows in this form, in key order: equal digests mean equal
-chunks, and only a chunk whose digests differ is compared key by key (``compare``).
+A chunk's side is a dict of its rows in this form by canonical key (``by_key``): two equal dicts
+are equal chunks (equal values are ``same``), and only a chunk whose dicts differ is compared key
+by key (``compare``), where ``same`` also lets a number equal its text.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal, InvalidOperation
@@ -40,6 +40,17 @@ class Num(str):
 
 def canonical(value: Any) -> Any:
     """``value`` in the form compared (see the module docstring); None stays None."""
+    kind = type(value)
+    if kind is str:  # the common kinds first, each without the general path's tests
+        return value if value[:1] not in ("{", "[") else _text(value)
+    if kind is int:
+        return Num(str(value))  # an int's text is already its shortest decimal text
+    if kind is Decimal:
+        return Num(_decimal(value)) if value.is_finite() else str(value)
+    if kind is datetime:
+        if value.tzinfo is None:
+            return value.isoformat(sep=" ", timespec="microseconds")
+        return value.astimezone(UTC).isoformat(sep=" ", timespec="microseconds")[:-6]  # less "+00:00"
     if value is None:
         return None
     if isinstance(value, bool):  # as the stores that have no boolean keep it (SQLite: 1)
@@ -57,7 +68,11 @@ def canonical(value: Any) -> Any:
         return base64.b64encode(bytes(value)).decode()
     if isinstance(value, (dict, list)):
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    text = str(value)
+    return _text(str(value))
+
+
+def _text(text: str) -> str:
+    """Text, with JSON in it (an object or an array) in one spelling."""
     if text[:1] in ("{", "["):
         try:
             return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
@@ -74,6 +89,11 @@ def _number(text: str) -> str | None:
         return None
     if not number.is_finite():
         return None
+    return _decimal(number)
+
+
+def _decimal(number: Decimal) -> str:
+    """The shortest decimal text of a finite Decimal."""
     return format(number.normalize(), "f") if number else "0"
 
 
@@ -95,20 +115,33 @@ def same_row(a: Row | None, b: Row | None) -> bool:
 
 
 def canonical_row(row: dict[str, Any]) -> Row:
-    return tuple(sorted((name, canonical(v)) for name, v in row.items() if v is not None))
+    pairs = [(name, canonical(v)) for name, v in row.items() if v is not None]
+    pairs.sort()  # by name alone: names are unique
+    return tuple(pairs)
 
 
 def canonical_key(key: Iterable[Any]) -> tuple:
-    return tuple(canonical(v) for v in key)
+    return tuple([canonical(v) for v in key])
 
 
-def digest(rows: dict[tuple, Row]) -> str:
-    """One hash of a chunk's rows (canonical key -> canonical row), in key order."""
-    h = hashlib.sha256()
-    for key in sorted(rows, key=key_order):
-        h.update(orjson.dumps([key, rows[key]]))
-        h.update(b"\n")
-    return h.hexdigest()
+
+# Values whose == says less than ``same`` does: JSON (true == 1 inside it), and times of day
+# with a zone (equal at different offsets).
+_NOT_AS_GIVEN = frozenset({dict, list, time})
+
+
+def equal_as_given(source: Sequence[StoredRow], store: Sequence[StoredRow]) -> bool:
+    """Whether the two sides of a chunk are equal by Python's == on the rows as they are given
+    (each side's keys and values), a check without canonical forms. Where it says so, the
+    canonical forms are ``same`` too: == tells apart what ``canonical`` does, but for equal
+    numbers of other types (1, 1.0, Decimal("1.00"), True), which ``same`` equates as well, and
+    for infinity as a float and as a Decimal. False says nothing: compare the canonical forms."""
+    if len(source) != len(store):
+        return False
+    kinds = {type(value) for row in source for value in row.row.values()}
+    if kinds & _NOT_AS_GIVEN:
+        return False
+    return {row.key: row.row for row in source} == {row.key: row.row for row in store}
 
 
 def by_key(rows: Iterable[StoredRow]) -> dict[tuple, Row]:
@@ -159,7 +192,7 @@ class TableReport:
     rows: int = 0                 # source rows compared
     store_rows: int = 0           # store rows compared
     chunks: int = 0
-    chunks_differing: int = 0     # chunks whose digests differed (then compared key by key)
+    chunks_differing: int = 0     # chunks whose sides differed (then compared key by key)
     missing: list[Finding] = field(default_factory=list)
     extra: list[Finding] = field(default_factory=list)
     different: list[Finding] = field(default_factory=list)

@@ -2,8 +2,8 @@
 the forms the store gives back.
 
 Cost: where a table's key is one integer column, a chunk is one range query on the key (its
-index) and a second look one ``IN`` query on it, so a pass reads each row once; the database's
-order of such a key is ``key_order``. For any other key the text order of the target may differ
+index), in the key's order, which is ``key_order``, and a second look one ``IN`` query on it, so
+a pass reads each row once. For any other key the text order of the target may differ
 from ``key_order``, so each call reads the whole table and filters it here: correct, but a pass
 over N rows in C chunks reads N x C rows (verify such tables with a large ``--chunk``).
 
@@ -15,6 +15,7 @@ mapping), so the comparison sees what a write of that row would have stored.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Protocol
 
@@ -48,7 +49,7 @@ def read_range(sink: SqlSink, topic: str, after: tuple | None, upto: tuple | Non
     name = _target(sink).quote(entry.key[0])
     bounds = [f"{name} > {int(after[0])}"] if after is not None else []
     bounds += [f"{name} <= {int(upto[0])}"] if upto is not None else []
-    return in_range(_select(sink, entry, bounds), after, upto)
+    return _select(sink, entry, bounds, order=name)  # the database's order of an integer is key_order's
 
 
 def read_keys(sink: SqlSink, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
@@ -69,28 +70,40 @@ def stored_forms(sink: SqlSink, topic: str, rows: Sequence[tuple[dict[str, Any],
     target = _target(sink)
     plans = column_plans(entry, target.dialect, target.kind, target.mariadb, set())
     convert = [(plan.name, _storing(plan, target.kind)) for plan in plans]
+    key_names = entry.key
     out = []
     for key, row in rows:
-        stored = {}
-        for name, to_store in convert:
-            value = row.get(name)
-            if value is None:
-                value = key.get(name)
-            stored[name] = None if value is None else to_store(value)
-        out.append(StoredRow(tuple(stored[name] for name in entry.key), stored))
+        stored = {name: None if (value := row.get(name)) is None and (value := key.get(name)) is None
+                  else to_store(value) for name, to_store in convert}
+        out.append(StoredRow(tuple([stored[name] for name in key_names]), stored))
     return out
 
 
 def _storing(plan: ColumnPlan, kind: str) -> Callable[[Any], Any]:
-    """What the target makes of a value of ``plan``'s column: the converter a write binds it
-    with, and an exact numeric rounded to the column's scale as the database rounds it (half
-    away from zero; SQLite keeps no scale)."""
+    """What the target makes of a value of ``plan``'s column, as a read gives it back: the
+    converter a write binds it with, an exact numeric rounded to the column's scale as the
+    database rounds it (half away from zero; SQLite keeps no scale), an instant in PostgreSQL
+    with its zone."""
     to_store = converter(plan.family, kind)
+    if plan.family is Family.TIMESTAMPTZ and kind == "postgresql":
+        return _instant  # a write binds it as naive UTC; a read gives it back with its zone
     scale = getattr(plan.type, "scale", None)
     if plan.family is not Family.NUMERIC or scale is None or kind == "sqlite":
         return to_store
     step = Decimal(1).scaleb(-scale)
-    return lambda value: Decimal(to_store(value)).quantize(step, rounding=ROUND_HALF_UP)
+
+    def rounded(value: Any) -> Decimal:
+        number = to_store(value)
+        return (number if type(number) is Decimal else Decimal(number)).quantize(step, rounding=ROUND_HALF_UP)
+    return rounded
+
+
+def _instant(value: Any) -> datetime:
+    """An instant with its zone (one without is UTC, as a write takes it)."""
+    if not isinstance(value, str):
+        raise TypeError(f"timestamps arrive as ISO-8601 text, not {type(value).__name__}")
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _entry(sink: SqlSink, topic: str) -> TableEntry | None:
@@ -99,16 +112,20 @@ def _entry(sink: SqlSink, topic: str) -> TableEntry | None:
         return next((e for e in sink.books.entries(conn, generation).values() if e.topic == topic), None)
 
 
-def _select(sink: SqlSink, entry: TableEntry, conditions: list[str]) -> list[StoredRow]:
+def _select(sink: SqlSink, entry: TableEntry, conditions: list[str], order: str | None = None) -> list[StoredRow]:
     q, columns = _target(sink).quote, list(entry.columns)
     if sink.config.soft_delete:
         conditions = [*conditions, f"{q(DELETED)} = FALSE"]
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    where += f" ORDER BY {order}" if order else ""
     with _target(sink).engine.begin() as conn:
         rows = conn.exec_driver_sql(f"SELECT {', '.join(q(c) for c in columns)} FROM "
                                     f"{_target(sink).qualified(entry.physical)}{where}").all()
     key = [columns.index(name) for name in entry.key]
-    return [StoredRow(tuple(row[i] for i in key), dict(zip(columns, row))) for row in rows]
+    if len(key) == 1:
+        [at] = key
+        return [StoredRow((row[at],), dict(zip(columns, row))) for row in rows]
+    return [StoredRow(tuple([row[i] for i in key]), dict(zip(columns, row))) for row in rows]
 
 
 def _target(sink: SqlSink) -> Target:

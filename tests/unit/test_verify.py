@@ -1,4 +1,4 @@
-"""``cdc verify``'s pure logic: canonical values, chunk digests, key ranges, the looks that keep a
+"""``cdc verify``'s pure logic: canonical values, chunks compared whole, key ranges, the looks that keep a
 live writer from raising false alarms, the pacing and the report (cdc/runtime/verify*.py).
 The source and the store here are fakes of the two plugin interfaces; tests/integration/
 test_verify.py runs the same against real servers."""
@@ -14,7 +14,7 @@ from cdc.api import ReadableSink, SourceRead, StoredRow, in_range
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.positions import IncrementalProgress, PgLsn, SnapshotProgress
 from cdc.runtime.verify import Options, Pacer, Verifier, reached
-from cdc.runtime.verify_compare import TableReport, by_key, canonical, compare, digest, same
+from cdc.runtime.verify_compare import TableReport, by_key, canonical, compare, equal_as_given, same
 
 TABLE = TableId("db", "public", "t")
 
@@ -35,16 +35,32 @@ def test_text_stays_text_so_a_changed_spelling_is_a_difference():
     assert not same(canonical("007"), canonical("7")) and not same(canonical("1.0"), canonical("1"))
 
 
-def test_a_chunk_digest_ignores_order_and_null_columns_but_not_values():
+def test_chunk_sides_compare_whole_ignoring_order_and_null_columns_but_not_values():
     one = by_key([StoredRow((1,), {"id": 1, "v": Decimal("2.50"), "n": None}), StoredRow((2,), {"id": 2, "v": 3})])
     two = by_key([StoredRow((2,), {"v": 3.0, "id": 2}), StoredRow((1,), {"id": 1, "v": 2.5})])
-    assert digest(one) == digest(two)
+    assert one == two
     three = by_key([StoredRow((1,), {"id": 1, "v": "2.51"}), StoredRow((2,), {"id": 2, "v": 3})])
-    assert digest(one) != digest(three)
-    # Text against numbers (SQLite reads back 2.5 for the "2.50" bound): the digests differ, the
-    # rows compare equal key by key.
+    assert one != three and compare(one, three).different == [("1",)]
+    # Text against numbers (SQLite reads back 2.5 for the "2.50" bound): the sides differ whole,
+    # the rows compare equal key by key.
     text = by_key([StoredRow((1,), {"id": "1", "v": "2.50"}), StoredRow((2,), {"id": 2, "v": "3"})])
-    assert digest(one) != digest(text) and not compare(one, text)
+    assert one != text and not compare(one, text)
+
+
+def test_sides_equal_as_given_need_no_canonical_forms_but_never_hide_a_difference():
+    at = datetime(2026, 1, 1, 1, 0, tzinfo=timezone(timedelta(hours=1)))
+    source = [StoredRow((1,), {"id": 1, "v": Decimal("2.50"), "at": at}), StoredRow((2,), {"id": 2, "v": 3})]
+    store = [StoredRow((2,), {"id": 2, "v": 3.0}), StoredRow((1,), {"id": 1, "v": Decimal("2.5"), "at": at.astimezone(UTC)})]
+    assert equal_as_given(source, store)
+    assert not equal_as_given(source, store[:1])
+    assert not equal_as_given(source, [store[0], StoredRow((1,), {"id": 1, "v": Decimal("2.51"), "at": at})])
+    # Where == says less than the canonical forms, the sides go to them: JSON's true is not 1.
+    json_source, json_store = [StoredRow((1,), {"doc": {"a": True}})], [StoredRow((1,), {"doc": {"a": 1}})]
+    assert not equal_as_given(json_source, json_store)
+    assert compare(by_key(json_source), by_key(json_store)).different == [("1",)]
+    # Forms == tells apart that are the same value: not equal as given, equal canonically.
+    text_source, text_store = [StoredRow((1,), {"v": 7})], [StoredRow(("1",), {"v": "7"})]
+    assert not equal_as_given(text_source, text_store) and not compare(by_key(text_source), by_key(text_store))
 
 
 def test_compare_names_missing_extra_and_different_keys_in_key_order():
