@@ -26,7 +26,8 @@ of the warehouse's backends (the SQL verify only), and of the verify process its
 does not inflate.
 
 ``--keep`` leaves the databases, topics and index in place and prints their folder;
-``--reuse FOLDER`` runs step 3 again on them (for iterating on the verify path).
+``--reuse FOLDER`` runs step 3 again on them (for iterating on the verify path), after the rest
+of step 2 if that was interrupted.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
-from opensearchpy import OpenSearch
+from opensearchpy import ConnectionTimeout, OpenSearch, TransportError
 
 from bench.bootstrap import ServerCpu
 from tests.daemon import cdc_process, stop_daemon, wait_beside
@@ -130,6 +131,11 @@ def fill(env: dict[str, str], state: dict[str, Any], folder: Path) -> None:
         cur.execute("VACUUM ANALYZE items")
     conn.close()
     print(f"source table: {rows:,} rows in {time.monotonic() - began:.0f}s", flush=True)
+    write_config(env, state, folder)
+    run_until_filled(env, state, folder)
+
+
+def write_config(env: dict[str, str], state: dict[str, Any], folder: Path) -> None:
     topics = f"topics: ['{state['prefix']}.public.*']"
     (folder / "cdc.yaml").write_text(
         f"log:\n  kafka: {{bootstrap_servers: '{env['KAFKA_BOOTSTRAP']}', topic_prefix: {state['prefix']}, "
@@ -141,6 +147,10 @@ def fill(env: dict[str, str], state: dict[str, Any], folder: Path) -> None:
         f"{topics}}}\n"
         f"  - {{name: search, type: opensearch, hosts: ['{env['OPENSEARCH_URL']}'], "
         f"index_name: '{state['prefix']}-{{table}}', {topics}}}\n")
+
+
+def run_until_filled(env: dict[str, str], state: dict[str, Any], folder: Path) -> None:
+    """``cdc run`` until both stores hold every row (again after an interrupted fill: it resumes)."""
     began = time.monotonic()
     daemon = cdc_process(folder / "cdc.yaml", "run", log="daemon.log")
     try:
@@ -151,13 +161,14 @@ def fill(env: dict[str, str], state: dict[str, Any], folder: Path) -> None:
 
 
 def filled(state: dict, env: dict[str, str]) -> bool:
-    search = OpenSearch(env["OPENSEARCH_URL"])
-    try:
+    search = OpenSearch(env["OPENSEARCH_URL"], timeout=120)
+    try:  # what a refresh made visible: the sink's index refreshes every second
         if not search.indices.exists_alias(name=state["alias"]):
             return False
-        search.indices.refresh(index=state["alias"])
         if search.count(index=state["alias"])["count"] != state["rows"]:
             return False
+    except (ConnectionTimeout, TransportError):  # a node busy indexing: ask again
+        return False
     finally:
         search.close()
     conn = psycopg2.connect(state["target"])
@@ -217,6 +228,8 @@ def main() -> None:
     if args.reuse:
         folder = args.reuse.resolve()
         state = json.loads((folder / "bench.json").read_text())
+        if not filled(state, env):
+            run_until_filled(env, state, folder)
     else:
         folder = Path(tempfile.mkdtemp(prefix="verify-scale-"))
         state = plan(env, args.rows, folder)

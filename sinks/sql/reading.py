@@ -119,8 +119,14 @@ def _select(sink: SqlSink, entry: TableEntry, conditions: list[str], order: str 
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     where += f" ORDER BY {order}" if order else ""
     with _target(sink).engine.begin() as conn:
-        rows = conn.exec_driver_sql(f"SELECT {', '.join(q(c) for c in columns)} FROM "
-                                    f"{_target(sink).qualified(entry.physical)}{where}").all()
+        # The driver's own cursor: its plain tuples, without a Row object made for each.
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(f"SELECT {', '.join(q(c) for c in columns)} FROM "
+                           f"{_target(sink).qualified(entry.physical)}{where}")
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
     key = [columns.index(name) for name in entry.key]
     if len(key) == 1:
         [at] = key
