@@ -7,10 +7,11 @@ reads a key range in one snapshot, without table locks, and says at which log po
 (``ReadableSink.stored_forms``: the sink's own column choice, renames and value mapping). The store
 side is read through the sink (``ReadableSink.read_range``): the keys after the previous chunk's
 last key up to this chunk's last (the last chunk: to the end), so the chunks cover every key the
-store holds. Per chunk, the two sides are compared whole, as canonical rows by key
-(verify_compare.py): both are in this process's memory anyway, so a comparison of the two dicts
-says what a digest of each would, without hashing either. Only a chunk that differs is compared
-key by key. Bounds are in ``key_order``; a source that orders its keys otherwise (text under a collation) reads chunks whose keys may fall outside them: such a key is a
+store holds. Per chunk, the two sides are compared whole (both are in this process's memory
+anyway, so comparing them says what a digest of each would, without hashing either): first the
+rows as each side gives them (``equal_as_given``: most chunks end here, without a canonical form
+made of any value), then, if those differ, as canonical rows by key (verify_compare.py). Only a
+chunk that differs in that form too is compared key by key. Bounds are in ``key_order``; a source that orders its keys otherwise (text under a collation) reads chunks whose keys may fall outside them: such a key is a
 candidate that its second look clears, so this costs looks, never a false report.
 
 No false alarms under a live writer. A chunk read at position P can differ from a store that is
@@ -134,7 +135,7 @@ class Verifier:
             end = len(read.events) < self.options.chunk
             store_rows = self.sink.read_range(topic, after, None if end else last)
             report.chunks += 1
-            if equal_as_given(stored, store_rows):  # see the module docstring
+            if equal_as_given(stored, store_rows):  # the module docstring
                 report.rows += len({row.key for row in stored})
                 report.store_rows += len({row.key for row in store_rows})
             else:
