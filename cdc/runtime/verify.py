@@ -11,8 +11,10 @@ store holds. Per chunk, the two sides are compared whole (both are in this proce
 anyway, so comparing them says what a digest of each would, without hashing either): first the
 rows as each side gives them (``equal_as_given``: most chunks end here, without a canonical form
 made of any value), then, if those differ, as canonical rows by key (verify_compare.py). Only a
-chunk that differs in that form too is compared key by key. Bounds are in ``key_order``; a source that orders its keys otherwise (text under a collation) reads chunks whose keys may fall outside them: such a key is a
-candidate that its second look clears, so this costs looks, never a false report.
+chunk that differs in that form too is compared key by key. Bounds are in ``key_order``; a source
+that orders its keys otherwise (text under a collation) reads chunks whose keys may fall outside
+them: such a key is a candidate that its second look clears, so this costs looks, never a false
+report.
 
 No false alarms under a live writer. A chunk read at position P can differ from a store that is
 correct: the store may not have applied the log up to P yet, or may already hold changes after P.
