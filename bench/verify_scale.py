@@ -261,7 +261,7 @@ def main() -> None:
                 ok = answer["code"] == 0 and counted == rows
                 bad |= not ok
                 rate = rows / took
-                print(f"run {run}  verify {sink:<8} {rate:>10,.0f} rows/s  {took:6.1f}s  {rate / copy_rate:4.0%} of COPY  "
+                print(f"run {run}  verify {sink:<8} {rate:>10,.0f} rows/s  {took:6.1f}s  {rate / copy_rate:5.1%} of COPY  "
                       f"source CPU {source_s:5.1f}s ({source_s / rows * 1e6:.2f} us/row)  "
                       + (f"warehouse CPU {store_s:5.1f}s  " if store_s is not None else "")
                       + f"verify process CPU {ours:5.1f}s ({ours / rows * 1e6:.2f} us/row)  load {load()}"
