@@ -86,7 +86,7 @@ class SinkThread:
 def verify(config: Path, *args: str) -> tuple[int, dict]:
     out = StringIO()
     with redirect_stdout(out):
-        code = main(["verify", str(config), "lake", "--json", "--settle-timeout", "60", *args])
+        code = main(["verify", str(config), "lake", "--json", "--settle-timeout", "180", *args])
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
 
 
