@@ -7,7 +7,8 @@ owns the position (the query's checkpoint), so it is a ``SelfDrivenSink``::
     sink.attach(context)                   # the runtime's; context.log_config: brokers, topic prefix
     sink.run(stop_event, report=report)    # returns when stop_event is set
 
-The runtime calls ``run`` instead of driving ``write``. ``run``
+The runtime calls ``run`` instead of driving ``write``. ``cdc verify`` reads the tables through
+``start_reading`` (a ``ReadableSink``: spark_sinks/reading.py), which starts no query. ``run``
 starts the query (``start``), waits for it until ``stop_event`` is set (or the query ends: an
 ``available_now`` sink ends when it caught up), then stops it after the batch in flight
 (``stop``). ``stop`` may be called from another thread. Errors are ``cdc.errors`` types: a query
@@ -26,10 +27,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cdc.api import CdcError, ConfigError, ConnectorStats, RetriableError, SelfDrivenSink, SelfRebuildingSink
+from cdc.api import (
+    CdcError,
+    ConfigError,
+    ConnectorStats,
+    PermanentError,
+    ReadableSink,
+    RetriableError,
+    SelfDrivenSink,
+    SelfRebuildingSink,
+    StoredRow,
+)
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
 from spark_sinks.session import quiet_loggers
@@ -38,6 +49,7 @@ if TYPE_CHECKING:  # imported where used: pyspark loads only once a sink starts
     from pyspark.sql import SparkSession
 
     from spark_sinks.job import DeltaJob
+    from spark_sinks.reading import DeltaReader
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +59,7 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 8.0
 
 
-class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
+class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
     config_model = DeltaSinkConfig
     formats = FORMATS  # each record's format is recognized by itself (parse.envelopes)
 
@@ -61,6 +73,7 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         self._own_session = False
         self._lock = threading.Lock()
         self._rebuild = False  # request_rebuild(): the next run rebuilds every table first
+        self._reader: DeltaReader | None = None  # start_reading(): the tables read, no query
 
     def request_rebuild(self) -> None:
         """``cdc rebuild``: the next ``run`` builds every table again from its compacted topic
@@ -110,15 +123,14 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
             raise
 
     def stop(self) -> None:
-        """Stop the query once the batch in flight is written (at most STOP_WAIT_S); may be called
-        from any thread, and more than once. A batch cut short is re-run from the checkpoint at
-        the next start."""
+        """Stop the query once the batch in flight is written (at most STOP_WAIT_S), or end the
+        reads of ``start_reading``; may be called from any thread, and more than once. A batch cut
+        short is re-run from the checkpoint at the next start."""
         with self._lock:
+            self._reader = None
             job = self.job
-            if job is None:
-                return
-            query = job.query
-            if query is not None and query.isActive:
+            query = job.query if job is not None else None
+            if job is not None and query is not None and query.isActive:
                 deadline = time.monotonic() + STOP_WAIT_S
                 while query.status.get("isTriggerActive") and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -129,12 +141,54 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
                     self.session.sparkContext.setLogLevel("OFF")
                     logging.getLogger("py4j").setLevel(logging.CRITICAL)
                 query.stop()
-            if job.log is not None:
+            if job is not None and job.log is not None:
                 job.log.close()
             if self._own_session and self.session is not None:
                 self.session.sparkContext.stop()
                 self._own_session = False
             self.session = None
+
+    # -- reading the tables (ReadableSink: cdc verify, spark_sinks/reading.py) ---------------------
+    def start_reading(self) -> None:
+        """A Spark session to read the tables with (the one active in this process, else one of
+        its own, as ``start`` makes it); no query starts, so nothing is written and the
+        checkpoint stays where it is. ``stop()`` ends it."""
+        from pyspark.sql import SparkSession
+
+        from spark_sinks.reading import DeltaReader
+
+        prefix = self._topic_prefix(self.log_config if self.log_config is not None else self.context.log_config)
+        with self._lock:
+            try:  # a process with Spark already (a test's, spark-submit's) reads with it, and keeps it
+                session = SparkSession.active()
+            except Exception:  # noqa: BLE001 - PySparkRuntimeError: no session in this process
+                session, self._own_session = _session(self.config, self.context.spark_jars), True
+            quiet_loggers(session)
+            own = self.session = session.newSession()  # the sink's SQL settings, as its MERGEs have them
+            for name, value in self.config.spark.conf.items():
+                own.conf.set(name, value)
+            mode = "scd2" if self.config.scd2 else "soft" if self.config.soft_delete else "type1"
+            self._reader = DeltaReader(own, self.config.path, prefix, mode, self.config.checkpoint)
+
+    def _reading(self) -> DeltaReader:
+        if self._reader is None:
+            raise PermanentError(f"sink {self.config.name}: call start_reading() before reading its tables")
+        return self._reader
+
+    def applied_offsets(self, topic: str) -> dict[int, int] | None:
+        return self._reading().applied_offsets(topic)
+
+    def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]:
+        return self._reading().read_rows(topic, after, limit)
+
+    def read_range(self, topic: str, after: tuple | None, upto: tuple | None) -> list[StoredRow]:
+        return self._reading().read_range(topic, after, upto)
+
+    def read_keys(self, topic: str, keys: Sequence[tuple]) -> list[StoredRow]:
+        return self._reading().read_keys(topic, keys)
+
+    def stored_forms(self, topic: str, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[StoredRow]:
+        return self._reading().stored_forms(topic, rows)
 
     # -- running itself --------------------------------------------------------------------------
     def run(self, stop_event: threading.Event, *, report: Callable[[ConnectorStats], None] | None = None,
@@ -212,6 +266,9 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
             return job.failure
         return RetriableError(f"sink {job.name}: the streaming query failed: {_first_line(err)}")
 
+    def _topic_prefix(self, log_config: Any) -> str:
+        return self.config.topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
+
     def _kafka(self):
         """(bootstrap servers, Kafka source options, topic prefix, a Log for the driver's reads, the
         schema registry's URL of avro records or None)."""
@@ -219,7 +276,7 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink):
         check_format(self.config.name, getattr(log_config, "format", None))
         registry_url = getattr(getattr(log_config, "schema_registry", None), "url", None)
         kafka_log = getattr(log_config, "kafka", None)
-        prefix = self.config.topic_prefix or getattr(log_config, "topic_prefix", None) or "cdc"
+        prefix = self._topic_prefix(log_config)
         if self.config.kafka is not None:
             bootstrap = self.config.kafka.bootstrap_servers
             # The log's client settings, where the sink reads the log's own brokers.

@@ -202,11 +202,29 @@ class ReadableSink(Protocol):
     with the source; ``cdc verify`` compares them chunk by chunk). Declared by naming it
     among the sink's bases.
 
-    ``read_rows(topic, after=None, limit=None)`` on a started sink: the live rows of ``topic``'s
-    table in the generation readers see, in ``key_order`` of their keys, those whose key comes
-    after ``after`` (a key as ``StoredRow.key`` gives it; None: from the first), at most
+    ``start_reading()`` opens the store for the reads below and nothing else; ``stop()`` ends
+    it. ``read_rows(topic, after=None, limit=None)`` on a sink so opened: the live rows of
+    ``topic``'s table in the generation readers see, in ``key_order`` of their keys, those whose
+    key comes after ``after`` (a key as ``StoredRow.key`` gives it; None: from the first), at most
     ``limit`` (None: all). Deleted rows are not returned. Called from one thread; it may read
     the whole table per call (the bundled sinks do), so a caller pages with large limits."""
+
+    def start(self) -> None: ...
+
+    def start_reading(self) -> None:
+        """Open the store to read it, writing nothing and moving no position (``cdc verify``,
+        which may run beside the sink). This default is ``start()``: a sink the runtime feeds
+        writes only in ``write``. A ``SelfDrivenSink``, whose ``start`` begins consuming,
+        overrides it."""
+        self.start()
+
+    def applied_offsets(self, topic: str) -> dict[int, int] | None:
+        """Per partition of ``topic``, the offset below which the store holds every record: what
+        ``cdc verify`` waits for before a second look. This default, None: the sink's consumer
+        group's committed offsets say it. A sink that keeps its own position (a
+        ``SelfDrivenSink``: Spark's checkpoint) answers from there; a partition it lacks has
+        nothing applied."""
+        return None
 
     @abstractmethod
     def read_rows(self, topic: str, after: tuple | None = None, limit: int | None = None) -> list[StoredRow]: ...

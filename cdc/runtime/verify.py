@@ -313,13 +313,15 @@ def reached(stored: Position | None, at: Position) -> bool | None:
 
 class LogSettle:
     """``Settle`` through the log: the source's stored offset, then the sink's committed offsets
-    against the topic's ends (what ``cdc status`` shows as consumer lag)."""
+    against the topic's ends (what ``cdc status`` shows as consumer lag); for a sink that keeps
+    its own position (``store``'s ``ReadableSink.applied_offsets`` answers), its offsets."""
 
     def __init__(self, log_: Any, prefix: str, source: str, sink: str, timeout: float = 60.0,
-                 poll: float = 0.2) -> None:
+                 poll: float = 0.2, store: ReadableSink | None = None) -> None:
         from cdc.offsets import OffsetStore
 
         self.log, self.source, self.sink, self.timeout, self.poll = log_, source, sink, timeout, poll
+        self.store = store
         self.offsets = OffsetStore(log_, prefix)
         self.reader = log_.reader(sink)
 
@@ -339,7 +341,7 @@ class LogSettle:
         except Exception:  # noqa: BLE001 - no topic yet: nothing to apply
             return True
         while True:
-            committed = self.reader.committed(list(ends))
+            committed = self._committed(topic, ends)
             if all((committed.get(tp) or 0) >= end for tp, end in ends.items()):
                 return True
             if time.monotonic() >= deadline:
@@ -347,6 +349,12 @@ class LogSettle:
                             self.sink, topic, self.timeout)
                 return False
             time.sleep(self.poll)
+
+    def _committed(self, topic: str, ends: dict) -> dict:
+        applied = self.store.applied_offsets(topic) if self.store is not None else None
+        if applied is None:
+            return self.reader.committed(list(ends))
+        return {tp: applied.get(tp[1]) for tp in ends}
 
     def close(self) -> None:
         self.reader.close()

@@ -52,6 +52,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from cdc.config import load_config
     from cdc.log.open import open_log
     from cdc.plugins import sink_plugin, source_plugin
+    from cdc.runtime.contexts import sink_context
     from cdc.runtime.verify import LogSettle, Options, Verifier
     from cdc.runtime.verify_repair import repair, require_daemon
 
@@ -80,6 +81,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     readers: list[tuple[Any, Any, list[str]]] = []
     sink = sink_type(sink_config)
+    sink.attach(sink_context(sink_config.name, log_config=config.log))
     log_ = open_log(config.log)
     try:
         for source_config in config.sources:
@@ -95,13 +97,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
                               f"verified; it reads: {', '.join(sorted(found)) or 'none'}")
         if not found:
             raise ConfigError(f"sink {args.sink} reads no table of a source that can be verified")
-        sink.start()
+        sink.start_reading()
         reports, repaired = [], []
         options = Options(chunk=args.chunk, rows_per_s=args.rows_per_s, looks=args.looks, shown=args.show)
         for source_config, reader, tables in readers:
             if not tables:
                 continue
-            settle = LogSettle(log_, prefix, source_config.name, args.sink, timeout=args.settle_timeout)
+            settle = LogSettle(log_, prefix, source_config.name, args.sink, timeout=args.settle_timeout, store=sink)
             try:
                 verifier = Verifier(reader, sink, prefix, settle, options)
                 done = []

@@ -295,3 +295,53 @@ def test_a_background_pass_logs_the_keys_it_found_with_both_sides(caplog):
     assert 'keys differ (public.t: 1): public.t extra key ["9"]: source null, store {"id": "9"}' in first
     assert "not decided" in second and 'public.t unsettled key ["9"]' in second
     assert schedule.result("s")["tables"] == {"public.t": 0}
+
+
+class _OwnPosition(ReadableSink):
+    """A store that keeps its own position (as the Delta sink's checkpoint): ``applied`` per partition."""
+
+    def __init__(self, applied: dict[int, int]) -> None:
+        self.applied = applied
+
+    def read_rows(self, topic, after=None, limit=None):
+        return []
+
+    def applied_offsets(self, topic: str) -> dict[int, int] | None:
+        return self.applied
+
+
+def test_a_sink_that_keeps_its_own_position_settles_on_it_not_on_a_consumer_group(tmp_path):
+    """The embedded log, a source offset stored past the read, four records in two partitions
+    and no consumer group commit: only the store's own offsets can settle it."""
+    from cdc.log.base import TopicSettings
+    from cdc.log.embedded import EmbeddedLog
+    from cdc.offsets import OffsetStore
+    from cdc.runtime.verify import LogSettle
+    from cdc.serde import Record
+
+    log = EmbeddedLog(tmp_path / "log", TopicSettings(partitions=2))
+    try:
+        log.ensure_topic("p.public.t", TopicSettings(partitions=2))
+        writer = log.writer()
+        writer.publish([Record("p.public.t", b'{"id": %d}' % i, b"{}") for i in range(4)])
+        writer.flush(10)
+        writer.close()
+        offsets = OffsetStore(log, "p")
+        offsets.save("src", PgLsn(500))
+        offsets.close()
+        ends = {partition: end for (_, partition), end in log.end_offsets("p.public.t").items()}
+        assert sum(ends.values()) == 4
+
+        def settles(store) -> bool:
+            settle = LogSettle(log, "p", "src", "lake", timeout=0.3, poll=0.05, store=store)
+            try:
+                return settle.wait(PgLsn(400), "p.public.t")
+            finally:
+                settle.close()
+
+        assert settles(_OwnPosition(ends))
+        assert not settles(_OwnPosition({**ends, 0: ends[0] - 1}))
+        assert not settles(_OwnPosition({}))  # nothing applied yet
+        assert not settles(None)  # the consumer group "lake" committed nothing
+    finally:
+        log.close()
