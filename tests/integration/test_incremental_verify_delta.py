@@ -3,7 +3,7 @@ Kafka, the Delta sink of the topic, Spark in the daemon), a writer of updates, d
 primary-key changes and inserts on the table, ``cdc snapshot`` of it, and a sampler that reads
 every version the sink commits. No row ever went back in any version; afterwards the compacted
 topic and the Delta table equal the table. The 1M-row runs of the same code are in
-bench/README.md. Spark tests run in the serial phase (one JVM at a time)."""
+bench/README.md. Spark tests run in a phase of their own (one JVM at a time)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The daemon runs the PostgreSQL source into Kafka (and answers ``--repair``'s sna
 the Delta sink's query runs in this process on the tests' Spark session, as ``cdc run-sink``
 runs it: a daemon running the sink would start a second Spark JVM (a GB and most of two cores
 for its first batches), for the same query on the same checkpoint. ``cdc verify`` runs in this
-process too and reads through that session. Spark tests run in the serial phase.
+process too and reads through that session. Spark tests run in a phase of their own.
 """
 
 from __future__ import annotations
