@@ -82,7 +82,8 @@ def _select_phase(config, items) -> None:
         # its own (seconds of CPU and a GB of memory each), two of them on two cores starve each
         # other's first batches, and `xdist_group` cannot keep them on one worker (pytest-xdist 3.8
         # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads). One Spark process
-        # beside the parallel workers is fine: those mostly wait on servers.
+        # beside the parallel workers slows both, but the whole suite ends sooner than with the
+        # phases one after the other (scripts/test).
         if item.get_closest_marker("serial") is not None:
             mine = "serial"
         elif item.get_closest_marker("spark") is not None:
