@@ -97,8 +97,7 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
             try:
                 quiet_loggers(session)  # spark-submit's session, or one given, too
                 own = self.session = session.newSession()  # its own SQL settings, the same SparkContext
-                for name, value in self.config.spark.conf.items():
-                    own.conf.set(name, value)  # runtime settings; static: spark-submit --conf
+                _runtime_settings(own, self.config.spark.conf)
                 job = self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
                                           kafka_options=options, stats=self.context.stats, registry_url=registry_url,
                                           context=self.context)
@@ -291,6 +290,20 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
         log_ = self.context.open_kafka_log(kafka_log.bootstrap_servers, producer_config=dict(kafka_log.producer),
                                            consumer_config=dict(kafka_log.consumer))
         return kafka_log.bootstrap_servers, {}, prefix, log_, registry_url
+
+
+def _runtime_settings(session: SparkSession, conf: dict[str, str]) -> None:
+    """The sink's ``spark.conf`` settings a running session takes. The others (a cluster's
+    ``spark.executor.memory``, ``spark.cores.max``, ...) went to the session's builder when the sink
+    made it; setting one again, even to its own value, fails with CANNOT_MODIFY_CONFIG. Under
+    spark-submit they belong on its command line: one that differs there is logged."""
+    started = session.sparkContext.getConf()
+    for name, value in conf.items():
+        if session.conf.isModifiable(name):
+            session.conf.set(name, value)
+        elif started.get(name) != value:
+            log.warning("delta sink: %s=%s is a setting Spark takes only at start (the running session has %s): "
+                        "give it to spark-submit --conf", name, value, started.get(name))
 
 
 def _session(config: DeltaSinkConfig, spark_jars: Callable[[], list[str]]):

@@ -7,8 +7,10 @@ import pytest
 from pyspark.sql import types as T
 
 from cdc.events import Column, Op
+from spark_sinks.delta import DeltaSink
 from spark_sinks.session import LOOPBACK, driver_address
 from spark_sinks.types import spark_type
+from tests.contexts import attached
 from tests.integration.test_spark_delta_sink import (
     ITEMS,
     catch_up,
@@ -64,3 +66,23 @@ def test_jsonb_lands_as_a_variant_column_by_option(spark, topics, tmp_path):
     assert rows(spark, table, "id", "name") == [(1, "x"), (2, "y")]
     assert spark.read.format("delta").load(table).where("id = 1").selectExpr(
         "variant_get(doc, '$.size.w', 'int')").first()[0] == 5
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_settings_spark_takes_only_at_start_do_not_fail_the_sinks_start(spark, topics, tmp_path, caplog):
+    """A cluster's settings in the sink's ``spark.conf`` (``spark.executor.memory``...) go to the
+    builder of the session the sink makes; set again on the running session they failed the
+    start with CANNOT_MODIFY_CONFIG, even at the same value. The runtime ones still apply."""
+    started = spark.sparkContext.getConf()
+    config = sink_config(topics, tmp_path, spark={"conf": {
+        "spark.sql.shuffle.partitions": "3",
+        "spark.executor.memory": started.get("spark.executor.memory", "1g"),
+        "spark.cores.max": "64"}})
+    sink = attached(DeltaSink(config))
+    sink.start(session=spark, before_query=lambda job, session: None)
+    try:
+        assert sink.session.conf.get("spark.sql.shuffle.partitions") == "3"
+    finally:
+        sink.stop()
+    assert "spark.cores.max=64 is a setting Spark takes only at start" in caplog.text
