@@ -43,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "verify them again")
     verify.add_argument("--repair-timeout", type=float, default=300.0, metavar="S",
                         help="seconds a repair waits for the store to hold the keys (default 300)")
+    verify.add_argument("--rows", action="store_true",
+                        help="compare every chunk's rows here, even where the source and the store could "
+                             "compare digests of it in their databases (the default where both can)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=cmd_verify)
 
@@ -99,7 +102,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise ConfigError(f"sink {args.sink} reads no table of a source that can be verified")
         sink.start_reading()
         reports, repaired = [], []
-        options = Options(chunk=args.chunk, rows_per_s=args.rows_per_s, looks=args.looks, shown=args.show)
+        options = Options(chunk=args.chunk, rows_per_s=args.rows_per_s, looks=args.looks, shown=args.show,
+                          digests=not args.rows)
         for source_config, reader, tables in readers:
             if not tables:
                 continue

@@ -193,6 +193,7 @@ class TableReport:
     store_rows: int = 0           # store rows compared
     chunks: int = 0
     chunks_differing: int = 0     # chunks whose sides differed (then compared key by key)
+    chunks_digested: int = 0      # chunks both databases digested, equal without a row read (cdc/api/digest.py)
     missing: list[Finding] = field(default_factory=list)
     extra: list[Finding] = field(default_factory=list)
     different: list[Finding] = field(default_factory=list)
@@ -239,7 +240,7 @@ class TableReport:
         verdict = f"{self.mismatched} keys differ" if self.mismatched else \
             f"not decided, {self.counts['unsettled']} keys unsettled" if self.counts["unsettled"] else "equal"
         out = [f"{self.table} ({self.topic}): {verdict}; {self.rows:,} source rows and {self.store_rows:,} store "
-               f"rows in {self.chunks} chunks ({self.chunks_differing} compared key by key), "
+               f"rows in {self.chunks} chunks ({self.chunks_digested} by digest, {self.chunks_differing} key by key), "
                f"{self.seconds:.1f}s, {self.rows_per_s:,.0f} source rows/s"]
         if not self.settled:
             out.append("  the store did not apply the log within the settle timeout: the keys not yet equal are "

@@ -20,6 +20,19 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Protocol
 
 from cdc.api import PermanentError, StoredRow, in_range, key_order, page
+from cdc.api.digest import (
+    POSTGRES_SETTINGS,
+    RECORD_DIGESTS,
+    Digest,
+    DigestColumn,
+    DigestPlan,
+    Kind,
+    mysql_hash,
+    mysql_value,
+    postgres_hash,
+    postgres_record_hash,
+    postgres_value,
+)
 from sinks.sql.bookkeeping import Bookkeeping, TableEntry
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.generations import Generations
@@ -77,6 +90,87 @@ def stored_forms(sink: SqlSink, topic: str, rows: Sequence[tuple[dict[str, Any],
                   else to_store(value) for name, to_store in convert}
         out.append(StoredRow(tuple([stored[name] for name in key_names]), stored))
     return out
+
+
+# What each family's column holds, as a digest renders it (cdc/api/digest.py); the others (floats,
+# JSON, binary, times of day, UUIDs) take none.
+_DIGEST_KINDS = {Family.INTEGER: Kind.INTEGER, Family.NUMERIC: Kind.DECIMAL, Family.TEXT: Kind.TEXT,
+                 Family.BOOLEAN: Kind.BOOLEAN, Family.DATE: Kind.DATE, Family.TIMESTAMP: Kind.TIMESTAMP,
+                 Family.TIMESTAMPTZ: Kind.INSTANT}
+_RENDER = {"postgresql": (postgres_value, postgres_hash), "mysql": (mysql_value, mysql_hash)}
+
+
+def digest_plan(sink: SqlSink, topic: str) -> DigestPlan | None:
+    """cdc.api.DigestingSink, for tables keyed by one integer column. PostgreSQL: every column,
+    with its type as the catalog has it (a PostgreSQL source digests records cast to them);
+    MySQL/MariaDB: where every column renders canonically (an exact numeric at its scale)."""
+    entry = _entry(sink, topic)
+    target = _target(sink)
+    if entry is None or not _integer_key(entry) or target.kind not in _RENDER:
+        return None
+    version, types = _postgres_types(sink, entry) if target.kind == "postgresql" else (0, {})
+    records = version >= RECORD_DIGESTS
+    columns = []
+    for plan in column_plans(entry, target.dialect, target.kind, target.mariadb, set()):
+        kind = _DIGEST_KINDS.get(plan.family)
+        scale = getattr(plan.type, "scale", None) if kind is Kind.DECIMAL else None
+        if kind is Kind.DECIMAL and scale is None:
+            kind = None
+        if kind is None and not records:
+            return None
+        columns.append(DigestColumn(plan.name, kind, scale, types.get(plan.name)))
+    if records and any(c.sql_type is None for c in columns):
+        return None
+    return DigestPlan(entry.key[0], tuple(columns), "postgresql" if records else target.kind)
+
+
+def _postgres_types(sink: SqlSink, entry: TableEntry) -> tuple[int, dict[str, str]]:
+    """The server's version number, and the table's column types as its catalog has them."""
+    target = _target(sink)
+    with target.engine.begin() as conn:
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute("SELECT current_setting('server_version_num')::int")
+            [version] = cursor.fetchone() or (0,)
+            cursor.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                           "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+                           (target.qualified(entry.physical),))
+            return version, dict(cursor.fetchall())
+        finally:
+            cursor.close()
+
+
+def digest_range(sink: SqlSink, topic: str, plan: DigestPlan, after: int | None, upto: int | None) -> Digest:
+    """The digest of the live rows with keys in (after, upto], computed by the target: record
+    digests on PostgreSQL when the plan is PostgreSQL's, else canonical ones (cdc/api/digest.py)."""
+    entry = _entry(sink, topic)
+    if entry is None:
+        return Digest(0, 0)
+    target = _target(sink)
+    q = target.quote
+    conditions = [f"{q(plan.key)} > {int(after)}"] if after is not None else []
+    conditions += [f"{q(plan.key)} <= {int(upto)}"] if upto is not None else []
+    if sink.config.soft_delete:
+        conditions.append(f"{q(DELETED)} = FALSE")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    records = target.kind == "postgresql" and plan.store == "postgresql"
+    if records:
+        hashed = postgres_record_hash([q(c.name) for c in plan.columns])
+    else:
+        value, row_hash = _RENDER[target.kind]
+        hashed = row_hash([value(c, q(c.name)) for c in plan.columns])
+    with target.engine.begin() as conn:
+        cursor = conn.connection.cursor()
+        try:
+            if records:
+                cursor.execute(POSTGRES_SETTINGS)
+            cursor.execute(f"SELECT count(*), coalesce(sum({hashed}), 0) FROM {target.qualified(entry.physical)}{where}")
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+    if row is None:
+        raise PermanentError(f"sql sink {sink.config.name}: the target answered no row to a count")
+    return Digest(int(row[0]), int(row[1]))
 
 
 def _storing(plan: ColumnPlan, kind: str) -> Callable[[Any], Any]:

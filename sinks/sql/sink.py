@@ -59,6 +59,7 @@ from cdc.api import (
     page,
     servers,
 )
+from cdc.api.digest import Digest, DigestingSink, DigestPlan
 from sinks.sql.apply_generic import GenericApplier
 from sinks.sql.apply_staged import StagedApplier
 from sinks.sql.bookkeeping import Bookkeeping
@@ -68,6 +69,8 @@ from sinks.sql.deadline import WriteDeadline
 from sinks.sql.errors import DRIVER_ERRORS, describe, is_data_error, translate
 from sinks.sql.generations import Generations
 from sinks.sql.plan import DELETED, PlanFailed, TablePlan
+from sinks.sql.reading import digest_plan as _digest_plan
+from sinks.sql.reading import digest_range as _digest_range
 from sinks.sql.reading import read_keys as _read_keys
 from sinks.sql.reading import read_range as _read_range
 from sinks.sql.reading import stored_forms as _stored_forms
@@ -84,7 +87,7 @@ log = logging.getLogger(__name__)
 MIN_PART_KEYS = 500
 
 
-class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
+class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink, DigestingSink):
     """See the module docstring; generations: ``current_generation``, ``open_generation``,
     ``switch_generation``, ``drop_generation`` (generations.py); a rebuild's windows in bulk:
     ``bulk_load`` (bulk_load.py); the rows back: ``read_rows``."""
@@ -363,6 +366,17 @@ class SqlSink(Sink, RebuildableSink, BulkLoadableSink, ReadableSink):
         self._started()
         with self._errors("stored_forms"):
             return _stored_forms(self, topic, rows)
+
+    def digest_plan(self, topic: str) -> DigestPlan | None:
+        """``cdc verify``'s chunk digests in the target (cdc.api.DigestingSink; reading.py)."""
+        self._started()
+        with self._errors("digest_plan"):
+            return _digest_plan(self, topic)
+
+    def digest_range(self, topic: str, plan: DigestPlan, after: int | None, upto: int | None) -> Digest:
+        self._started()
+        with self._errors("digest_range"):
+            return _digest_range(self, topic, plan, after, upto)
 
     # --- generations ----------------------------------------------------------------------------
 

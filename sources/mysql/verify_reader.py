@@ -19,6 +19,7 @@ import pymysql
 from pymysql.converters import encoders
 
 from cdc.api import SourceRead, TableReader, captured_table
+from cdc.api.digest import Digest, DigestingReader, DigestPlan, Kind, SourceDigest, mysql_hash, mysql_value
 from cdc.events import ChangeEvent
 from cdc.positions import MySqlPosition
 from sources.mysql.catalog import captured_tables, connect, current_position, load_schemas, matches
@@ -27,14 +28,20 @@ from sources.mysql.errors import wrap
 from sources.mysql.incremental import _KeyRange, _OnConnection, _quote
 from sources.mysql.schema import TableSchema
 from sources.mysql.snapshot import SnapshotRows
+from sources.mysql.types import ColumnType
 
 
-class MySqlTableReader(TableReader):
+class MySqlTableReader(TableReader, DigestingReader):
+    database = "mysql"
+
     def __init__(self, config: MySqlConfig) -> None:
         self.cfg = config
         self.control = connect(config)
         self.conn = connect(config, raw=True)  # raw: the default encoders quote the key values
         try:
+            # TIMESTAMP values read as UTC, as the snapshot reads them (snapshot.py) and the log has them.
+            with self.conn.cursor() as cur:
+                cur.execute("SET SESSION time_zone = '+00:00'")
             signal = tuple(config.signal_table.split(".")) if config.signal_table else None
             names = [(db, t) for db, t in captured_tables(self.control, config.tables)
                      if matches(db, t, config.tables) and (db, t) != signal]
@@ -61,6 +68,36 @@ class MySqlTableReader(TableReader):
         names = ", ".join(_quote(k) for k in schema.key)
         values = ", ".join("(" + ", ".join(self._literal(key.get(k)) for k in schema.key) + ")" for key in keys)
         return f"({names}) IN ({values})"
+
+    def digest(self, table: str, plan: DigestPlan, after: int | None, limit: int) -> SourceDigest | None:
+        """cdc.api.DigestingReader: the chunk's digest in canonical texts (cdc/api/digest.py),
+        one statement (one consistent read), its position read just after, as ``_read``."""
+        schema = self._schema(table)
+        types = {c.name: c.type for c in schema.columns}
+        if schema.key != (plan.key,) or not plan.canonical or _kind_of(types.get(plan.key)) is not Kind.INTEGER:
+            return None
+        values = []
+        for column in plan.columns:
+            source = types.get(column.name)
+            if source is None or column.kind not in _RENDERS[_kind_of(source)]:
+                return None
+            values.append(mysql_value(column, _quote(column.name)))
+        key = _quote(plan.key)
+        bound = f"WHERE {key} > {int(after)}" if after is not None else ""
+        sql = (f"SELECT count(*), coalesce(sum(h), 0), max(k) FROM (SELECT {key} AS k, {mysql_hash(values)} AS h "
+               f"FROM {_quote(schema.id.db)}.{_quote(schema.id.table)} {bound} ORDER BY {key} LIMIT {int(limit)}) s")
+        try:
+            self.conn.ping()
+            with self.conn.cursor() as cur:
+                cur.execute(sql)
+                row = cur.fetchone()
+            file, pos = current_position(self.control)  # after the read: every change it shows is before
+        except pymysql.Error as err:
+            raise wrap(err, f"source {self.cfg.name}: digesting rows of {table} after {after} to verify") from err
+        if row is None:
+            raise pymysql.err.InterfaceError("the server answered no row")
+        last = None if row[2] is None else int(row[2])
+        return SourceDigest(Digest(int(row[0]), int(row[1])), last, MySqlPosition(file, pos))
 
     def _literal(self, value: Any) -> str:
         return self.conn.escape(value, encoders)
@@ -91,3 +128,22 @@ class MySqlTableReader(TableReader):
                     conn.close()
                 except pymysql.Error:
                     pass
+
+
+def _kind_of(column: ColumnType | None) -> Kind | None:
+    """The digest kind a column of this type holds (None: it takes no digest)."""
+    if column is None or column.json or column.binary:
+        return None
+    kind = _KINDS.get(column.data_type)
+    if kind is Kind.INTEGER and column.column_type.startswith("tinyint(1)"):
+        return None  # a boolean to some stores, a number to others
+    return kind
+
+
+_KINDS = {**dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "bigint"), Kind.INTEGER),
+          "decimal": Kind.DECIMAL, "date": Kind.DATE, "datetime": Kind.TIMESTAMP, "timestamp": Kind.INSTANT,
+          **dict.fromkeys(("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum"), Kind.TEXT)}
+# The kinds a source column's values render into: an integer in a decimal column too.
+_RENDERS: dict[Kind | None, tuple[Kind, ...]] = {kind: (kind,) for kind in Kind}
+_RENDERS[Kind.INTEGER] = (Kind.INTEGER, Kind.DECIMAL)
+_RENDERS[None] = ()

@@ -27,8 +27,20 @@ from typing import Any
 import psycopg2
 
 from cdc.api import SourceRead, TableReader, captured_table, servers
+from cdc.api.digest import (
+    POSTGRES_SETTINGS,
+    RECORD_DIGESTS,
+    Digest,
+    DigestingReader,
+    DigestPlan,
+    Kind,
+    SourceDigest,
+    postgres_hash,
+    postgres_record_hash,
+    postgres_value,
+)
 from cdc.positions import PgLsn
-from sources.postgres.catalog import TableMeta, captured_tables
+from sources.postgres.catalog import TableMeta, captured_tables, quoted_name
 from sources.postgres.config import PostgresConfig
 from sources.postgres.deadline import with_connect_timeout
 from sources.postgres.errors import wrap
@@ -39,7 +51,9 @@ from sources.postgres.toast import ToastStore
 from sources.postgres.types import session_options
 
 
-class PgTableReader(TableReader):
+class PgTableReader(TableReader, DigestingReader):
+    database = "postgresql"  # 14 or later (record digests); else "postgresql<14"
+
     def __init__(self, config: PostgresConfig) -> None:
         self.cfg = config
         self.setting = servers.setting_of("source", config.name, "dsn")
@@ -52,8 +66,10 @@ class PgTableReader(TableReader):
         self.toast = ToastStore(Path(self._scratch.name) / "toast.db")
         try:
             with self.conn.cursor() as cur:
-                cur.execute("SELECT current_database()")
-                database = _one(cur.fetchone())
+                cur.execute("SELECT current_database(), current_setting('server_version_num')::int")
+                database, version = cur.fetchone() or (None, 0)
+            if version < RECORD_DIGESTS:
+                self.database = "postgresql<14"
             self.conn.rollback()
             signals = signal_table_id(config.signal_table, database) if config.signal_table else None
             found = [t for t in captured_tables(self.conn, config.tables, database, config.key_columns)
@@ -87,6 +103,47 @@ class PgTableReader(TableReader):
         self.conn.rollback()
         return f"({names}) IN ({values})"
 
+    def digest(self, table: str, plan: DigestPlan, after: int | None, limit: int) -> SourceDigest | None:
+        """cdc.api.DigestingReader: the chunk's digest computed here (cdc/api/digest.py): into a
+        PostgreSQL store, records cast to the store's column types; else canonical texts."""
+        meta = self._meta(table)
+        types = {c.name: c.type_name for c in meta.columns}
+        if meta.key != (plan.key,) or _kind_of(types.get(plan.key)) is not Kind.INTEGER:
+            return None
+        records = plan.store == self.database == "postgresql"
+        values = []
+        for column in plan.columns:
+            source_type = types.get(column.name)
+            if source_type is None:
+                return None
+            name = quote_ident(column.name)
+            if records:
+                values.append(_cast(name, source_type, column.sql_type or ""))
+            elif column.kind in _RENDERS.get(_kind_of(source_type), ()):
+                values.append(postgres_value(column, name))
+            else:
+                return None
+        key = quote_ident(plan.key)
+        bound = f"WHERE {key} > {int(after)}" if after is not None else ""
+        hashed = postgres_record_hash(values) if records else postgres_hash(values)
+        sql = (f"SELECT count(*), coalesce(sum(h), 0), max(k) FROM (SELECT {key} AS k, {hashed} AS h "
+               f"FROM {quoted_name(meta.id)} {bound} ORDER BY {key} LIMIT {int(limit)}) s")
+        try:
+            position = self._position(end=False)  # the snapshot the digest below shares
+            with self.conn.cursor() as cur:
+                if records:
+                    cur.execute(POSTGRES_SETTINGS)
+                cur.execute(sql)
+                row = cur.fetchone()
+            self.conn.rollback()
+        except psycopg2.Error as err:
+            self.conn.rollback()
+            raise wrap(err, f"source {self.cfg.name}: digesting rows of {table} after {after} to verify",
+                       setting=self.setting) from err
+        if row is None:
+            raise psycopg2.InterfaceError("the server answered no row")
+        return SourceDigest(Digest(int(row[0]), int(row[1])), None if row[2] is None else int(row[2]), position)
+
     def _read(self, table: str, after: tuple | None, limit: int, where: str | None, what: str) -> SourceRead:
         meta = self._meta(table)
         try:
@@ -116,6 +173,47 @@ class PgTableReader(TableReader):
             if toast is not None:
                 toast.close()
             self._scratch.cleanup()
+
+
+def _cast(name: str, source_type: str, store_type: str) -> str:
+    """A source column's value as the SQL sink stored it in a PostgreSQL column of ``store_type``
+    (sinks/sql/types.py): JSON, arrays, hstore and ranges as jsonb; other types the store keeps
+    as text as their text; the rest cast to the store's type (an exact numeric rounded to its
+    scale, as the store did)."""
+    if store_type == "jsonb":
+        return f"{name}::jsonb" if source_type in ("json", "jsonb") else f"to_jsonb({name})"
+    if store_type == "text":
+        return f"{name}::text"
+    if source_type == "real":  # the event carries its shortest text, which the store parsed as a double
+        return f"{name}::text::{store_type}"
+    return f"{name}::{store_type}"
+
+
+def _kind_of(type_name: str | None) -> Kind | None:
+    """The digest kind a column of this type holds (None: it takes no digest)."""
+    if type_name is None:
+        return None
+    base = type_name.split("(")[0].strip()
+    if base.startswith("timestamp"):  # timestamp(3) with time zone
+        return Kind.INSTANT if type_name.endswith("with time zone") else Kind.TIMESTAMP
+    if base in ("smallint", "integer", "bigint"):
+        return Kind.INTEGER
+    if base == "numeric":
+        return Kind.DECIMAL
+    if base in ("text", "character varying"):
+        return Kind.TEXT
+    if base == "boolean":
+        return Kind.BOOLEAN
+    if base == "date":
+        return Kind.DATE
+    return None
+
+
+# The kinds a source column's values render into, by the column's own kind: an integer in a
+# decimal column too; every other kind only as itself.
+_RENDERS: dict[Kind | None, tuple[Kind, ...]] = {kind: (kind,) for kind in Kind}
+_RENDERS[Kind.INTEGER] = (Kind.INTEGER, Kind.DECIMAL)
+_RENDERS[None] = ()
 
 
 def _plain(value: Any) -> Any:

@@ -53,11 +53,15 @@ class Writer(PgWriter):
     def __init__(self, dsn: str, seed: int) -> None:
         super().__init__(dsn, seed)
         self.hold = threading.Event()  # set: commit nothing new (a test reads a stopped store)
+        self.held = threading.Event()  # set once held with every change before it committed
 
     def change(self, cur) -> None:
         if self.hold.is_set():
+            if self.changes % self.per_commit == 0:  # the first change of a transaction: the last committed
+                self.held.set()
             time.sleep(0.01)
             return
+        self.held.clear()
         roll = self.rng.random()
         if roll < 0.6:
             cur.execute("UPDATE items SET qty = qty + 1, note = %s WHERE id = %s",
@@ -319,6 +323,58 @@ def test_hand_edits_behind_the_search_alias_are_reported_exactly(pipeline):
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["note"], different["store"]["note"]) == ("seed", "edited")
     assert_repaired(pipeline, "search")
+
+
+def _settle(pipeline: Pipeline, sink: str) -> None:
+    """Wait until ``sink`` applied everything the source committed so far."""
+    from cdc.config import load_config
+    from cdc.log.open import open_log
+    from cdc.positions import PgLsn
+    from cdc.runtime.verify import LogSettle
+
+    config = load_config(str(pipeline.config))
+    conn = psycopg2.connect(pipeline.source_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        now = PgLsn(int(cur.fetchone()[0]))
+    conn.close()
+    log_ = open_log(config.log)
+    settle = LogSettle(log_, config.log.topic_prefix, "src", sink, timeout=120)
+    try:
+        assert settle.wait(now, f"{config.log.topic_prefix}.public.items"), f"sink {sink} to apply the source's writes"
+    finally:
+        settle.close()
+        log_.close()
+
+
+def test_equal_chunks_are_compared_by_the_databases_digests(pipeline):
+    """The writer held and the warehouse caught up: each chunk is compared by the digests
+    PostgreSQL computes on both sides (cdc/api/digest.py), no row read here, ``kinds`` with its
+    15 types too (uuid, jsonb, bytea, floats, arrays, times...). ``--rows`` compares rows and
+    agrees. A hand edit that keeps the row count makes its chunk's digests differ, and the rows
+    then name the key."""
+    pipeline.writer.hold.set()
+    try:
+        assert pipeline.writer.held.wait(30), "the writer to hold"
+        _settle(pipeline, "wh")
+        code, answer = verify(pipeline.config, "wh", "--chunk", "400")
+        rows_code, by_rows = verify(pipeline.config, "wh", "--chunk", "400", "--rows")
+        execute(pipeline.target_dsn, "UPDATE items SET note = note || ' edited' WHERE id = 7")
+        try:
+            edited_code, edited = verify(pipeline.config, "wh", "--chunk", "400", "--looks", "1")
+        finally:
+            execute(pipeline.target_dsn, "UPDATE items SET note = left(note, -7) WHERE id = 7")
+    finally:
+        pipeline.writer.hold.clear()
+    items, kinds = answer["tables"]
+    assert code == 0 and items["chunks"] >= 4, answer
+    assert (items["chunks_digested"], items["chunks_differing"]) == (items["chunks"], 0)
+    assert (kinds["chunks_digested"], kinds["rows"]) == (kinds["chunks"], 30)
+    assert rows_code == 0 and by_rows["tables"][0]["chunks_digested"] == 0
+    assert by_rows["tables"][0]["rows"] == items["rows"] == items["store_rows"]
+    assert edited_code == 1 and keys_of(edited, "different") == ["7"], edited
+    first = edited["tables"][0]
+    assert (first["chunks_differing"], first["chunks_digested"]) == (1, first["chunks"] - 1), first
 
 
 def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):

@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from cdc.api import ReadableSink, SourceRead, StoredRow, in_range
+from cdc.api.digest import DigestColumn, DigestingReader, DigestingSink, DigestPlan, Kind, SourceDigest, digest_of
 from cdc.events import ChangeEvent, Op, TableId
 from cdc.positions import IncrementalProgress, PgLsn, SnapshotProgress
 from cdc.runtime.verify import Options, Pacer, Verifier, reached
@@ -160,8 +161,9 @@ BROKEN: set[int] = set()
 
 
 def run(source: FakeSource, store: FakeStore, settle: Settle | None = None, chunk: int = 4,
-        looks: int = 3) -> TableReport:
-    verifier = Verifier(source, store, "p", settle or Settle(source, store), Options(chunk=chunk, looks=looks))
+        looks: int = 3, digests: bool = True) -> TableReport:
+    verifier = Verifier(source, store, "p", settle or Settle(source, store),
+                        Options(chunk=chunk, looks=looks, digests=digests))
     return verifier.table("public.t")
 
 
@@ -345,3 +347,65 @@ def test_a_sink_that_keeps_its_own_position_settles_on_it_not_on_a_consumer_grou
         assert not settles(None)  # the consumer group "lake" committed nothing
     finally:
         log.close()
+
+
+class DigestSource(FakeSource, DigestingReader):
+    """FakeSource whose "database" digests chunks (the reference digest of cdc/api/digest.py)."""
+
+    database = "fake"
+
+    def __init__(self, rows: dict[int, int], can: bool = True) -> None:
+        super().__init__(rows)
+        self.can, self.row_reads = can, 0
+
+    def read(self, table, after, limit) -> SourceRead:
+        self.row_reads += 1
+        return super().read(table, after, limit)
+
+    def digest(self, table, plan, after, limit):
+        if not self.can:
+            return None
+        keys = [k for k in sorted(self.rows) if after is None or k > after][:limit]
+        self.lsn += 1
+        return SourceDigest(digest_of(plan, [{"id": k, "v": self.rows[k]} for k in keys]),
+                            keys[-1] if keys else None, PgLsn(self.lsn))
+
+
+class DigestStore(FakeStore, DigestingSink):
+    def digest_plan(self, topic):
+        return DigestPlan("id", (DigestColumn("id", Kind.INTEGER), DigestColumn("v", Kind.INTEGER)))
+
+    def digest_range(self, topic, plan, after, upto):
+        return digest_of(plan, [{"id": k, "v": v} for k, v in self.rows.items()
+                                if (after is None or k > after) and (upto is None or k <= upto)])
+
+
+def test_chunks_whose_digests_are_equal_read_no_rows():
+    rows = {k: k for k in range(1, 11)}
+    source, store = DigestSource(rows), DigestStore(rows)
+    report = run(source, store)
+    assert (report.rows, report.store_rows, report.chunks, report.chunks_digested) == (10, 10, 3, 3)
+    assert source.row_reads == 0 and report.equal
+
+
+def test_a_chunk_whose_digests_differ_is_compared_by_its_rows_and_the_next_by_digests_again():
+    BROKEN.update({6, 42})
+    try:
+        rows = {k: k for k in range(1, 13)}
+        source, store = DigestSource(rows), DigestStore({**rows, 6: -6, 42: 1})
+        report = run(source, store)
+    finally:
+        BROKEN.clear()
+    assert [f.key for f in report.different] == [["6"]] and [f.key for f in report.extra] == [["42"]]
+    # chunks 1-4 and 9-12 by digest; 5-8 by rows; the last digest (after 12) holds the stray row
+    # 42, so the rows of that chunk too
+    assert (report.chunks, report.chunks_digested, report.chunks_differing) == (4, 2, 2)
+    assert source.row_reads == 2 and report.rows == 12
+
+
+def test_a_source_that_cannot_digest_a_table_has_its_rows_compared():
+    rows = {k: k for k in range(1, 11)}
+    source, store = DigestSource(rows, can=False), DigestStore(rows)
+    report = run(source, store)
+    assert (report.chunks, report.chunks_digested, source.row_reads) == (3, 0, 3) and report.equal
+    assert run(DigestSource(rows), store, chunk=4, digests=False).chunks_digested == 0
