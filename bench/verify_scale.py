@@ -21,7 +21,8 @@ Printed per run: rows/s of each and each verify's ratio to the COPY just before 
 of the source's PostgreSQL backends (the backends of the source database, read from /proc: for
 COPY the one backend's utime+stime before and after; for a verify sampled every 0.2 s while it
 runs, bench.bootstrap.ServerCpu, so the last fraction of a second of a backend may be missed),
-of the warehouse's backends (the SQL verify only), and of the verify process itself
+of the warehouse's backends (the SQL verify) or of the OpenSearch nodes (their node stats), and
+of the verify process itself
 (``os.wait4``'s rusage); and the load average. The source CPU per row is the figure the load
 does not inflate.
 
@@ -91,6 +92,16 @@ def verify_run(folder: Path, sink: str, extra: list[str]) -> tuple[dict, float]:
     out, err = process.communicate()
     seconds = time.perf_counter() - began
     return {"code": process.returncode, **(json.loads(out) if out.strip() else {"error": err[-800:]})}, seconds
+
+
+def opensearch_cpu(url: str) -> float:
+    """CPU seconds the OpenSearch nodes' processes spent so far (their node stats)."""
+    client = OpenSearch(url, timeout=30)
+    try:
+        nodes = client.nodes.stats(metric="process")["nodes"].values()
+        return sum(node["process"]["cpu"]["total_in_millis"] for node in nodes) / 1000
+    finally:
+        client.close()
 
 
 def children_cpu() -> float:
@@ -253,17 +264,25 @@ def main() -> None:
                 target_db = state["databases"][1] if sink == "wh" else None
                 store_cpu = ServerCpu(env["PG_DSN"], target_db) if target_db else nullcontext(None)
                 with ServerCpu(env["PG_DSN"], source_db) as source_cpu, store_cpu as store:
-                    ours = children_cpu()
+                    ours, searched = children_cpu(), opensearch_cpu(env["OPENSEARCH_URL"]) if sink == "search" else 0.0
                     answer, took = verify_run(folder, sink, extra)
                     ours = children_cpu() - ours
+                    if sink == "search":
+                        searched = opensearch_cpu(env["OPENSEARCH_URL"]) - searched
                 source_s, store_s = source_cpu.total() or 0.0, None if store is None else store.total()
+                if sink == "search":
+                    store_s = searched
+                digested = sum(t.get("chunks_digested", 0) for t in answer.get("tables", []))
+                chunks = sum(t.get("chunks", 0) for t in answer.get("tables", []))
                 counted = sum(t.get("rows", 0) for t in answer.get("tables", []))
                 ok = answer["code"] == 0 and counted == rows
                 bad |= not ok
                 rate = rows / took
                 print(f"run {run}  verify {sink:<8} {rate:>10,.0f} rows/s  {took:6.1f}s  {rate / copy_rate:5.1%} of COPY  "
                       f"source CPU {source_s:5.1f}s ({source_s / rows * 1e6:.2f} us/row)  "
-                      + (f"warehouse CPU {store_s:5.1f}s  " if store_s is not None else "")
+                      + (f"{'warehouse' if sink == 'wh' else 'OpenSearch'} CPU {store_s:5.1f}s "
+                         f"({store_s / rows * 1e6:.2f} us/row)  " if store_s is not None else "")
+                      + f"{digested}/{chunks} chunks by digest  "
                       + f"verify process CPU {ours:5.1f}s ({ours / rows * 1e6:.2f} us/row)  load {load()}"
                       + ("" if ok else f"  FAILED: exit {answer['code']}, {counted:,} rows, "
                                        f"{[t.get('counts') for t in answer.get('tables', [])] or answer.get('error')}"),

@@ -13,6 +13,7 @@ its constructor.
     sink.py          Sink, SelfDrivenSink
     context.py       SinkContext (the runtime's services for a sink), its standalone form
     capabilities.py  what a plugin may do beyond the base contract, asked for by type
+    digest.py        chunk digests computed in the databases, for ``cdc verify`` (its own import)
     stats.py         ConnectorStats, the counters a plugin reports through
     renames.py       renames chained across a table's shapes
 

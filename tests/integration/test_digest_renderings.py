@@ -100,3 +100,24 @@ def test_the_reference_tells_apart_what_a_store_may_get_wrong():
     assert len(texts) == 9
     # A text holding the separator cannot pass for two columns.
     assert row_text(PLAN, {**base, "note": "a|b", "flag": None}) != row_text(PLAN, {**base, "note": "a", "flag": None})
+
+
+def test_source_columns_map_to_the_kinds_and_casts_their_stores_hold():
+    """Pure logic: which PostgreSQL and MariaDB source columns take a digest, and how a PostgreSQL
+    source casts a value to the warehouse's type (a real through its text, as the event carries it)."""
+    from sources.mysql.types import ColumnType
+    from sources.mysql.verify_reader import _kind_of as mysql_kind
+    from sources.postgres.verify_reader import _cast
+    from sources.postgres.verify_reader import _kind_of as pg_kind
+
+    assert [pg_kind(t) for t in ("integer", "numeric(10,2)", "character varying(20)", "timestamp(3) with time zone",
+                                 "timestamp without time zone", "date", "boolean", "jsonb", "real", None)] == \
+        [Kind.INTEGER, Kind.DECIMAL, Kind.TEXT, Kind.INSTANT, Kind.TIMESTAMP, Kind.DATE, Kind.BOOLEAN, None, None, None]
+    assert [mysql_kind(ColumnType(d, c)) for d, c in (("int", "int(11) unsigned"), ("tinyint", "tinyint(1)"),
+                                                       ("timestamp", "timestamp(6)"), ("datetime", "datetime"),
+                                                       ("enum", "enum('a')"), ("blob", "blob"))] == \
+        [Kind.INTEGER, None, Kind.INSTANT, Kind.TIMESTAMP, Kind.TEXT, None]
+    assert mysql_kind(ColumnType("varchar", "varchar(10)", binary=True)) is None
+    assert _cast('"r"', "real", "double precision") == '"r"::text::double precision'
+    assert _cast('"a"', "integer[]", "jsonb") == 'to_jsonb("a")' and _cast('"j"', "json", "jsonb") == '"j"::jsonb'
+    assert _cast('"m"', "money", "text") == '"m"::text' and _cast('"p"', "numeric", "numeric(10,2)") == '"p"::numeric(10,2)'
