@@ -84,6 +84,11 @@ from cdc.runtime.verify_compare import (
 log = logging.getLogger(__name__)
 
 
+# A digest covers this many chunks (``Options.chunk``) of rows: fewer round trips per row, and a
+# range whose digests differ costs the reading of its rows, chunk by chunk.
+DIGESTED_CHUNKS = 10
+
+
 class Settle(Protocol):
     """Waits until the store applied the log past a source position (see the module docstring)."""
 
@@ -141,14 +146,16 @@ class Verifier:
         report = TableReport(table, topic, shown=self.options.shown)
         after: tuple | None = None
         plan = self._digest_plan(table, topic)
+        rows_until: int | None = None  # a digested range that differed: its rows are compared up to this key
+        rows_pending = False
         while True:
-            if plan is not None:
-                state, after = self._digests(table, topic, plan, after, report)
+            if plan is not None and not rows_pending:
+                state, after, rows_until = self._digests(table, topic, plan, after, report)
                 if state == "done":
                     break
                 if state == "cannot":  # the source cannot digest this table: rows from here on
                     plan = None
-                # else the digests of the chunk after ``after`` differ: its rows are compared below
+                rows_pending = True  # "rows": the range's rows are compared chunk by chunk below
             read = self._read(self.reader.read(table, after, self.options.chunk))
             pairs, stored = self._stored(table, topic, read)
             at = _last(stored)
@@ -170,6 +177,8 @@ class Verifier:
             if end or at is None:
                 break
             after = tuple(pairs[at][0].values())
+            if rows_until is not None and int(after[0]) >= rows_until:
+                rows_pending = False
         report.seconds = time.monotonic() - began
         return report
 
@@ -184,34 +193,35 @@ class Verifier:
         return plan
 
     def _digests(self, table: str, topic: str, plan: DigestPlan, after: tuple | None,
-                 report: TableReport) -> tuple[str, tuple | None]:
-        """Chunks compared by the databases' digests (cdc/api/digest.py) from the key ``after`` on,
-        the store digesting one chunk while the source digests the next: ("done", None) at the
-        end; ("rows", key) where the digests of the chunk after ``key`` differ (its rows are then
-        compared); ("cannot", key) when the source cannot digest the table."""
-        reader, sink, chunk = self.reader, self.sink, self.options.chunk
+                 report: TableReport) -> tuple[str, tuple | None, int | None]:
+        """Ranges of ``DIGESTED_CHUNKS`` chunks compared by the databases' digests
+        (cdc/api/digest.py) from the key ``after`` on, the store digesting one while the source
+        digests the next: ("done", None, None) at the end; ("rows", key, last) where the digests
+        of the range after ``key`` up to ``last`` (None: to the end) differ, whose rows are then
+        compared; ("cannot", key, None) when the source cannot digest the table."""
+        reader, sink, chunk = self.reader, self.sink, self.options.chunk * DIGESTED_CHUNKS
         if not isinstance(reader, DigestingReader) or not isinstance(sink, DigestingSink):
-            return "cannot", after
+            return "cannot", after, None
         start = None if after is None else int(after[0])
         source = reader.digest(table, plan, start, chunk)
         with ThreadPoolExecutor(1, thread_name_prefix="cdc-verify-store") as pool:
             while True:
                 if source is None:
-                    return "cannot", after
+                    return "cannot", after, None
                 self.pacer.took(source.digest.rows)
                 end = source.digest.rows < chunk or source.last is None
                 stored = pool.submit(sink.digest_range, topic, plan, start, None if end else source.last)
                 following = None if end else reader.digest(table, plan, source.last, chunk)
                 store = stored.result()
                 if store != source.digest:
-                    log.debug("verify %s: the digests of the chunk after %s differ: comparing its rows", table, after)
-                    return "rows", after
+                    log.debug("verify %s: the digests of the rows after %s differ: comparing them", table, after)
+                    return "rows", after, None if end else source.last
                 report.chunks += 1
                 report.chunks_digested += 1
                 report.rows += source.digest.rows
                 report.store_rows += store.rows
                 if end:
-                    return "done", None
+                    return "done", None, None
                 after, start, source = (source.last,), source.last, following
 
     def recheck(self, table: str, keys: Sequence[tuple]) -> TableReport:

@@ -380,27 +380,28 @@ class DigestStore(FakeStore, DigestingSink):
                                 if (after is None or k > after) and (upto is None or k <= upto)])
 
 
-def test_chunks_whose_digests_are_equal_read_no_rows():
-    rows = {k: k for k in range(1, 11)}
+def test_ranges_whose_digests_are_equal_read_no_rows():
+    rows = {k: k for k in range(1, 101)}
     source, store = DigestSource(rows), DigestStore(rows)
-    report = run(source, store)
-    assert (report.rows, report.store_rows, report.chunks, report.chunks_digested) == (10, 10, 3, 3)
+    report = run(source, store)  # a digest covers 10 chunks of 4 rows: 1-40, 41-80, 81-100
+    assert (report.rows, report.store_rows, report.chunks, report.chunks_digested) == (100, 100, 3, 3)
     assert source.row_reads == 0 and report.equal
 
 
-def test_a_chunk_whose_digests_differ_is_compared_by_its_rows_and_the_next_by_digests_again():
-    BROKEN.update({6, 42})
+def test_a_range_whose_digests_differ_is_compared_by_its_rows_then_digests_again():
+    BROKEN.update({46, 142})
     try:
-        rows = {k: k for k in range(1, 13)}
-        source, store = DigestSource(rows), DigestStore({**rows, 6: -6, 42: 1})
+        rows = {k: k for k in range(1, 101)}
+        source, store = DigestSource(rows), DigestStore({**rows, 46: -46, 142: 1})
         report = run(source, store)
     finally:
         BROKEN.clear()
-    assert [f.key for f in report.different] == [["6"]] and [f.key for f in report.extra] == [["42"]]
-    # chunks 1-4 and 9-12 by digest; 5-8 by rows; the last digest (after 12) holds the stray row
-    # 42, so the rows of that chunk too
-    assert (report.chunks, report.chunks_digested, report.chunks_differing) == (4, 2, 2)
-    assert source.row_reads == 2 and report.rows == 12
+    assert [f.key for f in report.different] == [["46"]] and [f.key for f in report.extra] == [["142"]]
+    # 1-40 by digest; 41-80 differs: its 10 chunks by rows, one of them differing; 81-100 digested
+    # with the rest of the store, which holds the stray 142: rows to the end (5 chunks and the
+    # empty one after 100, which differs)
+    assert (report.chunks, report.chunks_digested, report.chunks_differing) == (17, 1, 2)
+    assert source.row_reads == 16 and report.rows == 100
 
 
 def test_a_source_that_cannot_digest_a_table_has_its_rows_compared():
