@@ -17,7 +17,8 @@ PostgreSQL warehouse, 20% against OpenSearch):
    FILE search --json``, each a process of its own. Every verify must exit 0 (equal) and count
    every row, else the bench exits 1.
 
-Printed per run: rows/s of each and each verify's ratio to the COPY just before it; CPU seconds
+Printed per run: rows/s of each and each verify's ratio to the COPY just before it (the process's
+wall time, its start included; then the tables' own seconds, as its report gives them); CPU seconds
 of the source's PostgreSQL backends (the backends of the source database, read from /proc: for
 COPY the one backend's utime+stime before and after; for a verify sampled every 0.2 s while it
 runs, bench.bootstrap.ServerCpu, so the last fraction of a second of a backend may be missed),
@@ -272,6 +273,7 @@ def main() -> None:
                 source_s, store_s = source_cpu.total() or 0.0, None if store is None else store.total()
                 if sink == "search":
                     store_s = searched
+                own = sum(t.get("seconds", 0.0) for t in answer.get("tables", []))  # without the process's start
                 digested = sum(t.get("chunks_digested", 0) for t in answer.get("tables", []))
                 chunks = sum(t.get("chunks", 0) for t in answer.get("tables", []))
                 counted = sum(t.get("rows", 0) for t in answer.get("tables", []))
@@ -279,6 +281,7 @@ def main() -> None:
                 bad |= not ok
                 rate = rows / took
                 print(f"run {run}  verify {sink:<8} {rate:>10,.0f} rows/s  {took:6.1f}s  {rate / copy_rate:5.1%} of COPY  "
+                      f"(the tables alone {own:.1f}s: {rows / own / copy_rate if own else 0:.1%})  "
                       f"source CPU {source_s:5.1f}s ({source_s / rows * 1e6:.2f} us/row)  "
                       + (f"{'warehouse' if sink == 'wh' else 'OpenSearch'} CPU {store_s:5.1f}s "
                          f"({store_s / rows * 1e6:.2f} us/row)  " if store_s is not None else "")
