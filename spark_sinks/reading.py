@@ -39,7 +39,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.api import ConfigError, StoredRow, in_range, key_order, page
+from cdc.api import ConfigError, PermanentError, StoredRow, in_range, key_order, page
 from spark_sinks.connect_json import ConnectCodecs
 from spark_sinks.evolve import data_fields
 from spark_sinks.parse import CURRENT, DELETED, RowDecoder
@@ -161,12 +161,28 @@ class DeltaReader:
             text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
         finally:
             stream.close()
-        # "v1", the batch's metadata, then one line per source of the query: {topic: {partition: offset}}
-        out: dict[int, int] = {}
-        for line in text.splitlines()[2:]:
-            if line.startswith("{"):
-                out.update({int(p): int(o) for p, o in json.loads(line).get(topic, {}).items()})
-        return out
+        return checkpoint_offsets(str(text), topic, f"{self.checkpoint}/offsets/{max(done)}")
+
+
+def checkpoint_offsets(text: str, topic: str, name: str) -> dict[int, int]:
+    """``topic``'s offsets in the text of a Structured Streaming checkpoint's ``offsets/<batch>``
+    file (Spark's own layout, pinned by tests/unit/test_spark_checkpoint.py and read for real by
+    tests/integration/test_verify_delta.py): "v1", the batch's metadata, then one line per source
+    of the query, ``{topic: {partition: offset}}``. ``PermanentError`` naming ``name`` otherwise."""
+    lines = text.splitlines()
+    if not lines or lines[0] != "v1":
+        raise PermanentError(f"{name}: not a Structured Streaming offsets file of version v1 "
+                             f"(first line {lines[0][:40] if lines else 'missing'!r})")
+    out: dict[int, int] = {}
+    for number, line in enumerate(lines[2:], start=3):
+        if not line.startswith("{"):
+            continue
+        try:
+            found = json.loads(line).get(topic, {})
+            out.update({int(p): int(o) for p, o in found.items()})
+        except (ValueError, AttributeError, TypeError) as err:
+            raise PermanentError(f"{name}, line {number}: not a source's offsets ({err}): {line[:80]!r}") from err
+    return out
 
 
 def _comparable(column: Column, field: T.StructField) -> Column:
