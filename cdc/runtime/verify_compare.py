@@ -18,6 +18,7 @@ by key (``compare``), where ``same`` also lets a number equal its text.
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time
@@ -55,6 +56,8 @@ def canonical(value: Any) -> Any:
         return None
     if isinstance(value, bool):  # as the stores that have no boolean keep it (SQLite: 1)
         return Num("1" if value else "0")
+    if isinstance(value, float) and not math.isfinite(value):  # spelled as Decimal and PostgreSQL do
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, (int, Decimal, float)):
         number = _number(str(value) if not isinstance(value, float) else repr(value))
         return Num(number) if number is not None else str(value)
@@ -134,8 +137,8 @@ def equal_as_given(source: Sequence[StoredRow], store: Sequence[StoredRow]) -> b
     """Whether the two sides of a chunk are equal by Python's == on the rows as they are given
     (each side's keys and values), a check without canonical forms. Where it says so, the
     canonical forms are ``same`` too: == tells apart what ``canonical`` does, but for equal
-    numbers of other types (1, 1.0, Decimal("1.00"), True), which ``same`` equates as well, and
-    for infinity as a float and as a Decimal. False says nothing: compare the canonical forms."""
+    numbers of other types (1, 1.0, Decimal("1.00"), True) and infinity as a float and as a
+    Decimal, which ``same`` equates as well. False says nothing: compare the canonical forms."""
     if len(source) != len(store):
         return False
     kinds = {type(value) for row in source for value in row.row.values()}

@@ -32,6 +32,15 @@ def test_a_value_compares_equal_whatever_form_a_store_keeps_it_in():
     assert not same(canonical("12.3"), canonical("12.4"))
 
 
+def test_infinity_and_nan_are_one_value_whatever_form_a_store_keeps_them_in():
+    assert canonical(float("inf")) == canonical(Decimal("Infinity")) == canonical("Infinity")
+    assert canonical(float("-inf")) == canonical(Decimal("-Infinity")) != canonical(float("inf"))
+    assert canonical(float("nan")) == canonical(Decimal("NaN")) == "NaN"
+    # The check without canonical forms agrees with them.
+    assert equal_as_given([StoredRow((1,), {"v": float("inf")})], [StoredRow((1,), {"v": Decimal("Infinity")})])
+    assert not compare(by_key([StoredRow((1,), {"v": float("inf")})]), by_key([StoredRow((1,), {"v": Decimal("Infinity")})]))
+
+
 def test_text_stays_text_so_a_changed_spelling_is_a_difference():
     assert not same(canonical("007"), canonical("7")) and not same(canonical("1.0"), canonical("1"))
 
