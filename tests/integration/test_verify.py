@@ -11,9 +11,7 @@ meanwhile (else the stopped store falls behind, rightly reported).
 
 from __future__ import annotations
 
-import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -21,9 +19,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from dataclasses import dataclass
-from io import StringIO
 from pathlib import Path
 
 import duckdb
@@ -38,6 +34,7 @@ from tests.browser import dump_dom, parse
 from tests.conftest import _fresh_database
 from tests.daemon import cdc_process, run_daemon, stop_daemon
 from tests.integration.pg_capture import execute, wait_until
+from tests.verifying import free_port, keys_of, verify
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.opensearch]
 
@@ -82,18 +79,6 @@ class Pipeline:
     opensearch_url: str
     alias: str
     writer: Writer
-
-
-def verify(config: Path, sink: str, *args: str) -> tuple[int, dict]:
-    """``cdc verify --json`` in this process: its exit code and its answer."""
-    out = StringIO()
-    with redirect_stdout(out):
-        code = main(["verify", str(config), sink, "--json", "--settle-timeout", "30", *args])
-    return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
-
-
-def keys_of(answer: dict, kind: str) -> list:
-    return sorted(k for table in answer["tables"] for finding in table[kind] for k in finding["key"])
 
 
 def assert_repaired(pipeline: Pipeline, sink: str) -> None:
@@ -141,14 +126,14 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
         f"  - {{name: search, type: opensearch, hosts: ['{opensearch_url}'], topics: ['{prefix}.public.*'], "
         f"index_name: '{prefix}-{{table}}', batch_wait_ms: 50}}\n"
         f"  - {{name: duck, type: sql, url: 'duckdb:///duck.db', topics: ['{prefix}.public.*'], batch_wait_ms: 50}}\n"
-        f"http: '127.0.0.1:{_free_port()}'\n")
+        f"http: '127.0.0.1:{free_port()}'\n")
     # The DuckDB sink runs alone, from a copy of the file without the HTTP API (one daemon serves it).
     config.with_name("duck.yaml").write_text(config.read_text().rsplit("http:", 1)[0] + "http: null\n")
     # A second warehouse sink (schema bg) that the daemon verifies in the background every 2 s.
     config.with_name("background.yaml").write_text(
         config.read_text().rsplit("http:", 1)[0] +
         f"  - {{name: bg, type: sql, url: '{url}', schema: bg, topics: ['{prefix}.public.*'], batch_wait_ms: 50, "
-        f"verify: {{every: 2s, rows_per_s: 100000}}}}\nhttp: '127.0.0.1:{_free_port()}'\n")
+        f"verify: {{every: 2s, rows_per_s: 100000}}}}\nhttp: '127.0.0.1:{free_port()}'\n")
     daemon = cdc_process(config, "run", "--only", "src", "wh", "cache", "search", log="daemon.log")
     try:
         # Both tables in all three stores before the writer starts: a test counts the store's rows.
@@ -172,12 +157,6 @@ def pipeline(pg_admin_dsn, redis_url, opensearch_url, tmp_path_factory) -> Itera
         search.close()
         for generator in databases:
             next(generator, None)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _indexed(url: str, prefix: str, table: str = "items") -> int:

@@ -9,22 +9,19 @@ process too and reads through that session. Spark tests run in a phase of their 
 
 from __future__ import annotations
 
-import json
 import threading
-from contextlib import redirect_stdout
-from io import StringIO
 from pathlib import Path
 
 import pytest
 
-from cdc.cli import main
 from cdc.config import load_config
+from tests import verifying
 from tests.background import PgWriter
 from tests.conftest import _fresh_database
 from tests.contexts import attached
 from tests.daemon import run_daemon, stop_daemon
 from tests.integration.pg_capture import execute, wait_until
-from tests.integration.test_verify import _free_port, keys_of
+from tests.verifying import free_port, keys_of
 
 pytestmark = [pytest.mark.spark]
 
@@ -84,10 +81,7 @@ class SinkThread:
 
 
 def verify(config: Path, *args: str) -> tuple[int, dict]:
-    out = StringIO()
-    with redirect_stdout(out):
-        code = main(["verify", str(config), "lake", "--json", "--settle-timeout", "180", *args])
-    return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
+    return verifying.verify(config, "lake", *args, settle_timeout=180)
 
 
 def delta_rows(spark, path: Path) -> int:
@@ -120,7 +114,7 @@ def test_a_side_jobs_edits_of_a_delta_table_are_reported_exactly_and_repaired(
         f"heartbeat_interval: 1, status_interval: 1, signal_table: public.cdc_signal}}\n"
         f"sinks:\n  - {{name: lake, type: delta, topics: ['{kafka_topic}.public.*'], path: '{lake}', "
         f"checkpoint: '{tmp_path / 'checkpoint'}', trigger_seconds: 1}}\n"
-        f"http: '127.0.0.1:{_free_port()}'\n")
+        f"http: '127.0.0.1:{free_port()}'\n")
     daemon = run_daemon(config, "src", log="daemon.log")
     sink = None
     try:

@@ -7,43 +7,23 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import sqlite3
 import threading
 import time
 import uuid
-from contextlib import redirect_stdout
-from io import StringIO
 
 import pytest
 from redis.cluster import RedisCluster
 
-from cdc.cli import main
 from tests.conftest import mysql_connect
 from tests.daemon import cdc_process, stop_daemon
 from tests.integration.pg_capture import wait_until
+from tests.verifying import free_port, keys_of, verify
 
 pytestmark = [pytest.mark.mysql, pytest.mark.redis]
 
 ROWS = 800
 RESERVED = 100  # keys below are never touched by the writer
-
-
-def verify(config, sink: str, *args: str) -> tuple[int, dict]:
-    out = StringIO()
-    with redirect_stdout(out):
-        code = main(["verify", str(config), sink, "--json", "--settle-timeout", "30", *args])
-    return code, json.loads(out.getvalue())
-
-
-def keys_of(answer: dict, kind: str) -> list:
-    return sorted(k for table in answer["tables"] for finding in table[kind] for k in finding["key"])
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _mariadb_count(url: str, database: str) -> int:
@@ -93,7 +73,7 @@ def test_a_mariadb_source_verified_under_a_writer_reports_hand_edits_and_repairs
         f"  - {{name: mdb, type: sql, url: '{target_url}', topics: ['{prefix}.*'], batch_wait_ms: 50}}\n"
         f"  - {{name: rc, type: redis, url: '{redis_cluster_url}', cluster: true, format: json, key_prefix: {cache}, "
         f"topics: ['{prefix}.*'], batch_wait_ms: 50}}\n"
-        f"http: '127.0.0.1:{_free_port()}'\n")
+        f"http: '127.0.0.1:{free_port()}'\n")
     daemon = cdc_process(config, "run", log="daemon.log")
     stop, changes = threading.Event(), [0]
 
