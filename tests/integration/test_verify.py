@@ -357,29 +357,23 @@ def test_equal_chunks_are_compared_by_the_databases_digests(pipeline):
     assert (first["chunks_differing"], first["chunks_digested"]) == (1, first["chunks"] - 10), first
 
 
-def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):
+def test_hand_edits_of_a_duckdb_target_are_reported_exactly_and_repaired_once_its_sink_runs(pipeline):
+    """DuckDB lets one process in: the target is verified with its sink stopped, the writer held.
+    ``--repair --repair-timeout 0`` sends the keys through the daemon's source without waiting
+    for a store it cannot read while the sink runs; the sink, started again, applies them, and
+    the next verify (the stray row deleted by hand: no source row to send) is clean."""
     from cdc.config import load_config
     from cdc.log.open import open_log
-    from cdc.positions import PgLsn
-    from cdc.runtime.verify import LogSettle
 
     config = load_config(str(pipeline.config))
     topic = f"{config.log.topic_prefix}.public.items"
-    duck = run_daemon(pipeline.config.with_name("duck.yaml"), "duck", log="duck.log")
+    duck_config = pipeline.config.with_name("duck.yaml")
+    duck = run_daemon(duck_config, "duck", log="duck.log")
+    log_ = open_log(config.log)
     pipeline.writer.hold.set()
     try:
-        conn = psycopg2.connect(pipeline.source_dsn)
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
-            now = PgLsn(int(cur.fetchone()[0]))
-        conn.close()
-        log_ = open_log(config.log)
-        settle = LogSettle(log_, config.log.topic_prefix, "src", "duck", timeout=120)
-        try:
-            assert settle.wait(now, topic), "the DuckDB sink to apply everything the source wrote"
-        finally:
-            settle.close()
-            log_.close()
+        assert pipeline.writer.held.wait(30), "the writer to hold"
+        _settle(pipeline, "duck")
         stop_daemon(duck)
         target = duckdb.connect(str(pipeline.config.parent / "duck.db"))
         try:
@@ -389,14 +383,30 @@ def test_hand_edits_of_a_duckdb_target_are_reported_exactly(pipeline):
         finally:
             target.close()
         code, answer = verify(pipeline.config, "duck", "--chunk", "400")
+        ends = sum(log_.end_offsets(topic).values())
+        sent_code, sent = verify(pipeline.config, "duck", "--repair", "--repair-timeout", "0", "--settle-timeout", "1")
+        wait_until(lambda: sum(log_.end_offsets(topic).values()) >= ends + 2, timeout=120,
+                   what="the two keys sent again in the log")
+        duck = run_daemon(duck_config, "duck", log="duck-again.log")
+        _settle(pipeline, "duck")
+        stop_daemon(duck)
+        target = duckdb.connect(str(pipeline.config.parent / "duck.db"))
+        try:
+            target.execute("DELETE FROM items__g1 WHERE id = 77777777")
+        finally:
+            target.close()
+        healed_code, healed = verify(pipeline.config, "duck", "--chunk", "400")
     finally:
         pipeline.writer.hold.clear()
         stop_daemon(duck)
+        log_.close()
     assert code == 1
     assert (keys_of(answer, "missing"), keys_of(answer, "different"), keys_of(answer, "extra")) == \
         (["11"], ["12"], ["77777777"])
     [different] = answer["tables"][0]["different"]
     assert (different["source"]["price"], different["store"]["price"]) == ("9.9", "0.01")
+    assert sent_code != 0 and sent["repair"], sent  # sent, not applied yet: the sink was stopped
+    assert healed_code == 0, healed
 
 
 def test_usage_errors_exit_2_and_a_repair_without_a_daemon_says_so(pipeline, capsys):
