@@ -171,24 +171,31 @@ def digest_of(plan: DigestPlan, rows: Sequence[dict[str, Any]]) -> Digest:
 
 # --- SQL renderings, for the plugins of each database -------------------------------------------
 
+# Each kind's canonical text in SQL, per database: ``{c}`` the column's expression, ``{s}`` the scale.
+_POSTGRES = {
+    Kind.INTEGER: "({c})::text",
+    Kind.DECIMAL: "round(({c})::numeric, {s})::text",
+    Kind.TEXT: "length({c})::text || ':' || ({c})::text",
+    Kind.BOOLEAN: "CASE WHEN {c} THEN 't' ELSE 'f' END",
+    Kind.DATE: "to_char({c}, 'YYYY-MM-DD')",
+    Kind.INSTANT: "to_char(({c}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')",
+    Kind.TIMESTAMP: "to_char({c}, 'YYYY-MM-DD HH24:MI:SS.US')",
+}
+_MYSQL = {  # DATETIME columns hold UTC (the SQL sink's), so an instant is one too
+    Kind.INTEGER: "CAST({c} AS CHAR)",
+    Kind.DECIMAL: "CAST(ROUND({c}, {s}) AS CHAR)",
+    Kind.TEXT: "CONCAT(CHAR_LENGTH({c}), ':', {c})",
+    Kind.BOOLEAN: "IF({c}, 't', 'f')",
+    Kind.DATE: "DATE_FORMAT({c}, '%Y-%m-%d')",
+    Kind.INSTANT: "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",
+    Kind.TIMESTAMP: "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",
+}
+
+
 def postgres_value(of: DigestColumn, column: str) -> str:
     """``column`` (an SQL expression of a PostgreSQL value of a type that holds ``of.kind``) as
     its canonical text; the session's TimeZone does not matter."""
-    kind, scale = _kind(of), of.scale
-    if kind is Kind.INTEGER:
-        text = f"({column})::text"
-    elif kind is Kind.DECIMAL:
-        text = f"round(({column})::numeric, {int(scale or 0)})::text"
-    elif kind is Kind.TEXT:
-        text = f"length({column})::text || ':' || ({column})::text"
-    elif kind is Kind.BOOLEAN:
-        text = f"CASE WHEN {column} THEN 't' ELSE 'f' END"
-    elif kind is Kind.DATE:
-        text = f"to_char({column}, 'YYYY-MM-DD')"
-    elif kind is Kind.INSTANT:
-        text = f"to_char(({column}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"
-    else:
-        text = f"to_char({column}, 'YYYY-MM-DD HH24:MI:SS.US')"
+    text = _POSTGRES[_kind(of)].format(c=column, s=int(of.scale or 0))
     return f"CASE WHEN ({column}) IS NULL THEN '{NULL}' ELSE coalesce({text}, '{UNRENDERED}') END"
 
 
@@ -213,20 +220,8 @@ RECORD_DIGESTS = 140000  # the server_version_num from which PostgreSQL has hash
 
 
 def mysql_value(of: DigestColumn, column: str) -> str:
-    """As ``postgres_value``, for MySQL/MariaDB (DATETIME columns hold UTC: the SQL sink's)."""
-    kind, scale = _kind(of), of.scale
-    if kind is Kind.INTEGER:
-        text = f"CAST({column} AS CHAR)"
-    elif kind is Kind.DECIMAL:
-        text = f"CAST(ROUND({column}, {int(scale or 0)}) AS CHAR)"
-    elif kind is Kind.TEXT:
-        text = f"CONCAT(CHAR_LENGTH({column}), ':', {column})"
-    elif kind is Kind.BOOLEAN:
-        text = f"IF({column}, 't', 'f')"
-    elif kind is Kind.DATE:
-        text = f"DATE_FORMAT({column}, '%Y-%m-%d')"
-    else:
-        text = f"DATE_FORMAT({column}, '%Y-%m-%d %H:%i:%s.%f')"
+    """As ``postgres_value``, for MySQL/MariaDB."""
+    text = _MYSQL[_kind(of)].format(c=column, s=int(of.scale or 0))
     # MySQL reads a backslash in a literal as an escape: each is doubled.
     return f"IF({column} IS NULL, '{_mysql(NULL)}', COALESCE({text}, '{_mysql(UNRENDERED)}'))"
 
