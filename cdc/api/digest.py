@@ -1,7 +1,7 @@
 """Chunk digests computed inside the databases: ``cdc verify``'s fast path (cdc/runtime/verify.py).
 
 A chunk of a table whose source and store both compute its digest themselves crosses the network
-as two numbers, not as its rows. The two sides are different databases holding the values in
+as a few numbers (a count and a sum from each side), not as its rows. The two sides are different databases holding the values in
 different types (a PostgreSQL ``timestamptz`` in a MariaDB ``DATETIME(6)`` in UTC), so both render
 each value into one canonical text first, hash that, and add the hashes up:
 

@@ -46,7 +46,7 @@ be behind), and the report says the store did not settle.
 
 Chunk digests. Where the source and the store can both digest a table in their databases
 (``cdc.api.digest``: PostgreSQL into a PostgreSQL or MariaDB/MySQL target, tables keyed by one
-integer column), a chunk is first compared by its two digests, only two numbers crossing; only a
+integer column), a range of chunks is first compared by its two digests, a few numbers crossing; only a
 chunk whose digests differ is read as rows and compared as above, so what decides a reported key
 is the same. ``--rows`` compares every chunk's rows.
 

@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="only these tables, as namespace.table (default: every table the sink reads)")
     verify.add_argument("--rows-per-s", type=float, default=None, metavar="N",
                         help="read at most N source rows a second (default: no limit)")
-    verify.add_argument("--chunk", type=int, default=10_000, metavar="N", help="rows per chunk (default 10000)")
+    verify.add_argument("--chunk", type=int, default=10_000, metavar="N", help="rows per chunk (default 10000); where the databases digest chunks, "
+                             "a digest covers ten")
     verify.add_argument("--looks", type=int, default=3, metavar="N",
                         help="second looks at a key that keeps changing before it counts as unsettled (default 3; "
                              "a key is reported once two looks in a row find the same difference)")
