@@ -1,8 +1,8 @@
 """Chunk digests computed inside the databases: ``cdc verify``'s fast path (cdc/runtime/verify.py).
 
-A chunk of a table whose source and store both compute its digest themselves crosses the network
-as a few numbers (a count and a sum from each side), not as its rows. The two sides are different databases holding the values in
-different types (a PostgreSQL ``timestamptz`` in a MariaDB ``DATETIME(6)`` in UTC), so both render
+A chunk of a table whose source and store both compute its digest themselves crosses the
+network as a few numbers (a count and a sum from each side), not as its rows. The two sides may
+be different databases holding the values in different types (a PostgreSQL ``timestamptz`` in a MariaDB ``DATETIME(6)`` in UTC), so both render
 each value into one canonical text first, hash that, and add the hashes up:
 
 * the store (``DigestingSink.digest_plan``) says, per column it holds, which source column it

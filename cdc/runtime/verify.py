@@ -45,10 +45,11 @@ cannot bring (a sink that is not running, a source whose offset does not move wi
 be behind), and the report says the store did not settle.
 
 Chunk digests. Where the source and the store can both digest a table in their databases
-(``cdc.api.digest``: PostgreSQL into a PostgreSQL or MariaDB/MySQL target, tables keyed by one
-integer column), a range of chunks is first compared by its two digests, a few numbers crossing; only a
-chunk whose digests differ is read as rows and compared as above, so what decides a reported key
-is the same. ``--rows`` compares every chunk's rows.
+(``cdc.api.digest``: PostgreSQL or MariaDB/MySQL into a PostgreSQL or MariaDB/MySQL target,
+tables keyed by one integer column), a range of ``DIGESTED_CHUNKS`` chunks is first compared by
+its two digests, a few numbers crossing; only a range whose digests differ is read as rows, chunk
+by chunk, and compared as above, so what decides a reported key is the same. ``--rows`` compares
+every chunk's rows.
 
 Threading: one thread, but for the store's digests, which run on a second thread beside the
 source's digest of the next chunk; each of the reader and the sink is used by one thread at a
