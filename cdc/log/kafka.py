@@ -74,6 +74,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 
+class NoSuchTopic(PermanentError):
+    """A topic the cluster does not have (its configs asked for)."""
+
+
 class KafkaLog(Log, GroupLog):
     """``timeout``: seconds an admin or metadata request may take (topic creation, listing, end
     offsets, committed offsets). It bounds how long any call blocks when the brokers cannot be
@@ -133,7 +137,8 @@ class KafkaLog(Log, GroupLog):
 
     def _configs(self, topic: str) -> dict:
         """The topic's configs. A topic someone else just made may be in the metadata before the
-        broker answering for configs knows it (UNKNOWN_TOPIC_OR_PART): asked again."""
+        broker answering for configs knows it (UNKNOWN_TOPIC_OR_PART): asked again while the
+        metadata has it; a topic not there either is ``NoSuchTopic``."""
         resource = ConfigResource(ResourceType.TOPIC, topic)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -143,10 +148,19 @@ class KafkaLog(Log, GroupLog):
                     return future.result(self.timeout)
             except PermanentError as exc:
                 cause = kafka_error(exc.__cause__) if exc.__cause__ is not None else None
-                if (cause is None or cause.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
-                        or time.monotonic() > deadline):
+                if cause is None or cause.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+                if not self._in_metadata(topic):
+                    raise NoSuchTopic(f"{exc}: the cluster has no topic {topic}") from exc
+                if time.monotonic() > deadline:
                     raise
             time.sleep(0.1)
+
+    def _in_metadata(self, topic: str) -> bool:
+        # All topics: a request naming the topic could have a broker create it.
+        with self._request("listing topics") as admin:
+            found = admin.list_topics(timeout=self.timeout).topics.get(topic)
+        return found is not None and found.error is None
 
     def _create(self, topic: str, settings: TopicSettings) -> bool:
         """Create ``topic`` with the settings' policy; False when someone else created it meanwhile."""
@@ -213,9 +227,11 @@ class KafkaLog(Log, GroupLog):
             self._admin.poll(0)
 
     def delete_retention_ms(self, topic: str) -> int | None:
-        resource = ConfigResource(ResourceType.TOPIC, topic)
-        with self._request(f"reading the configs of topic {topic}") as admin:
-            configs = admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(self.timeout)
+        """None for a topic not made yet (a sink may start before its source): the log does not say."""
+        try:
+            configs = self._configs(topic)
+        except NoSuchTopic:
+            return None
         entry = configs.get("delete.retention.ms")
         return int(entry.value) if entry is not None and entry.value is not None else None
 

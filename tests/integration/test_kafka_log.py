@@ -68,6 +68,15 @@ def test_the_topic_is_created_with_the_configured_compaction_settings(log, kafka
         log._admin = real
 
 
+def test_the_tombstone_retention_of_a_topic_not_made_yet_is_unknown_not_an_error(log, kafka_topic):
+    """A sink may start before its source made the topic: ``delete_retention_ms`` says None (the
+    log does not say; it was a permanent error that stopped the sink), and the topic's own value
+    once it exists."""
+    assert log.delete_retention_ms(kafka_topic) is None
+    log.ensure_topic(kafka_topic, TopicSettings(partitions=1, delete_retention_ms=4321))
+    assert log.delete_retention_ms(kafka_topic) == 4321
+
+
 def test_a_full_local_queue_slows_publish_down_without_losing_records(kafka_bootstrap, kafka_topic):
     small = KafkaLog(kafka_bootstrap, producer_config={"queue.buffering.max.messages": 100})
     small.ensure_topic(kafka_topic, TopicSettings(partitions=3))
