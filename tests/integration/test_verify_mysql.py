@@ -160,3 +160,28 @@ def test_a_mariadb_source_verified_under_a_writer_reports_hand_edits_and_repairs
         with admin.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{target_db}`")
         admin.close()
+
+
+def test_the_verify_reader_reads_timestamps_in_utc_as_the_snapshot_does(mysql_url, mysql_db):
+    """A TIMESTAMP's text follows the session's time zone; the snapshot and the binlog give UTC,
+    so the verify reader's session is UTC whatever the server's default (else every TIMESTAMP of
+    a server in another zone would differ from the store). Its digests read the same session."""
+    from sources.mysql.config import MySqlConfig
+    from sources.mysql.verify_reader import MySqlTableReader
+
+    conn = mysql_connect(mysql_url, mysql_db)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE stamps (id INT PRIMARY KEY, at TIMESTAMP(6) NULL)")
+        cur.execute("SET SESSION time_zone = '+05:00'")
+        cur.execute("INSERT INTO stamps VALUES (1, '2026-01-01 05:00:00.000001')")  # 00:00 UTC
+    conn.close()
+    reader = MySqlTableReader(MySqlConfig(name="my", url=mysql_url, server_id=4242, tables=[f"{mysql_db}.*"]))
+    try:
+        [event] = reader.read(f"{mysql_db}.stamps", None, 10).events
+        with reader.conn.cursor() as cur:
+            cur.execute("SELECT @@session.time_zone")
+            zone = cur.fetchone()[0]
+    finally:
+        reader.close()
+    assert zone in ("+00:00", b"+00:00")
+    assert str(event.after["at"]).startswith("2026-01-01T00:00:00.000001"), event.after
