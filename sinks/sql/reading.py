@@ -121,7 +121,9 @@ def digest_plan(sink: SqlSink, topic: str) -> DigestPlan | None:
         columns.append(DigestColumn(plan.name, kind, scale, types.get(plan.name)))
     if records and any(c.sql_type is None for c in columns):
         return None
-    return DigestPlan(entry.key[0], tuple(columns), "postgresql" if records else target.kind)
+    # A PostgreSQL before 14 takes canonical digests only (as the source's reader names it).
+    store = "postgresql" if records else "postgresql<14" if target.kind == "postgresql" else target.kind
+    return DigestPlan(entry.key[0], tuple(columns), store)
 
 
 def _postgres_types(sink: SqlSink, entry: TableEntry) -> tuple[int, dict[str, str]]:
