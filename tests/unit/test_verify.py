@@ -419,3 +419,28 @@ def test_a_source_that_cannot_digest_a_table_has_its_rows_compared():
     report = run(source, store)
     assert (report.chunks, report.chunks_digested, source.row_reads) == (3, 0, 3) and report.equal
     assert run(DigestSource(rows), store, chunk=4, digests=False).chunks_digested == 0
+
+
+def test_a_store_of_another_database_digests_in_canonical_texts_or_not_at_all():
+    """A plan whose store is not the reader's database is digested in canonical texts (its
+    ``store`` cleared); with a column that has no canonical text, the rows are compared."""
+    rows = {k: k for k in range(1, 11)}
+
+    class OtherStore(DigestStore):
+        def __init__(self, rows, column_kind):
+            super().__init__(rows)
+            self.column_kind, self.plans = column_kind, []
+
+        def digest_plan(self, topic):
+            return DigestPlan("id", (DigestColumn("id", Kind.INTEGER), DigestColumn("v", self.column_kind)),
+                              "postgresql<14")
+
+        def digest_range(self, topic, plan, after, upto):
+            self.plans.append(plan)
+            return super().digest_range(topic, plan, after, upto)
+
+    canonical_store = OtherStore(rows, Kind.INTEGER)
+    report = run(DigestSource(rows), canonical_store)
+    assert report.chunks_digested == report.chunks == 1 and {p.store for p in canonical_store.plans} == {""}
+    report = run(DigestSource(rows), OtherStore(rows, None))
+    assert (report.chunks_digested, report.chunks) == (0, 3) and report.equal
