@@ -132,7 +132,9 @@ class SinkRunner:
             if self.scale_out and not member:
                 self._refuse_unless_alone("a bootstrap")
             reading.open(self._hand_over if member else None)
-            self.stats.phase = "streaming"
+            # A run that rebuilds first is not streaming yet: the supervisor takes this process's
+            # first "streaming" for the end of the rebuild (`cdc rebuild` then says it is done).
+            self.stats.phase = "rebuilding" if rebuild_first else "streaming"
             self.report(self.stats)
             reading.follow(from_start, fresh=True)
             if rebuild_first:

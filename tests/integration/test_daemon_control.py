@@ -225,6 +225,47 @@ def test_rebuild_goes_through_the_running_daemon(tmp_path):
     assert "rebuild requested" in output
 
 
+def test_a_run_that_rebuilds_first_says_streaming_only_once_it_rebuilt(tmp_path):
+    """The daemon's `cdc rebuild` ends at the rebuilding process's first "streaming" report; that
+    process said "streaming" before it began to rebuild, so the command could say it was done
+    while the store was still rebuilding (this suite's rebuild test saw it on a loaded machine)."""
+    import threading
+
+    from cdc.config import load_config
+    from cdc.runtime.worker import build_runner
+
+    port = free_port()
+    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n"
+                      "sources:\n  - {name: gen, type: generator, keys: 50, rate: 200}\n"
+                      f"sinks:\n  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', topics: ['{prefix}.*']}}\n"
+                      f"http: \"127.0.0.1:{port}\"\n")
+    process = _start(config)
+    try:
+        _wait("the sink writes", lambda: ((_rows(port).get("warehouse") or {}).get("events") or 0) > 0, process)
+    finally:
+        _stop(process)
+    phases: list[str] = []
+    stop = threading.Event()
+
+    def report(stats) -> None:
+        if not phases or phases[-1] != stats.phase:
+            phases.append(stats.phase)
+        if phases[-2:] == ["rebuilding", "streaming"]:
+            stop.set()  # rebuilt and streaming: enough seen
+
+    runner = build_runner(load_config(str(config)), "warehouse", report=report)
+    thread = threading.Thread(target=lambda: runner.run(stop, rebuild_first=True))
+    thread.start()
+    try:
+        assert stop.wait(120), f"the rebuild to end; phases reported: {phases}"
+    finally:
+        stop.set()
+        thread.join(60)
+    assert phases[:2] == ["rebuilding", "streaming"], phases
+
+
 def test_a_sink_behind_the_log_that_commits_nothing_turns_healthz_503(tmp_path):
     """The supervisor measures each sink's lag from the log itself; a streaming sink that is
     behind and whose committed offsets do not move for unhealthy_after is unhealthy, whatever its
