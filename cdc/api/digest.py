@@ -127,6 +127,12 @@ class DigestingReader(Protocol):
         ...
 
 
+def renders_into(source: Kind | None, kind: Kind | None) -> bool:
+    """Whether a source column holding ``source`` values renders into a store column of
+    ``kind``: as itself, and an integer in a decimal column too (None: neither renders)."""
+    return source is not None and (kind is source or (source is Kind.INTEGER and kind is Kind.DECIMAL))
+
+
 def render(kind: Kind, value: Any, scale: int | None = None) -> str:
     """One value's canonical text (the reference: each database's SQL renders the same)."""
     if value is None:

@@ -19,7 +19,16 @@ import pymysql
 from pymysql.converters import encoders
 
 from cdc.api import SourceRead, TableReader, captured_table
-from cdc.api.digest import Digest, DigestingReader, DigestPlan, Kind, SourceDigest, mysql_hash, mysql_value
+from cdc.api.digest import (
+    Digest,
+    DigestingReader,
+    DigestPlan,
+    Kind,
+    SourceDigest,
+    mysql_hash,
+    mysql_value,
+    renders_into,
+)
 from cdc.events import ChangeEvent
 from cdc.positions import MySqlPosition
 from sources.mysql.catalog import captured_tables, connect, current_position, load_schemas, matches
@@ -79,7 +88,7 @@ class MySqlTableReader(TableReader, DigestingReader):
         values = []
         for column in plan.columns:
             source = types.get(column.name)
-            if source is None or column.kind not in _RENDERS[_kind_of(source)]:
+            if source is None or not renders_into(_kind_of(source), column.kind):
                 return None
             values.append(mysql_value(column, _quote(column.name)))
         key = _quote(plan.key)
@@ -143,7 +152,3 @@ def _kind_of(column: ColumnType | None) -> Kind | None:
 _KINDS = {**dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "bigint"), Kind.INTEGER),
           "decimal": Kind.DECIMAL, "date": Kind.DATE, "datetime": Kind.TIMESTAMP, "timestamp": Kind.INSTANT,
           **dict.fromkeys(("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum"), Kind.TEXT)}
-# The kinds a source column's values render into: an integer in a decimal column too.
-_RENDERS: dict[Kind | None, tuple[Kind, ...]] = {kind: (kind,) for kind in Kind}
-_RENDERS[Kind.INTEGER] = (Kind.INTEGER, Kind.DECIMAL)
-_RENDERS[None] = ()

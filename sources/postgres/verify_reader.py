@@ -38,6 +38,7 @@ from cdc.api.digest import (
     postgres_hash,
     postgres_record_hash,
     postgres_value,
+    renders_into,
 )
 from cdc.positions import PgLsn
 from sources.postgres.catalog import TableMeta, captured_tables, quoted_name
@@ -119,7 +120,7 @@ class PgTableReader(TableReader, DigestingReader):
             name = quote_ident(column.name)
             if records:
                 values.append(_cast(name, source_type, column.sql_type or ""))
-            elif column.kind in _RENDERS.get(_kind_of(source_type), ()):
+            elif renders_into(_kind_of(source_type), column.kind):
                 values.append(postgres_value(column, name))
             else:
                 return None
@@ -209,11 +210,6 @@ def _kind_of(type_name: str | None) -> Kind | None:
     return None
 
 
-# The kinds a source column's values render into, by the column's own kind: an integer in a
-# decimal column too; every other kind only as itself.
-_RENDERS: dict[Kind | None, tuple[Kind, ...]] = {kind: (kind,) for kind in Kind}
-_RENDERS[Kind.INTEGER] = (Kind.INTEGER, Kind.DECIMAL)
-_RENDERS[None] = ()
 
 
 def _plain(value: Any) -> Any:

@@ -194,11 +194,8 @@ def test_a_sink_failed_by_a_missing_database_comes_back_by_policy(tmp_path, pg_a
         admin.close()
 
 
-def test_rebuild_goes_through_the_running_daemon(tmp_path):
-    """`cdc rebuild` while the daemon runs the sink: the daemon drains it, rebuilds its store into
-    a new generation and streams again; the source never stops."""
-    import sqlite3
-
+def _generator_into_sqlite(tmp_path: Path) -> tuple[Path, int]:
+    """A config of a generator source into a SQLite warehouse on the embedded log, and its API port."""
     port = free_port()
     prefix = f"t_{uuid.uuid4().hex[:8]}"
     config = tmp_path / "cdc.yaml"
@@ -206,6 +203,15 @@ def test_rebuild_goes_through_the_running_daemon(tmp_path):
                       "sources:\n  - {name: gen, type: generator, keys: 50, rate: 200}\n"
                       f"sinks:\n  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', topics: ['{prefix}.*']}}\n"
                       f"http: \"127.0.0.1:{port}\"\n")
+    return config, port
+
+
+def test_rebuild_goes_through_the_running_daemon(tmp_path):
+    """`cdc rebuild` while the daemon runs the sink: the daemon drains it, rebuilds its store into
+    a new generation and streams again; the source never stops."""
+    import sqlite3
+
+    config, port = _generator_into_sqlite(tmp_path)
     process = _start(config)
     try:
         first = _wait("the sink writes", lambda: (rows := _rows(port)) and (rows.get("warehouse") or {}).get("events")
@@ -234,13 +240,7 @@ def test_a_run_that_rebuilds_first_says_streaming_only_once_it_rebuilt(tmp_path)
     from cdc.config import load_config
     from cdc.runtime.worker import build_runner
 
-    port = free_port()
-    prefix = f"t_{uuid.uuid4().hex[:8]}"
-    config = tmp_path / "cdc.yaml"
-    config.write_text(f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}}}\n"
-                      "sources:\n  - {name: gen, type: generator, keys: 50, rate: 200}\n"
-                      f"sinks:\n  - {{name: warehouse, type: sql, url: 'sqlite:///target.db', topics: ['{prefix}.*']}}\n"
-                      f"http: \"127.0.0.1:{port}\"\n")
+    config, port = _generator_into_sqlite(tmp_path)
     process = _start(config)
     try:
         _wait("the sink writes", lambda: ((_rows(port).get("warehouse") or {}).get("events") or 0) > 0, process)
