@@ -93,8 +93,9 @@ DIGESTED_CHUNKS = 10
 class Settle(Protocol):
     """Waits until the store applied the log past a source position (see the module docstring)."""
 
-    def wait(self, position: Position, topic: str) -> bool:
-        """True once applied; False when it could not be seen within the timeout."""
+    def wait(self, position: Position, topic: str, timeout: float | None = None) -> bool:
+        """True once applied; False when it could not be seen within the timeout (``timeout``
+        seconds where given, else the settle's own)."""
         ...
 
 
@@ -225,9 +226,10 @@ class Verifier:
                     return "done", None, None
                 after, start, source = (source.last,), source.last, following
 
-    def recheck(self, table: str, keys: Sequence[tuple]) -> TableReport:
+    def recheck(self, table: str, keys: Sequence[tuple], deadline: float | None = None) -> TableReport:
         """Look at ``keys`` (canonical keys a pass of this verifier reported) again: the source
-        and the store read now, then the looks of any that differ (``--repair``'s check)."""
+        and the store read now, then the looks of any that differ (``--repair``'s check), which
+        wait for the store no later than ``deadline`` (``time.monotonic()``) where given."""
         began = time.monotonic()
         topic = self.topic(table)
         report = TableReport(table, topic, shown=self.options.shown)
@@ -237,7 +239,7 @@ class Verifier:
         report.chunks, report.rows, report.store_rows = 1, len(source), len(store)
         if source != store:
             report.chunks_differing = 1
-            self._second_looks(table, topic, source, store, found, read.position, report)
+            self._second_looks(table, topic, source, store, found, read.position, report, deadline)
         report.seconds = time.monotonic() - began
         return report
 
@@ -270,8 +272,10 @@ class Verifier:
         return rows, keys
 
     def _second_looks(self, table: str, topic: str, source: dict[tuple, Row], store: dict[tuple, Row],
-                      keys: dict[tuple, dict[str, Any]], position: Position, report: TableReport) -> None:
-        """The keys of a chunk that differs, looked at again (the module docstring)."""
+                      keys: dict[tuple, dict[str, Any]], position: Position, report: TableReport,
+                      deadline: float | None = None) -> None:
+        """The keys of a chunk that differs, looked at again (the module docstring); the waits
+        for the store end by ``deadline`` where given."""
         candidates = compare(source, store).keys
         before = {k: source.get(k) for k in candidates}  # each key's source row at ``position``
         steady: dict[tuple, Row | None] = {}  # key -> its store row at the last look, which found it steady
@@ -279,7 +283,9 @@ class Verifier:
         for look in range(self.options.looks + 1):  # the last one can only confirm
             if not candidates:
                 return
-            if not self.settle.wait(position, topic):
+            settled = self.settle.wait(position, topic) if deadline is None else \
+                self.settle.wait(position, topic, max(0.0, deadline - time.monotonic()))
+            if not settled:
                 report.settled = False
                 break
             now_store = by_key(self.sink.read_keys(topic, [_values(keys, k) for k in candidates]))
@@ -396,15 +402,16 @@ class LogSettle:
         self.offsets = OffsetStore(log_, prefix)
         self.reader = log_.reader(sink)
 
-    def wait(self, position: Position, topic: str) -> bool:
-        deadline = time.monotonic() + self.timeout
+    def wait(self, position: Position, topic: str, timeout: float | None = None) -> bool:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while True:
             answer = reached(self.offsets.load(self.source), position)
             if answer is None or answer:
                 break
             if time.monotonic() >= deadline:
                 log.warning("verify: the stored offset of source %s did not reach %s within %.0fs",
-                            self.source, position, self.timeout)
+                            self.source, position, timeout)
                 return False
             time.sleep(self.poll)
         try:
@@ -417,7 +424,7 @@ class LogSettle:
                 return True
             if time.monotonic() >= deadline:
                 log.warning("verify: sink %s did not apply %s up to its ends within %.0fs (is it running?)",
-                            self.sink, topic, self.timeout)
+                            self.sink, topic, timeout)
                 return False
             time.sleep(self.poll)
 

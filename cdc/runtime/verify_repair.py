@@ -5,7 +5,9 @@ The keys go to the running daemon as ``cdc snapshot SOURCE TABLE --where <the ke
 (the source's signal table; snapshot/incremental.py), so the rows reach the store through the
 normal pipeline, with the snapshot's versions: a row re-sent never overwrites a newer change of
 it. The repair then rechecks the keys (``Verifier.recheck``: the source and the store read now,
-and the looks of any that still differ) every second until none differs or ``timeout`` passed.
+and the looks of any that still differ) every second until none differs or ``timeout`` passed;
+the looks wait for the store no longer than that either, so ``--repair-timeout 0`` sends the keys
+and reports them as they stand, unsettled where the store has not applied them yet.
 
 A key the store has and the source does not (extra) is not re-sent: a snapshot reads rows, and
 there is none. It is reported as it was; delete it in the store, or rebuild the store
@@ -59,7 +61,7 @@ def repair(config: Any, source: str, reader: TableReader, verifier: Verifier, re
         sent[report.table] = keys
     deadline = time.monotonic() + timeout
     while True:
-        rechecked = {table: verifier.recheck(table, keys) for table, keys in sent.items()}
+        rechecked = {table: verifier.recheck(table, keys, deadline) for table, keys in sent.items()}
         if all(r.mismatched == 0 for r in rechecked.values()) or time.monotonic() >= deadline:
             return list(rechecked.values())
         sent = {table: r.repairable or keys for (table, keys), r in zip(sent.items(), rechecked.values())

@@ -385,7 +385,7 @@ def test_hand_edits_of_a_duckdb_target_are_reported_exactly_and_repaired_once_it
             target.close()
         code, answer = verify(pipeline.config, "duck", "--chunk", "400")
         ends = sum(log_.end_offsets(topic).values())
-        sent_code, sent = verify(pipeline.config, "duck", "--repair", "--repair-timeout", "0", "--settle-timeout", "1")
+        sent_code, sent = verify(pipeline.config, "duck", "--repair", "--repair-timeout", "0")
         wait_until(lambda: sum(log_.end_offsets(topic).values()) >= ends + 2, timeout=120,
                    what="the two keys sent again in the log")
         duck = run_daemon(duck_config, "duck", log="duck-again.log")

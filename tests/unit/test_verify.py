@@ -157,9 +157,11 @@ class Settle:
 
     def __init__(self, source: FakeSource, store: FakeStore, catch_up: bool = True, works: bool = True) -> None:
         self.source, self.store, self.catch_up, self.works, self.waits = source, store, catch_up, works, 0
+        self.timeouts: list[float | None] = []
 
-    def wait(self, position, topic) -> bool:
+    def wait(self, position, topic, timeout=None) -> bool:
         self.waits += 1
+        self.timeouts.append(timeout)
         if self.catch_up:
             self.store.rows = {k: v for k, v in self.source.rows.items() if k not in BROKEN} | \
                 {k: v for k, v in self.store.rows.items() if k in BROKEN}
@@ -269,6 +271,24 @@ def test_a_store_that_never_settles_is_unsettled_not_different():
     assert not report.settled and report.counts == {"missing": 0, "extra": 0, "different": 0, "unsettled": 1}
     assert report.mismatched == 0 and "did not apply the log" in report.lines()[1]
     assert report.as_json()["equal"] is False and report.as_json()["settled"] is False
+
+
+def test_a_recheck_waits_for_the_store_no_later_than_its_deadline():
+    # ``--repair-timeout 0``: the keys are sent and rechecked as they stand, without waiting for
+    # a store that may not even run (the CI failure of a DuckDB repair whose sink was stopped).
+    import time
+
+    rows = {k: k for k in range(1, 6)}
+    source, store = FakeSource(rows), FakeStore({**rows, 4: 0})
+    settle = Settle(source, store, catch_up=False)
+    verifier = Verifier(source, store, "p", settle, Options(chunk=4, looks=1))
+    assert verifier.table("public.t").repairable == [("4",)]
+    settle.works, settle.timeouts = False, []
+    report = verifier.recheck("public.t", [("4",)], deadline=time.monotonic() - 1)
+    assert settle.timeouts == [0.0] and not report.settled
+    assert report.counts == {"missing": 0, "extra": 0, "different": 0, "unsettled": 1}
+    verifier.recheck("public.t", [("4",)])
+    assert settle.timeouts[1:] == [None]  # no deadline: the settle's own timeout
 
 
 def test_the_report_lists_the_first_keys_and_counts_them_all():
