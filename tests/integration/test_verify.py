@@ -358,6 +358,33 @@ def test_equal_chunks_are_compared_by_the_databases_digests(pipeline):
     assert (first["chunks_differing"], first["chunks_digested"]) == (1, first["chunks"] - 10), first
 
 
+def test_a_source_column_the_store_type_cannot_take_is_compared_by_rows_not_an_error(pipeline):
+    """A store column whose type no longer matches the source's (``schema_policy: ignore`` after
+    an ALTER TYPE): the source's digest declines it, by kind (text into a bigint) or when the
+    cast refuses a value (text into a uuid), and verify falls back to rows instead of failing."""
+    from cdc.api.digest import DigestColumn, DigestPlan, Kind
+    from cdc.config import load_config
+    from cdc.plugins import source_plugin
+
+    [source] = load_config(str(pipeline.config)).sources
+    reader = source_plugin(source.type).open_reader(source)
+    key = DigestColumn("id", Kind.INTEGER, None, "integer")
+    try:
+        fits = reader.digest("public.items", DigestPlan("id", (key, DigestColumn("qty", Kind.INTEGER, None, "bigint")),
+                                                        "postgresql"), None, 10)
+        as_bigint = reader.digest("public.items", DigestPlan(
+            "id", (key, DigestColumn("note", Kind.INTEGER, None, "bigint")), "postgresql"), None, 10)
+        as_uuid = reader.digest("public.items", DigestPlan(
+            "id", (key, DigestColumn("note", None, None, "uuid")), "postgresql"), None, 10)
+        after = reader.digest("public.items", DigestPlan(
+            "id", (key, DigestColumn("qty", Kind.INTEGER, None, "bigint")), "postgresql"), None, 10)
+    finally:
+        reader.close()
+    assert fits is not None and fits.digest.rows == 10
+    assert (as_bigint, as_uuid) == (None, None)
+    assert after is not None and after.digest.rows == 10  # the connection still works after the refused cast
+
+
 def test_hand_edits_of_a_duckdb_target_are_reported_exactly_and_repaired_once_its_sink_runs(pipeline):
     """DuckDB lets one process in: the target is verified with its sink stopped, the writer held.
     ``--repair --repair-timeout 0`` sends the keys through the daemon's source without waiting
