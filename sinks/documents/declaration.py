@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from cdc.api import ConfigPath, FieldPath
+from cdc.api import ConfigError, ConfigPath, FieldPath
 
 # One dot: the topic is <prefix>.<schema>.<table>. No globs: a node is exactly one table.
 _TABLE = re.compile(r"[^.\s*?\[\]]+\.[^.\s*?\[\]]+")
@@ -224,6 +224,15 @@ def _as_problems(place: Place) -> list[tuple[FieldPath, str]]:
                 out.append((where, f"{edge.as_!r}: fields starting {RESERVED_PREFIX} are the sink's own"))
             seen.setdefault(edge.as_, f"{key}[{index}]")
     return out
+
+
+def not_kept_yet(sink_name: str, documents: list[Document] | None) -> None:
+    """Raise ``ConfigError`` for a sink that declares documents: the declaration is checked, but
+    the engine that keeps documents is not built yet, and a sink keeping its tables one index or
+    key space each instead would be a silent surprise."""
+    if documents is not None:
+        raise ConfigError(f"sink {sink_name}: documents are declared and checked (cdc validate), but not "
+                          "yet kept by cdc run; remove documents: to keep the tables one by one")
 
 
 def refuse(problems: list[tuple[FieldPath, str]], title: str) -> None:

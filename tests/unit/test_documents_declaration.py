@@ -274,6 +274,16 @@ def test_the_design_example_passes_on_both_sinks(tmp_path):
     assert places[5].path == ("documents", 0, "children", 0, "children", 0)
 
 
+@pytest.mark.parametrize("head", [OPENSEARCH, REDIS + "    format: json\n"], ids=["opensearch", "redis"])
+def test_a_sink_of_documents_refuses_to_run_until_the_engine_exists(head):
+    from cdc.plugins import sink_plugin
+
+    config = parse_config(head + textwrap.indent("documents: [{name: orders, table: public.orders}]\n",
+                                                 "    ")).sinks[0]
+    with pytest.raises(ConfigError, match="documents are declared and checked .* but not yet kept by cdc run"):
+        sink_plugin(config.type)(config)
+
+
 def test_a_sink_without_documents_reads_no_shapes():
     config = parse_config(OPENSEARCH).sinks[0]
     assert isinstance(config, OpenSearchSinkConfig) and config.documents is None and not config.needs_shapes()
