@@ -7,6 +7,11 @@ OpenSearch and Redis sinks, not a plugin of its own.
                      OpenSearch; ``DocumentFields``, the settings a sink's config gains
     shapes_check.py  the declaration against the captured shapes (``cdc validate``): columns,
                      keys, foreign-key arity and key families, topics, one source
-    keys.py          key families: which column types encode alike, so a foreign key can meet
-                     the key it references
+    keys.py          key families (which column types encode alike) and the canonical key bytes a
+                     foreign key meets the key it references by
+    plan.py          the declaration compiled against the shapes: nodes, edges, what the state
+                     keeps and indexes per table, projections, the digest a stored state is tied to
+
+The engine that keeps documents (state, reach, assembly, versions; the design's step 2) is not
+built yet: a sink with ``documents:`` refuses to run (``declaration.not_kept_yet``).
 """

@@ -1,4 +1,4 @@
-"""Key families: which source column types encode their values alike in the change events.
+"""Key families, and the canonical bytes of keys and foreign keys in the documents' state.
 
 A foreign key finds the row it references by comparing encoded values: the state keeps each row
 under the canonical bytes of its key, and looks a reference up by the bytes of its foreign key
@@ -10,7 +10,7 @@ event contract's encodings (docs/wire-formats.md):
 family        source types                                                   encoded as
 ============  =============================================================  ====================
 integer       smallint, integer, bigint, serial..., MySQL tinyint..bigint    JSON number
-numeric(s)    numeric/decimal of scale s (``numeric``: no scale given)       text, s decimals
+numeric       numeric, decimal (any precision and scale)                     text (normalised)
 text          text, varchar, char, bpchar, name, citext, MySQL *text, enum   text
 uuid          uuid                                                           text
 date          date                                                           ``YYYY-MM-DD``
@@ -21,11 +21,24 @@ binary        bytea, blob, binary, varbinary                                 bas
 
 Any other type is a family of its own name (``boolean``, ``inet``, ``time``...): it matches only
 itself.
+
+``key_bytes(values, families)`` is what the state stores a row under and looks a reference up
+by: the JSON array of the values, each in a canonical form of its family, so that values the
+source holds equal encode alike. A foreign key is encoded with the families of the key it
+references (``cdc validate`` made sure they are its own), so ``key_bytes`` of a child's foreign
+key equals ``key_bytes`` of its parent's key exactly when the source would join them. A null
+anywhere is no reference at all (None): a child with a null foreign key is in no document, a
+lookup through one is null.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
 
 _INTEGERS = set("smallint integer int bigint int2 int4 int8 tinyint mediumint serial bigserial smallserial "
                 "serial2 serial4 serial8 oid year".split())
@@ -53,14 +66,36 @@ def key_family(type_name: str) -> str:
         return text  # arrays and anything exotic: only the very same type
     words = f"{match.group(1)} {match.group(3)}".split()
     name = " ".join(w for w in words if w not in ("unsigned", "zerofill"))
-    args = [a.strip() for a in (match.group(2) or "").split(",") if a.strip()]
     if name in _INTEGERS:
         return "integer"
     if name in _NUMERICS:
-        if not args:
-            # MySQL prints decimal(10,0) for a bare DECIMAL; PostgreSQL's bare numeric has no scale.
-            return "numeric"
-        return f"numeric({args[1] if len(args) > 1 else 0})"
+        # Of any scale: their keys are normalised (canonical), so 5.00 meets 5 as in the source.
+        return "numeric"
     if name in _TEXTS:
         return "text"
     return _FAMILIES.get(name, name)
+
+
+def canonical(value: Any, family: str) -> Any:
+    """``value`` (as the change event carries it) in the one form equal source values share."""
+    if family.startswith("numeric") and isinstance(value, (str, int)) and not isinstance(value, bool):
+        # 1.50 = 1.5 in numeric without a scale (the source keeps the scale it was given); 1E+2 is 100.
+        try:
+            number = Decimal(value)
+        except InvalidOperation:
+            return value  # NaN spelled otherwise, or a value the contract does not know: as it came
+        if not number.is_finite():
+            return value
+        text = format(number.normalize(), "f")
+        return "0" if text == "-0" else text
+    if family == "uuid" and isinstance(value, str):
+        return value.lower()
+    return value
+
+
+def key_bytes(values: Sequence[Any], families: Sequence[str]) -> bytes | None:
+    """The canonical bytes of a key (or of a foreign key, with its referenced key's ``families``),
+    or None when a value is null: a null references nothing."""
+    if any(value is None for value in values):
+        return None
+    return orjson.dumps([canonical(value, family) for value, family in zip(values, families, strict=True)])

@@ -200,8 +200,8 @@ def test_a_log_that_cannot_be_read_is_one_problem_naming_offline(tmp_path, capsy
 
 @pytest.mark.parametrize(("a", "b", "same"), [
     ("integer", "bigint", True), ("int(11) unsigned", "smallint", True), ("integer", "text", False),
-    ("numeric(10,2)", "decimal(12,2)", True), ("numeric(10,2)", "numeric(10,3)", False),
-    ("numeric", "numeric(10,0)", False), ("integer", "numeric(10,0)", False),
+    ("numeric(10,2)", "decimal(12,2)", True), ("numeric(10,2)", "numeric(10,3)", True),  # keys normalised
+    ("numeric", "numeric(10,0)", True), ("integer", "numeric(10,0)", False),
     ("character varying(20)", "text", True), ("varchar(255)", "char(3)", True), ("enum('a','b')", "text", True),
     ("uuid", "char(36)", False), ("date", "datetime", False),
     ("timestamp(3) without time zone", "datetime(6)", True),
