@@ -73,8 +73,10 @@ class _Node(BaseModel):
     def fields(self) -> set[str]:
         """The field names this node is known to have without its table's shape: what ``include``
         keeps and what ``rename`` makes, after the rename."""
-        kept = set(self.include or ()) - set(self.exclude)
-        return {self.rename.get(name, name) for name in kept} | set(self.rename.values())
+        shown = {name for name in self.include or () if name not in self.exclude}
+        renamed = {field for name, field in self.rename.items()
+                   if name not in self.exclude and (self.include is None or name in self.include)}
+        return {self.rename.get(name, name) for name in shown} | renamed
 
 
 class Lookup(_Node):

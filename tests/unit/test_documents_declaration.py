@@ -219,6 +219,20 @@ def test_each_problem_is_reported_at_its_line(case):
         problems
 
 
+def test_an_as_may_take_the_name_a_rename_gives_a_column_left_out():
+    body = """\
+        documents:
+          - name: orders
+            table: public.orders
+            exclude: [customer_id]
+            rename: {customer_id: customer}
+            lookups:
+              - {table: public.customers, as: customer, foreign_key: [customer_id]}
+        """
+    config = parse_config(OPENSEARCH + textwrap.indent(textwrap.dedent(body), "    ")).sinks[0]
+    assert isinstance(config, OpenSearchSinkConfig) and config.documents is not None
+
+
 def test_every_problem_of_a_declaration_is_reported_at_once():
     problems = problems_of(OPENSEARCH, """\
         documents:

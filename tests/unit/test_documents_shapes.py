@@ -173,6 +173,14 @@ def test_tables_of_two_sources_are_refused_naming_each(shop, tmp_path, capsys):
                    "public.item_discounts), shop_my (public.products)"]
 
 
+def test_the_newest_shape_is_the_highest_version_not_the_last_read(shop, tmp_path, capsys):
+    topics = ShapedTopics(shop, "cdc", source="shop_pg")
+    topics.publish(table("public.orders"), 900, SHOP["public.orders"] + [col("channel", "text")], [])
+    topics.publish(table("public.orders"), 800, SHOP["public.orders"], [])  # read after, yet older
+    code, out = validate(tmp_path, capsys, GOOD.replace("exclude: [internal_note]", "include: [id, channel]"))
+    assert code == 0, out
+
+
 def test_offline_skips_the_log_and_says_so(tmp_path, capsys):
     code, out = validate(tmp_path, capsys, GOOD, "--offline")
     assert code == 0
