@@ -2,7 +2,7 @@
 captured into an embedded log: their type names as the servers print them, keys, and the
 problems a declaration can have only against them (an unknown column, a foreign key's arity,
 an integer referencing text, a table outside the sink's topics, tables of two sources), each at
-its file:line; ``--offline`` skips the log."""
+its file:line; ``--offline`` skips the log. One test reads the shapes from Kafka instead."""
 
 from __future__ import annotations
 
@@ -174,3 +174,25 @@ def test_postgresql_and_mariadb_tables_in_one_document(captured, my_shop, capsys
     code, out, _ = validate(captured, capsys, head, body, "--offline")
     assert code == 0
     assert out[0].endswith("sinks shop_search: not checked against the captured shapes (--offline)")
+
+
+@pytest.mark.kafka
+def test_the_shapes_are_read_from_kafka_too(captured, pg_shop, kafka_bootstrap, kafka_topic, tmp_path, capsys):
+    from cdc.log.kafka import KafkaLog
+
+    log = KafkaLog(kafka_bootstrap)
+    try:
+        book = SchemaBook(log, kafka_topic)
+        with capturing(pg_config(pg_shop, tmp_path, name="shop_pg_kafka"), log, kafka_topic):
+            wait_until(lambda: f"{kafka_topic}.public.item_discounts" in book.newest_shapes(), 60, "the shapes")
+    finally:
+        log.close()
+    head = HEAD.replace("log: {embedded: {path: ./log}}",
+                        f"log: {{kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {kafka_topic}}}}}")
+    head = head.replace("cdc.public.*", f"{kafka_topic}.public.*")
+    code, out, _ = validate(tmp_path, capsys, head, ORDERS)
+    assert code == 0, out
+    code, out, text = validate(tmp_path, capsys, head, ORDERS.replace("[customer_id]", "[customer]"))
+    assert code == 2
+    assert out == [f"{tmp_path / 'shop.yaml'}:{line_of(text, 'customer')}: sinks[0].documents[0].lookups[0]."
+                   "foreign_key[0]: public.orders has no column 'customer'; did you mean 'customer_id'?"]
