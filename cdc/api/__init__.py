@@ -8,7 +8,8 @@ Plugins are found through entry points: ``cdc.sources`` and ``cdc.sinks`` map a 
 class. A plugin is built from its config and its saved position alone; nothing else is hidden in
 its constructor.
 
-    config.py        the config bases (PluginConfig, SourceConfig, SinkConfig) and field helpers
+    config.py        the config bases (PluginConfig, SourceConfig, SinkConfig), field helpers, and
+                     ShapeCheckedConfig (settings checked against the captured shapes)
     source.py        Source, SourceContext (the runtime's services for a source), TableBook
     sink.py          Sink, SelfDrivenSink
     context.py       SinkContext (the runtime's services for a sink), its standalone form
@@ -55,9 +56,13 @@ from cdc.api.capabilities import (
                                   page,
 )
 from cdc.api.config import (
+                                  CapturedShape,
+                                  CapturedShapes,
                                   ConfigPath,
+                                  FieldPath,
                                   PluginConfig,
                                   RetryFailed,
+                                  ShapeCheckedConfig,
                                   SinkConfig,
                                   SnapshotMode,
                                   SourceConfig,
@@ -99,7 +104,7 @@ from cdc.units import human_bytes
 __all__ = [
     # config
     "ConfigPath", "PluginConfig", "RetryFailed", "SinkConfig", "SnapshotMode", "SourceConfig",
-    "resolve_config_path", "template_fields",
+    "resolve_config_path", "template_fields", "ShapeCheckedConfig", "CapturedShapes", "CapturedShape", "FieldPath",
     # sources
     "Source", "SourceContext", "StandaloneSourceContext", "TableBook", "Batch", "Position",
     "IncrementalSnapshotSource", "SlotOwningSource", "SlotListing", "SlotDrop",

@@ -4,17 +4,25 @@ A config file's ``sources:`` and ``sinks:`` entries are validated against the mo
 names (``Source.config_model``, ``Sink.config_model``), a subclass of ``SourceConfig`` or
 ``SinkConfig``: unknown keys are errors, and the fields here mean the same for every plugin
 (the runtime reads them: batch sizes, dead letters, restarts after a failure).
+
+A config whose meaning depends on the captured tables' columns (a document sink's joins) also
+derives from ``ShapeCheckedConfig``: ``cdc validate`` hands it the newest captured shape of every
+table (``CapturedShapes``) and reports what it answers at the file's lines.
 """
 
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from cdc.events import Column
 
 
 def template_fields(template: str, allowed: Iterable[str]) -> list[str]:
@@ -144,3 +152,57 @@ class SinkConfig(PluginConfig):
                                        "windows of at most this many MiB (keys, newest rows, the window's "
                                        "tables; about 200 MiB per million keys of 100-byte rows); a history "
                                        "with more takes several windows, each loaded before the next is read")
+
+
+# A place in a plugin's config, relative to it: ("documents", 0, "children", 1, "foreign_key").
+FieldPath = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class CapturedShape:
+    """A table's newest shape as its source published it: ``source`` (the source's name),
+    ``table`` (``schema.table``, MySQL ``db.table``), its ``columns`` in the table's order (``key``
+    marks the record key's columns), and the shape's ``version`` (None for a shape from before
+    shapes had versions)."""
+
+    source: str | None
+    table: str
+    columns: tuple[Column, ...]
+    version: int | None = None
+
+    def column(self, name: str) -> Column | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+    @property
+    def key(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if c.key)
+
+
+@dataclass(frozen=True)
+class CapturedShapes:
+    """The newest shape of every table captured under a log's topic ``prefix``, by topic."""
+
+    prefix: str
+    by_topic: Mapping[str, CapturedShape]
+
+    def topic_of(self, table: str) -> str:
+        return f"{self.prefix}.{table}"
+
+    def of(self, table: str) -> CapturedShape | None:
+        """The shape of ``table`` (``schema.table``), or None when none was published yet."""
+        return self.by_topic.get(self.topic_of(table))
+
+
+class ShapeCheckedConfig(ABC):
+    """A capability of a plugin's config model (named among its bases): settings that can only be
+    checked against the captured tables' columns. ``cdc validate`` (unless ``--offline``) reads the
+    newest shape of every table from the log and calls ``check_shapes`` on each config that
+    ``needs_shapes()``; each problem is a path inside this config and a message, reported at that
+    path's line of the file. Called without a running pipeline, on the caller's thread."""
+
+    def needs_shapes(self) -> bool:
+        """False when nothing in this config depends on shapes (the log is then not read for it)."""
+        return True
+
+    @abstractmethod
+    def check_shapes(self, shapes: CapturedShapes) -> list[tuple[FieldPath, str]]: ...

@@ -12,9 +12,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     validate = subparsers.add_parser(
         "validate", help="check a config file and report every problem in it",
         description="Check a config file: YAML, ${VAR} references, secret files, every field of "
-                    "every source and sink. Prints each problem as file:line: path: message and "
-                    "exits 2, or prints a summary and exits 0.")
+                    "every source and sink, and what depends on the captured tables' columns (a "
+                    "sink's documents) against the newest shapes in the log. Prints each problem as "
+                    "file:line: path: message and exits 2, or prints a summary and exits 0.")
     validate.add_argument("file", help="the config file (YAML)")
+    validate.add_argument("--offline", action="store_true",
+                          help="do not read the log: skip the checks against the captured shapes")
     validate.set_defaults(handler=run_validate)
 
     schema = subparsers.add_parser(
@@ -26,15 +29,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from cdc.config import load_config
+    from cdc.config.shapes import check_shapes, shape_checked
+    from cdc.config.validate import load_config_with_lines
 
     try:
-        config = load_config(args.file)
+        config, doc = load_config_with_lines(args.file)
     except ConfigError as err:
         for problem in err.problems:
             print(problem)
         return 2
-    print(f"{args.file}: ok ({len(config.sources)} sources, {len(config.sinks)} sinks)")
+    checked = [config.sinks[index].name for index, _ in shape_checked(config)]
+    if checked and not args.offline:
+        problems = check_shapes(config, doc)
+        if problems:
+            for problem in problems:
+                print(problem)
+            return 2
+    summary = f"{args.file}: ok ({len(config.sources)} sources, {len(config.sinks)} sinks)"
+    if checked:
+        what = "not checked against the captured shapes (--offline)" if args.offline else \
+            "checked against the captured shapes"
+        summary += f"; sinks {', '.join(checked)}: {what}"
+    print(summary)
     return 0
 
 

@@ -41,19 +41,31 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     sinks of these names; the others are neither validated nor interpolated (a variable only
     another connector uses may be unset), and are left out of the result.
     """
+    return load_config_with_lines(path, env=env, only=only)[0]
+
+
+def load_config_with_lines(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
+                           only: Collection[str] | None = None) -> tuple[AppConfig, Document]:
+    """``load_config``, with the parsed file: where each path of the config was written, for
+    problems found later (cdc/config/shapes.py)."""
     file = os.fspath(path)
     try:
         text = Path(file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ConfigError([ConfigProblem(file, None, "", f"cannot read the file: {reason}")]) from None
-    return parse_config(text, file=file, base_dir=Path(file).parent, env=env, only=only)
+    return _parse(text, file=file, base_dir=Path(file).parent, env=env, only=only)
 
 
 def parse_config(text: str, *, file: str = "<config>", base_dir: str | os.PathLike[str] | None = None,
                  env: Mapping[str, str] | None = None, only: Collection[str] | None = None) -> AppConfig:
     """Like ``load_config`` for text already read; relative paths are taken from ``base_dir``
     (default: the current directory)."""
+    return _parse(text, file=file, base_dir=base_dir, env=env, only=only)[0]
+
+
+def _parse(text: str, *, file: str, base_dir: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
+           only: Collection[str] | None) -> tuple[AppConfig, Document]:
     doc = read_yaml(text, file, os.environ if env is None else env)
     skipped = _others(doc, only)
     doc.problems = [p for p in doc.problems if p[0][:2] not in skipped]
@@ -63,7 +75,7 @@ def parse_config(text: str, *, file: str = "<config>", base_dir: str | os.PathLi
                     for path, line, message in doc.problems]
         problems.sort(key=lambda p: (p.line is not None, p.line or 0))
         raise ConfigError(problems or [ConfigProblem(file, None, "", "invalid config")])
-    return config
+    return config, doc
 
 
 def _others(doc: Document, only: Collection[str] | None) -> set[tuple]:

@@ -27,9 +27,13 @@ def known_shapes(log_: Log, prefix: str, source_name: str) -> list[SchemaChange]
         value = orjson.loads(record.value)
         if value.get("source") != source_name or not isinstance(value.get("version"), int):
             continue
-        columns = tuple(Column(c["name"], c["type"], bool(c.get("key")), c.get("nullable", True), c.get("default"),
-                               c.get("renamed_from"))
-                        for c in value.get("columns") or [])
-        shapes.append(SchemaChange(TableId(value["db"], value.get("schema"), value["table"]), columns,
+        shapes.append(SchemaChange(TableId(value["db"], value.get("schema"), value["table"]), columns_of(value),
                                    value["version"], value.get("ts_ms") or 0, value.get("ddl")))
     return shapes
+
+
+def columns_of(record: dict) -> tuple[Column, ...]:
+    """The columns of a ``<prefix>.schema-changes`` record's value (cdc.serde.encode_schema_change)."""
+    return tuple(Column(c["name"], c["type"], bool(c.get("key")), c.get("nullable", True), c.get("default"),
+                        c.get("renamed_from"))
+                 for c in record.get("columns") or [])

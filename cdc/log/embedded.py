@@ -69,12 +69,17 @@ def _add_headers(conn: sqlite3.Connection) -> None:
 
 
 
+def log_file(path: str | os.PathLike) -> Path:
+    """The database file of the embedded log in directory ``path`` (there once a log was opened)."""
+    return Path(path) / "log.db"
+
+
 class EmbeddedLog(Log):
     def __init__(self, path: str | os.PathLike, defaults: TopicSettings | None = None, *,
                  fsync: bool = True, compact_interval: float = 5.0) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.file = self.path / "log.db"
+        self.file = log_file(self.path)
         self.defaults = defaults or TopicSettings()
         self.fsync = fsync
         self.compact_interval = compact_interval

@@ -73,6 +73,15 @@ class SchemaBook:
         shapes = self._shapes.get(topic, {})
         return [shapes[v] for v in sorted(shapes) if after < v < before]
 
+    def newest_shapes(self) -> dict[str, dict]:
+        """Every topic's shape record with the highest version read so far (the last one read
+        for a topic whose shapes have none), after reading what the schema topic gained."""
+        self.refresh()
+        out = dict(self._newest)
+        for topic, shapes in self._shapes.items():
+            out[topic] = shapes[max(shapes)]
+        return out
+
     def refresh(self) -> None:
         """Read what the schema topic gained since the last read. Only the new records: the sink
         asks on every write, and reading the whole topic again each time cost a live sink most of

@@ -1,4 +1,5 @@
-"""The ``type: opensearch`` sink's settings."""
+"""The ``type: opensearch`` sink's settings. With ``documents:`` (sinks/documents/declaration.py)
+the sink keeps joined documents instead of an index per table."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdc.api import SinkConfig, template_fields
+from cdc.api import CapturedShapes, FieldPath, ShapeCheckedConfig, SinkConfig, template_fields
+from sinks.documents.declaration import DocumentFields, declaration_problems, refuse
 
 TEMPLATE_FIELDS = ("topic", "schema", "db", "table")
 # OpenSearch 2.x (what this sink is tested against) has no API keys: its security plugin takes
@@ -40,7 +42,7 @@ class IndexOptions(BaseModel):
         return self
 
 
-class OpenSearchSinkConfig(SinkConfig):
+class OpenSearchSinkConfig(SinkConfig, DocumentFields, ShapeCheckedConfig):
     type: Literal["opensearch"] = "opensearch"
     # Larger than the base default: a batch is cut into several bulk requests that go in flight
     # together (bulk_max_docs, bulk_concurrency).
@@ -106,3 +108,26 @@ class OpenSearchSinkConfig(SinkConfig):
     def _known_fields(cls, template: str) -> str:
         template_fields(template, TEMPLATE_FIELDS)
         return template
+
+    @model_validator(mode="after")
+    def _documents(self) -> OpenSearchSinkConfig:
+        if self.documents is None:
+            return self
+        problems = declaration_problems(self.documents, "opensearch")
+        # Refused, not ignored: with documents the sink keeps no index per table.
+        if self.tables:
+            problems.append((("tables",), "a sink with documents keeps only documents: give columns, mappings "
+                                          "and settings on each document's nodes"))
+        if "index_name" in self.model_fields_set:
+            problems.append((("index_name",), "a document's alias is its name; a sink with documents has no "
+                                              "index per table"))
+        refuse(problems, type(self).__name__)
+        return self
+
+    def needs_shapes(self) -> bool:
+        return self.documents is not None
+
+    def check_shapes(self, shapes: CapturedShapes) -> list[tuple[FieldPath, str]]:
+        from sinks.documents.shapes_check import check
+
+        return check(self.documents or [], self.topics, shapes)

@@ -51,6 +51,7 @@ from cdc.api import (
     StoredRow,
     page,
 )
+from sinks.documents.declaration import not_kept_yet
 from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -91,6 +92,7 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
 
     def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
+        not_kept_yet(config.name, config.documents)
         self.config: OpenSearchSinkConfig = config
         # The parts do no I/O until start(): the client connects on its first request.
         self.client = make_client(config)

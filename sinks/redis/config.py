@@ -1,4 +1,5 @@
-"""The ``type: redis`` sink's settings."""
+"""The ``type: redis`` sink's settings. With ``documents:`` (sinks/documents/declaration.py) the
+sink keeps joined documents as JSON instead of a key per row."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from cdc.api import SinkConfig, template_fields
+from cdc.api import CapturedShapes, FieldPath, ShapeCheckedConfig, SinkConfig, template_fields
+from sinks.documents.declaration import DocumentFields, declaration_problems, refuse
 
 TEMPLATE_FIELDS = ("prefix", "schema", "table", "key")
 DEFAULT_KEY_TEMPLATE = "{prefix}:{schema}.{table}:{key}"
 
 
-class RedisSinkConfig(SinkConfig):
+class RedisSinkConfig(SinkConfig, DocumentFields, ShapeCheckedConfig):
     type: Literal["redis"] = "redis"
     url: SecretStr = Field(description="redis://[user@]host:port/db, rediss:// for TLS; for a cluster, "
                                        "any node's address with cluster: true")
@@ -77,6 +79,31 @@ class RedisSinkConfig(SinkConfig):
         if self.tls_key_file and not self.tls_cert_file:
             raise ValueError("tls_key_file needs tls_cert_file (the certificate it belongs to)")
         return self
+
+    @model_validator(mode="after")
+    def _documents(self) -> RedisSinkConfig:
+        if self.documents is None:
+            return self
+        problems = declaration_problems(self.documents, "redis")
+        if self.format not in ("json", "redisjson"):
+            problems.append((("format",), f"a document is JSON: format json or redisjson, not {self.format}"))
+        # Refused, not ignored: they shape a key per row, which a sink with documents does not keep.
+        for option in ("include", "exclude", "rename", "key_template"):
+            if option in self.model_fields_set:
+                problems.append(((option,), f"a sink with documents keeps only documents (keys "
+                                            f"<prefix>:doc:<name>:<id>): give {option} on each document's nodes"
+                                 if option != "key_template" else
+                                 "a sink with documents keys them <prefix>:doc:<name>:<id>"))
+        refuse(problems, type(self).__name__)
+        return self
+
+    def needs_shapes(self) -> bool:
+        return self.documents is not None
+
+    def check_shapes(self, shapes: CapturedShapes) -> list[tuple[FieldPath, str]]:
+        from sinks.documents.shapes_check import check
+
+        return check(self.documents or [], self.topics, shapes)
 
     @property
     def prefix(self) -> str:

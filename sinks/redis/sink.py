@@ -34,6 +34,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from cdc.api import PermanentError, ReadableSink, RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page
+from sinks.documents.declaration import not_kept_yet
 from sinks.redis.client import command_known, connect, redacted_url, translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.generations import Generations
@@ -63,6 +64,7 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
 
     def __init__(self, config: RedisSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
+        not_kept_yet(config.name, config.documents)
         self.config: RedisSinkConfig = config
         self.client: redis.Redis | RedisCluster | None = None  # connected by start()
         self._choose = column_chooser(config)
