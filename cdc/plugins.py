@@ -61,6 +61,12 @@ def sink_plugin(type_name: str) -> type[Sink]:
     return _lookup(SINK_GROUP, type_name)
 
 
+def sink_class(config: Any) -> type[Sink]:
+    """The class that keeps the store of ``config`` (a sink's config): its plugin's
+    ``Sink.class_for``."""
+    return sink_plugin(config.type).class_for(config)
+
+
 def clear_cache() -> None:
     """Forget what was discovered (for tests that change the installed entry points)."""
     _discover.cache_clear()

@@ -170,6 +170,14 @@ class CapturedShape:
     columns: tuple[Column, ...]
     version: int | None = None
 
+    @classmethod
+    def of_record(cls, record: Mapping[str, Any]) -> CapturedShape:
+        """The shape a ``<prefix>.schema-changes`` record's value (``SinkContext.schema_for``) holds."""
+        return cls(record.get("source"), f"{record.get('schema') or record.get('db')}.{record['table']}",
+                   tuple(Column(c["name"], c["type"], bool(c.get("key")), c.get("nullable", True), c.get("default"),
+                                c.get("renamed_from")) for c in record.get("columns") or []),
+                   record.get("version"))
+
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
 

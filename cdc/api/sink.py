@@ -67,6 +67,13 @@ class Sink(ABC):
         their values (the SQL sink's COPY into PostgreSQL) skips building a dict per row."""
         return False
 
+    @classmethod
+    def class_for(cls, config: SinkConfig) -> type[Sink]:
+        """The class that keeps ``config``'s store: this one, unless the plugin's config chooses
+        between stores of different capabilities (an OpenSearch sink of tables or of joined
+        documents). The runtime builds and asks capabilities of what this answers."""
+        return cls
+
     def __init__(self, config: SinkConfig, generation: int | None = None) -> None:
         self.config = config
         self.generation = generation  # None: whatever generation readers see now

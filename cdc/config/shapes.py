@@ -16,7 +16,6 @@ from cdc.config.loader import Document
 from cdc.config.model import AppConfig, LogConfig
 from cdc.config.validate import format_path
 from cdc.errors import CdcError, ConfigProblem
-from cdc.formats.shapes import columns_of
 
 
 def shape_checked(config: AppConfig) -> list[tuple[int, ShapeCheckedConfig]]:
@@ -39,10 +38,7 @@ def read_shapes(log_config: LogConfig) -> CapturedShapes:
         records = SchemaBook(log, prefix).newest_shapes()
     finally:
         log.close()
-    return CapturedShapes(prefix, {
-        topic: CapturedShape(record.get("source"), f"{record.get('schema') or record.get('db')}.{record['table']}",
-                             columns_of(record), record.get("version"))
-        for topic, record in records.items()})
+    return CapturedShapes(prefix, {topic: CapturedShape.of_record(record) for topic, record in records.items()})
 
 
 def check_shapes(config: AppConfig, doc: Document) -> list[ConfigProblem]:

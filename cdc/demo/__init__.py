@@ -239,10 +239,10 @@ class Shop:
     def _sink(self, name: str):
         """The demo's sink ``name``, built from its config (not started)."""
         from cdc.config import load_config
-        from cdc.plugins import sink_plugin
+        from cdc.plugins import sink_class
 
         config = load_config(str(self.config_path), only=[name]).sink(name)
-        return sink_plugin(config.type)(config)
+        return sink_class(config)(config)
 
     def stores(self) -> dict[str, stores.Rows]:
         """Every sink's rows, each read through the sink (``ReadableSink``); a store the sink cannot

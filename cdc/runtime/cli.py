@@ -244,10 +244,10 @@ def _store_details(sink_config, log_) -> list[dict] | None:
     """What a sink that can ``describe()`` its store says (e.g. per OpenSearch index: alias,
     generation, documents), each row with the consumer lag of its topic; None for other sinks."""
     from cdc.api import DescribedSink
-    from cdc.plugins import sink_plugin
+    from cdc.plugins import sink_class
 
     try:
-        plugin = sink_plugin(sink_config.type)
+        plugin = sink_class(sink_config)
     except CdcError as err:
         return [{"error": str(err)}]
     if not issubclass(plugin, DescribedSink):
@@ -338,14 +338,14 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def _sink_runner(config, name: str, progress=None):
     from cdc.log.open import open_log
-    from cdc.plugins import sink_plugin
+    from cdc.plugins import sink_class
     from cdc.runtime.sink_runner import SinkRunner
 
     sinks = {s.name: s for s in config.sinks}
     if name not in sinks:
         raise ConfigError(f"no sink named {name!r}; the file declares: {', '.join(sinks) or 'no sinks'}")
     sink_config = sinks[name]
-    return SinkRunner(sink_plugin(sink_config.type)(sink_config), open_log(config.log),
+    return SinkRunner(sink_class(sink_config)(sink_config), open_log(config.log),
                       config.log.topic_prefix, progress=progress)
 
 
@@ -422,12 +422,12 @@ def _rebuilds_itself(config, name: str) -> bool:
     """Whether sink ``name`` reads its topics itself (SelfDrivenSink); ConfigError if it does
     and cannot rebuild."""
     from cdc.api import SelfDrivenSink, SelfRebuildingSink
-    from cdc.plugins import sink_plugin
+    from cdc.plugins import sink_class
 
     sink_config = {s.name: s for s in config.sinks}.get(name)
     if sink_config is None:
         return False
-    plugin = sink_plugin(sink_config.type)
+    plugin = sink_class(sink_config)
     if not issubclass(plugin, SelfDrivenSink):
         return False
     if not issubclass(plugin, SelfRebuildingSink):

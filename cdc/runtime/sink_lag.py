@@ -97,11 +97,11 @@ class SinkLagMonitor:
         from cdc.api import SelfDrivenSink
         from cdc.config import load_config
         from cdc.log.open import open_log
-        from cdc.plugins import sink_plugin
+        from cdc.plugins import sink_class
 
         config = load_config(self.config_path, only=self.names)
         sinks = {s.name: list(s.topics) for s in config.sinks
-                 if s.name in self.names and not issubclass(sink_plugin(s.type), SelfDrivenSink)}
+                 if s.name in self.names and not issubclass(sink_class(s), SelfDrivenSink)}
         return open_log(config.log), sinks
 
 

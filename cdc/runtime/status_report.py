@@ -31,12 +31,12 @@ def daemon_rows(sources: list, sinks: list, live: dict[str, dict]) -> list[dict]
     """The rows from the daemon's own figures alone (no log, no server asked: fast); None unless
     the daemon runs every connector shown and the sinks' stores need no describing."""
     from cdc.api import DescribedSink
-    from cdc.plugins import sink_plugin
+    from cdc.plugins import sink_class
 
     connectors = [*sources, *sinks]
     if not connectors or any(c.name not in live for c in connectors):
         return None
-    if any(issubclass(sink_plugin(s.type), DescribedSink) for s in sinks):
+    if any(issubclass(sink_class(s), DescribedSink) for s in sinks):
         return None
     rows = []
     for source in sources:

@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
 def run_sink(config_path: str, name: str) -> int:
     from cdc.api import SelfDrivenSink
     from cdc.config import load_config
-    from cdc.plugins import sink_plugin
+    from cdc.plugins import sink_class
     from cdc.runtime.contexts import sink_context
     from cdc.runtime.stop_signals import stop_on_signals
 
     try:
         config = load_config(config_path, only=[name])
         sink_config = config.sink(name)
-        plugin = sink_plugin(sink_config.type)
+        plugin = sink_class(sink_config)
     except KeyError as err:
         print(f"error: {err.args[0]} in {config_path}", file=sys.stderr)
         return EXIT_PERMANENT

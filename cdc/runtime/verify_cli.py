@@ -55,7 +55,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from cdc.api import ReadableSink, VerifiableSource
     from cdc.config import load_config
     from cdc.log.open import open_log
-    from cdc.plugins import sink_plugin, source_plugin
+    from cdc.plugins import sink_class, source_plugin
     from cdc.runtime.contexts import sink_context
     from cdc.runtime.verify import LogSettle, Options, Verifier
     from cdc.runtime.verify_repair import repair, require_daemon
@@ -72,7 +72,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.sink not in sinks:
         raise ConfigError(f"no sink named {args.sink!r}; the file declares: {', '.join(sinks) or 'no sinks'}")
     sink_config = sinks[args.sink]
-    sink_type = sink_plugin(sink_config.type)
+    sink_type = sink_class(sink_config)
     if not issubclass(sink_type, ReadableSink):
         raise ConfigError(f"sink {args.sink} ({sink_config.type}) cannot read its store back, so it cannot be verified")
     prefix = config.log.topic_prefix

@@ -39,13 +39,13 @@ def build_runner(config, name: str, report=None):
     from cdc.api import SelfDrivenSink
     from cdc.log.open import open_log
     from cdc.offsets import OffsetStore
-    from cdc.plugins import sink_plugin, source_plugin
+    from cdc.plugins import sink_class, source_plugin
     from cdc.runtime.runner import SourceRunner
     from cdc.runtime.sink_runner import SinkRunner
 
     sinks = [s for s in config.sinks if s.name == name]
     if sinks:
-        sink = sink_plugin(sinks[0].type)(sinks[0])
+        sink = sink_class(sinks[0])(sinks[0])
         if isinstance(sink, SelfDrivenSink):  # e.g. a Spark job: it reads the topics itself
             if getattr(sinks[0], "scale_out", "single") == "group":
                 from cdc.errors import ConfigError

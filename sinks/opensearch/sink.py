@@ -90,6 +90,14 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
     # lines.py makes documents from them: no dict per row, in the runtime or here.
     raw_rows = RAW_ROWS
 
+    @classmethod
+    def class_for(cls, config: Any) -> type[Sink]:
+        if getattr(config, "documents", None) is not None:
+            from sinks.opensearch.doc_sink import OpenSearchDocumentSink
+
+            return OpenSearchDocumentSink
+        return cls
+
     def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
         not_kept_yet(config.name, config.documents)

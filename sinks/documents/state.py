@@ -1,0 +1,304 @@
+"""The documents' state: the rows of the joined tables in a SQLite file, and what reads them.
+
+One file per generation of the sink, ``<state_dir>/<sink>.g<N>.db``, in WAL mode. Per table of
+the plan (``t<i>``, in the plan's order): each row under the canonical bytes of its key (keys.py),
+with its version, whether it is deleted (a delete is remembered, with its version, so that an
+older write of the key arriving later is refused) and its body (the row's columns the state keeps,
+as JSON); one column and index per foreign-key column list its edges navigate (``f<j>``, the
+canonical bytes of the key the row references, null for no reference). Beside them:
+
+* ``registers``: each document's version (``R``; the design's section 2), the number written
+  with it. It grows with every change that reaches the document.
+* ``outbox``: documents to write, with the version to write them at, and the record whose change
+  reached them last (for a dead letter). A document leaves the outbox once written at that
+  version; a later change puts it back.
+* ``offsets``: per topic and partition, the next offset to apply. ``truncated``: per table, the
+  version of its last truncate (older rows are dead, older writes refused). ``meta``: the plan's
+  digest and the source.
+
+Everything a batch changes commits in one transaction, so the rows, the registers, the outbox and
+the offsets agree after a kill -9 at any point.
+
+Reach (which documents a row belongs to) and assembly (a document from the rows) read the same
+tables through the foreign-key indexes: a row is stored whether what it references exists or not,
+and the other side's walk finds it later.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from cdc.api import PermanentError
+from sinks.documents.plan import NodePlan, Plan
+
+DocumentId = tuple[str, bytes]  # (document name, the root row's key bytes)
+
+
+class State:
+    """The state file of one generation (one thread uses it)."""
+
+    def __init__(self, path: Path, plan: Plan) -> None:
+        self.path, self.plan = path, plan
+        self.names = {table: f"t{i}" for i, table in enumerate(plan.tables)}
+        # Per table: fk column list -> its column (f<j>) and the edge whose key bytes fill it.
+        self.fks: dict[str, dict[tuple[str, ...], tuple[str, Any]]] = {}
+        for table, tplan in plan.tables.items():
+            edges = {n.edge.fk_columns: n.edge for n in plan.nodes if n.edge is not None and n.edge.fk_table == table}
+            self.fks[table] = {cols: (f"f{j}", edges[cols]) for j, cols in enumerate(tplan.indexes)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # a process kill loses nothing committed
+        self._create()
+
+    def _create(self) -> None:
+        db = self.db
+        db.execute("BEGIN")
+        for table, name in self.names.items():
+            fks = "".join(f", {column} BLOB" for column, _ in self.fks[table].values())
+            db.execute(f"CREATE TABLE IF NOT EXISTS {name} (pk BLOB PRIMARY KEY, ver INTEGER NOT NULL, "
+                       f"dead INTEGER NOT NULL, body BLOB{fks}) WITHOUT ROWID")
+            for column, _ in self.fks[table].values():
+                db.execute(f"CREATE INDEX IF NOT EXISTS {name}_{column} ON {name} ({column})")
+        db.execute("CREATE TABLE IF NOT EXISTS registers (doc TEXT, id BLOB, ver INTEGER NOT NULL, "
+                   "PRIMARY KEY (doc, id)) WITHOUT ROWID")
+        db.execute("CREATE TABLE IF NOT EXISTS outbox (doc TEXT, id BLOB, ver INTEGER NOT NULL, topic TEXT, "
+                   "part INTEGER, off INTEGER, PRIMARY KEY (doc, id)) WITHOUT ROWID")
+        db.execute("CREATE TABLE IF NOT EXISTS offsets (topic TEXT, part INTEGER, next INTEGER NOT NULL, "
+                   "PRIMARY KEY (topic, part)) WITHOUT ROWID")
+        db.execute("CREATE TABLE IF NOT EXISTS truncated (tbl TEXT PRIMARY KEY, ver INTEGER NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS seeded (doc TEXT, id BLOB, PRIMARY KEY (doc, id)) WITHOUT ROWID")
+        db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+        found = dict(db.execute("SELECT k, v FROM meta").fetchall())
+        if not found:
+            db.executemany("INSERT INTO meta VALUES (?, ?)", [("digest", self.plan.digest),
+                                                             ("source", self.plan.source)])
+        db.execute("COMMIT")
+        if found and found.get("digest") != self.plan.digest:
+            raise PermanentError(f"documents state {self.path.name} was made for another declaration or other "
+                                 f"key types (plan {found.get('digest')}, now {self.plan.digest}): rebuild")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- transactions -----------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+
+    # --- rows -------------------------------------------------------------------------------------
+
+    def row(self, table: str, pk: bytes) -> tuple[int, bool, dict[str, Any] | None] | None:
+        """(version, dead, row) of a key the state has seen, else None."""
+        found = self.db.execute(f"SELECT ver, dead, body FROM {self.names[table]} WHERE pk = ?", (pk,)).fetchone()
+        if found is None:
+            return None
+        return found[0], bool(found[1]), None if found[2] is None else orjson.loads(found[2])
+
+    def put(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None) -> None:
+        """The key's row at ``version`` (None: deleted, remembered at that version)."""
+        tplan = self.plan.tables[table]
+        fks = self.fks[table]
+        columns = ["pk", "ver", "dead", "body", *(column for column, _ in fks.values())]
+        body = None
+        if row is not None:
+            kept = row if tplan.kept is None else {c: v for c, v in row.items() if c in tplan.kept}
+            body = orjson.dumps(kept)
+        values = [pk, version, int(row is None), body,
+                  *((None if row is None else edge.reference(row)) for _, edge in fks.values())]
+        self.db.execute(f"INSERT OR REPLACE INTO {self.names[table]} ({', '.join(columns)}) "
+                        f"VALUES ({', '.join('?' * len(columns))})", values)
+
+    def truncated(self, table: str) -> int | None:
+        found = self.db.execute("SELECT ver FROM truncated WHERE tbl = ?", (table,)).fetchone()
+        return None if found is None else found[0]
+
+    def truncate(self, table: str, version: int) -> list[dict[str, Any]]:
+        """Every live row of ``table`` older than ``version`` dies; returns them (their documents
+        change). Later writes older than ``version`` are refused (``truncated``)."""
+        name = self.names[table]
+        rows = [orjson.loads(body) for (body,) in
+                self.db.execute(f"SELECT body FROM {name} WHERE dead = 0 AND ver < ?", (version,))]
+        fks = "".join(f", {column} = NULL" for column, _ in self.fks[table].values())
+        self.db.execute(f"UPDATE {name} SET dead = 1, body = NULL{fks} WHERE dead = 0 AND ver < ?", (version,))
+        self.db.execute("INSERT INTO truncated VALUES (?, ?) ON CONFLICT (tbl) DO UPDATE SET ver = "
+                        "max(ver, excluded.ver)", (table, version))
+        return rows
+
+    def _live(self, table: str, pk: bytes | None) -> dict[str, Any] | None:
+        if pk is None:
+            return None
+        found = self.db.execute(f"SELECT body FROM {self.names[table]} WHERE pk = ? AND dead = 0", (pk,)).fetchone()
+        return None if found is None else orjson.loads(found[0])
+
+    def _referencing(self, table: str, fk_columns: tuple[str, ...], key: bytes) -> list[tuple[bytes, dict]]:
+        column, _ = self.fks[table][fk_columns]
+        return [(pk, orjson.loads(body)) for pk, body in self.db.execute(
+            f"SELECT pk, body FROM {self.names[table]} WHERE {column} = ? AND dead = 0", (key,))]
+
+    # --- reach ------------------------------------------------------------------------------------
+
+    def documents_of(self, table: str, row: Mapping[str, Any]) -> set[DocumentId]:
+        """The documents ``row`` (of ``table``) is part of, as the state stands."""
+        out: set[DocumentId] = set()
+        for number in self.plan.tables[table].nodes:
+            out |= self._reach(self.plan.nodes[number], row)
+        return out
+
+    def _reach(self, node: NodePlan, row: Mapping[str, Any]) -> set[DocumentId]:
+        tplan = self.plan.tables[node.table]
+        if node.kind == "root":
+            key = tplan.key_of(row)
+            return set() if key is None else {(node.document, key)}
+        assert node.parent is not None and node.edge is not None
+        parent = self.plan.nodes[node.parent]
+        if node.kind == "child":  # the parent row it references
+            found = self._live(parent.table, node.edge.reference(row))
+            return set() if found is None else self._reach(parent, found)
+        key = tplan.key_of(row)  # a lookup: the parent rows referencing it
+        out: set[DocumentId] = set()
+        if key is not None:
+            for _, referencing in self._referencing(parent.table, node.edge.fk_columns, key):
+                out |= self._reach(parent, referencing)
+        return out
+
+    # --- registers and the outbox -----------------------------------------------------------------
+
+    def bump(self, reached: Mapping[DocumentId, tuple[int, tuple[str, int, int]]]) -> None:
+        """Each reached document's register to max(R + 1, the highest version reaching it), and
+        the document into the outbox at that version."""
+        db = self.db
+        for (doc, doc_id), (version, (topic, part, off)) in reached.items():
+            found = db.execute("SELECT ver FROM registers WHERE doc = ? AND id = ?", (doc, doc_id)).fetchone()
+            register = max((found[0] if found else 0) + 1, version)
+            db.execute("INSERT OR REPLACE INTO registers VALUES (?, ?, ?)", (doc, doc_id, register))
+            db.execute("INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?)",
+                       (doc, doc_id, register, topic, part, off))
+
+    def outbox(self) -> list[tuple[str, bytes, int, tuple[str, int, int]]]:
+        return [(doc, doc_id, ver, (topic, part, off)) for doc, doc_id, ver, topic, part, off in
+                self.db.execute("SELECT doc, id, ver, topic, part, off FROM outbox ORDER BY doc, id")]
+
+    def written(self, done: Iterable[tuple[str, bytes, int]]) -> None:
+        """Documents written at their outbox version leave it (a later bump's entry stays)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.executemany("DELETE FROM outbox WHERE doc = ? AND id = ? AND ver = ?", list(done))
+        self.db.execute("COMMIT")
+
+    def copy_registers(self, other: Path) -> None:
+        """Registers of an earlier generation's state (a rebuild's): the new generation's versions
+        start above them, so no reader sees a document's version go back across the switch."""
+        if not other.exists():
+            return
+        self.db.execute("ATTACH DATABASE ? AS old", (str(other),))
+        try:
+            self.db.execute("INSERT OR REPLACE INTO registers SELECT doc, id, ver FROM old.registers")
+        finally:
+            self.db.execute("DETACH DATABASE old")
+
+    # --- seeding (a rebuild without the earlier state) ---------------------------------------------
+
+    def seed_from(self) -> int | None:
+        """The generation whose documents' versions this state's registers must start above
+        (a rebuild that had no earlier state to copy them from); None: none."""
+        found = self.db.execute("SELECT v FROM meta WHERE k = 'seed_from'").fetchone()
+        return None if found is None or found[0] is None else int(found[0])
+
+    def set_seed_from(self, generation: int | None) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seed_from', ?)",
+                        (None if generation is None else str(generation),))
+
+    def unseeded(self, docs: Iterable[DocumentId]) -> list[DocumentId]:
+        return [doc for doc in docs if self.db.execute("SELECT 1 FROM seeded WHERE doc = ? AND id = ?",
+                                                       doc).fetchone() is None]
+
+    def seed(self, docs: list[DocumentId], versions: list[int | None]) -> None:
+        """Each document's register (and outbox version) above the version the seeding
+        generation holds of it (None: it holds none), once per document."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for (doc, doc_id), held in zip(docs, versions, strict=True):
+                if held is not None:
+                    db.execute("UPDATE registers SET ver = ? WHERE doc = ? AND id = ? AND ver <= ?",
+                               (held + 1, doc, doc_id, held))
+                    db.execute("UPDATE outbox SET ver = ? WHERE doc = ? AND id = ? AND ver <= ?",
+                               (held + 1, doc, doc_id, held))
+                db.execute("INSERT OR IGNORE INTO seeded VALUES (?, ?)", (doc, doc_id))
+            db.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+
+    # --- offsets ----------------------------------------------------------------------------------
+
+    def advance(self, nexts: Mapping[tuple[str, int], int]) -> None:
+        self.db.executemany("INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, part) DO UPDATE SET "
+                            "next = max(next, excluded.next)", [(t, p, n) for (t, p), n in nexts.items()])
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        return {(t, p): n for t, p, n in self.db.execute("SELECT topic, part, next FROM offsets")}
+
+    def empty(self) -> bool:
+        return not self.db.execute("SELECT 1 FROM offsets LIMIT 1").fetchall()
+
+    def rows(self) -> int:
+        return sum(self.db.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in self.names.values())
+
+    # --- assembly ---------------------------------------------------------------------------------
+
+    def assemble(self, doc: str, doc_id: bytes) -> dict[str, Any] | None:
+        """The document as the state stands (None: its root row is deleted or was never seen)."""
+        root = self.plan.nodes[self.plan.roots[doc]]
+        row = self._live(root.table, doc_id)
+        return None if row is None else self._build(root, row)
+
+    def _build(self, node: NodePlan, row: Mapping[str, Any]) -> dict[str, Any]:
+        out = node.project(row, list(row))
+        for number in node.below:
+            below = self.plan.nodes[number]
+            assert below.edge is not None and below.field is not None
+            if below.kind == "lookup":
+                found = self._live(below.table, below.edge.reference(row))
+                out[below.field] = None if found is None else self._build(below, found)
+            else:
+                key = self.plan.tables[node.table].key_of(row)
+                children = [] if key is None else self._referencing(below.table, below.edge.fk_columns, key)
+                out[below.field] = [self._build(below, child) for child in _ordered(below, children)]
+        return out
+
+
+def _ordered(node: NodePlan, rows: list[tuple[bytes, dict]]) -> Iterator[dict]:
+    """A child's rows by its ``order_by`` (nulls last either way), ties by key."""
+    ordered = sorted(rows, key=lambda pair: _comparable(orjson.loads(pair[0])))
+    for column, descending in reversed(node.order_by):
+        values = [pair for pair in ordered if pair[1].get(column) is not None]
+        nulls = [pair for pair in ordered if pair[1].get(column) is None]
+        values.sort(key=lambda pair: _comparable(pair[1][column]), reverse=descending)
+        ordered = values + nulls
+    return (row for _, row in ordered)
+
+
+def _comparable(value: Any) -> Any:
+    """A value sortable against its column's others (a list of key values, element-wise)."""
+    if isinstance(value, list):
+        return tuple(_comparable(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return (1, orjson.dumps(value))  # nothing to compare by type: by its JSON text
+    return (0, value)
+
+
+def documents_path(state_dir: Path, sink: str, generation: int) -> Path:
+    return state_dir / f"{sink}.g{generation}.db"

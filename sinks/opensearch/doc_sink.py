@@ -1,0 +1,298 @@
+"""``type: opensearch`` with ``documents:``: joined documents, one index per document behind an
+alias of the document's name (sinks/documents/engine.py keeps them; the README says what it
+guarantees).
+
+A write: the batch into the state (one SQLite transaction: rows, the documents' registers, the
+outbox, the offsets), then the outbox's documents assembled and bulk-written with
+``version_type=external`` at their register, a deleted one as a tombstone document (hidden by the
+alias filter, as the table sink's deletes: tombstones.py). OpenSearch keeps the highest version,
+so a replay never moves a document back.
+
+Generations: a rebuild opens ``<name>__g<N>`` and a state file of its own, whose registers start
+from the current generation's so that versions keep growing across the switch; the switch moves
+the aliases (generations.py); dropping a generation deletes its indexes and its state file. A
+state file that is missing or behind the offsets the sink's group committed (its directory lost)
+cannot say which documents the skipped records changed: the sink asks for a rebuild
+(``RebuildRequired``), which fills a new generation from the compacted topics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cdc.api import (
+    CapturedShape,
+    CapturedShapes,
+    CdcError,
+    DescribedSink,
+    PermanentError,
+    RebuildableSink,
+    RebuildRequired,
+    RetriableError,
+    Sink,
+    SinkEvent,
+)
+from sinks.documents.engine import Engine, Written
+from sinks.documents.plan import NodePlan, Plan, make_plan
+from sinks.documents.state import State, documents_path
+from sinks.opensearch.bulk import BulkWriter, Item
+from sinks.opensearch.client import make_client
+from sinks.opensearch.config import OpenSearchSinkConfig
+from sinks.opensearch.errors import shown, translate
+from sinks.opensearch.generations import Generations
+from sinks.opensearch.mapping import META_PROPERTIES, VERSION_FIELD, field_mapping
+from sinks.opensearch.naming import document_id, generation_index
+from sinks.opensearch.tombstones import tombstone_body
+
+log = logging.getLogger(__name__)
+
+
+class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
+    config_model = OpenSearchSinkConfig
+    bootstrap_by_rebuild = True
+
+    def __init__(self, config: OpenSearchSinkConfig, generation: int | None = None) -> None:
+        super().__init__(config, generation)
+        self.config: OpenSearchSinkConfig = config
+        self.client = make_client(config)
+        self.generations = Generations(self.client, config.name)
+        self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
+                               concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}",
+                               hosts=config.hosts)
+        self.plan: Plan | None = None
+        self.shapes: CapturedShapes | None = None
+        self.engine: Engine | None = None
+        self.state_generation: int | None = None
+        self.indexes: set[int] = set()   # generations whose indexes exist
+        self.counters = {"written": 0, "conflicts": 0, "refused": 0}
+        self._running = False
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._errors("start"):
+            self.generations.load()
+        self.bulk.open()
+        self._running = True
+        log.info("opensearch sink %s: started on %s, keeping documents %s", self.config.name,
+                 shown(self.config.hosts), ", ".join(d.name for d in self.config.documents or []))
+
+    def stop(self) -> None:
+        if self._running:
+            self._running = False
+            self._close_state()
+            self.bulk.close()
+            self.client.close()
+
+    def _close_state(self) -> None:
+        if self.engine is not None:
+            self.engine.state.close()
+            self.engine, self.state_generation = None, None
+
+    def _writing(self) -> int:
+        return self.generation if self.generation is not None else self.generations.state.current
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, events: list[SinkEvent]) -> None:
+        if not self._running:
+            raise PermanentError(f"opensearch sink {self.config.name}: not running (call start() first)")
+        generation = self._writing()
+        engine = self._engine(generation)
+        if events:
+            engine.apply(events)
+        with self._errors("write"):
+            self._ensure_indexes(generation)
+            engine.flush(lambda docs: self._send(docs, generation))
+
+    def _engine(self, generation: int) -> Engine:
+        if self.engine is not None and self.state_generation == generation:
+            return self.engine
+        self._close_state()
+        plan = self._plan()
+        path = documents_path(self.config.state_dir, self.config.name, generation)
+        fresh = not path.exists()
+        state = State(path, plan)
+        try:
+            current = self.generations.state.current
+            if fresh and generation != current:  # a rebuild's: versions go on from the current generation's
+                earlier = documents_path(self.config.state_dir, self.config.name, current)
+                if earlier.exists():
+                    state.copy_registers(earlier)
+                else:  # lost: from the versions its documents hold
+                    state.set_seed_from(current)
+            if generation == self.generations.state.current:
+                self._check_behind(state)
+        except BaseException:
+            state.close()
+            raise
+        context = self.context
+        self.engine = Engine(plan, state, self.config.max_document_bytes, context.delete_read, context.dead_letter,
+                             self._held_versions)
+        self.state_generation = generation
+        return self.engine
+
+    def _check_behind(self, state: State) -> None:
+        """RebuildRequired when the group committed offsets past what the state applied."""
+        log_ = self.context.log
+        if log_ is None:
+            return
+        held = state.offsets()
+        reader = log_.reader(self.config.name)
+        try:
+            partitions = [tp for topic in self._plan().topics() for tp in log_.end_offsets(topic)]
+            committed = reader.committed(partitions)
+        finally:
+            reader.close()
+        behind = [(tp, at) for tp, at in committed.items() if at and held.get((tp[0], tp[1]), 0) < at]
+        if behind:
+            (topic, partition), at = behind[0]
+            raise RebuildRequired(f"opensearch sink {self.config.name}: its documents state "
+                                  f"({documents_path(self.config.state_dir, self.config.name, self._writing()).name})"
+                                  f" is behind the offsets its group committed ({topic}[{partition}] at "
+                                  f"{held.get((topic, partition), 0)}, committed {at}): the documents are "
+                                  f"rebuilt from the topics")
+
+    def _plan(self) -> Plan:
+        if self.plan is None:
+            prefix = self.context.topic_prefix
+            by_topic: dict[str, CapturedShape] = {}
+            for place_table in {n.table for d in self.config.documents or [] for n in _tables(d)}:
+                topic = f"{prefix}.{place_table}"
+                record = self.context.schema_for(topic)
+                if record is None:
+                    raise RetriableError(f"opensearch sink {self.config.name}: no shape of {topic} published yet; "
+                                         f"its documents wait for the source to capture it")
+                from cdc.formats.shapes import columns_of
+
+                by_topic[topic] = CapturedShape(record.get("source"), place_table, columns_of(record),
+                                                record.get("version"))
+            self.shapes = CapturedShapes(prefix, by_topic)
+            self.plan = make_plan(self.config.documents or [], self.config.topics, self.shapes)
+        return self.plan
+
+    def _ensure_indexes(self, generation: int) -> None:
+        if generation in self.indexes:
+            return
+        plan = self._plan()
+        for document in self.config.documents or []:
+            root = plan.nodes[plan.roots[document.name]]
+            properties = {**self._properties(plan, root), **META_PROPERTIES}
+            for path, mapping in document.mappings.items():
+                _place(properties, path.split("."), mapping)
+            body = {"settings": dict(document.settings), "mappings": {"properties": properties}}
+            self.generations.ensure_index(document.name, plan.tables[root.table].topic, generation, body)
+        self.indexes.add(generation)
+
+    def _properties(self, plan: Plan, node: NodePlan) -> dict[str, Any]:
+        assert self.shapes is not None
+        shape = self.shapes.of(node.table)
+        out = {node.rename.get(c.name, c.name): field_mapping(c.type)
+               for c in (shape.columns if shape else ()) if node.shows(c.name)}
+        for number in node.below:
+            below = plan.nodes[number]
+            assert below.field is not None
+            kind = "nested" if below.nested else "object"
+            out[below.field] = {"type": kind, "properties": self._properties(plan, below)}
+        return out
+
+    def _held_versions(self, generation: int, docs: list[tuple[str, dict[str, Any]]]) -> list[int | None]:
+        """The version generation ``generation`` holds of each document (None: none)."""
+        out: list[int | None] = []
+        with self._errors("reading the versions of the documents readers see"):
+            for start in range(0, len(docs), 1000):
+                part = docs[start:start + 1000]
+                answer = self.client.mget(body={"docs": [
+                    {"_index": generation_index(doc, generation), "_id": document_id(key), "_source": False}
+                    for doc, key in part]})
+                out += [found.get("_version") if found.get("found") else None for found in answer["docs"]]
+        return out
+
+    def _send(self, docs: list[Written], generation: int) -> list[tuple[Written, str]]:
+        items = []
+        for doc in docs:
+            body = tombstone_body(doc.version) if doc.body is None else {**doc.body, VERSION_FIELD: doc.version}
+            items.append(Item(generation_index(doc.document, generation), document_id(doc.key), doc.version, body,
+                              doc))
+        outcome = self.bulk.send(items)
+        self.counters["written"] += outcome.written
+        self.counters["conflicts"] += outcome.conflicts
+        self.counters["refused"] += len(outcome.refused)
+        if outcome.refused and self.config.on_poison == "stop":
+            item, reason = outcome.refused[0]
+            raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
+                                 f"_id {item.doc_id}: {reason}")
+        return [(item.event, reason) for item, reason in outcome.refused]
+
+    # --- generations ----------------------------------------------------------------------------
+
+    def current_generation(self) -> int:
+        if not self._running:
+            return self.generations.state.current
+        with self._errors("current_generation"):
+            return self.generations.load().current
+
+    def open_generation(self, generation: int) -> None:
+        with self._errors(f"open_generation({generation})"):
+            self.generations.open(generation)
+        self._close_state()
+        path = documents_path(self.config.state_dir, self.config.name, generation)
+        for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            stale.unlink(missing_ok=True)  # an earlier attempt's: start over
+        self.indexes.discard(generation)
+        self.generation = generation
+
+    def switch_generation(self, generation: int) -> None:
+        with self._errors(f"switch_generation({generation})"):
+            self._ensure_indexes(generation)
+            self.generations.switch(generation, lambda alias, topic: None)
+        if self.engine is not None and self.state_generation == generation:
+            self.engine.state.set_seed_from(None)  # readers see this generation now
+        self.generation = None
+
+    def drop_generation(self, generation: int) -> None:
+        with self._errors(f"drop_generation({generation})"):
+            self.generations.drop(generation, self.config.drop_old_generation_after_s)
+        if self.state_generation == generation:
+            self._close_state()
+        path = documents_path(self.config.state_dir, self.config.name, generation)
+        for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            stale.unlink(missing_ok=True)
+        self.indexes.discard(generation)
+        if self.generation == generation:
+            self.generation = None
+
+    # --- status ---------------------------------------------------------------------------------
+
+    def describe(self) -> list[dict]:
+        engine = self.engine
+        state = engine.state if engine is not None else None
+        return [{"document": d.name, "generation": self._writing(), "state_rows": state.rows() if state else None,
+                 "state_bytes": state.path.stat().st_size if state and state.path.exists() else None,
+                 **(engine.counters if engine else {}), **self.counters}
+                for d in self.config.documents or []]
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CdcError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the client's errors, typed by translate
+            raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
+
+
+def _tables(node: Any) -> Iterator[Any]:
+    yield node
+    for below in (*node.lookups, *node.children):
+        yield from _tables(below)
+
+
+def _place(properties: dict[str, Any], path: list[str], mapping: dict[str, Any]) -> None:
+    """A user's mapping at a dotted path, over the generated one."""
+    for part in path[:-1]:
+        properties = properties.setdefault(part, {"type": "object", "properties": {}}).setdefault("properties", {})
+    properties[path[-1]] = mapping
