@@ -254,9 +254,6 @@ class State:
     def empty(self) -> bool:
         return not self.db.execute("SELECT 1 FROM offsets LIMIT 1").fetchall()
 
-    def rows(self) -> int:
-        return sum(self.db.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in self.names.values())
-
     # --- assembly ---------------------------------------------------------------------------------
 
     def assemble(self, doc: str, doc_id: bytes) -> dict[str, Any] | None:
@@ -298,6 +295,21 @@ def _comparable(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return (1, orjson.dumps(value))  # nothing to compare by type: by its JSON text
     return (0, value)
+
+
+def state_figures(path: Path) -> tuple[int | None, int | None]:
+    """(rows kept, bytes on disk) of a state file, read without opening it for writing; (None,
+    None) when there is none."""
+    if not path.exists():
+        return None, None
+    size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                                  "AND name GLOB 't[0-9]*'")]
+        return sum(db.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in tables), size
+    finally:
+        db.close()
 
 
 def documents_path(state_dir: Path, sink: str, generation: int) -> Path:

@@ -37,7 +37,7 @@ from cdc.api import (
 )
 from sinks.documents.engine import Engine, Written
 from sinks.documents.plan import NodePlan, Plan, make_plan
-from sinks.documents.state import State, documents_path
+from sinks.documents.state import State, documents_path, state_figures
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -166,10 +166,7 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
                 if record is None:
                     raise RetriableError(f"opensearch sink {self.config.name}: no shape of {topic} published yet; "
                                          f"its documents wait for the source to capture it")
-                from cdc.formats.shapes import columns_of
-
-                by_topic[topic] = CapturedShape(record.get("source"), place_table, columns_of(record),
-                                                record.get("version"))
+                by_topic[topic] = CapturedShape.of_record(record)
             self.shapes = CapturedShapes(prefix, by_topic)
             self.plan = make_plan(self.config.documents or [], self.config.topics, self.shapes)
         return self.plan
@@ -268,12 +265,18 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
     # --- status ---------------------------------------------------------------------------------
 
     def describe(self) -> list[dict]:
-        engine = self.engine
-        state = engine.state if engine is not None else None
-        return [{"document": d.name, "generation": self._writing(), "state_rows": state.rows() if state else None,
-                 "state_bytes": state.path.stat().st_size if state and state.path.exists() else None,
-                 **(engine.counters if engine else {}), **self.counters}
-                for d in self.config.documents or []]
+        """Per document: alias, generation, documents readers see, and the state's rows and bytes."""
+        generation = self.current_generation()
+        rows, size = state_figures(documents_path(self.config.state_dir, self.config.name, generation))
+        out = []
+        with self._errors("describe"):
+            for document in self.config.documents or []:
+                counted = self.client.count(index=document.name, params={"ignore": 404})
+                out.append({"alias": document.name, "index": generation_index(document.name, generation),
+                            "generation": generation, "documents": counted.get("count"),
+                            "state_rows": rows, "state_bytes": size,
+                            **(self.engine.counters if self.engine is not None else {})})
+        return out
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -14,9 +14,11 @@ one PostgreSQL builds with JSON aggregation from the same rows, and no other is 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -253,6 +255,8 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(shop, opens
             return _documents(client, alias) == expected
 
         wait_beside("every document equal to the SQL join", caught_up, daemon, limit=240, every=1.0)
+        status = subprocess.run([sys.executable, "-m", "cdc.cli", "status", "--json", str(config), f"{prefix}-search"],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
     finally:
         writer.stopping.set()
         reader.stopping.set()
@@ -261,6 +265,10 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(shop, opens
     assert not reader.problems, reader.problems[:5]
     assert reader.reads > 20 and len(reader.seen) > ORDERS // 2
     assert (tmp_path / "docstate").exists()
+    [row] = [r for r in json.loads(status.stdout) if r["name"] == f"{prefix}-search"]
+    [store] = row["stores"]
+    assert (store["alias"], store["generation"], store["documents"]) == (alias, 2, len(expected)), store
+    assert store["state_rows"] >= len(expected) and store["state_bytes"] > 0, store
     log_text = (tmp_path / "run.log").read_text(errors="replace")
     assert "is behind the offsets its group committed" in log_text and "readers switched" in log_text, \
         "the lost state made the sink rebuild"

@@ -288,14 +288,21 @@ def test_the_design_example_passes_on_both_sinks(tmp_path):
     assert places[5].path == ("documents", 0, "children", 0, "children", 0)
 
 
-@pytest.mark.parametrize("head", [OPENSEARCH, REDIS + "    format: json\n"], ids=["opensearch", "redis"])
-def test_a_sink_of_documents_refuses_to_run_until_the_engine_exists(head):
-    from cdc.plugins import sink_plugin
+def test_an_opensearch_sink_of_documents_is_the_document_sink_and_redis_refuses_until_built():
+    from cdc.api import DescribedSink, PipelinedSink, ReadableSink, RebuildableSink
+    from cdc.plugins import sink_class, sink_plugin
+    from sinks.opensearch.doc_sink import OpenSearchDocumentSink
 
-    config = parse_config(head + textwrap.indent("documents: [{name: orders, table: public.orders}]\n",
-                                                 "    ")).sinks[0]
+    documents = textwrap.indent("documents: [{name: orders, table: public.orders}]\n", "    ")
+    search = parse_config(OPENSEARCH + documents).sinks[0]
+    kind = sink_class(search)
+    assert kind is OpenSearchDocumentSink and issubclass(kind, RebuildableSink) and issubclass(kind, DescribedSink)
+    # Not the table sink's capabilities: cdc verify and pipelining read and write tables.
+    assert ReadableSink not in kind.__mro__ and PipelinedSink not in kind.__mro__
+    assert sink_class(parse_config(OPENSEARCH).sinks[0]) is sink_plugin("opensearch")
+    cache = parse_config(REDIS + "    format: json\n" + documents).sinks[0]
     with pytest.raises(ConfigError, match="documents are declared and checked .* but not yet kept by cdc run"):
-        sink_plugin(config.type)(config)
+        sink_class(cache)(cache)
 
 
 def test_a_sink_without_documents_reads_no_shapes():
