@@ -229,12 +229,12 @@ def _as_problems(place: Place) -> list[tuple[FieldPath, str]]:
 
 
 def not_kept_yet(sink_name: str, documents: list[Document] | None) -> None:
-    """Raise ``ConfigError`` for a sink that declares documents: the declaration is checked, but
-    the engine that keeps documents is not built yet, and a sink keeping its tables one index or
-    key space each instead would be a silent surprise."""
+    """Raise ``ConfigError`` for a table sink built from a config that declares documents: the
+    runtime builds the plugin's document sink for it (``Sink.class_for``), and a table sink
+    keeping the tables one index or key space each instead would be a silent surprise."""
     if documents is not None:
-        raise ConfigError(f"sink {sink_name}: documents are declared and checked (cdc validate), but not "
-                          "yet kept by cdc run; remove documents: to keep the tables one by one")
+        raise ConfigError(f"sink {sink_name}: documents are declared, so the sink's document class keeps them "
+                          "(cdc.plugins.sink_class); this class keeps tables")
 
 
 def refuse(problems: list[tuple[FieldPath, str]], title: str) -> None:

@@ -10,9 +10,9 @@ version; the next offset of each partition is stored in the same transaction.
 
 ``flush`` then assembles each outbox document from the state and hands them to the target's
 ``write`` with their versions (external versioning: a target keeps the highest, so nothing goes
-back), and takes the written ones out of the outbox. A rebuild that had no earlier state (its
-directory lost) first seeds each document's register above the version the generation readers
-see holds of it, so across the switch no document goes back. A document whose root row is gone is written
+back), and takes the written ones out of the outbox. A rebuild first seeds each document's
+register above the version the generation readers see holds of it, so across the switch no
+document goes back. A document whose root row is gone is written
 as a deletion at its version. One larger than ``max_document_bytes`` is set aside (a dead letter
 naming it and its size) and written as a deletion, never truncated. A kill -9 between ``apply``
 and ``flush`` leaves the outbox, flushed at the next start.

@@ -24,20 +24,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from cdc.api import (
-    CapturedShape,
-    CapturedShapes,
     CdcError,
     DescribedSink,
     PermanentError,
     RebuildableSink,
-    RebuildRequired,
-    RetriableError,
     Sink,
     SinkEvent,
 )
-from sinks.documents.engine import Engine, Written
-from sinks.documents.plan import NodePlan, Plan, make_plan
-from sinks.documents.state import State, documents_path, state_figures
+from sinks.documents.engine import Written
+from sinks.documents.keeper import Keeper
+from sinks.documents.plan import NodePlan, Plan
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -62,10 +58,7 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         self.bulk = BulkWriter(self.client, max_docs=config.bulk_max_docs, max_bytes=config.bulk_max_bytes,
                                concurrency=config.bulk_concurrency, what=f"opensearch sink {config.name}",
                                hosts=config.hosts)
-        self.plan: Plan | None = None
-        self.shapes: CapturedShapes | None = None
-        self.engine: Engine | None = None
-        self.state_generation: int | None = None
+        self.keeper = Keeper(config.name, config, lambda: self.context, self._held_versions)
         self.indexes: set[int] = set()   # generations whose indexes exist
         self.counters = {"written": 0, "conflicts": 0, "refused": 0}
         self._running = False
@@ -83,14 +76,9 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
     def stop(self) -> None:
         if self._running:
             self._running = False
-            self._close_state()
+            self.keeper.close()
             self.bulk.close()
             self.client.close()
-
-    def _close_state(self) -> None:
-        if self.engine is not None:
-            self.engine.state.close()
-            self.engine, self.state_generation = None, None
 
     def _writing(self) -> int:
         return self.generation if self.generation is not None else self.generations.state.current
@@ -101,80 +89,17 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         if not self._running:
             raise PermanentError(f"opensearch sink {self.config.name}: not running (call start() first)")
         generation = self._writing()
-        engine = self._engine(generation)
+        engine = self.keeper.engine_for(generation, self.generations.state.current)
         if events:
             engine.apply(events)
         with self._errors("write"):
             self._ensure_indexes(generation)
             engine.flush(lambda docs: self._send(docs, generation))
 
-    def _engine(self, generation: int) -> Engine:
-        if self.engine is not None and self.state_generation == generation:
-            return self.engine
-        self._close_state()
-        plan = self._plan()
-        path = documents_path(self.config.state_dir, self.config.name, generation)
-        fresh = not path.exists()
-        state = State(path, plan)
-        try:
-            current = self.generations.state.current
-            if fresh and generation != current:  # a rebuild's: versions go on from the current generation's
-                earlier = documents_path(self.config.state_dir, self.config.name, current)
-                if earlier.exists():
-                    state.copy_registers(earlier)
-                else:  # lost: from the versions its documents hold
-                    state.set_seed_from(current)
-            if generation == self.generations.state.current:
-                self._check_behind(state)
-        except BaseException:
-            state.close()
-            raise
-        context = self.context
-        self.engine = Engine(plan, state, self.config.max_document_bytes, context.delete_read, context.dead_letter,
-                             self._held_versions)
-        self.state_generation = generation
-        return self.engine
-
-    def _check_behind(self, state: State) -> None:
-        """RebuildRequired when the group committed offsets past what the state applied."""
-        log_ = self.context.log
-        if log_ is None:
-            return
-        held = state.offsets()
-        reader = log_.reader(self.config.name)
-        try:
-            partitions = [tp for topic in self._plan().topics() for tp in log_.end_offsets(topic)]
-            committed = reader.committed(partitions)
-        finally:
-            reader.close()
-        behind = [(tp, at) for tp, at in committed.items() if at and held.get((tp[0], tp[1]), 0) < at]
-        if behind:
-            (topic, partition), at = behind[0]
-            raise RebuildRequired(f"opensearch sink {self.config.name}: its documents state "
-                                  f"({documents_path(self.config.state_dir, self.config.name, self._writing()).name})"
-                                  f" is behind the offsets its group committed ({topic}[{partition}] at "
-                                  f"{held.get((topic, partition), 0)}, committed {at}): the documents are "
-                                  f"rebuilt from the topics")
-
-    def _plan(self) -> Plan:
-        if self.plan is None:
-            prefix = self.context.topic_prefix
-            by_topic: dict[str, CapturedShape] = {}
-            for place_table in {n.table for d in self.config.documents or [] for n in _tables(d)}:
-                topic = f"{prefix}.{place_table}"
-                record = self.context.schema_for(topic)
-                if record is None:
-                    raise RetriableError(f"opensearch sink {self.config.name}: no shape of {topic} published yet; "
-                                         f"its documents wait for the source to capture it")
-                by_topic[topic] = CapturedShape.of_record(record)
-            self.shapes = CapturedShapes(prefix, by_topic)
-            self.plan = make_plan(self.config.documents or [], self.config.topics, self.shapes)
-        return self.plan
-
     def _ensure_indexes(self, generation: int) -> None:
         if generation in self.indexes:
             return
-        plan = self._plan()
+        plan = self.keeper.make_plan()
         for document in self.config.documents or []:
             root = plan.nodes[plan.roots[document.name]]
             properties = {**self._properties(plan, root), **META_PROPERTIES}
@@ -185,8 +110,8 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         self.indexes.add(generation)
 
     def _properties(self, plan: Plan, node: NodePlan) -> dict[str, Any]:
-        assert self.shapes is not None
-        shape = self.shapes.of(node.table)
+        assert self.keeper.shapes is not None
+        shape = self.keeper.shapes.of(node.table)
         out = {node.rename.get(c.name, c.name): field_mapping(c.type)
                for c in (shape.columns if shape else ()) if node.shows(c.name)}
         for number in node.below:
@@ -235,10 +160,7 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
     def open_generation(self, generation: int) -> None:
         with self._errors(f"open_generation({generation})"):
             self.generations.open(generation)
-        self._close_state()
-        path = documents_path(self.config.state_dir, self.config.name, generation)
-        for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            stale.unlink(missing_ok=True)  # an earlier attempt's: start over
+        self.keeper.opened(generation)
         self.indexes.discard(generation)
         self.generation = generation
 
@@ -246,18 +168,13 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         with self._errors(f"switch_generation({generation})"):
             self._ensure_indexes(generation)
             self.generations.switch(generation, lambda alias, topic: None)
-        if self.engine is not None and self.state_generation == generation:
-            self.engine.state.set_seed_from(None)  # readers see this generation now
+        self.keeper.switched(generation)
         self.generation = None
 
     def drop_generation(self, generation: int) -> None:
         with self._errors(f"drop_generation({generation})"):
             self.generations.drop(generation, self.config.drop_old_generation_after_s)
-        if self.state_generation == generation:
-            self._close_state()
-        path = documents_path(self.config.state_dir, self.config.name, generation)
-        for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            stale.unlink(missing_ok=True)
+        self.keeper.dropped(generation)
         self.indexes.discard(generation)
         if self.generation == generation:
             self.generation = None
@@ -267,15 +184,13 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
     def describe(self) -> list[dict]:
         """Per document: alias, generation, documents readers see, and the state's rows and bytes."""
         generation = self.current_generation()
-        rows, size = state_figures(documents_path(self.config.state_dir, self.config.name, generation))
+        figures = self.keeper.figures(generation)
         out = []
         with self._errors("describe"):
             for document in self.config.documents or []:
                 counted = self.client.count(index=document.name, params={"ignore": 404})
                 out.append({"alias": document.name, "index": generation_index(document.name, generation),
-                            "generation": generation, "documents": counted.get("count"),
-                            "state_rows": rows, "state_bytes": size,
-                            **(self.engine.counters if self.engine is not None else {})})
+                            "generation": generation, "documents": counted.get("count"), **figures})
         return out
 
     @contextmanager
@@ -286,12 +201,6 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
             raise
         except Exception as err:  # noqa: BLE001 - the client's errors, typed by translate
             raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
-
-
-def _tables(node: Any) -> Iterator[Any]:
-    yield node
-    for below in (*node.lookups, *node.children):
-        yield from _tables(below)
 
 
 def _place(properties: dict[str, Any], path: list[str], mapping: dict[str, Any]) -> None:

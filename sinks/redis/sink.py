@@ -62,6 +62,14 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
 
     config_model = RedisSinkConfig
 
+    @classmethod
+    def class_for(cls, config: Any) -> type[Sink]:
+        if getattr(config, "documents", None) is not None:
+            from sinks.redis.doc_sink import RedisDocumentSink
+
+            return RedisDocumentSink
+        return cls
+
     def __init__(self, config: RedisSinkConfig, generation: int | None = None) -> None:
         super().__init__(config, generation)
         not_kept_yet(config.name, config.documents)

@@ -288,21 +288,23 @@ def test_the_design_example_passes_on_both_sinks(tmp_path):
     assert places[5].path == ("documents", 0, "children", 0, "children", 0)
 
 
-def test_an_opensearch_sink_of_documents_is_the_document_sink_and_redis_refuses_until_built():
+def test_a_sink_of_documents_is_its_plugins_document_sink():
     from cdc.api import DescribedSink, PipelinedSink, ReadableSink, RebuildableSink
     from cdc.plugins import sink_class, sink_plugin
     from sinks.opensearch.doc_sink import OpenSearchDocumentSink
+    from sinks.redis.doc_sink import RedisDocumentSink
 
     documents = textwrap.indent("documents: [{name: orders, table: public.orders}]\n", "    ")
     search = parse_config(OPENSEARCH + documents).sinks[0]
     kind = sink_class(search)
     assert kind is OpenSearchDocumentSink and issubclass(kind, RebuildableSink) and issubclass(kind, DescribedSink)
-    # Not the table sink's capabilities: cdc verify and pipelining read and write tables.
+    # Not the table sinks' capabilities: cdc verify and pipelining read and write tables.
     assert ReadableSink not in kind.__mro__ and PipelinedSink not in kind.__mro__
     assert sink_class(parse_config(OPENSEARCH).sinks[0]) is sink_plugin("opensearch")
     cache = parse_config(REDIS + "    format: json\n" + documents).sinks[0]
-    with pytest.raises(ConfigError, match="documents are declared and checked .* but not yet kept by cdc run"):
-        sink_class(cache)(cache)
+    assert sink_class(cache) is RedisDocumentSink and ReadableSink not in RedisDocumentSink.__mro__
+    with pytest.raises(ConfigError, match="documents are declared, so the sink's document class keeps them"):
+        sink_plugin(cache.type)(cache)  # the table sink, built by hand
 
 
 def test_a_sink_without_documents_reads_no_shapes():

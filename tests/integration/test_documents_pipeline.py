@@ -24,17 +24,20 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import orjson
 import psycopg2
 import pytest
+import redis
 from opensearchpy import OpenSearch
 
 from tests.conftest import _fresh_database
 from tests.daemon import cdc_process, kill_daemon, stop_daemon, wait_beside
 from tests.integration.pg_capture import execute
 
-pytestmark = [pytest.mark.postgres, pytest.mark.opensearch]
+pytestmark = [pytest.mark.postgres, pytest.mark.opensearch, pytest.mark.redis]
 
 ORDERS, CUSTOMERS, PRODUCTS, CATEGORIES, LINES = 40, 8, 12, 4, 4
+KILLS = {"opensearch": 20, "redis": 8}
 
 SCHEMA = [
     "CREATE TABLE categories (id int PRIMARY KEY, name text)",
@@ -75,8 +78,7 @@ DOCUMENTS = """
             as: items
             foreign_key: [order_id]
             order_by: [line_no]
-            exclude: [order_id]
-            nested: true
+            exclude: [order_id]{nested}
             lookups:
               - table: public.products
                 as: product
@@ -149,34 +151,96 @@ class Writer(threading.Thread):
 
 
 class Reader(threading.Thread):
-    """Polls documents through the alias: a version never goes back, one version has one content."""
+    """Polls documents: a version never goes back, one version has one content."""
 
-    def __init__(self, client: OpenSearch, alias: str) -> None:
+    def __init__(self, target: Target) -> None:
         super().__init__(daemon=True)
-        self.client, self.alias, self.stopping = client, alias, threading.Event()
-        self.seen: dict[str, tuple[int, dict]] = {}
+        self.target, self.stopping = target, threading.Event()
+        self.seen: dict[str, tuple[int, dict | None]] = {}
         self.problems: list[str] = []
         self.reads = 0
 
     def run(self) -> None:
-        ids = [str(i) for i in range(1, ORDERS + 1)]
         while not self.stopping.is_set():
             try:
-                answer = self.client.mget(index=self.alias, body={"ids": ids})
-            except Exception:  # noqa: BLE001 - the alias not there yet, OpenSearch busy
+                found = self.target.versions([str(i) for i in range(1, ORDERS + 1)])
+            except Exception:  # noqa: BLE001 - not there yet, the server busy
                 time.sleep(0.2)
                 continue
-            for doc in answer["docs"]:
-                if not doc.get("found"):
-                    continue
-                body = {k: v for k, v in doc["_source"].items() if k != "__cdc_deleted_at"}  # when, not what
-                version = body["__cdc_version"]
-                was = self.seen.get(doc["_id"])
+            for doc_id, (version, body) in found.items():
+                was = self.seen.get(doc_id)
                 if was is not None and (version < was[0] or (version == was[0] and body != was[1])):
-                    self.problems.append(f"{doc['_id']}: {was[0]} {was[1]} then {version} {body}")
-                self.seen[doc["_id"]] = (version, body)
+                    self.problems.append(f"{doc_id}: {was[0]} {was[1]} then {version} {body}")
+                self.seen[doc_id] = (version, body)
             self.reads += 1
             time.sleep(0.1)
+
+
+class Target:
+    """Where the documents are read back: ``documents()`` what readers see (id -> document),
+    ``versions(ids)`` each id's version and body (None: deleted), read together."""
+
+    def documents(self) -> dict[str, dict]: ...
+
+    def versions(self, ids: list[str]) -> dict[str, tuple[int, dict | None]]: ...
+
+    def top_version(self) -> int:
+        try:
+            found = self.versions([str(i) for i in range(1, ORDERS + 1)])
+        except Exception:  # noqa: BLE001 - not created yet
+            return 0
+        return max((version for version, _ in found.values()), default=0)
+
+
+class SearchTarget(Target):
+    def __init__(self, url: str, alias: str) -> None:
+        self.client, self.alias = OpenSearch([url], timeout=60), alias
+
+    def documents(self) -> dict[str, dict]:
+        self.client.indices.refresh(index=self.alias)
+        hits = self.client.search(index=self.alias, body={"size": 10_000, "query": {"match_all": {}}})["hits"]["hits"]
+        return {hit["_id"]: {k: v for k, v in hit["_source"].items() if not k.startswith("__cdc_")} for hit in hits}
+
+    def versions(self, ids: list[str]) -> dict[str, tuple[int, dict | None]]:
+        # A GET through the alias sees tombstone documents (__cdc_deleted) too.
+        out: dict[str, tuple[int, dict | None]] = {}
+        for doc in self.client.mget(index=self.alias, body={"ids": ids})["docs"]:
+            if doc.get("found"):
+                body = doc["_source"]
+                live = None if body.get("__cdc_deleted") else {k: v for k, v in body.items()
+                                                                 if not k.startswith("__cdc_")}
+                out[doc["_id"]] = (body["__cdc_version"], live)
+        return out
+
+
+class CacheTarget(Target):
+    def __init__(self, url: str, prefix: str, name: str) -> None:
+        self.client, self.prefix, self.name = redis.Redis.from_url(url), prefix, name
+
+    def _keys(self) -> str:
+        generation = int(self.client.get(f"{self.prefix}.generation") or 1)
+        return self.prefix if generation == 1 else f"{self.prefix}.g{generation}"
+
+    def documents(self) -> dict[str, dict]:
+        ns = self._keys()
+        head = f"{ns}:doc:{self.name}:"
+        keys = [k.decode() for k in self.client.scan_iter(match=f"{head}*", count=1000)]
+        return {key[len(head):]: orjson.loads(value) for key, value in zip(keys, self.client.mget(keys))
+                if value is not None}
+
+    def versions(self, ids: list[str]) -> dict[str, tuple[int, dict | None]]:
+        ns = self._keys()
+        pipe = self.client.pipeline(transaction=True)  # each document with its version, at one moment
+        for doc_id in ids:
+            key = f"{ns}:doc:{self.name}:{doc_id}"
+            pipe.get(key)
+            pipe.get(f"{ns}:v:{{{key}}}")
+        answers = pipe.execute()
+        out: dict[str, tuple[int, dict | None]] = {}
+        for doc_id, value, version in zip(ids, answers[::2], answers[1::2]):
+            if version is not None:
+                out[doc_id] = (int(version.decode().lstrip("D")), None if value is None else orjson.loads(value))
+        return out
 
 
 def _expected(dsn: str) -> dict[str, dict]:
@@ -189,24 +253,9 @@ def _expected(dsn: str) -> dict[str, dict]:
         conn.close()
 
 
-def _documents(client: OpenSearch, alias: str) -> dict[str, dict]:
-    client.indices.refresh(index=alias)
-    hits = client.search(index=alias, body={"size": 10_000, "query": {"match_all": {}}})["hits"]["hits"]
-    return {hit["_id"]: {k: v for k, v in hit["_source"].items() if not k.startswith("__cdc_")} for hit in hits}
-
-
-def _moved(writer: Writer, client: OpenSearch, alias: str, before: int) -> bool:
+def _moved(writer: Writer, target: Target, before: int) -> bool:
     assert writer.error is None, writer.error
-    return _top_version(client, alias) > before
-
-
-def _top_version(client: OpenSearch, alias: str) -> int:
-    try:
-        client.indices.refresh(index=alias)
-        answer = client.search(index=alias, body={"size": 0, "aggs": {"v": {"max": {"field": "__cdc_version"}}}})
-    except Exception:  # noqa: BLE001 - not created yet
-        return 0
-    return int(answer["aggregations"]["v"]["value"] or 0)
+    return target.top_version() > before
 
 
 @pytest.fixture
@@ -218,31 +267,38 @@ def shop(pg_admin_dsn) -> Iterator[str]:
     next(databases, None)
 
 
-def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(shop, opensearch_url, tmp_path):
+@pytest.mark.parametrize("store", ["opensearch", "redis"])
+def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop, opensearch_url, redis_url,
+                                                                     tmp_path):
     prefix = f"d{uuid.uuid4().hex[:6]}"
-    alias = f"{prefix}-orders"
+    name = f"{prefix}-orders"
+    if store == "opensearch":
+        sink = f"    type: opensearch\n    hosts: ['{opensearch_url}']\n"
+        target: Target = SearchTarget(opensearch_url, name)
+    else:
+        sink = f"    type: redis\n    url: '{redis_url}'\n    key_prefix: {prefix}\n    format: json\n"
+        target = CacheTarget(redis_url, prefix, name)
     config = tmp_path / "cdc.yaml"
     config.write_text(
         f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
         f"sources:\n  - {{name: shop, type: postgres, dsn: '{shop}', tables: ['public.*'], state_dir: ./state, "
         f"heartbeat_interval: 1}}\n"
-        f"sinks:\n  - name: {prefix}-search\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
+        f"sinks:\n  - name: {prefix}-docs\n{sink}"
         f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
-        + DOCUMENTS.format(alias=alias) + "http: null\n")
-    client = OpenSearch([opensearch_url], timeout=60)
-    writer, reader = Writer(shop), Reader(client, alias)
+        + DOCUMENTS.format(alias=name, nested="\n            nested: true" if store == "opensearch" else "")
+        + "http: null\n")
+    writer, reader = Writer(shop), Reader(target)
     daemon = _run(config)
     try:
-        wait_beside("the first documents", lambda: _top_version(client, alias) > 0, daemon)
+        wait_beside("the first documents", lambda: target.top_version() > 0, daemon)
         writer.start()
         reader.start()
-        for kill in range(20):
-            before = _top_version(client, alias)
-            wait_beside(f"documents written after kill {kill}", lambda b=before: _moved(writer, client, alias, b),
-                        daemon)
+        for kill in range(KILLS[store]):
+            before = target.top_version()
+            wait_beside(f"documents written after kill {kill}", lambda b=before: _moved(writer, target, b), daemon)
             time.sleep(random.uniform(0, 1.5))
             kill_daemon(daemon)
-            if kill == 12:  # the state lost: the documents are rebuilt from the topics
+            if kill == KILLS[store] // 2:  # the state lost: the documents are rebuilt from the topics
                 shutil.rmtree(tmp_path / "docstate")
             daemon = _run(config)
         wait_beside("writes under the last run", lambda: writer.changes > 1500, daemon, limit=300)
@@ -250,12 +306,9 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(shop, opens
         writer.join(30)
         assert writer.error is None, writer.error
         expected = _expected(shop)
-
-        def caught_up() -> bool:
-            return _documents(client, alias) == expected
-
-        wait_beside("every document equal to the SQL join", caught_up, daemon, limit=240, every=1.0)
-        status = subprocess.run([sys.executable, "-m", "cdc.cli", "status", "--json", str(config), f"{prefix}-search"],
+        wait_beside("every document equal to the SQL join", lambda: target.documents() == expected, daemon,
+                    limit=240, every=1.0)
+        status = subprocess.run([sys.executable, "-m", "cdc.cli", "status", "--json", str(config), f"{prefix}-docs"],
                                 capture_output=True, text=True, timeout=120, cwd=tmp_path)
     finally:
         writer.stopping.set()
@@ -265,13 +318,13 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(shop, opens
     assert not reader.problems, reader.problems[:5]
     assert reader.reads > 20 and len(reader.seen) > ORDERS // 2
     assert (tmp_path / "docstate").exists()
-    [row] = [r for r in json.loads(status.stdout) if r["name"] == f"{prefix}-search"]
-    [store] = row["stores"]
-    assert (store["alias"], store["generation"], store["documents"]) == (alias, 2, len(expected)), store
-    assert store["state_rows"] >= len(expected) and store["state_bytes"] > 0, store
+    [row] = [r for r in json.loads(status.stdout) if r["name"] == f"{prefix}-docs"]
+    if store == "opensearch":
+        [described] = row["stores"]
+        assert (described["alias"], described["generation"], described["documents"]) == (name, 2, len(expected))
+        assert described["state_rows"] >= len(expected) and described["state_bytes"] > 0, described
     log_text = (tmp_path / "run.log").read_text(errors="replace")
-    assert "is behind the offsets its group committed" in log_text and "readers switched" in log_text, \
-        "the lost state made the sink rebuild"
+    assert "is behind the offsets its group committed" in log_text, "the lost state made the sink rebuild"
 
 
 def _run(config) -> subprocess.Popen:

@@ -1,0 +1,142 @@
+"""What every document sink does around the engine: the plan from the captured shapes, one state
+file per generation of the target, and the checks that keep state and target in step.
+
+* The plan is made at the first write, from the newest shape of each joined table
+  (``SinkContext.schema_for``), and checked as ``cdc validate`` checks it.
+* The state of generation N is ``<state_dir>/<sink>.g<N>.db``. A rebuild's generation (not the one
+  readers see) starts empty: its registers are copied from the current generation's state where
+  there is one, and each document's register is raised above the version the current
+  generation holds of it before its first write (``held_versions``), so no document's version
+  goes back across the switch.
+* The state of the generation readers see must have applied everything the sink's group
+  committed: a state that is missing or behind (its directory lost, replaced by an older copy)
+  cannot tell which documents the records in between changed, so the sink asks for a rebuild
+  (``RebuildRequired``): the runtime fills a new generation from the compacted topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from cdc.api import CapturedShape, CapturedShapes, RebuildRequired, RetriableError, SinkContext
+from sinks.documents.declaration import Document
+from sinks.documents.engine import Engine
+from sinks.documents.plan import Plan, make_plan
+from sinks.documents.state import State, documents_path, state_figures
+
+HeldVersions = Callable[[int, list[tuple[str, dict[str, Any]]]], list[int | None]]
+
+
+class Keeper:
+    """One document sink's plan and states (used by the sink's thread)."""
+
+    def __init__(self, sink: str, config: Any, context: Callable[[], SinkContext],
+                 held_versions: HeldVersions) -> None:
+        self.sink, self.config, self.context, self.held_versions = sink, config, context, held_versions
+        self.documents: list[Document] = list(config.documents or [])
+        self.plan: Plan | None = None
+        self.shapes: CapturedShapes | None = None
+        self.engine: Engine | None = None
+        self.generation: int | None = None  # of the open state
+
+    def path(self, generation: int) -> Path:
+        return documents_path(self.config.state_dir, self.sink, generation)
+
+    def make_plan(self) -> Plan:
+        if self.plan is None:
+            context = self.context()
+            by_topic: dict[str, CapturedShape] = {}
+            for table in sorted({node.table for document in self.documents for node in _nodes(document)}):
+                topic = f"{context.topic_prefix}.{table}"
+                record = context.schema_for(topic)
+                if record is None:
+                    raise RetriableError(f"sink {self.sink}: no shape of {topic} is published yet; its documents "
+                                         f"wait for the source to capture the table")
+                by_topic[topic] = CapturedShape.of_record(record)
+            self.shapes = CapturedShapes(context.topic_prefix, by_topic)
+            self.plan = make_plan(self.documents, list(self.config.topics), self.shapes)
+        return self.plan
+
+    def engine_for(self, generation: int, current: int) -> Engine:
+        """The engine over generation ``generation``'s state (``current``: the one readers see)."""
+        if self.engine is not None and self.generation == generation:
+            return self.engine
+        self.close()
+        plan = self.make_plan()
+        path = self.path(generation)
+        fresh = not path.exists()
+        state = State(path, plan)
+        try:
+            if fresh and generation != current:
+                if self.path(current).exists():
+                    state.copy_registers(self.path(current))
+                # And above what readers see: the current state may be behind it (lost, restored).
+                state.set_seed_from(current)
+            if generation == current:
+                self._check_behind(state, generation)
+        except BaseException:
+            state.close()
+            if fresh:  # made by this call: no trace of a state that never held anything
+                _remove(path)
+            raise
+        context = self.context()
+        self.engine = Engine(plan, state, self.config.max_document_bytes, context.delete_read, context.dead_letter,
+                             self.held_versions)
+        self.generation = generation
+        return self.engine
+
+    def _check_behind(self, state: State, generation: int) -> None:
+        log_ = self.context().log
+        if log_ is None:
+            return
+        held = state.offsets()
+        reader = log_.reader(self.sink)
+        try:
+            committed = reader.committed([tp for topic in self.make_plan().topics() for tp in log_.end_offsets(topic)])
+        finally:
+            reader.close()
+        behind = [(tp, at) for tp, at in committed.items() if at and held.get((tp[0], tp[1]), 0) < at]
+        if behind:
+            (topic, partition), at = behind[0]
+            raise RebuildRequired(f"sink {self.sink}: its documents state ({self.path(generation).name}) is behind "
+                                  f"the offsets its group committed ({topic}[{partition}] at "
+                                  f"{held.get((topic, partition), 0)}, committed {at}): the documents are rebuilt "
+                                  f"from the topics")
+
+    def opened(self, generation: int) -> None:
+        """A rebuild opened ``generation``: an earlier attempt's state goes."""
+        if self.generation == generation:
+            self.close()
+        _remove(self.path(generation))
+
+    def switched(self, generation: int) -> None:
+        """Readers see ``generation`` now: its versions need no seeding any more."""
+        if self.engine is not None and self.generation == generation:
+            self.engine.state.set_seed_from(None)
+
+    def dropped(self, generation: int) -> None:
+        if self.generation == generation:
+            self.close()
+        _remove(self.path(generation))
+
+    def figures(self, generation: int) -> dict[str, Any]:
+        rows, size = state_figures(self.path(generation))
+        return {"state_rows": rows, "state_bytes": size, **(self.engine.counters if self.engine is not None else {})}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.state.close()
+            self.engine, self.generation = None, None
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    yield node
+    for below in (*node.lookups, *node.children):
+        yield from _nodes(below)
+
+
+def _remove(path: Path) -> None:
+    for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        part.unlink(missing_ok=True)
