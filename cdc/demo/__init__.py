@@ -2,13 +2,15 @@
 
 1. Starts PostgreSQL, MariaDB, Redis and OpenSearch from the local stack (``cdc dev``) and
    recreates a shop: ``customers`` and ``orders`` in PostgreSQL, ``products`` in MariaDB.
-2. Writes a config (embedded log; both sources; three sinks: a SQLite warehouse, an OpenSearch
-   index per table, a Redis cache) and starts ``cdc run`` on it, in the background.
+2. Writes a config (embedded log; both sources; four sinks: a SQLite warehouse, an OpenSearch
+   index per table, a Redis cache, and joined documents in OpenSearch: each order with its
+   customer) and starts ``cdc run`` on it, in the background.
 3. Waits until both sources finished their snapshot (phase ``streaming`` and a stored offset),
    and only then makes live changes in both databases, with a schema change in the middle
    (``customers.tier`` integer -> text) that the search index can only follow by a rebuild.
 4. Counts the live (non-snapshot) events in the log, waits until every store equals its source,
-   table by table (``cdc.demo.stores``), and says so; prints the console's address.
+   table by table, and every joined document PostgreSQL's join of the order and its customer
+   (``cdc.demo.stores``), and says so; prints the console's address.
 
 The daemon and the stack stay up for poking (``cdc demo --stop`` stops the daemon, ``cdc dev
 down`` the stack); ``--then-stop`` stops the daemon at the end. Running the demo again starts
@@ -43,6 +45,7 @@ QUALIFIED = {"customers": "public.customers", "orders": "public.orders",
              "products": f"{shop.MARIA_DATABASE}.products"}
 SOURCES = ("shop_pg", "shop_maria")
 SINKS = ("warehouse", "search", "cache")
+DOCUMENTS = "shop-orders"       # the joined documents' alias: an order with its customer
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -144,6 +147,19 @@ sinks:
     url: "{redis}"
     key_prefix: {CACHE_PREFIX}
     topics: {topics}
+  - name: documents           # joined documents: each order with its customer, alias {DOCUMENTS}
+    type: opensearch
+    hosts: ["{opensearch}"]
+    topics: ["{PREFIX}.public.*"]
+    state_dir: ./cdc-state
+    drop_old_generation_after_s: 60
+    documents:
+      - name: {DOCUMENTS}
+        table: public.orders
+        settings: {{index: {{number_of_replicas: 0}}}}
+        lookups:
+          # tier changes type in the live changes; an OpenSearch field cannot: left out
+          - {{table: public.customers, as: customer, foreign_key: [customer_id], exclude: [tier, joined]}}
 http: "{http}"
 """
 
@@ -154,11 +170,13 @@ def _reset_stores(opensearch_url: str, redis_url: str, home: Path) -> None:
     from opensearchpy import OpenSearch
 
     client = OpenSearch(hosts=[opensearch_url], timeout=60)
-    for index in client.indices.get(index=f"{PREFIX}.*", params={"ignore_unavailable": "true"}):
-        client.indices.delete(index=index)
+    for pattern in (f"{PREFIX}.*", f"{DOCUMENTS}__g*"):
+        for index in client.indices.get(index=pattern, params={"ignore_unavailable": "true"}):
+            client.indices.delete(index=index)
     if client.indices.exists(index="cdc-sink-state"):
         # Another OpenSearch sink (a test's, a user's) may have made the state index without ours in it.
-        client.delete(index="cdc-sink-state", id="search", params={"ignore": 404, "refresh": "true"})
+        for sink in ("search", "documents"):
+            client.delete(index="cdc-sink-state", id=sink, params={"ignore": 404, "refresh": "true"})
     client.close()
     cache = redis_client.Redis.from_url(redis_url)
     for key in cache.scan_iter(match=f"{CACHE_PREFIX}*", count=1000):
@@ -262,9 +280,37 @@ class Shop:
         return out
 
     def check(self) -> dict[str, dict[str, str]]:
-        """store -> table -> what differs; empty when every store equals its source."""
+        """store -> table -> what differs; empty when every store equals its source (the joined
+        documents: each equal to its order joined with its customer in PostgreSQL)."""
         source = self.sources()
-        return {name: diff for name, rows in self.stores().items() if (diff := stores.differences(source, rows))}
+        out = {name: diff for name, rows in self.stores().items() if (diff := stores.differences(source, rows))}
+        if diff := stores.differences(self.joined(), self.documents()):
+            out["documents"] = diff
+        return out
+
+    def joined(self) -> dict[str, dict]:
+        """The orders joined with their customers, as PostgreSQL has them now."""
+        import psycopg2
+
+        pg = psycopg2.connect(self.pg_dsn)
+        try:
+            with pg.cursor() as cur:
+                return stores.joined_orders(cur)
+        finally:
+            pg.close()
+
+    def documents(self) -> dict[str, dict]:
+        """The joined documents readers see (none while the index is being made)."""
+        from opensearchpy import OpenSearch
+
+        from cdc.config import load_config
+
+        config = load_config(str(self.config_path), only=["documents"]).sink("documents")
+        client = OpenSearch(hosts=list(config.hosts), timeout=60)  # type: ignore[attr-defined]
+        try:
+            return stores.document_rows(client, DOCUMENTS)
+        finally:
+            client.close()
 
     def search_generation(self, table: str) -> int:
         """The generation the search sink's readers see for ``table`` (what it ``describe``s)."""
@@ -316,8 +362,9 @@ def _run(args: argparse.Namespace, home: Path) -> int:
     daemon = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", str(config)], cwd=home,
                               stdout=open(log_file, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     (home / "daemon.pid").write_text(str(daemon.pid))
-    print(f"2. started `cdc run {config}` (pid {daemon.pid}; log {log_file}): 2 sources, 3 sinks "
-          "(warehouse: SQLite, search: OpenSearch, cache: Redis)")
+    print(f"2. started `cdc run {config}` (pid {daemon.pid}; log {log_file}): 2 sources, 4 sinks "
+          "(warehouse: SQLite, search: OpenSearch, cache: Redis, documents: orders joined with their "
+          "customers in OpenSearch)")
     shop_ = Shop(dsn, env["MYSQL_URL"], config)
     loaded = load_config(str(config))
     try:
@@ -377,10 +424,14 @@ def _run(args: argparse.Namespace, home: Path) -> int:
         # The stores were equal just now; read once more to print what each holds.
         source, held = shop_.sources(), shop_.stores()
         problems = {name: stores.differences(source, rows) for name, rows in held.items()}
+        joined, documents = shop_.joined(), shop_.documents()
+        problems["documents"] = stores.differences(joined, documents)
         print("5. every store equals its source:")
         for table in TOPICS:
             print(f"     {table:<10} source {len(source[table]):>4} rows ({at_snapshot[table]} at the snapshot)  ==  " + "  ".join(
                 f"{name} {len(held[name].get(table, {})):>4}" for name in SINKS))
+        print(f"     orders joined with their customer: source {len(joined['orders']):>4}  ==  documents "
+              f"{len(documents['orders']):>4} (alias {DOCUMENTS})")
         if any(problems.values()):
             raise Failed(f"a store moved away from its source: {problems}")
         log_.close()
@@ -392,6 +443,7 @@ def _run(args: argparse.Namespace, home: Path) -> int:
     print(f"poke:     the warehouse: {home / 'warehouse.db'} (SQLite: customers, orders, products)")
     print(f"          curl '{env['OPENSEARCH_URL']}/{ALIASES['customers']}/_search?size=3&pretty'")
     print(f"          redis-cli -u {env['REDIS_URL']} HGETALL {CACHE_PREFIX}:public.customers:1")
+    print(f"          curl '{env['OPENSEARCH_URL']}/{DOCUMENTS}/_search?size=1&pretty'   (an order with its customer)")
     if args.then_stop:
         stop_daemon(home)
         release_source(home)

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import orjson
+
 # table (as the demo names it) -> (where it lives in its source, key column, compared columns)
 COLUMNS: dict[str, tuple[str, ...]] = {
     "customers": ("id", "name", "email", "tier"),
@@ -73,6 +75,41 @@ def sql_rows(cursor, tables: Iterable[str]) -> Rows:
 def sink_rows(sink, topics: dict[str, str]) -> Rows:
     """``topics``: table -> its topic. ``sink``: a started ``ReadableSink``."""
     return {table: _by_key(table, (stored.row for stored in sink.read_rows(topic))) for table, topic in topics.items()}
+
+
+# -- the joined documents ----------------------------------------------------------------------
+
+ORDER_FIELDS = ("customer_id", "total", "status")
+CUSTOMER_FIELDS = ("id", "name", "email")
+
+
+def _document(order: dict, customer: dict | None, items: Any) -> dict[str, str | None]:
+    out = {c: canonical(order.get(c)) for c in ORDER_FIELDS}
+    out["customer"] = None if customer is None else "|".join(str(canonical(customer.get(c))) for c in CUSTOMER_FIELDS)
+    out["items"] = orjson.dumps(items, option=orjson.OPT_SORT_KEYS).decode()
+    return out
+
+
+def joined_orders(cursor) -> Rows:
+    """PostgreSQL's orders joined with their customers (what each document must hold)."""
+    cursor.execute("SELECT o.id, o.customer_id, o.total, o.status, o.items, c.id, c.name, c.email FROM orders o "
+                   "LEFT JOIN customers c ON c.id = o.customer_id")
+    out = {}
+    for order_id, customer_id, total, status, items, *customer in cursor.fetchall():
+        order = {"customer_id": customer_id, "total": total, "status": status}
+        out[canonical(order_id)] = _document(order, None if customer[0] is None else
+                                             dict(zip(CUSTOMER_FIELDS, customer)), items)
+    return {"orders": out}
+
+
+def document_rows(client, alias: str) -> Rows:
+    """The documents readers see through ``alias`` (none while it does not exist yet)."""
+    if not client.indices.exists_alias(name=alias):
+        return {"orders": {}}
+    client.indices.refresh(index=alias)
+    hits = client.search(index=alias, body={"size": 10_000, "query": {"match_all": {}}})["hits"]["hits"]
+    return {"orders": {canonical(hit["_id"]): _document(hit["_source"], hit["_source"].get("customer"),
+                                                         hit["_source"].get("items")) for hit in hits}}
 
 
 # -- the comparison ----------------------------------------------------------------------------

@@ -134,6 +134,16 @@ class Engine:
             if need:
                 self.state.seed(need, self.seed(generation, [(doc, self._key(doc, doc_id)) for doc, doc_id in need]))
                 pending = self.state.outbox()
+        with self.state.reading():
+            out = self._assemble(pending)
+        for written, reason in write(out):
+            self._set_aside(*self._origin(pending, written), written.document, written.key,
+                            f"document {written.document} refused by the target: {reason}")
+        self.counters["documents"] += sum(1 for w in out if w.body is not None)
+        self.counters["deleted"] += sum(1 for w in out if w.body is None)
+        self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
+
+    def _assemble(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]]) -> list[Written]:
         out: list[Written] = []
         for doc, doc_id, version, (topic, part, off) in pending:
             key = self._key(doc, doc_id)
@@ -147,12 +157,7 @@ class Engine:
                     self.counters["oversized"] += 1
                     body = None
             out.append(Written(doc, key, version, body))
-        for written, reason in write(out):
-            self._set_aside(*self._origin(pending, written), written.document, written.key,
-                            f"document {written.document} refused by the target: {reason}")
-        self.counters["documents"] += sum(1 for w in out if w.body is not None)
-        self.counters["deleted"] += sum(1 for w in out if w.body is None)
-        self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
+        return out
 
     def _key(self, doc: str, doc_id: bytes) -> dict[str, Any]:
         root = self.plan.nodes[self.plan.roots[doc]]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,12 @@ class State:
         for table, tplan in plan.tables.items():
             edges = {n.edge.fk_columns: n.edge for n in plan.nodes if n.edge is not None and n.edge.fk_table == table}
             self.fks[table] = {cols: (f"f{j}", edges[cols]) for j, cols in enumerate(tplan.indexes)}
+        # Rows by (table, key) as read or written in the open transaction, or during one flush's
+        # assembly (nothing changes then); None outside both. Lookups shared by many documents
+        # (a product in thousands of orders) are read once per batch, not once per document.
+        self._rows: dict[tuple[str, bytes], tuple[int, bool, dict[str, Any] | None] | None] | None = None
+        self._truncated: dict[str, int | None] = {}
+        self._built: dict[tuple[int, bytes], dict[str, Any]] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -90,22 +97,38 @@ class State:
 
     def begin(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
+        self._rows, self._truncated = {}, {}
 
     def commit(self) -> None:
         self.db.execute("COMMIT")
+        self._rows, self._truncated = None, {}
 
     def rollback(self) -> None:
+        self._rows, self._truncated = None, {}
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Assemblies in between: rows and built lookups are read once (the state holds still)."""
+        self._rows, self._built = {}, {}
+        try:
+            yield
+        finally:
+            self._rows, self._built = None, {}
 
     # --- rows -------------------------------------------------------------------------------------
 
     def row(self, table: str, pk: bytes) -> tuple[int, bool, dict[str, Any] | None] | None:
         """(version, dead, row) of a key the state has seen, else None."""
+        cache = self._rows
+        if cache is not None and (table, pk) in cache:
+            return cache[(table, pk)]
         found = self.db.execute(f"SELECT ver, dead, body FROM {self.names[table]} WHERE pk = ?", (pk,)).fetchone()
-        if found is None:
-            return None
-        return found[0], bool(found[1]), None if found[2] is None else orjson.loads(found[2])
+        out = None if found is None else (found[0], bool(found[1]), None if found[2] is None else orjson.loads(found[2]))
+        if cache is not None:
+            cache[(table, pk)] = out
+        return out
 
     def put(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None) -> None:
         """The key's row at ``version`` (None: deleted, remembered at that version)."""
@@ -113,17 +136,22 @@ class State:
         fks = self.fks[table]
         columns = ["pk", "ver", "dead", "body", *(column for column, _ in fks.values())]
         body = None
+        kept: dict[str, Any] | None = None
         if row is not None:
-            kept = row if tplan.kept is None else {c: v for c, v in row.items() if c in tplan.kept}
+            kept = dict(row) if tplan.kept is None else {c: v for c, v in row.items() if c in tplan.kept}
             body = orjson.dumps(kept)
+        if self._rows is not None:
+            self._rows[(table, pk)] = (version, row is None, kept)
         values = [pk, version, int(row is None), body,
                   *((None if row is None else edge.reference(row)) for _, edge in fks.values())]
         self.db.execute(f"INSERT OR REPLACE INTO {self.names[table]} ({', '.join(columns)}) "
                         f"VALUES ({', '.join('?' * len(columns))})", values)
 
     def truncated(self, table: str) -> int | None:
-        found = self.db.execute("SELECT ver FROM truncated WHERE tbl = ?", (table,)).fetchone()
-        return None if found is None else found[0]
+        if table not in self._truncated:
+            found = self.db.execute("SELECT ver FROM truncated WHERE tbl = ?", (table,)).fetchone()
+            self._truncated[table] = None if found is None else found[0]
+        return self._truncated[table]
 
     def truncate(self, table: str, version: int) -> list[dict[str, Any]]:
         """Every live row of ``table`` older than ``version`` dies; returns them (their documents
@@ -133,6 +161,8 @@ class State:
                 self.db.execute(f"SELECT body FROM {name} WHERE dead = 0 AND ver < ?", (version,))]
         fks = "".join(f", {column} = NULL" for column, _ in self.fks[table].values())
         self.db.execute(f"UPDATE {name} SET dead = 1, body = NULL{fks} WHERE dead = 0 AND ver < ?", (version,))
+        self._rows = {} if self._rows is not None else None  # rows of the table died: read them again
+        self._truncated.pop(table, None)
         self.db.execute("INSERT INTO truncated VALUES (?, ?) ON CONFLICT (tbl) DO UPDATE SET ver = "
                         "max(ver, excluded.ver)", (table, version))
         return rows
@@ -140,8 +170,8 @@ class State:
     def _live(self, table: str, pk: bytes | None) -> dict[str, Any] | None:
         if pk is None:
             return None
-        found = self.db.execute(f"SELECT body FROM {self.names[table]} WHERE pk = ? AND dead = 0", (pk,)).fetchone()
-        return None if found is None else orjson.loads(found[0])
+        found = self.row(table, pk)
+        return None if found is None or found[1] else found[2]
 
     def _referencing(self, table: str, fk_columns: tuple[str, ...], key: bytes) -> list[tuple[bytes, dict]]:
         column, _ = self.fks[table][fk_columns]
@@ -262,14 +292,28 @@ class State:
         row = self._live(root.table, doc_id)
         return None if row is None else self._build(root, row)
 
+    def _lookup(self, node: NodePlan, pk: bytes | None) -> dict[str, Any] | None:
+        """A lookup's object, built once per flush and shared by the documents holding it (they
+        are serialized, never changed)."""
+        if pk is None:
+            return None
+        done = self._built.get((node.number, pk))
+        if done is None:
+            found = self._live(node.table, pk)
+            if found is None:
+                return None
+            done = self._build(node, found)
+            if self._rows is not None:  # inside reading(): the state holds still
+                self._built[(node.number, pk)] = done
+        return done
+
     def _build(self, node: NodePlan, row: Mapping[str, Any]) -> dict[str, Any]:
         out = node.project(row, list(row))
         for number in node.below:
             below = self.plan.nodes[number]
             assert below.edge is not None and below.field is not None
             if below.kind == "lookup":
-                found = self._live(below.table, below.edge.reference(row))
-                out[below.field] = None if found is None else self._build(below, found)
+                out[below.field] = self._lookup(below, below.edge.reference(row))
             else:
                 key = self.plan.tables[node.table].key_of(row)
                 children = [] if key is None else self._referencing(below.table, below.edge.fk_columns, key)

@@ -1,6 +1,7 @@
 """``cdc demo`` twice in a row: both runs end with every store (SQLite warehouse, OpenSearch,
-Redis) equal to its source (PostgreSQL, MariaDB), after live changes and a schema change that
-rebuilds the search index. Then the demo's own check is shown to notice a store that differs."""
+Redis) equal to its source (PostgreSQL, MariaDB), and every joined document (an order with its
+customer) equal to PostgreSQL's join, after live changes and a schema change that rebuilds the
+search index. Then the demo's own check is shown to notice a store that differs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import psycopg2
 import pytest
 import redis
 
-from cdc.demo import CACHE_PREFIX, Shop, _home, shop
+from cdc.demo import CACHE_PREFIX, DOCUMENTS, Shop, _home, shop
 
 pytestmark = [pytest.mark.postgres, pytest.mark.mysql, pytest.mark.redis, pytest.mark.opensearch]
 
@@ -38,6 +39,7 @@ def test_the_demo_twice_ends_with_every_store_equal_to_its_source(pg_admin_dsn, 
     for _ in range(2):
         out = _demo()
         assert "5. every store equals its source:" in out
+        assert re.search(r"orders joined with their customer: source +(\d+)  ==  documents +\1 ", out), out
         assert "now reads generation 2" in out  # the schema change rebuilt the index
         assert "console:  http://127.0.0.1:" in out
 
@@ -59,7 +61,15 @@ def test_the_demo_twice_ends_with_every_store_equal_to_its_source(pg_admin_dsn, 
         [view] = db.execute("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = 'orders'").fetchone()
         table = re.search(r'FROM\s+"?(\w+)"?', view).group(1)
         db.execute(f"DELETE FROM {table} WHERE id = (SELECT min(id) FROM {table})")
+    search = OpenSearch(hosts=[opensearch_url])
+    [hit] = search.search(index=DOCUMENTS, body={"size": 1, "query": {"exists": {"field": "customer.name"}}})[
+        "hits"]["hits"]
+    search.update(index=hit["_index"], id=hit["_id"], body={"doc": {"customer": {**hit["_source"]["customer"],
+                                                                                 "name": "edited by hand"}}},
+                  params={"refresh": "true"})
+    search.close()
     found = checked.check()
-    assert set(found) == {"cache", "warehouse"}
+    assert set(found) == {"cache", "warehouse", "documents"}
     assert set(found["cache"]) == {"customers"} and "someone else" in found["cache"]["customers"]
     assert set(found["warehouse"]) == {"orders"} and "missing 1" in found["warehouse"]["orders"]
+    assert set(found["documents"]) == {"orders"} and "edited by hand" in found["documents"]["orders"]

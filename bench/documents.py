@@ -1,0 +1,210 @@
+"""Joined documents: what the document sink costs beside the one-table sink, same node, same run.
+
+    .venv/bin/cdc dev up --only opensearch
+    .venv/bin/python -m bench.documents [--orders 50000] [--items 5] [--updates 20000] [--rounds 2]
+
+A shop of ``--orders`` orders with ``--items`` items each, 1,000 customers, 2,000 products in 50
+categories, as change events (what the runtime hands a sink), written in batches of 5,000 events
+(the runtime's default), per round:
+
+  plain     the orders table alone through the OpenSearch table sink (an index of orders): the
+            documents/s of a one-table sink on the same node.
+  build     every table's events through the document sink, from an empty state: the orders
+            documents with their customer and items, each item with its product and category.
+            This is also what a rebuild from the topics costs. Documents/s, state rows/s, and the
+            state's bytes per million rows.
+  updates   ``--updates`` item updates (a quantity each) in batches of 1,000: the time until each
+            change's document is written (the sink's write returns once OpenSearch acknowledged).
+
+Prints each figure with the load average, the ratio build/plain (issue 29's target: at least
+0.5), and the CPU seconds of this process per document. The comparison with pgsync (issue 29's
+other target) is not run here yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cdc.api import Op, SinkEvent
+from cdc.api.context import StandaloneSinkContext
+
+CUSTOMERS, PRODUCTS, CATEGORIES, BATCH = 1000, 2000, 50, 5000
+
+SHAPES = {
+    "public.customers": [("id", "integer", True), ("name", "text", False), ("email", "text", False)],
+    "public.categories": [("id", "integer", True), ("name", "text", False)],
+    "public.products": [("id", "integer", True), ("sku", "text", False), ("name", "text", False),
+                        ("category_id", "integer", False)],
+    "public.orders": [("id", "integer", True), ("customer_id", "integer", False), ("status", "text", False),
+                      ("note", "text", False)],
+    "public.order_items": [("order_id", "integer", True), ("line_no", "integer", True),
+                           ("product_id", "integer", False), ("qty", "integer", False)],
+}
+
+DOCUMENTS = [{"name": "orders", "table": "public.orders",
+              "lookups": [{"table": "public.customers", "as": "customer", "foreign_key": ["customer_id"]}],
+              "children": [{"table": "public.order_items", "as": "items", "foreign_key": ["order_id"],
+                            "order_by": ["line_no"], "exclude": ["order_id"],
+                            "lookups": [{"table": "public.products", "as": "product",
+                                         "foreign_key": ["product_id"],
+                                         "lookups": [{"table": "public.categories", "as": "category",
+                                                      "foreign_key": ["category_id"]}]}]}]}]
+
+
+class ShopContext(StandaloneSinkContext):
+    def schema_for(self, topic: str, version: int | None = None) -> dict | None:
+        table = topic.split(".", 1)[1]
+        schema, name = table.split(".")
+        return {"source": "shop", "db": "shop", "schema": schema, "table": name, "version": 1,
+                "columns": [{"name": n, "type": t, "key": k} for n, t, k in SHAPES[table]]}
+
+    def dead_letter(self, topic: str, partition: int, offset: int, reason: str,
+                    key: bytes | None = None, value: bytes | None = None) -> None:
+        raise AssertionError(reason)
+
+
+def events(prefix: str, orders: int, items: int) -> dict[str, list[SinkEvent]]:
+    rng = random.Random(29)
+    version = 0
+    offsets: dict[str, int] = {}
+    out: dict[str, list[SinkEvent]] = {}
+
+    def event(table: str, row: dict[str, Any], op: Op = Op.READ) -> None:
+        nonlocal version
+        version += 1
+        topic = f"{prefix}.{table}"
+        offset = offsets.get(topic, 0)
+        offsets[topic] = offset + 1
+        key = {n: row[n] for n, _, k in SHAPES[table] if k}
+        out.setdefault(table, []).append(SinkEvent(topic, 0, offset, key, op, None, row, version,
+                                                   {"table": table.split(".")[1], "schema": "public"}))
+
+    for i in range(1, CATEGORIES + 1):
+        event("public.categories", {"id": i, "name": f"category {i}"})
+    for i in range(1, PRODUCTS + 1):
+        event("public.products", {"id": i, "sku": f"SKU-{i:06d}", "name": f"product {i}",
+                                  "category_id": rng.randint(1, CATEGORIES)})
+    for i in range(1, CUSTOMERS + 1):
+        event("public.customers", {"id": i, "name": f"customer {i}", "email": f"c{i}@example.com"})
+    for i in range(1, orders + 1):
+        event("public.orders", {"id": i, "customer_id": rng.randint(1, CUSTOMERS), "status": "new",
+                                "note": f"order {i}"})
+        for line in range(1, items + 1):
+            event("public.order_items", {"order_id": i, "line_no": line, "product_id": rng.randint(1, PRODUCTS),
+                                         "qty": rng.randint(1, 9)})
+    return out
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_round(url: str, orders: int, items: int, updates: int) -> dict[str, float]:
+    from opensearchpy import OpenSearch
+
+    from sinks.opensearch.config import OpenSearchSinkConfig
+    from sinks.opensearch.doc_sink import OpenSearchDocumentSink
+    from sinks.opensearch.sink import OpenSearchSink
+
+    run = uuid.uuid4().hex[:6]
+    prefix = f"bench{run}"
+    by_table = events(prefix, orders, items)
+    folder = Path(tempfile.mkdtemp(prefix="cdc-bench-docs-"))
+    client = OpenSearch(url, timeout=120)
+    figures: dict[str, float] = {}
+    try:
+        plain_config = OpenSearchSinkConfig(name=f"{prefix}-plain", type="opensearch", hosts=[url],
+                                            topics=[f"{prefix}.public.orders"])
+        plain = OpenSearchSink(plain_config)
+        plain.attach(ShopContext(plain_config.name, prefix))
+        plain.start()
+        rows = by_table["public.orders"]
+        began, cpu0 = time.perf_counter(), cpu()
+        for start in range(0, len(rows), BATCH):
+            plain.write(rows[start:start + BATCH])
+        figures["plain_docs_s"] = len(rows) / (time.perf_counter() - began)
+        figures["plain_cpu_us"] = (cpu() - cpu0) / len(rows) * 1e6
+        plain.stop()
+
+        config = OpenSearchSinkConfig.model_validate(
+            {"name": f"{prefix}-docs", "type": "opensearch", "hosts": [url], "topics": [f"{prefix}.public.*"],
+             "state_dir": str(folder / "state"), "documents": [{**DOCUMENTS[0], "name": f"{prefix}-orders"}]})
+        sink = OpenSearchDocumentSink(config)
+        sink.attach(ShopContext(config.name, prefix))
+        sink.start()
+        # The lookups' topics first, then orders and items interleaved as one transaction each would be.
+        stream = [*by_table["public.categories"], *by_table["public.products"], *by_table["public.customers"]]
+        items_of = iter(by_table["public.order_items"])
+        for order in by_table["public.orders"]:
+            stream.append(order)
+            stream.extend(next(items_of) for _ in range(items))
+        began, cpu0 = time.perf_counter(), cpu()
+        for start in range(0, len(stream), BATCH):
+            sink.write(stream[start:start + BATCH])
+        seconds = time.perf_counter() - began
+        figures["build_docs_s"] = orders / seconds
+        figures["build_rows_s"] = len(stream) / seconds
+        figures["build_cpu_us"] = (cpu() - cpu0) / orders * 1e6
+        state = folder / "state" / f"{config.name}.g1.db"
+        size = sum(p.stat().st_size for p in state.parent.glob(state.name + "*"))
+        figures["state_mib_per_m_rows"] = size / len(stream) * 1e6 / 2**20
+
+        rng = random.Random(33)
+        version = stream[-1].version or 0
+        changes = []
+        for n in range(updates):
+            order, line = rng.randint(1, orders), rng.randint(1, items)
+            version += 1
+            row = {"order_id": order, "line_no": line, "product_id": rng.randint(1, PRODUCTS), "qty": 100 + n}
+            changes.append(SinkEvent(f"{prefix}.public.order_items", 0, len(by_table["public.order_items"]) + n,
+                                     {"order_id": order, "line_no": line}, Op.UPDATE, None, row, version,
+                                     {"table": "order_items", "schema": "public"}))
+        began = time.perf_counter()
+        for start in range(0, len(changes), 1000):
+            sink.write(changes[start:start + 1000])
+        figures["updates_s"] = time.perf_counter() - began
+        figures["updates_per_s"] = updates / figures["updates_s"]
+        client.indices.refresh(index=f"{prefix}-orders")
+        counted = client.count(index=f"{prefix}-orders")["count"]
+        assert counted == orders, f"{counted} documents, expected {orders}"
+        sink.stop()
+    finally:
+        client.indices.delete(index=f"{prefix}*", params={"ignore_unavailable": "true"})
+        shutil.rmtree(folder, ignore_errors=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--orders", type=int, default=50_000)
+    parser.add_argument("--items", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    from cdc.dev.stack import read_env
+
+    url = read_env()["OPENSEARCH_URL"]
+    print(f"{args.orders} orders x {args.items} items, {args.updates} item updates; batches of {BATCH}")
+    for round_ in range(1, args.rounds + 1):
+        load = os.getloadavg()[0]
+        f = run_round(url, args.orders, args.items, args.updates)
+        print(f"round {round_} (load {load:.1f}): plain {f['plain_docs_s']:,.0f} docs/s "
+              f"({f['plain_cpu_us']:.0f} us CPU/doc); build {f['build_docs_s']:,.0f} docs/s, "
+              f"{f['build_rows_s']:,.0f} rows/s ({f['build_cpu_us']:.0f} us CPU/doc), "
+              f"ratio {f['build_docs_s'] / f['plain_docs_s']:.2f}; state {f['state_mib_per_m_rows']:.0f} MiB "
+              f"per million rows; {args.updates} item updates written in {f['updates_s']:.1f}s "
+              f"({f['updates_per_s']:,.0f}/s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
