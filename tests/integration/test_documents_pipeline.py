@@ -197,6 +197,8 @@ class SearchTarget(Target):
         self.client, self.alias = OpenSearch([url], timeout=60), alias
 
     def documents(self) -> dict[str, dict]:
+        if not self.client.indices.exists_alias(name=self.alias):
+            return {}
         self.client.indices.refresh(index=self.alias)
         hits = self.client.search(index=self.alias, body={"size": 10_000, "query": {"match_all": {}}})["hits"]["hits"]
         return {hit["_id"]: {k: v for k, v in hit["_source"].items() if not k.startswith("__cdc_")} for hit in hits}
@@ -329,3 +331,93 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop
 
 def _run(config) -> subprocess.Popen:
     return cdc_process(config, "run", log="run.log")
+
+
+@pytest.mark.mysql
+def test_documents_of_a_mariadb_source_through_kills_equal_the_join(mysql_url, mysql_db, opensearch_url, tmp_path):
+    """The same document from MariaDB (keys and foreign keys as the binlog carries them): the
+    snapshot, then updates, a moved item, a deleted customer, a deleted item, an order's key
+    changed and a new order, with the daemon killed twice after documents moved."""
+    from tests.conftest import mysql_connect
+
+    conn = mysql_connect(mysql_url, mysql_db)
+    statements = [s.replace("public.", "") for s in SCHEMA]
+    statements = [s.replace(f"generate_series(1, {ORDERS}) o, generate_series(1, {LINES - 1}) l", "") for s in
+                  statements]
+    with conn.cursor() as cur:
+        for statement in statements[:5]:
+            cur.execute(statement)
+        cur.executemany("INSERT INTO categories VALUES (%s, %s)", [(i, f"category {i}") for i in range(1, 5)])
+        cur.executemany("INSERT INTO customers VALUES (%s, %s)", [(i, f"customer {i}") for i in range(1, 9)])
+        cur.executemany("INSERT INTO products VALUES (%s, %s, %s)", [(i, f"product {i}", 1 + i % 4)
+                                                                    for i in range(1, 13)])
+        cur.executemany("INSERT INTO orders VALUES (%s, %s, %s)", [(i, 1 + i % 8, f"order {i}") for i in range(1, 21)])
+        cur.executemany("INSERT INTO order_items VALUES (%s, %s, %s, %s)",
+                        [(o, line, 1 + (o * line) % 12, line) for o in range(1, 21) for line in range(1, 4)])
+    prefix = f"m{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}-orders"
+    config = tmp_path / "cdc.yaml"
+    documents = DOCUMENTS.format(alias=name, nested="").replace("public.", f"{mysql_db}.")
+    config.write_text(
+        f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
+        f"sources:\n  - {{name: shop, type: mysql, url: '{mysql_url}', server_id: {random.randrange(10_000, 2**31)}, "
+        f"tables: ['{mysql_db}.*'], heartbeat_interval: 0.5}}\n"
+        f"sinks:\n  - name: {prefix}-docs\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
+        f"    topics: ['{prefix}.{mysql_db}.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
+        + documents + "http: null\n")
+    target = SearchTarget(opensearch_url, name)
+    changes = [
+        "UPDATE customers SET name = 'renamed' WHERE id = 2",
+        "UPDATE order_items SET order_id = 3, line_no = 9 WHERE order_id = 2 AND line_no = 1",  # a key change too
+        "DELETE FROM customers WHERE id = 3",
+        "DELETE FROM order_items WHERE order_id = 4 AND line_no = 2",
+        "UPDATE orders SET id = 100 WHERE id = 5",
+        "INSERT INTO orders VALUES (21, 1, 'new order')",
+        "INSERT INTO order_items VALUES (21, 1, 7, 9)",
+        "UPDATE products SET category_id = NULL WHERE id = 7",
+        "UPDATE categories SET name = 'renamed category' WHERE id = 2",
+    ]
+    daemon = _run(config)
+    try:
+        wait_beside("the snapshot's documents", lambda: len(target.documents()) == 20, daemon)
+        with conn.cursor() as cur:
+            for number, change in enumerate(changes):
+                cur.execute(change)
+                if number in (2, 6):
+                    before = target.top_version()
+                    wait_beside("documents moved", lambda b=before: target.top_version() > b, daemon)
+                    kill_daemon(daemon)
+                    daemon = _run(config)
+        expected = _mysql_join(conn)
+        wait_beside("every document equal to the join", lambda: target.documents() == expected, daemon,
+                    limit=240, every=1.0)
+    finally:
+        stop_daemon(daemon)
+        conn.close()
+    # What the changes made, in the documents compared: a key change leaves the items at the old key.
+    assert len(expected) == 21 and "5" not in expected and expected["100"]["items"] == []
+    assert expected["2"]["customer"] is None and expected["1"]["customer"]["name"] == "renamed"
+    assert [i["line_no"] for i in expected["3"]["items"]] == [1, 2, 3, 9]
+
+
+def _mysql_join(conn) -> dict[str, dict]:
+    """The documents, joined in Python from MariaDB's rows as they are now."""
+    with conn.cursor() as cur:
+        tables = {}
+        for table in ("customers", "orders", "products", "categories"):
+            cur.execute(f"SELECT * FROM {table}")
+            names = [d[0] for d in cur.description]
+            tables[table] = {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
+        cur.execute("SELECT * FROM order_items ORDER BY order_id, line_no")
+        names = [d[0] for d in cur.description]
+        items = [dict(zip(names, row)) for row in cur.fetchall()]
+    out = {}
+    for order_id, order in tables["orders"].items():
+        lines = []
+        for item in (i for i in items if i["order_id"] == order_id):
+            product = tables["products"].get(item["product_id"])
+            if product is not None:
+                product = {**product, "category": tables["categories"].get(product["category_id"])}
+            lines.append({k: v for k, v in item.items() if k != "order_id"} | {"product": product})
+        out[str(order_id)] = {**order, "customer": tables["customers"].get(order["customer_id"]), "items": lines}
+    return out
