@@ -25,13 +25,14 @@ two assemblies at one register read the same rows, and a later one reads later r
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from cdc.api import Op, SinkEvent
+from cdc.api import Op, RetriableError, SinkEvent
 from sinks.documents.plan import Plan
 from sinks.documents.state import DocumentId, State
 
@@ -66,34 +67,80 @@ class Engine:
         state = self.state
         reached: dict[DocumentId, tuple[int, tuple[str, int, int]]] = {}
         nexts: dict[tuple[str, int], int] = {}
-        state.begin()
         try:
-            for event in events:
-                at = (event.topic, event.partition)
-                nexts[at] = max(nexts.get(at, 0), event.offset + 1)
-                table = self.tables.get(event.topic)
-                if table is None:
-                    continue
-                for doc in self._apply(table, event):
-                    version = event.version or 0
-                    was = reached.get(doc)
-                    if was is None or version >= was[0]:
-                        reached[doc] = (version, (event.topic, event.partition, event.offset))
-            state.bump(reached)
-            state.advance(nexts)
-            state.commit()
-        except BaseException:
-            state.rollback()
-            raise
+            state.begin()
+            try:
+                run: list[tuple[str, SinkEvent]] = []
+                for event in events:
+                    at = (event.topic, event.partition)
+                    nexts[at] = max(nexts.get(at, 0), event.offset + 1)
+                    table = self.tables.get(event.topic)
+                    if table is None:
+                        continue
+                    if event.op is Op.TRUNCATE or event.version is None:  # rare: one at a time, in order
+                        self._apply_run(run, reached)
+                        run = []
+                        for doc in self._apply(table, event):
+                            _note(reached, doc, event)
+                    else:
+                        run.append((table, event))
+                self._apply_run(run, reached)
+                state.bump(reached)
+                state.advance(nexts)
+                state.commit()
+            except BaseException:
+                state.rollback()
+                raise
+        except sqlite3.Error as err:  # the state's file: disk full, locked, unreadable
+            raise RetriableError(f"documents state {state.path}: {err}") from err
         return len(reached)
+
+    def _apply_run(self, run: list[tuple[str, SinkEvent]], reached: dict) -> None:
+        """Versioned changes, set at a time: each key's last change of the run, if newer than the
+        state's row. A document whose assembly differs between the state before the run (S0) and
+        after it (S1) reads, in S0, some row the run changed (else it would read the same rows in
+        S1); so the documents each changed row belonged to in S0, and those it belongs to in S1,
+        are all the run reaches (reach inverts assembly in one state). A key changed many times
+        in a batch (a product in thousands of orders) is walked twice, not twice per change."""
+        if not run:
+            return
+        state = self.state
+        last: dict[tuple[str, bytes], SinkEvent] = {}
+        for table, event in run:
+            pk = self.plan.tables[table].key_of(event.key or {})
+            if pk is not None:
+                last[(table, pk)] = event  # the log's order per key: the last one is the newest
+        state.prefetch(last)
+        changes: list[tuple[str, bytes, SinkEvent, dict[str, Any] | None]] = []
+        for (table, pk), event in last.items():
+            version = event.version
+            assert version is not None
+            old = state.row(table, pk)
+            if old is not None and old[0] >= version:
+                continue  # a replay, or older than what the state has
+            watermark = state.truncated(table)
+            if watermark is not None and version < watermark:
+                continue
+            was = None if old is None or old[1] else old[2]
+            if was is not None:
+                for doc in state.documents_of(table, was):  # S0
+                    _note(reached, doc, event)
+            changes.append((table, pk, event, _row(event, was)))
+        state.put_many([(table, pk, event.version or 0, row) for table, pk, event, row in changes])
+        self.counters["rows"] += len(changes)
+        for table, _, event, row in changes:
+            if row is not None:
+                for doc in state.documents_of(table, row):  # S1
+                    _note(reached, doc, event)
 
     def _apply(self, table: str, event: SinkEvent) -> set[DocumentId]:
         state, tplan = self.state, self.plan.tables[table]
         if event.op is Op.TRUNCATE:
-            if event.version is None:
-                return set()
+            # One without a version (a record from before versions): everything the state holds
+            # of the table is older than it.
+            at = event.version if event.version is not None else state.newest(table) + 1
             out: set[DocumentId] = set()
-            for dead in state.truncate(table, event.version):
+            for dead in state.truncate(table, at):
                 out |= state.documents_of(table, dead)
             return out
         pk = tplan.key_of(event.key or {})
@@ -110,12 +157,9 @@ class Engine:
         watermark = state.truncated(table)
         if watermark is not None and version < watermark:
             return set()
-        row: dict[str, Any] | None = None
-        if event.op in (Op.CREATE, Op.UPDATE, Op.READ):
-            after = event.after
-            row = orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else dict(after or {})
-            assert row is not None
-        out = set() if old is None or old[1] or old[2] is None else state.documents_of(table, old[2])
+        was = None if old is None or old[1] else old[2]
+        row = _row(event, was)
+        out = set() if was is None else state.documents_of(table, was)
         state.put(table, pk, version, row)
         self.counters["rows"] += 1
         if row is not None:
@@ -134,8 +178,11 @@ class Engine:
             if need:
                 self.state.seed(need, self.seed(generation, [(doc, self._key(doc, doc_id)) for doc, doc_id in need]))
                 pending = self.state.outbox()
-        with self.state.reading():
-            out = self._assemble(pending)
+        try:
+            with self.state.reading():
+                out = self._assemble(pending)
+        except sqlite3.Error as err:
+            raise RetriableError(f"documents state {self.state.path}: {err}") from err
         for written, reason in write(out):
             self._set_aside(*self._origin(pending, written), written.document, written.key,
                             f"document {written.document} refused by the target: {reason}")
@@ -147,7 +194,15 @@ class Engine:
         out: list[Written] = []
         for doc, doc_id, version, (topic, part, off) in pending:
             key = self._key(doc, doc_id)
-            body = self.state.assemble(doc, doc_id)
+            try:
+                body = self.state.assemble(doc, doc_id)
+            except sqlite3.Error:
+                raise
+            except Exception as err:  # noqa: BLE001 - this document alone: set aside, the others written
+                self._set_aside(topic, part, off, doc, key, f"document {doc}/{orjson.dumps(list(key.values())).decode()}"
+                                f" could not be assembled ({type(err).__name__}: {err}); left as it was, until "
+                                f"a change of it assembles")
+                continue
             if body is not None:
                 size = len(orjson.dumps(body))
                 if size > self.max_bytes:
@@ -173,3 +228,27 @@ class Engine:
         log.warning("documents: %s", reason)
         if self.dead_letter is not None:
             self.dead_letter(topic, part, off, reason, key=orjson.dumps({"document": doc, "id": key}))
+
+
+def _row(event: SinkEvent, was: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The row an event leaves (None: the key is deleted). Columns the source names in
+    ``source.unchanged_toast`` (a large value an update left as it was, which the source had no
+    copy of) keep the value the state has."""
+    if event.op not in (Op.CREATE, Op.UPDATE, Op.READ):
+        return None
+    after = event.after
+    row: dict[str, Any] = orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else dict(after or {})
+    unchanged = (event.source or {}).get("unchanged_toast")
+    if unchanged and was is not None:
+        for column in unchanged:
+            if column not in row and column in was:
+                row[column] = was[column]
+    return row
+
+
+def _note(reached: dict, doc: DocumentId, event: SinkEvent) -> None:
+    """``doc`` is reached by ``event``: its highest version so far, and the record it came from."""
+    version = event.version or 0
+    was = reached.get(doc)
+    if was is None or version >= was[0]:
+        reached[doc] = (version, (event.topic, event.partition, event.offset))

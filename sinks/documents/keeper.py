@@ -8,10 +8,14 @@ file per generation of the target, and the checks that keep state and target in 
   there is one, and each document's register is raised above the version the current
   generation holds of it before its first write (``held_versions``), so no document's version
   goes back across the switch.
-* The state of the generation readers see must have applied everything the sink's group
-  committed: a state that is missing or behind (its directory lost, replaced by an older copy)
-  cannot tell which documents the records in between changed, so the sink asks for a rebuild
-  (``RebuildRequired``): the runtime fills a new generation from the compacted topics.
+* The state of the generation readers see must exist wherever the sink's group committed
+  offsets: a state that holds nothing while the group committed offsets (its directory lost)
+  cannot tell which documents the records before them changed, so the sink asks for a rebuild
+  (``RebuildRequired``): the runtime fills a new generation from the compacted topics. A state
+  that holds offsets is not compared offset by offset: the runtime commits past records it
+  never hands the sink (set aside as poison, compacted away at a partition's end), so a
+  committed offset ahead of the state's is normal. A state replaced by an older copy of itself
+  is therefore not noticed; do not restore one (delete it, and the sink rebuilds).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class Keeper:
                 state.set_seed_from(current)
             if generation == current:
                 self._check_behind(state, generation)
+                if state.seed_from() is not None:  # readers see it (a kill came before switched())
+                    state.set_seed_from(None)
         except BaseException:
             state.close()
             if fresh:  # made by this call: no trace of a state that never held anything
@@ -92,18 +98,19 @@ class Keeper:
         if log_ is None:
             return
         held = state.offsets()
+        if held:
+            return  # see the module docstring
         reader = log_.reader(self.sink)
         try:
             committed = reader.committed([tp for topic in self.make_plan().topics() for tp in log_.end_offsets(topic)])
         finally:
             reader.close()
-        behind = [(tp, at) for tp, at in committed.items() if at and held.get((tp[0], tp[1]), 0) < at]
+        behind = [(tp, at) for tp, at in committed.items() if at]
         if behind:
             (topic, partition), at = behind[0]
-            raise RebuildRequired(f"sink {self.sink}: its documents state ({self.path(generation).name}) is behind "
-                                  f"the offsets its group committed ({topic}[{partition}] at "
-                                  f"{held.get((topic, partition), 0)}, committed {at}): the documents are rebuilt "
-                                  f"from the topics")
+            raise RebuildRequired(f"sink {self.sink}: its documents state ({self.path(generation).name}) holds "
+                                  f"nothing, and the offsets its group committed are past it ({topic}[{partition}] "
+                                  f"at {at}): the documents are rebuilt from the topics")
 
     def opened(self, generation: int) -> None:
         """A rebuild opened ``generation``: an earlier attempt's state goes."""

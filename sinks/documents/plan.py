@@ -65,6 +65,7 @@ class NodePlan:
     order_by: tuple[tuple[str, bool], ...]   # (column, descending) of a child's array
     nested: bool
     below: tuple[int, ...] = ()       # the nodes hanging from this one, lookups first
+    order_families: tuple[str, ...] = ()     # keys.key_family of each order_by column: how it compares
 
     def shows(self, column: str) -> bool:
         return (self.include is None or column in self.include) and column not in self.exclude
@@ -136,11 +137,14 @@ def _node(index: int, place: Place, number: Mapping[tuple, int], shapes: Capture
         edge = Edge("child" if child else "lookup", node.table if child else parent.node.table,
                     tuple(node.foreign_key), tuple(key_family(c.type) for c in referenced.key))
     order_by: tuple[tuple[str, bool], ...] = ()
+    order_families: tuple[str, ...] = ()
     if isinstance(node, Child):
         shape = shapes.of(node.table)
         assert shape is not None
         names = node.order_by if node.order_by is not None else [c.name for c in shape.key]
         order_by = tuple((name.removeprefix("-"), name.startswith("-")) for name in names)
+        order_families = tuple(key_family(column.type) if (column := shape.column(name)) is not None else ""
+                               for name, _ in order_by)
     root = place
     while root.parent is not None:
         root = root.parent
@@ -150,7 +154,7 @@ def _node(index: int, place: Place, number: Mapping[tuple, int], shapes: Capture
         parent=None if parent is None else number[parent.path],
         field=None if isinstance(node, Document) else node.as_, edge=edge,
         include=None if node.include is None else frozenset(node.include), exclude=frozenset(node.exclude),
-        rename=dict(node.rename), order_by=order_by, nested=bool(node.nested))
+        rename=dict(node.rename), order_by=order_by, nested=bool(node.nested), order_families=order_families)
 
 
 def _table(table: str, over: list[NodePlan], nodes: list[NodePlan], shapes: CapturedShapes) -> TablePlan:

@@ -29,12 +29,14 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from cdc.api import PermanentError
+from cdc.api import RebuildRequired
 from sinks.documents.plan import NodePlan, Plan
 
 DocumentId = tuple[str, bytes]  # (document name, the root row's key bytes)
@@ -87,7 +89,8 @@ class State:
                                                              ("source", self.plan.source)])
         db.execute("COMMIT")
         if found and found.get("digest") != self.plan.digest:
-            raise PermanentError(f"documents state {self.path.name} was made for another declaration or other "
+            self.db.close()
+            raise RebuildRequired(f"documents state {self.path.name} was made for another declaration or other "
                                  f"key types (plan {found.get('digest')}, now {self.plan.digest}): rebuild")
 
     def close(self) -> None:
@@ -132,20 +135,55 @@ class State:
 
     def put(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None) -> None:
         """The key's row at ``version`` (None: deleted, remembered at that version)."""
-        tplan = self.plan.tables[table]
-        fks = self.fks[table]
-        columns = ["pk", "ver", "dead", "body", *(column for column, _ in fks.values())]
+        self.db.execute(self._insert(table), self._values(table, pk, version, row))
+
+    def _insert(self, table: str) -> str:
+        columns = ["pk", "ver", "dead", "body", *(column for column, _ in self.fks[table].values())]
+        return (f"INSERT OR REPLACE INTO {self.names[table]} ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' * len(columns))})")
+
+    def _values(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None) -> list[Any]:
+        kept_columns = self.plan.tables[table].kept
         body = None
         kept: dict[str, Any] | None = None
         if row is not None:
-            kept = dict(row) if tplan.kept is None else {c: v for c, v in row.items() if c in tplan.kept}
+            kept = dict(row) if kept_columns is None else {c: v for c, v in row.items() if c in kept_columns}
             body = orjson.dumps(kept)
         if self._rows is not None:
             self._rows[(table, pk)] = (version, row is None, kept)
-        values = [pk, version, int(row is None), body,
-                  *((None if row is None else edge.reference(row)) for _, edge in fks.values())]
-        self.db.execute(f"INSERT OR REPLACE INTO {self.names[table]} ({', '.join(columns)}) "
-                        f"VALUES ({', '.join('?' * len(columns))})", values)
+        return [pk, version, int(row is None), body,
+                *((None if row is None else edge.reference(row)) for _, edge in self.fks[table].values())]
+
+    def prefetch(self, keys: Iterable[tuple[str, bytes]]) -> None:
+        """Read the rows of ``keys`` into the transaction's cache, a few hundred per query."""
+        cache = self._rows
+        if cache is None:
+            return
+        by_table: dict[str, list[bytes]] = {}
+        for table, pk in keys:
+            if (table, pk) not in cache:
+                by_table.setdefault(table, []).append(pk)
+        for table, pks in by_table.items():
+            name = self.names[table]
+            for start in range(0, len(pks), 500):
+                part = pks[start:start + 500]
+                for pk in part:
+                    cache[(table, pk)] = None
+                for pk, ver, dead, body in self.db.execute(
+                        f"SELECT pk, ver, dead, body FROM {name} WHERE pk IN ({', '.join('?' * len(part))})", part):
+                    cache[(table, pk)] = (ver, bool(dead), None if body is None else orjson.loads(body))
+
+    def put_many(self, rows: list[tuple[str, bytes, int, Mapping[str, Any] | None]]) -> None:
+        """``put`` of each (table, key, version, row), a statement per table."""
+        by_table: dict[str, list[list[Any]]] = {}
+        for table, pk, version, row in rows:
+            by_table.setdefault(table, []).append(self._values(table, pk, version, row))
+        for table, values in by_table.items():
+            self.db.executemany(self._insert(table), values)
+
+    def newest(self, table: str) -> int:
+        """The highest version the state has of ``table``'s rows (0: none)."""
+        return self.db.execute(f"SELECT coalesce(max(ver), 0) FROM {self.names[table]}").fetchone()[0]
 
     def truncated(self, table: str) -> int | None:
         if table not in self._truncated:
@@ -317,28 +355,46 @@ class State:
             else:
                 key = self.plan.tables[node.table].key_of(row)
                 children = [] if key is None else self._referencing(below.table, below.edge.fk_columns, key)
-                out[below.field] = [self._build(below, child) for child in _ordered(below, children)]
+                families = self.plan.tables[below.table].families
+                out[below.field] = [self._build(below, child) for child in _ordered(below, children, families)]
         return out
 
 
-def _ordered(node: NodePlan, rows: list[tuple[bytes, dict]]) -> Iterator[dict]:
-    """A child's rows by its ``order_by`` (nulls last either way), ties by key."""
-    ordered = sorted(rows, key=lambda pair: _comparable(orjson.loads(pair[0])))
-    for column, descending in reversed(node.order_by):
+def _ordered(node: NodePlan, rows: list[tuple[bytes, dict]], key_families: tuple[str, ...]) -> Iterator[dict]:
+    """A child's rows by its ``order_by`` (nulls last either way), ties by key, each value
+    compared as its type orders in the source: numbers (exact numerics arrive as text) as
+    numbers, instants as instants, text by code point."""
+    ordered = sorted(rows, key=lambda pair: tuple(sort_value(v, f) for v, f in
+                                                  zip(orjson.loads(pair[0]), key_families)))
+    for (column, descending), family in zip(reversed(node.order_by), reversed(node.order_families)):
         values = [pair for pair in ordered if pair[1].get(column) is not None]
         nulls = [pair for pair in ordered if pair[1].get(column) is None]
-        values.sort(key=lambda pair: _comparable(pair[1][column]), reverse=descending)
+        values.sort(key=lambda pair: sort_value(pair[1][column], family), reverse=descending)
         ordered = values + nulls
     return (row for _, row in ordered)
 
 
-def _comparable(value: Any) -> Any:
-    """A value sortable against its column's others (a list of key values, element-wise)."""
-    if isinstance(value, list):
-        return tuple(_comparable(v) for v in value)
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return (1, orjson.dumps(value))  # nothing to compare by type: by its JSON text
-    return (0, value)
+def sort_value(value: Any, family: str) -> tuple:
+    """A value as its column's type orders it; values of different kinds (a column whose type
+    changed) order by kind instead of failing: numbers, then instants, then text, then the rest."""
+    if isinstance(value, bool):
+        return (3, int(value))
+    if isinstance(value, (int, float)):
+        return (0, Decimal(value) if isinstance(value, int) else value)
+    if isinstance(value, str):
+        if family.startswith("numeric"):
+            try:
+                return (0, Decimal(value))
+            except InvalidOperation:
+                return (2, value)
+        if family in ("timestamptz", "timestamp"):
+            try:
+                instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
+                return (1, instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC))
+            except ValueError:
+                return (2, value)
+        return (2, value)
+    return (4, orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
 
 
 def state_figures(path: Path) -> tuple[int | None, int | None]:

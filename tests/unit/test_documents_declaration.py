@@ -310,3 +310,13 @@ def test_a_sink_of_documents_is_its_plugins_document_sink():
 def test_a_sink_without_documents_reads_no_shapes():
     config = parse_config(OPENSEARCH).sinks[0]
     assert isinstance(config, OpenSearchSinkConfig) and config.documents is None and not config.needs_shapes()
+
+
+@pytest.mark.parametrize("head", [OPENSEARCH, REDIS + "    format: json\n"], ids=["opensearch", "redis"])
+def test_a_sink_of_documents_in_a_consumer_group_is_refused(head):
+    problems = problems_of(head, """\
+        scale_out: group
+        documents: [{name: orders, table: public.orders}]
+        """)
+    assert [(path, "runs as one process" in message) for _, path, message in problems] == \
+        [("sinks[0].scale_out", True)]

@@ -449,3 +449,101 @@ def test_a_crash_after_the_target_took_a_document_rewrites_it_alike(tmp_path):
     sink.engine.flush(sink.target.write)
     assert [(w.version, w.body, stored) for w, stored in sink.target.refused] == [(7, joined(source.rows, 1), 7)]
     assert sink.state.outbox() == [] and sink.target.accepted == {("orders", b'{"id":1}'): [7]}
+
+
+# --- what a review found -------------------------------------------------------------------------
+
+def _plan_ordered_by(column: str, column_type: str, descending: bool = False):
+    shapes = [*SHAPES[:2], shape(ITEMS, ("order_id", "integer", True), ("line_no", "numeric", True),
+                                 ("product_id", "integer"), ("qty", "integer"), (column, column_type)), *SHAPES[3:]]
+    declaration = {**DECLARATION, "children": [{**DECLARATION["children"][0],
+                                                "order_by": [("-" if descending else "") + column]}]}
+    return make_plan([Document.model_validate(declaration)], ["shop.public.*"],
+                     CapturedShapes("shop", {f"shop.{s.table}": s for s in shapes}))
+
+
+def _items(plan, tmp_path, values: list) -> list:
+    engine = Engine(plan, State(documents_path(tmp_path, "search", 1), plan), max_bytes=1 << 20)
+    events = [SinkEvent(topic(ORDERS), 0, 0, {"id": 1}, Op.CREATE, None, {"id": 1, "customer_id": None,
+                                                                          "note": None}, 1, {})]
+    for n, (line, value) in enumerate(values):
+        events.append(SinkEvent(topic(ITEMS), 0, n, {"order_id": 1, "line_no": line}, Op.CREATE, None,
+                                {"order_id": 1, "line_no": line, "product_id": None, "qty": 1, "at": value},
+                                2 + n, {}))
+    target = Target()
+    engine.apply(events)
+    engine.flush(target.write)
+    return [(item["line_no"], item["at"]) for item in target.body(1)[1]["items"]]
+
+
+def test_children_sort_as_their_types_order_not_as_the_text_events_carry(tmp_path):
+    # Exact numerics arrive as text ("10.00" < "9.50" as text); instants with fewer fraction digits.
+    numeric = _plan_ordered_by("at", "numeric(10,2)")
+    assert [v for _, v in _items(numeric, tmp_path / "a", [("1", "10.00"), ("2", "9.50"), ("3", None),
+                                                             ("4", "-1")])] == ["-1", "9.50", "10.00", None]
+    instants = _plan_ordered_by("at", "timestamp with time zone", descending=True)
+    assert [v for _, v in _items(instants, tmp_path / "b", [("1", "2026-01-01T00:00:05Z"),
+                                                              ("2", "2026-01-01T00:00:05.5Z")])] == \
+        ["2026-01-01T00:00:05.5Z", "2026-01-01T00:00:05Z"]
+    # Ties, and the default order, by the key as its type orders: line 9 before line 10 (numeric key).
+    assert [line for line, _ in _items(numeric, tmp_path / "c", [("10", "1"), ("9", "1")])] == ["9", "10"]
+    # A column whose values changed kind (an ALTER TYPE) orders by kind instead of failing.
+    assert [v for _, v in _items(_plan_ordered_by("at", "text"), tmp_path / "d", [("1", "b"), ("2", 3)])] == [3, "b"]
+
+
+def test_a_document_that_cannot_be_assembled_is_set_aside_alone(tmp_path, monkeypatch):
+    source = Source()
+    shop(source)
+    source.upsert(ORDERS, {"id": 2, "customer_id": 1, "note": "two"})
+    letters: list[str] = []
+    state = State(documents_path(tmp_path, "search", 1), PLAN)
+    engine = Engine(PLAN, state, 1 << 20, dead_letter=lambda topic, part, off, reason, key=None: letters.append(reason))
+    assemble = State.assemble
+
+    def broken(self, doc, doc_id):
+        if doc_id == b"[1]":
+            raise TypeError("an unorderable value")
+        return assemble(self, doc, doc_id)
+
+    monkeypatch.setattr(State, "assemble", broken)
+    target = Target()
+    engine.apply(source.all_events())
+    engine.flush(target.write)
+    assert target.body(2) == (True, joined(source.rows, 2)) and target.body(1) == (False, None)
+    assert len(letters) == 1 and "orders/[1] could not be assembled (TypeError" in letters[0]
+    assert state.outbox() == []  # not stuck: the next flush writes the others
+
+
+def test_an_unchanged_large_value_keeps_the_value_the_state_has(tmp_path):
+    sink = make_sink(tmp_path)
+    sink.batch([SinkEvent(topic(ORDERS), 0, 0, {"id": 1}, Op.CREATE, None,
+                          {"id": 1, "customer_id": None, "note": "x" * 5000}, 1, {})])
+    sink.batch([SinkEvent(topic(ORDERS), 0, 1, {"id": 1}, Op.UPDATE, None, {"id": 1, "customer_id": 7}, 2,
+                          {"unchanged_toast": ["note"]})])
+    assert sink.target.body(1)[1]["note"] == "x" * 5000 and sink.target.body(1)[1]["customer_id"] == 7
+
+
+def test_a_truncate_without_a_version_empties_the_table_in_the_documents(tmp_path):
+    source = Source()
+    shop(source)
+    sink = make_sink(tmp_path)
+    sink.batch(source.all_events())
+    sink.batch([SinkEvent(topic(ITEMS), 0, 9, {}, Op.TRUNCATE, None, None, None, {})])
+    assert sink.target.body(1)[1]["items"] == []
+
+
+def test_a_lookup_changed_many_times_in_a_batch_is_walked_once_per_state(tmp_path, monkeypatch):
+    source = Source()
+    shop(source)
+    for order in range(2, 40):
+        source.upsert(ORDERS, {"id": order, "customer_id": 1, "note": None})
+    sink = make_sink(tmp_path)
+    sink.batch(source.all_events())
+    walks = []
+    documents_of = State.documents_of
+    monkeypatch.setattr(State, "documents_of", lambda self, table, row: walks.append(table) or
+                        documents_of(self, table, row))
+    changes = [source.upsert(CUSTOMERS, {"id": 1, "name": f"ann {n}"}) for n in range(50)]
+    assert sink.batch(changes) == 39  # every order of the customer, once
+    assert walks == [CUSTOMERS, CUSTOMERS]  # before the batch and after it, not per change
+    assert sink.target.body(39)[1]["customer"] == {"id": 1, "name": "ann 49"}
