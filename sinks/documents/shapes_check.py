@@ -134,3 +134,16 @@ def _as_apart(place: Place, shape: CapturedShape) -> Problems:
                 out.append((place.path + (key, index, "as"), f"{edge.as_!r} is also a field of {node.table}; "
                                                              "rename or exclude that column, or choose another name"))
     return out
+
+
+class ShapeCheckedDocuments:
+    """The ``cdc.api.ShapeCheckedConfig`` answers of a sink config with ``DocumentFields``."""
+
+    documents: list[Document] | None
+    topics: list[str]
+
+    def needs_shapes(self) -> bool:
+        return self.documents is not None
+
+    def check_shapes(self, shapes: CapturedShapes) -> list[tuple[FieldPath, str]]:
+        return check(self.documents or [], list(self.topics), shapes)

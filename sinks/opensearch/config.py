@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdc.api import CapturedShapes, FieldPath, ShapeCheckedConfig, SinkConfig, template_fields
+from cdc.api import ShapeCheckedConfig, SinkConfig, template_fields
 from sinks.documents.declaration import DocumentFields, declaration_problems, refuse
+from sinks.documents.shapes_check import ShapeCheckedDocuments
 
 TEMPLATE_FIELDS = ("topic", "schema", "db", "table")
 # OpenSearch 2.x (what this sink is tested against) has no API keys: its security plugin takes
@@ -42,7 +43,7 @@ class IndexOptions(BaseModel):
         return self
 
 
-class OpenSearchSinkConfig(SinkConfig, DocumentFields, ShapeCheckedConfig):
+class OpenSearchSinkConfig(SinkConfig, DocumentFields, ShapeCheckedDocuments, ShapeCheckedConfig):
     type: Literal["opensearch"] = "opensearch"
     # Larger than the base default: a batch is cut into several bulk requests that go in flight
     # together (bulk_max_docs, bulk_concurrency).
@@ -127,10 +128,3 @@ class OpenSearchSinkConfig(SinkConfig, DocumentFields, ShapeCheckedConfig):
         refuse(problems, type(self).__name__)
         return self
 
-    def needs_shapes(self) -> bool:
-        return self.documents is not None
-
-    def check_shapes(self, shapes: CapturedShapes) -> list[tuple[FieldPath, str]]:
-        from sinks.documents.shapes_check import check
-
-        return check(self.documents or [], self.topics, shapes)

@@ -19,12 +19,10 @@ cannot say which documents the skipped records changed: the sink asks for a rebu
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from cdc.api import (
-    CdcError,
     DescribedSink,
     PermanentError,
     RebuildableSink,
@@ -37,7 +35,7 @@ from sinks.documents.plan import NodePlan, Plan
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
-from sinks.opensearch.errors import shown, translate
+from sinks.opensearch.errors import shown, translating
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.mapping import META_PROPERTIES, VERSION_FIELD, field_mapping
 from sinks.opensearch.naming import document_id, generation_index
@@ -193,14 +191,8 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
                             "generation": generation, "documents": counted.get("count"), **figures})
         return out
 
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except CdcError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the client's errors, typed by translate
-            raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
+    def _errors(self, what: str) -> AbstractContextManager[None]:
+        return translating(f"opensearch sink {self.config.name}: {what}", self.config.hosts)
 
 
 def _place(properties: dict[str, Any], path: list[str], mapping: dict[str, Any]) -> None:

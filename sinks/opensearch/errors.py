@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 from cdc.api import CdcError, ConfigError, PermanentError, RetriableError
@@ -97,3 +98,17 @@ def _reason(err) -> str:
     if isinstance(error, dict):
         return str(error.get("reason") or error.get("type"))
     return str(err.info or err)
+
+
+@contextmanager
+def translating(what: str, hosts=()) -> Iterator[None]:
+    """opensearch-py's errors raised inside, as ``translate`` types them (``what``: the sink and
+    the step, for the message); the project's own errors and any other pass through."""
+    try:
+        yield
+    except CdcError:
+        raise
+    except Exception as err:  # noqa: BLE001 - opensearch-py's errors, classified by status and type
+        if type(err).__module__.startswith("opensearchpy"):
+            raise translate(err, what, hosts) from err
+        raise

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
 
 from cdc.api import (
-    CdcError,
     DescribedSink,
     MaintainedSink,
     PermanentError,
@@ -56,7 +55,7 @@ from sinks.opensearch.bulk import BulkWriter, Item, Sending
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.documents import Tombstone, reduce
-from sinks.opensearch.errors import shown, translate
+from sinks.opensearch.errors import shown, translating
 from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import IndexCatalog
 from sinks.opensearch.lines import RAW as RAW_ROWS
@@ -368,16 +367,8 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
 
     # --- errors ---------------------------------------------------------------------------------
 
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except CdcError:
-            raise
-        except Exception as err:  # noqa: BLE001 - opensearch-py's errors, classified by status and type
-            if type(err).__module__.startswith("opensearchpy"):
-                raise translate(err, f"opensearch sink {self.config.name}: {what}", self.config.hosts) from err
-            raise
+    def _errors(self, what: str) -> AbstractContextManager[None]:
+        return translating(f"opensearch sink {self.config.name}: {what}", self.config.hosts)
 
 
 class SubmittedWrite:

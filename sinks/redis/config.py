@@ -8,14 +8,15 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from cdc.api import CapturedShapes, FieldPath, ShapeCheckedConfig, SinkConfig, template_fields
+from cdc.api import ShapeCheckedConfig, SinkConfig, template_fields
 from sinks.documents.declaration import DocumentFields, declaration_problems, refuse
+from sinks.documents.shapes_check import ShapeCheckedDocuments
 
 TEMPLATE_FIELDS = ("prefix", "schema", "table", "key")
 DEFAULT_KEY_TEMPLATE = "{prefix}:{schema}.{table}:{key}"
 
 
-class RedisSinkConfig(SinkConfig, DocumentFields, ShapeCheckedConfig):
+class RedisSinkConfig(SinkConfig, DocumentFields, ShapeCheckedDocuments, ShapeCheckedConfig):
     type: Literal["redis"] = "redis"
     url: SecretStr = Field(description="redis://[user@]host:port/db, rediss:// for TLS; for a cluster, "
                                        "any node's address with cluster: true")
@@ -100,13 +101,6 @@ class RedisSinkConfig(SinkConfig, DocumentFields, ShapeCheckedConfig):
         refuse(problems, type(self).__name__)
         return self
 
-    def needs_shapes(self) -> bool:
-        return self.documents is not None
-
-    def check_shapes(self, shapes: CapturedShapes) -> list[tuple[FieldPath, str]]:
-        from sinks.documents.shapes_check import check
-
-        return check(self.documents or [], self.topics, shapes)
 
     @property
     def prefix(self) -> str:

@@ -22,11 +22,11 @@ import orjson
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
 from sinks.documents.engine import Written
 from sinks.documents.keeper import Keeper
-from sinks.redis.client import connect, redacted_url, translate
+from sinks.redis.client import translate
 from sinks.redis.config import RedisSinkConfig
-from sinks.redis.generations import Generations
 from sinks.redis.keys import companion, encode_component, encode_key, namespace
-from sinks.redis.pipeline import ScriptPipeline, row
+from sinks.redis.pipeline import row
+from sinks.redis.server import open_server
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +50,7 @@ class RedisDocumentSink(Sink, RebuildableSink):
 
     def start(self) -> None:
         config = self.config
-        try:
-            client = connect(config)
-            client.ping()
-            pipeline = ScriptPipeline(client, config.name, config.pipeline_size, config.max_retries)
-            pipeline.load_scripts()
-            generations = Generations(client, config.prefix, config.name)
-            self._current = generations.current()
-            generations.resume_drops()
-        except PermanentError:
-            raise
-        except Exception as err:  # noqa: BLE001 - classified
-            raise translate(err, f"redis sink {config.name}: connecting to "
-                                 f"{redacted_url(config.url.get_secret_value())}") from err
-        self.client, self.pipeline, self.generations = client, pipeline, generations
+        self.client, self.pipeline, self.generations, self._current = open_server(config)
         log.info("redis sink %s: started, keeping documents %s as %s", config.name,
                  ", ".join(d.name for d in config.documents or []), config.format)
 

@@ -35,9 +35,8 @@ from redis.cluster import RedisCluster
 
 from cdc.api import PermanentError, ReadableSink, RebuildableSink, RetriableError, Sink, SinkEvent, StoredRow, page
 from sinks.documents.declaration import not_kept_yet
-from sinks.redis.client import command_known, connect, redacted_url, translate
+from sinks.redis.client import redacted_url, translate
 from sinks.redis.config import RedisSinkConfig
-from sinks.redis.generations import Generations
 from sinks.redis.keys import KeySpace, companion, decode_key, namespace, stats_key
 from sinks.redis.pipeline import Command, ScriptPipeline
 from sinks.redis.pipeline import row as row_change
@@ -46,6 +45,7 @@ from sinks.redis.publisher import AppliedPublisher
 from sinks.redis.reading import read_keys as _read_keys
 from sinks.redis.reading import read_range as _read_range
 from sinks.redis.reading import stored_forms as _stored_forms
+from sinks.redis.server import open_server
 from sinks.redis.shapes import ShapeFollower
 from sinks.redis.values import column_chooser, stored_row
 from sinks.redis.wait import current_namespace
@@ -89,20 +89,7 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
 
     def start(self) -> None:
         config = self.config
-        try:
-            client = connect(config)
-            client.ping()
-            if config.format == "redisjson":
-                self._require_redisjson(client)
-            pipeline = ScriptPipeline(client, config.name, config.pipeline_size, config.max_retries)
-            pipeline.load_scripts()
-            generations = Generations(client, config.prefix, config.name)
-            self._current = generations.current()
-            generations.resume_drops()
-        except PermanentError:
-            raise
-        except Exception as err:  # noqa: BLE001 - classified
-            raise translate(err, f"redis sink {config.name}: connecting to {self._where()}") from err
+        client, pipeline, generations, self._current = open_server(config)
         self.client, self.pipeline, self.generations = client, pipeline, generations
         self._keyspace = KeySpace(config.key_template, namespace(config.prefix, self._writing()))
         self._live_ms = int(config.ttl_seconds * 1000) if config.ttl_seconds else 0
@@ -121,20 +108,6 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
 
     def _where(self) -> str:
         return redacted_url(self.config.url.get_secret_value())
-
-    def _require_redisjson(self, client) -> None:
-        if self.config.cluster:
-            servers = [(node.name, client.get_redis_connection(node)) for node in client.get_primaries()]
-        else:
-            servers = [(self._where(), client)]
-        missing = [f"{name} (MODULE LIST: {_modules(server)})" for name, server in servers
-                   if not command_known(server, "JSON.SET")]
-        if missing:
-            where = "" if not self.config.cluster else f" of the cluster at {self._where()}"
-            raise PermanentError(f"redis sink {self.config.name}: format redisjson needs the RedisJSON module "
-                                 f"(command JSON.SET), which {', '.join(missing)}{where} "
-                                 f"{'does' if len(missing) == 1 else 'do'} not have; load it "
-                                 f"(Redis Stack, Redis 8, valkey-json) or use format: json")
 
     def stop(self) -> None:
         """Stop the publisher, finish background drops, close the connections. The client stays:
@@ -349,14 +322,3 @@ class RedisSink(Sink, RebuildableSink, ReadableSink):
         self._keyspace = KeySpace(self.config.key_template, namespace(self.config.prefix, self._writing()))
         if self._publisher is not None:
             self._publisher.set_namespace(self._keyspace.ns, use_committed, forget_positions=forget_positions)
-
-
-def _modules(server) -> str:
-    """What ``MODULE LIST`` answers, in a few words (for the redisjson refusal)."""
-    try:
-        modules = server.module_list()
-    except Exception as err:  # noqa: BLE001 - only said in the message
-        return f"refused: {err}"
-    found = [m.get(b"name", m.get("name")) if isinstance(m, dict) else m for m in modules]
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in found]
-    return ", ".join(names) if names else "no modules loaded"
