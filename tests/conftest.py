@@ -193,9 +193,8 @@ def mysql_connect(url: str, database: str | None = None, **kwargs):
                            database=database, **kwargs)
 
 
-@pytest.fixture
-def mysql_db(mysql_url):
-    """A fresh schema name (created); dropped after the test."""
+def fresh_mysql_database(mysql_url: str):
+    """A generator: a fresh schema name (created), dropped when resumed."""
     name = _unique("t")
     conn = mysql_connect(mysql_url)
     with conn.cursor() as cur:
@@ -204,6 +203,12 @@ def mysql_db(mysql_url):
     with conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
     conn.close()
+
+
+@pytest.fixture
+def mysql_db(mysql_url):
+    """A fresh schema name (created); dropped after the test."""
+    yield from fresh_mysql_database(mysql_url)
 
 
 # --- Kafka ------------------------------------------------------------------------------------

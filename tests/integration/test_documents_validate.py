@@ -7,14 +7,13 @@ its file:line; ``--offline`` skips the log. One test reads the shapes from Kafka
 from __future__ import annotations
 
 import textwrap
-import uuid
 
 import pytest
 
 from cdc.cli import main
 from cdc.log.embedded import EmbeddedLog
 from cdc.runtime.schemas import SchemaBook
-from tests.conftest import _fresh_database, mysql_connect
+from tests.conftest import _fresh_database, fresh_mysql_database
 from tests.integration.pg_capture import capturing, execute, pg_config, wait_until
 from tests.integration.test_mysql_source import execute as my_execute
 from tests.integration.test_mysql_source import mysql_config
@@ -44,14 +43,7 @@ def pg_shop(pg_admin_dsn):
 
 @pytest.fixture(scope="module")
 def my_shop(mysql_url):
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    conn = mysql_connect(mysql_url)
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}`")
-    yield name
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-    conn.close()
+    yield from fresh_mysql_database(mysql_url)
 
 
 @pytest.fixture(scope="module")
