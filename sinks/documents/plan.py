@@ -21,15 +21,16 @@ does not change it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 import orjson
 
 from cdc.api import CapturedShapes, ConfigError
 from sinks.documents.declaration import Child, Document, Place, walk
-from sinks.documents.keys import key_bytes, key_family
+from sinks.documents.keys import key_encoder, key_family
 from sinks.documents.shapes_check import check
 
 
@@ -46,7 +47,11 @@ class Edge:
 
     def reference(self, row: Mapping[str, Any]) -> bytes | None:
         """The key bytes ``row`` (of ``fk_table``) references, None for a null reference."""
-        return key_bytes([row.get(c) for c in self.fk_columns], self.families)
+        return self._encode(row)
+
+    @cached_property
+    def _encode(self) -> Callable[[Mapping[str, Any]], bytes | None]:
+        return key_encoder(self.fk_columns, self.families)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,11 @@ class TablePlan:
     nodes: tuple[int, ...]                    # the nodes over this table
 
     def key_of(self, row: Mapping[str, Any]) -> bytes | None:
-        return key_bytes([row.get(c) for c in self.key], self.families)
+        return self._encode(row)
+
+    @cached_property
+    def _encode(self) -> Callable[[Mapping[str, Any]], bytes | None]:
+        return key_encoder(self.key, self.families)
 
 
 @dataclass(frozen=True)
