@@ -34,9 +34,14 @@ import orjson
 
 from cdc.api import Op, RetriableError, SinkEvent
 from sinks.documents.plan import Plan
-from sinks.documents.state import DocumentId, State
+from sinks.documents.state import DocumentId, State, at_of
 
 log = logging.getLogger(__name__)
+
+
+Refused = list[tuple["Written", str]]
+# A target's write of documents: what it refused for good (with why), or a function waiting for that.
+Write = Callable[[list["Written"]], "Refused | Callable[[], Refused]"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +66,15 @@ class Engine:
         self.tables = plan.topics()
         self.delete_read, self.dead_letter = delete_read, dead_letter
         self.counters = {"documents": 0, "deleted": 0, "oversized": 0, "rows": 0}
+        self.building = state.building()
 
     def apply(self, events: Sequence[SinkEvent]) -> int:
-        """Store ``events`` and put the documents they reach in the outbox; returns how many."""
+        """Store ``events`` and put the documents they reach in the outbox; returns how many.
+        While the state is building (a new generation's load, ``finish_building``), only store."""
         state = self.state
         reached: dict[DocumentId, tuple[int, tuple[str, int, int]]] = {}
         nexts: dict[tuple[str, int], int] = {}
+        apply_run = self._load_run if self.building else self._apply_run
         try:
             state.begin()
             try:
@@ -77,14 +85,17 @@ class Engine:
                     table = self.tables.get(event.topic)
                     if table is None:
                         continue
-                    if event.op is Op.TRUNCATE or event.version is None:  # rare: one at a time, in order
-                        self._apply_run(run, reached)
+                    if event.op is Op.TRUNCATE or event.version is None or (
+                            self.building and (event.source or {}).get("unchanged_toast")):
+                        apply_run(run, reached)  # rare: one at a time, in order
                         run = []
                         for doc in self._apply(table, event):
                             _note(reached, doc, event)
                     else:
                         run.append((table, event))
-                self._apply_run(run, reached)
+                apply_run(run, reached)
+                if self.building:
+                    reached.clear()  # every document is written once, when the load ends
                 state.bump(reached)
                 state.advance(nexts)
                 state.commit()
@@ -126,12 +137,44 @@ class Engine:
                 for doc in state.documents_of(table, was):  # S0
                     _note(reached, doc, event)
             changes.append((table, pk, event, _row(event, was)))
-        state.put_many([(table, pk, event.version or 0, row) for table, pk, event, row in changes])
+        state.put_many([(table, pk, event.version or 0, row, at_of(event.partition, event.offset))
+                        for table, pk, event, row in changes])
         self.counters["rows"] += len(changes)
         for table, _, event, row in changes:
             if row is not None:
                 for doc in state.documents_of(table, row):  # S1
                     _note(reached, doc, event)
+
+    def _load_run(self, run: list[tuple[str, SinkEvent]], reached: dict) -> None:
+        """A building state's versioned changes: stored where newer than the state's row of
+        their key, decided by the statement itself (nothing read first, nothing reached)."""
+        if not run:
+            return
+        state, tables = self.state, self.plan.tables
+        rows: list[tuple[str, bytes, int, dict[str, Any] | None, int]] = []
+        for table, event in run:
+            pk = tables[table].key_of(event.key or {})
+            version = event.version
+            assert version is not None
+            if pk is None:
+                continue
+            watermark = state.truncated(table)
+            if watermark is not None and version < watermark:
+                continue
+            rows.append((table, pk, version, _row(event, None), at_of(event.partition, event.offset)))
+        state.put_many(rows, newer_only=True)
+        self.counters["rows"] += len(rows)
+
+    def finish_building(self) -> int:
+        """The load is over: every document into the outbox (the next ``flush`` writes them)."""
+        if not self.building:
+            return 0
+        try:
+            count = self.state.finish_building()
+        except sqlite3.Error as err:
+            raise RetriableError(f"documents state {self.state.path}: {err}") from err
+        self.building = False
+        return count
 
     def _apply(self, table: str, event: SinkEvent) -> set[DocumentId]:
         state, tplan = self.state, self.plan.tables[table]
@@ -160,35 +203,65 @@ class Engine:
         was = None if old is None or old[1] else old[2]
         row = _row(event, was)
         out = set() if was is None else state.documents_of(table, was)
-        state.put(table, pk, version, row)
+        state.put(table, pk, version, row, at_of(event.partition, event.offset))
         self.counters["rows"] += 1
         if row is not None:
             out |= state.documents_of(table, row)
         return out
 
-    def flush(self, write: Callable[[list[Written]], list[tuple[Written, str]]]) -> None:
-        """Write the outbox (see the module docstring); ``write`` returns the documents the
-        target refused for good, with its reason (set aside, as a dead letter each)."""
-        pending = self.state.outbox()
-        if not pending:
-            return
-        generation = self.state.seed_from()
-        if generation is not None and self.seed is not None:  # versions go on from the generation readers see
-            need = self.state.unseeded((doc, doc_id) for doc, doc_id, _, _ in pending)
-            if need:
-                self.state.seed(need, self.seed(generation, [(doc, self._key(doc, doc_id)) for doc, doc_id in need]))
-                pending = self.state.outbox()
+    def flush(self, write: Write, chunk: int = 2000) -> None:
+        """Write the outbox (see the module docstring), ``chunk`` documents at a time. ``write``
+        returns the documents the target refused for good, with its reason (set aside, as a
+        dead letter each), or a function that waits for the write and returns them: the next
+        chunk is assembled while the target takes one (chunks hold different documents)."""
+        after: DocumentId | None = None
+        waiting: Callable[[], None] | None = None
+        try:
+            while True:
+                pending = self.state.outbox(chunk, after)
+                if not pending:
+                    break
+                generation = self.state.seed_from()
+                if generation is not None and self.seed is not None:  # versions go on from the generation readers see
+                    need = self.state.unseeded((doc, doc_id) for doc, doc_id, _, _ in pending)
+                    if need:
+                        self.state.seed(need, self.seed(generation, [(doc, self._key(doc, doc_id))
+                                                                     for doc, doc_id in need]))
+                        pending = self.state.outbox(chunk, after)  # the same entries, at their seeded versions
+                after = (pending[-1][0], pending[-1][1])
+                previous, waiting = waiting, self._start(pending, write)
+                if previous is not None:
+                    previous()
+        except BaseException:
+            if waiting is not None:  # the chunk in flight ends first; the error raised is the first one
+                try:
+                    waiting()
+                except Exception:  # noqa: BLE001 - logged; the first error goes on
+                    log.exception("documents: a write in flight failed too")
+            raise
+        if waiting is not None:
+            waiting()
+
+    def _start(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]], write: Write) -> Callable[[], None]:
+        """``pending`` assembled and handed to ``write``; returns what ends it (waits for the
+        target, sets the refused aside, takes the written out of the outbox)."""
         try:
             with self.state.reading():
+                self.state.warm((doc, doc_id) for doc, doc_id, _, _ in pending)
                 out = self._assemble(pending)
         except sqlite3.Error as err:
             raise RetriableError(f"documents state {self.state.path}: {err}") from err
-        for written, reason in write(out):
-            self._set_aside(*self._origin(pending, written), written.document, written.key,
-                            f"document {written.document} refused by the target: {reason}")
-        self.counters["documents"] += sum(1 for w in out if w.body is not None)
-        self.counters["deleted"] += sum(1 for w in out if w.body is None)
-        self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
+        answer = write(out)
+
+        def end() -> None:
+            refused = answer() if callable(answer) else answer
+            for written, reason in refused:
+                self._set_aside(*self._origin(pending, written), written.document, written.key,
+                                f"document {written.document} refused by the target: {reason}")
+            self.counters["documents"] += sum(1 for w in out if w.body is not None)
+            self.counters["deleted"] += sum(1 for w in out if w.body is None)
+            self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
+        return end
 
     def _assemble(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]]) -> list[Written]:
         out: list[Written] = []

@@ -8,6 +8,10 @@ file per generation of the target, and the checks that keep state and target in 
   there is one, and each document's register is raised above the version the current
   generation holds of it before its first write (``held_versions``), so no document's version
   goes back across the switch.
+* A rebuild's state is *building* until the switch (State.set_building): the fill only stores
+  rows; at the switch every document is assembled once and written into the new generation,
+  then readers move to it. A new sink over topics that already hold records asks for a rebuild
+  at its first write, so its first build takes that path too (bench/documents.py measures both).
 * The state of the generation readers see must exist wherever the sink's group committed
   offsets: a state that holds nothing while the group committed offsets (its directory lost)
   cannot tell which documents the records before them changed, so the sink asks for a rebuild
@@ -78,8 +82,9 @@ class Keeper:
                     state.copy_registers(self.path(current))
                 # And above what readers see: the current state may be behind it (lost, restored).
                 state.set_seed_from(current)
+                state.set_building()  # nobody reads it before the switch: load first, assemble once
             if generation == current:
-                self._check_behind(state, generation)
+                self._check_behind(state, generation, fresh)
                 if state.seed_from() is not None:  # readers see it (a kill came before switched())
                     state.set_seed_from(None)
         except BaseException:
@@ -93,16 +98,20 @@ class Keeper:
         self.generation = generation
         return self.engine
 
-    def _check_behind(self, state: State, generation: int) -> None:
+    def _check_behind(self, state: State, generation: int, fresh: bool) -> None:
+        """A state holding nothing where the group committed offsets is behind: a rebuild. So
+        is a new one (``fresh``) over topics that hold records: the first build loads them into
+        a new generation and assembles each document once, rather than change by change."""
         log_ = self.context().log
         if log_ is None:
             return
         held = state.offsets()
         if held:
             return  # see the module docstring
+        ends = {tp: end for topic in self.make_plan().topics() for tp, end in log_.end_offsets(topic).items()}
         reader = log_.reader(self.sink)
         try:
-            committed = reader.committed([tp for topic in self.make_plan().topics() for tp in log_.end_offsets(topic)])
+            committed = reader.committed(list(ends))
         finally:
             reader.close()
         behind = [(tp, at) for tp, at in committed.items() if at]
@@ -111,12 +120,23 @@ class Keeper:
             raise RebuildRequired(f"sink {self.sink}: its documents state ({self.path(generation).name}) holds "
                                   f"nothing, and the offsets its group committed are past it ({topic}[{partition}] "
                                   f"at {at}): the documents are rebuilt from the topics")
+        if fresh and any(ends.values()):
+            raise RebuildRequired(f"sink {self.sink}: a first build of its documents ({sum(ends.values()):,} "
+                                  f"records in its topics): loaded into a new generation, each document "
+                                  f"assembled once")
 
     def opened(self, generation: int) -> None:
         """A rebuild opened ``generation``: an earlier attempt's state goes."""
         if self.generation == generation:
             self.close()
         _remove(self.path(generation))
+
+    def finish(self, generation: int, current: int) -> Engine:
+        """Before readers switch to ``generation``: its load ends, every document goes to the
+        outbox (the caller flushes it into the generation)."""
+        engine = self.engine_for(generation, current)
+        engine.finish_building()
+        return engine
 
     def switched(self, generation: int) -> None:
         """Readers see ``generation`` now: its versions need no seeding any more."""

@@ -27,7 +27,7 @@ and the other side's walk finds it later.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -40,6 +40,12 @@ from cdc.api import RebuildRequired
 from sinks.documents.plan import NodePlan, Plan
 
 DocumentId = tuple[str, bytes]  # (document name, the root row's key bytes)
+# A row's ``at``: the partition and offset of the record it came from, in one integer.
+AT_SHIFT, AT_MASK = 40, (1 << 40) - 1
+
+
+def at_of(partition: int, offset: int) -> int:
+    return (partition << AT_SHIFT) | offset
 
 
 class State:
@@ -59,6 +65,13 @@ class State:
         self._rows: dict[tuple[str, bytes], tuple[int, bool, dict[str, Any] | None] | None] | None = None
         self._truncated: dict[str, int | None] = {}
         self._built: dict[tuple[int, bytes], dict[str, Any]] = {}
+        # Inside reading(): a child table's live rows per (table, fk column, referenced key) (warm),
+        # and the foreign-key columns of the rows read (the keys they reference, as stored).
+        self._kids: dict[tuple[str, str, bytes], list[tuple[bytes, dict]]] | None = None
+        self._refs: dict[tuple[str, bytes], tuple[bytes | None, ...]] = {}
+        self._shown: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, str], ...]] = {}
+        self._slot = {table: {cols: j for j, cols in enumerate(fks)} for table, fks in self.fks.items()}
+        self._fcols = {table: "".join(f", {column}" for column, _ in fks.values()) for table, fks in self.fks.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -71,9 +84,9 @@ class State:
         for table, name in self.names.items():
             fks = "".join(f", {column} BLOB" for column, _ in self.fks[table].values())
             db.execute(f"CREATE TABLE IF NOT EXISTS {name} (pk BLOB PRIMARY KEY, ver INTEGER NOT NULL, "
-                       f"dead INTEGER NOT NULL, body BLOB{fks}) WITHOUT ROWID")
-            for column, _ in self.fks[table].values():
-                db.execute(f"CREATE INDEX IF NOT EXISTS {name}_{column} ON {name} ({column})")
+                       f"dead INTEGER NOT NULL, body BLOB{fks}, at INTEGER) WITHOUT ROWID")
+            if "at" not in {c for _, c, *_ in db.execute(f"PRAGMA table_info({name})")}:
+                db.execute(f"ALTER TABLE {name} ADD COLUMN at INTEGER")  # a state made before rows kept it
         db.execute("CREATE TABLE IF NOT EXISTS registers (doc TEXT, id BLOB, ver INTEGER NOT NULL, "
                    "PRIMARY KEY (doc, id)) WITHOUT ROWID")
         db.execute("CREATE TABLE IF NOT EXISTS outbox (doc TEXT, id BLOB, ver INTEGER NOT NULL, topic TEXT, "
@@ -84,6 +97,8 @@ class State:
         db.execute("CREATE TABLE IF NOT EXISTS seeded (doc TEXT, id BLOB, PRIMARY KEY (doc, id)) WITHOUT ROWID")
         db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         found = dict(db.execute("SELECT k, v FROM meta").fetchall())
+        if found.get("building") != "1":  # a building state makes them when its load ends
+            self._indexes()
         if not found:
             db.executemany("INSERT INTO meta VALUES (?, ?)", [("digest", self.plan.digest),
                                                              ("source", self.plan.source)])
@@ -92,6 +107,13 @@ class State:
             self.db.close()
             raise RebuildRequired(f"documents state {self.path.name} was made for another declaration or other "
                                  f"key types (plan {found.get('digest')}, now {self.plan.digest}): rebuild")
+
+    def _indexes(self, drop: bool = False) -> None:
+        """The foreign-key indexes (reach and assembly navigate them), made or dropped."""
+        for table, name in self.names.items():
+            for column, _ in self.fks[table].values():
+                self.db.execute(f"DROP INDEX IF EXISTS {name}_{column}" if drop else
+                                f"CREATE INDEX IF NOT EXISTS {name}_{column} ON {name} ({column})")
 
     def close(self) -> None:
         self.db.close()
@@ -114,11 +136,11 @@ class State:
     @contextmanager
     def reading(self) -> Iterator[None]:
         """Assemblies in between: rows and built lookups are read once (the state holds still)."""
-        self._rows, self._built = {}, {}
+        self._rows, self._built, self._kids, self._refs = {}, {}, {}, {}
         try:
             yield
         finally:
-            self._rows, self._built = None, {}
+            self._rows, self._built, self._kids, self._refs = None, {}, None, {}
 
     # --- rows -------------------------------------------------------------------------------------
 
@@ -133,16 +155,22 @@ class State:
             cache[(table, pk)] = out
         return out
 
-    def put(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None) -> None:
-        """The key's row at ``version`` (None: deleted, remembered at that version)."""
-        self.db.execute(self._insert(table), self._values(table, pk, version, row))
+    def put(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None, at: int = -1) -> None:
+        """The key's row at ``version`` (None: deleted, remembered at that version); ``at``: the
+        record it came from (``origin``)."""
+        self.db.execute(self._insert(table), self._values(table, pk, version, row, at))
 
-    def _insert(self, table: str) -> str:
-        columns = ["pk", "ver", "dead", "body", *(column for column, _ in self.fks[table].values())]
-        return (f"INSERT OR REPLACE INTO {self.names[table]} ({', '.join(columns)}) "
-                f"VALUES ({', '.join('?' * len(columns))})")
+    def _insert(self, table: str, newer_only: bool = False) -> str:
+        """The statement storing a row; ``newer_only``: only over an older version of its key."""
+        columns = ["pk", "ver", "dead", "body", *(column for column, _ in self.fks[table].values()), "at"]
+        name = self.names[table]
+        if not newer_only:
+            return f"INSERT OR REPLACE INTO {name} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        return (f"INSERT INTO {name} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                f"ON CONFLICT (pk) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in columns[1:])} "
+                f"WHERE excluded.ver > {name}.ver")
 
-    def _values(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None) -> list[Any]:
+    def _values(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None, at: int) -> list[Any]:
         kept_columns = self.plan.tables[table].kept
         body = None
         kept: dict[str, Any] | None = None
@@ -152,7 +180,7 @@ class State:
         if self._rows is not None:
             self._rows[(table, pk)] = (version, row is None, kept)
         return [pk, version, int(row is None), body,
-                *((None if row is None else edge.reference(row)) for _, edge in self.fks[table].values())]
+                *((None if row is None else edge.reference(row)) for _, edge in self.fks[table].values()), at]
 
     def prefetch(self, keys: Iterable[tuple[str, bytes]]) -> None:
         """Read the rows of ``keys`` into the transaction's cache, a few hundred per query."""
@@ -163,23 +191,33 @@ class State:
         for table, pk in keys:
             if (table, pk) not in cache:
                 by_table.setdefault(table, []).append(pk)
+        reading = self._kids is not None
         for table, pks in by_table.items():
             name = self.names[table]
             for start in range(0, len(pks), 500):
                 part = pks[start:start + 500]
                 for pk in part:
                     cache[(table, pk)] = None
-                for pk, ver, dead, body in self.db.execute(
-                        f"SELECT pk, ver, dead, body FROM {name} WHERE pk IN ({', '.join('?' * len(part))})", part):
+                for pk, ver, dead, body, *refs in self.db.execute(
+                        f"SELECT pk, ver, dead, body{self._fcols[table] if reading else ''} FROM {name} "
+                        f"WHERE pk IN ({', '.join('?' * len(part))})", part):
                     cache[(table, pk)] = (ver, bool(dead), None if body is None else orjson.loads(body))
+                    if reading:
+                        self._refs[(table, pk)] = tuple(refs)
 
-    def put_many(self, rows: list[tuple[str, bytes, int, Mapping[str, Any] | None]]) -> None:
-        """``put`` of each (table, key, version, row), a statement per table."""
+    def put_many(self, rows: Sequence[tuple[str, bytes, int, Mapping[str, Any] | None, int]],
+                 newer_only: bool = False) -> None:
+        """``put`` of each (table, key, version, row, at), a statement per table; ``newer_only``:
+        a row only replaces an older version of its key (a building state's load, which reads
+        nothing first)."""
         by_table: dict[str, list[list[Any]]] = {}
-        for table, pk, version, row in rows:
-            by_table.setdefault(table, []).append(self._values(table, pk, version, row))
+        for table, pk, version, row, at in rows:
+            by_table.setdefault(table, []).append(self._values(table, pk, version, row, at))
         for table, values in by_table.items():
-            self.db.executemany(self._insert(table), values)
+            self.db.executemany(self._insert(table, newer_only), values)
+        if newer_only and self._rows is not None:  # the statement decided: the cache does not know how
+            for table, pk, *_ in rows:
+                self._rows.pop((table, pk), None)
 
     def newest(self, table: str) -> int:
         """The highest version the state has of ``table``'s rows (0: none)."""
@@ -213,6 +251,8 @@ class State:
 
     def _referencing(self, table: str, fk_columns: tuple[str, ...], key: bytes) -> list[tuple[bytes, dict]]:
         column, _ = self.fks[table][fk_columns]
+        if self._kids is not None and (table, column, key) in self._kids:  # warm()
+            return self._kids[(table, column, key)]
         return [(pk, orjson.loads(body)) for pk, body in self.db.execute(
             f"SELECT pk, body FROM {self.names[table]} WHERE {column} = ? AND dead = 0", (key,))]
 
@@ -267,9 +307,13 @@ class State:
         db.executemany("INSERT OR REPLACE INTO registers VALUES (?, ?, ?)", registers)
         db.executemany("INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?)", outbox)
 
-    def outbox(self) -> list[tuple[str, bytes, int, tuple[str, int, int]]]:
+    def outbox(self, limit: int = -1, after: DocumentId | None = None,
+               ) -> list[tuple[str, bytes, int, tuple[str, int, int]]]:
+        """The outbox in document order: ``limit`` entries (-1: all) after ``after``."""
+        where, args = ("WHERE (doc, id) > (?, ?) ", after) if after is not None else ("", ())
         return [(doc, doc_id, ver, (topic, part, off)) for doc, doc_id, ver, topic, part, off in
-                self.db.execute("SELECT doc, id, ver, topic, part, off FROM outbox ORDER BY doc, id")]
+                self.db.execute(f"SELECT doc, id, ver, topic, part, off FROM outbox {where}ORDER BY doc, id "
+                                f"LIMIT ?", (*args, limit))]
 
     def written(self, done: Iterable[tuple[str, bytes, int]]) -> None:
         """Documents written at their outbox version leave it (a later bump's entry stays)."""
@@ -301,26 +345,76 @@ class State:
                         (None if generation is None else str(generation),))
 
     def unseeded(self, docs: Iterable[DocumentId]) -> list[DocumentId]:
-        return [doc for doc in docs if self.db.execute("SELECT 1 FROM seeded WHERE doc = ? AND id = ?",
-                                                       doc).fetchone() is None]
+        wanted = list(docs)
+        by_doc: dict[str, list[bytes]] = {}
+        for doc, doc_id in wanted:
+            by_doc.setdefault(doc, []).append(doc_id)
+        seeded: set[DocumentId] = set()
+        for doc, ids in by_doc.items():
+            for start in range(0, len(ids), 500):
+                part = ids[start:start + 500]
+                seeded.update((doc, doc_id) for (doc_id,) in self.db.execute(
+                    f"SELECT id FROM seeded WHERE doc = ? AND id IN ({', '.join('?' * len(part))})", (doc, *part)))
+        return [doc for doc in wanted if doc not in seeded]
 
     def seed(self, docs: list[DocumentId], versions: list[int | None]) -> None:
         """Each document's register (and outbox version) above the version the seeding
         generation holds of it (None: it holds none), once per document."""
         db = self.db
+        raised = [(held + 1, doc, doc_id, held) for (doc, doc_id), held in zip(docs, versions, strict=True)
+                  if held is not None]
         db.execute("BEGIN IMMEDIATE")
         try:
-            for (doc, doc_id), held in zip(docs, versions, strict=True):
-                if held is not None:
-                    db.execute("UPDATE registers SET ver = ? WHERE doc = ? AND id = ? AND ver <= ?",
-                               (held + 1, doc, doc_id, held))
-                    db.execute("UPDATE outbox SET ver = ? WHERE doc = ? AND id = ? AND ver <= ?",
-                               (held + 1, doc, doc_id, held))
-                db.execute("INSERT OR IGNORE INTO seeded VALUES (?, ?)", (doc, doc_id))
+            db.executemany("UPDATE registers SET ver = ? WHERE doc = ? AND id = ? AND ver <= ?", raised)
+            db.executemany("UPDATE outbox SET ver = ? WHERE doc = ? AND id = ? AND ver <= ?", raised)
+            db.executemany("INSERT OR IGNORE INTO seeded VALUES (?, ?)", docs)
             db.execute("COMMIT")
         except BaseException:
             self.rollback()
             raise
+
+    # --- building (a new generation's load) --------------------------------------------------------
+
+    def building(self) -> bool:
+        """A new generation's state while it is loaded from the topics (``set_building``)."""
+        found = self.db.execute("SELECT v FROM meta WHERE k = 'building'").fetchone()
+        return found is not None and found[0] == "1"
+
+    def set_building(self) -> None:
+        """Rows are loaded without reach, registers or outbox until ``finish_building``: nobody
+        reads the generation yet, and every document is assembled once at the end. The
+        foreign-key indexes are made then too (one sort each, not one insert per row)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        self._indexes(drop=True)
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('building', '1')")
+        self.db.execute("COMMIT")
+
+    def finish_building(self) -> int:
+        """Every document whose root row lives goes into the outbox, its register above both
+        the one it had (copied from the generation readers see) and every version in the state
+        (so above every version that reached it); in one transaction. Returns how many."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            self._indexes()
+            top = max((self.newest(table) for table in self.names), default=0)
+            count = 0
+            for doc, number in self.plan.roots.items():
+                tplan = self.plan.tables[self.plan.nodes[number].table]
+                name = self.names[tplan.table]
+                db.execute(f"INSERT OR REPLACE INTO registers SELECT ?, t.pk, max(coalesce(r.ver, 0) + 1, ?) "
+                           f"FROM {name} t LEFT JOIN registers r ON r.doc = ? AND r.id = t.pk WHERE t.dead = 0",
+                           (doc, top, doc))
+                count += db.execute(
+                    f"INSERT OR REPLACE INTO outbox SELECT ?, t.pk, r.ver, ?, coalesce(t.at >> {AT_SHIFT}, 0), "
+                    f"coalesce(t.at & {AT_MASK}, -1) FROM {name} t JOIN registers r ON r.doc = ? AND r.id = t.pk "
+                    f"WHERE t.dead = 0", (doc, tplan.topic, doc)).rowcount
+            db.execute("DELETE FROM meta WHERE k = 'building'")
+            db.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+        return count
 
     # --- offsets ----------------------------------------------------------------------------------
 
@@ -340,7 +434,56 @@ class State:
         """The document as the state stands (None: its root row is deleted or was never seen)."""
         root = self.plan.nodes[self.plan.roots[doc]]
         row = self._live(root.table, doc_id)
-        return None if row is None else self._build(root, row)
+        return None if row is None else self._build(root, row, doc_id)
+
+    def warm(self, docs: Iterable[DocumentId]) -> None:
+        """Inside ``reading()``: the rows the assembly of ``docs`` reads, a query per node for a
+        few hundred keys at a time, rather than one per row and per child list."""
+        by_doc: dict[str, list[bytes]] = {}
+        for doc, doc_id in docs:
+            by_doc.setdefault(doc, []).append(doc_id)
+        for doc, ids in by_doc.items():
+            root = self.plan.nodes[self.plan.roots[doc]]
+            self.prefetch((root.table, pk) for pk in ids)
+            self._warm_below(root, [(pk, row) for pk in ids if (row := self._live(root.table, pk)) is not None])
+
+    def _warm_below(self, node: NodePlan, rows: Sequence[tuple[bytes, Mapping[str, Any]]]) -> None:
+        for number in node.below:
+            below = self.plan.nodes[number]
+            assert below.edge is not None
+            found: Sequence[tuple[bytes, Mapping[str, Any]]]
+            if below.kind == "lookup":
+                refs = list({ref for pk, row in rows if (ref := self._reference(node.table, pk, below.edge, row))
+                             is not None and (below.number, ref) not in self._built})
+                self.prefetch((below.table, ref) for ref in refs)
+                found = [(ref, row) for ref in refs if (row := self._live(below.table, ref)) is not None]
+            else:  # a child's rows reference the key of the row they hang from: its key bytes
+                found = self._children(below.table, below.edge.fk_columns, [pk for pk, _ in rows])
+            if found and below.below:
+                self._warm_below(below, found)
+
+    def _children(self, table: str, fk_columns: tuple[str, ...], keys: list[bytes]) -> list[tuple[bytes, dict]]:
+        """The live rows of ``table`` referencing any of ``keys``, kept for ``_referencing``."""
+        kids = self._kids
+        assert kids is not None
+        column, _ = self.fks[table][fk_columns]
+        need = [key for key in dict.fromkeys(keys) if (table, column, key) not in kids]
+        for key in need:
+            kids[(table, column, key)] = []
+        for start in range(0, len(need), 500):
+            part = need[start:start + 500]
+            for key, pk, body, *refs in self.db.execute(
+                    f"SELECT {column}, pk, body{self._fcols[table]} FROM {self.names[table]} WHERE {column} IN "
+                    f"({', '.join('?' * len(part))}) AND dead = 0", part):
+                kids[(table, column, key)].append((pk, orjson.loads(body)))
+                self._refs[(table, pk)] = tuple(refs)
+        return [pair for key in keys for pair in kids[(table, column, key)]]
+
+    def _reference(self, table: str, pk: bytes, edge: Any, row: Mapping[str, Any]) -> bytes | None:
+        """The key ``row`` (``table``'s row of key ``pk``) references through ``edge``: as stored,
+        when it was read inside ``reading()``."""
+        refs = self._refs.get((table, pk))
+        return edge.reference(row) if refs is None else refs[self._slot[table][edge.fk_columns]]
 
     def _lookup(self, node: NodePlan, pk: bytes | None) -> dict[str, Any] | None:
         """A lookup's object, built once per flush and shared by the documents holding it (they
@@ -352,38 +495,72 @@ class State:
             found = self._live(node.table, pk)
             if found is None:
                 return None
-            done = self._build(node, found)
+            done = self._build(node, found, pk)
             if self._rows is not None:  # inside reading(): the state holds still
                 self._built[(node.number, pk)] = done
         return done
 
-    def _build(self, node: NodePlan, row: Mapping[str, Any]) -> dict[str, Any]:
-        out = node.project(row, list(row))
+    def _build(self, node: NodePlan, row: Mapping[str, Any], pk: bytes) -> dict[str, Any]:
+        """``row``'s object (``pk``: its key bytes) with what hangs from it."""
+        columns = tuple(row)
+        fields = self._shown.get((node.number, columns))
+        if fields is None:  # node.project's choice, once per shape of row
+            fields = self._shown[(node.number, columns)] = tuple(node.project({c: c for c in columns}, columns).items())
+        out = {name: row[column] for name, column in fields}
         for number in node.below:
             below = self.plan.nodes[number]
             assert below.edge is not None and below.field is not None
             if below.kind == "lookup":
-                out[below.field] = self._lookup(below, below.edge.reference(row))
+                out[below.field] = self._lookup(below, self._reference(node.table, pk, below.edge, row))
             else:
-                key = self.plan.tables[node.table].key_of(row)
-                children = [] if key is None else self._referencing(below.table, below.edge.fk_columns, key)
+                children = self._referencing(below.table, below.edge.fk_columns, pk)
                 families = self.plan.tables[below.table].families
-                out[below.field] = [self._build(below, child) for child in _ordered(below, children, families)]
+                out[below.field] = [self._build(below, child, child_pk)
+                                    for child_pk, child in _ordered(below, children, families)]
         return out
 
 
-def _ordered(node: NodePlan, rows: list[tuple[bytes, dict]], key_families: tuple[str, ...]) -> Iterator[dict]:
+def _ordered(node: NodePlan, rows: list[tuple[bytes, dict]], key_families: tuple[str, ...],
+             ) -> Iterator[tuple[bytes, dict]]:
     """A child's rows by its ``order_by`` (nulls last either way), ties by key, each value
     compared as its type orders in the source: numbers (exact numerics arrive as text) as
     numbers, instants as instants, text by code point."""
+    if len(rows) < 2:
+        return iter(rows)
+    ordered = _by_order(node, rows)
+    if node.order_by and not _ties(node, ordered):
+        return iter(ordered)  # the key decides nothing (the usual case: a line number per item)
     ordered = sorted(rows, key=lambda pair: tuple(sort_value(v, f) for v, f in
                                                   zip(orjson.loads(pair[0]), key_families)))
+    return iter(_by_order(node, ordered))
+
+
+def _by_order(node: NodePlan, rows: list[tuple[bytes, dict]]) -> list[tuple[bytes, dict]]:
+    """``rows`` stably sorted by the order-by columns, the last one first."""
+    ordered = rows
     for (column, descending), family in zip(reversed(node.order_by), reversed(node.order_families)):
         values = [pair for pair in ordered if pair[1].get(column) is not None]
         nulls = [pair for pair in ordered if pair[1].get(column) is None]
         values.sort(key=lambda pair: sort_value(pair[1][column], family), reverse=descending)
         ordered = values + nulls
-    return (row for _, row in ordered)
+    return ordered
+
+
+def _ties(node: NodePlan, ordered: list[tuple[bytes, dict]]) -> bool:
+    """Whether two neighbours of ``ordered`` have the same order-by values (as their type
+    compares them: numerics spelled differently, one instant at two offsets)."""
+    columns = [c for c, _ in node.order_by]
+    raw = [tuple(row.get(c) for c in columns) for _, row in ordered]
+    if any(a == b for a, b in zip(raw, raw[1:])):
+        return True
+    if all(f in _EQUAL_AS_SENT for f in node.order_families):
+        return False  # different values as sent are different values
+    values = [tuple(None if v is None else sort_value(v, f) for v, f in zip(r, node.order_families)) for r in raw]
+    return any(a == b for a, b in zip(values, values[1:]))
+
+
+# Families whose values compare equal exactly when the events carry them equal.
+_EQUAL_AS_SENT = frozenset({"integer", "text", "uuid", "date", "binary", "boolean"})
 
 
 def sort_value(value: Any, family: str) -> tuple:
@@ -392,7 +569,7 @@ def sort_value(value: Any, family: str) -> tuple:
     if isinstance(value, bool):
         return (3, int(value))
     if isinstance(value, (int, float)):
-        return (0, Decimal(value) if isinstance(value, int) else value)
+        return (0, value)  # ints, floats and Decimals compare with each other exactly
     if isinstance(value, str):
         if family.startswith("numeric"):
             try:

@@ -19,6 +19,7 @@ cannot say which documents the skipped records changed: the sink asks for a rebu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -127,25 +128,43 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
                 part = docs[start:start + 1000]
                 answer = self.client.mget(body={"docs": [
                     {"_index": generation_index(doc, generation), "_id": document_id(key), "_source": False}
-                    for doc, key in part]})
-                out += [found.get("_version") if found.get("found") else None for found in answer["docs"]]
+                    for doc, key in part]}, filter_path="docs.found,docs._version,docs.error.type")
+                # Every entry keeps "found" or "error" (a missing index): one per document asked.
+                answered = answer.get("docs", [])
+                if len(answered) != len(part):
+                    raise PermanentError(f"opensearch sink {self.config.name}: _mget answered {len(answered)} "
+                                         f"documents for {len(part)}")
+                out += [found.get("_version") if found.get("found") else None for found in answered]
         return out
 
-    def _send(self, docs: list[Written], generation: int) -> list[tuple[Written, str]]:
-        items = []
+    def _send(self, docs: list[Written], generation: int) -> Callable[[], list[tuple[Written, str]]]:
+        """The bulk requests of ``docs`` sent; returns what waits for them (the engine assembles
+        the next documents meanwhile)."""
+        items, lines = [], []
         for doc in docs:
             body = tombstone_body(doc.version) if doc.body is None else {**doc.body, VERSION_FIELD: doc.version}
-            items.append(Item(generation_index(doc.document, generation), document_id(doc.key), doc.version, body,
-                              doc))
-        outcome = self.bulk.send(items)
-        self.counters["written"] += outcome.written
-        self.counters["conflicts"] += outcome.conflicts
-        self.counters["refused"] += len(outcome.refused)
-        if outcome.refused and self.config.on_poison == "stop":
-            item, reason = outcome.refused[0]
-            raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
-                                 f"_id {item.doc_id}: {reason}")
-        return [(item.event, reason) for item, reason in outcome.refused]
+            item = Item(generation_index(doc.document, generation), document_id(doc.key), doc.version, body, doc)
+            items.append(item)
+            lines.append(item.encode())
+        sending = self.bulk.sending(len(items))
+        try:
+            sending.add(items, lines)
+        except BaseException:
+            sending.abandon()
+            raise
+
+        def finish() -> list[tuple[Written, str]]:
+            with self._errors("write"):
+                outcome = sending.finish()
+            self.counters["written"] += outcome.written
+            self.counters["conflicts"] += outcome.conflicts
+            self.counters["refused"] += len(outcome.refused)
+            if outcome.refused and self.config.on_poison == "stop":
+                item, reason = outcome.refused[0]
+                raise PermanentError(f"opensearch sink {self.config.name}: {item.index}: OpenSearch refused "
+                                     f"_id {item.doc_id}: {reason}")
+            return [(item.event, reason) for item, reason in outcome.refused]
+        return finish
 
     # --- generations ----------------------------------------------------------------------------
 
@@ -163,8 +182,10 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         self.generation = generation
 
     def switch_generation(self, generation: int) -> None:
+        engine = self.keeper.finish(generation, self.generations.state.current)
         with self._errors(f"switch_generation({generation})"):
             self._ensure_indexes(generation)
+            engine.flush(lambda docs: self._send(docs, generation))
             self.generations.switch(generation, lambda alias, topic: None)
         self.keeper.switched(generation)
         self.generation = None

@@ -113,6 +113,8 @@ class RedisDocumentSink(Sink, RebuildableSink):
         self.generation = generation
 
     def switch_generation(self, generation: int) -> None:
+        engine = self.keeper.finish(generation, self._current)
+        engine.flush(lambda docs: self._send(docs, generation))
         self.generations.switch(generation)
         self.keeper.switched(generation)
         self._current = generation

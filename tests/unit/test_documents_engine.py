@@ -309,6 +309,94 @@ def test_documents_are_the_join_of_the_final_rows(tmp_path_factory, ops, data):
         sink.state.close()
 
 
+@settings(max_examples=60, deadline=None)
+@given(ops=HISTORIES, data=st.data())
+def test_a_generation_loaded_then_assembled_once_is_the_join_too(tmp_path_factory, ops, data):
+    """A rebuild's state (``set_building``): the batches up to the topics' ends as the rebuild
+    began are stored without reaching anything, with restarts and replays between them; at the
+    switch every document is assembled once; the changes after it go the usual way."""
+    source = Source()
+    for op in ops:
+        source.run(op)
+    batches = deliver(data, source)
+    cut = data.draw(st.integers(0, len(batches)), label="batches loaded before the switch")
+    sink = make_sink(tmp_path_factory.mktemp("documents"))
+    try:
+        sink.state.set_building()
+        sink.restart()  # an engine over a building state: it knows
+        for index, batch in enumerate(batches[:cut]):
+            assert sink.batch(batch) == 0, "a building state reached documents"
+            fate = data.draw(st.sampled_from(["go on", "restart", "replay"]), label=f"after load {index}")
+            if fate == "restart":
+                sink.restart()
+            elif fate == "replay":
+                assert sink.batch(batches[data.draw(st.integers(0, index), label="replayed")]) == 0
+        assert sink.target.docs == {} and sink.state.outbox() == []
+        written = sink.engine.finish_building()
+        assert written == sum(1 for pk in range(1, 5) if rows_after(source, batches[:cut], pk))
+        sink.engine.flush(sink.target.write, chunk=2)  # pages of two: every page written
+        for batch in batches[cut:]:
+            sink.batch(batch)
+        for order_id in range(1, 5):
+            want = joined(source.rows, order_id)
+            body = sink.target.body(order_id)[1]
+            assert body == want, f"order {order_id}"
+        for doc_id, versions in sink.target.accepted.items():
+            assert versions == sorted(set(versions)), f"{doc_id}: versions went back: {versions}"
+        assert sink.state.outbox() == [] and not sink.state.building()
+    finally:
+        sink.state.close()
+
+
+def rows_after(source: Source, batches: list[list[SinkEvent]], order_id: int) -> bool:
+    """Whether order ``order_id`` lives after the orders events in ``batches``."""
+    last = None
+    for event in sorted((e for batch in batches for e in batch if e.topic == topic(ORDERS)), key=lambda e: e.version):
+        if event.key == {"id": order_id}:
+            last = event
+    return last is not None and last.op is not Op.DELETE
+
+
+def test_a_load_replayed_after_a_delete_keeps_the_delete(tmp_path):
+    """The statement's own guard: a replayed older create never brings a deleted row back."""
+    source = Source()
+    shop(source)
+    created = source.all_events()
+    source.delete(ORDERS, (1,))
+    source.upsert(ITEMS, {"order_id": 1, "line_no": 1, "product_id": None, "qty": 5})
+    later = source.all_events()[len(created):]
+    sink = make_sink(tmp_path)
+    sink.state.set_building()
+    sink.restart()
+    for batch in (created, later, created):
+        sink.batch(batch)
+    assert sink.engine.finish_building() == 0
+    sink.engine.flush(sink.target.write)
+    assert sink.target.docs == {}
+    sink.state.close()
+
+
+def test_a_loaded_document_too_large_names_its_root_rows_record(tmp_path):
+    source = Source()
+    shop(source)
+    source.upsert(ORDERS, {"id": 2, "customer_id": 1, "note": "x" * 400})
+    letters: list[tuple] = []
+    state = State(documents_path(tmp_path, "search", 1), PLAN)
+    state.set_building()
+    engine = Engine(PLAN, state, 350, dead_letter=lambda topic, part, off, reason, key=None:
+                    letters.append((topic, part, off, reason)))
+    events = source.all_events()
+    engine.apply(events)
+    assert engine.finish_building() == 2
+    target = Target()
+    engine.flush(target.write)
+    record = [e for e in events if e.topic == topic(ORDERS) and e.key == {"id": 2}][-1]
+    assert [letter[:3] for letter in letters] == [(topic(ORDERS), 0, record.offset)]
+    assert "more than max_document_bytes 350" in letters[0][3]
+    assert target.body(2) == (True, None) and target.body(1) == (True, joined(source.rows, 1))
+    state.close()
+
+
 # --- examples ----------------------------------------------------------------------------------------
 
 def shop(source: Source) -> None:
