@@ -109,7 +109,7 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_round(url: str, orders: int, items: int, updates: int) -> dict[str, float]:
+def run_round(url: str, orders: int, items: int, updates: int, streamed: bool) -> dict[str, float]:
     from opensearchpy import OpenSearch
 
     from sinks.opensearch.config import OpenSearchSinkConfig
@@ -139,23 +139,41 @@ def run_round(url: str, orders: int, items: int, updates: int) -> dict[str, floa
         config = OpenSearchSinkConfig.model_validate(
             {"name": f"{prefix}-docs", "type": "opensearch", "hosts": [url], "topics": [f"{prefix}.public.*"],
              "state_dir": str(folder / "state"), "documents": [{**DOCUMENTS[0], "name": f"{prefix}-orders"}]})
-        sink = OpenSearchDocumentSink(config)
-        sink.attach(ShopContext(config.name, prefix))
-        sink.start()
         # The lookups' topics first, then orders and items interleaved as one transaction each would be.
         stream = [*by_table["public.categories"], *by_table["public.products"], *by_table["public.customers"]]
         items_of = iter(by_table["public.order_items"])
         for order in by_table["public.orders"]:
             stream.append(order)
             stream.extend(next(items_of) for _ in range(items))
+        if streamed:  # the documents kept change by change from an empty state, into the current generation
+            sink = OpenSearchDocumentSink(config.model_copy(update={"name": f"{prefix}-streamed"}))
+            sink.attach(ShopContext(sink.config.name, prefix))
+            sink.start()
+            began, cpu0 = time.perf_counter(), cpu()
+            for start in range(0, len(stream), BATCH):
+                sink.write(stream[start:start + BATCH])
+            figures["stream_docs_s"] = orders / (time.perf_counter() - began)
+            figures["stream_cpu_us"] = (cpu() - cpu0) / orders * 1e6
+            sink.stop()
+            client.indices.delete(index=f"{prefix}-orders*", params={"ignore_unavailable": "true"})
+        sink = OpenSearchDocumentSink(config)
+        sink.attach(ShopContext(config.name, prefix))
+        sink.start()
+        # What `cdc bootstrap` and `cdc rebuild` run: a new generation loaded, then switched to.
         began, cpu0 = time.perf_counter(), cpu()
+        generation = sink.current_generation() + 1
+        sink.open_generation(generation)
         for start in range(0, len(stream), BATCH):
             sink.write(stream[start:start + BATCH])
+        loaded = time.perf_counter()
+        sink.switch_generation(generation)
         seconds = time.perf_counter() - began
         figures["build_docs_s"] = orders / seconds
         figures["build_rows_s"] = len(stream) / seconds
+        figures["build_load_s"] = loaded - began
+        figures["build_assemble_s"] = seconds - (loaded - began)
         figures["build_cpu_us"] = (cpu() - cpu0) / orders * 1e6
-        state = folder / "state" / f"{config.name}.g1.db"
+        state = folder / "state" / f"{config.name}.g{generation}.db"
         size = sum(p.stat().st_size for p in state.parent.glob(state.name + "*"))
         figures["state_mib_per_m_rows"] = size / len(stream) * 1e6 / 2**20
 
@@ -190,6 +208,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=5)
     parser.add_argument("--updates", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-stream", action="store_true", help="leave out the change-by-change build")
     args = parser.parse_args()
     from cdc.dev.stack import read_env
 
@@ -197,11 +216,15 @@ def main() -> None:
     print(f"{args.orders} orders x {args.items} items, {args.updates} item updates; batches of {BATCH}")
     for round_ in range(1, args.rounds + 1):
         load = os.getloadavg()[0]
-        f = run_round(url, args.orders, args.items, args.updates)
+        f = run_round(url, args.orders, args.items, args.updates, not args.no_stream)
+        streamed = "" if args.no_stream else (
+            f"; streamed {f['stream_docs_s']:,.0f} docs/s ({f['stream_cpu_us']:.0f} us CPU/doc), ratio "
+            f"{f['stream_docs_s'] / f['plain_docs_s']:.2f}")
         print(f"round {round_} (load {load:.1f}): plain {f['plain_docs_s']:,.0f} docs/s "
               f"({f['plain_cpu_us']:.0f} us CPU/doc); build {f['build_docs_s']:,.0f} docs/s, "
-              f"{f['build_rows_s']:,.0f} rows/s ({f['build_cpu_us']:.0f} us CPU/doc), "
-              f"ratio {f['build_docs_s'] / f['plain_docs_s']:.2f}; state {f['state_mib_per_m_rows']:.0f} MiB "
+              f"{f['build_rows_s']:,.0f} rows/s ({f['build_cpu_us']:.0f} us CPU/doc; load "
+              f"{f['build_load_s']:.1f}s, assembly {f['build_assemble_s']:.1f}s), "
+              f"ratio {f['build_docs_s'] / f['plain_docs_s']:.2f}{streamed}; state {f['state_mib_per_m_rows']:.0f} MiB "
               f"per million rows; {args.updates} item updates written in {f['updates_s']:.1f}s "
               f"({f['updates_per_s']:,.0f}/s)", flush=True)
 
