@@ -124,4 +124,9 @@ def key_encoder(columns: Sequence[str], families: Sequence[str]) -> Callable[[Ma
             value = row.get(name)
             return None if value is None else dumps([value])
         return one
+    if all(kind in _AS_THEY_ARE for kind in kinds):
+        def many(row: Mapping[str, Any]) -> bytes | None:
+            values = [row.get(name) for name in names]
+            return None if None in values else dumps(values)
+        return many
     return lambda row: key_bytes([row.get(c) for c in names], kinds)
