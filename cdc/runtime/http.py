@@ -83,6 +83,10 @@ def render_metrics(rows: list[dict]) -> str:
           "stalled_seconds", ids, optional=True)
     field("cdc_last_error_timestamp_seconds", "gauge", "Unix time of the last error not yet cleared by progress.",
           "last_error_at", ids, optional=True)
+    family("cdc_connector_detail", "gauge", "A connector's own figures, by name (cdc status shows them too): "
+                                           "e.g. a document sink's documents_written and state_rows.",
+           [({"connector": r["name"], "name": k}, v) for r in rows for k, v in sorted((r.get("details") or {}).items())
+            if isinstance(v, (int, float)) and not isinstance(v, bool)])
     verified = [(r["name"], r["verify"]) for r in rows if r.get("verify")]
     family("cdc_verify_mismatched_rows", "gauge", "Keys the sink's last background verify found missing, extra "
                                                   "or different in its store (cdc verify names them).",

@@ -65,7 +65,8 @@ class Engine:
         self.seed = seed
         self.tables = plan.topics()
         self.delete_read, self.dead_letter = delete_read, dead_letter
-        self.counters = {"documents": 0, "deleted": 0, "oversized": 0, "rows": 0}
+        # Since the start: documents written, written deleted, set aside as too large; row changes stored.
+        self.counters = {"documents_written": 0, "documents_deleted": 0, "documents_set_aside": 0, "rows_stored": 0}
         self.building = state.building()
 
     def apply(self, events: Sequence[SinkEvent]) -> int:
@@ -139,7 +140,7 @@ class Engine:
             changes.append((table, pk, event, _row(event, was)))
         state.put_many([(table, pk, event.version or 0, row, at_of(event.partition, event.offset))
                         for table, pk, event, row in changes])
-        self.counters["rows"] += len(changes)
+        self.counters["rows_stored"] += len(changes)
         for table, _, event, row in changes:
             if row is not None:
                 for doc in state.documents_of(table, row):  # S1
@@ -163,7 +164,7 @@ class Engine:
                 continue
             rows.append((table, pk, version, _row(event, None), at_of(event.partition, event.offset)))
         state.put_many(rows, newer_only=True)
-        self.counters["rows"] += len(rows)
+        self.counters["rows_stored"] += len(rows)
 
     def finish_building(self) -> int:
         """The load is over: every document into the outbox (the next ``flush`` writes them)."""
@@ -204,7 +205,7 @@ class Engine:
         row = _row(event, was)
         out = set() if was is None else state.documents_of(table, was)
         state.put(table, pk, version, row, at_of(event.partition, event.offset))
-        self.counters["rows"] += 1
+        self.counters["rows_stored"] += 1
         if row is not None:
             out |= state.documents_of(table, row)
         return out
@@ -258,8 +259,8 @@ class Engine:
             for written, reason in refused:
                 self._set_aside(*self._origin(pending, written), written.document, written.key,
                                 f"document {written.document} refused by the target: {reason}")
-            self.counters["documents"] += sum(1 for w in out if w.body is not None)
-            self.counters["deleted"] += sum(1 for w in out if w.body is None)
+            self.counters["documents_written"] += sum(1 for w in out if w.body is not None)
+            self.counters["documents_deleted"] += sum(1 for w in out if w.body is None)
             self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
         return end
 
@@ -282,7 +283,7 @@ class Engine:
                     self._set_aside(topic, part, off, doc, key, f"document {doc}/{orjson.dumps(list(key.values())).decode()}"
                                     f": {size} bytes, more than max_document_bytes {self.max_bytes}; set aside, "
                                     f"written as deleted until a change makes it fit")
-                    self.counters["oversized"] += 1
+                    self.counters["documents_set_aside"] += 1
                     body = None
             out.append(Written(doc, key, version, body))
         return out

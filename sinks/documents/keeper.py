@@ -24,6 +24,7 @@ file per generation of the target, and the checks that keep state and target in 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from sinks.documents.engine import Engine
 from sinks.documents.plan import Plan, make_plan
 from sinks.documents.state import State, documents_path, state_figures
 
+FIGURES_EVERY_S = 30.0  # how often report() counts the state's rows
 HeldVersions = Callable[[int, list[tuple[str, dict[str, Any]]]], list[int | None]]
 
 
@@ -48,6 +50,7 @@ class Keeper:
         self.shapes: CapturedShapes | None = None
         self.engine: Engine | None = None
         self.generation: int | None = None  # of the open state
+        self._figured: tuple[float, int, dict[str, Any]] | None = None  # (when, generation, state figures)
 
     def path(self, generation: int) -> Path:
         return documents_path(self.config.state_dir, self.sink, generation)
@@ -151,6 +154,19 @@ class Keeper:
     def figures(self, generation: int) -> dict[str, Any]:
         rows, size = state_figures(self.path(generation))
         return {"state_rows": rows, "state_bytes": size, **(self.engine.counters if self.engine is not None else {})}
+
+    def report(self, generation: int) -> None:
+        """The sink's figures into its stats' details (`cdc status`, the console, /metrics): the
+        engine's counters after every write, the state's rows and bytes (a count of every table)
+        at most every ``FIGURES_EVERY_S``."""
+        now = time.monotonic()
+        if self._figured is None or now - self._figured[0] > FIGURES_EVERY_S or self._figured[1] != generation:
+            rows, size = state_figures(self.path(generation))
+            self._figured = (now, generation, {"state_rows": rows, "state_bytes": size})
+        details = self.context().stats.details
+        details.update(self._figured[2])
+        if self.engine is not None:
+            details.update(self.engine.counters)
 
     def close(self) -> None:
         if self.engine is not None:

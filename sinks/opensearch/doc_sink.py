@@ -94,6 +94,7 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         with self._errors("write"):
             self._ensure_indexes(generation)
             engine.flush(lambda docs: self._send(docs, generation))
+        self.keeper.report(generation)
 
     def _ensure_indexes(self, generation: int) -> None:
         if generation in self.indexes:

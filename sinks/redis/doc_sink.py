@@ -71,6 +71,7 @@ class RedisDocumentSink(Sink, RebuildableSink):
         if events:
             engine.apply(events)
         engine.flush(lambda docs: self._send(docs, generation))
+        self.keeper.report(generation)
 
     def _send(self, docs: list[Written], generation: int) -> list[tuple[Written, str]]:
         ns = namespace(self.config.prefix, generation)

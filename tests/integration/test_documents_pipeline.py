@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -30,6 +31,7 @@ import pytest
 import redis
 from opensearchpy import OpenSearch
 
+from cdc.dev.services import free_port
 from tests.conftest import _fresh_database
 from tests.daemon import cdc_process, kill_daemon, stop_daemon, wait_beside
 from tests.integration.pg_capture import execute
@@ -245,6 +247,17 @@ class CacheTarget(Target):
         return out
 
 
+def _detail(port: int, connector: str, name: str) -> float:
+    """A sink's figure as /metrics serves it (-1: not served)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return -1
+    wanted = f'cdc_connector_detail{{connector="{connector}",name="{name}"}} '
+    return next((float(line[len(wanted):]) for line in text.splitlines() if line.startswith(wanted)), -1)
+
+
 def _expected(dsn: str) -> dict[str, dict]:
     conn = psycopg2.connect(dsn)
     try:
@@ -281,6 +294,7 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop
         sink = f"    type: redis\n    url: '{redis_url}'\n    key_prefix: {prefix}\n    format: json\n"
         target = CacheTarget(redis_url, prefix, name)
     config = tmp_path / "cdc.yaml"
+    port = free_port()
     config.write_text(
         f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
         f"sources:\n  - {{name: shop, type: postgres, dsn: '{shop}', tables: ['public.*'], state_dir: ./state, "
@@ -288,7 +302,7 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop
         f"sinks:\n  - name: {prefix}-docs\n{sink}"
         f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
         + DOCUMENTS.format(alias=name, nested="\n            nested: true" if store == "opensearch" else "")
-        + "http: null\n")
+        + f"http: '127.0.0.1:{port}'\n")
     writer, reader = Writer(shop), Reader(target)
     daemon = _run(config)
     try:
@@ -310,6 +324,8 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop
         expected = _expected(shop)
         wait_beside("every document equal to the SQL join", lambda: target.documents() == expected, daemon,
                     limit=240, every=1.0)
+        wait_beside("the sink's figures served", lambda: _detail(port, f"{prefix}-docs", "documents_written") > 0,
+                    daemon, limit=60)
         status = subprocess.run([sys.executable, "-m", "cdc.cli", "status", "--json", str(config), f"{prefix}-docs"],
                                 capture_output=True, text=True, timeout=120, cwd=tmp_path)
     finally:
@@ -321,6 +337,9 @@ def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop
     assert reader.reads > 20 and len(reader.seen) > ORDERS // 2
     assert (tmp_path / "docstate").exists()
     [row] = [r for r in json.loads(status.stdout) if r["name"] == f"{prefix}-docs"]
+    details = row["details"]  # the daemon's figures of its last run (cdc status, the console, /metrics)
+    assert details["documents_written"] > 0 and details["rows_stored"] > 0, details
+    assert details["state_rows"] >= len(expected) and details["state_bytes"] > 0, details
     if store == "opensearch":
         [described] = row["stores"]
         # Generation 2 is the first build (the snapshot's records were in the topics), 3 the lost state's.

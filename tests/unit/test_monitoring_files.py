@@ -49,3 +49,14 @@ def test_every_alert_is_complete():
     for rule in alerts:
         assert rule["expr"].strip() and rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"]
+
+
+def test_a_connectors_own_figures_are_served_by_name():
+    """A plugin's details (a document sink's documents_written, state_rows...) are gauges of
+    cdc_connector_detail; text and unset ones are left out."""
+    row = {"name": "docs", "kind": "sink", "phase": "streaming", "events": 1, "bytes": 1, "errors": 0,
+           "restarts": 0, "healthy": True, "attempts": 0,
+           "details": {"documents_written": 7, "state_rows": 42, "state_bytes": None, "mode": "json"}}
+    lines = [line for line in render_metrics([row]).splitlines() if line.startswith("cdc_connector_detail{")]
+    assert lines == ['cdc_connector_detail{connector="docs",name="documents_written"} 7',
+                     'cdc_connector_detail{connector="docs",name="state_rows"} 42']
