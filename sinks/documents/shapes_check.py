@@ -2,7 +2,7 @@
 
 For every node: its table's topic is among the sink's ``topics`` and has a shape; every column
 it names exists (``include``, ``exclude``, ``rename``, ``order_by``, ``foreign_key``); no ``as``
-equals a field of the node it hangs in. For every edge: the referenced table has a key; the
+equals a field of the node it hangs in; the table has a key. For every edge: the
 ``foreign_key`` has as many columns as that key, and each is of the key column's family
 (sinks/documents/keys.py), else both columns and their types are named. And every table comes
 from one source: a document's version grows from its rows' versions, which compare only within
@@ -43,10 +43,13 @@ def check(documents: list[Document], topics: list[str], shapes: CapturedShapes) 
         if node.table not in tables:
             tables.append(node.table)
         problems += _columns(place, shape)
-        if (isinstance(node, (Document, Lookup)) or node.children) and not shape.key:
-            # The root's key is the document id; a lookup and a parent are referenced by their key.
+        if not shape.key:
+            # The root's key is the document id; a lookup and a parent are referenced by their key;
+            # and the state keeps every row under its key (a row without one could never be
+            # updated or deleted in a document).
             problems.append((place.path + ("table",), f"{node.table} has no key columns in its captured shape; "
-                                                      "a root, a lookup or a parent needs a key"))
+                                                      "every table of a document needs one (the state keeps "
+                                                      "rows by key)"))
         parent = place.parent
         if parent is not None and parent.path in found:
             problems += _edge(place, shape, found[parent.path])

@@ -144,6 +144,12 @@ CASES = {
         one_change("- {table: public.customers, as: customer, foreign_key: [customer_id], exclude: [password_hash]}",
                    "- {table: public.notes, as: customer, foreign_key: [customer_id]}   #!"),
         "documents[0].lookups[0].table", "public.notes has no key columns in its captured shape"),
+    "a leaf child of a table without a key (its rows could never be updated or deleted)": (
+        one_change("      - table: public.order_items\n",
+                   "      - {table: public.notes, as: notes, foreign_key: [order_ref]}   #!\n"
+                   "      - table: public.order_items\n"),
+        "documents[0].children[0].table", "public.notes has no key columns in its captured shape; every table of "
+        "a document needs one"),
     "an as that is a column of the node": (
         one_change("as: items", "as: note   #!"),
         "documents[0].children[0].as", "'note' is also a field of public.orders"),
