@@ -24,17 +24,28 @@ file per generation of the target, and the checks that keep state and target in 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cdc.api import CapturedShape, CapturedShapes, RebuildRequired, RetriableError, SinkContext
+from cdc.api import (
+    CapturedShape,
+    CapturedShapes,
+    RebuildRequired,
+    RetriableError,
+    SchemaChangeError,
+    SinkContext,
+    SinkEvent,
+    earlier_names,
+)
 from sinks.documents.declaration import Document
 from sinks.documents.engine import Engine
 from sinks.documents.plan import Plan, make_plan
 from sinks.documents.state import State, documents_path, state_figures
 
+log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 30.0  # how often report() counts the state's rows
 HeldVersions = Callable[[int, list[tuple[str, dict[str, Any]]]], list[int | None]]
 
@@ -51,14 +62,18 @@ class Keeper:
         self.engine: Engine | None = None
         self.generation: int | None = None  # of the open state
         self._figured: tuple[float, int, dict[str, Any]] | None = None  # (when, generation, state figures)
+        self._answered: dict[str, int] = {}  # topic -> the newest shape version ignored
 
     def path(self, generation: int) -> Path:
         return documents_path(self.config.state_dir, self.sink, generation)
 
     def make_plan(self) -> Plan:
+        """The plan, made at the first call from the newest shape of each joined table (with the
+        earlier names of its renamed columns), and again after ``forget_plan``."""
         if self.plan is None:
             context = self.context()
             by_topic: dict[str, CapturedShape] = {}
+            earlier: dict[str, dict[str, tuple[str, ...]]] = {}
             for table in sorted({node.table for document in self.documents for node in _nodes(document)}):
                 topic = f"{context.topic_prefix}.{table}"
                 record = context.schema_for(topic)
@@ -66,9 +81,64 @@ class Keeper:
                     raise RetriableError(f"sink {self.sink}: no shape of {topic} is published yet; its documents "
                                          f"wait for the source to capture the table")
                 by_topic[topic] = CapturedShape.of_record(record)
+                version = record.get("version")
+                before = context.shapes_between(topic, 0, version) if isinstance(version, int) else []
+                earlier[table] = earlier_names([*before, record])
             self.shapes = CapturedShapes(context.topic_prefix, by_topic)
-            self.plan = make_plan(self.documents, list(self.config.topics), self.shapes)
+            self.plan = make_plan(self.documents, list(self.config.topics), self.shapes, earlier)
         return self.plan
+
+    def forget_plan(self) -> None:
+        """The next plan is made from the shapes as they are then (a rebuild's new generation)."""
+        self.close()
+        self.plan, self.shapes, self._answered = None, None, {}
+
+    def follow_shapes(self, events: list[SinkEvent], shape_of: Callable[[SinkEvent], dict | None],
+                      policy: str) -> None:
+        """Before a write of the generation readers see: a joined table's rows in a newer shape
+        than the plan's, whose change shows in the documents (a column a node shows added,
+        dropped, renamed or retyped), answered by ``policy``: ``rebuild`` (``RebuildRequired``:
+        a new generation planned from the newest shapes, every document assembled in them),
+        ``fail`` (``SchemaChangeError``), ``evolve`` (the plan made again now: each document
+        takes the new shape at its next change) or ``ignore`` (the documents keep the plan's
+        shape until a rebuild). A rebuild's generation is planned from the newest shapes
+        already: its rows of older shapes need nothing."""
+        plan, shapes = self.make_plan(), self.shapes
+        assert shapes is not None
+        firsts: dict[str, SinkEvent] = {}
+        for event in events:
+            firsts.setdefault(event.topic, event)
+        for topic, event in firsts.items():
+            held = shapes.by_topic.get(topic)
+            version = (event.source or {}).get("schema_version")
+            if held is None or not isinstance(version, int) or held.version is None or \
+                    version <= max(held.version, self._answered.get(topic, 0)):
+                continue
+            record = shape_of(event)
+            if record is None:
+                continue
+            changed = _shown_changes(plan, held, CapturedShape.of_record(record))
+            if not changed:
+                continue
+            what = (f"sink {self.sink}: {held.table} changed in schema version {version} ({'; '.join(changed)}), "
+                    f"which its documents show")
+            if policy == "rebuild":
+                raise RebuildRequired(f"{what}: the documents are rebuilt in the new shape")
+            if policy == "fail":
+                raise SchemaChangeError(f"{what}; run `cdc rebuild`, or set schema_policy: rebuild")
+            if policy == "evolve":
+                log.warning("%s; schema_policy evolve: each document takes it at its next change", what)
+                engine = self.engine
+                self.plan, self.shapes = None, None
+                new = self.make_plan()
+                if engine is not None:
+                    if new.digest != engine.plan.digest:  # keys or join types changed: the state cannot follow
+                        raise RebuildRequired(f"{what}, and the keys the documents join on: rebuilding")
+                    engine.plan = engine.state.plan = new
+                    engine.state.shown_again()
+                return
+            log.warning("%s; schema_policy %s: the documents keep the shape they had until a rebuild", what, policy)
+            self._answered[topic] = version  # said once
 
     def engine_for(self, generation: int, current: int) -> Engine:
         """The engine over generation ``generation``'s state (``current``: the one readers see)."""
@@ -111,7 +181,11 @@ class Keeper:
         held = state.offsets()
         if held:
             return  # see the module docstring
-        ends = {tp: end for topic in self.make_plan().topics() for tp, end in log_.end_offsets(topic).items()}
+        # A joined table whose topic is not made yet (its source has not published a row of it) holds
+        # nothing: asking for its ends would fail this write, and so every event of the batch.
+        existing = set(log_.topics())
+        ends = {tp: end for topic in self.make_plan().topics() if topic in existing
+                for tp, end in log_.end_offsets(topic).items()}
         reader = log_.reader(self.sink)
         try:
             committed = reader.committed(list(ends))
@@ -129,9 +203,9 @@ class Keeper:
                                   f"assembled once")
 
     def opened(self, generation: int) -> None:
-        """A rebuild opened ``generation``: an earlier attempt's state goes."""
-        if self.generation == generation:
-            self.close()
+        """A rebuild opened ``generation``: an earlier attempt's state goes, and the plan is made
+        again from the shapes as they are now."""
+        self.forget_plan()
         _remove(self.path(generation))
 
     def finish(self, generation: int, current: int) -> Engine:
@@ -172,6 +246,22 @@ class Keeper:
         if self.engine is not None:
             self.engine.state.close()
             self.engine, self.generation = None, None
+
+
+def _shown_changes(plan: Plan, held: CapturedShape, new: CapturedShape) -> list[str]:
+    """What changed between two shapes of a table in the columns a node of ``plan`` shows."""
+    tplan = next(t for t in plan.tables.values() if t.table == held.table)
+    shown = {c for number in tplan.nodes for c in (*tplan.columns, *(c.name for c in new.columns))
+             if plan.nodes[number].shows(c)}
+    before = {c.name: c for c in held.columns if c.name in shown}
+    after = {c.name: c for c in new.columns if c.name in shown}
+    out = [f"{name} added" + (f" (renamed from {after[name].renamed_from})" if after[name].renamed_from else "")
+           for name in after if name not in before]
+    out += [f"{name} dropped" for name in before if name not in after
+            and not any(c.renamed_from == name for c in after.values())]
+    out += [f"{name} {before[name].type} -> {after[name].type}" for name in after
+            if name in before and before[name].type != after[name].type]
+    return out
 
 
 def _nodes(node: Any) -> Iterator[Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -89,6 +89,8 @@ class TablePlan:
     kept: frozenset[str] | None               # the columns the state keeps; None: every column
     indexes: tuple[tuple[str, ...], ...]      # foreign-key column lists edges navigate
     nodes: tuple[int, ...]                    # the nodes over this table
+    columns: tuple[str, ...] = ()             # of the shape the plan was made from: what documents show
+    earlier: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # column -> its earlier names
 
     def key_of(self, row: Mapping[str, Any]) -> bytes | None:
         return self._encode(row)
@@ -111,9 +113,12 @@ class Plan:
         return {plan.topic: table for table, plan in self.tables.items()}
 
 
-def make_plan(documents: list[Document], topics: list[str], shapes: CapturedShapes) -> Plan:
+def make_plan(documents: list[Document], topics: list[str], shapes: CapturedShapes,
+              earlier: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None) -> Plan:
     """The plan of ``documents``; ``ConfigError`` with every problem ``cdc validate`` would report
-    (a shape changed since, or the file was never validated against the shapes)."""
+    (a shape changed since, or the file was never validated against the shapes). ``earlier``:
+    per table, its columns' earlier names (``cdc.api.earlier_names``), under which rows of older
+    shapes carry their values."""
     problems = check(documents, topics, shapes)
     if problems:
         raise ConfigError("documents do not fit the captured shapes: " + "; ".join(
@@ -126,7 +131,7 @@ def make_plan(documents: list[Document], topics: list[str], shapes: CapturedShap
         if node.parent is not None:
             below.setdefault(node.parent, []).append(node.number)
     nodes = [replace(node, below=tuple(below.get(node.number, ()))) for node in nodes]
-    tables = {table: _table(table, [n for n in nodes if n.table == table], nodes, shapes)
+    tables = {table: _table(table, [n for n in nodes if n.table == table], nodes, shapes, (earlier or {}).get(table, {}))
               for table in dict.fromkeys(n.table for n in nodes)}
     first = shapes.of(nodes[0].table)
     source = (first.source if first is not None else None) or ""
@@ -166,7 +171,8 @@ def _node(index: int, place: Place, number: Mapping[tuple, int], shapes: Capture
         rename=dict(node.rename), order_by=order_by, nested=bool(node.nested), order_families=order_families)
 
 
-def _table(table: str, over: list[NodePlan], nodes: list[NodePlan], shapes: CapturedShapes) -> TablePlan:
+def _table(table: str, over: list[NodePlan], nodes: list[NodePlan], shapes: CapturedShapes,
+           earlier: Mapping[str, tuple[str, ...]]) -> TablePlan:
     shape = shapes.of(table)
     assert shape is not None
     edges = [n.edge for n in nodes if n.edge is not None and n.edge.fk_table == table]
@@ -177,10 +183,13 @@ def _table(table: str, over: list[NodePlan], nodes: list[NodePlan], shapes: Capt
         wanted = {c for n in over for c in n.include or ()} | {c.name for c in shape.key}
         wanted |= {c for edge in edges for c in edge.fk_columns}
         wanted |= {c for n in over for c, _ in n.order_by}
+        wanted |= {old for c in list(wanted) for old in earlier.get(c, ())}  # older rows name them so
         kept = frozenset(wanted)
     key = tuple(c.name for c in shape.key)
+    columns = tuple(c.name for c in shape.columns)
     return TablePlan(table, shapes.topic_of(table), key, tuple(key_family(c.type) for c in shape.key), kept,
-                     indexes, tuple(n.number for n in over))
+                     indexes, tuple(n.number for n in over), columns,
+                     {c: tuple(names) for c, names in earlier.items() if names and c in columns})
 
 
 def _digest(documents: list[Document], tables: Mapping[str, TablePlan], nodes: list[NodePlan]) -> str:

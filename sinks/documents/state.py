@@ -69,7 +69,8 @@ class State:
         # and the foreign-key columns of the rows read (the keys they reference, as stored).
         self._kids: dict[tuple[str, str, bytes], list[tuple[bytes, dict]]] | None = None
         self._refs: dict[tuple[str, bytes], tuple[bytes | None, ...]] = {}
-        self._shown: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, str], ...]] = {}
+        # Per node: (field, column, the column's earlier names) of every column it shows.
+        self._shown: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
         self._slot = {table: {cols: j for j, cols in enumerate(fks)} for table, fks in self.fks.items()}
         self._fcols = {table: "".join(f", {column}" for column, _ in fks.values()) for table, fks in self.fks.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +118,10 @@ class State:
 
     def close(self) -> None:
         self.db.close()
+
+    def shown_again(self) -> None:
+        """The plan changed what nodes show (``Keeper.follow_shapes``): the fields are chosen again."""
+        self._shown = {}
 
     # --- transactions -----------------------------------------------------------------------------
 
@@ -502,11 +507,13 @@ class State:
 
     def _build(self, node: NodePlan, row: Mapping[str, Any], pk: bytes) -> dict[str, Any]:
         """``row``'s object (``pk``: its key bytes) with what hangs from it."""
-        columns = tuple(row)
-        fields = self._shown.get((node.number, columns))
-        if fields is None:  # node.project's choice, once per shape of row
-            fields = self._shown[(node.number, columns)] = tuple(node.project({c: c for c in columns}, columns).items())
-        out = {name: row[column] for name, column in fields}
+        fields = self._shown.get(node.number)
+        if fields is None:  # what the node shows of its table's columns, once
+            tplan = self.plan.tables[node.table]
+            shown = node.project({c: c for c in tplan.columns}, tplan.columns)
+            fields = self._shown[node.number] = tuple((name, column, tplan.earlier.get(column, ()))
+                                                       for name, column in shown.items())
+        out = {name: row[column] if column in row else _earlier(row, names) for name, column, names in fields}
         for number in node.below:
             below = self.plan.nodes[number]
             assert below.edge is not None and below.field is not None
@@ -518,6 +525,15 @@ class State:
                 out[below.field] = [self._build(below, child, child_pk)
                                     for child_pk, child in _ordered(below, children, families)]
         return out
+
+
+def _earlier(row: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    """A column's value in a row of an older shape: under its newest earlier name the row has
+    (renamed since), else None (added since)."""
+    for name in names:
+        if name in row:
+            return row[name]
+    return None
 
 
 def _ordered(node: NodePlan, rows: list[tuple[bytes, dict]], key_families: tuple[str, ...],

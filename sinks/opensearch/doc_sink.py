@@ -90,6 +90,9 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         generation = self._writing()
         engine = self.keeper.engine_for(generation, self.generations.state.current)
         if events:
+            if self.generation is None:  # a rebuild's generation is planned from the newest shapes already
+                self.keeper.follow_shapes(events, self.shape_of, self.config.schema_policy)
+                engine = self.keeper.engine_for(generation, self.generations.state.current)
             engine.apply(events)
         with self._errors("write"):
             self._ensure_indexes(generation)

@@ -442,3 +442,100 @@ def _mysql_join(conn) -> dict[str, dict]:
             lines.append({k: v for k, v in item.items() if k != "order_id"} | {"product": product})
         out[str(order_id)] = {**order, "customer": tables["customers"].get(order["customer_id"]), "items": lines}
     return out
+
+
+# After the schema changes of the test below: orders.note renamed to remark, order_items.qty dropped,
+# customers.tier added (to_jsonb shows it).
+EXPECTED_CHANGED = """
+SELECT o.id, jsonb_build_object(
+  'id', o.id, 'customer_id', o.customer_id, 'remark', o.remark,
+  'customer', (SELECT to_jsonb(c) FROM customers c WHERE c.id = o.customer_id),
+  'items', coalesce((SELECT jsonb_agg(jsonb_build_object(
+      'line_no', i.line_no, 'product_id', i.product_id,
+      'product', (SELECT to_jsonb(p) || jsonb_build_object(
+          'category', (SELECT to_jsonb(k) FROM categories k WHERE k.id = p.category_id))
+        FROM products p WHERE p.id = i.product_id)) ORDER BY i.line_no)
+    FROM order_items i WHERE i.order_id = o.id), '[]'::jsonb))
+FROM orders o
+"""
+
+
+def test_a_column_added_renamed_and_dropped_reaches_every_document(shop, opensearch_url, tmp_path):
+    """schema_policy rebuild (the default): a column a document shows added to a lookup's table,
+    renamed in the root's and dropped from a child's. The sink rebuilds the documents in the new
+    shapes, so every document equals the join on the new tables: the added column null where no
+    row carried it, the renamed one with the values rows of the old shape carry under the old
+    name, the dropped one gone, also from documents no later change touched."""
+    prefix = f"d{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}-orders"
+    target = SearchTarget(opensearch_url, name)
+    config = tmp_path / "cdc.yaml"
+    config.write_text(
+        f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
+        f"sources:\n  - {{name: shop, type: postgres, dsn: '{shop}', tables: ['public.*'], state_dir: ./state, "
+        f"heartbeat_interval: 1}}\n"
+        f"sinks:\n  - name: {prefix}-docs\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
+        f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
+        + DOCUMENTS.format(alias=name, nested="\n            nested: true") + "http: null\n")
+    daemon = _run(config)
+    try:
+        expected = _expected(shop)
+        wait_beside("every document equal to the SQL join", lambda: target.documents() == expected, daemon,
+                    limit=240, every=1.0)
+        execute(shop, "ALTER TABLE customers ADD COLUMN tier text",
+                "UPDATE customers SET tier = 'gold' WHERE id = 1",
+                "ALTER TABLE orders RENAME COLUMN note TO remark",
+                "UPDATE orders SET remark = 'changed' WHERE id = 2",
+                "ALTER TABLE order_items DROP COLUMN qty",
+                "UPDATE order_items SET product_id = 1 WHERE order_id = 3 AND line_no = 1")
+        conn = psycopg2.connect(shop)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(EXPECTED_CHANGED)
+                changed = {str(order): document for order, document in cur.fetchall()}
+        finally:
+            conn.close()
+        assert changed["5"]["remark"] == "order 5" and "tier" in changed["5"]["customer"], changed["5"]
+        wait_beside("every document in the new shapes", lambda: target.documents() == changed, daemon,
+                    limit=240, every=1.0)
+    finally:
+        stop_daemon(daemon)
+    log_text = (tmp_path / "run.log").read_text(errors="replace")
+    assert "which its documents show: the documents are rebuilt in the new shape" in log_text
+
+
+def test_a_lookup_table_empty_at_the_start_joins_once_its_rows_come(pg_admin_dsn, opensearch_url, tmp_path):
+    """A lookup's table with no rows when the sink starts: the documents hold null for it (no
+    write fails, nothing goes to the dead letters), and its rows join the documents once they
+    come. (A joined table whose topic is not made yet: tests/unit/test_documents_follow_shapes.py.)"""
+    databases = _fresh_database(pg_admin_dsn)
+    dsn = next(databases)
+    try:
+        execute(dsn, *[statement for statement in SCHEMA if not statement.startswith("INSERT INTO customers")])
+        prefix = f"d{uuid.uuid4().hex[:6]}"
+        name = f"{prefix}-orders"
+        target = SearchTarget(opensearch_url, name)
+        config = tmp_path / "cdc.yaml"
+        config.write_text(
+            f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
+            f"sources:\n  - {{name: shop, type: postgres, dsn: '{dsn}', tables: ['public.*'], state_dir: ./state, "
+            f"heartbeat_interval: 1}}\n"
+            f"sinks:\n  - name: {prefix}-docs\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
+            f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
+            + DOCUMENTS.format(alias=name, nested="") + "http: null\n")
+        daemon = _run(config)
+        try:
+            expected = _expected(dsn)
+            assert all(document["customer"] is None for document in expected.values())
+            wait_beside("every document equal to the SQL join", lambda: target.documents() == expected, daemon,
+                        limit=240, every=1.0)
+            execute(dsn, f"INSERT INTO customers SELECT g, 'customer ' || g FROM generate_series(1, {CUSTOMERS}) g")
+            expected = _expected(dsn)
+            wait_beside("the customers in their documents", lambda: target.documents() == expected, daemon,
+                        limit=240, every=1.0)
+        finally:
+            stop_daemon(daemon)
+        log_text = (tmp_path / "run.log").read_text(errors="replace")
+        assert "does not exist" not in log_text and "dead letter" not in log_text.lower(), log_text[-3000:]
+    finally:
+        next(databases, None)
