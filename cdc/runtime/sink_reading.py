@@ -166,6 +166,14 @@ class SinkReading:
         self.trail.forget()
         self.assign_from(dict(self.positions))
 
+    def go_on_to(self, targets: dict[TopicPartition, int]) -> None:
+        """A rebuild's fill goes on to later ends: from the positions reached, partitions new
+        since (a topic made meanwhile) from offset 0."""
+        for tp in targets:
+            self.positions.setdefault(tp, 0)
+        self.ahead = {}
+        self.assign_from(dict(self.positions))
+
     def forget(self, gone: set[TopicPartition]) -> None:
         """Partitions ``gone`` left this member, their writes settled: what was read there goes."""
         for tp in gone:

@@ -4,7 +4,8 @@ A rebuild (``cdc rebuild``, or the runner's answer to ``RebuildRequired``) of a
 ``RebuildableSink``, in this order:
 
 1. ``open_generation(new)``, and the targets: the matching topics' end offsets now.
-2. The generation is filled from offset 0 up to the targets: batch by batch as the topics are
+2. The generation is filled from offset 0 up to the targets (and on to later ends while the
+   topics grow fast meanwhile, as under a snapshot: ``GO_ON_*``): batch by batch as the topics are
    read (``_fill_in_batches``: the next batch is read while the sink writes one, and positions
    move only once a write succeeded, in order), or for a ``BulkLoadableSink`` in windows reduced
    to the newest version per key, loaded in bulk where the generation holds none of their keys
@@ -39,6 +40,9 @@ from cdc.runtime.window_fill import WindowFill
 from cdc.runtime.write_pipeline import InFlight, PendingWrite
 
 log = logging.getLogger(__name__)
+# A fill goes on to the topics' later ends (at most GO_ON_ROUNDS times) while they grew meanwhile by
+# GO_ON_RECORDS records and GO_ON_SHARE of what it filled.
+GO_ON_ROUNDS, GO_ON_RECORDS, GO_ON_SHARE = 20, 20_000, 0.1
 
 
 class Rebuilds:
@@ -96,6 +100,18 @@ class Rebuilds:
             self.windows.fill(targets, new, halt)
         else:
             self._fill_in_batches(writes, targets, halt)
+            # The topics grew a lot meanwhile (a snapshot under way, as at a first start): that is
+            # loaded too before the switch, rather than change by change after it.
+            for _ in range(GO_ON_ROUNDS):
+                later = reading.ends()
+                grown = sum(max(end - targets.get(tp, 0), 0) for tp, end in later.items())
+                if grown < max(GO_ON_RECORDS, sum(targets.values()) * GO_ON_SHARE):
+                    break
+                log.info("the topics grew by %d records during the rebuild; filling them too before the switch",
+                         grown, extra=self._extra())
+                targets = later
+                reading.go_on_to(targets)
+                self._fill_in_batches(writes, targets, halt)
         # Streaming after the rebuild (the runner's run) goes on from where the fill ended, not
         # from offset 0 (a windowed fill reads through a bulk reader of its own).
         reading.assign_from(dict(reading.positions))

@@ -185,6 +185,32 @@ def test_rebuild_required_builds_a_new_generation_and_switches(log):
         {orjson.dumps({"id": i}): 270 + i for i in range(30)}
 
 
+def test_a_rebuild_goes_on_to_the_ends_the_topics_grew_to_meanwhile(log):
+    """Records published during the fill (many: a snapshot under way) are filled too before the
+    switch, not applied one batch at a time after it."""
+    _publish(log, 300, keys=30)
+    sink = RecordingSink(_config(), rebuild_once_at=7)
+    write, switch = sink.write, sink.switch_generation
+    grown: list[int] = []
+    at_switch: dict[bytes, int] = {}
+
+    def writing(events):
+        if sink.writing == 2 and not grown:
+            grown.append(1)
+            _publish(log, 25_000, keys=30, start=300)
+        return write(events)
+
+    def switching(generation):
+        at_switch.update({k: v[0] for k, v in sink.generations[generation].items()})
+        switch(generation)
+
+    sink.write, sink.switch_generation = writing, switching
+    _run_until_caught_up(SinkRunner(sink, log, "p"))
+    newest = {orjson.dumps({"id": k}): max(i for i in range(25_300) if i % 30 == k) + 1 for k in range(30)}
+    assert grown and sink.switched == [2]
+    assert at_switch == newest  # the generation readers switched to held the records published meanwhile
+
+
 def test_a_rebuild_asked_for_again_during_a_rebuild_begins_again_and_completes(log):
     _publish(log, 300, keys=30)
     sink = RecordingSink(_config(), rebuild_once_at=7, rebuild_again_at=20)
