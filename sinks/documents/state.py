@@ -566,12 +566,17 @@ def _ties(node: NodePlan, ordered: list[tuple[bytes, dict]]) -> bool:
     """Whether two neighbours of ``ordered`` have the same order-by values (as their type
     compares them: numerics spelled differently, one instant at two offsets)."""
     columns = [c for c, _ in node.order_by]
-    raw = [tuple(row.get(c) for c in columns) for _, row in ordered]
+    if len(columns) == 1:
+        (column,) = columns
+        raw: list[Any] = [row.get(column) for _, row in ordered]
+    else:
+        raw = [tuple(row.get(c) for c in columns) for _, row in ordered]
     if any(a == b for a, b in zip(raw, raw[1:])):
         return True
     if all(f in _EQUAL_AS_SENT for f in node.order_families):
         return False  # different values as sent are different values
-    values = [tuple(None if v is None else sort_value(v, f) for v, f in zip(r, node.order_families)) for r in raw]
+    rows = raw if len(columns) > 1 else [(value,) for value in raw]
+    values = [tuple(None if v is None else sort_value(v, f) for v, f in zip(r, node.order_families)) for r in rows]
     return any(a == b for a, b in zip(values, values[1:]))
 
 

@@ -575,6 +575,8 @@ def test_children_sort_as_their_types_order_not_as_the_text_events_carry(tmp_pat
         ["2026-01-01T00:00:05.5Z", "2026-01-01T00:00:05Z"]
     # Ties, and the default order, by the key as its type orders: line 9 before line 10 (numeric key).
     assert [line for line, _ in _items(numeric, tmp_path / "c", [("10", "1"), ("9", "1")])] == ["9", "10"]
+    # A tie of one number spelled two ways (1.0 = 1 in numeric) is a tie too.
+    assert [line for line, _ in _items(numeric, tmp_path / "e", [("10", "1.0"), ("9", "1")])] == ["9", "10"]
     # A column whose values changed kind (an ALTER TYPE) orders by kind instead of failing.
     assert [v for _, v in _items(_plan_ordered_by("at", "text"), tmp_path / "d", [("1", "b"), ("2", 3)])] == [3, "b"]
 
