@@ -9,16 +9,18 @@ categories, as change events (what the runtime hands a sink), written in batches
 
   plain     the orders table alone through the OpenSearch table sink (an index of orders): the
             documents/s of a one-table sink on the same node.
-  build     every table's events through the document sink, from an empty state: the orders
-            documents with their customer and items, each item with its product and category.
-            This is also what a rebuild from the topics costs. Documents/s, state rows/s, and the
-            state's bytes per million rows.
+  streamed  every table's events through the document sink from an empty state, change by change
+            (reach, registers, the documents written after each batch): documents/s.
+  build     the same events as `cdc bootstrap` and `cdc rebuild` write them (and a new sink's first
+            build): a new generation opened, its state loaded without reach, then at the switch
+            every document assembled once and written. Documents/s (the load's and the assembly's
+            seconds beside it), state rows/s, and the state's bytes per million rows.
   updates   ``--updates`` item updates (a quantity each) in batches of 1,000: the time until each
             change's document is written (the sink's write returns once OpenSearch acknowledged).
 
 Prints each figure with the load average, the ratio build/plain (issue 29's target: at least
 0.5), and the CPU seconds of this process per document. The comparison with pgsync (issue 29's
-other target) is not run here yet.
+other target), end to end from PostgreSQL: bench/pgsync_documents.py.
 """
 
 from __future__ import annotations
