@@ -41,8 +41,8 @@ from cdc.runtime.write_pipeline import InFlight, PendingWrite
 
 log = logging.getLogger(__name__)
 # A fill goes on to the topics' later ends (at most GO_ON_ROUNDS times) while they grew meanwhile by
-# GO_ON_RECORDS records and GO_ON_SHARE of what it filled.
-GO_ON_ROUNDS, GO_ON_RECORDS, GO_ON_SHARE = 20, 20_000, 0.1
+# GO_ON_RECORDS records or more.
+GO_ON_ROUNDS, GO_ON_RECORDS = 20, 20_000
 
 
 class Rebuilds:
@@ -105,7 +105,7 @@ class Rebuilds:
             for _ in range(GO_ON_ROUNDS):
                 later = reading.ends()
                 grown = sum(max(end - targets.get(tp, 0), 0) for tp, end in later.items())
-                if grown < max(GO_ON_RECORDS, sum(targets.values()) * GO_ON_SHARE):
+                if grown < GO_ON_RECORDS:
                     break
                 log.info("the topics grew by %d records during the rebuild; filling them too before the switch",
                          grown, extra=self._extra())
