@@ -24,6 +24,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import psycopg2
@@ -444,6 +445,22 @@ def _mysql_join(conn) -> dict[str, dict]:
     return out
 
 
+def _search_documents(tmp_path: Path, dsn: str, opensearch_url: str, nested: bool) -> tuple[SearchTarget, Path]:
+    """A config of the shop captured into the embedded log and kept as orders documents in
+    OpenSearch (``cdc run`` of it), and the target reading them."""
+    prefix = f"d{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}-orders"
+    config = tmp_path / "cdc.yaml"
+    config.write_text(
+        f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
+        f"sources:\n  - {{name: shop, type: postgres, dsn: '{dsn}', tables: ['public.*'], state_dir: ./state, "
+        f"heartbeat_interval: 1}}\n"
+        f"sinks:\n  - name: {prefix}-docs\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
+        f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
+        + DOCUMENTS.format(alias=name, nested="\n            nested: true" if nested else "") + "http: null\n")
+    return SearchTarget(opensearch_url, name), config
+
+
 # After the schema changes of the test below: orders.note renamed to remark, order_items.qty dropped,
 # customers.tier added (to_jsonb shows it).
 EXPECTED_CHANGED = """
@@ -466,17 +483,7 @@ def test_a_column_added_renamed_and_dropped_reaches_every_document(shop, opensea
     shapes, so every document equals the join on the new tables: the added column null where no
     row carried it, the renamed one with the values rows of the old shape carry under the old
     name, the dropped one gone, also from documents no later change touched."""
-    prefix = f"d{uuid.uuid4().hex[:6]}"
-    name = f"{prefix}-orders"
-    target = SearchTarget(opensearch_url, name)
-    config = tmp_path / "cdc.yaml"
-    config.write_text(
-        f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
-        f"sources:\n  - {{name: shop, type: postgres, dsn: '{shop}', tables: ['public.*'], state_dir: ./state, "
-        f"heartbeat_interval: 1}}\n"
-        f"sinks:\n  - name: {prefix}-docs\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
-        f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
-        + DOCUMENTS.format(alias=name, nested="\n            nested: true") + "http: null\n")
+    target, config = _search_documents(tmp_path, shop, opensearch_url, nested=True)
     daemon = _run(config)
     try:
         expected = _expected(shop)
@@ -512,17 +519,7 @@ def test_a_lookup_table_empty_at_the_start_joins_once_its_rows_come(pg_admin_dsn
     dsn = next(databases)
     try:
         execute(dsn, *[statement for statement in SCHEMA if not statement.startswith("INSERT INTO customers")])
-        prefix = f"d{uuid.uuid4().hex[:6]}"
-        name = f"{prefix}-orders"
-        target = SearchTarget(opensearch_url, name)
-        config = tmp_path / "cdc.yaml"
-        config.write_text(
-            f"log:\n  embedded: {{path: ./data, topic_prefix: {prefix}, partitions: 2}}\n"
-            f"sources:\n  - {{name: shop, type: postgres, dsn: '{dsn}', tables: ['public.*'], state_dir: ./state, "
-            f"heartbeat_interval: 1}}\n"
-            f"sinks:\n  - name: {prefix}-docs\n    type: opensearch\n    hosts: ['{opensearch_url}']\n"
-            f"    topics: ['{prefix}.public.*']\n    batch_wait_ms: 50\n    state_dir: ./docstate\n"
-            + DOCUMENTS.format(alias=name, nested="") + "http: null\n")
+        target, config = _search_documents(tmp_path, dsn, opensearch_url, nested=False)
         daemon = _run(config)
         try:
             expected = _expected(dsn)
