@@ -163,8 +163,7 @@ class Engine:
             if watermark is not None and version < watermark:
                 continue
             rows.append((table, pk, version, _row(event, None), at_of(event.partition, event.offset)))
-        state.put_many(rows, newer_only=True)
-        self.counters["rows_stored"] += len(rows)
+        self.counters["rows_stored"] += state.put_many(rows, newer_only=True)
 
     def finish_building(self) -> int:
         """The load is over: every document into the outbox (the next ``flush`` writes them)."""
@@ -185,7 +184,8 @@ class Engine:
             at = event.version if event.version is not None else state.newest(table) + 1
             out: set[DocumentId] = set()
             for dead in state.truncate(table, at):
-                out |= state.documents_of(table, dead)
+                if not self.building:  # a building state reaches nothing (its indexes are not made yet)
+                    out |= state.documents_of(table, dead)
             return out
         pk = tplan.key_of(event.key or {})
         if pk is None:
@@ -203,10 +203,10 @@ class Engine:
             return set()
         was = None if old is None or old[1] else old[2]
         row = _row(event, was)
-        out = set() if was is None else state.documents_of(table, was)
+        out = set() if was is None or self.building else state.documents_of(table, was)
         state.put(table, pk, version, row, at_of(event.partition, event.offset))
         self.counters["rows_stored"] += 1
-        if row is not None:
+        if row is not None and not self.building:
             out |= state.documents_of(table, row)
         return out
 

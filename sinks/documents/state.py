@@ -216,18 +216,20 @@ class State:
                         self._refs[(table, pk)] = tuple(refs)
 
     def put_many(self, rows: Sequence[tuple[str, bytes, int, Mapping[str, Any] | None, int]],
-                 newer_only: bool = False) -> None:
+                 newer_only: bool = False) -> int:
         """``put`` of each (table, key, version, row, at), a statement per table; ``newer_only``:
         a row only replaces an older version of its key (a building state's load, which reads
-        nothing first)."""
+        nothing first). Returns how many were stored."""
         by_table: dict[str, list[list[Any]]] = {}
         for table, pk, version, row, at in rows:
             by_table.setdefault(table, []).append(self._values(table, pk, version, row, at))
+        before = self.db.total_changes
         for table, values in by_table.items():
             self.db.executemany(self._insert(table, newer_only), values)
         if newer_only and self._rows is not None:  # the statement decided: the cache does not know how
             for table, pk, *_ in rows:
                 self._rows.pop((table, pk), None)
+        return self.db.total_changes - before  # the rows stored (not those an older version lost)
 
     def newest(self, table: str) -> int:
         """The highest version the state has of ``table``'s rows (0: none)."""
@@ -382,6 +384,16 @@ class State:
         except BaseException:
             self.rollback()
             raise
+
+    # --- the shapes documents are written in --------------------------------------------------------
+
+    def planned(self) -> dict[str, int]:
+        """Per topic, the shape version the documents' plan was made from (``set_planned``)."""
+        found = self.db.execute("SELECT v FROM meta WHERE k = 'planned'").fetchone()
+        return {} if found is None or found[0] is None else dict(orjson.loads(found[0]))
+
+    def set_planned(self, versions: Mapping[str, int]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('planned', ?)", (orjson.dumps(dict(versions)).decode(),))
 
     # --- building (a new generation's load) --------------------------------------------------------
 

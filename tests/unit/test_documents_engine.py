@@ -370,9 +370,35 @@ def test_a_load_replayed_after_a_delete_keeps_the_delete(tmp_path):
     sink.restart()
     for batch in (created, later, created):
         sink.batch(batch)
+    assert sink.engine.counters["rows_stored"] == len(created) + len(later)  # the replay stored nothing
     assert sink.engine.finish_building() == 0
     sink.engine.flush(sink.target.write)
     assert sink.target.docs == {}
+    sink.state.close()
+
+
+def test_a_building_state_walks_to_no_document(tmp_path, monkeypatch):
+    """Truncates, tombstones without a version and unchanged large values take the one-at-a-time
+    path while building too, but reach nothing: no walk (its indexes are made at the end)."""
+    source = Source()
+    shop(source)
+    sink = make_sink(tmp_path)
+    sink.state.set_building()
+    sink.restart()
+    walks: list[str] = []
+    documents_of = State.documents_of
+    monkeypatch.setattr(State, "documents_of", lambda self, table, row: walks.append(table) or
+                        documents_of(self, table, row))
+    sink.batch(source.all_events())
+    sink.batch([SinkEvent(topic(ORDERS), 0, 5, {"id": 1}, Op.UPDATE, None, {"id": 1, "customer_id": 1}, 90,
+                          {"unchanged_toast": ["note"]}),
+                SinkEvent(topic(CUSTOMERS), 0, 5, {"id": 1}, Op.DELETE, None, None, None, {}),
+                SinkEvent(topic(ITEMS), 0, 9, {}, Op.TRUNCATE, None, None, 95, {})])
+    assert walks == []
+    assert sink.engine.finish_building() == 1
+    sink.engine.flush(sink.target.write)
+    want = {**joined(source.rows, 1), "customer": None, "items": []}
+    assert sink.target.body(1) == (True, want)
     sink.state.close()
 
 
