@@ -25,6 +25,7 @@ file per generation of the target, and the checks that keep state and target in 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +48,7 @@ from sinks.documents.state import State, documents_path, state_figures
 
 log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 30.0  # how often report() counts the state's rows
+SWITCH_ATTEMPTS = 8  # retrying(): about two minutes of backoff in all
 HeldVersions = Callable[[int, list[tuple[str, dict[str, Any]]]], list[int | None]]
 
 
@@ -136,6 +138,7 @@ class Keeper:
                         raise RebuildRequired(f"{what}, and the keys the documents join on: rebuilding")
                     engine.plan = engine.state.plan = new
                     engine.state.shown_again()
+                    engine.state.set_planned(self._versions())
                 return
             log.warning("%s; schema_policy %s: the documents keep the shape they had until a rebuild", what, policy)
             self._answered[topic] = version  # said once
@@ -160,6 +163,9 @@ class Keeper:
                 self._check_behind(state, generation, fresh)
                 if state.seed_from() is not None:  # readers see it (a kill came before switched())
                     state.set_seed_from(None)
+                if not fresh:
+                    self._check_planned(state)
+            state.set_planned(self._versions())
         except BaseException:
             state.close()
             if fresh:  # made by this call: no trace of a state that never held anything
@@ -170,6 +176,37 @@ class Keeper:
                              self.held_versions)
         self.generation = generation
         return self.engine
+
+    def _versions(self) -> dict[str, int]:
+        """The shape version of each joined table the plan was made from."""
+        assert self.shapes is not None
+        return {topic: shape.version for topic, shape in self.shapes.by_topic.items() if shape.version is not None}
+
+    def _check_planned(self, state: State) -> None:
+        """The shapes the state's documents were written in (``State.planned``) against the plan's
+        (the newest as this process started): a change of a column the documents show while the
+        sink was stopped is answered by ``schema_policy`` as a live one (``follow_shapes``);
+        ``evolve`` and ``ignore`` take the new shapes from here on."""
+        planned = state.planned()
+        plan, shapes = self.make_plan(), self.shapes
+        assert shapes is not None
+        changes = []
+        for topic, newest in shapes.by_topic.items():
+            before = planned.get(topic)
+            if before is None or newest.version is None or before >= newest.version:
+                continue
+            record = self.context().schema_for(topic, before)
+            if record is not None and (changed := _shown_changes(plan, CapturedShape.of_record(record), newest)):
+                changes.append(f"{newest.table} ({'; '.join(changed)})")
+        if not changes:
+            return
+        what = f"sink {self.sink}: while it was stopped, {', '.join(changes)} changed in columns its documents show"
+        policy = self.config.schema_policy
+        if policy == "rebuild":
+            raise RebuildRequired(f"{what}: the documents are rebuilt in the new shapes")
+        if policy == "fail":
+            raise SchemaChangeError(f"{what}; run `cdc rebuild`, or set schema_policy: rebuild")
+        log.warning("%s; schema_policy %s: each document takes them at its next change", what, policy)
 
     def _check_behind(self, state: State, generation: int, fresh: bool) -> None:
         """A state holding nothing where the group committed offsets is behind: a rebuild. So
@@ -234,11 +271,18 @@ class Keeper:
         engine's counters after every write, the state's rows and bytes (a count of every table)
         at most every ``FIGURES_EVERY_S``."""
         now = time.monotonic()
-        if self._figured is None or now - self._figured[0] > FIGURES_EVERY_S or self._figured[1] != generation:
-            rows, size = state_figures(self.path(generation))
+        building = self.engine is not None and self.engine.building  # no index to count by: later
+        if not building and (self._figured is None or now - self._figured[0] > FIGURES_EVERY_S
+                             or self._figured[1] != generation):
+            try:
+                rows, size = state_figures(self.path(generation))
+            except (sqlite3.Error, OSError) as err:  # figures only: the write is done
+                log.warning("sink %s: could not count its documents state (%s); its figures wait", self.sink, err)
+                rows, size = None, None
             self._figured = (now, generation, {"state_rows": rows, "state_bytes": size})
         details = self.context().stats.details
-        details.update(self._figured[2])
+        if self._figured is not None:
+            details.update(self._figured[2])
         if self.engine is not None:
             details.update(self.engine.counters)
 
@@ -248,10 +292,29 @@ class Keeper:
             self.engine, self.generation = None, None
 
 
+def retrying(call: Callable[[], None], what: str, attempts: int = SWITCH_ATTEMPTS,
+             sleep: Callable[[float], None] = time.sleep) -> None:
+    """``call`` again after a ``RetriableError``, with a backoff, up to ``attempts`` times: the
+    switch of a rebuild writes every document, and a store that is briefly away must not throw
+    the whole fill away (the outbox keeps what is not written yet, so a call resumes)."""
+    backoff = 1.0
+    for attempt in range(1, attempts + 1):
+        try:
+            call()
+            return
+        except RetriableError as err:
+            if attempt == attempts:
+                raise
+            log.warning("%s: %s; trying again in %.0fs (attempt %d of %d)", what, err, backoff, attempt, attempts)
+            sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+
 def _shown_changes(plan: Plan, held: CapturedShape, new: CapturedShape) -> list[str]:
     """What changed between two shapes of a table in the columns a node of ``plan`` shows."""
     tplan = next(t for t in plan.tables.values() if t.table == held.table)
-    shown = {c for number in tplan.nodes for c in (*tplan.columns, *(c.name for c in new.columns))
+    shown = {c for number in tplan.nodes
+             for c in (*tplan.columns, *(c.name for c in held.columns), *(c.name for c in new.columns))
              if plan.nodes[number].shows(c)}
     before = {c.name: c for c in held.columns if c.name in shown}
     after = {c.name: c for c in new.columns if c.name in shown}

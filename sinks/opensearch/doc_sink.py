@@ -31,7 +31,7 @@ from cdc.api import (
     SinkEvent,
 )
 from sinks.documents.engine import Written
-from sinks.documents.keeper import Keeper
+from sinks.documents.keeper import Keeper, retrying
 from sinks.documents.plan import NodePlan, Plan
 from sinks.opensearch.bulk import BulkWriter, Item
 from sinks.opensearch.client import make_client
@@ -187,9 +187,13 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
 
     def switch_generation(self, generation: int) -> None:
         engine = self.keeper.finish(generation, self.generations.state.current)
+
+        def written() -> None:
+            with self._errors(f"switch_generation({generation}): writing its documents"):
+                self._ensure_indexes(generation)
+                engine.flush(lambda docs: self._send(docs, generation))
+        retrying(written, f"opensearch sink {self.config.name}: switch_generation({generation})")
         with self._errors(f"switch_generation({generation})"):
-            self._ensure_indexes(generation)
-            engine.flush(lambda docs: self._send(docs, generation))
             self.generations.switch(generation, lambda alias, topic: None)
         self.keeper.switched(generation)
         self.generation = None

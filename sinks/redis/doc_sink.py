@@ -21,7 +21,7 @@ import orjson
 
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
 from sinks.documents.engine import Written
-from sinks.documents.keeper import Keeper
+from sinks.documents.keeper import Keeper, retrying
 from sinks.redis.client import translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import companion, encode_component, encode_key, namespace
@@ -118,7 +118,8 @@ class RedisDocumentSink(Sink, RebuildableSink):
 
     def switch_generation(self, generation: int) -> None:
         engine = self.keeper.finish(generation, self._current)
-        engine.flush(lambda docs: self._send(docs, generation))
+        retrying(lambda: engine.flush(lambda docs: self._send(docs, generation)),
+                 f"redis sink {self.config.name}: switch_generation({generation})")
         self.generations.switch(generation)
         self.keeper.switched(generation)
         self._current = generation

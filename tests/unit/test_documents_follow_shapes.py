@@ -35,9 +35,10 @@ class Shapes(StandaloneSinkContext):
         return [r for r in self.records if after < r["version"] < before]
 
 
-def keeper(tmp_path, records: list[dict], exclude: list[str] | None = None) -> Keeper:
+def keeper(tmp_path, records: list[dict], exclude: list[str] | None = None, policy: str = "rebuild") -> Keeper:
     config = OpenSearchSinkConfig.model_validate(
         {"name": "docs", "type": "opensearch", "hosts": ["http://127.0.0.1:1"], "topics": ["shop.public.*"],
+         "schema_policy": policy,
          "state_dir": str(tmp_path), "documents": [{"name": "orders", "table": "public.orders",
                                                      "exclude": exclude or []}]})
     context = Shapes(name="docs", topic_prefix="shop", records=records)
@@ -128,3 +129,65 @@ def test_a_joined_table_whose_topic_is_not_made_yet_counts_as_empty(tmp_path):
     with pytest.raises(RebuildRequired, match="a first build of its documents"):
         k.engine_for(1, 1)
     log.close()
+
+
+def test_the_switch_writes_again_after_a_store_briefly_away(tmp_path):
+    """keeper.retrying: a RetriableError is tried again with a growing backoff, a lasting one raised."""
+    from cdc.api import RetriableError
+    from sinks.documents.keeper import retrying
+
+    calls, slept = [], []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RetriableError("connection reset")
+
+    retrying(flaky, "switch", sleep=slept.append)
+    assert len(calls) == 3 and slept == [1.0, 2.0]
+    with pytest.raises(RetriableError, match="still away"):
+        retrying(lambda: (_ for _ in ()).throw(RetriableError("still away")), "switch", attempts=4,
+                 sleep=slept.append)
+    assert slept[2:] == [1.0, 2.0, 4.0]
+
+
+def test_figures_that_cannot_be_counted_never_fail_a_write(tmp_path, monkeypatch):
+    import sqlite3
+
+    import sinks.documents.keeper as keeper_module
+
+    k = keeper(tmp_path, [record(1, ORDERS)])
+    k.engine_for(1, 1)
+
+    def locked(path):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(keeper_module, "state_figures", locked)
+    k.report(1)  # nothing raised
+    details = k.context().stats.details
+    assert details["state_rows"] is None and details["rows_stored"] == 0
+    k.close()
+
+
+def test_a_change_made_while_the_sink_was_stopped_is_answered_at_its_start(tmp_path, caplog):
+    """The state keeps the shape versions its documents were written in: a process started
+    after a DDL (its plan made from the newest shapes) answers the change as a live one."""
+    dropped = record(2, {"id": ("integer", True)})
+    for policy, raised in (("rebuild", RebuildRequired), ("fail", SchemaChangeError), ("ignore", None)):
+        records = [record(1, ORDERS)]
+        before = keeper(tmp_path / policy, records, policy=policy)
+        before.engine_for(1, 1)
+        before.close()
+        records.append(dropped)
+        after = keeper(tmp_path / policy, records, policy=policy)
+        if raised is not None:
+            with pytest.raises(raised, match=r"while it was stopped, public.orders \(note dropped\)"):
+                after.engine_for(1, 1)
+        else:
+            after.engine_for(1, 1)
+            assert "each document takes them at its next change" in caplog.text
+            after.close()
+            again = keeper(tmp_path / policy, records, policy=policy)
+            again.engine_for(1, 1)  # said once: the state now says version 2
+            assert caplog.text.count("while it was stopped") == 1
+            again.close()
