@@ -68,10 +68,11 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -192,10 +193,12 @@ class Writer(threading.Thread):
         self.error: BaseException | None = None
         self._deleted: list[int] = []                 # keys deleted or moved away, not inserted again
         self._next_key = NEW_KEYS_FROM
-        # Keys the sampler watches from its first reading: half of the deletes and moves take one,
-        # so that deletes the sink applies are seen (a key first watched once touched may already
-        # be gone when first read; on a loaded machine the sink commits a few large versions).
+        # Keys the sampler watches from its first reading, and a view of those it has seen in the
+        # sink: half of the deletes and moves take one it has seen there (else one it watches), so
+        # that deletes the sink applies are seen (a key deleted before the sink ever held it shows
+        # nothing; on a loaded machine the sink commits a few large versions).
         self.hot: list[int] = []
+        self.present: Mapping[Any, Any] = {}
 
     def _value(self) -> int:
         self.counter += 1
@@ -207,8 +210,13 @@ class Writer(threading.Thread):
     def step(self, cur) -> None:
         action = self.rng.random()
         key = self._key()
-        if 0.5 <= action < 0.8 and self.hot and self.rng.random() < 0.5:
-            key = self.rng.choice(self.hot)
+        if 0.5 <= action < 0.8 and self.rng.random() < 0.5:
+            try:
+                seen = list(self.present)  # the sampler's thread adds to it
+            except RuntimeError:  # changed size while copied: the watched keys this time
+                seen = []
+            if seen or self.hot:
+                key = self.rng.choice(seen or self.hot)
         if action < 0.5:
             cur.execute("UPDATE t SET v = %s WHERE id = %s", (self._value(), key))
         elif action < 0.65:
@@ -588,7 +596,7 @@ def verify(side: SourceSide, target, folder: Path, rows: int, log_yaml: str, pre
     topic = f"{prefix}.{side.table}"
     writer = Writer(side, rows, rate, seed)
     sampler = Sampler(target, writer, sample_keys, watch_cap, seed)
-    writer.hot = list(sampler.keys)
+    writer.hot, writer.present = list(sampler.keys), sampler.check.present
     daemon = cdc_process(config, "run", log="daemon.log")
     log = None
 
