@@ -249,8 +249,26 @@ class Keeper:
         """Before readers switch to ``generation``: its load ends, every document goes to the
         outbox (the caller flushes it into the generation)."""
         engine = self.engine_for(generation, current)
+        if engine.building:
+            self._check_fill(engine)
         engine.finish_building()
         return engine
+
+    def _check_fill(self, engine: Engine) -> None:
+        """Shapes published during the fill that change columns the documents show (DDL run
+        while the generation was filled): its rows were loaded under the plan of the rebuild's
+        start, so the rebuild begins again in the newest shapes (nobody reads it yet)."""
+        assert self.shapes is not None
+        context, changes = self.context(), []
+        for topic, held in self.shapes.by_topic.items():
+            record = context.schema_for(topic)
+            newest = None if record is None else CapturedShape.of_record(record)
+            if newest is not None and held.version is not None and newest.version is not None \
+                    and newest.version > held.version and (changed := _shown_changes(engine.plan, held, newest)):
+                changes.append(f"{held.table} ({'; '.join(changed)})")
+        if changes:
+            raise RebuildRequired(f"sink {self.sink}: during the rebuild, {', '.join(changes)} changed in columns "
+                                  f"its documents show: it begins again in the new shapes")
 
     def switched(self, generation: int) -> None:
         """Readers see ``generation`` now: its versions need no seeding any more."""

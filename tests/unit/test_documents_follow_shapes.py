@@ -191,3 +191,18 @@ def test_a_change_made_while_the_sink_was_stopped_is_answered_at_its_start(tmp_p
             again.engine_for(1, 1)  # said once: the state now says version 2
             assert caplog.text.count("while it was stopped") == 1
             again.close()
+
+
+def test_a_shape_published_during_the_fill_begins_the_rebuild_again(tmp_path):
+    """Rows loaded while a DDL ran were stored under the plan of the rebuild's start: at the
+    switch, a newer shape changing a shown column begins the rebuild again (nobody reads it yet)."""
+    records = [record(1, ORDERS)]
+    k = keeper(tmp_path, records)
+    assert k.engine_for(2, 1).building  # a rebuild's generation
+    records.append(record(2, {"id": ("integer", True)}))
+    with pytest.raises(RebuildRequired, match=r"during the rebuild, public.orders \(note dropped\)"):
+        k.finish(2, 1)
+    k.opened(2)  # the rebuild begins again: planned from the newest shapes
+    k.engine_for(2, 1)
+    assert k.finish(2, 1).building is False
+    k.close()
