@@ -121,6 +121,7 @@ class Keeper:
                 continue
             changed = _shown_changes(plan, held, CapturedShape.of_record(record))
             if not changed:
+                self._answered[topic] = version  # nothing documents show: not asked again per batch
                 continue
             what = (f"sink {self.sink}: {held.table} changed in schema version {version} ({'; '.join(changed)}), "
                     f"which its documents show")
