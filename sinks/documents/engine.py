@@ -46,13 +46,16 @@ Write = Callable[[list["Written"]], "Refused | Callable[[], Refused]"]
 
 @dataclass(frozen=True)
 class Written:
-    """One document for the target: its id (the root key's values), version, body (None: the
-    document is deleted)."""
+    """One document for the target: its id (the root key's values), version, body (its JSON
+    object; None: the document is deleted)."""
 
     document: str
     key: dict[str, Any]
     version: int
-    body: dict[str, Any] | None
+    body: bytes | None
+
+    def parsed(self) -> dict[str, Any] | None:
+        return None if self.body is None else orjson.loads(self.body)
 
 
 class Engine:
@@ -152,7 +155,8 @@ class Engine:
         if not run:
             return
         state, tables = self.state, self.plan.tables
-        rows: list[tuple[str, bytes, int, dict[str, Any] | None, int]] = []
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
+        encoders: dict[str, Callable[..., tuple[Any, ...]]] = {}
         for table, event in run:
             pk = tables[table].key_of(event.key or {})
             version = event.version
@@ -162,8 +166,15 @@ class Engine:
             watermark = state.truncated(table)
             if watermark is not None and version < watermark:
                 continue
-            rows.append((table, pk, version, _row(event, None), at_of(event.partition, event.offset)))
-        self.counters["rows_stored"] += state.put_many(rows, newer_only=True)
+            encode = encoders.get(table)
+            if encode is None:
+                encode = encoders[table] = state.encoder(table)
+                by_table[table] = []
+            after = event.after if event.op in _LIVE else None  # no unchanged_toast here: apply() routes it
+            row = orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else after
+            by_table[table].append(encode(pk, version, row, at_of(event.partition, event.offset)))
+        for table, values in by_table.items():
+            self.counters["rows_stored"] += state.load(table, values)
 
     def finish_building(self) -> int:
         """The load is over: every document into the outbox (the next ``flush`` writes them)."""
@@ -278,7 +289,7 @@ class Engine:
                                 f"a change of it assembles")
                 continue
             if body is not None:
-                size = len(orjson.dumps(body))
+                size = len(body)
                 if size > self.max_bytes:
                     self._set_aside(topic, part, off, doc, key, f"document {doc}/{orjson.dumps(list(key.values())).decode()}"
                                     f": {size} bytes, more than max_document_bytes {self.max_bytes}; set aside, "
@@ -304,11 +315,14 @@ class Engine:
             self.dead_letter(topic, part, off, reason, key=orjson.dumps({"document": doc, "id": key}))
 
 
+_LIVE = (Op.CREATE, Op.UPDATE, Op.READ)
+
+
 def _row(event: SinkEvent, was: dict[str, Any] | None) -> dict[str, Any] | None:
     """The row an event leaves (None: the key is deleted). Columns the source names in
     ``source.unchanged_toast`` (a large value an update left as it was, which the source had no
     copy of) keep the value the state has."""
-    if event.op not in (Op.CREATE, Op.UPDATE, Op.READ):
+    if event.op not in _LIVE:
         return None
     after = event.after
     row: dict[str, Any] = orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else dict(after or {})

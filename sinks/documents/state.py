@@ -27,7 +27,7 @@ and the other side's walk finds it later.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from orjson import Fragment, dumps
 
 from cdc.api import RebuildRequired
 from sinks.documents.plan import NodePlan, Plan
@@ -65,13 +66,14 @@ class State:
         # (a product in thousands of orders) are read once per batch, not once per document.
         self._rows: dict[tuple[str, bytes], tuple[int, bool, dict[str, Any] | None] | None] | None = None
         self._truncated: dict[str, int | None] = {}
-        self._built: dict[tuple[int, bytes], dict[str, Any]] = {}
+        self._built: dict[tuple[int, bytes], bytes] = {}  # lookups' JSON inside reading(), by (node, key)
         # Inside reading(): a child table's live rows per (table, fk column, referenced key) (warm),
         # and the foreign-key columns of the rows read (the keys they reference, as stored).
         self._kids: dict[tuple[str, str, bytes], list[tuple[bytes, dict]]] | None = None
         self._refs: dict[tuple[str, bytes], tuple[bytes | None, ...]] = {}
         # Per node: (field, column, the column's earlier names) of every column it shows.
         self._shown: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
+        self._encoders: dict[str, Callable[[bytes, int, Mapping[str, Any] | None, int], tuple[Any, ...]]] = {}
         self._slot = {table: {cols: j for j, cols in enumerate(fks)} for table, fks in self.fks.items()}
         self._fcols = {table: "".join(f", {column}" for column, _ in fks.values()) for table, fks in self.fks.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,17 +182,30 @@ class State:
                 f"ON CONFLICT (pk) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in columns[1:])} "
                 f"WHERE excluded.ver > {name}.ver")
 
-    def _values(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None, at: int) -> list[Any]:
-        kept_columns = self.plan.tables[table].kept
-        body = None
-        kept: dict[str, Any] | None = None
-        if row is not None:
-            kept = dict(row) if kept_columns is None else {c: v for c, v in row.items() if c in kept_columns}
-            body = orjson.dumps(kept)
+    def _values(self, table: str, pk: bytes, version: int, row: Mapping[str, Any] | None, at: int) -> tuple[Any, ...]:
+        values = self.encoder(table)(pk, version, row, at)
         if self._rows is not None:
+            kept_columns = self.plan.tables[table].kept
+            kept = None if row is None else dict(row) if kept_columns is None else _kept(row, kept_columns)
             self._rows[(table, pk)] = (version, row is None, kept)
-        return [pk, version, int(row is None), body,
-                *((None if row is None else edge.reference(row)) for _, edge in self.fks[table].values()), at]
+        return values
+
+    def encoder(self, table: str) -> Callable[[bytes, int, Mapping[str, Any] | None, int], tuple[Any, ...]]:
+        """What the statement of ``_insert`` stores for a row of ``table`` at ``version`` (None:
+        deleted) under key ``pk``, from record ``at``: one function per table, made once."""
+        made = self._encoders.get(table)
+        if made is None:
+            kept = self.plan.tables[table].kept
+            refs = tuple(edge.reference for _, edge in self.fks[table].values())
+            nulls = (None,) * len(refs)
+
+            def made(pk: bytes, version: int, row: Mapping[str, Any] | None, at: int) -> tuple[Any, ...]:
+                if row is None:
+                    return (pk, version, 1, None, *nulls, at)
+                body = dumps((row if type(row) is dict else dict(row)) if kept is None else _kept(row, kept))
+                return (pk, version, 0, body, *[ref(row) for ref in refs], at)
+            self._encoders[table] = made
+        return made
 
     def prefetch(self, keys: Iterable[tuple[str, bytes]]) -> None:
         """Read the rows of ``keys`` into the transaction's cache, a few hundred per query."""
@@ -215,21 +230,24 @@ class State:
                     if reading:
                         self._refs[(table, pk)] = tuple(refs)
 
-    def put_many(self, rows: Sequence[tuple[str, bytes, int, Mapping[str, Any] | None, int]],
-                 newer_only: bool = False) -> int:
-        """``put`` of each (table, key, version, row, at), a statement per table; ``newer_only``:
-        a row only replaces an older version of its key (a building state's load, which reads
-        nothing first). Returns how many were stored."""
-        by_table: dict[str, list[list[Any]]] = {}
+    def put_many(self, rows: Sequence[tuple[str, bytes, int, Mapping[str, Any] | None, int]]) -> None:
+        """``put`` of each (table, key, version, row, at), a statement per table."""
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
         for table, pk, version, row, at in rows:
             by_table.setdefault(table, []).append(self._values(table, pk, version, row, at))
-        before = self.db.total_changes
         for table, values in by_table.items():
-            self.db.executemany(self._insert(table, newer_only), values)
-        if newer_only and self._rows is not None:  # the statement decided: the cache does not know how
-            for table, pk, *_ in rows:
+            self.db.executemany(self._insert(table), values)
+
+    def load(self, table: str, values: list[tuple[Any, ...]]) -> int:
+        """A building state's rows of ``table`` (``encoder``'s values), each only over an older
+        version of its key (the statement decides: nothing is read first). Returns how many were
+        stored (not those an older version lost)."""
+        before = self.db.total_changes
+        self.db.executemany(self._insert(table, newer_only=True), values)
+        if self._rows:  # the statement decided: the transaction's cache does not know how
+            for pk, *_ in values:
                 self._rows.pop((table, pk), None)
-        return self.db.total_changes - before  # the rows stored (not those an older version lost)
+        return self.db.total_changes - before
 
     def newest(self, table: str) -> int:
         """The highest version the state has of ``table``'s rows (0: none)."""
@@ -452,8 +470,10 @@ class State:
 
     # --- assembly ---------------------------------------------------------------------------------
 
-    def assemble(self, doc: str, doc_id: bytes) -> dict[str, Any] | None:
-        """The document as the state stands (None: its root row is deleted or was never seen)."""
+    def assemble(self, doc: str, doc_id: bytes) -> bytes | None:
+        """The document as the state stands, as JSON (None: its root row is deleted or was never
+        seen). Each node's object is serialized once: a lookup shared by many documents is spliced
+        into each of them as the same bytes (``orjson.Fragment``), never parsed again."""
         root = self.plan.nodes[self.plan.roots[doc]]
         row = self._live(root.table, doc_id)
         return None if row is None else self._build(root, row, doc_id)
@@ -507,9 +527,8 @@ class State:
         refs = self._refs.get((table, pk))
         return edge.reference(row) if refs is None else refs[self._slot[table][edge.fk_columns]]
 
-    def _lookup(self, node: NodePlan, pk: bytes | None) -> dict[str, Any] | None:
-        """A lookup's object, built once per flush and shared by the documents holding it (they
-        are serialized, never changed)."""
+    def _lookup(self, node: NodePlan, pk: bytes | None) -> bytes | None:
+        """A lookup's object, built once per flush and shared by the documents holding it."""
         if pk is None:
             return None
         done = self._built.get((node.number, pk))
@@ -522,26 +541,33 @@ class State:
                 self._built[(node.number, pk)] = done
         return done
 
-    def _build(self, node: NodePlan, row: Mapping[str, Any], pk: bytes) -> dict[str, Any]:
-        """``row``'s object (``pk``: its key bytes) with what hangs from it."""
+    def _build(self, node: NodePlan, row: Mapping[str, Any], pk: bytes) -> bytes:
+        """``row``'s object (``pk``: its key bytes) with what hangs from it, as JSON."""
         fields = self._shown.get(node.number)
         if fields is None:  # what the node shows of its table's columns, once
             tplan = self.plan.tables[node.table]
             shown = node.project({c: c for c in tplan.columns}, tplan.columns)
             fields = self._shown[node.number] = tuple((name, column, tplan.earlier.get(column, ()))
                                                        for name, column in shown.items())
-        out = {name: row[column] if column in row else _earlier(row, names) for name, column, names in fields}
+        out: dict[str, Any] = {name: row[column] if column in row else _earlier(row, names)
+                               for name, column, names in fields}
         for number in node.below:
             below = self.plan.nodes[number]
             assert below.edge is not None and below.field is not None
             if below.kind == "lookup":
-                out[below.field] = self._lookup(below, self._reference(node.table, pk, below.edge, row))
+                built = self._lookup(below, self._reference(node.table, pk, below.edge, row))
+                out[below.field] = None if built is None else Fragment(built)
             else:
                 children = self._referencing(below.table, below.edge.fk_columns, pk)
                 families = self.plan.tables[below.table].families
-                out[below.field] = [self._build(below, child, child_pk)
-                                    for child_pk, child in _ordered(below, children, families)]
-        return out
+                out[below.field] = Fragment(b"[" + b",".join(
+                    [self._build(below, child, child_pk) for child_pk, child in _ordered(below, children, families)])
+                    + b"]")
+        return dumps(out)
+
+
+def _kept(row: Mapping[str, Any], columns: frozenset[str]) -> dict[str, Any]:
+    return {c: v for c, v in row.items() if c in columns}
 
 
 def _earlier(row: Mapping[str, Any], names: tuple[str, ...]) -> Any:

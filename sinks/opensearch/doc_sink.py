@@ -23,6 +23,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+import orjson
+
 from cdc.api import (
     DescribedSink,
     PermanentError,
@@ -146,8 +148,11 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         the next documents meanwhile)."""
         items, lines = [], []
         for doc in docs:
-            body = tombstone_body(doc.version) if doc.body is None else {**doc.body, VERSION_FIELD: doc.version}
-            item = Item(generation_index(doc.document, generation), document_id(doc.key), doc.version, body, doc)
+            index, doc_id = generation_index(doc.document, generation), document_id(doc.key)
+            if doc.body is None:
+                item = Item(index, doc_id, doc.version, tombstone_body(doc.version), doc)
+            else:
+                item = _item(index, doc_id, doc.version, doc.body, doc)
             items.append(item)
             lines.append(item.encode())
         sending = self.bulk.sending(len(items))
@@ -222,6 +227,20 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
 
     def _errors(self, what: str) -> AbstractContextManager[None]:
         return translating(f"opensearch sink {self.config.name}: {what}", self.config.hosts)
+
+
+def _item(index: str, doc_id: str, version: int, body: bytes, doc: Written) -> Item:
+    """The bulk item of an assembled document: its JSON with the version field spliced in, not
+    parsed again (a document that has a field of that name already gets it replaced)."""
+    if _VERSION_KEY in body:
+        return Item(index, doc_id, version, {**orjson.loads(body), VERSION_FIELD: version}, doc)
+    field = b"%b:%d}" % (_VERSION_KEY, version)
+    source = b"{" + field if body == b"{}" else body[:-1] + b"," + field
+    item = Item(index, doc_id, version, {}, doc)
+    return item._replace(line=item.action() + source + b"\n")
+
+
+_VERSION_KEY = orjson.dumps(VERSION_FIELD)
 
 
 def _place(properties: dict[str, Any], path: list[str], mapping: dict[str, Any]) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
-
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
 from sinks.documents.engine import Written
 from sinks.documents.keeper import Keeper, retrying
@@ -85,7 +83,7 @@ class RedisDocumentSink(Sink, RebuildableSink):
             if doc.body is None:
                 commands.append(row((key, companion(key)), "d", str(doc.version)))
             else:
-                commands.append(row((key, companion(key)), self._op, str(doc.version), (orjson.dumps(doc.body),)))
+                commands.append(row((key, companion(key)), self._op, str(doc.version), (doc.body,)))
         self.pipeline.run(commands, (0, tombstone_ms))
         return []
 
