@@ -259,8 +259,9 @@ class Engine:
         target, sets the refused aside, takes the written out of the outbox)."""
         try:
             with self.state.reading():
-                self.state.warm((doc, doc_id) for doc, doc_id, _, _ in pending)
-                out = self._assemble(pending)
+                built = self.state.assembled((doc, doc_id) for doc, doc_id, _, _ in pending)
+                self.state.warm((doc, doc_id) for doc, doc_id, _, _ in pending if (doc, doc_id) not in built)
+                out = self._assemble(pending, built)
         except sqlite3.Error as err:
             raise RetriableError(f"documents state {self.state.path}: {err}") from err
         answer = write(out)
@@ -275,12 +276,14 @@ class Engine:
             self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
         return end
 
-    def _assemble(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]]) -> list[Written]:
+    def _assemble(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]],
+                  built: dict[DocumentId, bytes | None]) -> list[Written]:
+        """``pending``'s documents: as ``built`` (by SQL, state.assembled) or assembled here."""
         out: list[Written] = []
         for doc, doc_id, version, (topic, part, off) in pending:
             key = self._key(doc, doc_id)
             try:
-                body = self.state.assemble(doc, doc_id)
+                body = built[(doc, doc_id)] if (doc, doc_id) in built else self.state.assemble(doc, doc_id)
             except sqlite3.Error:
                 raise
             except Exception as err:  # noqa: BLE001 - this document alone: set aside, the others written

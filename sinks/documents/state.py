@@ -73,6 +73,7 @@ class State:
         self._refs: dict[tuple[str, bytes], tuple[bytes | None, ...]] = {}
         # Per node: (field, column, the column's earlier names) of every column it shows.
         self._shown: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
+        self._sql: dict[str, str | None] = {}  # per document: the query assembling it (sql_of)
         self._encoders: dict[str, Callable[[bytes, int, Mapping[str, Any] | None, int], tuple[Any, ...]]] = {}
         self._slot = {table: {cols: j for j, cols in enumerate(fks)} for table, fks in self.fks.items()}
         self._fcols = {table: "".join(f", {column}" for column, _ in fks.values()) for table, fks in self.fks.items()}
@@ -128,7 +129,7 @@ class State:
 
     def shown_again(self) -> None:
         """The plan changed what nodes show (``Keeper.follow_shapes``): the fields are chosen again."""
-        self._shown = {}
+        self._shown, self._sql = {}, {}
 
     # --- transactions -----------------------------------------------------------------------------
 
@@ -527,6 +528,91 @@ class State:
         refs = self._refs.get((table, pk))
         return edge.reference(row) if refs is None else refs[self._slot[table][edge.fk_columns]]
 
+    def _fields(self, node: NodePlan) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+        """(field, column, the column's earlier names) of what ``node`` shows, made once."""
+        fields = self._shown.get(node.number)
+        if fields is None:
+            tplan = self.plan.tables[node.table]
+            shown = node.project({c: c for c in tplan.columns}, tplan.columns)
+            fields = self._shown[node.number] = tuple((name, column, tplan.earlier.get(column, ()))
+                                                       for name, column in shown.items())
+        return fields
+
+    # SQL assembly: SQLite concatenates each document's JSON from the rows' bodies (``->`` gives a
+    # value's JSON text as stored, which orjson wrote), the same bytes ``_build`` makes, without a
+    # row decoded in Python. Children are ordered by the query; a node it cannot order exactly as
+    # ``_ordered`` does leaves its document to ``_build``.
+
+    def assembled(self, docs: Iterable[DocumentId]) -> dict[DocumentId, bytes | None]:
+        """The documents among ``docs`` that SQL assembles (``assemble``'s answer each); the
+        others are left out."""
+        by_doc: dict[str, list[bytes]] = {}
+        for doc, doc_id in docs:
+            if self.sql_of(doc) is not None:
+                by_doc.setdefault(doc, []).append(doc_id)
+        out: dict[DocumentId, bytes | None] = {}
+        for doc, ids in by_doc.items():
+            query = self.sql_of(doc)
+            assert query is not None
+            out.update(((doc, doc_id), None) for doc_id in ids)
+            for start in range(0, len(ids), 500):
+                part = ids[start:start + 500]
+                out.update(((doc, doc_id), body) for doc_id, body in
+                           self.db.execute(f"{query}{', '.join('?' * len(part))})", part))
+        return out
+
+    def sql_of(self, doc: str) -> str | None:
+        """The query assembling documents ``doc``, up to the list of their root keys (``?, ...)``
+        follows), or None where the Python assembly must do it."""
+        if doc not in self._sql:
+            root = self.plan.nodes[self.plan.roots[doc]]
+            try:
+                self._sql[doc] = (f"SELECT r.pk, CAST({self._object_sql(root, 'r')} AS BLOB) FROM "
+                                  f"{self.names[root.table]} r WHERE r.dead = 0 AND r.pk IN (")
+            except _NotInSql:
+                self._sql[doc] = None
+        return self._sql[doc]
+
+    def _object_sql(self, node: NodePlan, row: str) -> str:
+        """The SQL text of ``_build``'s bytes for ``node``, whose row is ``row`` (an alias)."""
+        fields: dict[str, str] = {}
+        for name, column, earlier in self._fields(node):
+            value = f"{row}.body -> {_sql_path(column)}"
+            if earlier:  # present under its name (null or not), else under the first earlier name it has
+                value = "CASE " + " ".join(f"WHEN json_type({row}.body, {_sql_path(c)}) IS NOT NULL THEN "
+                                           f"{row}.body -> {_sql_path(c)}" for c in (column, *earlier)) + " END"
+            fields[name] = f"coalesce({value}, 'null')"
+        for number in node.below:
+            below = self.plan.nodes[number]
+            assert below.edge is not None and below.field is not None
+            alias, name = f"n{below.number}", self.names[below.table]
+            if below.kind == "lookup":
+                ref, _ = self.fks[node.table][below.edge.fk_columns]
+                fields[below.field] = (f"coalesce((SELECT {self._object_sql(below, alias)} FROM {name} {alias} "
+                                       f"WHERE {alias}.pk = {row}.{ref} AND {alias}.dead = 0), 'null')")
+            else:
+                fk, _ = self.fks[below.table][below.edge.fk_columns]
+                fields[below.field] = (
+                    f"'[' || coalesce((SELECT group_concat(v, ',') FROM (SELECT {self._object_sql(below, alias)} AS v "
+                    f"FROM {name} {alias} WHERE {alias}.{fk} = {row}.pk AND {alias}.dead = 0 ORDER BY "
+                    f"{self._order_sql(below, alias)})), '') || ']'")
+        if not fields:
+            return "'{}'"
+        return "'{' || " + " || ',' || ".join(f"{_sql_text(orjson.dumps(name).decode() + ':')} || {value}"
+                                             for name, value in fields.items()) + " || '}'"
+
+    def _order_sql(self, node: NodePlan, row: str) -> str:
+        """``_ordered``'s order: the order-by columns, nulls last either way, then the key's values."""
+        families = self.plan.tables[node.table].families
+        if not all(f in _SQL_ORDERED for f in (*node.order_families, *families)):
+            raise _NotInSql(f"{node.table} ordered by {node.order_by} (families {node.order_families}, key {families})")
+        terms = []
+        for column, descending in node.order_by:
+            value = f"({row}.body ->> {_sql_path(column)})"
+            terms += [f"{value} IS NULL", value + (" DESC" if descending else "")]
+        terms += [f"json_extract(CAST({row}.pk AS TEXT), '$[{i}]')" for i in range(len(families))]
+        return ", ".join(terms)
+
     def _lookup(self, node: NodePlan, pk: bytes | None) -> bytes | None:
         """A lookup's object, built once per flush and shared by the documents holding it."""
         if pk is None:
@@ -543,12 +629,7 @@ class State:
 
     def _build(self, node: NodePlan, row: Mapping[str, Any], pk: bytes) -> bytes:
         """``row``'s object (``pk``: its key bytes) with what hangs from it, as JSON."""
-        fields = self._shown.get(node.number)
-        if fields is None:  # what the node shows of its table's columns, once
-            tplan = self.plan.tables[node.table]
-            shown = node.project({c: c for c in tplan.columns}, tplan.columns)
-            fields = self._shown[node.number] = tuple((name, column, tplan.earlier.get(column, ()))
-                                                       for name, column in shown.items())
+        fields = self._fields(node)
         out: dict[str, Any] = {name: row[column] if column in row else _earlier(row, names)
                                for name, column, names in fields}
         for number in node.below:
@@ -564,6 +645,26 @@ class State:
                     [self._build(below, child, child_pk) for child_pk, child in _ordered(below, children, families)])
                     + b"]")
         return dumps(out)
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sql_path(column: str) -> str:
+    """A JSON path to a column of a row's body, as a SQL literal."""
+    if any(c in column for c in '"\\') or any(ord(c) < 32 for c in column):
+        raise _NotInSql(f"column name {column!r}")
+    return _sql_text(f'$."{column}"')
+
+
+class _NotInSql(Exception):
+    """A node the SQL assembly cannot express exactly as the Python one does."""
+
+
+# Families SQLite orders as ``sort_value`` does (numbers numerically, text by code point,
+# booleans false first); the others (numeric text, timestamps with offsets) are ordered in Python.
+_SQL_ORDERED = frozenset({"integer", "text", "uuid", "date", "binary", "boolean"})
 
 
 def _kept(row: Mapping[str, Any], columns: frozenset[str]) -> dict[str, Any]:

@@ -73,6 +73,13 @@ def test_a_renamed_column_rebuilds_fails_or_evolves_as_the_policy_says(tmp_path)
     assert engine.plan.tables["public.orders"].earlier == {"remark": ("note",)}
     assert orjson.loads(engine.state._build(engine.plan.nodes[0], {"id": 1, "note": "old row"}, b"[1]")) == \
         {"id": 1, "remark": "old row"}  # a row of the old shape shows its value under the new name
+    engine.apply([event(1, {"id": 1, "note": "old row"}),  # stored: the SQL assembly says the same
+                  SinkEvent("shop.public.orders", 0, 1, {"id": 2}, Op.CREATE, None, {"id": 2, "remark": "new"}, 11, {})])
+    with engine.state.reading():
+        built = engine.state.assembled([("orders", b"[1]"), ("orders", b"[2]")])
+        assert built == {doc: engine.state.assemble(*doc) for doc in built}
+    assert [orjson.loads(body or b"") for body in built.values()] == [{"id": 1, "remark": "old row"},
+                                                                     {"id": 2, "remark": "new"}]
     k.close()
 
 
