@@ -75,22 +75,15 @@ def _quoted(index: str) -> bytes:
     return orjson.dumps(index)
 
 
-_FEW = 250  # documents a request takes before a write is split over the slots
-
-
 def per_request(count: int, max_docs: int, concurrency: int) -> int:
     """Documents per request for a write of ``count`` documents: at most ``max_docs``, and evened
     out so the requests fill every slot of ``concurrency`` in each round. With fixed chunks
     (10,000 documents as 2,000-document requests, 2 in flight) the fifth request of every write
-    ran alone while the other slot idled: a write's time was three requests' instead of 2.5. A
-    write that fits one request is split too, down to ``_FEW`` documents a request: one request
-    is indexed by one of the node's write threads (a joined documents' flush writes chunks of
-    2,000 one after the other)."""
-    if concurrency <= 1:
+    ran alone while the other slot idled: a write's time was three requests' instead of 2.5."""
+    if concurrency <= 1 or count <= max_docs:
         return max_docs
     rounds = -(-count // (max_docs * concurrency))
-    per = -(-count // (rounds * concurrency))
-    return per if rounds > 1 else max(per, min(count, max_docs, _FEW))
+    return -(-count // (rounds * concurrency))
 
 
 @dataclass(slots=True)

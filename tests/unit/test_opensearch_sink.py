@@ -234,10 +234,7 @@ def test_bulk_requests_fill_every_slot_in_flight():
 
     assert per_request(10_000, 2000, 2) == 1667
     assert per_request(8000, 2000, 2) == 2000
-    # A write that fits one request goes as one per slot too (the node indexes with both), down to
-    # a few hundred documents a request.
-    assert per_request(1500, 2000, 2) == 750
-    assert per_request(300, 2000, 2) == 250 and per_request(100, 2000, 2) == 100
+    assert per_request(1500, 2000, 2) == 2000
     assert per_request(10_000, 2000, 1) == 2000
     client = _FakeBulkClient({})
     writer = BulkWriter(client, max_docs=4, max_bytes=10_000, concurrency=2, what="t")
