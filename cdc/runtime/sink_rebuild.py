@@ -115,6 +115,8 @@ class Rebuilds:
         # Streaming after the rebuild (the runner's run) goes on from where the fill ended, not
         # from offset 0 (a windowed fill reads through a bulk reader of its own).
         reading.assign_from(dict(reading.positions))
+        log.info("generation %d filled in %.1fs; switching to it (a sink may write it in full first)", new,
+                 time.monotonic() - began, extra=self._extra())
         call(sink.switch_generation, new)
         reading.commit_positions()
         call(sink.drop_generation, old)

@@ -40,6 +40,7 @@ from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.errors import shown, translating
 from sinks.opensearch.generations import Generations
+from sinks.opensearch.indexes import FILLING_REFRESH, user_refresh, with_refresh
 from sinks.opensearch.mapping import META_PROPERTIES, VERSION_FIELD, field_mapping
 from sinks.opensearch.naming import document_id, generation_index
 from sinks.opensearch.tombstones import tombstone_body
@@ -110,7 +111,10 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
             properties = {**self._properties(plan, root), **META_PROPERTIES}
             for path, mapping in document.mappings.items():
                 _place(properties, path.split("."), mapping)
-            body = {"settings": dict(document.settings), "mappings": {"properties": properties}}
+            settings = dict(document.settings)
+            if generation != self.generations.state.current:  # filled unread: refreshed at the switch
+                settings = with_refresh(settings, FILLING_REFRESH)
+            body = {"settings": settings, "mappings": {"properties": properties}}
             self.generations.ensure_index(document.name, plan.tables[root.table].topic, generation, body)
         self.indexes.add(generation)
 
@@ -199,9 +203,17 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
                 engine.flush(lambda docs: self._send(docs, generation))
         retrying(written, f"opensearch sink {self.config.name}: switch_generation({generation})")
         with self._errors(f"switch_generation({generation})"):
-            self.generations.switch(generation, lambda alias, topic: None)
+            self.generations.switch(generation, lambda alias, topic: None, self._finish_fill)
         self.keeper.switched(generation)
         self.generation = None
+
+    def _finish_fill(self, alias: str, topic: str) -> None:
+        """Before readers see it, a generation's index takes the document's refresh_interval
+        again (None: OpenSearch's default); it was written without periodic refreshes."""
+        assert self.generations.state.open is not None
+        document = next(d for d in self.config.documents or [] if d.name == alias)
+        self.client.indices.put_settings(index=generation_index(alias, self.generations.state.open),
+                                         body={"index": {"refresh_interval": user_refresh(dict(document.settings))}})
 
     def drop_generation(self, generation: int) -> None:
         with self._errors(f"drop_generation({generation})"):

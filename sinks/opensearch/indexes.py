@@ -115,7 +115,7 @@ class IndexCatalog:
             # user's refresh_interval back first (finish_fill) and refreshes it. Until then no
             # segment is written every second: a refresh per second cost the node a fifth to a
             # quarter of its CPU per document in a bulk fill (bench/opensearch_sink.py).
-            settings = _with_refresh(settings, FILLING_REFRESH)
+            settings = with_refresh(settings, FILLING_REFRESH)
         body = {"settings": settings, "mappings": {**shape.mappings, "_meta": {"cdc": meta}}}
         index = generation_index(alias, generation)
         if self.generations.ensure_index(alias, topic, generation, body):
@@ -129,7 +129,7 @@ class IndexCatalog:
         refresh_interval of the user's settings again (None: OpenSearch's default)."""
         target = self._targets.get((topic, generation))
         layout = target.layout if target is not None else self._layout(topic, {}, self.schema_for(topic))[1]
-        wanted = _user_refresh(_merge(self.config.settings, layout.options.settings))
+        wanted = user_refresh(_merge(self.config.settings, layout.options.settings))
         self.client.indices.put_settings(index=generation_index(alias, generation),
                                          body={"index": {"refresh_interval": wanted}})
 
@@ -247,7 +247,7 @@ def columns_fingerprint(schema: dict | None) -> str | None:
 FILLING_REFRESH = "-1"  # no periodic refresh while a generation nobody reads is filled
 
 
-def _user_refresh(settings: dict) -> Any:
+def user_refresh(settings: dict) -> Any:
     """The refresh_interval the user's settings name, in any of their spellings (None: none)."""
     index = settings.get("index")
     if isinstance(index, dict) and index.get("refresh_interval") is not None:
@@ -255,7 +255,7 @@ def _user_refresh(settings: dict) -> Any:
     return settings.get("index.refresh_interval", settings.get("refresh_interval"))
 
 
-def _with_refresh(settings: dict, value: str) -> dict:
+def with_refresh(settings: dict, value: str) -> dict:
     """``settings`` with refresh_interval ``value``, whichever spelling the user chose left out."""
     settings = {k: v for k, v in settings.items() if k not in ("index.refresh_interval", "refresh_interval")}
     index = settings.get("index")
