@@ -65,6 +65,7 @@ class Keeper:
         self.generation: int | None = None  # of the open state
         self._figured: tuple[float, int, dict[str, Any]] | None = None  # (when, generation, state figures)
         self._answered: dict[str, int] = {}  # topic -> the newest shape version ignored
+        self._filled: dict[str, int] = {}    # topic -> the newest shape version a rebuild's fill loaded
 
     def path(self, generation: int) -> Path:
         return documents_path(self.config.state_dir, self.sink, generation)
@@ -107,12 +108,8 @@ class Keeper:
         already: its rows of older shapes need nothing."""
         plan, shapes = self.make_plan(), self.shapes
         assert shapes is not None
-        firsts: dict[str, SinkEvent] = {}
-        for event in events:
-            firsts.setdefault(event.topic, event)
-        for topic, event in firsts.items():
+        for topic, (version, event) in _newest_shapes(events).items():
             held = shapes.by_topic.get(topic)
-            version = (event.source or {}).get("schema_version")
             if held is None or not isinstance(version, int) or held.version is None or \
                     version <= max(held.version, self._answered.get(topic, 0)):
                 continue
@@ -143,6 +140,13 @@ class Keeper:
                 return
             log.warning("%s; schema_policy %s: the documents keep the shape they had until a rebuild", what, policy)
             self._answered[topic] = version  # said once
+
+    def filled(self, events: list[SinkEvent]) -> None:
+        """A rebuild's fill loaded ``events``: the newest shape of each topic among them is
+        checked at the switch (``_check_fill``)."""
+        for topic, (version, _) in _newest_shapes(events).items():
+            if version > self._filled.get(topic, 0):
+                self._filled[topic] = version
 
     def engine_for(self, generation: int, current: int) -> Engine:
         """The engine over generation ``generation``'s state (``current``: the one readers see)."""
@@ -244,6 +248,7 @@ class Keeper:
         """A rebuild opened ``generation``: an earlier attempt's state goes, and the plan is made
         again from the shapes as they are now."""
         self.forget_plan()
+        self._filled = {}
         _remove(self.path(generation))
 
     def finish(self, generation: int, current: int) -> Engine:
@@ -262,7 +267,12 @@ class Keeper:
         assert self.shapes is not None
         context, changes = self.context(), []
         for topic, held in self.shapes.by_topic.items():
+            # The newest shape published, or one its rows were loaded in (the schema topic may
+            # not have been read again since the DDL).
             record = context.schema_for(topic)
+            loaded = self._filled.get(topic)
+            if loaded is not None and (record is None or loaded > (record.get("version") or 0)):
+                record = context.schema_for(topic, loaded) or record
             newest = None if record is None else CapturedShape.of_record(record)
             if newest is not None and held.version is not None and newest.version is not None \
                     and newest.version > held.version and (changed := _shown_changes(engine.plan, held, newest)):
@@ -327,6 +337,17 @@ def retrying(call: Callable[[], None], what: str, attempts: int = SWITCH_ATTEMPT
             log.warning("%s: %s; trying again in %.0fs (attempt %d of %d)", what, err, backoff, attempt, attempts)
             sleep(backoff)
             backoff = min(backoff * 2, 30.0)
+
+
+def _newest_shapes(events: list[SinkEvent]) -> dict[str, tuple[int, SinkEvent]]:
+    """Per topic, the newest shape version among ``events`` and an event of it (a batch may hold
+    rows of an older shape before those of a newer one)."""
+    out: dict[str, tuple[int, SinkEvent]] = {}
+    for event in events:
+        version = (event.source or {}).get("schema_version")
+        if isinstance(version, int) and (event.topic not in out or version > out[event.topic][0]):
+            out[event.topic] = (version, event)
+    return out
 
 
 def _shown_changes(plan: Plan, held: CapturedShape, new: CapturedShape) -> list[str]:

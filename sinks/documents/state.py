@@ -93,9 +93,11 @@ class State:
         for table, name in self.names.items():
             fks = "".join(f", {column} BLOB" for column, _ in self.fks[table].values())
             db.execute(f"CREATE TABLE IF NOT EXISTS {name} (pk BLOB PRIMARY KEY, ver INTEGER NOT NULL, "
-                       f"dead INTEGER NOT NULL, body BLOB{fks}, at INTEGER) WITHOUT ROWID")
-            if "at" not in {c for _, c, *_ in db.execute(f"PRAGMA table_info({name})")}:
-                db.execute(f"ALTER TABLE {name} ADD COLUMN at INTEGER")  # a state made before rows kept it
+                       f"dead INTEGER NOT NULL, body BLOB{fks}, at INTEGER, plain INTEGER) WITHOUT ROWID")
+            had = {c for _, c, *_ in db.execute(f"PRAGMA table_info({name})")}
+            for column in ("at", "plain"):  # a state made before rows kept them
+                if column not in had:
+                    db.execute(f"ALTER TABLE {name} ADD COLUMN {column} INTEGER")
         db.execute("CREATE TABLE IF NOT EXISTS registers (doc TEXT, id BLOB, ver INTEGER NOT NULL, "
                    "PRIMARY KEY (doc, id)) WITHOUT ROWID")
         db.execute("CREATE TABLE IF NOT EXISTS outbox (doc TEXT, id BLOB, ver INTEGER NOT NULL, topic TEXT, "
@@ -111,11 +113,23 @@ class State:
         if not found:
             db.executemany("INSERT INTO meta VALUES (?, ?)", [("digest", self.plan.digest),
                                                              ("source", self.plan.source)])
+        self._plain_columns(found)
         db.execute("COMMIT")
         if found and found.get("digest") != self.plan.digest:
             self.db.close()
             raise RebuildRequired(f"documents state {self.path.name} was made for another declaration or other "
                                  f"key types (plan {found.get('digest')}, now {self.plan.digest}): rebuild")
+
+    def _plain_columns(self, meta: Mapping[str, str]) -> None:
+        """A row is stored ``plain`` when its body's columns are the plan's ``columns`` of its
+        table, in order (the SQL assembly then uses the body as the object of a node showing
+        every column). Where the plan's columns changed since (``Keeper.follow_shapes``), no
+        stored row is plain any more."""
+        for table, name in self.names.items():
+            columns = orjson.dumps(self.plan.tables[table].columns).decode()
+            if meta.get(f"plain {table}") != columns:
+                self.db.execute(f"UPDATE {name} SET plain = 0 WHERE plain = 1")
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"plain {table}", columns))
 
     def _indexes(self, drop: bool = False) -> None:
         """The foreign-key indexes (reach and assembly navigate them), made or dropped."""
@@ -129,7 +143,13 @@ class State:
 
     def shown_again(self) -> None:
         """The plan changed what nodes show (``Keeper.follow_shapes``): the fields are chosen again."""
-        self._shown, self._sql = {}, {}
+        self._shown, self._sql, self._encoders = {}, {}, {}
+        in_transaction = self.db.in_transaction
+        if not in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+        self._plain_columns(dict(self.db.execute("SELECT k, v FROM meta").fetchall()))
+        if not in_transaction:
+            self.db.execute("COMMIT")
 
     # --- transactions -----------------------------------------------------------------------------
 
@@ -175,7 +195,7 @@ class State:
 
     def _insert(self, table: str, newer_only: bool = False) -> str:
         """The statement storing a row; ``newer_only``: only over an older version of its key."""
-        columns = ["pk", "ver", "dead", "body", *(column for column, _ in self.fks[table].values()), "at"]
+        columns = ["pk", "ver", "dead", "body", *(column for column, _ in self.fks[table].values()), "at", "plain"]
         name = self.names[table]
         if not newer_only:
             return f"INSERT OR REPLACE INTO {name} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
@@ -196,15 +216,15 @@ class State:
         deleted) under key ``pk``, from record ``at``: one function per table, made once."""
         made = self._encoders.get(table)
         if made is None:
-            kept = self.plan.tables[table].kept
+            kept, columns = self.plan.tables[table].kept, self.plan.tables[table].columns
             refs = tuple(edge.reference for _, edge in self.fks[table].values())
             nulls = (None,) * len(refs)
 
             def made(pk: bytes, version: int, row: Mapping[str, Any] | None, at: int) -> tuple[Any, ...]:
                 if row is None:
-                    return (pk, version, 1, None, *nulls, at)
-                body = dumps((row if type(row) is dict else dict(row)) if kept is None else _kept(row, kept))
-                return (pk, version, 0, body, *[ref(row) for ref in refs], at)
+                    return (pk, version, 1, None, *nulls, at, 0)
+                stored = (row if type(row) is dict else dict(row)) if kept is None else _kept(row, kept)
+                return (pk, version, 0, dumps(stored), *[ref(row) for ref in refs], at, int(tuple(stored) == columns))
             self._encoders[table] = made
         return made
 
@@ -576,7 +596,12 @@ class State:
     def _object_sql(self, node: NodePlan, row: str) -> str:
         """The SQL text of ``_build``'s bytes for ``node``, whose row is ``row`` (an alias)."""
         fields: dict[str, str] = {}
-        for name, column, earlier in self._fields(node):
+        shown = self._fields(node)
+        columns = self.plan.tables[node.table].columns
+        # Shows every column of its table, as named, in order: a plain row's body is its object.
+        whole = [(n, c) for n, c, _ in shown] == [(c, c) for c in columns] and bool(columns) and not any(
+            self.plan.nodes[number].field in columns for number in node.below)
+        for name, column, earlier in shown:
             value = f"{row}.body -> {_sql_path(column)}"
             if earlier:  # present under its name (null or not), else under the first earlier name it has
                 value = "CASE " + " ".join(f"WHEN json_type({row}.body, {_sql_path(c)}) IS NOT NULL THEN "
@@ -598,8 +623,13 @@ class State:
                     f"{self._order_sql(below, alias)})), '') || ']'")
         if not fields:
             return "'{}'"
-        return "'{' || " + " || ',' || ".join(f"{_sql_text(orjson.dumps(name).decode() + ':')} || {value}"
-                                             for name, value in fields.items()) + " || '}'"
+        parts = [f"{_sql_text(orjson.dumps(name).decode() + ':')} || {value}" for name, value in fields.items()]
+        if whole:
+            head = "'{' || " + " || ',' || ".join(parts[:len(shown)])
+            head = f"CASE WHEN {row}.plain = 1 THEN substr({row}.body, 1, length({row}.body) - 1) ELSE {head} END"
+            parts = [head, *parts[len(shown):]]
+            return " || ',' || ".join(parts) + " || '}'"
+        return "'{' || " + " || ',' || ".join(parts) + " || '}'"
 
     def _order_sql(self, node: NodePlan, row: str) -> str:
         """``_ordered``'s order: the order-by columns, nulls last either way, then the key's values."""

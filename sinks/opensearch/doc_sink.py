@@ -96,6 +96,8 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
             if self.generation is None:  # a rebuild's generation is planned from the newest shapes already
                 self.keeper.follow_shapes(events, self.shape_of, self.config.schema_policy)
                 engine = self.keeper.engine_for(generation, self.generations.state.current)
+            else:
+                self.keeper.filled(events)
             engine.apply(events)
         with self._errors("write"):
             self._ensure_indexes(generation)

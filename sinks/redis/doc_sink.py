@@ -70,6 +70,8 @@ class RedisDocumentSink(Sink, RebuildableSink):
             if self.generation is None:  # a rebuild's generation is planned from the newest shapes already
                 self.keeper.follow_shapes(events, self.shape_of, self.config.schema_policy)
                 engine = self.keeper.engine_for(generation, self._current)
+            else:
+                self.keeper.filled(events)
             engine.apply(events)
         engine.flush(lambda docs: self._send(docs, generation))
         self.keeper.report(generation)

@@ -67,6 +67,8 @@ def test_a_renamed_column_rebuilds_fails_or_evolves_as_the_policy_says(tmp_path)
     records = [record(1, ORDERS)]
     k = keeper(tmp_path / "evolve", records)
     engine = k.engine_for(1, 1)
+    # Stored in the old shape, whose columns its body has: plain until the plan's columns change.
+    engine.apply([SinkEvent("shop.public.orders", 0, 2, {"id": 3}, Op.CREATE, None, {"id": 3, "note": "before"}, 9, {})])
     records.append(later)
     k.follow_shapes([event(2, {"id": 1, "remark": "x"})], shape_of(k), "evolve")
     assert engine.plan.tables["public.orders"].columns == ("id", "remark")
@@ -76,10 +78,11 @@ def test_a_renamed_column_rebuilds_fails_or_evolves_as_the_policy_says(tmp_path)
     engine.apply([event(1, {"id": 1, "note": "old row"}),  # stored: the SQL assembly says the same
                   SinkEvent("shop.public.orders", 0, 1, {"id": 2}, Op.CREATE, None, {"id": 2, "remark": "new"}, 11, {})])
     with engine.state.reading():
-        built = engine.state.assembled([("orders", b"[1]"), ("orders", b"[2]")])
+        built = engine.state.assembled([("orders", b"[1]"), ("orders", b"[2]"), ("orders", b"[3]")])
         assert built == {doc: engine.state.assemble(*doc) for doc in built}
     assert [orjson.loads(body or b"") for body in built.values()] == [{"id": 1, "remark": "old row"},
-                                                                     {"id": 2, "remark": "new"}]
+                                                                     {"id": 2, "remark": "new"},
+                                                                     {"id": 3, "remark": "before"}]
     k.close()
 
 
@@ -217,4 +220,41 @@ def test_a_shape_published_during_the_fill_begins_the_rebuild_again(tmp_path):
     k.opened(2)  # the rebuild begins again: planned from the newest shapes
     k.engine_for(2, 1)
     assert k.finish(2, 1).building is False
+    k.close()
+
+
+@dataclass(frozen=True)
+class Unread(Shapes):
+    """A schema topic read up to ``known`` records: the newest shape it names is older than
+    shapes that rows carry (found by their version)."""
+
+    known: int = 1
+
+    def schema_for(self, topic: str, version: int | None = None) -> dict | None:
+        return self.records[self.known - 1] if version is None else super().schema_for(topic, version)
+
+
+def test_rows_of_a_newer_shape_loaded_by_the_fill_begin_the_rebuild_again(tmp_path):
+    """The newest shape the context names may predate the rows the fill loaded (its schema topic
+    not read since): the shapes of those rows count too."""
+    records = [record(1, ORDERS)]
+    config = keeper(tmp_path, records).config
+    context = Unread(name="docs", topic_prefix="shop", records=records)
+    k = Keeper("docs", config, lambda: context, lambda generation, docs: [None] * len(docs))
+    k.opened(2)
+    assert k.engine_for(2, 1).building
+    records.append(record(2, {"id": ("integer", True)}))
+    k.filled([event(1, {"id": 1, "note": "a"}), event(2, {"id": 2})])
+    with pytest.raises(RebuildRequired, match=r"during the rebuild, public.orders \(note dropped\)"):
+        k.finish(2, 1)
+    k.close()
+
+
+def test_a_batch_whose_newer_shape_is_not_its_first_row_is_followed(tmp_path):
+    records = [record(1, ORDERS)]
+    k = keeper(tmp_path, records)
+    k.make_plan()
+    records.append(record(2, {"id": ("integer", True)}))
+    with pytest.raises(RebuildRequired, match=r"orders changed in schema version 2 \(note dropped\)"):
+        k.follow_shapes([event(1, {"id": 1, "note": "a"}), event(2, {"id": 2})], shape_of(k), "rebuild")
     k.close()
