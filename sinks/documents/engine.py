@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,9 +170,8 @@ class Engine:
             if encode is None:
                 encode = encoders[table] = state.encoder(table)
                 by_table[table] = []
-            after = event.after if event.op in _LIVE else None  # no unchanged_toast here: apply() routes it
-            row = orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else after
-            by_table[table].append(encode(pk, version, row, at_of(event.partition, event.offset)))
+            # No unchanged_toast here (apply() routes those events to _apply): the row as it came.
+            by_table[table].append(encode(pk, version, _after(event), at_of(event.partition, event.offset)))
         for table, values in by_table.items():
             self.counters["rows_stored"] += state.load(table, values)
 
@@ -318,17 +317,22 @@ class Engine:
             self.dead_letter(topic, part, off, reason, key=orjson.dumps({"document": doc, "id": key}))
 
 
-_LIVE = (Op.CREATE, Op.UPDATE, Op.READ)
+def _after(event: SinkEvent) -> Mapping[str, Any] | None:
+    """The row an event leaves as it carries it (None: the key is deleted)."""
+    if event.op not in (Op.CREATE, Op.UPDATE, Op.READ):
+        return None
+    after = event.after
+    return orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else (after or {})
 
 
 def _row(event: SinkEvent, was: dict[str, Any] | None) -> dict[str, Any] | None:
     """The row an event leaves (None: the key is deleted). Columns the source names in
     ``source.unchanged_toast`` (a large value an update left as it was, which the source had no
     copy of) keep the value the state has."""
-    if event.op not in _LIVE:
+    after = _after(event)
+    if after is None:
         return None
-    after = event.after
-    row: dict[str, Any] = orjson.loads(after) if isinstance(after, (bytes, bytearray, memoryview)) else dict(after or {})
+    row = dict(after)
     unchanged = (event.source or {}).get("unchanged_toast")
     if unchanged and was is not None:
         for column in unchanged:

@@ -141,6 +141,22 @@ class Keeper:
             log.warning("%s; schema_policy %s: the documents keep the shape they had until a rebuild", what, policy)
             self._answered[topic] = version  # said once
 
+    def apply(self, events: list[SinkEvent], generation: int, current: int, rebuilding: bool,
+              shape_of: Callable[[SinkEvent], dict | None], policy: str) -> Engine:
+        """A write's ``events`` into ``generation``'s state (``current``: the one readers see);
+        returns the engine that flushes them. Into the generation readers see, a newer shape is
+        followed first (``follow_shapes``); into a rebuild's, the shapes its rows carry are
+        noted for the switch (``filled``)."""
+        engine = self.engine_for(generation, current)
+        if events:
+            if rebuilding:
+                self.filled(events)
+            else:
+                self.follow_shapes(events, shape_of, policy)
+                engine = self.engine_for(generation, current)  # ``evolve`` made the plan again
+            engine.apply(events)
+        return engine
+
     def filled(self, events: list[SinkEvent]) -> None:
         """A rebuild's fill loaded ``events``: the newest shape of each topic among them is
         checked at the switch (``_check_fill``)."""

@@ -58,12 +58,14 @@ class Item(NamedTuple):
     def encode(self) -> bytes:
         if self.line is not None:
             return self.line
-        return self.action() + orjson.dumps(self.body, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        return action_line(self.index, self.doc_id, self.version, self.version_type) + \
+            orjson.dumps(self.body, option=orjson.OPT_NON_STR_KEYS) + b"\n"
 
-    def action(self) -> bytes:
-        """The action line, by hand (names and ids escaped by orjson)."""
-        return b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}\n' % (
-            _quoted(self.index), orjson.dumps(self.doc_id), self.version, _VERSION_TYPES[self.version_type])
+
+def action_line(index: str, doc_id: str, version: int, version_type: str = "external") -> bytes:
+    """An index action's line, by hand (names and ids escaped by orjson)."""
+    return b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}\n' % (
+        _quoted(index), orjson.dumps(doc_id), version, _VERSION_TYPES[version_type])
 
 
 _VERSION_TYPES = {"external": b"external", "external_gte": b"external_gte"}

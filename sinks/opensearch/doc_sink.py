@@ -35,12 +35,12 @@ from cdc.api import (
 from sinks.documents.engine import Written
 from sinks.documents.keeper import Keeper, retrying
 from sinks.documents.plan import NodePlan, Plan
-from sinks.opensearch.bulk import BulkWriter, Item
+from sinks.opensearch.bulk import BulkWriter, Item, action_line
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.opensearch.errors import shown, translating
 from sinks.opensearch.generations import Generations
-from sinks.opensearch.indexes import FILLING_REFRESH, user_refresh, with_refresh
+from sinks.opensearch.indexes import FILLING_REFRESH, refresh_back, with_refresh
 from sinks.opensearch.mapping import META_PROPERTIES, VERSION_FIELD, field_mapping
 from sinks.opensearch.naming import document_id, generation_index
 from sinks.opensearch.tombstones import tombstone_body
@@ -91,14 +91,8 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         if not self._running:
             raise PermanentError(f"opensearch sink {self.config.name}: not running (call start() first)")
         generation = self._writing()
-        engine = self.keeper.engine_for(generation, self.generations.state.current)
-        if events:
-            if self.generation is None:  # a rebuild's generation is planned from the newest shapes already
-                self.keeper.follow_shapes(events, self.shape_of, self.config.schema_policy)
-                engine = self.keeper.engine_for(generation, self.generations.state.current)
-            else:
-                self.keeper.filled(events)
-            engine.apply(events)
+        engine = self.keeper.apply(events, generation, self.generations.state.current, self.generation is not None, self.shape_of,
+                                   self.config.schema_policy)
         with self._errors("write"):
             self._ensure_indexes(generation)
             engine.flush(lambda docs: self._send(docs, generation))
@@ -214,8 +208,7 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         again (None: OpenSearch's default); it was written without periodic refreshes."""
         assert self.generations.state.open is not None
         document = next(d for d in self.config.documents or [] if d.name == alias)
-        self.client.indices.put_settings(index=generation_index(alias, self.generations.state.open),
-                                         body={"index": {"refresh_interval": user_refresh(dict(document.settings))}})
+        refresh_back(self.client, generation_index(alias, self.generations.state.open), dict(document.settings))
 
     def drop_generation(self, generation: int) -> None:
         with self._errors(f"drop_generation({generation})"):
@@ -250,8 +243,7 @@ def _item(index: str, doc_id: str, version: int, body: bytes, doc: Written) -> I
         return Item(index, doc_id, version, {**orjson.loads(body), VERSION_FIELD: version}, doc)
     field = b"%b:%d}" % (_VERSION_KEY, version)
     source = b"{" + field if body == b"{}" else body[:-1] + b"," + field
-    item = Item(index, doc_id, version, {}, doc)
-    return item._replace(line=item.action() + source + b"\n")
+    return Item(index, doc_id, version, {}, doc, line=action_line(index, doc_id, version) + source + b"\n")
 
 
 _VERSION_KEY = orjson.dumps(VERSION_FIELD)

@@ -129,9 +129,8 @@ class IndexCatalog:
         refresh_interval of the user's settings again (None: OpenSearch's default)."""
         target = self._targets.get((topic, generation))
         layout = target.layout if target is not None else self._layout(topic, {}, self.schema_for(topic))[1]
-        wanted = user_refresh(_merge(self.config.settings, layout.options.settings))
-        self.client.indices.put_settings(index=generation_index(alias, generation),
-                                         body={"index": {"refresh_interval": wanted}})
+        refresh_back(self.client, generation_index(alias, generation),
+                     _merge(self.config.settings, layout.options.settings))
 
     def _check_fingerprint(self, target: Target, following: bool) -> None:
         wanted = self._fingerprint(target.layout)
@@ -247,7 +246,13 @@ def columns_fingerprint(schema: dict | None) -> str | None:
 FILLING_REFRESH = "-1"  # no periodic refresh while a generation nobody reads is filled
 
 
-def user_refresh(settings: dict) -> Any:
+def refresh_back(client: Any, index: str, settings: dict) -> None:
+    """A filled generation's ``index`` takes the refresh_interval of ``settings`` (the user's)
+    again, or OpenSearch's default where they name none."""
+    client.indices.put_settings(index=index, body={"index": {"refresh_interval": _user_refresh(settings)}})
+
+
+def _user_refresh(settings: dict) -> Any:
     """The refresh_interval the user's settings name, in any of their spellings (None: none)."""
     index = settings.get("index")
     if isinstance(index, dict) and index.get("refresh_interval") is not None:

@@ -65,14 +65,8 @@ class RedisDocumentSink(Sink, RebuildableSink):
         if self.client is None:
             raise PermanentError(f"redis sink {self.config.name}: call start() first")
         generation = self._writing()
-        engine = self.keeper.engine_for(generation, self._current)
-        if events:
-            if self.generation is None:  # a rebuild's generation is planned from the newest shapes already
-                self.keeper.follow_shapes(events, self.shape_of, self.config.schema_policy)
-                engine = self.keeper.engine_for(generation, self._current)
-            else:
-                self.keeper.filled(events)
-            engine.apply(events)
+        engine = self.keeper.apply(events, generation, self._current, self.generation is not None, self.shape_of,
+                                   self.config.schema_policy)
         engine.flush(lambda docs: self._send(docs, generation))
         self.keeper.report(generation)
 

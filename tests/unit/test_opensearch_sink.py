@@ -253,6 +253,26 @@ def test_an_encoded_item_is_an_action_line_and_its_document():
     assert (orjson.loads(body), end) == ({"x": 1}, b"")
 
 
+def test_an_assembled_document_gets_its_version_spliced_in_without_being_parsed_again():
+    """sinks/opensearch/doc_sink.py: a joined document arrives as JSON bytes; its bulk line is
+    the action and those bytes with the version field added (an empty document, and one that
+    has a field of that name already, too)."""
+    import orjson
+
+    from sinks.documents.engine import Written
+    from sinks.opensearch.doc_sink import _item
+    from sinks.opensearch.mapping import VERSION_FIELD
+
+    for body, want in ((b'{"id":1,"items":[{"a":"x"}]}', {"id": 1, "items": [{"a": "x"}], VERSION_FIELD: 9}),
+                       (b"{}", {VERSION_FIELD: 9}),
+                       (orjson.dumps({"id": 1, VERSION_FIELD: 3}), {"id": 1, VERSION_FIELD: 9})):
+        item = _item("orders__g2", "1", 9, body, Written("orders", {"id": 1}, 9, body))
+        head, source, end = item.encode().split(b"\n")
+        assert orjson.loads(head) == {"index": {"_index": "orders__g2", "_id": "1", "version": 9,
+                                                "version_type": "external"}}
+        assert (orjson.loads(source), end) == (want, b"")
+
+
 def test_a_write_in_parts_sends_each_part_at_once_and_returns_after_every_request():
     """BulkWriter.sending: a part's requests go out when it is added (the node indexes them while
     the sink encodes the next part); finish waits for all of them; the retries are as send's."""
