@@ -42,6 +42,7 @@ from cdc.api.capabilities import (
                                   ReadableSink,
                                   RebuildableSink,
                                   SelfRebuildingSink,
+                                  SharedSink,
                                   SlotDrop,
                                   SlotListing,
                                   SlotOwningSource,
@@ -112,7 +113,7 @@ __all__ = [
     # sinks
     "Sink", "SelfDrivenSink", "SinkContext", "StandaloneSinkContext", "standalone_sink_context", "SinkEvent", "Op",
     "WindowPart", "RebuildableSink", "BulkLoadableSink", "PipelinedSink", "WriteCompletion", "MaintainedSink",
-    "DescribedSink", "ReadableSink", "SelfRebuildingSink", "StoredRow", "key_order", "page", "in_range",
+    "DescribedSink", "ReadableSink", "SelfRebuildingSink", "SharedSink", "StoredRow", "key_order", "page", "in_range",
     # services and their types
     "CheckpointFeed", "ConnectorLogger", "ConnectorStats", "DeadLetterWriter", "LogClient", "NativeCodecs",
     "SchemaLookup",

@@ -4,7 +4,8 @@ for a method). Each docstring states when the runtime calls it and on which thre
 
 Sinks: ``RebuildableSink`` (generations), ``BulkLoadableSink`` (a rebuild's windows in bulk),
 ``PipelinedSink`` (writes in flight), ``MaintainedSink`` (housekeeping between writes),
-``SelfRebuildingSink`` (a self-driven sink's ``cdc rebuild``), ``DescribedSink`` (what the store
+``SelfRebuildingSink`` (a self-driven sink's ``cdc rebuild``), ``SharedSink`` (group members that
+each read everything and write their share), ``DescribedSink`` (what the store
 holds, for ``cdc status``), ``ReadableSink`` (the rows it wrote, read back: ``cdc demo``, ``cdc
 verify``). ``SelfDrivenSink`` is a base class (cdc/api/sink.py).
 
@@ -163,6 +164,46 @@ class DescribedSink(Protocol):
 
     @abstractmethod
     def describe(self) -> list[dict]: ...
+
+
+
+@runtime_checkable
+class SharedSink(Protocol):
+    """A sink whose output for one record lies anywhere in its key space (a joined document
+    changes with a row of any table in it), so with ``scale_out: group`` its members cannot
+    split the topics' partitions: each member reads *every* record and writes only its share of
+    the outputs. Declared by naming it among the sink's bases.
+
+    The runtime (cdc/runtime/sink_shares.py), for such a sink with ``scale_out: group``:
+
+    * reads every partition of the topics under ``reading_group(config)`` (one per member, stable
+      across its restarts; also where ``cdc status`` and health measure the member's lag), starting where ``read_from(partitions)`` says: the positions the
+      sink's own state holds (offset 0 for a partition it holds none of), so that a member whose
+      state was lost reads everything again instead of trusting commits its state lacks;
+    * shares the numbers 0..``share_count()``-1 among the running members through the group
+      coordinator of the sink's own name (cooperative-sticky, as partitions are);
+    * calls ``own(shares)`` with the shares this member writes from now on. A share gained is
+      handed over only once this member has read and written the topics up to their ends as of
+      the assignment (its state then holds everything the share's previous owner wrote from); a
+      share lost is taken away after this member's writes in flight ended, and before the
+      coordinator gives it to another member.
+
+    ``own`` and ``read_from`` are called on the thread that calls ``write``; ``own`` raises as
+    ``write`` does (a ``RetriableError`` is called again later with the same shares).
+    """
+
+    @abstractmethod
+    def share_count(self) -> int: ...
+
+    @classmethod
+    @abstractmethod
+    def reading_group(cls, config: Any) -> str: ...
+
+    @abstractmethod
+    def read_from(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]: ...
+
+    @abstractmethod
+    def own(self, shares: frozenset[int]) -> None: ...
 
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from cdc.errors import CdcError
 from cdc.topics import table_topics
@@ -84,7 +85,7 @@ class SinkLagMonitor:
         try:
             while not self._stop.is_set():
                 try:
-                    measured = {name: measure(log_, name, globs) for name, globs in sinks.items()}
+                    measured = {name: measure(log_, group, globs) for name, (group, globs) in sinks.items()}
                     with self._lock:
                         self._note(measured, time.time())
                 except CdcError as err:  # the log is away for now: the figures keep their age
@@ -100,9 +101,19 @@ class SinkLagMonitor:
         from cdc.plugins import sink_class
 
         config = load_config(self.config_path, only=self.names)
-        sinks = {s.name: list(s.topics) for s in config.sinks
+        sinks = {s.name: (reading_group(sink_class(s), s), list(s.topics)) for s in config.sinks
                  if s.name in self.names and not issubclass(sink_class(s), SelfDrivenSink)}
         return open_log(config.log), sinks
+
+
+def reading_group(cls: type, config: Any) -> str:
+    """The consumer group whose commits say where a sink stands: its name, or a shared sink's
+    member's own group (cdc/runtime/sink_shares.py)."""
+    from cdc.api import SharedSink
+
+    if getattr(config, "scale_out", "single") == "group" and issubclass(cls, SharedSink):
+        return cls.reading_group(config)
+    return config.name
 
 
 def measure(log_, group: str, globs: list[str]) -> dict[str, dict]:

@@ -69,8 +69,12 @@ class SinkReading:
     """The readers of one run (``open`` to ``close``) and the offsets, which outlive runs."""
 
     def __init__(self, log_: Log, group: str, config: Any, stats: ConnectorStats, *, poison: Poison,
-                 raw_rows: Callable[[], bool]) -> None:
+                 raw_rows: Callable[[], bool],
+                 starts: Callable[[list[TopicPartition]], dict[TopicPartition, int]] | None = None) -> None:
         self.log = log_
+        # Where a partition not read yet is read from: the group's commits, or what ``starts``
+        # says (a shared sink's own state: sink_shares.py).
+        self.starts = starts
         self.group = group
         self.config = config
         self.stats = stats
@@ -144,7 +148,7 @@ class SinkReading:
                     new.append(tp)
         if not new and self.positions and not fresh:
             return
-        committed = {} if from_start else self.reader.committed(new)
+        committed = {} if from_start else (self.starts or self.reader.committed)(new)
         for tp in new:
             self.positions[tp] = committed.get(tp) or 0
         # Partitions already read keep their read position: a batch read ahead of its commit is

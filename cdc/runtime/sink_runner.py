@@ -20,7 +20,8 @@ The runner coordinates the parts, each behind its own interface:
 * sink_rebuild.py and window_fill.py: a new generation from offset 0, readers switched once it
   has caught up (``rebuild()``, or when the sink raises ``RebuildRequired``);
 * sink_group.py: one member of the sink's consumer group (``scale_out: group``), and what
-  happens on a rebalance (``_hand_over``).
+  happens on a rebalance (``_hand_over``); sink_shares.py: the same for a ``SharedSink``, whose
+  members each read everything and write their share.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from cdc.api import MaintainedSink, PipelinedSink, Sink
+from cdc.api import MaintainedSink, PipelinedSink, SharedSink, Sink
 from cdc.api.stats import ConnectorStats
 from cdc.errors import ConfigError, PermanentError, RebuildRequired
 from cdc.log.base import GroupLog, Log, TopicPartition
@@ -42,10 +43,11 @@ from cdc.runtime.schemas import SchemaBook
 from cdc.runtime.sink_group import refuse_unless_alone
 from cdc.runtime.sink_reading import SinkReading, fetch_record
 from cdc.runtime.sink_rebuild import Rebuilds
+from cdc.runtime.sink_shares import Shares
 from cdc.runtime.sink_thread import SinkThread
 from cdc.runtime.sink_writing import SinkWriter
 from cdc.runtime.write_pipeline import InFlight, PendingWrite
-from cdc.topics import dead_letter_topic
+from cdc.topics import dead_letter_topic, shares_topic
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,13 @@ class SinkRunner:
         self.prefix = topic_prefix
         self.config = config = sink.config
         self.name = config.name
-        self.group = group or self.name
+        self.scale_out = getattr(config, "scale_out", "single") == "group"
+        # A shared sink's member reads everything under a group of its own; the group of the
+        # sink's name divides its shares (sink_shares.py).
+        self.shared = self.scale_out and isinstance(sink, SharedSink)
+        self.group = group or (sink.reading_group(config) if isinstance(sink, SharedSink) and self.shared
+                               else self.name)
+        self.shares: Shares | None = None
         self.stats = stats or ConnectorStats(self.name, "sink")
         # Reports come from the reading thread and from the sink's (a write that retries).
         report_lock, report_to = threading.Lock(), report or (lambda stats: None)
@@ -73,7 +81,6 @@ class SinkRunner:
             with report_lock:
                 report_to(stats)
         self.report = locked_report
-        self.scale_out = getattr(config, "scale_out", "single") == "group"
         if self.scale_out and not isinstance(log_, GroupLog):
             raise ConfigError(f"sink {self.name}: scale_out: group needs a log with consumer groups (Kafka); "
                               f"{type(log_).__name__} has none")
@@ -84,7 +91,8 @@ class SinkRunner:
         self.writer = SinkWriter(sink, self.stats, self.report, set_aside=self.dead_letter,
                                  fetch=functools.partial(fetch_record, log_), dead_letter_topic=self.dead_letter_topic)
         self.reading = SinkReading(log_, self.group, config, self.stats, poison=self.writer.poison,
-                                   raw_rows=lambda: getattr(sink, "raw_rows", False))
+                                   raw_rows=lambda: getattr(sink, "raw_rows", False),
+                                   starts=self._read_from if self.shared else None)
         self.rebuilds = Rebuilds(sink, self.sink_thread, self.reading, self.writer, self.stats, self.report, progress,
                                  refuse_unless_alone=self._refuse_unless_alone)
         self.progress = progress
@@ -131,7 +139,7 @@ class SinkRunner:
             member = self.scale_out and not (from_start or until_caught_up)
             if self.scale_out and not member:
                 self._refuse_unless_alone("a bootstrap")
-            reading.open(self._hand_over if member else None)
+            reading.open(self._hand_over if member and not self.shared else None)
             # A run that rebuilds first is not streaming yet: the supervisor takes this process's
             # first "streaming" for the end of the rebuild (`cdc rebuild` then says it is done).
             self.stats.phase = "rebuilding" if rebuild_first else "streaming"
@@ -140,16 +148,20 @@ class SinkRunner:
             if rebuild_first:
                 self.rebuilds.until_done(self._writes, stop_event)
                 self.report(self.stats)  # "streaming" again: the supervisor sees the rebuild done
+            if member and self.shared:
+                self._share()
             targets = reading.ends() if until_caught_up else None
             refreshed = last_report = time.monotonic()
             while not stop_event.is_set():
                 try:
+                    if self.shares is not None:
+                        self.shares.poll()
                     self._step()
                     if targets is not None and self._writes and reading.covers(self._writes.newest.ends, targets):
                         self._settle_all()  # the last batch: no need to read past the ends
                 except RebuildRequired as err:  # a SchemaChangeError the policy answers with a rebuild
                     self._writes.drain()  # ended already (nothing past the failure is committed)
-                    if reading.membership is not None:
+                    if reading.membership is not None or self.shares is not None:
                         raise PermanentError(
                             f"{err}: sink {self.name} runs as a member of group {self.group} (scale_out: group), "
                             f"and a rebuild cannot be split among members: stop every member, run `cdc rebuild` "
@@ -179,6 +191,9 @@ class SinkRunner:
                 # An error elsewhere: let the writes end, commit nothing (nor when closing the
                 # reader revokes its partitions).
                 self._writes.drain()
+                shares, self.shares = self.shares, None
+                if shares is not None:
+                    shares.close()
                 reading.close()
                 self.sink_thread.call(self.sink.stop)
             finally:
@@ -277,10 +292,31 @@ class SinkRunner:
             self._settle_all()
         self.reading.forget(gone)
 
+    def _share(self) -> None:
+        """Join the division of a shared sink's shares (sink_shares.py)."""
+        sink = self.sink
+        assert isinstance(sink, SharedSink)
+        count = self.sink_thread.call(sink.share_count)
+        self.shares = Shares(self.log, shares_topic(self.prefix, self.name), count, self.name, self.stats,
+                             settle=lambda lost: self._settle_all(), own=self._own, ends=self.reading.ends,
+                             reached=self.reading.reached)
+        self.shares.open()
+
+    def _own(self, shares: frozenset[int]) -> None:
+        sink = self.sink
+        assert isinstance(sink, SharedSink)
+        self.sink_thread.call(sink.own, shares)
+
+    def _read_from(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        sink = self.sink
+        assert isinstance(sink, SharedSink)
+        return self.sink_thread.call(sink.read_from, partitions)
+
     def _refuse_unless_alone(self, what: str) -> None:
         if self.scale_out:
             assert isinstance(self.log, GroupLog)  # __init__ refuses scale_out: group on any other log
-            refuse_unless_alone(self.log, self.group, self.name, what)
+            # A shared sink's members are those of the group dividing its shares.
+            refuse_unless_alone(self.log, self.name if self.shared else self.group, self.name, what)
 
     def _in_flight(self, depth: int) -> InFlight:
         return InFlight(self.sink_thread, self.writer, depth, dropped=self.reading.drop_ahead)

@@ -128,6 +128,13 @@ class DocumentFields(BaseModel):
     max_document_bytes: int = Field(default=DEFAULT_MAX_DOCUMENT_BYTES, ge=1024,
                                     description="a larger document is set aside to the dead letters, "
                                                 "never truncated")
+    member: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$",
+                               description="with scale_out: group, this process's name among the sink's "
+                                           "members (default: the host's name); each member keeps a state of "
+                                           "its own under it and reads every record")
+    shares: int = Field(default=16, ge=1, le=1024,
+                        description="with scale_out: group, how many shares the documents are divided into "
+                                    "among the members (at most this many members write at once)")
 
 
 @dataclass(frozen=True)

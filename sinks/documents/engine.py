@@ -71,6 +71,19 @@ class Engine:
         # Since the start: documents written, written deleted, set aside as too large; row changes stored.
         self.counters = {"documents_written": 0, "documents_deleted": 0, "documents_set_aside": 0, "rows_stored": 0}
         self.building = state.building()
+        # A member of a group (sinks/documents/shared.py): the shares it writes (None: every
+        # document), and the generation whose versions each document's first write after it
+        # gained its share is seeded above (the one it writes).
+        self.owned: frozenset[int] | None = None
+        self.seed_shared: int | None = None
+
+    def own(self, shares: frozenset[int], generation: int) -> None:
+        """A member of a group writes the documents of ``shares`` from now on (shared.py). After
+        a share is gained, each document's first write is seeded above the version generation
+        ``generation`` of the target holds (its previous owner counted its own registers)."""
+        if self.owned is None or shares - self.owned:
+            self.state.unseed()
+        self.owned, self.seed_shared = shares, generation
 
     def apply(self, events: Sequence[SinkEvent]) -> int:
         """Store ``events`` and put the documents they reach in the outbox; returns how many.
@@ -227,18 +240,21 @@ class Engine:
         chunk is assembled while the target takes one (chunks hold different documents)."""
         after: DocumentId | None = None
         waiting: Callable[[], None] | None = None
+        owned = self.owned
         try:
             while True:
-                pending = self.state.outbox(chunk, after)
+                pending = self.state.outbox(chunk, after, owned)
                 if not pending:
                     break
                 generation = self.state.seed_from()
-                if generation is not None and self.seed is not None:  # versions go on from the generation readers see
+                if generation is None:
+                    generation = self.seed_shared
+                if generation is not None and self.seed is not None:  # versions go on from what the target holds
                     need = self.state.unseeded((doc, doc_id) for doc, doc_id, _, _ in pending)
                     if need:
                         self.state.seed(need, self.seed(generation, [(doc, self._key(doc, doc_id))
                                                                      for doc, doc_id in need]))
-                        pending = self.state.outbox(chunk, after)  # the same entries, at their seeded versions
+                        pending = self.state.outbox(chunk, after, owned)  # the same, at their seeded versions
                 after = (pending[-1][0], pending[-1][1])
                 previous, waiting = waiting, self._start(pending, write)
                 if previous is not None:

@@ -20,11 +20,16 @@ file per generation of the target, and the checks that keep state and target in 
   never hands the sink (set aside as poison, compacted away at a partition's end), so a
   committed offset ahead of the state's is normal. A state replaced by an older copy of itself
   is therefore not noticed; do not restore one (delete it, and the sink rebuilds).
+* A member of a group (``scale_out: group``, shared.py) keeps a state of its own,
+  ``<state_dir>/<sink>.<member>.g<N>.db``, and reads from the offsets it holds: a lost one is
+  filled again from offset 0 by streaming, not by a rebuild (which would need every member
+  stopped). Its engine writes only the documents of the shares it owns (``own``).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +49,7 @@ from cdc.api import (
 from sinks.documents.declaration import Document
 from sinks.documents.engine import Engine
 from sinks.documents.plan import Plan, make_plan
-from sinks.documents.state import State, documents_path, state_figures
+from sinks.documents.state import State, documents_path, state_figures, state_offsets
 
 log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 30.0  # how often report() counts the state's rows
@@ -66,9 +71,28 @@ class Keeper:
         self._figured: tuple[float, int, dict[str, Any]] | None = None  # (when, generation, state figures)
         self._answered: dict[str, int] = {}  # topic -> the newest shape version ignored
         self._filled: dict[str, int] = {}    # topic -> the newest shape version a rebuild's fill loaded
+        # A member of a group: its name in the state's file, and the shares it writes (None: all).
+        self.member: str | None = member_name(config) if getattr(config, "scale_out", "single") == "group" else None
+        self.owned: frozenset[int] | None = None if self.member is None else frozenset()
 
     def path(self, generation: int) -> Path:
-        return documents_path(self.config.state_dir, self.sink, generation)
+        name = self.sink if self.member is None else f"{self.sink}.{self.member}"
+        return documents_path(self.config.state_dir, name, generation)
+
+    def read_from(self, generation: int, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """A member's start on ``partitions``: the offsets its state of ``generation`` holds (0
+        where it holds none)."""
+        held = state_offsets(self.path(generation))
+        return {tp: held.get(tp, 0) for tp in partitions}
+
+    def own(self, shares: frozenset[int], generation: int, current: int) -> Engine:
+        """A member writes ``shares`` from now on; returns the engine, whose flush writes the
+        documents of shares it gained (each seeded first above the version the target holds: the
+        previous owner wrote it at its own registers)."""
+        engine = self.engine_for(generation, current)
+        engine.own(shares, generation)
+        self.owned = shares
+        return engine
 
     def make_plan(self) -> Plan:
         """The plan, made at the first call from the newest shape of each joined table (with the
@@ -172,7 +196,7 @@ class Keeper:
         plan = self.make_plan()
         path = self.path(generation)
         fresh = not path.exists()
-        state = State(path, plan)
+        state = State(path, plan, self.config.shares if self.member is not None else 1)
         try:
             if fresh and generation != current:
                 if self.path(current).exists():
@@ -180,7 +204,7 @@ class Keeper:
                 # And above what readers see: the current state may be behind it (lost, restored).
                 state.set_seed_from(current)
                 state.set_building()  # nobody reads it before the switch: load first, assemble once
-            if generation == current:
+            if generation == current and self.member is None:  # a member reads from its state's offsets
                 self._check_behind(state, generation, fresh)
                 if state.seed_from() is not None:  # readers see it (a kill came before switched())
                     state.set_seed_from(None)
@@ -195,6 +219,8 @@ class Keeper:
         context = self.context()
         self.engine = Engine(plan, state, self.config.max_document_bytes, context.delete_read, context.dead_letter,
                              self.held_versions)
+        if self.member is not None and generation == current:  # a rebuild runs alone: it writes everything
+            self.engine.owned, self.engine.seed_shared = self.owned, generation
         self.generation = generation
         return self.engine
 
@@ -335,6 +361,11 @@ class Keeper:
         if self.engine is not None:
             self.engine.state.close()
             self.engine, self.generation = None, None
+
+
+def member_name(config: Any) -> str:
+    """This process's name among a group's members: ``member``, else the host's name."""
+    return config.member or socket.gethostname()
 
 
 def retrying(call: Callable[[], None], what: str, attempts: int = SWITCH_ATTEMPTS,

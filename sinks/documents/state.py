@@ -9,9 +9,11 @@ canonical bytes of the key the row references, null for no reference). Beside th
 
 * ``registers``: each document's version (``R``; the design's section 2), the number written
   with it. It grows with every change that reaches the document.
-* ``outbox``: documents to write, with the version to write them at, and the record whose change
-  reached them last (for a dead letter). A document leaves the outbox once written at that
-  version; a later change puts it back.
+* ``outbox``: documents to write, with the version to write them at, the record whose change
+  reached them last (for a dead letter) and their share (``share_of``: which member of a group
+  writes them; 0 for a sink that runs as one process). A document leaves the outbox once written
+  at that version; a later change puts it back. A member of a group keeps the documents of
+  shares it does not own there until it owns them (sinks/documents/shared.py).
 * ``offsets``: per topic and partition, the next offset to apply. ``truncated``: per table, the
   version of its last truncate (older rows are dead, older writes refused). ``meta``: the plan's
   digest and the source.
@@ -27,6 +29,7 @@ and the other side's walk finds it later.
 from __future__ import annotations
 
 import sqlite3
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -50,11 +53,17 @@ def at_of(partition: int, offset: int) -> int:
     return (partition << AT_SHIFT) | offset
 
 
+def share_of(doc: str, doc_id: bytes, shares: int) -> int:
+    """The share a document belongs to among ``shares``: the same in every member (its name and
+    its root key's bytes, hashed)."""
+    return zlib.crc32(doc_id, zlib.crc32(doc.encode())) % shares if shares > 1 else 0
+
+
 class State:
     """The state file of one generation (one thread uses it)."""
 
-    def __init__(self, path: Path, plan: Plan) -> None:
-        self.path, self.plan = path, plan
+    def __init__(self, path: Path, plan: Plan, shares: int = 1) -> None:
+        self.path, self.plan, self.shares = path, plan, shares
         self.names = {table: f"t{i}" for i, table in enumerate(plan.tables)}
         # Per table: fk column list -> its column (f<j>) and the edge whose key bytes fill it.
         self.fks: dict[str, dict[tuple[str, ...], tuple[str, Any]]] = {}
@@ -88,6 +97,7 @@ class State:
         # A batch of changes rewrites pages all over the file; checkpointing every 64 MiB of WAL
         # rather than SQLite's 4 MiB writes each page back once for many batches.
         self.db.execute("PRAGMA wal_autocheckpoint=16384")
+        self.db.create_function("cdc_share", 2, lambda doc, doc_id: share_of(doc, doc_id, shares), deterministic=True)
         self._create()
 
     def _create(self) -> None:
@@ -104,7 +114,10 @@ class State:
         db.execute("CREATE TABLE IF NOT EXISTS registers (doc TEXT, id BLOB, ver INTEGER NOT NULL, "
                    "PRIMARY KEY (doc, id)) WITHOUT ROWID")
         db.execute("CREATE TABLE IF NOT EXISTS outbox (doc TEXT, id BLOB, ver INTEGER NOT NULL, topic TEXT, "
-                   "part INTEGER, off INTEGER, PRIMARY KEY (doc, id)) WITHOUT ROWID")
+                   "part INTEGER, off INTEGER, share INTEGER, PRIMARY KEY (doc, id)) WITHOUT ROWID")
+        if "share" not in {c for _, c, *_ in db.execute("PRAGMA table_info(outbox)")}:  # made before shares
+            db.execute("ALTER TABLE outbox ADD COLUMN share INTEGER")
+        db.execute("CREATE INDEX IF NOT EXISTS outbox_share ON outbox (share, doc, id)")
         db.execute("CREATE TABLE IF NOT EXISTS offsets (topic TEXT, part INTEGER, next INTEGER NOT NULL, "
                    "PRIMARY KEY (topic, part)) WITHOUT ROWID")
         db.execute("CREATE TABLE IF NOT EXISTS truncated (tbl TEXT PRIMARY KEY, ver INTEGER NOT NULL)")
@@ -117,6 +130,9 @@ class State:
             db.executemany("INSERT INTO meta VALUES (?, ?)", [("digest", self.plan.digest),
                                                              ("source", self.plan.source)])
         self._plain_columns(found)
+        if found.get("shares") != str(self.shares):  # made with another count (or before shares)
+            db.execute("UPDATE outbox SET share = cdc_share(doc, id)")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('shares', ?)", (str(self.shares),))
         db.execute("COMMIT")
         if found and found.get("digest") != self.plan.digest:
             self.db.close()
@@ -353,21 +369,42 @@ class State:
                 held.update(((doc, doc_id), ver) for doc_id, ver in db.execute(
                     f"SELECT id, ver FROM registers WHERE doc = ? AND id IN ({', '.join('?' * len(part))})",
                     (doc, *part)))
-        registers, outbox = [], []
+        registers, outbox, shares = [], [], self.shares
         for (doc, doc_id), (version, (topic, part_, off)) in reached.items():
             register = max(held.get((doc, doc_id), 0) + 1, version)
             registers.append((doc, doc_id, register))
-            outbox.append((doc, doc_id, register, topic, part_, off))
+            outbox.append((doc, doc_id, register, topic, part_, off, share_of(doc, doc_id, shares)))
         db.executemany("INSERT OR REPLACE INTO registers VALUES (?, ?, ?)", registers)
-        db.executemany("INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?)", outbox)
+        db.executemany("INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?, ?)", outbox)
 
-    def outbox(self, limit: int = -1, after: DocumentId | None = None,
+    def outbox(self, limit: int = -1, after: DocumentId | None = None, shares: frozenset[int] | None = None,
                ) -> list[tuple[str, bytes, int, tuple[str, int, int]]]:
-        """The outbox in document order: ``limit`` entries (-1: all) after ``after``."""
-        where, args = ("WHERE (doc, id) > (?, ?) ", after) if after is not None else ("", ())
+        """The outbox in document order (within each share, for ``shares``): ``limit`` entries
+        (-1: all) after ``after``; only those of ``shares`` unless it is None (every entry)."""
+        args: tuple[Any, ...] = ()
+        if shares is None:
+            where, args = ("WHERE (doc, id) > (?, ?) ", after) if after is not None else ("", ())
+            order = "doc, id"
+        else:
+            if not shares:
+                return []
+            where = f"WHERE share IN ({', '.join(str(int(share)) for share in sorted(shares))}) "
+            if after is not None:
+                where += "AND (share, doc, id) > (?, ?, ?) "
+                args = (share_of(after[0], after[1], self.shares), *after)
+            order = "share, doc, id"
         return [(doc, doc_id, ver, (topic, part, off)) for doc, doc_id, ver, topic, part, off in
-                self.db.execute(f"SELECT doc, id, ver, topic, part, off FROM outbox {where}ORDER BY doc, id "
+                self.db.execute(f"SELECT doc, id, ver, topic, part, off FROM outbox {where}ORDER BY {order} "
                                 f"LIMIT ?", (*args, limit))]
+
+    def waiting(self, shares: frozenset[int] | None = None) -> int:
+        """How many documents the outbox holds (of ``shares``; None: all)."""
+        if shares is None:
+            return self.db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        if not shares:
+            return 0
+        return self.db.execute(f"SELECT count(*) FROM outbox WHERE share IN "
+                               f"({', '.join(str(int(share)) for share in sorted(shares))})").fetchone()[0]
 
     def written(self, done: Iterable[tuple[str, bytes, int]]) -> None:
         """Documents written at their outbox version leave it (a later bump's entry stays)."""
@@ -410,6 +447,11 @@ class State:
                 seeded.update((doc, doc_id) for (doc_id,) in self.db.execute(
                     f"SELECT id FROM seeded WHERE doc = ? AND id IN ({', '.join('?' * len(part))})", (doc, *part)))
         return [doc for doc in wanted if doc not in seeded]
+
+    def unseed(self) -> None:
+        """Every document is seeded again before its next write (a member gained shares: the
+        versions their previous owner wrote are read from the target first)."""
+        self.db.execute("DELETE FROM seeded")
 
     def seed(self, docs: list[DocumentId], versions: list[int | None]) -> None:
         """Each document's register (and outbox version) above the version the seeding
@@ -471,8 +513,8 @@ class State:
                            (doc, top, doc))
                 count += db.execute(
                     f"INSERT OR REPLACE INTO outbox SELECT ?, t.pk, r.ver, ?, coalesce(t.at >> {AT_SHIFT}, 0), "
-                    f"coalesce(t.at & {AT_MASK}, -1) FROM {name} t JOIN registers r ON r.doc = ? AND r.id = t.pk "
-                    f"WHERE t.dead = 0", (doc, tplan.topic, doc)).rowcount
+                    f"coalesce(t.at & {AT_MASK}, -1), cdc_share(?, t.pk) FROM {name} t JOIN registers r "
+                    f"ON r.doc = ? AND r.id = t.pk WHERE t.dead = 0", (doc, tplan.topic, doc, doc)).rowcount
             db.execute("DELETE FROM meta WHERE k = 'building'")
             db.execute("COMMIT")
         except BaseException:
@@ -801,3 +843,16 @@ def state_figures(path: Path) -> tuple[int | None, int | None]:
 
 def documents_path(state_dir: Path, sink: str, generation: int) -> Path:
     return state_dir / f"{sink}.g{generation}.db"
+
+
+def state_offsets(path: Path) -> dict[tuple[str, int], int]:
+    """The next offset of each partition a state file holds ({} for none, or no file)."""
+    if not path.exists():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {(t, p): n for t, p, n in db.execute("SELECT topic, part, next FROM offsets")}
+    except sqlite3.OperationalError:  # made but never written (no tables yet)
+        return {}
+    finally:
+        db.close()

@@ -115,9 +115,6 @@ class OpenSearchSinkConfig(SinkConfig, DocumentFields, ShapeCheckedDocuments, Sh
         if self.documents is None:
             return self
         problems = declaration_problems(self.documents, "opensearch")
-        if self.scale_out == "group":
-            problems.append((("scale_out",), "a sink with documents runs as one process: each member of a group "
-                             "would hold only its partitions' rows and assemble partial documents"))
         # Refused, not ignored: with documents the sink keeps no index per table.
         if self.tables:
             problems.append((("tables",), "a sink with documents keeps only documents: give columns, mappings "

@@ -32,9 +32,10 @@ from cdc.api import (
     Sink,
     SinkEvent,
 )
-from sinks.documents.engine import Written
+from sinks.documents.engine import Engine, Written
 from sinks.documents.keeper import Keeper, retrying
 from sinks.documents.plan import NodePlan, Plan
+from sinks.documents.shared import SharedDocuments
 from sinks.opensearch.bulk import BulkWriter, Item, action_line
 from sinks.opensearch.client import make_client
 from sinks.opensearch.config import OpenSearchSinkConfig
@@ -48,7 +49,7 @@ from sinks.opensearch.tombstones import tombstone_body
 log = logging.getLogger(__name__)
 
 
-class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
+class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, SharedDocuments):
     config_model = OpenSearchSinkConfig
     bootstrap_by_rebuild = True
 
@@ -85,6 +86,9 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
     def _writing(self) -> int:
         return self.generation if self.generation is not None else self.generations.state.current
 
+    def _readers(self) -> int:
+        return self.generations.state.current
+
     # --- writing --------------------------------------------------------------------------------
 
     def write(self, events: list[SinkEvent]) -> None:
@@ -93,10 +97,13 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink):
         generation = self._writing()
         engine = self.keeper.apply(events, generation, self.generations.state.current, self.generation is not None, self.shape_of,
                                    self.config.schema_policy)
+        self._flush(engine, generation)
+        self.keeper.report(generation)
+
+    def _flush(self, engine: Engine, generation: int) -> None:
         with self._errors("write"):
             self._ensure_indexes(generation)
             engine.flush(lambda docs: self._send(docs, generation))
-        self.keeper.report(generation)
 
     def _ensure_indexes(self, generation: int) -> None:
         if generation in self.indexes:

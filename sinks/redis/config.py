@@ -86,9 +86,6 @@ class RedisSinkConfig(SinkConfig, DocumentFields, ShapeCheckedDocuments, ShapeCh
         if self.documents is None:
             return self
         problems = declaration_problems(self.documents, "redis")
-        if self.scale_out == "group":
-            problems.append((("scale_out",), "a sink with documents runs as one process: each member of a group "
-                             "would hold only its partitions' rows and assemble partial documents"))
         if self.format not in ("json", "redisjson"):
             problems.append((("format",), f"a document is JSON: format json or redisjson, not {self.format}"))
         # Refused, not ignored: they shape a key per row, which a sink with documents does not keep.

@@ -18,8 +18,9 @@ import logging
 from typing import Any
 
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
-from sinks.documents.engine import Written
+from sinks.documents.engine import Engine, Written
 from sinks.documents.keeper import Keeper, retrying
+from sinks.documents.shared import SharedDocuments
 from sinks.redis.client import translate
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.keys import companion, encode_component, encode_key, namespace
@@ -35,7 +36,7 @@ def document_key(ns: str, document: str, key: dict[str, Any]) -> str:
     return f"{ns}:doc:{encode_component(document)}:{encode_key(key)}"
 
 
-class RedisDocumentSink(Sink, RebuildableSink):
+class RedisDocumentSink(Sink, RebuildableSink, SharedDocuments):
     config_model = RedisSinkConfig
 
     def __init__(self, config: RedisSinkConfig, generation: int | None = None) -> None:
@@ -61,14 +62,20 @@ class RedisDocumentSink(Sink, RebuildableSink):
     def _writing(self) -> int:
         return self.generation if self.generation is not None else self._current
 
+    def _readers(self) -> int:
+        return self._current
+
     def write(self, events: list[SinkEvent]) -> None:
         if self.client is None:
             raise PermanentError(f"redis sink {self.config.name}: call start() first")
         generation = self._writing()
         engine = self.keeper.apply(events, generation, self._current, self.generation is not None, self.shape_of,
                                    self.config.schema_policy)
-        engine.flush(lambda docs: self._send(docs, generation))
+        self._flush(engine, generation)
         self.keeper.report(generation)
+
+    def _flush(self, engine: Engine, generation: int) -> None:
+        engine.flush(lambda docs: self._send(docs, generation))
 
     def _send(self, docs: list[Written], generation: int) -> list[tuple[Written, str]]:
         ns = namespace(self.config.prefix, generation)

@@ -7,8 +7,10 @@ import textwrap
 
 import pytest
 
+from cdc.api import SharedSink
 from cdc.config import parse_config
 from cdc.errors import ConfigError
+from cdc.plugins import sink_class
 from sinks.documents.declaration import Child, Lookup, walk
 from sinks.opensearch.config import OpenSearchSinkConfig
 from sinks.redis.config import RedisSinkConfig
@@ -313,10 +315,26 @@ def test_a_sink_without_documents_reads_no_shapes():
 
 
 @pytest.mark.parametrize("head", [OPENSEARCH, REDIS + "    format: json\n"], ids=["opensearch", "redis"])
-def test_a_sink_of_documents_in_a_consumer_group_is_refused(head):
+def test_a_sink_of_documents_in_a_consumer_group_shares_its_documents_among_members(head):
+    """Members of a document sink each read everything and write a share (sinks/documents/shared.py):
+    accepted on Kafka with a member name and a share count; a name that would not fit a state
+    file or a group id is refused, as a group on the embedded log is."""
+    kafka = "log:\n  kafka: {bootstrap_servers: '127.0.0.1:9092'}\n"
+    body = "    scale_out: group\n    member: host-1\n    shares: 8\n    documents: [{name: orders, table: public.orders}]\n"
+    config = parse_config(kafka + head + body).sinks[0]
+    kind = sink_class(config)
+    assert issubclass(kind, SharedSink) and (config.member, config.shares) == ("host-1", 8)
+    assert kind.reading_group(config) == f"{config.name}.member.host-1"
+    problems = problems_of(kafka + head, """\
+        scale_out: group
+        member: "a/b"
+        documents: [{name: orders, table: public.orders}]
+        """)
+    assert [path for _, path, _ in problems] == ["sinks[0].member"]
     problems = problems_of(head, """\
         scale_out: group
         documents: [{name: orders, table: public.orders}]
         """)
-    assert [(path, "runs as one process" in message) for _, path, message in problems] == \
-        [("sinks[0].scale_out", True)]
+    assert any("Kafka consumer groups" in message for _, _, message in problems), problems
+
+

@@ -27,7 +27,7 @@ def test_there_are_plugin_modules_to_check():
             "snapshot/coordinator.py"} <= names
 
 
-INTERNAL_TOPIC_NAMES = (".offsets", "schema-changes", ".dead-letter.")
+INTERNAL_TOPIC_NAMES = (".offsets", "schema-changes", ".dead-letter.", ".member-shares.")
 
 
 def internal_topic_literals(source: str) -> list[tuple[int, str]]:

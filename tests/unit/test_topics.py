@@ -12,8 +12,9 @@ from cdc.log.embedded import EmbeddedLog
 from cdc.serde import Record
 
 OWN = [topics.offsets_topic("cdc"), topics.schema_changes_topic("cdc"), topics.dead_letter_topic("cdc", "search"),
-       topics.offsets_topic("a.b"), topics.dead_letter_topic("a.b", "wh.2")]
-TABLES = ["cdc.public.orders", "cdc.shop.items", "a.b.public.t", "cdc.public.offsets_archive", "cdc.dead.letter"]
+       topics.offsets_topic("a.b"), topics.dead_letter_topic("a.b", "wh.2"),
+       topics.shares_topic("cdc", "docs")]
+TABLES = ["cdc.public.orders", "cdc.shop.items", "a.b.public.t", "cdc.public.offsets_archive", "cdc.dead.letter", "cdc.shares.docs"]
 
 
 def test_the_framework_topics_are_internal_and_the_tables_are_not():
@@ -29,7 +30,7 @@ def test_the_subscription_lookahead_says_what_internal_topic_says():
 
 def test_a_sink_reads_the_tables_its_globs_match_and_never_a_framework_topic():
     assert topics.table_topics(OWN + TABLES, ["cdc.*"]) == \
-        ["cdc.dead.letter", "cdc.public.offsets_archive", "cdc.public.orders", "cdc.shop.items"]
+        ["cdc.dead.letter", "cdc.public.offsets_archive", "cdc.public.orders", "cdc.shares.docs", "cdc.shop.items"]
     assert topics.table_topics(OWN + TABLES, ["cdc.public.*", "a.b.*"]) == \
         ["a.b.public.t", "cdc.public.offsets_archive", "cdc.public.orders"]
 
