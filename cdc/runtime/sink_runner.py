@@ -192,10 +192,12 @@ class SinkRunner:
                 # reader revokes its partitions).
                 self._writes.drain()
                 shares, self.shares = self.shares, None
-                if shares is not None:
-                    shares.close()
-                reading.close()
-                self.sink_thread.call(self.sink.stop)
+                try:
+                    if shares is not None:
+                        shares.close()
+                finally:
+                    reading.close()
+                    self.sink_thread.call(self.sink.stop)
             finally:
                 self.sink_thread.close()
                 self.letters.close()

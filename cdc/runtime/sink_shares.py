@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from cdc.api.stats import ConnectorStats
-from cdc.errors import RetriableError
+from cdc.errors import ConfigError, RetriableError
 from cdc.log.base import GroupLog, GroupReader, Log, TopicPartition, TopicSettings
 
 log = logging.getLogger(__name__)
@@ -72,9 +72,10 @@ class Shares:
                                  replication_factor=getattr(defaults, "replication_factor", 1))
         self.log.ensure_topic(self.topic, settings)
         found = self.log.partitions(self.topic)
-        if found != self.count:
-            log.warning("%s has %d partitions and the sink's shares say %d: the members divide %d shares",
-                        self.topic, found, self.count, found, extra=self._extra())
+        if found != self.count:  # members would place documents in shares nobody is given
+            raise ConfigError(f"sink {self.stats.name}: {self.topic} has {found} partitions and the sink's "
+                              f"shares say {self.count}: stop every member, delete the topic (it holds no "
+                              f"records) and start them with one shares setting")
         assert isinstance(self.log, GroupLog)
         self.reader = self.log.member_reader(self.group)
         self.reader.subscribe([self.topic], self)
@@ -103,9 +104,11 @@ class Shares:
             self.gained.pop(share, None)
         if not gone & self.owned or self._closing:
             return
-        self._settle(lost)
-        self.owned = self.owned - gone
-        self._hand(self.owned, must=True)
+        try:
+            self._settle(lost)
+        finally:  # even when a write failed: nothing of these shares is written from here on
+            self.owned = self.owned - gone
+            self._hand(self.owned, must=True)
         log.info("group %s: %s shares %s (%d owned)", self.group, "lost" if lost else "revoked", sorted(gone),
                  len(self.owned), extra=self._extra())
 

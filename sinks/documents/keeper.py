@@ -204,8 +204,9 @@ class Keeper:
                 # And above what readers see: the current state may be behind it (lost, restored).
                 state.set_seed_from(current)
                 state.set_building()  # nobody reads it before the switch: load first, assemble once
-            if generation == current and self.member is None:  # a member reads from its state's offsets
-                self._check_behind(state, generation, fresh)
+            if generation == current:
+                if self.member is None:  # a member reads from its state's offsets
+                    self._check_behind(state, generation, fresh)
                 if state.seed_from() is not None:  # readers see it (a kill came before switched())
                     state.set_seed_from(None)
                 if not fresh:

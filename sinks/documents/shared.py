@@ -48,10 +48,14 @@ class SharedDocuments(SharedSink):
         return self.keeper.read_from(self._writing(), partitions)
 
     def own(self, shares: frozenset[int]) -> None:
+        """Shares gained: their documents waiting in the outbox are written now. Shares only
+        lost: nothing is written (a revocation does no I/O)."""
         generation = self._writing()
+        gained = shares - (self.keeper.owned or frozenset())
         engine = self.keeper.own(shares, generation, self._readers())
-        self._flush(engine, generation)
-        self.keeper.report(generation)
+        if gained:
+            self._flush(engine, generation)
+            self.keeper.report(generation)
 
     @abstractmethod
     def _writing(self) -> int: ...

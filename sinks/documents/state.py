@@ -117,7 +117,10 @@ class State:
                    "part INTEGER, off INTEGER, share INTEGER, PRIMARY KEY (doc, id)) WITHOUT ROWID")
         if "share" not in {c for _, c, *_ in db.execute("PRAGMA table_info(outbox)")}:  # made before shares
             db.execute("ALTER TABLE outbox ADD COLUMN share INTEGER")
-        db.execute("CREATE INDEX IF NOT EXISTS outbox_share ON outbox (share, doc, id)")
+        if self.shares > 1:  # a member of a group reads its shares' entries (outbox)
+            db.execute("CREATE INDEX IF NOT EXISTS outbox_share ON outbox (share, doc, id)")
+        else:
+            db.execute("DROP INDEX IF EXISTS outbox_share")
         db.execute("CREATE TABLE IF NOT EXISTS offsets (topic TEXT, part INTEGER, next INTEGER NOT NULL, "
                    "PRIMARY KEY (topic, part)) WITHOUT ROWID")
         db.execute("CREATE TABLE IF NOT EXISTS truncated (tbl TEXT PRIMARY KEY, ver INTEGER NOT NULL)")
