@@ -186,7 +186,10 @@ class SharedSink(Protocol):
       handed over only once this member has read and written the topics up to their ends as of
       the assignment (its state then holds everything the share's previous owner wrote from); a
       share lost is taken away after this member's writes in flight ended, and before the
-      coordinator gives it to another member.
+      coordinator gives it to another member. ``own`` writes at most a slice of what waits in
+      the shares gained, and returns True while some waits: the runtime calls it again with
+      the same shares between batches until it returns False (so the member keeps serving
+      the group). Taking shares away must do no I/O.
 
     ``own`` and ``read_from`` are called on the thread that calls ``write``; ``own`` raises as
     ``write`` does (a ``RetriableError`` is called again later with the same shares).
@@ -203,7 +206,7 @@ class SharedSink(Protocol):
     def read_from(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]: ...
 
     @abstractmethod
-    def own(self, shares: frozenset[int]) -> None: ...
+    def own(self, shares: frozenset[int]) -> bool: ...
 
 
 

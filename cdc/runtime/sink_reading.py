@@ -233,6 +233,19 @@ class SinkReading:
     def reached(self, targets: dict[TopicPartition, int]) -> bool:
         return all(self.positions.get(tp, 0) >= end for tp, end in targets.items())
 
+    def written_to(self, targets: dict[TopicPartition, int]) -> bool:
+        """True when everything up to ``targets`` is written and committed: per partition the
+        commits reach the target, or nothing read there is in flight and the reader stands at or
+        past it (what lies between was compacted away, or set aside)."""
+        positions, ahead = self.positions, self.ahead
+        behind = {tp: end for tp, end in targets.items() if positions.get(tp, 0) < end}
+        if not behind:
+            return True
+        if any(ahead.get(tp, 0) > positions.get(tp, 0) for tp in behind):
+            return False
+        stands = self._standing()
+        return all(stands.get(tp, 0) >= end for tp, end in behind.items())
+
     def done(self, targets: dict[TopicPartition, int]) -> int:
         """How many of the records up to ``targets`` are behind the positions."""
         return sum(min(self.positions.get(tp, 0), end) for tp, end in targets.items())

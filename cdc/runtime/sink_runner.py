@@ -148,12 +148,16 @@ class SinkRunner:
             if rebuild_first:
                 self.rebuilds.until_done(self._writes, stop_event)
                 self.report(self.stats)  # "streaming" again: the supervisor sees the rebuild done
-            if member and self.shared:
-                self._share()
+            # A shared sink's member joins the division of shares once it has caught up with the
+            # log as it found it (a restart, a lost state): no share waits for it meanwhile.
+            join_at = reading.ends() if member and self.shared else None
             targets = reading.ends() if until_caught_up else None
             refreshed = last_report = time.monotonic()
             while not stop_event.is_set():
                 try:
+                    if join_at is not None and reading.written_to(join_at):
+                        join_at = None
+                        self._share()
                     if self.shares is not None:
                         self.shares.poll()
                     self._step()
@@ -301,13 +305,13 @@ class SinkRunner:
         count = self.sink_thread.call(sink.share_count)
         self.shares = Shares(self.log, shares_topic(self.prefix, self.name), count, self.name, self.stats,
                              settle=lambda lost: self._settle_all(), own=self._own, ends=self.reading.ends,
-                             reached=self.reading.reached)
+                             reached=self.reading.written_to)
         self.shares.open()
 
-    def _own(self, shares: frozenset[int]) -> None:
+    def _own(self, shares: frozenset[int]) -> bool:
         sink = self.sink
         assert isinstance(sink, SharedSink)
-        self.sink_thread.call(sink.own, shares)
+        return bool(self.sink_thread.call(sink.own, shares))
 
     def _read_from(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         sink = self.sink

@@ -18,14 +18,23 @@ The hand-over, which is what makes a share's outputs never go back or stay stale
   coordinator waits ``session.timeout.ms`` before it gives its shares away.
 * **A share gained** (``assigned``): the log's end offsets at that moment are noted, and the share
   is handed to the sink (``own`` with it) only once this member has written and committed up to
-  them. Its state then holds every record the previous owner read before it let the share go,
-  so what this member writes of the share is as new as what was written before it; the sink
-  raises its versions above those the store holds (sinks/documents). Until then the share's
-  outputs wait, none lost: the sink keeps what it did not write.
+  them (``SinkReading.written_to``: a partition whose last records were compacted away counts
+  once the reader stands past them). Its state then holds every record the previous owner read
+  before it let the share go, so what this member writes of the share is as new as what was
+  written before it; the sink raises its versions above those the store holds
+  (sinks/documents). Until then the share's outputs wait, none lost: the sink keeps what it did
+  not write. ``own`` writes what waited a slice at a time and says whether more waits; it is
+  called again between batches until nothing does, so the member keeps serving the group.
+* **Joining**: a member subscribes only once it has written up to the log's ends as it found
+  them at its start (the runner), so a restarted member, or one that lost its state and reads
+  everything again, takes no share that would wait for it meanwhile.
 
-A member parted from the group without knowing it (stalled past ``session.timeout.ms``) learns of
-it at its next poll of this reader, which comes before each batch it hands the sink: at most the
-write it was in when it stalled lands after the new owner began.
+A member parted from the group without knowing it (stalled past ``session.timeout.ms``, or a write
+retried for longer than ``max.poll.interval.ms``) learns of it at its next poll of this reader,
+which comes before each batch it hands the sink. The write it was in may land after the new
+owner began; a document it seeds and writes then may show its older content until that
+document's next change, whose version (the source's) is above both members' (the limit is in
+sinks/opensearch/README.md).
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ class Shares:
     once the member's commits reach ``ends``; ``ends()``: the topics' end offsets now."""
 
     def __init__(self, log_: Log, topic: str, count: int, group: str, stats: ConnectorStats, *,
-                 settle: Callable[[bool], None], own: Callable[[frozenset[int]], None],
+                 settle: Callable[[bool], None], own: Callable[[frozenset[int]], bool],
                  ends: Callable[[], dict[TopicPartition, int]],
                  reached: Callable[[dict[TopicPartition, int]], bool]) -> None:
         assert isinstance(log_, GroupLog)  # SinkRunner refuses scale_out: group on any other log
@@ -59,6 +68,7 @@ class Shares:
         self.owned: frozenset[int] = frozenset()   # what the sink writes
         self.gained: dict[int, dict[TopicPartition, int]] = {}  # share -> the ends to reach first
         self.handed: frozenset[int] | None = None  # what the sink was last told (None: never)
+        self.more = False  # the sink still writes what waited in shares gained (own again)
         self._retry_at = 0.0
         self.reader: GroupReader | None = None
         self._closing = False
@@ -118,14 +128,14 @@ class Shares:
         gained whose ends this member reached."""
         assert self.reader is not None
         self.reader.poll(1, 0)  # nobody writes the topic: this only serves the group
-        ready = {share for share, ends in self.gained.items() if self._reached(ends)}
+        ready = {share for share, ends in self.gained.items() if self._reached(ends)} if self.gained else set()
         if ready:
             for share in ready:
                 del self.gained[share]
             self.owned = self.owned | ready
             log.info("group %s: this member writes shares %s from now on (%d owned)", self.group, sorted(ready),
                      len(self.owned), extra=self._extra())
-        if ready or (self.handed != self.owned and time.monotonic() >= self._retry_at):
+        if ready or self.more or (self.handed != self.owned and time.monotonic() >= self._retry_at):
             self._hand(self.owned, must=False)
         self.stats.details["shares_owned"] = len(self.owned)
         self.stats.details["shares_waiting"] = len(self.gained)
@@ -134,12 +144,12 @@ class Shares:
         """``own(shares)``; a retriable failure is tried again later (``must``: a revocation, where
         the sink must stop writing the shares gone now: raised)."""
         try:
-            self._own(shares)
+            self.more = self._own(shares)
             self.handed = shares
         except RetriableError as err:
             if must:
                 raise
-            self.handed = None
+            self.handed, self.more = None, False
             self._retry_at = time.monotonic() + OWN_RETRY_S
             log.warning("group %s: handing shares to the sink failed (%s); trying again in %.0fs", self.group, err,
                         OWN_RETRY_S, extra=self._extra())

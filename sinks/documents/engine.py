@@ -37,6 +37,7 @@ from sinks.documents.plan import Plan
 from sinks.documents.state import DocumentId, State, at_of
 
 log = logging.getLogger(__name__)
+DRAIN_SLICE = 20_000  # documents of shares gained written per ``drain`` (a few seconds)
 
 
 Refused = list[tuple["Written", str]]
@@ -71,19 +72,33 @@ class Engine:
         # Since the start: documents written, written deleted, set aside as too large; row changes stored.
         self.counters = {"documents_written": 0, "documents_deleted": 0, "documents_set_aside": 0, "rows_stored": 0}
         self.building = state.building()
-        # A member of a group (sinks/documents/shared.py): the shares it writes (None: every
-        # document), and the generation whose versions each document's first write after it
-        # gained its share is seeded above (the one it writes).
+        # A member of a group (sinks/documents/shared.py): the shares whose documents ``flush``
+        # writes (None: every document), the shares gained whose waiting documents ``drain``
+        # writes first, in slices, and the generation whose versions each document's first
+        # write after its share was gained is seeded above (the one it writes).
         self.owned: frozenset[int] | None = None
+        self.draining: frozenset[int] = frozenset()
         self.seed_shared: int | None = None
 
     def own(self, shares: frozenset[int], generation: int) -> None:
         """A member of a group writes the documents of ``shares`` from now on (shared.py). After
         a share is gained, each document's first write is seeded above the version generation
         ``generation`` of the target holds (its previous owner counted its own registers)."""
-        if self.owned is None or shares - self.owned:
+        held = (self.owned or frozenset()) | self.draining
+        gained = shares - held
+        if self.owned is None or gained:
             self.state.unseed()
-        self.owned, self.seed_shared = shares, generation
+        self.draining = (self.draining & shares) | gained
+        self.owned = ((self.owned or frozenset()) & shares) - self.draining
+        self.seed_shared = generation
+
+    def drain(self, write: Write, most: int = DRAIN_SLICE) -> bool:
+        """Write at most ``most`` of the documents waiting in the shares gained (``own``); once
+        none waits, those shares are written as the others are. True while some wait."""
+        if self.draining and not self.flush(write, min(2000, most), draining=True, most=most):
+            assert self.owned is not None
+            self.owned, self.draining = self.owned | self.draining, frozenset()
+        return bool(self.draining)
 
     def apply(self, events: Sequence[SinkEvent]) -> int:
         """Store ``events`` and put the documents they reach in the outbox; returns how many.
@@ -233,16 +248,22 @@ class Engine:
             out |= state.documents_of(table, row)
         return out
 
-    def flush(self, write: Write, chunk: int = 2000) -> None:
-        """Write the outbox (see the module docstring), ``chunk`` documents at a time. ``write``
-        returns the documents the target refused for good, with its reason (set aside, as a
-        dead letter each), or a function that waits for the write and returns them: the next
-        chunk is assembled while the target takes one (chunks hold different documents)."""
+    def flush(self, write: Write, chunk: int = 2000, *, draining: bool = False, most: int | None = None) -> bool:
+        """Write the outbox (see the module docstring), ``chunk`` documents at a time: a
+        member's, those of its shares (``draining``: of the shares it gained, at most about
+        ``most``; returns True when some are left). ``write`` returns the documents the target
+        refused for good, with its reason (set aside, as a dead letter each), or a function that
+        waits for the write and returns them: the next chunk is assembled while the target takes
+        one (chunks hold different documents)."""
         after: DocumentId | None = None
         waiting: Callable[[], None] | None = None
-        owned = self.owned
+        owned = self.draining if draining else self.owned
+        started, more = 0, False
         try:
             while True:
+                if most is not None and started >= most:
+                    more = bool(self.state.outbox(1, after, owned))
+                    break
                 pending = self.state.outbox(chunk, after, owned)
                 if not pending:
                     break
@@ -256,6 +277,7 @@ class Engine:
                                                                      for doc, doc_id in need]))
                         pending = self.state.outbox(chunk, after, owned)  # the same, at their seeded versions
                 after = (pending[-1][0], pending[-1][1])
+                started += len(pending)
                 previous, waiting = waiting, self._start(pending, write)
                 if previous is not None:
                     previous()
@@ -268,6 +290,7 @@ class Engine:
             raise
         if waiting is not None:
             waiting()
+        return more
 
     def _start(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]], write: Write) -> Callable[[], None]:
         """``pending`` assembled and handed to ``write``; returns what ends it (waits for the

@@ -28,6 +28,7 @@ file per generation of the target, and the checks that keep state and target in 
 
 from __future__ import annotations
 
+import glob
 import logging
 import socket
 import sqlite3
@@ -74,6 +75,7 @@ class Keeper:
         # A member of a group: its name in the state's file, and the shares it writes (None: all).
         self.member: str | None = member_name(config) if getattr(config, "scale_out", "single") == "group" else None
         self.owned: frozenset[int] | None = None if self.member is None else frozenset()
+        self.draining: frozenset[int] = frozenset()  # gained, their waiting documents being written
 
     def path(self, generation: int) -> Path:
         name = self.sink if self.member is None else f"{self.sink}.{self.member}"
@@ -86,13 +88,20 @@ class Keeper:
         return {tp: held.get(tp, 0) for tp in partitions}
 
     def own(self, shares: frozenset[int], generation: int, current: int) -> Engine:
-        """A member writes ``shares`` from now on; returns the engine, whose flush writes the
-        documents of shares it gained (each seeded first above the version the target holds: the
-        previous owner wrote it at its own registers)."""
+        """A member writes ``shares`` from now on; returns the engine, whose ``drain`` writes the
+        documents waiting in shares it gained (each seeded first above the version the target
+        holds: the previous owner wrote it at its own registers)."""
         engine = self.engine_for(generation, current)
         engine.own(shares, generation)
-        self.owned = shares
+        self.noted(engine)
         return engine
+
+    def noted(self, engine: Engine) -> None:
+        """The engine's shares, kept for the next engine of this process."""
+        self.owned, self.draining = engine.owned, engine.draining
+
+    def held(self) -> frozenset[int]:
+        return (self.owned or frozenset()) | self.draining
 
     def make_plan(self) -> Plan:
         """The plan, made at the first call from the newest shape of each joined table (with the
@@ -206,6 +215,7 @@ class Keeper:
                 state.set_building()  # nobody reads it before the switch: load first, assemble once
             if generation == current:
                 if self.member is None:  # a member reads from its state's offsets
+                    self._check_single(generation)
                     self._check_behind(state, generation, fresh)
                 if state.seed_from() is not None:  # readers see it (a kill came before switched())
                     state.set_seed_from(None)
@@ -221,7 +231,7 @@ class Keeper:
         self.engine = Engine(plan, state, self.config.max_document_bytes, context.delete_read, context.dead_letter,
                              self.held_versions)
         if self.member is not None and generation == current:  # a rebuild runs alone: it writes everything
-            self.engine.owned, self.engine.seed_shared = self.owned, generation
+            self.engine.owned, self.engine.draining, self.engine.seed_shared = self.owned, self.draining, generation
         self.generation = generation
         return self.engine
 
@@ -255,6 +265,16 @@ class Keeper:
         if policy == "fail":
             raise SchemaChangeError(f"{what}; run `cdc rebuild`, or set schema_policy: rebuild")
         log.warning("%s; schema_policy %s: each document takes them at its next change", what, policy)
+
+    def _check_single(self, generation: int) -> None:
+        """One process after members of a group kept ``generation``: its state (if any) is of an
+        earlier time and its registers below the versions members wrote, so the documents are
+        rebuilt (a rebuild's versions start above those readers see)."""
+        members = self._member_states(generation)
+        if members:
+            raise RebuildRequired(f"sink {self.sink}: members of a group kept generation {generation} "
+                                  f"({members[0].name}...); one process keeps it now: the documents are "
+                                  f"rebuilt from the topics")
 
     def _check_behind(self, state: State, generation: int, fresh: bool) -> None:
         """A state holding nothing where the group committed offsets is behind: a rebuild. So
@@ -333,6 +353,12 @@ class Keeper:
         if self.generation == generation:
             self.close()
         _remove(self.path(generation))
+        for path in self._member_states(generation):  # members' states of it, in this directory
+            _remove(path)
+
+    def _member_states(self, generation: int) -> list[Path]:
+        """The state files members of a group kept of ``generation`` here."""
+        return sorted(Path(self.config.state_dir).glob(f"{glob.escape(self.sink)}.*.g{generation}.db"))
 
     def figures(self, generation: int) -> dict[str, Any]:
         rows, size = state_figures(self.path(generation))
@@ -369,7 +395,7 @@ def member_name(config: Any) -> str:
     return config.member or socket.gethostname()
 
 
-def retrying(call: Callable[[], None], what: str, attempts: int = SWITCH_ATTEMPTS,
+def retrying(call: Callable[[], object], what: str, attempts: int = SWITCH_ATTEMPTS,
              sleep: Callable[[float], None] = time.sleep) -> None:
     """``call`` again after a ``RetriableError``, with a backoff, up to ``attempts`` times: the
     switch of a rebuild writes every document, and a store that is briefly away must not throw

@@ -47,15 +47,19 @@ class SharedDocuments(SharedSink):
     def read_from(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         return self.keeper.read_from(self._writing(), partitions)
 
-    def own(self, shares: frozenset[int]) -> None:
-        """Shares gained: their documents waiting in the outbox are written now. Shares only
-        lost: nothing is written (a revocation does no I/O)."""
+    def own(self, shares: frozenset[int]) -> bool:
+        """Shares gained: a slice of their documents waiting in the outbox is written (True
+        while some wait: the runtime calls again). Shares only lost: nothing is written (a
+        revocation does no I/O)."""
         generation = self._writing()
-        gained = shares - (self.keeper.owned or frozenset())
+        before = self.keeper.held()
         engine = self.keeper.own(shares, generation, self._readers())
-        if gained:
-            self._flush(engine, generation)
-            self.keeper.report(generation)
+        if shares < before or not engine.draining:
+            return bool(engine.draining)
+        more = self._flush(engine, generation, drain=True)
+        self.keeper.noted(engine)
+        self.keeper.report(generation)
+        return more
 
     @abstractmethod
     def _writing(self) -> int: ...
@@ -64,4 +68,6 @@ class SharedDocuments(SharedSink):
     def _readers(self) -> int: ...
 
     @abstractmethod
-    def _flush(self, engine: Engine, generation: int) -> None: ...
+    def _flush(self, engine: Engine, generation: int, drain: bool = False) -> bool:
+        """The engine's outbox written into ``generation`` (``drain``: a slice of the shares
+        gained, ``Engine.drain``, returning whether some wait)."""

@@ -100,10 +100,13 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, SharedDocumen
         self._flush(engine, generation)
         self.keeper.report(generation)
 
-    def _flush(self, engine: Engine, generation: int) -> None:
+    def _flush(self, engine: Engine, generation: int, drain: bool = False) -> bool:
         with self._errors("write"):
             self._ensure_indexes(generation)
+            if drain:
+                return engine.drain(lambda docs: self._send(docs, generation))
             engine.flush(lambda docs: self._send(docs, generation))
+        return False
 
     def _ensure_indexes(self, generation: int) -> None:
         if generation in self.indexes:

@@ -74,8 +74,11 @@ class RedisDocumentSink(Sink, RebuildableSink, SharedDocuments):
         self._flush(engine, generation)
         self.keeper.report(generation)
 
-    def _flush(self, engine: Engine, generation: int) -> None:
+    def _flush(self, engine: Engine, generation: int, drain: bool = False) -> bool:
+        if drain:
+            return engine.drain(lambda docs: self._send(docs, generation))
         engine.flush(lambda docs: self._send(docs, generation))
+        return False
 
     def _send(self, docs: list[Written], generation: int) -> list[tuple[Written, str]]:
         ns = namespace(self.config.prefix, generation)
