@@ -19,6 +19,7 @@ cannot say which documents the skipped records changed: the sink asks for a rebu
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -27,6 +28,7 @@ import orjson
 
 from cdc.api import (
     DescribedSink,
+    MaintainedSink,
     PermanentError,
     RebuildableSink,
     Sink,
@@ -44,12 +46,12 @@ from sinks.opensearch.generations import Generations
 from sinks.opensearch.indexes import FILLING_REFRESH, refresh_back, with_refresh
 from sinks.opensearch.mapping import META_PROPERTIES, VERSION_FIELD, field_mapping
 from sinks.opensearch.naming import document_id, generation_index
-from sinks.opensearch.tombstones import tombstone_body
+from sinks.opensearch.tombstones import purge, retention_hours, tombstone_body
 
 log = logging.getLogger(__name__)
 
 
-class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, SharedDocuments):
+class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, MaintainedSink, SharedDocuments):
     config_model = OpenSearchSinkConfig
     bootstrap_by_rebuild = True
 
@@ -65,6 +67,7 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, SharedDocumen
         self.indexes: set[int] = set()   # generations whose indexes exist
         self.counters = {"written": 0, "conflicts": 0, "refused": 0}
         self._running = False
+        self._next_purge = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -82,6 +85,30 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, SharedDocumen
             self.keeper.close()
             self.bulk.close()
             self.client.close()
+
+    def maintain(self) -> None:
+        """While caught up (cdc.api.MaintainedSink): tombstone documents of deleted documents
+        older than ``tombstone_retention_hours`` (default: the root topic's delete.retention.ms)
+        are deleted, every tenth of it and at most hourly. A replay cannot bring one back: the
+        state remembers the delete and refuses older rows, and a document written again gets a
+        version above every one before it (a log position, past the tombstone's by far more than
+        the one the purge's own delete adds while OpenSearch keeps it, ``index.gc_deletes``)."""
+        now = time.monotonic()
+        plan = self.keeper.plan
+        if self.generation is not None or plan is None or now < self._next_purge:
+            return
+        self._next_purge = now + 3600.0
+        configured = self.config.tombstone_retention_hours
+        with self._errors("maintenance"):
+            for document in self.config.documents or []:
+                topic = plan.tables[plan.nodes[plan.roots[document.name]].table].topic
+                hours = retention_hours(configured, None if configured is not None
+                                        else self.context.delete_retention_ms(topic))
+                self._next_purge = min(self._next_purge, now + hours * 360.0)
+                index = generation_index(document.name, self.generations.state.current)
+                if (purged := purge(self.client, index, hours)):
+                    log.info("opensearch sink %s: %s: purged %d tombstone documents older than %s h",
+                             self.config.name, index, purged, hours)
 
     def _writing(self) -> int:
         return self.generation if self.generation is not None else self.generations.state.current

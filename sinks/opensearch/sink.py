@@ -64,7 +64,7 @@ from sinks.opensearch.reading import key_of
 from sinks.opensearch.reading import read_keys as _read_keys
 from sinks.opensearch.reading import read_range as _read_range
 from sinks.opensearch.reading import stored_forms as _stored_forms
-from sinks.opensearch.tombstones import live_versions, purge, tombstone_body
+from sinks.opensearch.tombstones import live_versions, purge, retention_hours, tombstone_body
 
 log = logging.getLogger(__name__)
 
@@ -297,12 +297,8 @@ class OpenSearchSink(Sink, RebuildableSink, DescribedSink, PipelinedSink, Mainta
                                  self.config.name, index, purged, hours)
 
     def _tombstone_hours(self, topic: str) -> float:
-        """How long deletes are remembered: the configured hours, else the topic's
-        delete.retention.ms (what the log can replay), else 24 h (Kafka's default)."""
-        if self.config.tombstone_retention_hours is not None:
-            return self.config.tombstone_retention_hours
-        retention_ms = self.context.delete_retention_ms(topic)
-        return retention_ms / 3_600_000 if retention_ms is not None else 24.0
+        configured = self.config.tombstone_retention_hours
+        return retention_hours(configured, None if configured is not None else self.context.delete_retention_ms(topic))
 
     # --- generations ----------------------------------------------------------------------------
 

@@ -73,6 +73,14 @@ def purge_query(retention_hours: float) -> dict[str, Any]:
                                           {"range": {DELETED_AT_FIELD: {"lt": cutoff}}}]}}}
 
 
+def retention_hours(configured: float | None, delete_retention_ms: int | None) -> float:
+    """How long deletes are remembered: the configured hours, else the topic's
+    delete.retention.ms (what the log can replay), else 24 h (Kafka's default)."""
+    if configured is not None:
+        return configured
+    return delete_retention_ms / 3_600_000 if delete_retention_ms is not None else 24.0
+
+
 def purge(client, index: str, retention_hours: float) -> int:
     """Delete tombstone documents older than the retention; returns how many went."""
     # An index deleted by hand (or never made: a table with no rows yet) has nothing to purge.

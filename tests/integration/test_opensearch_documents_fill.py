@@ -71,3 +71,45 @@ def test_a_filled_generation_has_no_periodic_refresh_until_the_switch(opensearch
     finally:
         sink.stop()
         client.indices.delete(index=f"{alias}*", params={"ignore_unavailable": "true"})
+
+
+def test_tombstone_documents_of_deleted_documents_are_purged_after_their_retention(opensearch_url, tmp_path):
+    """A deleted order leaves a tombstone document (hidden by the alias); while the sink is caught
+    up, ``maintain`` deletes those older than the retention, and the order inserted again later
+    comes back at its version. Live documents stay."""
+    prefix = f"purge{uuid.uuid4().hex[:6]}"
+    alias = f"{prefix}-orders"
+    config = OpenSearchSinkConfig.model_validate(
+        {"name": prefix, "type": "opensearch", "hosts": [opensearch_url], "topics": [f"{prefix}.public.*"],
+         "state_dir": str(tmp_path), "tombstone_retention_hours": 1e-9,  # every tombstone is older than that
+         "documents": [{"name": alias, "table": "public.orders"}]})
+
+    def order(offset: int, order_id: int, version: int, op: Op = Op.CREATE) -> SinkEvent:
+        after = None if op is Op.DELETE else {"id": order_id, "customer_id": version}
+        return SinkEvent(f"{prefix}.public.orders", 0, offset, {"id": order_id}, op, None, after, version,
+                         {"table": "orders", "schema": "public"})
+
+    client = OpenSearch(opensearch_url)
+    sink = OpenSearchDocumentSink(config)
+    sink.attach(Shop(prefix, prefix))
+    sink.start()
+    tombstones = {"query": {"term": {"__cdc_deleted": True}}}
+    try:
+        sink.write([order(0, 7, 10), order(1, 8, 11)])
+        sink.write([order(2, 7, 12, Op.DELETE)])
+        index = f"{alias}__g{sink.current_generation()}"
+        client.indices.refresh(index=index)
+        assert client.count(index=index, body=tombstones)["count"] == 1
+        sink.maintain()
+        assert client.count(index=index, body=tombstones)["count"] == 0
+        assert client.count(index=index)["count"] == 1  # order 8 stays
+        # Versions are log positions: the next change of a key is many past its delete (the purge's
+        # own delete holds the tombstone's version + 1 for index.gc_deletes).
+        sink.write([order(3, 7, 40)])
+        client.indices.refresh(index=index)
+        found = client.get(index=alias, id="7")
+        assert found["_source"]["customer_id"] == 40 and found["_version"] == 40
+        assert sink.counters["conflicts"] == 0
+    finally:
+        sink.stop()
+        client.indices.delete(index=f"{alias}*", params={"ignore_unavailable": "true"})
