@@ -43,7 +43,8 @@ class RebuildableSink(Protocol):
     readers keep seeing the current one; ``switch_generation(n)`` makes readers see n, atomically;
     ``drop_generation(m)`` retires one. The runtime calls them on the thread that calls ``write``:
     open, write every event from offset 0 up to the topics' ends, switch, commit the offsets,
-    drop the old one. A rebuild stopped half way leaves readers on the old generation; the next
+    drop the old one. A ``switch_generation`` that raises a retriable error is called again
+    (with a backoff, until it succeeds or the runner stops): it must resume where it stopped. A rebuild stopped half way leaves readers on the old generation; the next
     ``open_generation`` of the same number starts it empty again.
     """
 

@@ -11,7 +11,10 @@ A rebuild (``cdc rebuild``, or the runner's answer to ``RebuildRequired``) of a
    to the newest version per key, loaded in bulk where the generation holds none of their keys
    (window_fill.py). Either way nothing is committed yet.
 3. ``switch_generation(new)``: readers see the new generation. Only then are the positions
-   committed, and ``drop_generation(old)`` follows.
+   committed, and ``drop_generation(old)`` follows. A switch that fails retriably (a store
+   briefly away while a sink writes its documents at the switch) is called again with a backoff
+   (1 s doubling to 30 s) until it succeeds or the runner stops, the phase ``retrying`` meanwhile:
+   the fill is not thrown away for it.
 
 A failure, a stop or a kill before the switch leaves readers on the old generation and the
 group's commits where they were; the next rebuild opens the new generation empty again and
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from cdc import bulk_window
 from cdc.api import BulkLoadableSink, RebuildableSink, Sink, SinkEvent
 from cdc.api.stats import ConnectorStats
-from cdc.errors import PermanentError, RebuildRequired
+from cdc.errors import CdcError, PermanentError, RebuildRequired
 from cdc.log.base import TopicPartition
 from cdc.runtime.sink_reading import SinkReading
 from cdc.runtime.sink_thread import SinkThread
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 # A fill goes on to the topics' later ends (at most GO_ON_ROUNDS times) while they grew meanwhile by
 # GO_ON_RECORDS records or more.
 GO_ON_ROUNDS, GO_ON_RECORDS = 20, 20_000
+SWITCH_BACKOFF_FIRST, SWITCH_BACKOFF_MAX = 1.0, 30.0  # a switch that failed retriably, called again
 
 
 class Rebuilds:
@@ -117,12 +121,37 @@ class Rebuilds:
         reading.assign_from(dict(reading.positions))
         log.info("generation %d filled in %.1fs; switching to it (a sink may write it in full first)", new,
                  time.monotonic() - began, extra=self._extra())
-        call(sink.switch_generation, new)
+        self._switch(new, old, stop_event)
         reading.commit_positions()
         call(sink.drop_generation, old)
         self.stats.phase = "streaming"
         log.info("rebuilt into generation %d in %.1fs; readers switched; generation %d dropped", new,
                  time.monotonic() - began, old, extra=self._extra())
+
+    def _switch(self, new: int, old: int, stop_event: threading.Event) -> None:
+        """``switch_generation(new)``, again after a retriable error until it succeeds or the
+        runner stops (RebuildableSink: a switch called again resumes)."""
+        sink, backoff = self.sink, SWITCH_BACKOFF_FIRST
+        assert isinstance(sink, RebuildableSink)
+        while True:
+            try:
+                self.sink_thread.call(sink.switch_generation, new)
+            except CdcError as err:
+                if not err.retriable:
+                    raise
+                self.stats.failed_attempt(err)
+                self.report(self.stats)
+                log.warning("switching to generation %d failed (%s); retrying in %.0fs", new, err, backoff,
+                            extra=self._extra())
+                if stop_event.wait(backoff):
+                    raise PermanentError(f"sink {self.name}: stopped while switching to generation {new}; readers "
+                                         f"still see {old}; start again to redo the rebuild") from err
+                backoff = min(backoff * 2, SWITCH_BACKOFF_MAX)
+                continue
+            if self.stats.phase == "retrying":
+                self.stats.progressed("rebuilding")
+                self.report(self.stats)
+            return
 
     def _fill_in_batches(self, writes: InFlight, targets: dict[TopicPartition, int], halt: Callable[[], None]) -> None:
         """The new generation written batch by batch, as the topics are read."""

@@ -54,7 +54,6 @@ from sinks.documents.state import State, documents_path, state_figures, state_of
 
 log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 30.0  # how often report() counts the state's rows
-SWITCH_ATTEMPTS = 8  # retrying(): about two minutes of backoff in all
 HeldVersions = Callable[[int, list[tuple[str, dict[str, Any]]]], list[int | None]]
 
 
@@ -393,24 +392,6 @@ class Keeper:
 def member_name(config: Any) -> str:
     """This process's name among a group's members: ``member``, else the host's name."""
     return config.member or socket.gethostname()
-
-
-def retrying(call: Callable[[], object], what: str, attempts: int = SWITCH_ATTEMPTS,
-             sleep: Callable[[float], None] = time.sleep) -> None:
-    """``call`` again after a ``RetriableError``, with a backoff, up to ``attempts`` times: the
-    switch of a rebuild writes every document, and a store that is briefly away must not throw
-    the whole fill away (the outbox keeps what is not written yet, so a call resumes)."""
-    backoff = 1.0
-    for attempt in range(1, attempts + 1):
-        try:
-            call()
-            return
-        except RetriableError as err:
-            if attempt == attempts:
-                raise
-            log.warning("%s: %s; trying again in %.0fs (attempt %d of %d)", what, err, backoff, attempt, attempts)
-            sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
 
 
 def _newest_shapes(events: list[SinkEvent]) -> dict[str, tuple[int, SinkEvent]]:

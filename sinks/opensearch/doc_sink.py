@@ -35,7 +35,7 @@ from cdc.api import (
     SinkEvent,
 )
 from sinks.documents.engine import Engine, Written
-from sinks.documents.keeper import Keeper, retrying
+from sinks.documents.keeper import Keeper
 from sinks.documents.plan import NodePlan, Plan
 from sinks.documents.shared import SharedDocuments
 from sinks.opensearch.bulk import BulkWriter, Item, action_line
@@ -228,13 +228,13 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, MaintainedSin
         self.generation = generation
 
     def switch_generation(self, generation: int) -> None:
+        """Every document written into ``generation``, then the aliases moved. Called again
+        after a retriable error (the runtime's rebuild), it resumes: the outbox keeps what is
+        not written yet."""
         engine = self.keeper.finish(generation, self.generations.state.current)
-
-        def written() -> None:
-            with self._errors(f"switch_generation({generation}): writing its documents"):
-                self._ensure_indexes(generation)
-                engine.flush(lambda docs: self._send(docs, generation))
-        retrying(written, f"opensearch sink {self.config.name}: switch_generation({generation})")
+        with self._errors(f"switch_generation({generation}): writing its documents"):
+            self._ensure_indexes(generation)
+            engine.flush(lambda docs: self._send(docs, generation))
         with self._errors(f"switch_generation({generation})"):
             self.generations.switch(generation, lambda alias, topic: None, self._finish_fill)
         self.keeper.switched(generation)

@@ -19,7 +19,7 @@ from typing import Any
 
 from cdc.api import PermanentError, RebuildableSink, RetriableError, Sink, SinkEvent
 from sinks.documents.engine import Engine, Written
-from sinks.documents.keeper import Keeper, retrying
+from sinks.documents.keeper import Keeper
 from sinks.documents.shared import SharedDocuments
 from sinks.redis.client import translate
 from sinks.redis.config import RedisSinkConfig
@@ -122,8 +122,7 @@ class RedisDocumentSink(Sink, RebuildableSink, SharedDocuments):
 
     def switch_generation(self, generation: int) -> None:
         engine = self.keeper.finish(generation, self._current)
-        retrying(lambda: engine.flush(lambda docs: self._send(docs, generation)),
-                 f"redis sink {self.config.name}: switch_generation({generation})")
+        engine.flush(lambda docs: self._send(docs, generation))  # called again after a retriable error: resumes
         self.generations.switch(generation)
         self.keeper.switched(generation)
         self._current = generation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 import pytest
@@ -183,6 +184,43 @@ def test_rebuild_required_builds_a_new_generation_and_switches(log):
     assert sink.switched == [2] and set(sink.generations) == {2}
     assert {k: v[1]["v"] for k, v in sink.generations[2].items()} == \
         {orjson.dumps({"id": i}): 270 + i for i in range(30)}
+
+
+def test_a_switch_that_fails_retriably_is_called_again_showing_retrying_and_a_stop_ends_it(log):
+    """The switch of a rebuild (a document sink writes every document then) meets a store that is
+    briefly away: it is called again, the phase ``retrying`` meanwhile, and the fill is kept. A
+    stop during those retries ends the run at once, readers still on the old generation."""
+    _publish(log, 300, keys=30)
+    sink = RecordingSink(_config(), rebuild_once_at=7)
+    switch, failures = sink.switch_generation, [2]
+
+    def switching(generation):
+        if failures[0]:
+            failures[0] -= 1
+            raise RetriableError("the store is away")
+        switch(generation)
+    sink.switch_generation = switching
+    phases: list[str] = []
+    runner = SinkRunner(sink, log, "p", report=lambda stats: phases.append(stats.phase))
+    _run_until_caught_up(runner)
+    assert sink.switched == [2] and set(sink.generations) == {2}
+    assert "retrying" in phases and phases.index("retrying") < len(phases) - 1 and phases[-1] != "retrying"
+    assert runner.stats.attempts == 0 and runner.stats.last_error is None
+
+    _publish(log, 30, keys=30, prefix="q")
+    stuck = RecordingSink(SinkConfig(name="stuck", type="recording", topics=["q.*"], batch_size=50,
+                                     batch_wait_ms=10), rebuild_once_at=7)
+    stop, tried = threading.Event(), []
+
+    def away(generation):
+        tried.append(generation)
+        stop.set()  # a stop comes while the switch waits to be tried again
+        raise RetriableError("the store is away")
+    stuck.switch_generation = away
+    began = time.monotonic()
+    with pytest.raises(PermanentError, match="stopped while switching to generation 2; readers still see 1"):
+        SinkRunner(stuck, log, "q").run(stop)
+    assert tried == [2] and stuck.current == 1 and time.monotonic() - began < 30
 
 
 def test_a_rebuild_goes_on_to_the_ends_the_topics_grew_to_meanwhile(log):

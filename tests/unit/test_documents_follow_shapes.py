@@ -146,26 +146,6 @@ def test_a_joined_table_whose_topic_is_not_made_yet_counts_as_empty(tmp_path):
     log.close()
 
 
-def test_the_switch_writes_again_after_a_store_briefly_away(tmp_path):
-    """keeper.retrying: a RetriableError is tried again with a growing backoff, a lasting one raised."""
-    from cdc.api import RetriableError
-    from sinks.documents.keeper import retrying
-
-    calls, slept = [], []
-
-    def flaky() -> None:
-        calls.append(1)
-        if len(calls) < 3:
-            raise RetriableError("connection reset")
-
-    retrying(flaky, "switch", sleep=slept.append)
-    assert len(calls) == 3 and slept == [1.0, 2.0]
-    with pytest.raises(RetriableError, match="still away"):
-        retrying(lambda: (_ for _ in ()).throw(RetriableError("still away")), "switch", attempts=4,
-                 sleep=slept.append)
-    assert slept[2:] == [1.0, 2.0, 4.0]
-
-
 def test_figures_that_cannot_be_counted_never_fail_a_write(tmp_path, monkeypatch):
     import sqlite3
 
