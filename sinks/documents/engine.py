@@ -78,6 +78,7 @@ class Engine:
         # write after its share was gained is seeded above (the one it writes).
         self.owned: frozenset[int] | None = None
         self.draining: frozenset[int] = frozenset()
+        self._sending: set[tuple[str, bytes, int]] = set()  # outbox entries whose write is in flight
         self.seed_shared: int | None = None
 
     def own(self, shares: frozenset[int], generation: int) -> None:
@@ -255,9 +256,18 @@ class Engine:
         refused for good, with its reason (set aside, as a dead letter each), or a function that
         waits for the write and returns them: the next chunk is assembled while the target takes
         one (chunks hold different documents)."""
+        return self._flush(write, chunk, self.draining if draining else self.owned, most, hold=False)[0]
+
+    def submit(self, write: Write, chunk: int = 2000) -> Callable[[], None] | None:
+        """``flush`` up to the last chunk handed to ``write``: returns what waits for it (None:
+        nothing was written). A document whose write is in flight is not written again meanwhile;
+        it leaves the outbox when that write ends."""
+        return self._flush(write, chunk, self.owned, None, hold=True)[1]
+
+    def _flush(self, write: Write, chunk: int, owned: frozenset[int] | None, most: int | None,
+               hold: bool) -> tuple[bool, Callable[[], None] | None]:
         after: DocumentId | None = None
         waiting: Callable[[], None] | None = None
-        owned = self.draining if draining else self.owned
         started, more = 0, False
         try:
             while True:
@@ -277,6 +287,10 @@ class Engine:
                                                                      for doc, doc_id in need]))
                         pending = self.state.outbox(chunk, after, owned)  # the same, at their seeded versions
                 after = (pending[-1][0], pending[-1][1])
+                if self._sending:
+                    pending = [p for p in pending if (p[0], p[1], p[2]) not in self._sending]
+                    if not pending:
+                        continue
                 started += len(pending)
                 previous, waiting = waiting, self._start(pending, write)
                 if previous is not None:
@@ -288,9 +302,11 @@ class Engine:
                 except Exception:  # noqa: BLE001 - logged; the first error goes on
                     log.exception("documents: a write in flight failed too")
             raise
+        if hold:
+            return more, waiting
         if waiting is not None:
             waiting()
-        return more
+        return more, None
 
     def _start(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]], write: Write) -> Callable[[], None]:
         """``pending`` assembled and handed to ``write``; returns what ends it (waits for the
@@ -302,16 +318,21 @@ class Engine:
                 out = self._assemble(pending, built)
         except sqlite3.Error as err:
             raise RetriableError(f"documents state {self.state.path}: {err}") from err
+        sending = {(doc, doc_id, version) for doc, doc_id, version, _ in pending}
         answer = write(out)
+        self._sending |= sending
 
         def end() -> None:
-            refused = answer() if callable(answer) else answer
-            for written, reason in refused:
-                self._set_aside(*self._origin(pending, written), written.document, written.key,
-                                f"document {written.document} refused by the target: {reason}")
-            self.counters["documents_written"] += sum(1 for w in out if w.body is not None)
-            self.counters["documents_deleted"] += sum(1 for w in out if w.body is None)
-            self.state.written((doc, doc_id, version) for doc, doc_id, version, _ in pending)
+            try:
+                refused = answer() if callable(answer) else answer
+                for written, reason in refused:
+                    self._set_aside(*self._origin(pending, written), written.document, written.key,
+                                    f"document {written.document} refused by the target: {reason}")
+                self.counters["documents_written"] += sum(1 for w in out if w.body is not None)
+                self.counters["documents_deleted"] += sum(1 for w in out if w.body is None)
+                self.state.written(sending)
+            finally:  # written, or left in the outbox for the next flush
+                self._sending -= sending
         return end
 
     def _assemble(self, pending: list[tuple[str, bytes, int, tuple[str, int, int]]],

@@ -30,6 +30,7 @@ from cdc.api import (
     DescribedSink,
     MaintainedSink,
     PermanentError,
+    PipelinedSink,
     RebuildableSink,
     Sink,
     SinkEvent,
@@ -51,7 +52,7 @@ from sinks.opensearch.tombstones import purge, retention_hours, tombstone_body
 log = logging.getLogger(__name__)
 
 
-class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, MaintainedSink, SharedDocuments):
+class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, MaintainedSink, PipelinedSink, SharedDocuments):
     config_model = OpenSearchSinkConfig
     bootstrap_by_rebuild = True
 
@@ -126,6 +127,28 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, MaintainedSin
                                    self.config.schema_policy)
         self._flush(engine, generation)
         self.keeper.report(generation)
+
+    def submit(self, events: list[SinkEvent]) -> Submitted | None:
+        """``write`` up to the last chunk of documents handed to the bulk writer
+        (cdc.api.PipelinedSink): the next batch is stored and its documents assembled while
+        OpenSearch indexes this one's. None (a barrier, then ``write``) while the generation's
+        indexes are not made yet. Nothing is lost to a kill meanwhile: a document leaves the
+        state's outbox only once its write ended."""
+        if not self._running:
+            raise PermanentError(f"opensearch sink {self.config.name}: not running (call start() first)")
+        generation = self._writing()
+        if generation not in self.indexes:
+            return None
+        engine = self.keeper.apply(events, generation, self.generations.state.current, self.generation is not None,
+                                   self.shape_of, self.config.schema_policy)
+        with self._errors("write"):
+            waiting = engine.submit(lambda docs: self._send(docs, generation))
+        self.keeper.report(generation)
+        return Submitted(self, waiting)
+
+    @property
+    def writes_in_flight(self) -> int:
+        return self.config.writes_in_flight
 
     def _flush(self, engine: Engine, generation: int, drain: bool = False) -> bool:
         with self._errors("write"):
@@ -271,6 +294,19 @@ class OpenSearchDocumentSink(Sink, RebuildableSink, DescribedSink, MaintainedSin
 
     def _errors(self, what: str) -> AbstractContextManager[None]:
         return translating(f"opensearch sink {self.config.name}: {what}", self.config.hosts)
+
+
+class Submitted:
+    """A submitted write (cdc.api.WriteCompletion): ``wait`` ends its last chunk."""
+
+    def __init__(self, sink: OpenSearchDocumentSink, waiting: Callable[[], None] | None) -> None:
+        self.sink, self.waiting = sink, waiting
+
+    def wait(self) -> None:
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None:
+            with self.sink._errors("write"):
+                waiting()
 
 
 def _item(index: str, doc_id: str, version: int, body: bytes, doc: Written) -> Item:

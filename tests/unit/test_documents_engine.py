@@ -13,10 +13,11 @@ from collections import deque
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc.api import CapturedShape, CapturedShapes, Op, SinkEvent
+from cdc.api import CapturedShape, CapturedShapes, Op, RetriableError, SinkEvent
 from cdc.events import Column
 from sinks.documents.declaration import Document
 from sinks.documents.engine import Engine, Written
@@ -728,3 +729,39 @@ def test_the_sql_assembly_makes_the_python_bytes_whatever_the_values(tmp_path_fa
         assert [item["line_no"] for item in document["items"]] == want + sorted(k for k, v in kept.items() if v is None)
     finally:
         state.close()
+
+
+def test_a_submitted_write_is_not_sent_again_while_in_flight_and_a_failed_one_stays_in_the_outbox(tmp_path):
+    """Engine.submit (the OpenSearch document sink's writes in flight): the next batch's flush
+    skips documents whose write is in flight; a write that fails when waited for leaves them in
+    the outbox, and the next flush writes them."""
+    source = Source()
+    shop(source)
+    sink = make_sink(tmp_path)
+    held: list[list[Written]] = []
+
+    def later(written: list[Written]):
+        held.append(written)
+        return lambda: sink.target.write(written)
+    sink.engine.apply(source.all_events())
+    first = sink.engine.submit(later)
+    assert first is not None and len(held) == 1 and sink.target.docs == {}
+    sink.engine.apply([source.upsert(CUSTOMERS, {"id": 2, "name": "bob"})])  # reaches no document
+    assert sink.engine.submit(later) is None and len(held) == 1  # order 1 is in flight: not sent twice
+    first()
+    assert sink.state.outbox() == [] and sink.target.body(1)[1] == joined(source.rows, 1)
+
+    sink.engine.apply([source.upsert(ORDERS, {"id": 1, "customer_id": 2, "note": "moved"})])
+
+    def failing(written: list[Written]):
+        def end():
+            raise RetriableError("the node went away")
+        return end
+    broken = sink.engine.submit(failing)
+    assert broken is not None
+    with pytest.raises(RetriableError):
+        broken()
+    assert len(sink.state.outbox()) == 1
+    sink.engine.flush(sink.target.write)
+    assert sink.state.outbox() == [] and sink.target.body(1)[1] == joined(source.rows, 1)
+    sink.state.close()

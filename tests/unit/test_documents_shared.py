@@ -63,8 +63,9 @@ class Member:
         self.engine.flush(self.target.write)
 
     def owned(self) -> frozenset[int]:
+        """The shares the runtime gave it: written, or being drained first."""
         assert self.engine.owned is not None
-        return self.engine.owned
+        return self.engine.owned | self.engine.draining
 
     def give(self, shares: frozenset[int]) -> None:
         self.engine.own(shares, 1)
