@@ -4,6 +4,7 @@ OpenSearch node from the same PostgreSQL server, by ``cdc run`` and by pgsync, i
     .venv/bin/cdc dev up --only postgres opensearch redis
     .venv/bin/python -m bench.pgsync_documents [--orders 1000000] [--items 5] [--updates 100000]
                                                [--contenders ours,pgsync] [--timeout 3600]
+                                               [--sink-setting writes_in_flight=1]
 
 pgsync (PyPI ``pgsync``, pinned to PGSYNC_VERSION) runs from a virtualenv of its own, made on
 first use in ``.cdc/bench/pgsync-venv`` (``python -m venv`` and ``pip install``: its SQLAlchemy,
@@ -358,7 +359,9 @@ def run_contender(label: str, args, settings: dict[str, str], run_id: str,
             print(f"{label}: loaded {args.orders:,} orders, {args.orders * args.items:,} items in "
                   f"{time.perf_counter() - began:.1f}s ({load()})", flush=True)
             if label == "ours":
-                (directory / "cdc.yaml").write_text(OURS_CONFIG.format(prefix=prefix, dsn=dsn, url=url))
+                config = OURS_CONFIG.format(prefix=prefix, dsn=dsn, url=url)
+                extra = "".join(f"    {k}: {v}\n" for k, v in (s.split("=", 1) for s in args.sink_setting))
+                (directory / "cdc.yaml").write_text(config.replace("    documents:\n", extra + "    documents:\n", 1))
                 command = [sys.executable, "-m", "cdc.cli", "run", str(directory / "cdc.yaml")]
                 env = None
             else:
@@ -451,6 +454,8 @@ def main() -> None:
     parser.add_argument("--txn-rows", type=int, default=1000, help="updates per transaction")
     parser.add_argument("--contenders", default="ours,pgsync", help="which run, in this order")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds each phase may take at most")
+    parser.add_argument("--sink-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of our sink (writes_in_flight=1 ...), repeatable")
     parser.add_argument("--logs", type=Path, help="a folder to copy each contender's output into")
     args = parser.parse_args()
     if args.updates > args.orders:
