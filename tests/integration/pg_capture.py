@@ -16,6 +16,7 @@ import orjson
 import psycopg2
 import pytest
 
+from cdc.errors import CdcError
 from cdc.log.base import Log, TopicSettings
 from cdc.log.embedded import EmbeddedLog
 from cdc.offsets import OffsetStore
@@ -53,25 +54,42 @@ def slot_name(config: PostgresConfig, dsn: str) -> str:
 
 
 class Capture:
-    """A SourceRunner on a thread, against ``log``; ``stop()`` drains it like SIGTERM does."""
+    """A SourceRunner on a thread, against ``log``; ``stop()`` drains it like SIGTERM does.
+    ``restarts``: a retriable error starts the source again from its stored position, as the
+    daemon's supervisor does (``restarted`` counts them); else it is the capture's error."""
 
-    def __init__(self, config, log: Log, prefix: str) -> None:
-        from cdc.plugins import source_plugin
-
-        self.log, self.prefix, self.config = log, prefix, config
+    def __init__(self, config, log: Log, prefix: str, restarts: bool = False) -> None:
+        self.log, self.prefix, self.config, self.restarts = log, prefix, config, restarts
         self.offsets = OffsetStore(log, prefix)
-        self.source = source_plugin(config.type)(config, self.offsets.load(config.name))
-        self.runner = SourceRunner(self.source, log, self.offsets, prefix, TopicSettings(partitions=2),
-                                   offset_interval=0.2)
+        self._make()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
+        self.restarted = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    def _make(self) -> None:
+        from cdc.plugins import source_plugin
+
+        self.source = source_plugin(self.config.type)(self.config, self.offsets.load(self.config.name))
+        self.runner = SourceRunner(self.source, self.log, self.offsets, self.prefix, TopicSettings(partitions=2),
+                                   offset_interval=0.2)
+
     def _run(self) -> None:
-        try:
-            self.runner.run(self.stop_event)
-        except BaseException as err:  # noqa: BLE001 - reported by stop()
-            self.error = err
+        while True:
+            try:
+                self.runner.run(self.stop_event)
+                return
+            except CdcError as err:
+                if not (self.restarts and err.retriable) or self.stop_event.is_set():
+                    self.error = err
+                    return
+                self.restarted += 1
+                if self.stop_event.wait(1.0):
+                    return
+                self._make()
+            except BaseException as err:  # noqa: BLE001 - reported by stop()
+                self.error = err
+                return
 
     def start(self) -> Capture:
         self.thread.start()
@@ -86,8 +104,8 @@ class Capture:
 
 
 @contextmanager
-def capturing(config, log: Log, prefix: str):
-    capture = Capture(config, log, prefix).start()
+def capturing(config, log: Log, prefix: str, restarts: bool = False):
+    capture = Capture(config, log, prefix, restarts).start()
     try:
         yield capture
     finally:
