@@ -76,10 +76,12 @@ class StopSignals:
         finally:
             os.close(read)
 
-    def uninstall(self) -> None:
-        """The previous handlers again; a signal that came before still sets the event."""
+    def uninstall(self, then: Any = None) -> None:
+        """The previous handlers again (``then``: that handler instead, such as ``SIG_IGN`` for
+        a process about to exit, which a late signal of a burst must not kill with SIGINT's
+        default); a signal that came before still sets the event."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, handler if then is None else then)
         self._previous.clear()
         if self._watcher is not None:
             os.close(self._wake)  # the watcher reads what is left, then the end of the pipe

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -418,7 +419,9 @@ class Supervisor:
                 self.stopping.wait(0.2)
             self._shutdown()
         finally:
-            signals.uninstall()
+            # `cdc run` exits after this: a signal of a stop burst arriving now (late, on a busy
+            # machine) changes nothing, rather than ending the exit with SIGINT's default (-2).
+            signals.uninstall(then=signal.SIG_IGN)
             if self.sink_lag is not None:
                 self.sink_lag.stop()
             if self.verify is not None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,24 @@ def test_signals_set_the_event_and_the_previous_handlers_come_back():
         os.kill(os.getpid(), signal.SIGTERM)  # a second one changes nothing
         assert stop.wait(10)
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_process_about_to_exit_ignores_a_late_signal_of_the_burst():
+    """The supervisor's end (``uninstall(then=SIG_IGN)``): a SIGINT arriving after its drain, a
+    burst's last one delayed on a busy machine, is ignored rather than killing it with -2."""
+    import signal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals = StopSignals()
+    signals.install()
+    signals.uninstall(then=signal.SIG_IGN)
+    try:
+        assert {s: signal.getsignal(s) for s in before} == {s: signal.SIG_IGN for s in before}
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt
+        time.sleep(0.05)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 FORKED = textwrap.dedent("""
