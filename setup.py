@@ -1,9 +1,9 @@
 """The optional C parts, one concern each: cdc/_encode.c (a capture's envelope encoding loop),
-cdc/_decode.c (the sink side's envelope decoders and the cut by shape), cdc/_copytext.c (SQL COPY
-text of rows left as JSON bytes), cdc/_records.c (Kafka messages to records, the produce call,
-packed record headers), cdc/_window.c (the newest version per key of a bulk load's window),
-sinks/opensearch/_lines.c (the OpenSearch sink's reduction and bulk lines),
-sources/mysql/_rowdecode.c (binlog row images of the common column types),
+cdc/_avro.c (Avro binary of a compiled schema), cdc/_decode.c (the sink side's envelope decoders and
+the cut by shape), cdc/_copytext.c (SQL COPY text of rows left as JSON bytes), cdc/_records.c (Kafka
+messages to records, the produce call, packed record headers), cdc/_window.c (the newest version per
+key of a bulk load's window), sinks/opensearch/_lines.c (the OpenSearch sink's reduction and bulk
+lines), sources/mysql/_rowdecode.c (binlog row images of the common column types),
 sources/postgres/_copyjson.c (the snapshot's row JSON from COPY text, and its COPY read in blocks
 over the system's libpq, built only where libpq's headers are: apt's libpq-dev), cdc/_rdconsume.c (a
 bulk load's Kafka reader) and cdc/_rdproduce.c (snapshot rows to Kafka a block per call), both
@@ -37,6 +37,7 @@ def libpq() -> dict:
 setup(ext_modules=[
     Extension("cdc._encode", ["cdc/_encode.c"], depends=["cdc/_inttext.h", "cdc/_logrecord.h", "cdc/_rowblock.h"],
               optional=True, extra_compile_args=FLAGS),
+    Extension("cdc._avro", ["cdc/_avro.c"], optional=True, extra_compile_args=FLAGS),
     Extension("cdc._decode", ["cdc/_decode.c", "cdc/_decode_one.c"],
               depends=["cdc/_decode.h", "cdc/_jsonscan.h", "cdc/_logrecord.h"], optional=True, extra_compile_args=FLAGS),
     Extension("cdc._copytext", ["cdc/_copytext.c"], depends=["cdc/_inttext.h", "cdc/_jsonscan.h"], optional=True,

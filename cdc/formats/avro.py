@@ -33,7 +33,7 @@ import cdc.formats.avro_schema as avro_schema
 import cdc.formats.connect_decode as connect_decode
 from cdc.errors import FormatError, SchemaRegistryError
 from cdc.events import ChangeEvent, Column
-from cdc.formats.avro_write import compile_writer
+from cdc.formats.avro_write import compile_encoder
 from cdc.formats.connect_decode import apply_converters
 from cdc.formats.connect_types import DebeziumOptions
 from cdc.formats.debezium_json import DebeziumJsonEncoder, TableFormat
@@ -168,7 +168,7 @@ def _field_mappers(struct: dict, to_bytes: bool) -> list[tuple[str, Callable[[An
 class AvroTableFormat(TableFormat):
     """A ``TableFormat`` with its Avro schemas, registered, and their writers."""
 
-    __slots__ = ("key_header", "value_header", "write_key", "write_value", "row_mappers", "key_mappers",
+    __slots__ = ("key_header", "value_header", "encode_key", "encode_value", "row_mappers", "key_mappers",
                  "truncate_key")
 
     def __init__(self, topic: str, connector: str, columns: Iterable[Column], key_names: list[str],
@@ -193,8 +193,8 @@ class AvroTableFormat(TableFormat):
         # compacted topic takes the record, which it refuses without a key.
         null_id = registry.register(f"{topic}-truncate-key", '"null"')
         self.truncate_key = MAGIC + null_id.to_bytes(4, "big")
-        self.write_key = compile_writer(key_avro)
-        self.write_value = compile_writer(value_avro)
+        self.encode_key = compile_encoder(key_avro)
+        self.encode_value = compile_encoder(value_avro)
         row = next(f for f in value_connect["fields"] if f["field"] == "after")
         self.row_mappers = _field_mappers(row, to_bytes=True)
         self.key_mappers = _field_mappers(key_connect, to_bytes=True)
@@ -245,12 +245,6 @@ class AvroEncoder(DebeziumJsonEncoder):
     def _make_format(self, topic: str, connector: str, columns: list[Column], key_names: list[str]) -> TableFormat:
         return AvroTableFormat(topic, connector, columns, key_names, self.options, self.registry)
 
-    @staticmethod
-    def _avro(header: bytes, write: Callable[[bytearray, Any], None], datum: dict) -> bytes:
-        out = bytearray(header)
-        write(out, datum)
-        return bytes(out)
-
     # The formats handed to these are this encoder's, all made by its _make_format.
 
     def _truncate_key(self, fmt: TableFormat) -> bytes:
@@ -260,7 +254,7 @@ class AvroEncoder(DebeziumJsonEncoder):
         avro = cast(AvroTableFormat, fmt)
         key = event.key or {}
         payload = avro.row({k: key[k] for k in avro.key_names if k in key}) or {}
-        return self._avro(avro.key_header, avro.write_key, apply_converters(payload, avro.key_mappers))
+        return avro.encode_key(avro.key_header, apply_converters(payload, avro.key_mappers))
 
     def _value(self, event: ChangeEvent, fmt: TableFormat, head: dict[str, Any], now_ms: int) -> bytes:
         avro = cast(AvroTableFormat, fmt)
@@ -269,7 +263,7 @@ class AvroEncoder(DebeziumJsonEncoder):
         if mappers:
             apply_converters(payload["before"], mappers)
             apply_converters(payload["after"], mappers)
-        return self._avro(avro.value_header, avro.write_value, payload)
+        return avro.encode_value(avro.value_header, payload)
 
     def record_key(self, event: ChangeEvent) -> bytes:
         return self._key(event, self._format(event))

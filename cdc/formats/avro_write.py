@@ -15,14 +15,20 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-Writer = Callable[[bytearray, Any], None]
+from cdc import native
 
+Writer = Callable[[bytearray, Any], None]
+Encoder = Callable[[bytes, Any], bytes]
+
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 _FLOAT = struct.Struct("<f").pack
 _DOUBLE = struct.Struct("<d").pack
 
 
 def write_long(out: bytearray, n: int) -> None:
     """Zigzag varint (Avro's int and long alike)."""
+    if not _LONG_MIN <= n <= _LONG_MAX:
+        raise OverflowError(f"{n} is out of an Avro long's range")
     n = (n << 1) ^ (n >> 63)
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -163,3 +169,86 @@ _MISSING = object()
 def compile_writer(schema: Any) -> Writer:
     """``writer(out, value)`` appends ``value`` in Avro binary to the bytearray ``out``."""
     return _Compiler().compile(schema)
+
+
+# --- the same walk in C (cdc/_avro.c) -----------------------------------------------------------
+
+_avro = native.load("cdc._avro")
+# The node kinds of a program, as cdc/_avro.c numbers them; a primitive's node is its number.
+_P_NULL, _P_BOOLEAN, _P_LONG, _P_FLOAT, _P_DOUBLE, _P_BYTES, _P_STRING = range(7)
+_K_UNION, _K_RECORD, _K_ARRAY, _K_MAP = range(7, 11)
+_P_KINDS = {"null": _P_NULL, "boolean": _P_BOOLEAN, "int": _P_LONG, "long": _P_LONG, "float": _P_FLOAT,
+            "double": _P_DOUBLE, "bytes": _P_BYTES, "string": _P_STRING}
+
+
+class _Recursive(Exception):
+    """A record that refers to itself: its program would be a cycle, so only the closures write it."""
+
+
+class _Programs:
+    """A schema as the nested tuples cdc/_avro.c walks (see its header), checked as ``_Compiler``
+    checks it."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, Any] = {}
+
+    def compile(self, schema: Any, namespace: str | None = None) -> Any:
+        if isinstance(schema, str):
+            if schema in _P_KINDS:
+                return _P_KINDS[schema]
+            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            if full not in self.named:
+                raise ValueError(f"Avro schema names {full!r} before defining it")
+            if self.named[full] is None:
+                raise _Recursive(full)
+            return self.named[full]
+        if isinstance(schema, list):
+            if len(schema) != 2 or "null" not in schema:
+                raise ValueError(f"only [null, T] and [T, null] unions are compiled, not {schema!r}")
+            null_index = schema.index("null")
+            return (_K_UNION, null_index == 0, self.compile(schema[1 - null_index], namespace))
+        kind = schema["type"]
+        if kind == "record":
+            name = schema["name"]
+            own_namespace = schema.get("namespace", namespace)
+            full = name if "." in name or not own_namespace else f"{own_namespace}.{name}"
+            self.named[full] = None
+            fields = tuple((f["name"], f.get("default"), "default" in f, self.compile(f["type"], own_namespace or None))
+                           for f in schema["fields"])
+            made = self.named[full] = (_K_RECORD, full, fields)
+            return made
+        if kind == "array":
+            return (_K_ARRAY, self.compile(schema["items"], namespace))
+        if kind == "map":
+            return (_K_MAP, self.compile(schema["values"], namespace))
+        if isinstance(kind, (dict, list)) or kind not in _P_KINDS:
+            return self.compile(kind, namespace)
+        return _P_KINDS[kind]
+
+
+def compile_encoder(schema: Any) -> Encoder:
+    """``encode(header, value)``: the bytes ``header`` followed by ``value`` in Avro binary. The
+    walk runs in C where cdc/_avro.c was built (and ``cdc.native`` is on), else the closures of
+    ``compile_writer``: the same bytes either way."""
+    write = compile_writer(schema)
+
+    def by_closures(header: bytes, value: Any) -> bytes:
+        out = bytearray(header)
+        write(out, value)
+        return bytes(out)
+
+    if _avro is None:
+        return by_closures
+    try:
+        program = _Programs().compile(schema)
+    except _Recursive:
+        return by_closures
+    in_c = _avro.write
+    enabled = native.enabled
+
+    def encode(header: bytes, value: Any) -> bytes:
+        if enabled():
+            return in_c(program, value, header)
+        return by_closures(header, value)
+
+    return encode
