@@ -1,6 +1,7 @@
 /* Kafka records in C: confluent-kafka's Messages to LogRecords (log_records, the reference is
- * cdc/log/kafka_reader.py), its Producer.produce called positionally (cdc/log/kafka_writer.py), and
- * record headers packed and unpacked (cdc/log/packed_headers.py). Optional, as every extension
+ * cdc/log/kafka_reader.py), its Producer.produce called positionally (cdc/log/kafka_writer.py),
+ * record headers packed and unpacked (cdc/log/packed_headers.py), and a key's partition by the Java
+ * client's murmur2 (cdc/log/partitioner.py). Optional, as every extension
  * here: cdc.native loads it where setup.py built it; tests compare each with its Python twin. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -180,7 +181,57 @@ py_log_records(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(i);
 }
 
+/* partition_for(key, partitions) -> cdc.log.partitioner.partition_for(key, partitions), in C. */
+static PyObject *
+py_partition_for(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "partition_for(key, partitions)");
+        return NULL;
+    }
+    long partitions = PyLong_AsLong(args[1]);
+    if (partitions == -1 && PyErr_Occurred())
+        return NULL;
+    if (partitions <= 0) {
+        PyErr_SetString(PyExc_ValueError, "partition_for: partitions must be positive");
+        return NULL;
+    }
+    Py_buffer key;
+    if (PyObject_GetBuffer(args[0], &key, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint32_t m = 0x5BD1E995;
+    const unsigned char *d = key.buf;
+    size_t len = (size_t)key.len, end = len & ~(size_t)3;
+    uint32_t h = 0x9747B28Cu ^ (uint32_t)len;
+    for (size_t i = 0; i < end; i += 4) {
+        uint32_t k = (uint32_t)d[i] | ((uint32_t)d[i + 1] << 8) | ((uint32_t)d[i + 2] << 16)
+                     | ((uint32_t)d[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h = (h * m) ^ k;
+    }
+    switch (len & 3) {
+    case 3:
+        h ^= (uint32_t)d[end + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)d[end + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= d[end];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&key);
+    return PyLong_FromUnsignedLong((h & 0x7FFFFFFFu) % (unsigned long)partitions);
+}
+
 static PyMethodDef methods[] = {
+    {"partition_for", (PyCFunction)(void (*)(void))py_partition_for, METH_FASTCALL,
+     "partition_for(key, partitions) -> Kafka's toPositive(murmur2(key)) % partitions"},
     {"unpack_headers", py_unpack_headers, METH_O, "unpack_headers(data) -> cdc.headers.unpack(data)"},
     {"pack_headers", py_pack_headers, METH_O, "pack_headers(headers) -> cdc.headers.pack(headers)"},
     {"produce_positionally", py_produce_positionally, METH_O,

@@ -1,10 +1,13 @@
 """Key -> partition, the same way Kafka's Java client does it (murmur2), so every producer agrees.
 
 librdkafka's ``murmur2_random`` partitioner computes the same function; the embedded log uses this
-one, so a key lands in the same partition number on either log.
+one, so a key lands in the same partition number on either log. In C where cdc/_records.c is built
+(tests/unit/test_partitioner.py compares the two).
 """
 
 from __future__ import annotations
+
+from cdc import native
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -37,4 +40,9 @@ def murmur2(data: bytes) -> int:
 
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's ``toPositive(murmur2(key)) % partitions``."""
+    if _records is not None and native.enabled():
+        return _records.partition_for(key, partitions)
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+_records = native.load("cdc._records")

@@ -1,4 +1,10 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc import native
 from cdc.log.partitioner import murmur2, partition_for
+
+_records = native.load("cdc._records")
 
 
 def test_murmur2_matches_kafkas_java_client():
@@ -15,3 +21,13 @@ def test_partition_is_stable_and_in_range():
     parts = [partition_for(k, 6) for k in keys]
     assert parts == [partition_for(k, 6) for k in keys]
     assert set(parts) == set(range(6))
+
+
+@settings(max_examples=500, deadline=None)
+@given(key=st.binary(max_size=64), partitions=st.integers(1, 1000))
+def test_the_c_partitioner_agrees_with_the_python_one(key, partitions):
+    assert _records is not None, "cdc/_records.c is built by scripts/setup"
+    with native.reference():
+        expected = partition_for(key, partitions)
+    assert _records.partition_for(key, partitions) == expected == (murmur2(key) & 0x7FFFFFFF) % partitions
+    assert partition_for(key, partitions) == expected
