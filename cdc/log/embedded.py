@@ -17,15 +17,20 @@ transactions and every connection waits on a locked database (``busy_timeout``) 
 Layout: a record's integer primary key is ``partition id << 40 | offset``, so each partition is one
 contiguous range of the table's own b-tree: appends and range reads need no second index, and a
 compacted gap is simply a missing key. ``partitions.next_offset`` is the high-water mark, kept apart
-from the records so that compaction never lowers it. The ``log`` view shows topic/partition/offset.
-A record's headers are one column, packed (cdc/log/packed_headers.py; NULL: none). A database made
-before that column existed gets it, empty, when it is opened: its records read with no headers.
+from the records so that compaction never lowers it. A new log's pages are 32 KiB. The ``log`` view
+shows topic/partition/offset. A record's headers are one column, packed (cdc/log/packed_headers.py;
+NULL: none). A database made before that column existed gets it, empty, when it is opened: its
+records read with no headers.
 
 Compaction (Kafka's rules): only the latest record per key stays, a tombstone goes once it is older
 than ``delete_retention_ms``, and nothing younger than ``min_compaction_lag_ms`` is removed. It is
-incremental: ``clean_offset`` marks how far each partition has been deduplicated, so a pass only
-looks up the keys written since (by the key index) and deletes what they supersede, in small
-transactions. A writer compacts the topics it writes to every ``compact_interval`` seconds.
+incremental: ``clean_offset`` marks how far each partition has been deduplicated, and the ``latest``
+table holds the id of each key's record in that clean section. A pass takes the records written
+since, a chunk at a time: a key's newest record there deletes its older ones in the chunk and the
+one ``latest`` names, and takes its place in ``latest``. No index of every record's key is kept:
+appends stay appends, and ``latest`` is updated in key order, a chunk at once, by the compaction
+rather than by every publish. A writer compacts the topics it writes to every
+``compact_interval`` seconds.
 
 Unknown topic: ``publish`` to a topic that ``ensure_topic`` never created raises ``DeliveryError``
 (``retriable=False``) at once, writes nothing of the batch and poisons the writer, as a failed
@@ -47,7 +52,18 @@ from pathlib import Path
 from cdc.errors import DeliveryError, PermanentError, TopicConfigError
 from cdc.log.base import Log, LogReader, LogRecord, LogWriter, TopicPartition, TopicSettings
 from cdc.log.embedded_compaction import compact_topic
-from cdc.log.embedded_store import _BITS, _MASK, _SCHEMA, _VIEW, _now_ms, _packer, _Topic, _transaction, _unavailable
+from cdc.log.embedded_store import (
+    _BITS,
+    _MASK,
+    _SCHEMA,
+    _VIEW,
+    PAGE_SIZE,
+    _now_ms,
+    _packer,
+    _Topic,
+    _transaction,
+    _unavailable,
+)
 from cdc.log.packed_headers import unpack
 from cdc.log.partitioner import partition_for
 from cdc.positions import Position
@@ -57,6 +73,24 @@ _log = logging.getLogger(__name__)
 
 _BUSY_MS = 30_000               # how long a connection waits for another's write lock
 _WAIT_S = 0.025                 # how often a blocked poll looks for new commits
+_PASS_S = 1.0                   # a writer's compaction pass starts no chunk after this long
+
+
+def _before_latest(conn: sqlite3.Connection) -> bool:
+    """Whether the database was made when compaction found older records by an index of every
+    record's key, before the ``latest`` table (asked before the schema statements run)."""
+    names = {name for name, in conn.execute("SELECT name FROM sqlite_master WHERE name IN ('records', 'latest')")}
+    return names == {"records"}
+
+
+def _fill_latest(conn: sqlite3.Connection) -> None:
+    """Such a database's ``latest`` table, filled from the sections compacted so far, in place of
+    its key index; in the schema transaction, so one process of several opening it at once does it."""
+    _log.info("embedded log: moving compaction from the key index to the table of latest records")
+    conn.execute(f"INSERT INTO latest SELECT r.id >> {_BITS}, r.key, MAX(r.id) FROM records AS r "
+                 f"JOIN partitions AS p ON p.id = r.id >> {_BITS} "
+                 f"WHERE r.key IS NOT NULL AND (r.id & {_MASK}) < p.clean_offset GROUP BY r.id >> {_BITS}, r.key")
+    conn.execute("DROP INDEX IF EXISTS records_by_key")
 
 
 def _add_headers(conn: sqlite3.Connection) -> None:
@@ -89,11 +123,15 @@ class EmbeddedLog(Log):
         self._local = threading.local()
         with _unavailable(f"opening {self.file}"):
             conn = self._conn()
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before WAL mode: a new file only
             conn.execute("PRAGMA journal_mode = WAL")
             with _transaction(conn):
+                before_latest = _before_latest(conn)
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                if before_latest:
+                    _fill_latest(conn)
                 # A log made before topics had a retention (delete policy): none, i.e. for ever.
                 if "retention_ms" not in {row[1] for row in conn.execute("PRAGMA table_info(topics)")}:
                     conn.execute("ALTER TABLE topics ADD COLUMN retention_ms INTEGER")
@@ -195,6 +233,7 @@ class EmbeddedLog(Log):
             ids = [i for i, in conn.execute("SELECT id FROM partitions WHERE topic = ?", (topic,))]
             for pid in ids:
                 conn.execute("DELETE FROM records WHERE id >= ? AND id < ?", (pid << _BITS, (pid + 1) << _BITS))
+                conn.execute("DELETE FROM latest WHERE pid = ?", (pid,))
             conn.execute("DELETE FROM partitions WHERE topic = ?", (topic,))
             conn.execute("DELETE FROM group_offsets WHERE topic = ?", (topic,))
             conn.execute("DELETE FROM topics WHERE name = ?", (topic,))
@@ -237,6 +276,8 @@ class EmbeddedWriter(LogWriter):
         self._error: DeliveryError | None = None
         self._written: set[str] = set()  # topics this writer compacts from time to time
         self._compacted_at = time.monotonic()
+        self._compact_turn = 0  # the topic (of the sorted written ones) the next pass starts at
+        self._passes = 0
 
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
         if self._error is not None:
@@ -257,13 +298,21 @@ class EmbeddedWriter(LogWriter):
             self._compact()
 
     def _compact(self) -> None:
-        # The batch is committed already: a failed pass must not look like a failed publish.
+        # The batch is committed already: a failed pass must not look like a failed publish. A
+        # pass stops after _PASS_S (its publish waits meanwhile); the next one resumes at the topic
+        # it stopped in, and each pass starts the topics' partitions one further, so none starves.
         self._compacted_at = time.monotonic()
+        deadline = self._compacted_at + _PASS_S
+        names = sorted(self._written)
         try:
-            for name in sorted(self._written):
-                compact_topic(self._log._require(name), self._conn)
+            for k in range(len(names)):
+                i = (self._compact_turn + k) % len(names)
+                if not compact_topic(self._log._require(names[i]), self._conn, deadline, self._passes):
+                    self._compact_turn = i
+                    break
         except sqlite3.OperationalError as err:
             _log.warning("embedded log: compaction skipped, will retry: %s", err)
+        self._passes += 1
 
     def _append(self, records: Iterable[Record]) -> None:
         conn = self._conn

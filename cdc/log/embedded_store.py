@@ -27,12 +27,16 @@ CREATE TABLE IF NOT EXISTS partitions (
     UNIQUE (topic, partition));
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL, headers BLOB);
-CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
+CREATE TABLE IF NOT EXISTS latest (
+    pid INTEGER NOT NULL, key BLOB NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (pid, key)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tombstones ON records (timestamp_ms) WHERE value IS NULL;
 CREATE TABLE IF NOT EXISTS group_offsets (
     grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
     PRIMARY KEY (grp, topic, partition)) WITHOUT ROWID;
 """
+# A new log's page size: appends and range reads touch fewer pages, and a commit writes fewer of
+# them to the WAL (bench.publish's embedded path: +40% over SQLite's 4 KiB). Only a new file takes it.
+PAGE_SIZE = 32768
 # Made after the migration below, so that a database from before headers gets them in its view too.
 _VIEW = f"""
 CREATE VIEW IF NOT EXISTS log AS

@@ -12,6 +12,8 @@ import time
 from collections import Counter as Tally
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cdc.errors import DeliveryError, PermanentError
 from cdc.log.base import TopicSettings
@@ -289,4 +291,141 @@ def test_poll_blocks_until_a_record_arrives_or_the_timeout(tmp_path):
     assert [(r.key, r.value) for r in got] == [(b"k", b"v")]
     assert 0.25 <= waited < 3
     reader.close()
+    log.close()
+
+
+# A publish: (key number, value or None for a tombstone) per record; then whether to compact.
+_steps = st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 7), st.none() | st.binary(max_size=3)),
+                                     min_size=1, max_size=12), st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_steps, drop_tombstones=st.booleans())
+def test_compaction_in_any_interleaving_keeps_exactly_each_keys_newest_record(tmp_path_factory, steps,
+                                                                             drop_tombstones):
+    # Every record is past the lag at once (lag 0), so a pass cleans everything written before it.
+    # The model: in publish order, each key's newest record; a tombstone also goes once it was
+    # cleaned with a retention of 0. Offsets never move; reads skip the gaps.
+    path = tmp_path_factory.mktemp("log")
+    log = EmbeddedLog(path, fsync=False, compact_interval=3600)
+    log.ensure_topic("t", TopicSettings(partitions=2, min_compaction_lag_ms=0,
+                                        delete_retention_ms=0 if drop_tombstones else 3_600_000))
+    writer = log.writer()
+    newest: dict[bytes, bytes | None] = {}
+    cleaned_tombstones: set[bytes] = set()
+    for records, compact in steps:
+        batch = [Record("t", b"k%d" % k, v) for k, v in records]
+        writer.publish(batch)
+        for record in batch:
+            newest[record.key] = record.value
+            cleaned_tombstones.discard(record.key)
+        if compact:
+            time.sleep(0.002)  # the records' millisecond is past: within the lag of 0
+            log.compact("t")
+            if drop_tombstones:
+                cleaned_tombstones.update(k for k, v in newest.items() if v is None)
+    rows = log.read_all("t")
+    expected = {k: v for k, v in newest.items() if k not in cleaned_tombstones}
+    last_compacted = steps[-1][1]
+    if last_compacted:  # everything was cleaned: exactly one record per key, each named by ``latest``
+        assert sorted((r.key, r.value) for r in rows) == sorted(expected.items())
+        import sqlite3
+
+        check = sqlite3.connect(path / "log.db")
+        assert sorted(check.execute("SELECT key, id & ? FROM latest", ((1 << 40) - 1,))) == \
+            sorted((r.key, r.offset) for r in rows)
+        check.close()
+    # Always: each key's newest record is there, and nothing of a key comes after its newest.
+    by_key: dict[bytes, list] = {}
+    for r in rows:
+        by_key.setdefault(r.key, []).append(r.value)
+    for key, value in expected.items():
+        assert by_key[key][-1] == value
+    assert set(by_key) == set(expected)
+    offsets = [(r.partition, r.offset) for r in rows]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    writer.close()
+    log.close()
+
+
+_OLD_LAYOUT = """
+CREATE TABLE topics (
+    name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, cleanup_policy TEXT NOT NULL,
+    min_compaction_lag_ms INTEGER NOT NULL, delete_retention_ms INTEGER NOT NULL, retention_ms INTEGER);
+CREATE TABLE partitions (
+    id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL DEFAULT 0, clean_offset INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (topic, partition));
+CREATE TABLE records (
+    id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL, headers BLOB);
+CREATE INDEX records_by_key ON records (key);
+CREATE INDEX tombstones ON records (timestamp_ms) WHERE value IS NULL;
+CREATE TABLE group_offsets (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (grp, topic, partition)) WITHOUT ROWID;
+"""
+
+
+def test_a_log_compacted_by_the_key_index_is_compacted_by_latest_after_reopening(tmp_path):
+    # A log made before the ``latest`` table: its clean section (offsets 0-1) deduplicated by the
+    # index of every key; offsets 2-3 not yet. Opened now, its clean records' keys are known to
+    # the next pass, which removes them when newer records of those keys come.
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "log.db")
+    conn.executescript(_OLD_LAYOUT)
+    conn.execute("INSERT INTO topics VALUES ('t', 1, 'compact', 0, 3600000, NULL)")
+    conn.execute("INSERT INTO partitions (id, topic, partition, next_offset, clean_offset) VALUES (1, 't', 0, 4, 2)")
+    base = 1 << 40
+    conn.executemany("INSERT INTO records (id, key, value, timestamp_ms) VALUES (?, ?, ?, 0)",
+                     [(base, b"a", b"a1"), (base + 1, b"b", b"b1"), (base + 2, b"c", b"c1"), (base + 3, b"a", b"a2")])
+    conn.commit()
+    conn.close()
+
+    log = EmbeddedLog(tmp_path, fsync=False, compact_interval=3600)
+    writer = log.writer()
+    writer.publish([Record("t", b"b", b"b2")])
+    time.sleep(0.002)
+    log.compact("t")
+    assert _rows(log, "t") == [(b"c", b"c1"), (b"a", b"a2"), (b"b", b"b2")]
+    check = sqlite3.connect(tmp_path / "log.db")
+    assert check.execute("SELECT name FROM sqlite_master WHERE name = 'records_by_key'").fetchall() == []
+    assert sorted(check.execute("SELECT key, id - ? FROM latest", (base,))) == [(b"a", 3), (b"b", 4), (b"c", 2)]
+    check.close()
+    writer.close()
+    log.close()
+
+
+def test_a_pass_with_a_deadline_does_one_chunk_and_starts_at_its_turn(tmp_path, monkeypatch):
+    # A writer's pass is bounded (its publishes wait for it): past the deadline it stops after a
+    # chunk, and the partition it starts at turns, so that a busy one cannot starve the others.
+    import sqlite3
+
+    import cdc.log.embedded_compaction as compaction
+
+    monkeypatch.setattr(compaction, "_CHUNK", 5)
+    log = EmbeddedLog(tmp_path, fsync=False, compact_interval=3600)
+    log.ensure_topic("t", TopicSettings(partitions=2, min_compaction_lag_ms=0))
+    writer = log.writer()
+    writer.publish([Record("t", b"k%d" % (i % 4), b"%d" % i) for i in range(40)])
+    time.sleep(0.002)
+
+    def clean() -> list[int]:
+        check = sqlite3.connect(tmp_path / "log.db")
+        try:
+            return [c for c, in check.execute("SELECT clean_offset FROM partitions ORDER BY partition")]
+        finally:
+            check.close()
+
+    topic = log._require("t")
+    ends = [log.end_offsets("t")[("t", p)] for p in range(2)]
+    assert min(ends) > 5  # both partitions need more than one chunk
+    assert compaction.compact_topic(topic, log._conn(), deadline=0, turn=1) is False
+    assert clean() == [0, 5]
+    assert compaction.compact_topic(topic, log._conn(), deadline=0, turn=2) is False
+    assert clean() == [5, 5]
+    assert compaction.compact_topic(topic, log._conn()) is True
+    assert clean() == ends
+    assert sorted(_rows(log, "t")) == sorted((b"k%d" % k, b"%d" % (36 + k)) for k in range(4))
+    writer.close()
     log.close()
