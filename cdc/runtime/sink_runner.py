@@ -69,9 +69,9 @@ class SinkRunner:
         self.scale_out = getattr(config, "scale_out", "single") == "group"
         # A shared sink's member reads everything under a group of its own; the group of the
         # sink's name divides its shares (sink_shares.py).
-        self.shared = self.scale_out and isinstance(sink, SharedSink)
-        self.group = group or (sink.reading_group(config) if isinstance(sink, SharedSink) and self.shared
-                               else self.name)
+        shared = sink if self.scale_out and isinstance(sink, SharedSink) else None
+        self.shared = shared is not None
+        self.group = group or (shared.reading_group(config) if shared is not None else self.name)
         self.shares: Shares | None = None
         self.stats = stats or ConnectorStats(self.name, "sink")
         # Reports come from the reading thread and from the sink's (a write that retries).
@@ -304,7 +304,7 @@ class SinkRunner:
         assert isinstance(sink, SharedSink)
         count = self.sink_thread.call(sink.share_count)
         self.shares = Shares(self.log, shares_topic(self.prefix, self.name), count, self.name, self.stats,
-                             settle=lambda lost: self._settle_all(), own=self._own, ends=self.reading.ends,
+                             settle=self._settle_all, own=self._own, ends=self.reading.ends,
                              reached=self.reading.written_to)
         self.shares.open()
 

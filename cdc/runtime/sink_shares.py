@@ -54,12 +54,13 @@ OWN_RETRY_S = 5.0  # an ``own`` that failed retriably is called again after this
 
 class Shares:
     """The member's place in the division of shares: ``poll`` on the runner's thread, between
-    batches; ``settle(lost)`` ends the writes in flight (committing them unless ``lost``);
+    batches; ``settle()`` ends the writes in flight and commits them (a member commits to a
+    group of its own, so a lost share changes nothing of that);
     ``own(shares)`` hands the owned shares to the sink (on its thread); ``reached(ends)``: True
     once the member's commits reach ``ends``; ``ends()``: the topics' end offsets now."""
 
     def __init__(self, log_: Log, topic: str, count: int, group: str, stats: ConnectorStats, *,
-                 settle: Callable[[bool], None], own: Callable[[frozenset[int]], bool],
+                 settle: Callable[[], None], own: Callable[[frozenset[int]], bool],
                  ends: Callable[[], dict[TopicPartition, int]],
                  reached: Callable[[dict[TopicPartition, int]], bool]) -> None:
         assert isinstance(log_, GroupLog)  # SinkRunner refuses scale_out: group on any other log
@@ -115,7 +116,7 @@ class Shares:
         if not gone & self.owned or self._closing:
             return
         try:
-            self._settle(lost)
+            self._settle()
         finally:  # even when a write failed: nothing of these shares is written from here on
             self.owned = self.owned - gone
             self._hand(self.owned, must=True)

@@ -400,15 +400,6 @@ class State:
                 self.db.execute(f"SELECT doc, id, ver, topic, part, off FROM outbox {where}ORDER BY {order} "
                                 f"LIMIT ?", (*args, limit))]
 
-    def waiting(self, shares: frozenset[int] | None = None) -> int:
-        """How many documents the outbox holds (of ``shares``; None: all)."""
-        if shares is None:
-            return self.db.execute("SELECT count(*) FROM outbox").fetchone()[0]
-        if not shares:
-            return 0
-        return self.db.execute(f"SELECT count(*) FROM outbox WHERE share IN "
-                               f"({', '.join(str(int(share)) for share in sorted(shares))})").fetchone()[0]
-
     def written(self, done: Iterable[tuple[str, bytes, int]]) -> None:
         """Documents written at their outbox version leave it (a later bump's entry stays)."""
         self.db.execute("BEGIN IMMEDIATE")
