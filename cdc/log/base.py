@@ -197,7 +197,9 @@ class Log(ABC):
     def topics(self) -> list[str]: ...
 
     @abstractmethod
-    def partitions(self, topic: str) -> int: ...
+    def partitions(self, topic: str, fresh: bool = False) -> int:
+        """``topic``'s partition count (TopicConfigError if it does not exist); ``fresh``: not from
+        a cache the log keeps (a truncate goes to every partition, added ones too)."""
 
     @abstractmethod
     def end_offsets(self, topic: str) -> dict[TopicPartition, int]:

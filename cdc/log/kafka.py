@@ -73,6 +73,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "allow.auto.create.topics": False, "fetch.queue.backoff.ms": 10,
 }
 
+PARTITIONS_TTL_S = 30.0  # how long a topic's partition count is taken from the cache
+
 
 class NoSuchTopic(PermanentError):
     """A topic the cluster does not have (its configs asked for)."""
@@ -95,7 +97,9 @@ class KafkaLog(Log, GroupLog):
         self.consumer_config = {**common, **CONSUMER_DEFAULTS, **(consumer_config or {})}
         self._admin = AdminClient({**common, "allow.auto.create.topics": False})
         self._checked: dict[str, str] = {}      # topics known to exist, with their cleanup policy
-        self._partitions: dict[str, int] = {}   # partition counts (a topic's count only grows)
+        # partition counts, and when each was read: a topic's count only grows, and partitions added
+        # by hand are seen within PARTITIONS_TTL_S (a truncate's copies ask afresh)
+        self._partitions: dict[str, tuple[int, float]] = {}
         self._meta: Consumer | None = None      # for watermarks
         self._lock = threading.Lock()
         self._open: weakref.WeakSet = weakref.WeakSet()
@@ -189,7 +193,7 @@ class KafkaLog(Log, GroupLog):
                 if time.monotonic() > deadline:
                     raise LogUnavailableError(f"topic {topic} was created but has no leaders yet")
                 time.sleep(0.05)
-        self._partitions[topic] = settings.partitions
+        self._partitions[topic] = (settings.partitions, time.monotonic())
         return True
 
     @staticmethod
@@ -198,11 +202,12 @@ class KafkaLog(Log, GroupLog):
         return (meta is not None and meta.error is None and bool(meta.partitions)
                 and all(p.leader >= 0 for p in meta.partitions.values()))
 
-    def _describe(self, topic: str) -> int | None:
-        """The partition count of ``topic`` (cached), or None when it does not exist."""
-        count = self._partitions.get(topic)
-        if count is not None:
-            return count
+    def _describe(self, topic: str, fresh: bool = False) -> int | None:
+        """The partition count of ``topic`` (cached for PARTITIONS_TTL_S unless ``fresh``), or None
+        when it does not exist."""
+        cached = self._partitions.get(topic)
+        if cached is not None and not fresh and time.monotonic() - cached[1] < PARTITIONS_TTL_S:
+            return cached[0]
         with self._request(f"reading the metadata of {topic}") as admin:
             meta = admin.list_topics(topic=topic, timeout=self.timeout).topics.get(topic)
             if meta is not None and meta.error is not None:
@@ -211,7 +216,8 @@ class KafkaLog(Log, GroupLog):
                 raise KafkaException(meta.error)
         if meta is None:
             return None
-        self._partitions[topic] = count = len(meta.partitions)
+        count = len(meta.partitions)
+        self._partitions[topic] = (count, time.monotonic())
         return count
 
     @contextmanager
@@ -251,8 +257,9 @@ class KafkaLog(Log, GroupLog):
             names = admin.list_topics(timeout=self.timeout).topics
         return sorted(name for name in names if not name.startswith("__"))  # not Kafka's internals
 
-    def partitions(self, topic: str) -> int:
-        count = self._describe(topic)
+    def partitions(self, topic: str, fresh: bool = False) -> int:
+        """``topic``'s partition count; ``fresh``: read from the cluster now, not from the cache."""
+        count = self._describe(topic, fresh)
         if count is None:
             raise TopicConfigError(f"topic {topic} does not exist")
         return count

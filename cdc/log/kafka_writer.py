@@ -172,7 +172,7 @@ class KafkaWriter(LogWriter):
     def _produce_everywhere(self, topic: str, value: bytes | None, key: bytes, headers: Headers | None = None) -> None:
         """One copy of a record to each partition of ``topic`` (a truncate)."""
         try:
-            count = self._log.partitions(topic)
+            count = self._log.partitions(topic, fresh=True)  # a partition added by hand is truncated too
         except CdcError as exc:
             error = DeliveryError(f"delivery to {topic} failed: {exc}", retriable=exc.retriable)
             self._tracker.failed(error)

@@ -134,3 +134,25 @@ def test_a_stream_that_never_pauses_still_gets_safe_checkpoints(log, kafka_topic
     assert all(a.seq < b.seq for a, b in zip(seen, seen[1:]))
     assert writer.flush(30) == Counter(seq)
     writer.close()
+
+
+def test_partitions_added_by_hand_are_seen_and_a_truncate_reaches_them(log, kafka_topic, monkeypatch):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    import cdc.log.kafka as kafka
+
+    log.ensure_topic(kafka_topic, TopicSettings(partitions=2))
+    assert log.partitions(kafka_topic) == 2
+    admin = AdminClient({"bootstrap.servers": log.bootstrap_servers})
+    admin.create_partitions([NewPartitions(kafka_topic, 3)])[kafka_topic].result(30)
+    assert log.partitions(kafka_topic) == 2  # the cache, within its time
+    # A truncate's copies ask afresh: one lands in the added partition as well.
+    writer = log.writer()
+    writer.publish([Record(kafka_topic, b"{}", b'{"op": "t"}', to_all_partitions=True)], Counter(1))
+    assert writer.flush(30) == Counter(1)
+    writer.close()
+    assert sorted(r.partition for r in log.read_all(kafka_topic)) == [0, 1, 2]
+    # And past the cache's time every caller sees three (a member's end offsets, the shares' check).
+    monkeypatch.setattr(kafka, "PARTITIONS_TTL_S", 0.0)
+    assert log.partitions(kafka_topic) == 3
+    assert sorted(p for _, p in log.end_offsets(kafka_topic)) == [0, 1, 2]
