@@ -85,12 +85,12 @@ def _before_latest(conn: sqlite3.Connection) -> bool:
 
 def _fill_latest(conn: sqlite3.Connection) -> None:
     """Such a database's ``latest`` table, filled from the sections compacted so far, in place of
-    its key index; in the schema transaction, so one process of several opening it at once does it."""
+    its key index (which goes at every opening: an older version of the framework would make it
+    again); in the schema transaction, so one process of several opening it at once does it."""
     _log.info("embedded log: moving compaction from the key index to the table of latest records")
     conn.execute(f"INSERT INTO latest SELECT r.id >> {_BITS}, r.key, MAX(r.id) FROM records AS r "
                  f"JOIN partitions AS p ON p.id = r.id >> {_BITS} "
                  f"WHERE r.key IS NOT NULL AND (r.id & {_MASK}) < p.clean_offset GROUP BY r.id >> {_BITS}, r.key")
-    conn.execute("DROP INDEX IF EXISTS records_by_key")
 
 
 def _add_headers(conn: sqlite3.Connection) -> None:

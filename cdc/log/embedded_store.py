@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS partitions (
     UNIQUE (topic, partition));
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY, key BLOB, value BLOB, timestamp_ms INTEGER NOT NULL, headers BLOB);
+DROP INDEX IF EXISTS records_by_key;
 CREATE TABLE IF NOT EXISTS latest (
     pid INTEGER NOT NULL, key BLOB NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (pid, key)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tombstones ON records (timestamp_ms) WHERE value IS NULL;
