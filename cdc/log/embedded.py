@@ -30,7 +30,10 @@ since, a chunk at a time: a key's newest record there deletes its older ones in 
 one ``latest`` names, and takes its place in ``latest``. No index of every record's key is kept:
 appends stay appends, and ``latest`` is updated in key order, a chunk at once, by the compaction
 rather than by every publish. A writer compacts the topics it writes to every
-``compact_interval`` seconds.
+``compact_interval`` seconds, in a pass with a time budget (``EmbeddedWriter._compact``). A log
+that an older version of the framework opened (it compacted by an index of every key, which it
+makes again) gets ``latest`` made again from its clean sections at the next opening; an older
+and a newer version writing the same log at once is not supported.
 
 Unknown topic: ``publish`` to a topic that ``ensure_topic`` never created raises ``DeliveryError``
 (``retriable=False``) at once, writes nothing of the batch and poisons the writer, as a failed
@@ -73,24 +76,29 @@ _log = logging.getLogger(__name__)
 
 _BUSY_MS = 30_000               # how long a connection waits for another's write lock
 _WAIT_S = 0.025                 # how often a blocked poll looks for new commits
-_PASS_S = 1.0                   # a writer's compaction pass starts no chunk after this long
+_PASS_S = 1.0                   # a writer's compaction pass starts no chunk after this long ...
+_PASS_MAX_S = 8.0               # ... twice that after each pass that could not finish, up to this
 
 
 def _before_latest(conn: sqlite3.Connection) -> bool:
-    """Whether the database was made when compaction found older records by an index of every
-    record's key, before the ``latest`` table (asked before the schema statements run)."""
-    names = {name for name, in conn.execute("SELECT name FROM sqlite_master WHERE name IN ('records', 'latest')")}
-    return names == {"records"}
+    """Whether an older version of the framework, which compacted by an index of every record's
+    key, made this database or opened it since (asked before the schema statements run, which
+    drop that index): then its compactions and deleted topics are not in ``latest``."""
+    names = {name for name, in conn.execute("SELECT name FROM sqlite_master WHERE name IN ('records', 'latest', "
+                                            "'records_by_key')")}
+    return names == {"records"} or "records_by_key" in names
 
 
 def _fill_latest(conn: sqlite3.Connection) -> None:
-    """Such a database's ``latest`` table, filled from the sections compacted so far, in place of
-    its key index (which goes at every opening: an older version of the framework would make it
-    again); in the schema transaction, so one process of several opening it at once does it."""
-    _log.info("embedded log: moving compaction from the key index to the table of latest records")
-    conn.execute(f"INSERT INTO latest SELECT r.id >> {_BITS}, r.key, MAX(r.id) FROM records AS r "
-                 f"JOIN partitions AS p ON p.id = r.id >> {_BITS} "
-                 f"WHERE r.key IS NOT NULL AND (r.id & {_MASK}) < p.clean_offset GROUP BY r.id >> {_BITS}, r.key")
+    """``latest`` made again from each partition's clean section (where that version's compaction
+    left one record per key); in the schema transaction, so one process of several opening the
+    log at once does it."""
+    _log.info("embedded log: an older version compacted this log; finding each key's clean record again")
+    conn.execute("DELETE FROM latest")
+    for pid, clean in conn.execute("SELECT id, clean_offset FROM partitions").fetchall():
+        base = pid << _BITS
+        conn.execute("INSERT INTO latest SELECT ?, key, MAX(id) FROM records WHERE id >= ? AND id < ? "
+                     "AND key IS NOT NULL GROUP BY key", (pid, base, base | clean))
 
 
 def _add_headers(conn: sqlite3.Connection) -> None:
@@ -271,13 +279,13 @@ class EmbeddedWriter(LogWriter):
     def __init__(self, log: EmbeddedLog) -> None:
         self._log = log
         self._conn = log._open()
-        self._conn.execute("PRAGMA cache_size = -65536")  # 64 MiB: keeps the key index in memory
+        self._conn.execute("PRAGMA cache_size = -65536")  # 64 MiB: the compaction's pages of ``latest``
         self._safe: Position | None = None
         self._error: DeliveryError | None = None
         self._written: set[str] = set()  # topics this writer compacts from time to time
         self._compacted_at = time.monotonic()
-        self._compact_turn = 0  # the topic (of the sorted written ones) the next pass starts at
-        self._passes = 0
+        self._passes = 0  # compaction passes so far: where the next one starts
+        self._behind = 0  # passes in a row that ran out of their budget
 
     def publish(self, records: Iterable[Record], checkpoint: Position | None = None) -> None:
         if self._error is not None:
@@ -299,19 +307,28 @@ class EmbeddedWriter(LogWriter):
 
     def _compact(self) -> None:
         # The batch is committed already: a failed pass must not look like a failed publish. A
-        # pass stops after _PASS_S (its publish waits meanwhile); the next one resumes at the topic
-        # it stopped in, and each pass starts the topics' partitions one further, so none starves.
+        # pass stops starting chunks after its budget (its publish waits meanwhile): _PASS_S, twice
+        # that after each pass that could not finish, up to _PASS_MAX_S, so that a writer that
+        # outruns its compaction is slowed down rather than leave it behind for ever. Each pass
+        # starts at the next topic and partition, so none starves behind a busy one.
         self._compacted_at = time.monotonic()
-        deadline = self._compacted_at + _PASS_S
+        deadline = self._compacted_at + min(_PASS_S * 2 ** self._behind, _PASS_MAX_S)
         names = sorted(self._written)
+        finished = True
         try:
             for k in range(len(names)):
-                i = (self._compact_turn + k) % len(names)
-                if not compact_topic(self._log._require(names[i]), self._conn, deadline, self._passes):
-                    self._compact_turn = i
+                name = names[(self._passes + k) % len(names)]
+                try:
+                    topic = self._log._require(name)
+                except TopicConfigError:  # deleted meanwhile (by another process)
+                    self._written.discard(name)
+                    continue
+                if not compact_topic(topic, self._conn, deadline, self._passes):
+                    finished = False
                     break
         except sqlite3.OperationalError as err:
             _log.warning("embedded log: compaction skipped, will retry: %s", err)
+        self._behind = 0 if finished else self._behind + 1
         self._passes += 1
 
     def _append(self, records: Iterable[Record]) -> None:

@@ -19,12 +19,14 @@ _CHUNK_LATEST = """
 INSERT INTO temp.chunk_latest SELECT key, MAX(id) FROM records
 WHERE id >= ?1 AND id < ?2 AND key IS NOT NULL GROUP BY key
 """
-# Those keys' records in the clean section of partition ?1 (one each, which ``latest`` names) go.
+# Those keys' records in the clean section of partition ?1 (one each, which ``latest`` names) go,
+# if the record there still has that key (``latest`` is a table of its own: belt and braces).
 # CROSS JOIN keeps the chunk's keys the outer loop: otherwise SQLite walks the partition's whole
 # ``latest`` and looks each up in the chunk.
 _DELETE_SUPERSEDED_CLEAN = """
 DELETE FROM records WHERE id IN (
-    SELECT l.id FROM temp.chunk_latest AS c CROSS JOIN latest AS l ON l.pid = ?1 AND l.key = c.key)
+    SELECT l.id FROM temp.chunk_latest AS c CROSS JOIN latest AS l ON l.pid = ?1 AND l.key = c.key
+    CROSS JOIN records AS r ON r.id = l.id AND r.key = c.key)
 """
 # In the chunk [?1, ?2), every keyed record but its key's newest goes.
 _DELETE_SUPERSEDED_CHUNK = """
@@ -58,7 +60,10 @@ def _deduplicate(conn: sqlite3.Connection, pid: int, start: int, stop: int) -> N
 
 def _drop_tombstones(conn: sqlite3.Connection, pid: int, cutoff: int) -> None:
     base = pid << _BITS
-    clean, = conn.execute("SELECT clean_offset FROM partitions WHERE id = ?", (pid,)).fetchone()
+    row = conn.execute("SELECT clean_offset FROM partitions WHERE id = ?", (pid,)).fetchone()
+    if row is None:  # the topic was deleted meanwhile
+        return
+    clean, = row
     gone = conn.execute(_TOMBSTONES, (cutoff, base, base | clean)).fetchall()
     if gone:
         conn.executemany("DELETE FROM latest WHERE pid = ? AND key = ? AND id = ?", [(pid, k, i) for i, k in gone])
@@ -83,8 +88,11 @@ def compact_topic(topic: _Topic, conn: sqlite3.Connection, deadline: float | Non
         more = True
         while more:  # deduplicate the dirty offsets, a chunk per transaction
             with _transaction(conn):
-                clean, end = conn.execute("SELECT clean_offset, next_offset FROM partitions "
-                                          "WHERE id = ?", (pid,)).fetchone()
+                row = conn.execute("SELECT clean_offset, next_offset FROM partitions WHERE id = ?",
+                                   (pid,)).fetchone()
+                if row is None:  # the topic was deleted meanwhile (by another process)
+                    return True
+                clean, end = row
                 start, stop = base | clean, base | min(end, clean + _CHUNK)
                 young = conn.execute("SELECT MIN(id) FROM records WHERE id >= ? AND id < ? "
                                      "AND timestamp_ms > ?", (start, stop, lag_cutoff)).fetchone()[0]

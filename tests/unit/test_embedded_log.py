@@ -429,3 +429,59 @@ def test_a_pass_with_a_deadline_does_one_chunk_and_starts_at_its_turn(tmp_path, 
     assert sorted(_rows(log, "t")) == sorted((b"k%d" % k, b"%d" % (36 + k)) for k in range(4))
     writer.close()
     log.close()
+
+
+def test_an_older_version_compacting_between_openings_leaves_latest_right(tmp_path):
+    # An older version (compacting by an index of every key, which it makes again) opens the log
+    # between two openings by this one: its compaction is not in ``latest``. Opened again, this
+    # version finds each key's clean record anew, so a delete after that removes the key whole
+    # instead of bringing its older value back.
+    import sqlite3
+
+    settings = TopicSettings(partitions=1, min_compaction_lag_ms=0, delete_retention_ms=0)
+    log = EmbeddedLog(tmp_path, fsync=False, compact_interval=3600)
+    log.ensure_topic("t", settings)
+    writer = log.writer()
+    writer.publish([Record("t", b"K", b"v1")])
+    time.sleep(0.002)
+    log.compact("t")  # latest: K -> offset 0
+    writer.close()
+    log.close()
+
+    old = sqlite3.connect(tmp_path / "log.db", isolation_level=None)  # what the older version does
+    base = old.execute("SELECT id FROM partitions").fetchone()[0] << 40
+    old.execute("CREATE INDEX records_by_key ON records (key)")
+    old.execute("INSERT INTO records (id, key, value, timestamp_ms) VALUES (?, ?, ?, 0)", (base + 1, b"K", b"v2"))
+    old.execute("DELETE FROM records WHERE id = ?", (base,))  # its compaction: v1 superseded by v2
+    old.execute("UPDATE partitions SET next_offset = 2, clean_offset = 2")
+    old.close()
+
+    log = EmbeddedLog(tmp_path, fsync=False, compact_interval=3600)
+    writer = log.writer()
+    writer.publish([Record("t", b"K", None)])
+    time.sleep(0.002)
+    log.compact("t")
+    assert _rows(log, "t") == []
+    writer.close()
+    log.close()
+
+
+def test_a_topic_far_behind_does_not_keep_a_writers_other_topics_from_compaction(tmp_path, monkeypatch):
+    # Every pass is cut after one chunk here; the busy topic never catches up, and the quiet one
+    # still gets its turn, each pass starting at the next topic.
+    import cdc.log.embedded as embedded
+    import cdc.log.embedded_compaction as compaction
+
+    monkeypatch.setattr(embedded, "_PASS_S", 0.0)
+    monkeypatch.setattr(compaction, "_CHUNK", 5)
+    log = EmbeddedLog(tmp_path, fsync=False, compact_interval=0)
+    for topic in ("a_busy", "b_quiet"):
+        log.ensure_topic(topic, TopicSettings(partitions=1, min_compaction_lag_ms=0))
+    writer = log.writer()
+    for i in range(100):
+        writer.publish([Record("a_busy", b"k%d" % (j % 3), b"%d" % i) for j in range(10)]
+                       + [Record("b_quiet", b"same", b"%d" % i)])
+        time.sleep(0.002)
+    assert len(_rows(log, "b_quiet")) <= 6  # one chunk of it behind at most, not a hundred records
+    writer.close()
+    log.close()
