@@ -197,6 +197,31 @@ def execute(dsn: str, *statements: str) -> None:
     execute_then_close(conn, statements)
 
 
+def drop_slot(conn, slot: str, timeout: float = 30) -> None:
+    """Drop replication slot ``slot`` once the walsender that read it has let go of it (the server
+    ends it a moment after its client went): a slot still active cannot be dropped."""
+    deadline = time.monotonic() + timeout
+    with conn.cursor() as cur:
+        while True:
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND NOT active", (slot,))
+            cur.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            if cur.fetchone()[0] == 0:
+                return
+            assert time.monotonic() < deadline, f"slot {slot} still active after {timeout:.0f}s"
+            time.sleep(0.1)
+
+
+def drop_released_slot(dsn: str, slot: str) -> None:
+    """``drop_slot`` on a connection of its own."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        drop_slot(conn, slot)
+    finally:
+        conn.close()
+
+
 def execute_then_close(conn, statements: Iterable[str]) -> None:
     """Runs ``statements`` one by one on ``conn`` (any DB-API connection), then closes it."""
     try:

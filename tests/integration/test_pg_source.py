@@ -13,6 +13,7 @@ import pytest
 from cdc.errors import PrerequisiteError
 from tests.integration.pg_capture import (
     capturing,
+    drop_released_slot,
     embedded_log,  # noqa: F401 - the fixture ``log``
     execute,
     pg_config,
@@ -204,7 +205,8 @@ def test_a_lost_slot_stops_the_source_or_resnapshots_when_needed(pg_dsn, tmp_pat
     with capturing(config, log, "lost") as capture:
         wait_until(lambda: topic_state(log, "lost.public.t"), capture=capture)
         wait_until(lambda: capture.runner.stored is not None, capture=capture)
-    execute(pg_dsn, f"SELECT pg_drop_replication_slot('{slot_name(config, pg_dsn)}')", "INSERT INTO t VALUES (2)")
+    drop_released_slot(pg_dsn, slot_name(config, pg_dsn))
+    execute(pg_dsn, "INSERT INTO t VALUES (2)")
     from tests.integration.pg_capture import Capture
 
     failing = Capture(config, log, "lost").start()

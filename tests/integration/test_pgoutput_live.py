@@ -6,8 +6,6 @@ A short round trip per protocol version: changes made through SQL, read back fro
 
 from __future__ import annotations
 
-import time
-
 import psycopg2
 import pytest
 
@@ -25,25 +23,13 @@ from sources.postgres.pgoutput import (
     Update,
 )
 from tests.golden.capture_pgoutput import read_slot
+from tests.integration.pg_capture import drop_slot
 
 END = b"live-end\x00"
 OPTIONS = {
     1: {"proto_version": "1", "publication_names": "live_pub", "messages": "true"},
     2: {"proto_version": "2", "publication_names": "live_pub", "messages": "true", "streaming": "on"},
 }
-
-
-def drop_slot(conn, slot: str) -> None:
-    """Drop the slot once the walsender that read it has let go of it."""
-    deadline = time.monotonic() + 10
-    with conn.cursor() as cur:
-        while True:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE slot_name = %s AND NOT active", (slot,))
-            cur.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-            if cur.fetchone()[0] == 0 or time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
 
 
 @pytest.mark.postgres

@@ -10,6 +10,7 @@ from tests.integration.pg_capture import (
     Capture,
     capturing,
     crash_mid_snapshot,
+    drop_released_slot,
     embedded_log,  # noqa: F401 - the fixture ``log``
     execute,
     pg_config,
@@ -35,8 +36,8 @@ def test_a_snapshot_cut_short_after_a_lost_slot_is_taken_again(pg_dsn, tmp_path,
     with capturing(config, log, "cut") as capture:
         wait_until(lambda: len(topic_state(log, "cut.public.t")) == 100, capture=capture)
         wait_until(lambda: isinstance(capture.runner.stored, PgLsn), capture=capture)
-    execute(pg_dsn, f"SELECT pg_drop_replication_slot('{slot_name(config, pg_dsn)}')",
-            "INSERT INTO t SELECT g, 1 FROM generate_series(101, 20000) g")
+    drop_released_slot(pg_dsn, slot_name(config, pg_dsn))
+    execute(pg_dsn, "INSERT INTO t SELECT g, 1 FROM generate_series(101, 20000) g")
 
     crash_mid_snapshot(PostgresSource, monkeypatch)
     crashing = Capture(config, log, "cut").start()
