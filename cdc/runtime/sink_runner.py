@@ -238,24 +238,33 @@ class SinkRunner:
         events, ends = reading.batch()
         # Nothing read (caught up), or only poison records: everything in flight settles first.
         settled = writes.make_room(everything=not events)
+        if events and self.shares is not None and self.shares.stale():
+            # A member that waited long for its writes (or was stopped) hears first whether its
+            # shares moved meanwhile: a revocation then settles what is in flight, in order.
+            self._commit_settled(settled)
+            self.shares.poll()
         if events:
             # The next write goes out before the previous ones' offsets are committed: the commit
             # is a round trip to the log, and the store would wait for it. Commits stay in batch
             # order, each after its own write succeeded (no poll, so no revocation, comes between).
             writes.hand(events, ends, reading.batch_bytes)
-        try:
-            for pending in settled:
-                self._commit_write(pending)
-        except BaseException:
-            writes.drain()  # let them end; nothing past the failed commit is committed
-            reading.drop_ahead()
-            raise
+        self._commit_settled(settled)
         if events:
             reading.not_idle()
         elif ends:  # only poison records, set aside already
             self._commit(ends, 0)
         else:
             self._idle()
+
+    def _commit_settled(self, settled: list[PendingWrite]) -> None:
+        """Commit the writes ``make_room`` settled, in order (each once)."""
+        try:
+            for pending in settled:
+                self._commit_write(pending)
+        except BaseException:
+            self._writes.drain()  # let them end; nothing past the failed commit is committed
+            self.reading.drop_ahead()
+            raise
 
     def _idle(self) -> None:
         """A poll read nothing: progress only once caught up (SinkReading.caught_up); then a

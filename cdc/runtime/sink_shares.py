@@ -50,6 +50,7 @@ from cdc.log.base import GroupLog, GroupReader, Log, TopicPartition, TopicSettin
 log = logging.getLogger(__name__)
 
 OWN_RETRY_S = 5.0  # an ``own`` that failed retriably is called again after this long
+SESSION_MS = 45_000  # librdkafka's session.timeout.ms, where the consumer config sets none
 
 
 class Shares:
@@ -73,6 +74,11 @@ class Shares:
         self._retry_at = 0.0
         self.reader: GroupReader | None = None
         self._closing = False
+        # The group was last served (polled) then. Past a third of the session the coordinator may
+        # have given this member's shares away (a stall: a write that took long, a stopped process).
+        session_ms = getattr(log_, "consumer_config", {}).get("session.timeout.ms", SESSION_MS)
+        self.lease_s = int(session_ms) / 3000
+        self.polled_at = time.monotonic()
 
     def _extra(self) -> dict:
         return {"connector": self.stats.name, "phase": self.stats.phase}
@@ -129,6 +135,7 @@ class Shares:
         gained whose ends this member reached."""
         assert self.reader is not None
         self.reader.poll(1, 0)  # nobody writes the topic: this only serves the group
+        self.polled_at = time.monotonic()
         ready = {share for share, ends in self.gained.items() if self._reached(ends)} if self.gained else set()
         if ready:
             for share in ready:
@@ -140,6 +147,13 @@ class Shares:
             self._hand(self.owned, must=False)
         self.stats.details["shares_owned"] = len(self.owned)
         self.stats.details["shares_waiting"] = len(self.gained)
+
+    def stale(self) -> bool:
+        """Whether the group was served so long ago that the shares may have moved: the runner
+        polls again before it hands the sink another batch, so that a member that stalled learns
+        of a revocation before it writes (a write in flight when the stall began is not fenced:
+        the store has no fencing token to refuse it by)."""
+        return time.monotonic() - self.polled_at > self.lease_s
 
     def _hand(self, shares: frozenset[int], *, must: bool) -> None:
         """``own(shares)``; a retriable failure is tried again later (``must``: a revocation, where

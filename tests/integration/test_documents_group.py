@@ -7,14 +7,19 @@ Each member is a daemon of its own with a state directory of its own (two "hosts
 reads every record; the group coordinator of the sink's name divides the documents' shares among
 them. A member is killed outright (its process group) once the coordinator lists it as owning
 shares and its own reading group's commits moved while it did, then started again; once its
-state directory is deleted first, so it reads everything again from offset 0. A reader polls the
+state directory is deleted first, so it reads everything again from offset 0. Then a member is
+stopped (SIGSTOP) past its session until the other owns every share and wrote, and resumed: it
+must learn of the move before it writes those shares again. A reader polls the
 documents throughout and fails on a version going back or a version seen with two contents. At
 the end both members own shares and every document equals the SQL join.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -62,6 +67,7 @@ def test_two_members_of_a_document_sink_killed_in_turn_end_equal_to_the_sql_join
     shares = Group(kafka_bootstrap, sink)
     source = run_daemon(config("source"), "shop", log="source.log")
     members: dict[str, subprocess.Popen] = {}
+    logs = {"m1": "m1.log", "m2": "m2.log"}  # each member's log of its current run
     writer, reader = Writer(shop), Reader(target)
     try:
         for name in ("m1", "m2"):
@@ -84,7 +90,29 @@ def test_two_members_of_a_document_sink_killed_in_turn_end_equal_to_the_sql_join
             kill_daemon(members.pop(victim))
             if kill == 1:  # its state lost: it reads every record again from offset 0
                 shutil.rmtree(tmp_path / victim)
-            members[victim] = run_daemon(config(victim), sink, log=f"{victim}-{kill + 1}.log")
+            logs[victim] = f"{victim}-{kill + 1}.log"
+            members[victim] = run_daemon(config(victim), sink, log=logs[victim])
+        # A stall: m1 stopped (its whole process group) past the session, so the coordinator gives
+        # its shares to m2, which writes them; resumed, m1 must hear of it before it writes again.
+        # Evidence that this run of m1 (not one killed before, which the coordinator may still
+        # list until its session ends) writes shares: its own log says so, and the coordinator
+        # agrees.
+        m1_log = tmp_path / logs["m1"]
+        wait_beside("m1 to write shares", lambda: "this member writes shares" in m1_log.read_text(errors="replace")
+                    and shares.owned_by().get("m1"), members["m1"], limit=240)
+        stopped_at = len(m1_log.read_text(errors="replace"))
+        os.killpg(members["m1"].pid, signal.SIGSTOP)
+        try:
+            wait_beside("m2 to own every share while m1 is stopped",
+                        lambda: len(shares.owned_by().get("m2", ())) == SHARES, members["m2"], limit=120)
+            top = target.top_version()
+            wait_beside("m2 to write while m1 is stopped", lambda: _moved(writer, target, top), members["m2"],
+                        limit=120)
+        finally:
+            os.killpg(members["m1"].pid, signal.SIGCONT)
+        wait_beside("m1 to hear that its shares went",
+                    lambda: re.search(r"(lost|revoked) shares", m1_log.read_text(errors="replace")[stopped_at:]),
+                    members["m1"], limit=120)
         wait_beside("writes under the last runs", lambda: writer.changes > 1500, source, limit=300)
         writer.stopping.set()
         writer.join(30)
