@@ -1,4 +1,5 @@
-"""Joined documents in OpenSearch under a live writer (sinks/documents, sinks/opensearch/doc_sink.py).
+"""Joined documents in OpenSearch, Redis and Redis Cluster under a live writer (sinks/documents,
+sinks/opensearch/doc_sink.py, sinks/redis/doc_sink.py).
 
 A shop on real PostgreSQL (customers, orders, order_items keyed by (order_id, line_no), products,
 categories), captured into the embedded log (two partitions per topic) and kept by ``cdc run`` as
@@ -31,6 +32,7 @@ import psycopg2
 import pytest
 import redis
 from opensearchpy import OpenSearch
+from redis.cluster import RedisCluster
 
 from cdc.dev.services import free_port
 from tests.conftest import _fresh_database
@@ -40,7 +42,7 @@ from tests.integration.pg_capture import execute
 pytestmark = [pytest.mark.postgres, pytest.mark.opensearch, pytest.mark.redis]
 
 ORDERS, CUSTOMERS, PRODUCTS, CATEGORIES, LINES = 40, 8, 12, 4, 4
-KILLS = {"opensearch": 20, "redis": 8}
+KILLS = {"opensearch": 20, "redis": 8, "redis-cluster": 6}
 
 SCHEMA = [
     "CREATE TABLE categories (id int PRIMARY KEY, name text)",
@@ -219,8 +221,9 @@ class SearchTarget(Target):
 
 
 class CacheTarget(Target):
-    def __init__(self, url: str, prefix: str, name: str) -> None:
-        self.client, self.prefix, self.name = redis.Redis.from_url(url), prefix, name
+    def __init__(self, url: str, prefix: str, name: str, cluster: bool = False) -> None:
+        self.client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        self.prefix, self.name, self.cluster = prefix, name, cluster
 
     def _keys(self) -> str:
         generation = int(self.client.get(f"{self.prefix}.generation") or 1)
@@ -230,17 +233,20 @@ class CacheTarget(Target):
         ns = self._keys()
         head = f"{ns}:doc:{self.name}:"
         keys = [k.decode() for k in self.client.scan_iter(match=f"{head}*", count=1000)]
-        return {key[len(head):]: orjson.loads(value) for key, value in zip(keys, self.client.mget(keys))
-                if value is not None}
+        values = self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
+        return {key[len(head):]: orjson.loads(value) for key, value in zip(keys, values) if value is not None}
 
     def versions(self, ids: list[str]) -> dict[str, tuple[int, dict | None]]:
         ns = self._keys()
-        pipe = self.client.pipeline(transaction=True)  # each document with its version, at one moment
-        for doc_id in ids:
-            key = f"{ns}:doc:{self.name}:{doc_id}"
-            pipe.get(key)
-            pipe.get(f"{ns}:v:{{{key}}}")
-        answers = pipe.execute()
+        pairs = [(f"{ns}:doc:{self.name}:{doc_id}", f"{ns}:v:{{{ns}:doc:{self.name}:{doc_id}}}") for doc_id in ids]
+        if self.cluster:  # a document and its version share a slot (the version's hash tag): one MGET each
+            answers = [value for pair in pairs for value in self.client.mget(list(pair))]
+        else:
+            pipe = self.client.pipeline(transaction=True)  # each document with its version, at one moment
+            for key, version_key in pairs:
+                pipe.get(key)
+                pipe.get(version_key)
+            answers = pipe.execute()
         out: dict[str, tuple[int, dict | None]] = {}
         for doc_id, value, version in zip(ids, answers[::2], answers[1::2]):
             if version is not None:
@@ -283,17 +289,20 @@ def shop(pg_admin_dsn) -> Iterator[str]:
     next(databases, None)
 
 
-@pytest.mark.parametrize("store", ["opensearch", "redis"])
+@pytest.mark.parametrize("store", ["opensearch", "redis", "redis-cluster"])
 def test_documents_under_a_live_writer_and_kill_9_equal_the_sql_join(store, shop, opensearch_url, redis_url,
-                                                                     tmp_path):
+                                                                     redis_cluster_url, tmp_path):
     prefix = f"d{uuid.uuid4().hex[:6]}"
     name = f"{prefix}-orders"
     if store == "opensearch":
         sink = f"    type: opensearch\n    hosts: ['{opensearch_url}']\n"
         target: Target = SearchTarget(opensearch_url, name)
     else:
-        sink = f"    type: redis\n    url: '{redis_url}'\n    key_prefix: {prefix}\n    format: json\n"
-        target = CacheTarget(redis_url, prefix, name)
+        cluster = store == "redis-cluster"
+        url = redis_cluster_url if cluster else redis_url
+        sink = f"    type: redis\n    url: '{url}'\n    key_prefix: {prefix}\n    format: json\n" + \
+            ("    cluster: true\n" if cluster else "")
+        target = CacheTarget(url, prefix, name, cluster)
     config = tmp_path / "cdc.yaml"
     port = free_port()
     config.write_text(
