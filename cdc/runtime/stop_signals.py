@@ -27,6 +27,7 @@ Install and uninstall on the main thread (``signal.signal`` requires it).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -98,3 +99,10 @@ class StopSignals:
 def stop_on_signals(event: threading.Event | None = None) -> threading.Event:
     """SIGTERM and SIGINT set the returned event (``event`` if given) until the process ends."""
     return StopSignals(event).install()
+
+
+def stacks_on_sigusr1() -> None:
+    """From now on SIGUSR1 prints every thread's Python stack to stderr and changes nothing else
+    (faulthandler, from C: no lock, no handler on the main thread): what an operator, or a test,
+    asks of a process whose stop takes long."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -23,7 +23,8 @@ PySpark's, which calls the JVM from inside the handler (cancelAllJobs) while the
 thread may be in the middle of a call to it (Py4JNetworkError), then raises KeyboardInterrupt
 wherever that thread is (tests/faults/test_spark_stop_storm.py). Exit codes are the worker's: 0
 stopped, 75 failed and worth a restart (a delta sink resumes from its checkpoint), 2 failed for
-good (the message says why).
+good (the message says why). SIGUSR1 prints every thread's Python stack to stderr and changes
+nothing else: what an operator (or a test) asks of a stop that takes long.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def run_sink(config_path: str, name: str) -> int:
     from cdc.config import load_config
     from cdc.plugins import sink_class
     from cdc.runtime.contexts import sink_context
-    from cdc.runtime.stop_signals import stop_on_signals
+    from cdc.runtime.stop_signals import stacks_on_sigusr1, stop_on_signals
 
     try:
         config = load_config(config_path, only=[name])
@@ -82,6 +83,7 @@ def run_sink(config_path: str, name: str) -> int:
 
     sink = plugin(sink_config)
     sink.attach(sink_context(name, log_config=config.log))
+    stacks_on_sigusr1()
     stop = stop_on_signals()
     failed: list[BaseException] = []
 

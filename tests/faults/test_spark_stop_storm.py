@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,10 @@ def test_the_delta_sink_process_stops_cleanly_after_every_burst(spark, dev_env_f
             try:
                 code = process.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGUSR1)  # every thread's Python stack into its output
+                time.sleep(2)
                 raise AssertionError(f"stop {stop} ({', '.join(sent)}): still running after "
-                                     f"{STOP_TIMEOUT:.0f}s:\n{output.read_text(errors='replace')[-4000:]}") from None
+                                     f"{STOP_TIMEOUT:.0f}s:\n{output.read_text(errors='replace')[-12000:]}") from None
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)

@@ -131,3 +131,29 @@ def test_a_child_forked_with_the_handlers_takes_its_own_signals():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     child = subprocess.run([sys.executable, "-c", FORKED], env=env, capture_output=True, text=True, timeout=120)
     assert child.stdout.split() == ["-15", "False"], child.stdout + child.stderr
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
+    child = textwrap.dedent("""
+        import os, signal, sys, threading, time
+        from cdc.runtime.stop_signals import stacks_on_sigusr1, stop_on_signals
+
+        stacks_on_sigusr1()
+        stop = stop_on_signals()
+
+        def a_busy_sink_thread():
+            stop.wait()
+
+        threading.Thread(target=a_busy_sink_thread, name="sink").start()
+        print("ready", flush=True)
+        os.kill(os.getpid(), signal.SIGUSR1)  # as an operator would: the stacks, nothing else
+        time.sleep(0.2)
+        print("still running", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop.wait(30)
+        print("stopped" if stop.is_set() else "not stopped", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ready", "still", "running", "stopped"], done.stdout
+    assert "a_busy_sink_thread" in done.stderr and done.stderr.count("Thread 0x") >= 2, done.stderr
