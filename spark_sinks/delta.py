@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 # from the checkpoint). Below the worker's drain time (cdc run's --grace, 20 s by default), so
 # the sink stops the query itself rather than the worker exiting under it.
 STOP_WAIT_S = 8.0
+STOP_TIMEOUT = "30s"  # then a query's stop gives up waiting for its batch (spark.sql.streaming.stopTimeout)
 
 
 class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
@@ -139,7 +140,13 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
                     # JVM's and Py4J's stack traces about it would only bury the log's real lines.
                     self.session.sparkContext.setLogLevel("OFF")
                     logging.getLogger("py4j").setLevel(logging.CRITICAL)
-                query.stop()
+                try:
+                    query.stop()
+                except Exception as err:  # noqa: BLE001 - Spark's TimeoutException through Py4J
+                    # Its batch did not end within spark.sql.streaming.stopTimeout: the context's
+                    # stop below ends it, and it re-runs from the checkpoint at the next start.
+                    log.warning("delta sink %s: the query did not stop within %s; stopping Spark under it (%s)",
+                                self.config.name, STOP_TIMEOUT, _first_line(err))
             if job is not None and job.log is not None:
                 job.log.close()
             if self._own_session and self.session is not None:
@@ -298,6 +305,8 @@ def _runtime_settings(session: SparkSession, conf: dict[str, str]) -> None:
     made it; setting one again, even to its own value, fails with CANNOT_MODIFY_CONFIG. Under
     spark-submit they belong on its command line: one that differs there is logged."""
     started = session.sparkContext.getConf()
+    # A query's stop waits for its batch in flight; Spark's default waits for ever.
+    session.conf.set("spark.sql.streaming.stopTimeout", STOP_TIMEOUT)
     for name, value in conf.items():
         if session.conf.isModifiable(name):
             session.conf.set(name, value)
