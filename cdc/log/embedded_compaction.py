@@ -39,7 +39,7 @@ INSERT INTO latest (pid, key, id) SELECT ?1, key, top FROM temp.chunk_latest WHE
 ON CONFLICT (pid, key) DO UPDATE SET id = excluded.id
 """
 # A tombstone of the clean section [?2, ?3) from ?1 or before goes, and its key leaves ``latest``
-# (partition ?4): being in the clean section, it is the only record of its key there.
+# (``_drop_tombstones``): being in the clean section, it is the only record of its key there.
 _TOMBSTONES = """
 SELECT id, key FROM records INDEXED BY tombstones
 WHERE value IS NULL AND timestamp_ms <= ?1 AND id >= ?2 AND id < ?3
@@ -55,7 +55,6 @@ def _deduplicate(conn: sqlite3.Connection, pid: int, start: int, stop: int) -> N
     conn.execute(_DELETE_SUPERSEDED_CLEAN, (pid,))
     conn.execute(_DELETE_SUPERSEDED_CHUNK, (start, stop))
     conn.execute(_MOVE_LATEST, (pid,))
-    conn.execute("DELETE FROM temp.chunk_latest")
 
 
 def _drop_tombstones(conn: sqlite3.Connection, pid: int, cutoff: int) -> None:
