@@ -23,11 +23,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from cdc.api import SinkConfig
+
+# The properties of a Delta table the sink creates, unless table_properties says otherwise.
+DELTA_PROPERTIES = {"delta.enableDeletionVectors": "true"}
 
 
 class _Section(BaseModel):
@@ -51,10 +54,42 @@ class SparkSettings(_Section):
     driver_memory: str = "2g"
 
 
+class IcebergCatalog(_Section):
+    type: Literal["hadoop", "jdbc", "rest"] = Field(
+        default="hadoop", description="hadoop: the tables' metadata in the warehouse directory; jdbc: in a "
+                                      "database (uri: jdbc:postgresql://...); rest: an Iceberg REST catalog")
+    name: str = Field(default="cdc", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                      description="the catalog's name in Spark SQL: tables are <name>.<schema>.<table>")
+    uri: str | None = Field(default=None, description="jdbc and rest: where the catalog is")
+    warehouse: str | None = Field(default=None, description="where data files go; default: the sink's path")
+    properties: dict[str, str] = Field(
+        default_factory=dict, description="more catalog properties (jdbc.user, jdbc.password, credential, ...)")
+
+    @model_validator(mode="after")
+    def _uri(self) -> IcebergCatalog:
+        if self.type != "hadoop" and not self.uri:
+            raise ValueError(f"an Iceberg {self.type} catalog needs its uri")
+        return self
+
+
+class IcebergSettings(_Section):
+    catalog: IcebergCatalog = Field(default_factory=IcebergCatalog)
+    write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
+        default="merge-on-read", description="how MERGE, UPDATE and DELETE change a table: merge-on-read "
+                                             "writes position deletes beside new rows (cheap writes, reads "
+                                             "merge them until compaction); copy-on-write rewrites the "
+                                             "data files a change touches")
+
+
 class DeltaSinkConfig(SinkConfig):
     type: Literal["delta"] = "delta"
+    table_format: Literal["delta", "iceberg"] = Field(
+        default="delta", description="delta: Delta tables under path; iceberg: Iceberg tables in the catalog "
+                                     "of the iceberg section")
     path: str = Field(description="root of the Delta tables (a directory or a URI: s3a://, abfss://); "
-                                  "table <schema>.<table> is <path>/<schema>/<table>")
+                                  "table <schema>.<table> is <path>/<schema>/<table>. Iceberg: the "
+                                  "warehouse, unless iceberg.catalog.warehouse names another")
+    iceberg: IcebergSettings = Field(default_factory=IcebergSettings)
     checkpoint: str = Field(description="the streaming query's checkpoint (offsets and batch commits): "
                                         "delete it together with the tables to start over")
     trigger_seconds: float = Field(default=5.0, ge=0, description="seconds between micro-batches "
@@ -81,9 +116,9 @@ class DeltaSinkConfig(SinkConfig):
         default=False, description="fail when offsets the checkpoint expects are gone; compaction "
                                    "removes offsets by design, so the default is false")
     table_properties: dict[str, str] = Field(
-        default_factory=lambda: {"delta.enableDeletionVectors": "true"},
-        description="properties of the tables created (deletion vectors: a MERGE marks rows instead "
-                    "of rewriting whole files)")
+        default_factory=dict,
+        description="properties of the tables created; Delta's default turns on deletion vectors (a "
+                    "MERGE marks rows instead of rewriting whole files)")
     json_columns: Literal["string", "variant"] = Field(
         default="string", description="the type of json/jsonb columns: string (their JSON text) or "
                                       "variant (Spark 4's VARIANT: semi-structured, queried by path; a "
@@ -104,8 +139,18 @@ class DeltaSinkConfig(SinkConfig):
             path = Path(base_dir) / path
         return str(path.resolve()) if path.is_absolute() else str(path)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_properties(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "table_properties" not in data and data.get("table_format", "delta") == "delta":
+            return {**data, "table_properties": dict(DELTA_PROPERTIES)}
+        return data
+
     @model_validator(mode="after")
     def _one_delete_mode(self) -> DeltaSinkConfig:
         if self.scd2 and self.soft_delete:
             raise ValueError("scd2 keeps deleted rows as closed history already; do not set soft_delete too")
+        if self.table_format == "iceberg" and self.json_columns == "variant":
+            raise ValueError("json_columns: variant needs Iceberg format version 3, which the sink does not "
+                             "write yet; use json_columns: string with table_format: iceberg")
         return self

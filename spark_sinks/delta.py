@@ -44,6 +44,7 @@ from cdc.api import (
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
 from spark_sinks.session import quiet_loggers
+from spark_sinks.tables import session_settings, targets
 
 if TYPE_CHECKING:  # imported where used: pyspark loads only once a sink starts
     from pyspark.sql import SparkSession
@@ -98,6 +99,8 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
             try:
                 quiet_loggers(session)  # spark-submit's session, or one given, too
                 own = self.session = session.newSession()  # its own SQL settings, the same SparkContext
+                for name, value in session_settings(self.config).items():
+                    own.conf.set(name, value)  # a catalog: Spark reads its settings when it is first named
                 _runtime_settings(own, self.config.spark.conf)
                 job = self.job = DeltaJob(self.config, bootstrap_servers=bootstrap, prefix=prefix, log_=log_,
                                           kafka_options=options, stats=self.context.stats, registry_url=registry_url,
@@ -171,10 +174,10 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
                 session, self._own_session = _session(self.config, self.context.spark_jars), True
             quiet_loggers(session)
             own = self.session = session.newSession()  # the sink's SQL settings, as its MERGEs have them
-            for name, value in self.config.spark.conf.items():
+            for name, value in {**session_settings(self.config), **self.config.spark.conf}.items():
                 own.conf.set(name, value)
             mode = "scd2" if self.config.scd2 else "soft" if self.config.soft_delete else "type1"
-            self._reader = DeltaReader(own, self.config.path, prefix, mode, self.config.checkpoint)
+            self._reader = DeltaReader(own, targets(self.config, prefix), mode, self.config.checkpoint)
 
     def _reading(self) -> DeltaReader:
         if self._reader is None:
@@ -308,8 +311,8 @@ def _runtime_settings(session: SparkSession, conf: dict[str, str]) -> None:
     # A query's stop waits for its batch in flight; Spark's default waits for ever.
     session.conf.set("spark.sql.streaming.stopTimeout", STOP_TIMEOUT)
     for name, value in conf.items():
-        if session.conf.isModifiable(name):
-            session.conf.set(name, value)
+        if session.conf.isModifiable(name) or name.startswith("spark.sql.catalog."):
+            session.conf.set(name, value)  # a catalog's settings are read when it is first named
         elif started.get(name) != value:
             log.warning("delta sink: %s=%s is a setting Spark takes only at start (the running session has %s): "
                         "give it to spark-submit --conf", name, value, started.get(name))

@@ -67,7 +67,7 @@ from spark_sinks.parse import (
 )
 from spark_sinks.schemas import SchemaRegistry, TableShape
 from spark_sinks.session import conf_within
-from spark_sinks.tables import TableTarget
+from spark_sinks.tables import TableTarget, create_properties, targets
 from spark_sinks.timing import PhaseClock
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ class DeltaJob:
         self._query_id: str | None = None
         self._started = threading.Event()
         self._targets: dict[tuple[str, str], TableTarget] = {}
+        self._make_target = targets(config, prefix)
         self.clock = PhaseClock()
         self.stopping = False   # set by the sink's stop(): a batch failing now was interrupted
 
@@ -276,8 +277,7 @@ class DeltaJob:
     def _target(self, topic: str, area: str = "") -> TableTarget:
         target = self._targets.get((topic, area))
         if target is None:
-            target = self._targets[(topic, area)] = TableTarget(self.config.path, topic, self.prefix,
-                                                                self.mode, area=area)
+            target = self._targets[(topic, area)] = self._make_target(topic, self.mode, area)
         return target
 
     def _shape(self, session: SparkSession, item: Row, target: TableTarget) -> TableShape:
@@ -373,7 +373,7 @@ class DeltaJob:
                 if plan.changes_table and self.after_shape is not None:
                     self.after_shape(batch_id, target.name)
             else:
-                target.create(session, shape, self.config.table_properties)
+                target.create(session, shape, create_properties(self.config))
         if item["truncated_at"] is not None:
             with clock.phase("truncate"):
                 if self.mode == "scd2":
@@ -402,7 +402,7 @@ class DeltaJob:
                 fresh = decoder.prepare(scd2.newer_than_history(session, target, changes))
                 source = fresh.select(KEY, F.col("op").alias(OP), F.col("version").alias(VERSION),
                                       F.col("ts_ms").alias(TS), *decoder.columns())
-            with clock.phase("merge"), self._txn(session, batch_id, "merge"):
+            with clock.phase("merge"), self._txn(session, target, batch_id, "merge"):
                 scd2.merge(session, target, source, data_columns)
         else:
             with clock.phase("plan"):
@@ -423,10 +423,10 @@ class DeltaJob:
             # whether or not its MERGE committed (it only drops upserts older than the delete),
             # and a re-run batch skips the append by its transaction id.
             memory = merge.beside(lambda: merge.remember_deletes(session, target, source, self._txn_options(
-                batch_id, "deletes"))) if remember else None
+                target, batch_id, "deletes"))) if remember else None
             failed = None
             try:
-                with clock.phase("merge"), self._txn(session, batch_id, "merge"):
+                with clock.phase("merge"), self._txn(session, target, batch_id, "merge"):
                     merge.merge(session, target, source, data_columns, self.mode == "soft", insert_only=empty)
             finally:   # waited for also when the MERGE failed (whose error is the one raised)
                 if memory is not None:
@@ -439,17 +439,23 @@ class DeltaJob:
         if self.after_table is not None:
             self.after_table(batch_id, target.name)
 
-    def _txn_options(self, batch_id: int, step: str) -> dict[str, str]:
+    def _txn_options(self, target: TableTarget, batch_id: int, step: str) -> dict[str, str]:
         """The Delta writer options that make a commit of this batch's ``step`` happen once: it
-        is skipped if its table already has that app id at this batch id or later."""
+        is skipped if its table already has that app id at this batch id or later. Empty for a
+        format without transaction ids (spark_sinks/iceberg.py: the writes are version-guarded)."""
+        if not target.transactions:
+            return {}
         return {"txnAppId": f"cdc-delta-sink:{self._query_id}:{step}", "txnVersion": str(batch_id),
                 "userMetadata": orjson.dumps({"sink": self.name, "batch": batch_id, "step": step}).decode()}
 
     @contextmanager
-    def _txn(self, session: SparkSession, batch_id: int, step: str) -> Iterator[None]:
+    def _txn(self, session: SparkSession, target: TableTarget, batch_id: int, step: str) -> Iterator[None]:
         """``_txn_options`` as the session's settings, for the Delta commits inside (a MERGE
         takes no writer options)."""
-        options = self._txn_options(batch_id, step)
+        options = self._txn_options(target, batch_id, step)
+        if not options:
+            yield
+            return
         with conf_within(session, {TXN_APP_ID: options["txnAppId"], TXN_VERSION: options["txnVersion"],
                                  USER_METADATA: options["userMetadata"]}):
             yield

@@ -26,20 +26,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_sinks.parse import DELETED, KEY, OP, TS, VERSION
-from spark_sinks.tables import DELETED_AT, TRUNCATED_PROPERTY, TableTarget, quote
-
-
-def _s(name: str) -> Column:
-    return F.col(f"s.{quote(name)}")
-
-
-def _t(name: str) -> Column:
-    return F.col(f"t.{quote(name)}")
+from spark_sinks.tables import DELETED_AT, TRUNCATED_PROPERTY, TableTarget, in_source, in_target, quote
 
 
 def without_remembered_deletes(session: SparkSession, target: TableTarget, latest: DataFrame) -> DataFrame:
@@ -47,8 +38,7 @@ def without_remembered_deletes(session: SparkSession, target: TableTarget, lates
     same key outranks."""
     if not target.deletes_exist(session):
         return latest
-    memory = (DeltaTable.forPath(session, target.deletes_path).toDF()
-              .groupBy(KEY).agg(F.max(VERSION).alias("__remembered")))
+    memory = target.frame(session, deletes=True).groupBy(KEY).agg(F.max(VERSION).alias("__remembered"))
     joined = latest.join(memory, KEY, "left")
     keep = F.col("__remembered").isNull() | (F.col("op") == "d") | (F.col("version") > F.col("__remembered"))
     return joined.where(keep).drop("__remembered")
@@ -63,28 +53,29 @@ def merge(session: SparkSession, target: TableTarget, source: DataFrame, data_co
     no clause can match and only the insert clauses are given: Delta's insert-only MERGE reads
     the source and writes its rows, without finding matched files or writing deletion vectors.
     The rows written are the same as the full MERGE's."""
-    table = DeltaTable.forPath(session, target.path).alias("t")
-    is_delete = _s(OP) == "d"
-    newer = _s(VERSION) > _t(VERSION)
-    row: dict[str, str | Column] = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS)}
-    builder = table.merge(source.alias("s"), _t(KEY) == _s(KEY))
+    is_delete, upsert = f"{in_source(OP)} = 'd'", f"{in_source(OP)} <> 'd'"
+    newer = f"{in_source(VERSION)} > {in_target(VERSION)}"
+    row = {quote(c): in_source(c) for c in (*data_columns, KEY, VERSION, OP, TS)}
+    builder = target.merge_into(session, source, f"{in_target(KEY)} = {in_source(KEY)}")
     if soft_delete:
         if not insert_only:
             # A tombstone (no version) marks a live row deleted; a versioned delete also bumps the
             # remembered version of a row already deleted.
             builder = builder.whenMatchedUpdate(
-                condition=is_delete & ((_s(VERSION).isNull() & ~_t(DELETED)) | newer),
-                set={quote(DELETED): F.lit(True), quote(OP): F.lit("d"),
-                     quote(VERSION): F.coalesce(_s(VERSION), _t(VERSION)), quote(TS): F.coalesce(_s(TS), _t(TS))})
-            builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set={**row, quote(DELETED): F.lit(False)})
-        builder = builder.whenNotMatchedInsert(condition=~is_delete, values={**row, quote(DELETED): F.lit(False)})
-        builder = builder.whenNotMatchedInsert(condition=is_delete & _s(VERSION).isNotNull(),
-                                               values={**row, quote(DELETED): F.lit(True)})
+                condition=f"{is_delete} AND (({in_source(VERSION)} IS NULL AND NOT {in_target(DELETED)}) OR {newer})",
+                set={quote(DELETED): "true", quote(OP): "'d'",
+                     quote(VERSION): f"coalesce({in_source(VERSION)}, {in_target(VERSION)})",
+                     quote(TS): f"coalesce({in_source(TS)}, {in_target(TS)})"})
+            builder = builder.whenMatchedUpdate(condition=f"{upsert} AND {newer}",
+                                                set={**row, quote(DELETED): "false"})
+        builder = builder.whenNotMatchedInsert(condition=upsert, values={**row, quote(DELETED): "false"})
+        builder = builder.whenNotMatchedInsert(condition=f"{is_delete} AND {in_source(VERSION)} IS NOT NULL",
+                                               values={**row, quote(DELETED): "true"})
     else:
         if not insert_only:
-            builder = builder.whenMatchedDelete(condition=is_delete & (_s(VERSION).isNull() | newer))
-            builder = builder.whenMatchedUpdate(condition=~is_delete & newer, set=row)
-        builder = builder.whenNotMatchedInsert(condition=~is_delete, values=row)
+            builder = builder.whenMatchedDelete(condition=f"{is_delete} AND ({in_source(VERSION)} IS NULL OR {newer})")
+            builder = builder.whenMatchedUpdate(condition=f"{upsert} AND {newer}", set=row)
+        builder = builder.whenNotMatchedInsert(condition=upsert, values=row)
     builder.execute()
 
 
@@ -92,20 +83,20 @@ def remember_deletes(session: SparkSession, target: TableTarget, latest: DataFra
                      options: dict[str, str] | None = None) -> None:
     """Append the versioned deletes of ``latest`` to the side table: an append is a fraction of
     a MERGE's cost, and readers of the memory take the newest version per key. ``options``: the
-    Delta writer's (its transaction id and commit metadata, given per write so that the append
+    writer's (Delta: its transaction id and commit metadata, given per write so that the append
     can run beside another write of the session)."""
     deletes = (latest.where((F.col(OP) == "d") & F.col(VERSION).isNotNull())
                .select(KEY, VERSION, F.current_timestamp().alias(DELETED_AT)))
     # One file per batch, not one per partition of the source: a batch's deletes are few, and
     # every later batch reads the whole memory (its files listed, opened and joined).
-    deletes.coalesce(1).write.format("delta").mode("append").options(**(options or {})).save(target.deletes_path)
+    target.append_deletes(deletes.coalesce(1), options or {})
     target.deletes_written()
 
 
 def purge_deletes(session: SparkSession, target: TableTarget, retention_hours: float) -> None:
     if target.deletes_exist(session):
-        cutoff = F.current_timestamp() - F.expr(f"INTERVAL {int(retention_hours * 3600)} SECONDS")
-        DeltaTable.forPath(session, target.deletes_path).delete(F.col(DELETED_AT) < cutoff)
+        target.delete(session, f"{quote(DELETED_AT)} < current_timestamp() - "
+                               f"INTERVAL {int(retention_hours * 3600)} SECONDS", deletes=True)
 
 
 def truncate(session: SparkSession, target: TableTarget, version: int, soft_delete: bool) -> None:
@@ -116,14 +107,13 @@ def truncate(session: SparkSession, target: TableTarget, version: int, soft_dele
     current = target.truncated_at(session)
     if current is None or version > current:
         target.set_properties(session, {TRUNCATED_PROPERTY: str(version)})
-    table = DeltaTable.forPath(session, target.path)
-    older = F.col(VERSION) < version
+    older = f"{quote(VERSION)} < {int(version)}"
     if soft_delete:
-        table.update(older & ~F.col(DELETED), {DELETED: F.lit(True), OP: F.lit("t")})
+        target.update(session, f"{older} AND NOT {quote(DELETED)}", {DELETED: "true", OP: "'t'"})
     else:
-        table.delete(older)
+        target.delete(session, older)
     if target.deletes_exist(session):
-        DeltaTable.forPath(session, target.deletes_path).delete(older)
+        target.delete(session, older, deletes=True)
 
 
 def beside(work: Callable[[], None]) -> Callable[[], BaseException | None]:

@@ -30,11 +30,10 @@ offsets of the newest committed batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -53,8 +52,10 @@ _ROW = "_cdc_verify_row"
 class DeltaReader:
     """Reads of one sink's tables; ``target(topic)`` as the sink writes them."""
 
-    def __init__(self, session: SparkSession, root: str, prefix: str, mode: str, checkpoint: str) -> None:
-        self.session, self.root, self.prefix, self.mode, self.checkpoint = session, root, prefix, mode, checkpoint
+    def __init__(self, session: SparkSession, make_target: Callable[..., TableTarget], mode: str,
+                 checkpoint: str) -> None:
+        """``make_target(topic, mode)``: a topic's tables in the sink's format (tables.targets)."""
+        self.session, self.make_target, self.mode, self.checkpoint = session, make_target, mode, checkpoint
         # What was read of each table's metadata (schema, key, mode): read again at the start of
         # each pass over a table (``read_rows``, a ``read_range`` from the first key).
         self._targets: dict[str, TableTarget] = {}
@@ -64,12 +65,12 @@ class DeltaReader:
         target = None if fresh else self._targets.get(topic)
         if target is not None:
             return target
-        target = TableTarget(self.root, topic, self.prefix, self.mode)
+        target = self.make_target(topic, self.mode)
         if not target.exists(self.session):
             return None
         mode = target.properties(self.session).get(MODE_PROPERTY)
         if mode and mode != self.mode:
-            target = TableTarget(self.root, topic, self.prefix, mode)
+            target = self.make_target(topic, mode)
         self._targets[topic] = target
         return target
 
@@ -124,17 +125,17 @@ class DeltaReader:
         fields = {f.name: f for f in data_fields(target.schema(self.session))}
         key = target.key(self.session)
         if not key or any(name not in fields for name in key):
-            raise ConfigError(f"Delta table {target.name} at {target.path} names no key columns it has "
+            raise ConfigError(f"{target.format} table {target.name} at {target.where} names no key columns it has "
                               f"(table property cdc.key: {key}); it cannot be verified")
         odd = [f"{name} ({fields[name].dataType.simpleString()})" for name in key
                if not isinstance(fields[name].dataType, _KEY_TYPES)]
         if odd:
-            raise ConfigError(f"Delta table {target.name}: key column {', '.join(odd)} is not a number, text or "
+            raise ConfigError(f"{target.format} table {target.name}: key column {', '.join(odd)} is not a number, text or "
                               f"date, whose order verify can read the same in the table and in the source")
         return fields, key
 
     def _select(self, target: TableTarget, condition: Column | None) -> list[StoredRow]:
-        frame: DataFrame = DeltaTable.forPath(self.session, target.path).toDF()
+        frame: DataFrame = target.frame(self.session)
         fields, key = self._key(target)
         live = {"soft": ~F.coalesce(F.col(DELETED), F.lit(False)), "scd2": F.col(CURRENT)}.get(target.mode)
         for where in (live, condition):

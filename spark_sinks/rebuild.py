@@ -1,7 +1,7 @@
 """Tables built again from their compacted topics: one table when its source's shape asks for it
 (``schema_policy: rebuild``, from a batch), or every table on ``cdc rebuild`` (before the query
-starts). Each goes into a staging table under ``<path>/_cdc_rebuild`` through the same path as
-every batch, then is swapped in by one overwrite commit: readers see the old table until then,
+starts). Each goes into a staging table (Delta: under ``<path>/_cdc_rebuild``; Iceberg: in the
+namespace ``_cdc_rebuild.<schema>``) through the same path as every batch, then is swapped in by one overwrite commit: readers see the old table until then,
 and a rebuild cut short leaves it; the next one deletes the staging table first."""
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ def rebuild_table(job: DeltaJob, session: SparkSession, target: TableTarget, sha
     table until then). The topic is read to its current end; later batches that repeat some of
     it change nothing (version-guarded)."""
     staging = job._target(target.topic, "_cdc_rebuild")
-    for path in (staging.path, staging.deletes_path):
-        _remove(session, path)
+    staging.drop(session)
     staging.forget()
     # Rows written before a rename the live table followed land under the new name.
     staging.inherited_former = target.former_names(session)
@@ -72,31 +71,17 @@ def rebuild_table(job: DeltaJob, session: SparkSession, target: TableTarget, sha
         job.apply_topic(session, rows, item, batch_id, staging, shape)
     finally:
         rows.unpersist()
-    (session.read.format("delta").load(staging.path).write.format("delta").mode("overwrite")
-     .option("overwriteSchema", "true").save(target.path))
+    target.replace(session, staging.frame(session))
     target.forget()
     properties = {k: v for k, v in staging.properties(session).items() if k.startswith("cdc.")}
     target.set_properties(session, properties)
     if staging.deletes_exist(session):
-        (session.read.format("delta").load(staging.deletes_path).write.format("delta")
-         .mode("overwrite").save(target.deletes_path))
+        target.replace(session, staging.frame(session, deletes=True), deletes=True)
     elif target.deletes_exist(session):
-        from delta.tables import DeltaTable
-
-        DeltaTable.forPath(session, target.deletes_path).delete()
-    for path in (staging.path, staging.deletes_path):
-        _remove(session, path)
+        target.delete(session, None, deletes=True)
+    staging.drop(session)
     staging.forget()
     target.forget()
     log.warning("table %s rebuilt from %s", target.name, target.topic, extra=job._extra())
     return True
-
-
-def _remove(session: SparkSession, path: str) -> None:
-    """Delete a directory tree on whatever file system ``path`` names (Hadoop's FileSystem)."""
-    # PySpark has no public file system API: Hadoop's is reached through Py4J only.
-    jvm = session.sparkContext._jvm  # noqa: SLF001
-    assert jvm is not None  # a live session's context has its JVM
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)  # noqa: SLF001
 

@@ -20,22 +20,13 @@ A tombstone alone (its delete compacted away) closes the current row at its vers
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_sinks.parse import CURRENT, KEY, OP, TS, VALID_FROM, VALID_TO, VERSION
-from spark_sinks.tables import TRUNCATED_PROPERTY, TableTarget, quote
+from spark_sinks.tables import TRUNCATED_PROPERTY, TableTarget, in_source, in_target, quote
 
 MERGE_KEY, CLOSE_AT = "__merge_key", "__close_at"
-
-
-def _s(name: str) -> Column:
-    return F.col(f"s.{quote(name)}")
-
-
-def _t(name: str) -> Column:
-    return F.col(f"t.{quote(name)}")
 
 
 def newer_than_history(session: SparkSession, target: TableTarget, changes: DataFrame) -> DataFrame:
@@ -47,7 +38,7 @@ def newer_than_history(session: SparkSession, target: TableTarget, changes: Data
                   .select(KEY, F.lit("d").alias("op"), F.lit(None).cast("long").alias("version"),
                           F.lit(None).cast("long").alias("ts_ms"), F.lit(None).cast("string").alias("data"),
                           F.lit(None).cast("long").alias("codec")))
-    history = (DeltaTable.forPath(session, target.path).toDF()
+    history = (target.frame(session)
                .join(versioned.select(KEY).distinct(), KEY, "left_semi")
                .groupBy(KEY).agg(F.max(F.greatest(VALID_FROM, F.coalesce(VALID_TO, VALID_FROM))).alias("__seen")))
     fresh = (versioned.join(history, KEY, "left")
@@ -73,11 +64,10 @@ def merge(session: SparkSession, target: TableTarget, rows: DataFrame, data_colu
                                                      (VALID_FROM, "long"), (VALID_TO, "long"))],
         F.lit(None).cast("boolean").alias(CURRENT))
     source = new_rows.unionByName(closers)
-    insert: dict[str, str | Column] = {quote(c): _s(c) for c in (*data_columns, KEY, VERSION, OP, TS, VALID_FROM, VALID_TO, CURRENT)}
-    (DeltaTable.forPath(session, target.path).alias("t")
-     .merge(source.alias("s"), (_t(KEY) == _s(MERGE_KEY)) & _t(CURRENT))
-     .whenMatchedUpdate(set={VALID_TO: _s(CLOSE_AT), CURRENT: F.lit(False)})
-     .whenNotMatchedInsert(condition=_s(MERGE_KEY).isNull(), values=insert)
+    insert = {quote(c): in_source(c) for c in (*data_columns, KEY, VERSION, OP, TS, VALID_FROM, VALID_TO, CURRENT)}
+    (target.merge_into(session, source, f"{in_target(KEY)} = {in_source(MERGE_KEY)} AND {in_target(CURRENT)}")
+     .whenMatchedUpdate(set={quote(VALID_TO): in_source(CLOSE_AT), quote(CURRENT): "false"})
+     .whenNotMatchedInsert(condition=f"{in_source(MERGE_KEY)} IS NULL", values=insert)
      .execute())
 
 
@@ -85,5 +75,5 @@ def truncate(session: SparkSession, target: TableTarget, version: int) -> None:
     current = target.truncated_at(session)
     if current is None or version > current:
         target.set_properties(session, {TRUNCATED_PROPERTY: str(version)})
-    DeltaTable.forPath(session, target.path).update(
-        F.col(CURRENT) & (F.col(VALID_FROM) < version), {VALID_TO: F.lit(version), CURRENT: F.lit(False)})
+    target.update(session, f"{quote(CURRENT)} AND {quote(VALID_FROM)} < {int(version)}",
+                  {VALID_TO: str(int(version)), CURRENT: "false"})

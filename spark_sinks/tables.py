@@ -1,9 +1,14 @@
-"""The Delta tables of one source table: where they live, their bookkeeping, creating and evolving.
+"""The tables of one source table: where they live, their bookkeeping, creating and evolving.
 
-``<root>/<schema>/<table>`` holds the rows; ``<root>/_cdc_deletes/<schema>/<table>`` remembers
-deleted keys with their versions (hard deletes only; a soft-deleted or SCD2-closed row remembers
-its own delete). Paths under ``_``-prefixed directories are skipped by Spark's file listing, so a
-reader of ``<root>`` never mistakes them for data.
+``TableTarget`` is what every table format shares; ``DeltaTarget`` (here) and ``IcebergTarget``
+(spark_sinks/iceberg.py) are where the formats differ: how a table is named, read, created,
+merged into, and replaced. Conditions and assignments are SQL text, which both formats take.
+
+Delta: ``<root>/<schema>/<table>`` holds the rows; ``<root>/_cdc_deletes/<schema>/<table>``
+remembers deleted keys with their versions (hard deletes only; a soft-deleted or SCD2-closed row
+remembers its own delete). Paths under ``_``-prefixed directories are skipped by Spark's file
+listing, so a reader of ``<root>`` never mistakes them for data. Iceberg: the same names in a
+catalog's namespaces (``<catalog>.<schema>.<table>``, ``<catalog>._cdc_deletes.<schema>.<table>``).
 
 Table properties carry what the sink must know across restarts, in the table's own log:
 ``cdc.key`` (the key columns, to notice a key change), ``cdc.mode`` (type1, soft, scd2: a table
@@ -11,7 +16,7 @@ is never silently written in another mode), ``cdc.truncated_at`` (the newest tru
 version: anything older is ignored afterwards) and ``cdc.former_names`` (JSON: a renamed column's
 earlier names, newest first, so that rows of a shape before the rename land under the new name).
 
-Renaming a column needs Delta's column mapping (``delta.columnMapping.mode = name``): the sink
+Renaming a column in Delta needs its column mapping (``delta.columnMapping.mode = name``): the sink
 creates its tables with it, and turns it on in a table made without it when the first rename
 arrives (a protocol upgrade: readers need Delta reader version 2 or table features).
 
@@ -23,9 +28,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -57,6 +64,16 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def in_source(name: str) -> str:
+    """A column of a MERGE's source (alias ``s``), as SQL text."""
+    return f"s.{quote(name)}"
+
+
+def in_target(name: str) -> str:
+    """A column of a MERGE's target table (alias ``t``), as SQL text."""
+    return f"t.{quote(name)}"
+
+
 def literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -75,20 +92,23 @@ def split_topic(topic: str, prefix: str) -> tuple[str, str]:
 
 
 class TableTarget:
-    def __init__(self, root: str, topic: str, prefix: str, mode: str, *, area: str = "") -> None:
+    """One source table's tables, in a table format (the subclasses)."""
+
+    format = ""
+    # Delta: a batch's commits carry transaction ids (job.py), so a re-run batch skips them.
+    transactions = False
+
+    def __init__(self, topic: str, prefix: str, mode: str, *, area: str = "") -> None:
         namespace, table = split_topic(topic, prefix)
-        root = root.rstrip("/")
-        self.topic, self.mode = topic, mode
+        self.topic, self.mode, self.area = topic, mode, area
+        self.namespace, self.table = namespace, table
         self.name = f"{namespace}.{table}"
-        self.path = f"{root}/{area + '/' if area else ''}{namespace}/{table}"
-        self.deletes_path = f"{root}/_cdc_deletes/{area + '/' if area else ''}{namespace}/{table}"
-        self.root = root
         self._exists = False
         # True from create() until the first write: a table this job made and has not written
         # yet holds no row (a MERGE into it needs no matched clauses).
         self.empty = False
         # None: not asked yet. Unlike the table's own existence an absent memory is cached too (a
-        # table without deletes would ask Delta each batch): this sink is its one writer, and
+        # table without deletes would ask each batch): this sink is its one writer, and
         # deletes_written() and forget() keep the answer true.
         self._deletes_exist: bool | None = None
         self._properties: dict[str, str] | None = None
@@ -99,15 +119,77 @@ class TableTarget:
         # job starts and hourly after, not in every restart's first batch.
         self.purged_at = time.monotonic()
 
+    # -- what each format says -------------------------------------------------------------------
+    @property
+    def ref(self) -> str:
+        """The rows' table as SQL names it."""
+        raise NotImplementedError
+
+    @property
+    def deletes_ref(self) -> str:
+        """The delete memory's table as SQL names it."""
+        raise NotImplementedError
+
+    @property
+    def where(self) -> str:
+        """Where the table is, for messages."""
+        raise NotImplementedError
+
+    def _is_table(self, session: SparkSession, deletes: bool) -> bool:
+        raise NotImplementedError
+
+    def frame(self, session: SparkSession, deletes: bool = False) -> DataFrame:
+        """The rows (or the delete memory) as a DataFrame."""
+        raise NotImplementedError
+
+    def merge_into(self, session: SparkSession, source: DataFrame, on: str) -> MergeBuilder:
+        """A MERGE of ``source`` (alias ``s``) into the rows (alias ``t``) on ``on``."""
+        raise NotImplementedError
+
+    def delete(self, session: SparkSession, condition: str | None, deletes: bool = False) -> None:
+        """Delete the rows (or memory entries) matching ``condition`` (SQL; None: all)."""
+        session.sql(f"DELETE FROM {self.deletes_ref if deletes else self.ref}"
+                    f"{f' WHERE {condition}' if condition else ''}")
+
+    def update(self, session: SparkSession, condition: str, assignments: dict[str, str]) -> None:
+        sets = ", ".join(f"{quote(name)} = {value}" for name, value in assignments.items())
+        session.sql(f"UPDATE {self.ref} SET {sets} WHERE {condition}")
+
+    def append_deletes(self, frame: DataFrame, options: dict[str, str]) -> None:
+        """Append ``frame`` to the delete memory, creating it if need be."""
+        raise NotImplementedError
+
+    def replace(self, session: SparkSession, frame: DataFrame, deletes: bool = False) -> None:
+        """Replace every row (or memory entry) by ``frame``'s, in one commit, with its schema;
+        the table keeps its properties."""
+        raise NotImplementedError
+
+    def drop(self, session: SparkSession) -> None:
+        """Remove the table and its delete memory, if there (a rebuild's staging tables)."""
+        raise NotImplementedError
+
+    def _create(self, session: SparkSession, struct: T.StructType, properties: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    def _before_evolve(self, session: SparkSession, plan: Plan) -> None:
+        """What the format needs before ``plan``'s DDL (a Delta table feature)."""
+
+    def _widen(self, session: SparkSession, widen: list[tuple[str, T.DataType]]) -> list[tuple[str, T.DataType]]:
+        """Widen columns in place where the format can; returns the others, which are recast."""
+        for name, kind in widen:
+            session.sql(f"ALTER TABLE {self.ref} ALTER COLUMN {quote(name)} TYPE {kind.simpleString()}")
+            log.info("table %s: column %s widened to %s", self.name, name, kind.simpleString())
+        return []
+
     # -- metadata --------------------------------------------------------------------------------
     def exists(self, session: SparkSession) -> bool:
         if not self._exists:
-            self._exists = DeltaTable.isDeltaTable(session, self.path)
+            self._exists = self._is_table(session, False)
         return self._exists
 
     def deletes_exist(self, session: SparkSession) -> bool:
         if self._deletes_exist is None:
-            self._deletes_exist = DeltaTable.isDeltaTable(session, self.deletes_path)
+            self._deletes_exist = self._is_table(session, True)
         return self._deletes_exist
 
     def schema(self, session: SparkSession) -> T.StructType:
@@ -115,12 +197,12 @@ class TableTarget:
         # call on a busy driver. This sink is the table's one writer and drops the cache whenever
         # it changes the schema (create, evolve, forget).
         if self._schema is None:
-            self._schema = DeltaTable.forPath(session, self.path).toDF().schema
+            self._schema = self.frame(session).schema
         return self._schema
 
     def properties(self, session: SparkSession) -> dict[str, str]:
         if self._properties is None:
-            rows = session.sql(f"SHOW TBLPROPERTIES {table_ref(self.path)}").collect()
+            rows = session.sql(f"SHOW TBLPROPERTIES {self.ref}").collect()
             self._properties = {row["key"]: row["value"] for row in rows}
         return self._properties
 
@@ -143,7 +225,7 @@ class TableTarget:
 
     def set_properties(self, session: SparkSession, properties: dict[str, str]) -> None:
         pairs = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in properties.items())
-        session.sql(f"ALTER TABLE {table_ref(self.path)} SET TBLPROPERTIES ({pairs})")
+        session.sql(f"ALTER TABLE {self.ref} SET TBLPROPERTIES ({pairs})")
         if self._properties is not None:
             self._properties.update(properties)
 
@@ -157,26 +239,23 @@ class TableTarget:
 
     # -- creating and evolving -------------------------------------------------------------------
     def create(self, session: SparkSession, shape: TableShape, properties: dict[str, str]) -> None:
-        builder = DeltaTable.createIfNotExists(session).location(self.path)
-        builder = builder.addColumns(T.StructType([*shape.struct().fields, *bookkeeping(self.mode)]))
         # The compacted topic may hold rows written before a rename, under an earlier name.
         former = with_renames(self.inherited_former, shape.earlier)
         ours = {KEY_PROPERTY: ",".join(shape.key), MODE_PROPERTY: self.mode,
                 **({FORMER_PROPERTY: json.dumps(former)} if former else {})}
-        for name, value in {**COLUMN_MAPPING, **properties, **ours}.items():
-            builder = builder.property(name, value)
-        builder.execute()
+        self._create(session, T.StructType([*shape.struct().fields, *bookkeeping(self.mode)]),
+                     {**properties, **ours})
         self._exists = True
         self.empty = True
         self._properties = None
         self._schema = None
-        log.info("created Delta table %s at %s (%s, key %s)", self.name, self.path, self.mode,
+        log.info("created %s table %s at %s (%s, key %s)", self.format, self.name, self.where, self.mode,
                  ",".join(shape.key))
 
     def check_mode(self, session: SparkSession) -> None:
         mode = self.properties(session).get(MODE_PROPERTY)
         if mode is not None and mode != self.mode:
-            raise PermanentError(f"table {self.name} at {self.path} was written as {mode}, the sink is "
+            raise PermanentError(f"table {self.name} at {self.where} was written as {mode}, the sink is "
                                  f"configured for {self.mode}: use another path, or delete the table and "
                                  f"the checkpoint to rebuild it")
 
@@ -185,35 +264,26 @@ class TableTarget:
             self._schema = None
         if plan.rename:
             self.rename(session, plan.rename, plan.passed)
-        new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
-        if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
-            # A table created with such a column has the feature; one that gains it must ask.
-            if self.properties(session).get("delta.feature.timestampNtz") != "supported":
-                self.set_properties(session, {"delta.feature.timestampNtz": "supported"})
+        self._before_evolve(session, plan)
         if plan.add:
             columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in plan.add)
-            session.sql(f"ALTER TABLE {table_ref(self.path)} ADD COLUMNS ({columns})")
+            session.sql(f"ALTER TABLE {self.ref} ADD COLUMNS ({columns})")
             log.info("table %s: added column(s) %s", self.name, ", ".join(f.name for f in plan.add))
-        if plan.recast:
-            self.recast(session, plan.recast)
+        recasts = list(plan.recast)
         if plan.widen:
-            if self.properties(session).get("delta.enableTypeWidening") != "true":
-                self.set_properties(session, {"delta.enableTypeWidening": "true"})
-            for name, kind in plan.widen:
-                session.sql(f"ALTER TABLE {table_ref(self.path)} ALTER COLUMN {quote(name)} "
-                            f"TYPE {kind.simpleString()}")
-                log.info("table %s: column %s widened to %s", self.name, name, kind.simpleString())
+            recasts += self._widen(session, plan.widen)
+        if recasts:
+            self.recast(session, recasts)
 
     def recast(self, session: SparkSession, recasts: list[tuple[str, T.DataType]]) -> None:
         """Cast columns ((name, new type) pairs) to their new type, every value as Spark casts it,
-        by rewriting the table: one overwrite commit with the new schema (readers see the table
-        as it was until then; a crash before it leaves that, and the batch asks again)."""
-        frame = DeltaTable.forPath(session, self.path).toDF()
+        by rewriting the table: one commit with the new schema (readers see the table as it was
+        until then; a crash before it leaves that, and the batch asks again)."""
+        frame = self.frame(session)
         wanted = {name.lower(): kind for name, kind in recasts}
         columns = [F.col(quote(f.name)).cast(wanted[f.name.lower()]).alias(f.name) if f.name.lower() in wanted
                    else F.col(quote(f.name)) for f in frame.schema.fields]
-        (frame.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .save(self.path))
+        self.replace(session, frame.select(*columns))
         self._schema = None
         log.info("table %s: column(s) %s cast in place, as the source cast them (the table rewritten)", self.name,
                  ", ".join(f"{name} to {kind.simpleString()}" for name, kind in recasts))
@@ -227,18 +297,140 @@ class TableTarget:
         former = with_renames(self.former_names(session),
                               [(new, (*(passed or {}).get(new, ()), old)) for old, new in renames])
         self.set_properties(session, {FORMER_PROPERTY: json.dumps(former)})
+        self._before_rename(session)
+        for old, new in renames:
+            session.sql(f"ALTER TABLE {self.ref} RENAME COLUMN {quote(old)} TO {quote(new)}")
+            log.info("table %s: column %s renamed to %s (in place, values kept)", self.name, old, new)
+
+    def _before_rename(self, session: SparkSession) -> None:
+        """What the format needs before a column is renamed."""
+
+    def deletes_written(self) -> None:
+        self._deletes_exist = True  # the first append created the table
+
+
+class MergeBuilder(Protocol):
+    """The clauses of a MERGE, as Delta's ``DeltaMergeBuilder`` takes them (SQL text)."""
+
+    def whenMatchedDelete(self, condition: str | None = None) -> MergeBuilder: ...  # noqa: N802
+
+    def whenMatchedUpdate(self, condition: str | None = None, set: dict[str, str] | None = None) -> MergeBuilder: ...  # noqa: N802, A002
+
+    def whenNotMatchedInsert(self, condition: str | None = None, values: dict[str, str] | None = None) -> MergeBuilder: ...  # noqa: N802
+
+    def execute(self) -> None: ...
+
+
+class DeltaTarget(TableTarget):
+    """Delta tables at ``<root>/[<area>/]<schema>/<table>``, by path."""
+
+    format = "Delta"
+    transactions = True
+
+    def __init__(self, root: str, topic: str, prefix: str, mode: str, *, area: str = "") -> None:
+        super().__init__(topic, prefix, mode, area=area)
+        root = root.rstrip("/")
+        self.root = root
+        self.path = f"{root}/{area + '/' if area else ''}{self.namespace}/{self.table}"
+        self.deletes_path = f"{root}/_cdc_deletes/{area + '/' if area else ''}{self.namespace}/{self.table}"
+
+    @property
+    def ref(self) -> str:
+        return table_ref(self.path)
+
+    @property
+    def deletes_ref(self) -> str:
+        return table_ref(self.deletes_path)
+
+    @property
+    def where(self) -> str:
+        return self.path
+
+    def _is_table(self, session: SparkSession, deletes: bool) -> bool:
+        return DeltaTable.isDeltaTable(session, self.deletes_path if deletes else self.path)
+
+    def frame(self, session: SparkSession, deletes: bool = False) -> DataFrame:
+        return DeltaTable.forPath(session, self.deletes_path if deletes else self.path).toDF()
+
+    def merge_into(self, session: SparkSession, source: DataFrame, on: str) -> MergeBuilder:
+        return DeltaTable.forPath(session, self.path).alias("t").merge(source.alias("s"), on)  # type: ignore[return-value]
+
+    def delete(self, session: SparkSession, condition: str | None, deletes: bool = False) -> None:
+        DeltaTable.forPath(session, self.deletes_path if deletes else self.path).delete(condition)
+
+    def update(self, session: SparkSession, condition: str, assignments: dict[str, str]) -> None:
+        DeltaTable.forPath(session, self.path).update(condition, dict[str, "str | Column"](assignments))
+
+    def append_deletes(self, frame: DataFrame, options: dict[str, str]) -> None:
+        frame.write.format("delta").mode("append").options(**options).save(self.deletes_path)
+
+    def replace(self, session: SparkSession, frame: DataFrame, deletes: bool = False) -> None:
+        (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+         .save(self.deletes_path if deletes else self.path))
+
+    def drop(self, session: SparkSession) -> None:
+        for path in (self.path, self.deletes_path):
+            remove_path(session, path)
+
+    def _create(self, session: SparkSession, struct: T.StructType, properties: dict[str, str]) -> None:
+        builder = DeltaTable.createIfNotExists(session).location(self.path).addColumns(struct)
+        for name, value in {**COLUMN_MAPPING, **properties}.items():
+            builder = builder.property(name, value)
+        builder.execute()
+
+    def _before_evolve(self, session: SparkSession, plan: Plan) -> None:
+        new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
+        if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
+            # A table created with such a column has the feature; one that gains it must ask.
+            if self.properties(session).get("delta.feature.timestampNtz") != "supported":
+                self.set_properties(session, {"delta.feature.timestampNtz": "supported"})
+        if plan.widen and self.properties(session).get("delta.enableTypeWidening") != "true":
+            self.set_properties(session, {"delta.enableTypeWidening": "true"})
+
+    def _before_rename(self, session: SparkSession) -> None:
         if self.properties(session).get("delta.columnMapping.mode", "none") == "none":
             # A table made without column mapping (before the sink made its tables with it, or
             # table_properties turned it off): Delta renames only with it, and upgrades the
             # table's protocol to have it.
             self.set_properties(session, COLUMN_MAPPING)
             log.info("table %s: column mapping turned on (mode name), to rename columns", self.name)
-        for old, new in renames:
-            session.sql(f"ALTER TABLE {table_ref(self.path)} RENAME COLUMN {quote(old)} TO {quote(new)}")
-            log.info("table %s: column %s renamed to %s (in place, values kept)", self.name, old, new)
 
-    def deletes_written(self) -> None:
-        self._deletes_exist = True  # the first append created the table
+
+def targets(config: Any, prefix: str) -> Callable[..., TableTarget]:
+    """``make(topic, mode, area="")``: the tables of ``topic`` in the sink's table format."""
+    if config.table_format == "iceberg":
+        from spark_sinks.iceberg import IcebergTarget
+
+        catalog = config.iceberg.catalog.name
+        return lambda topic, mode, area="": IcebergTarget(catalog, topic, prefix, mode, area=area)
+    return lambda topic, mode, area="": DeltaTarget(config.path, topic, prefix, mode, area=area)
+
+
+def create_properties(config: Any) -> dict[str, str]:
+    """The properties of a table the sink creates: the format's, then the config's."""
+    if config.table_format == "iceberg":
+        from spark_sinks.iceberg import table_properties
+
+        return {**table_properties(config.iceberg.write_mode), **config.table_properties}
+    return dict(config.table_properties)
+
+
+def session_settings(config: Any) -> dict[str, str]:
+    """What the sink's Spark session needs for its table format (Iceberg: its catalog)."""
+    if config.table_format == "iceberg":
+        from spark_sinks.iceberg import catalog_settings
+
+        return catalog_settings(config.iceberg.catalog.name, config.iceberg.catalog, config.path)
+    return {}
+
+
+def remove_path(session: SparkSession, path: str) -> None:
+    """Delete a directory tree on whatever file system ``path`` names (Hadoop's FileSystem)."""
+    # PySpark has no public file system API: Hadoop's is reached through Py4J only.
+    jvm = session.sparkContext._jvm  # noqa: SLF001
+    assert jvm is not None  # a live session's context has its JVM
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)  # noqa: SLF001
 
 
 def with_renames(former: dict[str, list[str]], renamed) -> dict[str, list[str]]:

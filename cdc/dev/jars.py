@@ -20,18 +20,19 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "spark-avro", "connect", "registry",
-              "postgres17")
+COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "spark-avro", "spark-iceberg", "connect",
+              "registry", "postgres17")
 # connect: Kafka Connect + the Debezium JDBC sink (tests). registry: Apicurio Registry, which is not
 # a set of jars to copy but an app to build (``mvn package`` with the sources in maven/registry/).
 # postgres17: PostgreSQL 17 server binaries in one jar, unpacked by cdc.dev.postgres17.
 # opensearch-security: the security plugin's zip, for the opensearch-secure node.
 # spark-avro: Spark's from_avro, with which the delta sink reads the avro format.
+# spark-iceberg: Iceberg's Spark runtime and PostgreSQL's JDBC driver (table_format: iceberg).
 BUILT = {"registry"}
 # The components a service of the stack needs, where more than (or not the same as) its name.
 SERVICE_COMPONENTS = {"opensearch-secure": ("opensearch", "opensearch-security")}
-# The jars of a Spark session of the delta sink: the Kafka source, Delta Lake, spark-avro.
-SPARK_COMPONENTS = ("spark", "spark-avro")
+# The jars of a Spark session of the delta sink: the Kafka source, Delta Lake, spark-avro, Iceberg.
+SPARK_COMPONENTS = ("spark", "spark-avro", "spark-iceberg")
 
 
 def components_of(service: str) -> tuple[str, ...]:
@@ -115,7 +116,7 @@ def _artifact(jar_name: str) -> str:
 
 
 def spark_jars() -> list[str]:
-    """The Kafka source, Delta and spark-avro jars that pyspark's own ``jars/`` does not already ship.
+    """The Kafka source, Delta, spark-avro and Iceberg jars that pyspark's own ``jars/`` does not already ship.
 
     Passing a second copy of a jar Spark has (Scala, Hadoop, slf4j) would put two versions of the
     same classes on one classpath, so those are left out.
