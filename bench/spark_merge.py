@@ -3,7 +3,7 @@
     .venv/bin/cdc dev up --only kafka,spark
     .venv/bin/python -m bench.spark_merge [--changes 1000000] [--keys 100000] [--batch 100000]
                                           [--latency-seconds 30] [--rate 1000] [--trigger 1]
-                                          [--debezium-json] [--avro] [--event-log DIR]
+                                          [--debezium-json] [--avro] [--iceberg] [--event-log DIR]
                                           [--variant LABEL:KEY=VALUE;... --rounds N] [--sweep SIZES]
 
 Steps, in one run, on one local Spark session (``local[2]``, one shuffle partition per core):
@@ -24,6 +24,10 @@ Steps, in one run, on one local Spark session (``local[2]``, one shuffle partiti
      that format (the schema in every record, the logical types converted in Spark SQL).
   3c. with ``--avro``: the same in the ``avro`` format (schemas in the stack's registry, records
      decoded with spark-avro, then read as debezium-json rows), checked equal to the first.
+  3c'. with ``--iceberg``: the same rows appended to an Iceberg table, then the same batches
+     through ``DeltaJob.apply`` with ``table_format: iceberg`` (a hadoop catalog), once per write
+     mode (merge-on-read, copy-on-write), each checked like 3: the rate against the Iceberg
+     append's and the time against Delta's MERGE of step 3.
   3d. with ``--variant``: MERGE runs with other Delta settings or table properties
      (``cow:table.delta.enableDeletionVectors=false``), alternating with the defaults in the same
      session for ``--rounds`` rounds, each checked like 3: JVM CPU, Spark jobs, phases per run.
@@ -223,6 +227,28 @@ def batches(spark, path: str, changes: int, size: int, first: int = 0):
         yield batch_id, rows.where((F.col("offset") >= start) & (F.col("offset") < min(start + size, changes)))
 
 
+def iceberg_catalog(spark, name: str, warehouse: str) -> str:
+    """Register the hadoop catalog ``name`` (an Iceberg run's own) on ``spark``; returns ``name``."""
+    from spark_sinks.config import IcebergCatalog
+    from spark_sinks.iceberg import catalog_settings
+
+    for key, value in catalog_settings(name, IcebergCatalog(name=name), warehouse).items():
+        spark.conf.set(key, value)
+    return name
+
+
+def write_rows(frame, target: str) -> None:
+    """Append ``frame`` to ``target``: a Delta path, or an Iceberg table (``<catalog>.<ns>.<table>``)."""
+    if "/" not in target:
+        if frame.sparkSession.catalog.tableExists(target):
+            frame.writeTo(target).append()
+        else:
+            frame.sparkSession.sql(f"CREATE NAMESPACE IF NOT EXISTS {target.rsplit('.', 1)[0]}")
+            frame.writeTo(target).using("iceberg").tableProperty("format-version", "2").create()
+    else:
+        frame.write.format("delta").mode("append").save(target)
+
+
 def run_append(spark, data: str, target: str, changes: int, size: int, first: int = 0) -> float:
     from spark_sinks.connect_json import ConnectCodecs
     from spark_sinks.parse import RowDecoder, envelopes
@@ -232,19 +258,24 @@ def run_append(spark, data: str, target: str, changes: int, size: int, first: in
     began = time.perf_counter()
     for _, batch in batches(spark, data, changes, size, first):
         parsed = decoder.prepare(envelopes(batch))
-        (parsed.select(*decoder.columns(), "__cdc_key", F.col("version").alias("__cdc_version"),
-                       F.col("op").alias("__cdc_op"), F.col("ts_ms").alias("__cdc_ts_ms"))
-         .write.format("delta").mode("append").save(target))
+        write_rows(parsed.select(*decoder.columns(), "__cdc_key", F.col("version").alias("__cdc_version"),
+                                 F.col("op").alias("__cdc_op"), F.col("ts_ms").alias("__cdc_ts_ms")), target)
     return time.perf_counter() - began
 
 
-def merge_job(root: str, registry_url: str | None = None, table_properties: dict[str, str] | None = None):
+def merge_job(root: str, registry_url: str | None = None, table_properties: dict[str, str] | None = None,
+              iceberg: str | None = None, catalog: str = "", **settings):
+    """The sink's job writing under ``root`` (Delta), or with ``iceberg`` (a write mode:
+    merge-on-read, copy-on-write) into the Iceberg catalog ``catalog`` (``iceberg_catalog``);
+    ``settings``: more of the sink's settings."""
     from cdc.runtime.contexts import sink_context
     from spark_sinks.config import DeltaSinkConfig
     from spark_sinks.job import DeltaJob
 
+    lake = {"table_format": "iceberg", "iceberg": {"catalog": {"name": catalog}, "write_mode": iceberg}} \
+        if iceberg else {}
     config = DeltaSinkConfig(name="bench", type="delta", topics=["bench.*"], path=root,
-                             checkpoint=root + "-checkpoint",
+                             checkpoint=root + "-checkpoint", **lake, **settings,
                              **({"table_properties": table_properties} if table_properties else {}))
     job = DeltaJob(config, bootstrap_servers="unused:9092", prefix="bench", registry_url=registry_url,
                    context=sink_context(config.name))
@@ -256,7 +287,7 @@ def merge_job(root: str, registry_url: str | None = None, table_properties: dict
 def run_merge(spark, data: str, root: str, changes: int, size: int,
               registry_url: str | None = None, first: int = 0, job=None) -> tuple[float, list]:
     """The changes from offset ``first`` on through ``DeltaJob.apply`` in batches of ``size``
-    (``job``: one that already wrote the changes before ``first``)."""
+    (``job``: one that already wrote the changes before ``first``, or an Iceberg one)."""
     job = job or merge_job(root, registry_url)
     done = len(job.batches)
     began = time.perf_counter()
@@ -275,13 +306,15 @@ def phase_line(reports) -> str:
 
 
 def check(spark, data: str, table: str) -> int:
-    """The table holds exactly the live keys, each at its newest version; returns their count."""
+    """The table (a Delta path, or an Iceberg table's name) holds exactly the live keys, each at
+    its newest version; returns their count."""
     from spark_sinks.parse import envelopes
 
     parsed = envelopes(spark.read.parquet(data))
     newest = parsed.groupBy("__cdc_key").agg(F.max_by("op", "version").alias("op"), F.max("version").alias("v"))
     expected = newest.where("op <> 'd'").select("__cdc_key", "v")
-    actual = spark.read.format("delta").load(table).select("__cdc_key", F.col("__cdc_version").alias("v"))
+    frame = spark.table(table) if "/" not in table else spark.read.format("delta").load(table)
+    actual = frame.select("__cdc_key", F.col("__cdc_version").alias("v"))
     assert expected.exceptAll(actual).isEmpty() and actual.exceptAll(expected).isEmpty(), \
         "the MERGEd table differs from the newest version of each live key"
     return actual.count()
@@ -459,6 +492,32 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def run_iceberg(spark, cpu, work: str, data: str, changes: int, size: int, delta_merge_s: float) -> None:
+    """The Iceberg append, then the sink's MERGE into Iceberg in each write mode, of the same
+    changes in the same session; each MERGE checked like Delta's."""
+    warm = iceberg_catalog(spark, "bench_warm", f"{work}/iceberg-warm")
+    run_append(spark, data, f"{warm}.public.append", min(size, changes), size)
+    run_merge(spark, data, work, min(2 * size, changes), size,
+              job=merge_job(work, iceberg="merge-on-read", catalog=warm))
+    appends = iceberg_catalog(spark, "bench_append", f"{work}/iceberg-append")
+    load, before = os.getloadavg()[0], cpu.read()
+    append_s = run_append(spark, data, f"{appends}.public.orders", changes, size)
+    print(f"baseline  Iceberg append {changes:>10,} rows in {append_s:7.1f}s  {changes / append_s:>10,.0f} rows/s  "
+          f"(load {load:.1f} -> {os.getloadavg()[0]:.1f}; {cpu.since(before)})", flush=True)
+    for mode in ("merge-on-read", "copy-on-write"):
+        catalog = iceberg_catalog(spark, f"bench_{mode.split('-')[0]}", f"{work}/iceberg-{mode}")
+        load, before = os.getloadavg()[0], cpu.read()
+        seconds, done = run_merge(spark, data, work, changes, size, job=merge_job(work, iceberg=mode, catalog=catalog))
+        spent = cpu.since(before)
+        live = check(spark, data, f"{catalog}.public.orders")
+        print(f"ours      Iceberg MERGE  {changes:>10,} rows in {seconds:7.1f}s  {changes / seconds:>10,.0f} rows/s  "
+              f"({mode}: {append_s / seconds:.2f}x the Iceberg append's rate, {seconds / delta_merge_s:.2f}x Delta's "
+              f"MERGE time; {live:,} live keys checked; load {load:.1f} -> {os.getloadavg()[0]:.1f}; {spent})",
+              flush=True)
+        print(f"          per batch of {size:,}: " + " ".join(f"{b.seconds:.1f}" for b in done) + " s")
+        print(f"          seconds per phase: {phase_line(done)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=1_000_000)
@@ -471,6 +530,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also MERGE the same changes in the debezium-json format")
     parser.add_argument("--avro", action="store_true",
                         help="also MERGE the same changes in the avro format (REGISTRY_URL of .cdc/dev.env)")
+    parser.add_argument("--iceberg", action="store_true",
+                        help="also append and MERGE the same changes into Iceberg (merge-on-read and copy-on-write)")
     parser.add_argument("--driver-memory", default="3g")
     parser.add_argument("--event-log", metavar="DIR",
                         help="write Spark's event log to DIR and print the MERGE batches' jobs from it")
@@ -533,6 +594,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"          seconds per phase: {phase_line(merged)}", flush=True)
             if args.event_log:
                 print("\n".join(job_lines(args.event_log, merged)), flush=True)
+
+        if args.iceberg and headline:
+            run_iceberg(spark, cpu, work, data, args.changes, args.batch, merge_s)
 
         formats = (["debezium-json"] if args.debezium_json else []) + (["avro"] if args.avro else [])
         registry = env.get("REGISTRY_URL") if args.avro else None

@@ -81,6 +81,20 @@ class IcebergSettings(_Section):
                                              "data files a change touches")
 
 
+class MaintenanceSettings(_Section):
+    interval_minutes: float = Field(
+        default=60, ge=0, description="how often each table is maintained (0: never); the first one "
+                                      "interval after the sink starts")
+    compact: bool = Field(default=True, description="compact small files (Delta OPTIMIZE; Iceberg "
+                                                    "rewrite_data_files, delete files applied)")
+    retain_hours: float = Field(
+        default=168, gt=0, description="snapshots (Iceberg) and log versions (Delta) older than this are "
+                                       "expired, and files older than this that no kept version needs are "
+                                       "removed: time travel and readers reach back this far")
+    orphan_files: bool = Field(default=True, description="remove unreferenced files (Delta VACUUM; Iceberg "
+                                                         "remove_orphan_files)")
+
+
 class DeltaSinkConfig(SinkConfig):
     type: Literal["delta"] = "delta"
     table_format: Literal["delta", "iceberg"] = Field(
@@ -90,6 +104,7 @@ class DeltaSinkConfig(SinkConfig):
                                   "table <schema>.<table> is <path>/<schema>/<table>. Iceberg: the "
                                   "warehouse, unless iceberg.catalog.warehouse names another")
     iceberg: IcebergSettings = Field(default_factory=IcebergSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     checkpoint: str = Field(description="the streaming query's checkpoint (offsets and batch commits): "
                                         "delete it together with the tables to start over")
     trigger_seconds: float = Field(default=5.0, ge=0, description="seconds between micro-batches "

@@ -126,6 +126,46 @@ class IcebergTarget(TableTarget):
         return [pair for pair in widen if pair not in in_place]
 
 
+    # -- maintenance (spark_sinks/maintenance.py), by Iceberg's Spark actions --------------------
+    def _actions(self, session: SparkSession, deletes: bool) -> tuple[Any, Any]:
+        """(SparkActions, the Iceberg table): the actions API through Py4J, which needs no SQL
+        extension in the session (its CALL procedures would)."""
+        jvm = session.sparkContext._jvm  # noqa: SLF001 - Iceberg's actions have no Python API
+        jspark = session._jsparkSession  # noqa: SLF001
+        assert jvm is not None
+        table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            jspark, self._deletes_ref if deletes else self._ref)
+        return jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark), table
+
+    def compact(self, session: SparkSession, deletes: bool = False) -> str:
+        """Small files bin-packed, and every data file a delete file points at rewritten without
+        its deleted rows (the deletes then dangle and are dropped); then the delete files left
+        are compacted."""
+        actions, table = self._actions(session, deletes)
+        done = (actions.rewriteDataFiles(table).option("min-input-files", "2")
+                .option("delete-file-threshold", "1").option("remove-dangling-deletes", "true").execute())
+        deletes_done = actions.rewritePositionDeletes(table).execute()
+        return (f"{done.rewrittenDataFilesCount()} files into {done.addedDataFilesCount()}, "
+                f"{done.removedDeleteFilesCount()} delete files dropped, "
+                f"{deletes_done.rewrittenDeleteFilesCount()} compacted")
+
+    def expire(self, session: SparkSession, older_than_ms: int, retain_hours: float, deletes: bool = False) -> str:
+        actions, table = self._actions(session, deletes)
+        done = actions.expireSnapshots(table).expireOlderThan(older_than_ms).retainLast(1).execute()
+        return (f"{done.deletedManifestListsCount()} snapshots expired, "
+                f"{done.deletedDataFilesCount() + done.deletedPositionDeleteFilesCount()} files deleted")
+
+    def remove_orphans(self, session: SparkSession, older_than_ms: int, retain_hours: float,
+                       deletes: bool = False) -> str:
+        actions, table = self._actions(session, deletes)
+        found = actions.deleteOrphanFiles(table).olderThan(older_than_ms).execute().orphanFileLocations().iterator()
+        count = 0
+        while found.hasNext():
+            found.next()
+            count += 1
+        return f"{count} orphan files removed"
+
+
 class SqlMerge:
     """A ``MERGE INTO`` statement built clause by clause, as ``DeltaMergeBuilder`` is (conditions
     and values are SQL text over ``s``, the source, and ``t``, the table)."""

@@ -51,6 +51,7 @@ from spark_sinks import evolve, merge, rebuild, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.connect_json import ConnectCodecs
+from spark_sinks.maintenance import Maintenance
 from spark_sinks.parse import (
     KEY,
     OP,
@@ -128,6 +129,7 @@ class DeltaJob:
         self._started = threading.Event()
         self._targets: dict[tuple[str, str], TableTarget] = {}
         self._make_target = targets(config, prefix)
+        self.maintenance = Maintenance(config.maintenance, self.stats)
         self.clock = PhaseClock()
         self.stopping = False   # set by the sink's stop(): a batch failing now was interrupted
 
@@ -222,6 +224,9 @@ class DeltaJob:
                 self.apply_topic(session, rows.where(F.col("topic") == item["topic"]), item, batch_id, target)
             with clock.phase("purge"):
                 self._purge(session, [self._target(s["topic"]) for s in summary])
+            if not self.stopping:
+                with clock.phase("maintenance"):
+                    self.maintenance.after_batch(session, [self._target(s["topic"]) for s in summary])
         finally:
             with clock.phase("unpersist"):
                 rows.unpersist()

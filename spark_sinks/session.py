@@ -113,7 +113,13 @@ def local_session(app_name: str, *, jars: Sequence[str], master: str = "local[2]
 # the Parquet reader, whose files lack the column anyway, and Spark applies it after the scan, so
 # no row is affected. That line is the class's only log call (still ERROR in Delta 4.0.1 and on
 # its main branch; no upstream issue found). It is logged on the driver, where scans are planned.
-QUIET_LOGGERS = {"org.apache.spark.sql.delta.DeltaParquetFileFormat": "FATAL"}
+#
+# Iceberg's HadoopTableOperations logs a WARN with a stack trace ("Error reading version hint
+# file ... does not exist") whenever a hadoop catalog is asked for a table that does not exist
+# yet, which the sink asks before it creates a table or its delete memory. A table that exists
+# without its hint is read all the same (Iceberg lists the metadata files instead).
+QUIET_LOGGERS = {"org.apache.spark.sql.delta.DeltaParquetFileFormat": "FATAL",
+                 "org.apache.iceberg.hadoop.HadoopTableOperations": "ERROR"}
 
 
 def quiet_loggers(session) -> None:

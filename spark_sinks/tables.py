@@ -40,6 +40,7 @@ from cdc.api import PermanentError
 from spark_sinks.evolve import Plan
 from spark_sinks.parse import CURRENT, DELETED, KEY, OP, TS, VALID_FROM, VALID_TO, VERSION
 from spark_sinks.schemas import TableShape
+from spark_sinks.session import conf_within
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ class TableTarget:
         # time.monotonic() of the last purge of the delete memory: a purge runs an hour after the
         # job starts and hourly after, not in every restart's first batch.
         self.purged_at = time.monotonic()
+        # time.monotonic() of the last maintenance (spark_sinks/maintenance.py): the first runs one
+        # interval after the job starts.
+        self.maintained_at = time.monotonic()
 
     # -- what each format says -------------------------------------------------------------------
     @property
@@ -169,6 +173,17 @@ class TableTarget:
         raise NotImplementedError
 
     def _create(self, session: SparkSession, struct: T.StructType, properties: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    # -- maintenance (spark_sinks/maintenance.py); each returns what it did, in a few words --------
+    def compact(self, session: SparkSession, deletes: bool = False) -> str:
+        raise NotImplementedError
+
+    def expire(self, session: SparkSession, older_than_ms: int, retain_hours: float, deletes: bool = False) -> str:
+        raise NotImplementedError
+
+    def remove_orphans(self, session: SparkSession, older_than_ms: int, retain_hours: float,
+                       deletes: bool = False) -> str:
         raise NotImplementedError
 
     def _before_evolve(self, session: SparkSession, plan: Plan) -> None:
@@ -378,14 +393,53 @@ class DeltaTarget(TableTarget):
             builder = builder.property(name, value)
         builder.execute()
 
+    def compact(self, session: SparkSession, deletes: bool = False) -> str:
+        found = DeltaTable.forPath(session, self.deletes_path if deletes else self.path).optimize().executeCompaction()
+        metrics = found.first()["metrics"]  # type: ignore[index]
+        return f"{metrics['numFilesRemoved']} files into {metrics['numFilesAdded']}"
+
+    def expire(self, session: SparkSession, older_than_ms: int, retain_hours: float, deletes: bool = False) -> str:
+        """Delta drops log entries older than ``delta.logRetentionDuration`` itself, at its next
+        checkpoint (every ten commits): the retention is set on the table, if it differs."""
+        want = f"interval {max(1, round(retain_hours * 3600))} seconds"
+        wanted = {"delta.logRetentionDuration": want, "delta.deletedFileRetentionDuration": want}
+        ref = self.deletes_ref if deletes else self.ref
+        have = {row["key"]: row["value"] for row in session.sql(f"SHOW TBLPROPERTIES {ref}").collect()}
+        changed = {k: v for k, v in wanted.items() if have.get(k) != v}
+        if changed:
+            pairs = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in changed.items())
+            session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ({pairs})")
+            if not deletes and self._properties is not None:
+                self._properties.update(changed)
+        return f"log retention {want}"
+
+    def remove_orphans(self, session: SparkSession, older_than_ms: int, retain_hours: float,
+                       deletes: bool = False) -> str:
+        # VACUUM refuses less than 7 days unless told the reader of older versions is known: the
+        # user's retain_hours is that. It lists the table's files in as many Spark tasks as
+        # parallelPartitionDiscovery.parallelism says, 10,000 by default: minutes of task overhead
+        # for a table of a few hundred files; the session's parallelism lists them in a second.
+        tasks = str(max(2, session.sparkContext.defaultParallelism))
+        with conf_within(session, {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
+                                   "spark.sql.sources.parallelPartitionDiscovery.parallelism": tasks}):
+            DeltaTable.forPath(session, self.deletes_path if deletes else self.path).vacuum(retain_hours)
+        return f"vacuumed at {retain_hours:g} h"
+
     def _before_evolve(self, session: SparkSession, plan: Plan) -> None:
         new_types = [f.dataType for f in plan.add] + [kind for _, kind in plan.widen]
         if any(isinstance(kind, T.TimestampNTZType) for kind in new_types):
             # A table created with such a column has the feature; one that gains it must ask.
             if self.properties(session).get("delta.feature.timestampNtz") != "supported":
                 self.set_properties(session, {"delta.feature.timestampNtz": "supported"})
-        if plan.widen and self.properties(session).get("delta.enableTypeWidening") != "true":
-            self.set_properties(session, {"delta.enableTypeWidening": "true"})
+
+    def _widen(self, session: SparkSession, widen: list[tuple[str, T.DataType]]) -> list[tuple[str, T.DataType]]:
+        """In place (Delta's type widening, a metadata change) only in a table with
+        ``delta.enableTypeWidening`` (``table_properties``): readers without that table feature,
+        delta-rs among them, cannot read such a table at all. Otherwise the table is rewritten
+        with the wider type (``recast``), and stays readable."""
+        if self.properties(session).get("delta.enableTypeWidening") != "true":
+            return widen
+        return super()._widen(session, widen)
 
     def _before_rename(self, session: SparkSession) -> None:
         if self.properties(session).get("delta.columnMapping.mode", "none") == "none":
