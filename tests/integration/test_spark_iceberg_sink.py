@@ -109,6 +109,15 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
     catch_up(spark, config)
     assert tables.rows("public.items", "id", "__cdc_version", where=live) == [(6, 60), (9, 70), (10, 55), (11, 55)]
 
+    # cdc verify reads the tables as it reads Delta's: the live rows, in key order.
+    reader = attached(DeltaSink(config))
+    reader.start_reading()
+    try:
+        stored = reader.read_rows(topics.topic(ITEMS))
+    finally:
+        reader.stop()
+    assert [(row.key, row.row["name"]) for row in stored] == [((6,), "f"), ((9,), "i"), ((10,), "j"), ((11,), "k")]
+
 
 def test_a_batch_that_died_after_one_table_is_replayed_and_changes_nothing_twice(spark, topics, tmp_path):
     """Iceberg commits carry no transaction id: the re-run batch writes again, and its
