@@ -20,14 +20,15 @@ from pathlib import Path
 from cdc.dev.paths import cache_dir
 from cdc.errors import DevStackError
 
-COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "spark-avro", "spark-iceberg", "connect",
-              "registry", "postgres17")
+COMPONENTS = ("kafka", "opensearch", "opensearch-security", "spark", "spark-avro", "spark-iceberg", "iceberg-rest",
+              "connect", "registry", "postgres17")
 # connect: Kafka Connect + the Debezium JDBC sink (tests). registry: Apicurio Registry, which is not
 # a set of jars to copy but an app to build (``mvn package`` with the sources in maven/registry/).
 # postgres17: PostgreSQL 17 server binaries in one jar, unpacked by cdc.dev.postgres17.
 # opensearch-security: the security plugin's zip, for the opensearch-secure node.
 # spark-avro: Spark's from_avro, with which the delta sink reads the avro format.
 # spark-iceberg: Iceberg's Spark runtime and PostgreSQL's JDBC driver (table_format: iceberg).
+# iceberg-rest: Iceberg's REST catalog server (its test fixture), for the tests of the rest catalog.
 BUILT = {"registry"}
 # The components a service of the stack needs, where more than (or not the same as) its name.
 SERVICE_COMPONENTS = {"opensearch-secure": ("opensearch", "opensearch-security")}

@@ -1,6 +1,7 @@
 """The Spark sink with ``table_format: iceberg`` against Kafka, with crafted change events, its
 tables read back by PyIceberg (not Spark): ordering, deletes, truncates, a crash replay, SCD2,
-schema changes, through a ``hadoop`` and a ``jdbc`` catalog.
+schema changes, through a ``hadoop``, a ``jdbc`` and a ``rest`` catalog (Iceberg's own REST
+catalog server).
 
 Each round of events is published while the query is stopped and read by one
 ``processAllAvailable`` after a restart from the checkpoint (the Delta tests' way:
@@ -16,7 +17,7 @@ from cdc.serde import Record
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from tests.contexts import attached
-from tests.iceberg_tables import IcebergTables, jdbc_catalog
+from tests.iceberg_tables import IcebergTables, RestCatalogServer, jdbc_catalog
 from tests.integration.test_spark_delta_sink import (
     ITEM_COLUMNS,
     ITEMS,
@@ -37,13 +38,20 @@ def topics(kafka_bootstrap, kafka_topic):
     instance.close()
 
 
-@pytest.fixture(params=["hadoop", "jdbc"])
+@pytest.fixture(params=["hadoop", "jdbc", "rest"])
 def catalog(request, tmp_path):
     """(the sink's iceberg.catalog section, the database's DSN or None)."""
     if request.param == "hadoop":
-        return {"type": "hadoop"}, None
-    dsn = request.getfixturevalue("target_dsn")
-    return jdbc_catalog(dsn), dsn
+        yield {"type": "hadoop"}, None
+    elif request.param == "jdbc":
+        dsn = request.getfixturevalue("target_dsn")
+        yield jdbc_catalog(dsn), dsn
+    else:
+        server = RestCatalogServer(tmp_path / "rest").start()
+        try:
+            yield {"type": "rest", "uri": server.uri}, None
+        finally:
+            server.stop()
 
 
 def iceberg_config(topics: Topics, tmp_path, catalog, **overrides) -> tuple[DeltaSinkConfig, IcebergTables]:
