@@ -518,6 +518,30 @@ def run_iceberg(spark, cpu, work: str, data: str, changes: int, size: int, delta
         print(f"          seconds per phase: {phase_line(done)}", flush=True)
 
 
+def iceberg_sweep(spark, cpu, work: str, data: str, changes: int, size: int, first: int) -> None:
+    """``--sweep`` with ``--iceberg``: the changes after the first ``first`` (written untimed
+    before, as one batch: every key in the table) appended to an Iceberg table and MERGEd into
+    one in each write mode, in batches of ``size``."""
+    rest = changes - first
+    appends = iceberg_catalog(spark, f"sweep_append_{size}", f"{work}/sweep-append-{size}")
+    run_append(spark, data, f"{appends}.public.orders", first, first)
+    load, before = os.getloadavg()[0], cpu.read()
+    append_s = run_append(spark, data, f"{appends}.public.orders", changes, size, first)
+    print(f"sweep batch {size:>9,}: Iceberg append of {rest:,} changes after {first:,} inserts: "
+          f"{rest / append_s:>8,.0f} rows/s ({cpu.since(before)}; load {load:.1f})", flush=True)
+    for mode in ("merge-on-read", "copy-on-write"):
+        catalog = iceberg_catalog(spark, f"sweep_{mode.split('-')[0]}_{size}", f"{work}/sweep-{mode}-{size}")
+        job = merge_job(work, iceberg=mode, catalog=catalog)
+        run_merge(spark, data, work, first, first, job=job)
+        load, before = os.getloadavg()[0], cpu.read()
+        seconds, done = run_merge(spark, data, work, changes, size, first=first, job=job)
+        spent = cpu.since(before)
+        check(spark, data, f"{catalog}.public.orders")
+        print(f"sweep batch {size:>9,}: Iceberg MERGE {mode}: {rest / seconds:>8,.0f} rows/s ({spent}): "
+              f"{append_s / seconds:.2f}x the append; {len(done)} batches, load {load:.1f} -> "
+              f"{os.getloadavg()[0]:.1f}; phases: {phase_line(done)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=1_000_000)
@@ -543,7 +567,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="rounds of --variant runs")
     parser.add_argument("--sweep", metavar="SIZES",
                         help="comma-separated batch sizes: per size, append and MERGE of the changes after "
-                             "the first --keys (written before, untimed: every key in the table), rate ratio")
+                             "the first --keys (written before, untimed: every key in the table), rate ratio "
+                             "(with --iceberg: into Iceberg, both write modes)")
     args = parser.parse_args(argv)
 
     from cdc.dev.jars import spark_jars
@@ -628,7 +653,10 @@ def main(argv: list[str] | None = None) -> None:
                       + f" s; phases: {phase_line(done)}", flush=True)
                 shutil.rmtree(root, ignore_errors=True)
 
-        for size in [int(s) for s in args.sweep.split(",")] if args.sweep else []:
+        for size in [int(s) for s in args.sweep.split(",")] if args.sweep and args.iceberg else []:
+            iceberg_sweep(spark, cpu, work, data, args.changes, size, min(args.keys, args.changes))
+
+        for size in [int(s) for s in args.sweep.split(",")] if args.sweep and not args.iceberg else []:
             first = min(args.keys, args.changes)
             rest = args.changes - first
             load = os.getloadavg()[0]

@@ -50,8 +50,11 @@ def catalog_settings(name: str, settings: Any, warehouse: str) -> dict[str, str]
 
 def table_properties(write_mode: str) -> dict[str, str]:
     """The properties of a table the sink creates, before the user's ``table_properties``."""
+    # Every commit writes a new metadata file; without delete-after-commit a hadoop catalog's
+    # table kept one per micro-batch for ever (1,000 after 1,000 batches: bench/lake_maintenance.py).
     return {"format-version": "2", "write.merge.mode": write_mode, "write.update.mode": write_mode,
-            "write.delete.mode": write_mode}
+            "write.delete.mode": write_mode, "write.metadata.delete-after-commit.enabled": "true",
+            "write.metadata.previous-versions-max": "20"}
 
 
 class IcebergTarget(TableTarget):

@@ -19,7 +19,9 @@ def test_delta_keeps_its_default_properties_and_iceberg_gets_its_own():
     assert session_settings(delta) == {}
     iceberg = DeltaSinkConfig.model_validate({**BASE, "table_format": "iceberg"})
     assert create_properties(iceberg) == {"format-version": "2", "write.merge.mode": "merge-on-read",
-                                          "write.update.mode": "merge-on-read", "write.delete.mode": "merge-on-read"}
+                                          "write.update.mode": "merge-on-read", "write.delete.mode": "merge-on-read",
+                                          "write.metadata.delete-after-commit.enabled": "true",
+                                          "write.metadata.previous-versions-max": "20"}
     mine = DeltaSinkConfig.model_validate({**BASE, "table_format": "iceberg", "table_properties": {"a": "b"},
                                            "iceberg": {"write_mode": "copy-on-write"}})
     assert create_properties(mine)["write.merge.mode"] == "copy-on-write" and create_properties(mine)["a"] == "b"
