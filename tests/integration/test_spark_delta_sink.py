@@ -109,6 +109,34 @@ def merges_of(spark, path: str) -> list[dict]:
     return [json.loads(h.userMetadata) for h in history if h.operation == "MERGE" and h.userMetadata]
 
 
+def seed_items_and_orders(topics: Topics) -> None:
+    """Items 1-5 (5 deleted at 30) and orders 1-3, each key at version 10 + key."""
+    orders = TableId("shop", "public", "orders")
+    topics.schema(ITEMS, ITEM_COLUMNS, 1)
+    topics.schema(orders, ITEM_COLUMNS, 1)
+    topics.publish(*[upsert(k, 10 + k, op=Op.CREATE, name=f"i{k}", qty=k) for k in range(1, 6)], delete(5, 30),
+                   *[upsert(k, 10 + k, table=orders, op=Op.CREATE, name=f"o{k}", qty=k) for k in range(1, 4)])
+
+
+class Crash(Exception):
+    pass
+
+
+def die_after_items(spark, config: DeltaSinkConfig) -> None:
+    """Run batch 0 and let it die right after public.items was written (before public.orders)."""
+    def crash_after_items(batch_id: int, table: str) -> None:
+        if table == "public.items":
+            raise Crash(f"killed in batch {batch_id} after {table}")
+
+    sink = attached(DeltaSink(config))
+    sink.start(session=spark)
+    sink.job.after_table = crash_after_items
+    with pytest.raises(Exception, match="killed in batch 0"):
+        sink.job.query.processAllAvailable()
+    assert isinstance(sink.job.failure, Crash)
+    sink.stop()
+
+
 # -- type 1 ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("soft_delete", [False, True], ids=["hard-delete", "soft-delete"])
@@ -191,29 +219,11 @@ def test_a_new_checkpoint_cut_between_a_delete_and_its_tombstone_keeps_the_row_i
 
 
 def test_a_batch_that_died_after_one_table_is_replayed_without_applying_twice(spark, topics, tmp_path):
-    orders = TableId("shop", "public", "orders")
-    topics.schema(ITEMS, ITEM_COLUMNS, 1)
-    topics.schema(orders, ITEM_COLUMNS, 1)
-    topics.publish(*[upsert(k, 10 + k, op=Op.CREATE, name=f"i{k}", qty=k) for k in range(1, 6)], delete(5, 30),
-                   *[upsert(k, 10 + k, table=orders, op=Op.CREATE, name=f"o{k}", qty=k) for k in range(1, 4)])
+    seed_items_and_orders(topics)
     config = sink_config(topics, tmp_path)
     items_path, orders_path = f"{config.path}/public/items", f"{config.path}/public/orders"
     memory_path = f"{config.path}/_cdc_deletes/public/items"
-
-    class Crash(Exception):
-        pass
-
-    def crash_after_items(batch_id: int, table: str) -> None:
-        if table == "public.items":
-            raise Crash(f"killed in batch {batch_id} after {table}")
-
-    sink = attached(DeltaSink(config))
-    sink.start(session=spark)
-    sink.job.after_table = crash_after_items
-    with pytest.raises(Exception, match="killed in batch 0"):
-        sink.job.query.processAllAvailable()
-    assert isinstance(sink.job.failure, Crash)
-    sink.stop()
+    die_after_items(spark, config)
     # Tables are written in topic order: items was, orders never was.
     assert rows(spark, items_path, "id") == [(1,), (2,), (3,), (4,)]
     assert not DeltaTable.isDeltaTable(spark, orders_path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cdc.errors import SchemaChangeError
-from cdc.events import Column, Op, TableId
+from cdc.events import Column, Op
 from cdc.serde import Record
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
@@ -24,6 +24,8 @@ from tests.integration.test_spark_delta_sink import (
     Topics,
     catch_up,
     delete,
+    die_after_items,
+    seed_items_and_orders,
     truncate,
     upsert,
 )
@@ -130,27 +132,9 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
 def test_a_batch_that_died_after_one_table_is_replayed_and_changes_nothing_twice(spark, topics, tmp_path):
     """Iceberg commits carry no transaction id: the re-run batch writes again, and its
     version guards make that write change nothing."""
-    orders = TableId("shop", "public", "orders")
-    topics.schema(ITEMS, ITEM_COLUMNS, 1)
-    topics.schema(orders, ITEM_COLUMNS, 1)
-    topics.publish(*[upsert(k, 10 + k, op=Op.CREATE, name=f"i{k}", qty=k) for k in range(1, 6)], delete(5, 30),
-                   *[upsert(k, 10 + k, table=orders, op=Op.CREATE, name=f"o{k}", qty=k) for k in range(1, 4)])
+    seed_items_and_orders(topics)
     config, tables = iceberg_config(topics, tmp_path, ({"type": "hadoop"}, None))
-
-    class Crash(Exception):
-        pass
-
-    def crash_after_items(batch_id: int, table: str) -> None:
-        if table == "public.items":
-            raise Crash(f"killed in batch {batch_id} after {table}")
-
-    sink = attached(DeltaSink(config))
-    sink.start(session=spark)
-    sink.job.after_table = crash_after_items
-    with pytest.raises(Exception, match="killed in batch 0"):
-        sink.job.query.processAllAvailable()
-    assert isinstance(sink.job.failure, Crash)
-    sink.stop()
+    die_after_items(spark, config)
     assert tables.rows("public.items", "id") == [(1,), (2,), (3,), (4,)]
     assert not tables.exists("public.orders")
 
