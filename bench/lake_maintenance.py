@@ -48,7 +48,7 @@ class Counts:
     versions: int        # Iceberg: snapshots; Delta: log entries (json) on disk
     files_on_disk: int   # every file under the table's directory
     data_on_disk: int    # its data files there (outside _delta_log and metadata), referenced or not
-    maintenance: dict    # the job's counters (stats.details["maintenance"])
+    maintenance: dict    # runs, failed, the last run's steps (spark_sinks/maintenance.py)
     table_properties: dict
     seconds: float
     batches: int
@@ -68,8 +68,9 @@ def counts(spark, job, table: str, location: Path, table_format: str, seconds: f
     data_on_disk = sum(1 for p in files if p.suffix == ".parquet" and not {"_delta_log", "metadata"} & set(p.parts))
     ref = table if table_format == "iceberg" else f"delta.`{table}`"
     properties = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {ref}").collect()}
-    return Counts(data, deletes, versions, len(files), data_on_disk, dict(job.stats.details.get("maintenance") or {}),
-                  properties, seconds, done)
+    maintenance = {"runs": job.stats.details.get("maintenance_runs", 0),
+                   "failed": job.stats.details.get("maintenance_failed", 0), "last": job.maintenance.last}
+    return Counts(data, deletes, versions, len(files), data_on_disk, maintenance, properties, seconds, done)
 
 
 def run(spark, work: str, table_format: str, total: int, size: int, keys: int, interval_s: float,

@@ -25,7 +25,7 @@ batch with deletes).
 It runs on the batch's own thread, after the batch's writes and before the batch is marked done,
 at most one table per batch: nothing else writes the table meanwhile (the sink is its one
 writer), so it cannot conflict with a MERGE. What it costs is that batch's latency. A step that
-fails is logged, counted (``cdc status``: the sink's ``details.maintenance``) and tried again at
+fails is logged, counted (``cdc status``: the sink's ``maintenance_*`` details) and tried again at
 the next interval; it never fails the batch. A kill in the middle leaves what each format's
 commit left: a compaction or expiry is one commit, or none.
 """
@@ -48,8 +48,11 @@ class Maintenance:
         """``settings``: the sink's ``maintenance`` section; ``stats``: its ConnectorStats."""
         self.settings = settings
         self.stats = stats
-        self.counters = stats.details.setdefault("maintenance", {"runs": 0, "failed": 0, "last": None,
-                                                                 "last_error": None})
+        # What `cdc status` shows (one line per sink: details as name=value), and the last run's
+        # steps in full (``last``, for tests and benchmarks).
+        self.details = stats.details
+        self.details.update({"maintenance_runs": 0, "maintenance_failed": 0})
+        self.last: dict[str, Any] | None = None
 
     def due(self, target: TableTarget, now: float) -> bool:
         interval = self.settings.interval_minutes * 60
@@ -85,14 +88,16 @@ class Maintenance:
                     done[f"{name}{' (deletes)' if deletes else ''}"] = step(deletes)
                 except Exception as err:  # noqa: BLE001 - skipped, tried at the next interval
                     failed.append(name)
-                    self.counters["failed"] += 1
-                    self.counters["last_error"] = f"{target.name} {name}: {_first_line(err)}"
+                    self.details["maintenance_failed"] += 1
+                    self.details["maintenance_error"] = f"{target.name} {name}: {_first_line(err)}"
                     log.warning("table %s: maintenance step %s failed, tried again in %g min: %s", target.name,
                                 name, settings.interval_minutes, _first_line(err))
         seconds = round(time.monotonic() - began, 2)
-        self.counters["runs"] += 1
-        self.counters["last"] = {"table": target.name, "at": time.time(), "seconds": seconds, **done,
-                                 **({"failed": failed} if failed else {})}
+        self.details["maintenance_runs"] += 1
+        self.details["maintenance_last"] = f"{target.name} in {seconds:g}s" + (f", {','.join(dict.fromkeys(failed))} failed"
+                                                                              if failed else "")
+        self.last = {"table": target.name, "at": time.time(), "seconds": seconds, **done,
+                     **({"failed": failed} if failed else {})}
         log.info("table %s maintained in %.1fs: %s", target.name, seconds,
                  ", ".join(f"{k}: {v}" for k, v in done.items()) or "nothing done")
         return done
