@@ -15,8 +15,8 @@ MERGEs: it cannot conflict with one). At the end the table is checked to hold ea
 its newest version, and the counts are printed: data files (and Iceberg's delete files) the
 table's current version reads, snapshots (Iceberg) or log entries on disk (Delta), and the files
 under the table's directory; ``--control`` runs the same batches with maintenance off, beside.
-``tests/integration/test_spark_lake_maintenance.py`` runs 120 batches of this and asserts the
-bounds below; this bench is the 1,000-batch run.
+``tests/integration/test_spark_lake_maintenance.py`` runs 40 batches of this and asserts the
+bounds below; this bench is the 1,000-batch run (bench/results/lake_maintenance.md).
 
 Bounds, per table (with I batches per maintenance interval, each adding at most F files and S
 snapshots): data files at most 1 + I x F after a compaction's bin-packing (one small table's

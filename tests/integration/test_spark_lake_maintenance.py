@@ -2,8 +2,8 @@
 and Iceberg: 40 micro-batches through the sink's own foreachBatch, maintenance every 10 s with a
 retention of 1 s. Every batch succeeds, no maintenance step fails, the table holds each live key
 at its newest version (bench.spark_merge.check), and its files and snapshots (Iceberg) stay
-under the bounds bench/lake_maintenance.py states (its 1,000-batch runs are
-in bench/results/lake_maintenance.md), where without maintenance a table keeps one version and a
+under the bounds bench/lake_maintenance.py states (its 1,000-batch Iceberg run
+is in bench/results/lake_maintenance.md), where without maintenance a table keeps one version and a
 file or more per batch."""
 
 from __future__ import annotations
