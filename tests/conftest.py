@@ -84,12 +84,12 @@ def _select_phase(config, items) -> None:
         # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads). One Spark process
         # beside the parallel workers slows both, but the whole suite ends sooner than with the
         # phases one after the other (scripts/test).
-        # A Spark test that does not use the shared session (`spark`) runs Spark in processes of
-        # its own (sinks under kill -9, a standalone cluster): it waits on them more than it
-        # uses a core, and runs beside the others in the parallel phase, which is the shorter.
+        # A Spark test marked `spark_processes` runs Spark only in processes of its own (sinks
+        # killed again and again) and waits on them more than it computes: it runs in the
+        # parallel phase, the shorter one.
         if item.get_closest_marker("serial") is not None:
             mine = "serial"
-        elif item.get_closest_marker("spark") is not None and "spark" in item.fixturenames:
+        elif item.get_closest_marker("spark") is not None and item.get_closest_marker("spark_processes") is None:
             mine = "spark"
         else:
             mine = "parallel"

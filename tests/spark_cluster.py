@@ -43,14 +43,14 @@ class SparkCluster:
         finally:
             out.close()
 
-    def start(self) -> SparkCluster:
+    def start(self, cores: int = 1) -> SparkCluster:
         self.work.mkdir(parents=True, exist_ok=True)
         self.master = self._start("master", "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
                                   "--port", str(self.port), "--webui-port", str(self.ui))
-        self.add_worker()
+        self.add_worker(cores)
         return self
 
-    def add_worker(self, cores: int = 1, memory: str = "2g") -> subprocess.Popen:
+    def add_worker(self, cores: int = 1, memory: str = "3g") -> subprocess.Popen:
         """A worker; returns once the master lists it alive."""
         before = self.alive_workers()
         worker = self._start(f"worker{len(self.workers)}", "org.apache.spark.deploy.worker.Worker", self.url,

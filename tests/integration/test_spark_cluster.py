@@ -1,9 +1,10 @@
 """The Spark sink on a standalone cluster (a master and a worker on loopback) with the static
 settings a cluster takes in its ``spark.conf`` (``spark.executor.memory``, ``spark.executor.cores``,
 ``spark.cores.max``, given to the session's builder: once CANNOT_MODIFY_CONFIG), for Delta and
-Iceberg. The worker is killed with its executor while a micro-batch runs (the checkpoint holds
-that batch's offsets and no commit of it yet); a new worker takes over, the batch runs again, and
-the table, read by delta-rs or PyIceberg, ends equal to the newest version of every key."""
+Iceberg, both on the cluster at once. The worker is killed with the executors while each sink has
+a micro-batch running (its checkpoint holds that batch's offsets and no commit of it yet); a new
+worker takes over, the batches run again, and each table, read by delta-rs or PyIceberg, ends
+equal to the newest version of every key."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ def _committed(checkpoint: Path) -> int:
     return max((int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")), default=-1)
 
 
-@pytest.mark.parametrize("table_format", ["delta", pytest.param("iceberg", marks=pytest.mark.iceberg)])
-def test_a_worker_killed_mid_batch_loses_nothing(kafka_bootstrap, kafka_topic, dev_env_for, tmp_path, table_format):
-    cluster = SparkCluster(tmp_path / "spark").start()
+def test_a_worker_killed_mid_batch_loses_nothing(kafka_bootstrap, kafka_topic, dev_env_for, tmp_path):
+    """Two sinks on the cluster at once, one per table format, each with one core of the worker;
+    the worker is killed once both have a batch in flight."""
+    cluster = SparkCluster(tmp_path / "spark").start(cores=2)
     topics = Topics(kafka_bootstrap, kafka_topic)
     newest: dict[int, tuple | None] = {}
     version = [0]
@@ -66,52 +68,67 @@ def test_a_worker_killed_mid_batch_loses_nothing(kafka_bootstrap, kafka_topic, d
             time.sleep(0.2)
 
     jars = dev_env_for("spark")["SPARK_JARS"]
-    lake = ("table_format: iceberg, iceberg: {catalog: {type: hadoop}}, " if table_format == "iceberg" else "")
+    spark = (f"spark: {{master: '{cluster.url}', driver_memory: 1g, jars: [{jars}], conf: {{"
+             f"spark.executor.memory: 1g, spark.executor.cores: '1', spark.cores.max: '1', "
+             f"spark.sql.shuffle.partitions: '2'}}}}")
+    common = (f"topics: ['{topics.prefix}.public.*'], trigger_seconds: 1, max_offsets_per_trigger: 3000, {spark}")
     config = tmp_path / "cdc.yaml"
     config.write_text(
         f"log:\n  kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {topics.prefix}}}\n"
         f"sources: []\n"
-        f"sinks:\n  - {{name: lake, type: delta, {lake}topics: ['{topics.prefix}.public.*'], path: ./lake, "
-        f"checkpoint: ./checkpoint, trigger_seconds: 1, max_offsets_per_trigger: 3000, "
-        f"spark: {{master: '{cluster.url}', driver_memory: 1g, jars: [{jars}], conf: {{"
-        f"spark.executor.memory: 1g, spark.executor.cores: '1', spark.cores.max: '1', "
-        f"spark.sql.shuffle.partitions: '2'}}}}}}\n"
+        f"sinks:\n  - {{name: delta, type: delta, path: ./delta, checkpoint: ./delta-checkpoint, {common}}}\n"
+        f"  - {{name: iceberg, type: delta, table_format: iceberg, iceberg: {{catalog: {{type: hadoop}}}}, "
+        f"path: ./iceberg, checkpoint: ./iceberg-checkpoint, {common}}}\n"
         f"http: null\n")
-    checkpoint = tmp_path / "checkpoint"
-    tables = IcebergTables({"type": "hadoop"}, str(tmp_path / "lake"))
+    tables = IcebergTables({"type": "hadoop"}, str(tmp_path / "iceberg"))
 
-    def table() -> dict | None:
-        if table_format == "iceberg":
+    def table(name: str) -> dict | None:
+        if name == "iceberg":
             try:
                 return {r[0]: (r[1], r[2]) for r in tables.rows("public.items", "id", "name", "qty")}
             except Exception:  # noqa: BLE001 - no table yet
                 return None
-        found = _delta_rows(tmp_path / "lake" / "public" / "items", ["id", "name", "qty"])
+        found = _delta_rows(tmp_path / "delta" / "public" / "items", ["id", "name", "qty"])
         return None if found is None else {k: (v[0], int(v[1])) for k, v in found.items()}
+
+    def alive(sinks: dict) -> None:
+        for name, process in sinks.items():
+            assert process.poll() is None, (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:]
 
     topics.schema(ITEMS, ITEM_COLUMNS, 1)
     publish(2000)
-    sink = run_daemon(config, "lake", log="lake.log")
+    sinks = {name: run_daemon(config, name, log=f"{name}.log") for name in ("delta", "iceberg")}
+    checkpoints = {name: tmp_path / f"{name}-checkpoint" for name in sinks}
     feeder = threading.Thread(target=writer, daemon=True)
     try:
-        wait_until(lambda: _committed(checkpoint) >= 0 or sink.poll() is not None, timeout=300,
-                   what="the sink's first batch on the cluster")
-        assert sink.poll() is None, (tmp_path / "lake.log").read_text(errors="replace")[-3000:]
+        for name in sinks:
+            wait_until(lambda name=name: _committed(checkpoints[name]) >= 0 or sinks[name].poll() is not None,
+                       timeout=300, what=f"the {name} sink's first batch on the cluster")
+        alive(sinks)
         feeder.start()
-        struck = wait_until(lambda: _in_flight(checkpoint), timeout=300, what="a micro-batch in flight")
-        kill_daemon(cluster.workers[0])     # the worker and its executor, mid-batch
-        assert _committed(checkpoint) < struck
-        cluster.add_worker()
-        wait_until(lambda: _committed(checkpoint) >= struck + 1 or sink.poll() is not None, timeout=300,
-                   what="the batch after the one struck committed on the new worker")
-        assert sink.poll() is None, (tmp_path / "lake.log").read_text(errors="replace")[-3000:]
+        def in_flight() -> dict[str, int] | None:
+            found = {n: _in_flight(c) for n, c in checkpoints.items()}
+            return found if all(b is not None for b in found.values()) else None  # type: ignore[return-value]
+
+        struck = wait_until(in_flight, timeout=300, what="a micro-batch in flight in each sink")
+        kill_daemon(cluster.workers[0])     # the worker and both executors, mid-batch
+        assert all(_committed(checkpoints[n]) < b for n, b in struck.items()), struck
+        cluster.add_worker(cores=2)
+        for name, batch in struck.items():
+            wait_until(lambda name=name, batch=batch: _committed(checkpoints[name]) > batch
+                       or sinks[name].poll() is not None, timeout=300,
+                       what=f"the {name} sink's batch after the one struck committed on the new worker")
+        alive(sinks)
         stop.set()
         feeder.join()
         expected = {k: v for k, v in newest.items() if v is not None}
-        wait_until(lambda: table() == expected, timeout=300, what=f"the {table_format} table equal to the events")
-        assert "CANNOT_MODIFY_CONFIG" not in (tmp_path / "lake.log").read_text(errors="replace")
+        for name in sinks:
+            wait_until(lambda name=name: table(name) == expected, timeout=300,
+                       what=f"the {name} table equal to the events")
+            assert "CANNOT_MODIFY_CONFIG" not in (tmp_path / f"{name}.log").read_text(errors="replace")
     finally:
         stop.set()
-        stop_daemon(sink)
+        for process in sinks.values():
+            stop_daemon(process)
         cluster.stop()
         topics.close()

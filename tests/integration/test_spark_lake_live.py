@@ -27,8 +27,8 @@ from tests.iceberg_tables import IcebergTables, jdbc_catalog
 from tests.integration.pg_capture import topic_state, wait_until
 from tests.live_ddl import MyDb, PgDb, rows_of
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.mysql,
-              pytest.mark.iceberg, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.kafka, pytest.mark.postgres,
+              pytest.mark.mysql, pytest.mark.iceberg, pytest.mark.timeout(2400)]
 
 ROWS = 200
 KILLS = 10
