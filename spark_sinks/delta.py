@@ -44,7 +44,6 @@ from cdc.api import (
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.formats import FORMATS, check_format
 from spark_sinks.session import quiet_loggers
-from spark_sinks.tables import session_settings, targets
 
 if TYPE_CHECKING:  # imported where used: pyspark loads only once a sink starts
     from pyspark.sql import SparkSession
@@ -91,6 +90,7 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
         """Start the streaming query (on ``session``, else a session of its own);
         ``before_query(job, session)`` runs once the job exists, before the query starts."""
         from spark_sinks.job import DeltaJob
+        from spark_sinks.lakes import session_settings
 
         bootstrap, options, prefix, log_, registry_url = self._kafka()
         with self._lock:
@@ -164,6 +164,7 @@ class DeltaSink(SelfDrivenSink, SelfRebuildingSink, ReadableSink):
         checkpoint stays where it is. ``stop()`` ends it."""
         from pyspark.sql import SparkSession
 
+        from spark_sinks.lakes import session_settings, targets
         from spark_sinks.reading import DeltaReader
 
         prefix = self._topic_prefix(self.log_config if self.log_config is not None else self.context.log_config)

@@ -51,6 +51,7 @@ from spark_sinks import evolve, merge, rebuild, scd2
 from spark_sinks.avro_records import AvroSchemas, require_spark_avro
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.connect_json import ConnectCodecs
+from spark_sinks.lakes import create_properties, targets
 from spark_sinks.maintenance import Maintenance
 from spark_sinks.parse import (
     KEY,
@@ -68,7 +69,7 @@ from spark_sinks.parse import (
 )
 from spark_sinks.schemas import SchemaRegistry, TableShape
 from spark_sinks.session import conf_within
-from spark_sinks.tables import TableTarget, create_properties, targets
+from spark_sinks.tables import TableTarget
 from spark_sinks.timing import PhaseClock
 
 log = logging.getLogger(__name__)

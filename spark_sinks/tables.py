@@ -28,8 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -448,34 +447,6 @@ class DeltaTarget(TableTarget):
             # table's protocol to have it.
             self.set_properties(session, COLUMN_MAPPING)
             log.info("table %s: column mapping turned on (mode name), to rename columns", self.name)
-
-
-def targets(config: Any, prefix: str) -> Callable[..., TableTarget]:
-    """``make(topic, mode, area="")``: the tables of ``topic`` in the sink's table format."""
-    if config.table_format == "iceberg":
-        from spark_sinks.iceberg import IcebergTarget
-
-        catalog = config.iceberg.catalog.name
-        return lambda topic, mode, area="": IcebergTarget(catalog, topic, prefix, mode, area=area)
-    return lambda topic, mode, area="": DeltaTarget(config.path, topic, prefix, mode, area=area)
-
-
-def create_properties(config: Any) -> dict[str, str]:
-    """The properties of a table the sink creates: the format's, then the config's."""
-    if config.table_format == "iceberg":
-        from spark_sinks.iceberg import table_properties
-
-        return {**table_properties(config.iceberg.write_mode), **config.table_properties}
-    return dict(config.table_properties)
-
-
-def session_settings(config: Any) -> dict[str, str]:
-    """What the sink's Spark session needs for its table format (Iceberg: its catalog)."""
-    if config.table_format == "iceberg":
-        from spark_sinks.iceberg import catalog_settings
-
-        return catalog_settings(config.iceberg.catalog.name, config.iceberg.catalog, config.path)
-    return {}
 
 
 def remove_path(session: SparkSession, path: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from spark_sinks.config import DELTA_PROPERTIES, DeltaSinkConfig
-from spark_sinks.tables import create_properties, session_settings, targets
+from spark_sinks.lakes import create_properties, session_settings, targets
 
 BASE = dict(name="lake", type="delta", topics=["cdc.public.*"], path="/lake", checkpoint="/cp")
 
