@@ -84,12 +84,12 @@ def _select_phase(config, items) -> None:
         # renames item._nodeid, which pytest 9.2's Item.nodeid no longer reads). One Spark process
         # beside the parallel workers slows both, but the whole suite ends sooner than with the
         # phases one after the other (scripts/test).
-        # A Spark test marked `spark_processes` runs Spark only in processes of its own (sinks
-        # killed again and again) and waits on them more than it computes: it runs in the
-        # parallel phase, the shorter one.
-        if item.get_closest_marker("serial") is not None:
+        # A Spark test marked `spark_processes` runs several Spark processes of its own at once
+        # (sinks killed again and again): beside the parallel or the Spark phase it overloaded
+        # two cores (load 15, other tests' waits ran out), so it runs alone, with the serial ones.
+        if item.get_closest_marker("serial") is not None or item.get_closest_marker("spark_processes") is not None:
             mine = "serial"
-        elif item.get_closest_marker("spark") is not None and item.get_closest_marker("spark_processes") is None:
+        elif item.get_closest_marker("spark") is not None:
             mine = "spark"
         else:
             mine = "parallel"
