@@ -186,7 +186,7 @@ def test_an_absent_delete_memory_is_asked_for_once(monkeypatch):
     the memory's log); the sink is the memory's one writer, so the answer is kept until it
     writes the memory or forgets its tables."""
     from spark_sinks import tables
-    from spark_sinks.tables import TableTarget
+    from spark_sinks.tables import DeltaTarget
 
     asked = []
 
@@ -195,7 +195,7 @@ def test_an_absent_delete_memory_is_asked_for_once(monkeypatch):
         return False
 
     monkeypatch.setattr(tables.DeltaTable, "isDeltaTable", is_delta_table)
-    target = TableTarget("/lake", "cdc.public.orders", "cdc", "type1")
+    target = DeltaTarget("/lake", "cdc.public.orders", "cdc", "type1")
     assert not target.deletes_exist(None) and not target.deletes_exist(None)
     assert asked == ["/lake/_cdc_deletes/public/orders"]
     target.deletes_written()

@@ -206,15 +206,16 @@ def test_a_text_keys_chunks_hold_exactly_the_keys_between_their_bounds(spark, tm
     from cdc.api import in_range, key_order
     from spark_sinks.reading import DeltaReader
     from spark_sinks.schemas import TableShape
-    from spark_sinks.tables import TableTarget
+    from spark_sinks.tables import DeltaTarget
 
-    target = TableTarget(str(tmp_path), "p.public.codes", "p", "type1")
+    target = DeltaTarget(str(tmp_path), "p.public.codes", "p", "type1")
     target.create(spark, TableShape((("code", T.StringType()), ("n", T.LongType())), ("code",), True), {})
     codes = ["007", "7.5", "-3", " 12", "1e2", "a", "B", "b-1", "Zeta", "é", "_x", "", "NaN", "Infinity", "10"]
     spark.createDataFrame([(c, i, f'"{c}"', 1, "r", 0) for i, c in enumerate(codes)],
                           "code string, n long, __cdc_key string, __cdc_version long, __cdc_op string, "
                           "__cdc_ts_ms long").write.format("delta").mode("append").save(target.path)
-    reader = DeltaReader(spark, str(tmp_path), "p", "type1", str(tmp_path / "none"))
+    reader = DeltaReader(spark, lambda topic, mode: DeltaTarget(str(tmp_path), topic, "p", mode), "type1",
+                         str(tmp_path / "none"))
     every = reader.read_rows("p.public.codes")
     assert [r.key[0] for r in every] == sorted(codes, key=lambda c: key_order((c,)))
     # Bounds of each kind: none, a number's text, other text (empty, a letter's, a sign's).
