@@ -137,6 +137,36 @@ def die_after_items(spark, config: DeltaSinkConfig) -> None:
     sink.stop()
 
 
+def publish_round(topics: Topics, n: int) -> None:
+    """Round ``n`` of the type-1 test's events (the Iceberg tests publish the same):
+    1 out of order within the batch, a duplicate, deletes of keys never seen; 2 late updates, a
+    late insert of a deleted key, an insert newer than a delete, a replayed duplicate, a new
+    delete, a tombstone alone; 3 a truncate at 55 with rows older, at and newer than it; 4 rows
+    at and below the watermark."""
+    if n == 1:
+        topics.publish(
+            upsert(1, 10, op=Op.CREATE, name="a", qty=1), upsert(1, 30, name="a30", qty=3),
+            upsert(1, 20, name="a20", qty=2),
+            upsert(2, 10, op=Op.CREATE, name="b", qty=1), upsert(2, 10, op=Op.CREATE, name="b", qty=1),
+            delete(3, 20),
+            upsert(4, 5, op=Op.CREATE, name="d", qty=1), delete(4, 6),
+            upsert(5, 40, op=Op.CREATE, name="e", qty=1), upsert(7, 45, op=Op.CREATE, name="g", qty=7))
+    elif n == 2:
+        topics.writer.publish([Record(topics.topic(ITEMS), b'{"id":7}', None)])
+        topics.publish(
+            upsert(1, 25, name="a25", qty=25),
+            upsert(3, 15, op=Op.CREATE, name="late", qty=15),
+            upsert(4, 7, op=Op.CREATE, name="d7", qty=7),
+            upsert(2, 10, op=Op.CREATE, name="b", qty=1),
+            delete(5, 41),
+            upsert(6, 60, op=Op.CREATE, name="f", qty=6))
+    elif n == 3:
+        topics.publish(truncate(55), upsert(8, 50, op=Op.CREATE, name="h", qty=8),
+                       upsert(9, 70, op=Op.CREATE, name="i", qty=9), upsert(10, 55, op=Op.CREATE, name="j", qty=10))
+    else:
+        topics.publish(upsert(11, 55, op=Op.CREATE, name="k", qty=11), upsert(12, 54, op=Op.CREATE, name="l", qty=12))
+
+
 # -- type 1 ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("soft_delete", [False, True], ids=["hard-delete", "soft-delete"])
@@ -147,13 +177,7 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
     live = "NOT __cdc_deleted" if soft_delete else None
 
     # Round 1, one batch: out of order within the batch, a duplicate, deletes of keys never seen.
-    topics.publish(
-        upsert(1, 10, op=Op.CREATE, name="a", qty=1), upsert(1, 30, name="a30", qty=3),
-        upsert(1, 20, name="a20", qty=2),
-        upsert(2, 10, op=Op.CREATE, name="b", qty=1), upsert(2, 10, op=Op.CREATE, name="b", qty=1),
-        delete(3, 20),
-        upsert(4, 5, op=Op.CREATE, name="d", qty=1), delete(4, 6),
-        upsert(5, 40, op=Op.CREATE, name="e", qty=1), upsert(7, 45, op=Op.CREATE, name="g", qty=7))
+    publish_round(topics, 1)
     topics.writer.publish([Record(topics.topic(ITEMS), b'{"id":99}', b"not an envelope")])
     topics.writer.flush(30)
     catch_up(spark, config)
@@ -170,14 +194,7 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
 
     # Round 2: late updates, a late insert of a deleted key, an insert newer than a delete, a
     # replayed duplicate, a new delete, a tombstone alone (its delete compacted away).
-    topics.writer.publish([Record(topics.topic(ITEMS), b'{"id":7}', None)])
-    topics.publish(
-        upsert(1, 25, name="a25", qty=25),
-        upsert(3, 15, op=Op.CREATE, name="late", qty=15),
-        upsert(4, 7, op=Op.CREATE, name="d7", qty=7),
-        upsert(2, 10, op=Op.CREATE, name="b", qty=1),
-        delete(5, 41),
-        upsert(6, 60, op=Op.CREATE, name="f", qty=6))
+    publish_round(topics, 2)
     catch_up(spark, config)
     assert rows(spark, table, "id", "name", "qty", "__cdc_version", where=live) == [
         (1, "a30", 3, 30), (2, "b", 1, 10), (4, "d7", 7, 7), (6, "f", 6, 60)]
@@ -187,14 +204,13 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
     # Round 3: a truncate; in the same batch a row older than it (dropped), one newer and one at
     # its very version (kept: a table dropped and created again has its truncate at the version
     # of the new table's first row, from the PostgreSQL source).
-    topics.publish(truncate(55), upsert(8, 50, op=Op.CREATE, name="h", qty=8),
-                   upsert(9, 70, op=Op.CREATE, name="i", qty=9), upsert(10, 55, op=Op.CREATE, name="j", qty=10))
+    publish_round(topics, 3)
     catch_up(spark, config)
     assert rows(spark, table, "id", "name", "__cdc_version", where=live) == [(6, "f", 60), (9, "i", 70), (10, "j", 55)]
     # The watermark is kept in the table, for later batches and restarts.
     properties = spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()
     assert {p.key: p.value for p in properties}["cdc.truncated_at"] == "55"
-    topics.publish(upsert(11, 55, op=Op.CREATE, name="k", qty=11), upsert(12, 54, op=Op.CREATE, name="l", qty=12))
+    publish_round(topics, 4)
     catch_up(spark, config)
     assert rows(spark, table, "id", "__cdc_version", where=live) == [(6, 60), (9, 70), (10, 55), (11, 55)]
 

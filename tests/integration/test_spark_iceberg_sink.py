@@ -13,7 +13,6 @@ import pytest
 
 from cdc.errors import SchemaChangeError
 from cdc.events import Column, Op
-from cdc.serde import Record
 from spark_sinks.config import DeltaSinkConfig
 from spark_sinks.delta import DeltaSink
 from tests.contexts import attached
@@ -25,6 +24,7 @@ from tests.integration.test_spark_delta_sink import (
     catch_up,
     delete,
     die_after_items,
+    publish_round,
     seed_items_and_orders,
     truncate,
     upsert,
@@ -75,13 +75,7 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
     def live(row: dict) -> bool:
         return not soft_delete or not row["__cdc_deleted"]
 
-    topics.publish(
-        upsert(1, 10, op=Op.CREATE, name="a", qty=1), upsert(1, 30, name="a30", qty=3),
-        upsert(1, 20, name="a20", qty=2),
-        upsert(2, 10, op=Op.CREATE, name="b", qty=1), upsert(2, 10, op=Op.CREATE, name="b", qty=1),
-        delete(3, 20),
-        upsert(4, 5, op=Op.CREATE, name="d", qty=1), delete(4, 6),
-        upsert(5, 40, op=Op.CREATE, name="e", qty=1), upsert(7, 45, op=Op.CREATE, name="g", qty=7))
+    publish_round(topics, 1)
     catch_up(spark, config)
     assert tables.rows("public.items", "id", "name", "qty", "__cdc_version", where=live) == [
         (1, "a30", 3, 30), (2, "b", 1, 10), (5, "e", 1, 40), (7, "g", 7, 45)]
@@ -95,27 +89,19 @@ def test_late_out_of_order_and_duplicate_events_never_regress_a_row(spark, topic
 
     # Late updates, a late insert of a deleted key, an insert newer than a delete, a replayed
     # duplicate, a new delete, a tombstone alone.
-    topics.writer.publish([Record(topics.topic(ITEMS), b'{"id":7}', None)])
-    topics.publish(
-        upsert(1, 25, name="a25", qty=25),
-        upsert(3, 15, op=Op.CREATE, name="late", qty=15),
-        upsert(4, 7, op=Op.CREATE, name="d7", qty=7),
-        upsert(2, 10, op=Op.CREATE, name="b", qty=1),
-        delete(5, 41),
-        upsert(6, 60, op=Op.CREATE, name="f", qty=6))
+    publish_round(topics, 2)
     catch_up(spark, config)
     assert tables.rows("public.items", "id", "name", "qty", "__cdc_version", where=live) == [
         (1, "a30", 3, 30), (2, "b", 1, 10), (4, "d7", 7, 7), (6, "f", 6, 60)]
 
     # A truncate: older rows go, one at its very version and one newer stay; the watermark holds
     # for later batches.
-    topics.publish(truncate(55), upsert(8, 50, op=Op.CREATE, name="h", qty=8),
-                   upsert(9, 70, op=Op.CREATE, name="i", qty=9), upsert(10, 55, op=Op.CREATE, name="j", qty=10))
+    publish_round(topics, 3)
     catch_up(spark, config)
     assert tables.rows("public.items", "id", "name", "__cdc_version", where=live) == [
         (6, "f", 60), (9, "i", 70), (10, "j", 55)]
     assert tables.properties("public.items")["cdc.truncated_at"] == "55"
-    topics.publish(upsert(11, 55, op=Op.CREATE, name="k", qty=11), upsert(12, 54, op=Op.CREATE, name="l", qty=12))
+    publish_round(topics, 4)
     catch_up(spark, config)
     assert tables.rows("public.items", "id", "__cdc_version", where=live) == [(6, 60), (9, 70), (10, 55), (11, 55)]
 
