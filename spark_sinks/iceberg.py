@@ -95,8 +95,10 @@ class IcebergTarget(TableTarget):
             frame.writeTo(self._deletes_ref).append()
             return
         frame.sparkSession.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.deletes_namespace_ref}")
+        # create, not createOrReplace: a memory that exists after all (a stale answer) must fail
+        # the batch, which re-runs, rather than be replaced and forget its deletes.
         (frame.writeTo(self._deletes_ref).using("iceberg").tableProperty("format-version", "2")
-         .createOrReplace())
+         .create())
 
     def replace(self, session: SparkSession, frame: DataFrame, deletes: bool = False) -> None:
         # REPLACE keeps the table's history and properties; the schema becomes the frame's.
@@ -127,7 +129,6 @@ class IcebergTarget(TableTarget):
         in_place = [(name, kind) for name, kind in widen if same_scale(name, kind)]
         super()._widen(session, in_place)
         return [pair for pair in widen if pair not in in_place]
-
 
     # -- maintenance (spark_sinks/maintenance.py), by Iceberg's Spark actions --------------------
     def _actions(self, session: SparkSession, deletes: bool) -> tuple[Any, Any]:

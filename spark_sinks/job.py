@@ -224,10 +224,11 @@ class DeltaJob:
                 target = self._target(item["topic"])
                 self.apply_topic(session, rows.where(F.col("topic") == item["topic"]), item, batch_id, target)
             with clock.phase("purge"):
-                self._purge(session, [self._target(s["topic"]) for s in summary])
+                written = [self._target(s["topic"]) for s in summary]
+                self._purge(session, written)
             if not self.stopping:
                 with clock.phase("maintenance"):
-                    self.maintenance.after_batch(session, [self._target(s["topic"]) for s in summary])
+                    self.maintenance.after_batch(session, written)
         finally:
             with clock.phase("unpersist"):
                 rows.unpersist()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -373,7 +373,7 @@ class DeltaTarget(TableTarget):
         DeltaTable.forPath(session, self.deletes_path if deletes else self.path).delete(condition)
 
     def update(self, session: SparkSession, condition: str, assignments: dict[str, str]) -> None:
-        DeltaTable.forPath(session, self.path).update(condition, dict[str, "str | Column"](assignments))
+        DeltaTable.forPath(session, self.path).update(condition, cast("dict[str, str | Column]", assignments))
 
     def append_deletes(self, frame: DataFrame, options: dict[str, str]) -> None:
         frame.write.format("delta").mode("append").options(**options).save(self.deletes_path)

@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from cdc.log.kafka import KafkaLog
 from tests.daemon import kill_daemon, run_daemon, stop_daemon
 from tests.iceberg_tables import IcebergTables, jdbc_catalog
 from tests.integration.pg_capture import topic_state, wait_until
+from tests.integration.test_spark_delta_schema_live import _norm
 from tests.live_ddl import MyDb, PgDb, rows_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.kafka, pytest.mark.postgres,
@@ -119,11 +119,6 @@ def _config(tmp_path: Path, pg: PgDb, my: MyDb, kafka: str, jars: str, catalog_d
         f"http: null\n")
     return path, prefix
 
-
-def _norm(value):
-    if value is None or isinstance(value, (str, bool)):
-        return value
-    return Decimal(str(value)).normalize()
 
 
 def _commits(root: Path) -> int:
