@@ -14,7 +14,7 @@ from __future__ import annotations
 import orjson
 
 from cdc.errors import DecodeError
-from cdc.log.base import Log, LogReader, TopicSettings
+from cdc.log.base import Log, LogReader, internal_settings
 from cdc.positions import IncrementalProgress, MySqlPosition, PgLsn, Position, position_from_json, position_to_json
 from cdc.serde import Record
 from cdc.topics import offsets_topic
@@ -25,11 +25,12 @@ MYSQL_FILE_SHIFT = 32  # the MySQL source's versions: binlog file index << 32 | 
 class OffsetStore:
     """Threading: one store per thread (it owns a log writer)."""
 
-    def __init__(self, log: Log, prefix: str, replication_factor: int = 1) -> None:
+    def __init__(self, log: Log, prefix: str) -> None:
         self.log = log
         self.topic = offsets_topic(prefix)
-        log.ensure_topic(self.topic, TopicSettings(partitions=1, replication_factor=replication_factor))
+        log.ensure_topic(self.topic, internal_settings(log, partitions=1))
         self._writer = log.writer()
+        self._on_its_way: tuple[str, Position] | None = None
 
     @staticmethod
     def _key(source: str) -> bytes:
@@ -55,10 +56,21 @@ class OffsetStore:
     def load(self, source: str) -> Position | None:
         return self.load_all().get(source)
 
-    def save(self, source: str, position: Position, timeout: float = 30.0) -> None:
-        """Store ``position`` durably; returns only once the log acknowledged it."""
-        self._writer.publish([Record(self.topic, self._key(source), position_to_json(position).encode())])
-        self._writer.flush(timeout)
+    def save(self, source: str, position: Position, timeout: float = 30.0, *, give_up: bool = True) -> bool:
+        """Store ``position`` durably: True once the log acknowledged it. Unacknowledged after
+        ``timeout`` seconds: DeliveryError, or with ``give_up=False`` False, the record left on
+        its way (a later call with the same position waits for it, one with a newer position
+        sends that after it)."""
+        if self._on_its_way != (source, position):
+            self._writer.publish([Record(self.topic, self._key(source), position_to_json(position).encode())])
+            self._on_its_way = (source, position)
+        if not give_up:
+            self._writer.send_now(timeout)
+            if self._writer.outstanding:
+                return False
+        self._writer.flush(timeout)   # raises for a failed delivery
+        self._on_its_way = None
+        return True
 
     def reset(self, source: str, timeout: float = 30.0) -> None:
         """Forget ``source``'s position (a tombstone): its next start begins afresh."""

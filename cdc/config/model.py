@@ -43,7 +43,12 @@ class KafkaLogConfig(_Section):
     topic_prefix: str = Field(default="cdc", pattern=TOPIC_PREFIX,
                               description="first part of every topic name: <prefix>.<schema>.<table>")
     partitions: int = Field(default=1, ge=1, description="partitions of each topic created")
-    replication_factor: int = Field(default=1, ge=1)
+    replication_factor: int | None = Field(
+        default=None, ge=1, description="replicas of each topic created; unset: the cluster's "
+                                        "default.replication.factor")
+    min_insync_replicas: int | None = Field(
+        default=None, ge=1, description="replicas that must have a record before it counts as written "
+                                        "(acks=all); unset: the cluster's min.insync.replicas")
     min_compaction_lag_ms: int = Field(default=0, ge=0)
     delete_retention_ms: int = Field(default=86_400_000, ge=0,
                                       description="how long a tombstone outlives its key")
@@ -65,6 +70,13 @@ class KafkaLogConfig(_Section):
             return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float))
                     else v for k, v in value.items()}
         return value
+
+    @model_validator(mode="after")
+    def _insync_within_replicas(self) -> KafkaLogConfig:
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        if rf is not None and isr is not None and isr > rf:
+            raise ValueError(f"min_insync_replicas ({isr}) above replication_factor ({rf}): no write could succeed")
+        return self
 
 
 class EmbeddedLogConfig(_Section):
@@ -156,6 +168,7 @@ class LogConfig(_Section):
         if self.kafka is not None:
             k = self.kafka
             return TopicSettings(partitions=k.partitions, replication_factor=k.replication_factor,
+                                 min_insync_replicas=k.min_insync_replicas,
                                  min_compaction_lag_ms=k.min_compaction_lag_ms,
                                  delete_retention_ms=k.delete_retention_ms, extra=dict(k.topic_config))
         e = self.backend

@@ -1,8 +1,10 @@
-"""The log's servers: one Kafka broker, and the schema registry for the ``avro`` format."""
+"""The log's servers: one Kafka broker; a cluster of three (``kafka1``..``kafka3``, the ``cluster``
+profile); the schema registry for the ``avro`` format."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import urllib.request
 import uuid
@@ -24,7 +26,7 @@ class Kafka(Service):
     """
 
     name = "kafka"
-    port_names = ("port", "controller_port", "fault_port", "fault_proxy_port")
+    port_names: ClassVar[tuple[str, ...]] = ("port", "controller_port", "fault_port", "fault_proxy_port")
 
     def _java_cmd(self, main: str, *args: str, heap: str = "256m") -> list[str]:
         return [_java(), "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
@@ -96,6 +98,79 @@ class Kafka(Service):
             settings["KAFKA_FAULT_LISTENER"] = f"{LOOPBACK}:{self.ports['fault_port']}"
             settings["KAFKA_FAULT_PROXY"] = f"{LOOPBACK}:{self.ports['fault_proxy_port']}"
         return settings
+
+
+class KafkaNode(Kafka):
+    """One of three KRaft nodes (broker and controller each, a static quorum of three) forming a
+    replicated cluster: topics default to replication factor 3 and ``min.insync.replicas`` 2, as
+    in production. Each node is a service of its own, so a test can kill, stop or start one
+    (``cdc dev kill kafka2``). The three share one ports map (``group``): every node needs the
+    others' controller ports in its quorum, and formats its storage with the same cluster id,
+    derived from those ports. No fault listener: the fault proxy belongs to the single broker.
+    """
+
+    on_demand: ClassVar[bool] = True   # the ``cluster`` profile starts them
+    group: ClassVar[str] = "kafka-cluster"
+    node: ClassVar[int]
+    nodes: ClassVar[int] = 3
+    port_names: ClassVar[tuple[str, ...]] = tuple(f"{kind}{n}" for n in (1, 2, 3) for kind in ("port", "controller"))
+
+    @property
+    def port(self) -> int:
+        return self.ports[f"port{self.node}"]
+
+    def prepare(self) -> None:
+        Service.prepare(self)
+        voters = ",".join(f"{n}@{LOOPBACK}:{self.ports[f'controller{n}']}" for n in range(1, self.nodes + 1))
+        replicated = {name: 3 for name in ("default.replication.factor", "offsets.topic.replication.factor",
+                                           "transaction.state.log.replication.factor",
+                                           "share.coordinator.state.topic.replication.factor")}
+        insync = {name: 2 for name in ("min.insync.replicas", "transaction.state.log.min.isr",
+                                       "share.coordinator.state.topic.min.isr")}
+        props = {
+            "process.roles": "broker,controller", "node.id": self.node, "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.ports[f'controller{self.node}']}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.dir / "data"), "num.partitions": 1, **replicated, **insync,
+            "group.initial.rebalance.delay.ms": 0, "auto.create.topics.enable": "false",
+            "log.cleaner.backoff.ms": 1000, "message.max.bytes": 16777216,
+            # A node back from a crash or a restart takes its partitions' leadership back soon.
+            "leader.imbalance.check.interval.seconds": 10,
+        }
+        (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.dir / "log4j2.properties").write_text(
+            "rootLogger.level = WARN\nrootLogger.appenderRef.out.ref = OUT\n"
+            "appender.out.type = Console\nappender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n")
+        self.run(self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.shared_cluster_id(),
+                                "-c", str(self.dir / "server.properties")))
+
+    def shared_cluster_id(self) -> str:
+        """The cluster id all three nodes format with: a digest of the group's ports."""
+        digest = hashlib.sha256(json.dumps(self.ports, sort_keys=True).encode()).digest()[:16]
+        return base64.urlsafe_b64encode(b"\x01" + digest[1:]).decode().rstrip("=")   # never starts with '-'
+
+    def command(self) -> list[str]:
+        return self._java_cmd("kafka.Kafka", str(self.dir / "server.properties"), heap="512m")
+
+    def settings(self) -> dict[str, str]:
+        servers = ",".join(f"{LOOPBACK}:{self.ports[f'port{n}']}" for n in range(1, self.nodes + 1))
+        return {"KAFKA_CLUSTER_BOOTSTRAP": servers, f"KAFKA_CLUSTER_NODE{self.node}": f"{LOOPBACK}:{self.port}"}
+
+
+class Kafka1(KafkaNode):
+    name, node = "kafka1", 1
+
+
+class Kafka2(KafkaNode):
+    name, node = "kafka2", 2
+
+
+class Kafka3(KafkaNode):
+    name, node = "kafka3", 3
 
 
 def _kafka_cluster_id() -> str:

@@ -16,6 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     up = actions.add_parser("up", help="start the servers (idempotent) and write dev.env")
     up.add_argument("--only", nargs="+", metavar="SERVICE", type=_services,
                     help=f"start only these ({', '.join(stack.ALL)}; spaces or commas between)")
+    up.add_argument("--profile", choices=sorted(stack.PROFILES),
+                    help="the default servers and more: 'cluster' adds a replicated Kafka of three nodes")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     actions.add_parser("down", help="stop every server and delete its data")
     actions.add_parser("status", help="show what runs and whether it answers")
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dev_action == "up":
         began = time.monotonic()
         only = [name for names in args.only for name in names] if args.only else None
+        if args.profile:
+            only = [*(only or ()), *stack.PROFILES[args.profile]]
         env = stack.up(only, timeout=args.timeout)
         for key, value in sorted(env.items()):
             print(f"{key}={value}")

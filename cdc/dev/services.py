@@ -6,16 +6,16 @@ MariaDB), ``brokers.py`` (Kafka, the schema registry) and ``stores.py`` (Redis, 
 
 from __future__ import annotations
 
-from cdc.dev.brokers import Kafka, Registry
+from cdc.dev.brokers import Kafka, Kafka1, Kafka2, Kafka3, Registry
 from cdc.dev.databases import MariaDB, Postgres, Postgres17
 from cdc.dev.service import LOOPBACK, Service, _chown_tree, free_port, port_open
 from cdc.dev.stores import OpenSearch, OpenSearchSecure, Redis, RedisCluster
 
 __all__ = ["SERVICES", "LOOPBACK", "Service", "free_port", "port_open", "_chown_tree", "Postgres", "Postgres17",
-           "MariaDB", "Kafka", "Registry", "Redis", "RedisCluster", "OpenSearch", "OpenSearchSecure"]
+           "MariaDB", "Kafka", "Kafka1", "Kafka2", "Kafka3", "Registry", "Redis", "RedisCluster", "OpenSearch", "OpenSearchSecure"]
 
 SERVICES: dict[str, type[Service]] = {
     cls.name: cls for cls in (Postgres, Postgres17, MariaDB, Kafka, Redis, RedisCluster, OpenSearch, OpenSearchSecure,
-                              Registry)
+                              Registry, Kafka1, Kafka2, Kafka3)
 }
 

@@ -45,6 +45,10 @@ ALL = (*SERVICES, "spark")
 # What `cdc dev up` starts when no service is named: not the servers only some tests need
 # (started when named, or by the test fixture that needs them).
 DEFAULT = tuple(n for n in ALL if not getattr(SERVICES.get(n), "on_demand", False))
+# `cdc dev up --profile NAME`: the default stack and more. ``cluster``: a replicated Kafka of three
+# nodes, a Spark standalone master with two workers, a Redis Cluster of three masters with a
+# replica each (the tests marked `cluster`).
+PROFILES = {"cluster": (*DEFAULT, "kafka1", "kafka2", "kafka3")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,20 @@ def _save(state: dict) -> None:
 
 def _service(root: str, name: str, entry: dict | None = None) -> Service:
     return SERVICES[name](Path(root), entry["ports"] if entry else None)
+
+
+def _new_services(state: dict, names: list[str]) -> dict[str, Service]:
+    """Services to start afresh. The members of a ``group`` (the nodes of one cluster) share one
+    ports map: a member's peers' ports are part of its configuration."""
+    shared = {getattr(SERVICES[n], "group", None): entry["ports"]
+              for n, entry in state["services"].items() if n in SERVICES}
+    services = {}
+    for name in names:
+        group = getattr(SERVICES[name], "group", None)
+        services[name] = SERVICES[name](Path(state["root"]), shared.get(group) if group else None)
+        if group:
+            shared.setdefault(group, services[name].ports)
+    return services
 
 
 def _group_members(pgid: int, *, zombies: bool = False) -> list[int]:
@@ -209,7 +227,7 @@ def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180
             state["services"]["spark"] = {"pid": None, "ports": {},
                                           "settings": {"SPARK_JARS": ",".join(jars.spark_jars())}}
         to_start = [n for n in chosen if n != "spark" and n not in state["services"]]
-        services = {n: _service(state["root"], n) for n in to_start}
+        services = _new_services(state, to_start)
         # Java components need their jars before anything starts; resolve them first, one by one
         # (parallel Maven runs would race on the shared local repository).
         for name in to_start:

@@ -24,7 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cdc.errors import DeliveryError, LogUnavailableError
 from cdc.events import ChangeEvent
@@ -36,7 +36,8 @@ from cdc.serde import EmitError, EnvelopeEncoder, Record
 @dataclass(frozen=True, slots=True)
 class TopicSettings:
     partitions: int = 1
-    replication_factor: int = 1
+    replication_factor: int | None = None    # None: the cluster's default.replication.factor
+    min_insync_replicas: int | None = None   # None: the cluster's min.insync.replicas
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000  # a day: how long a tombstone outlives the key
     extra: dict[str, str] = field(default_factory=dict)  # more Kafka topic configs (segment.ms ...)
@@ -44,6 +45,14 @@ class TopicSettings:
     # older than ``retention_ms`` (None: for ever), such as a sink's dead letters.
     cleanup_policy: str = "compact"
     retention_ms: int | None = None
+
+
+def internal_settings(log: object, **settings: Any) -> TopicSettings:
+    """Settings for a topic the framework keeps for itself (offsets, dead letters, shares): the
+    replication of the log's table topics, the rest from ``settings``."""
+    defaults = getattr(log, "defaults", None) or TopicSettings()
+    return TopicSettings(replication_factor=defaults.replication_factor,
+                         min_insync_replicas=defaults.min_insync_replicas, **settings)
 
 
 class LogRecord(NamedTuple):

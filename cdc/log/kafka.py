@@ -174,7 +174,10 @@ class KafkaLog(Log, GroupLog):
         else:
             retention = -1 if settings.retention_ms is None else settings.retention_ms
             config = {"cleanup.policy": settings.cleanup_policy, "retention.ms": str(retention), **settings.extra}
-        new = NewTopic(topic, settings.partitions, settings.replication_factor, config=config)
+        if settings.min_insync_replicas is not None:
+            config["min.insync.replicas"] = str(settings.min_insync_replicas)
+        # -1: the cluster's default.replication.factor
+        new = NewTopic(topic, settings.partitions, settings.replication_factor or -1, config=config)
         with self._request(f"creating topic {topic}") as admin:
             future = admin.create_topics([new], operation_timeout=self.timeout,
                                          request_timeout=self.timeout)[topic]

@@ -24,6 +24,11 @@ TRANSIENT = frozenset({
     KafkaError.KAFKA_STORAGE_ERROR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.THROTTLING_QUOTA_EXCEEDED,
     KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REBALANCE_IN_PROGRESS,
+    # A replicated cluster losing a node (tests/faults/test_kafka_cluster.py): a request on its
+    # way to that node fails with its broker handle destroyed, and for a moment the metadata
+    # lists a partition without it (no leader elected yet) or names a node that moved.
+    KafkaError._DESTROY_BROKER, KafkaError._UNKNOWN_PARTITION, KafkaError._NODE_UPDATE, KafkaError._WAIT_COORD,
+    KafkaError.NOT_CONTROLLER,
 })
 
 

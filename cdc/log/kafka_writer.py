@@ -22,6 +22,8 @@ from cdc.log.kafka_errors import delivery_error, kafka_error
 from cdc.positions import Position
 from cdc.serde import EmitError, EnvelopeEncoder, Record
 
+BARRIER_WAIT_S = 1.0  # seconds a due drain point waits for acknowledgements before the stream goes on
+
 
 class KafkaWriter(LogWriter):
     """Publishes through one idempotent producer; acknowledgements are taken in bulk at drain
@@ -207,10 +209,14 @@ class KafkaWriter(LogWriter):
             if len(producer) == 0 and (blocks is None or blocks.outstanding == 0):
                 tracker.drained()
             elif tracker.barrier_due():
-                return self.flush()
+                # A drain point, waited for a moment: while a broker is away, an election runs or
+                # too few replicas are in sync, librdkafka keeps retrying (until message.timeout.ms,
+                # then the reports fail); the stream waits with it, its checkpoint unmoved (health
+                # shows it stalled), and does not restart to resend what is already on its way.
+                return self.flush(BARRIER_WAIT_S, give_up=False)
         return tracker.safe()
 
-    def flush(self, timeout: float = 30.0) -> Position | None:
+    def flush(self, timeout: float = 30.0, *, give_up: bool = True) -> Position | None:
         producer, tracker, blocks = self._producer, self._tracker, self._blocks
         left = producer.flush(timeout) if not self._closed else 0
         if blocks is not None:  # at most one of the two holds records (see the class docstring)
@@ -221,7 +227,7 @@ class KafkaWriter(LogWriter):
         if not left:
             tracker.drained()
         safe = tracker.safe()  # a failed delivery outranks the timeout
-        if left:
+        if left and give_up:
             raise DeliveryError(f"{left} records not acknowledged within {timeout:g}s "
                                 f"(broker slow or unreachable?)", retriable=True)
         return safe

@@ -43,7 +43,7 @@ import threading
 
 import orjson
 
-from cdc.log.base import Log, LogWriter, TopicSettings
+from cdc.log.base import Log, LogWriter, TopicSettings, internal_settings
 from cdc.serde import Record
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,12 @@ REASON_LIMIT = 8 * 1024               # an error message can quote the value: ca
 KEY_LIMIT = 16 * 1024                 # a key larger than this is replaced by the location
 
 
-def topic_settings(retention_ms: int | None, replication_factor: int = 1) -> TopicSettings:
+def topic_settings(retention_ms: int | None, log_: object = None) -> TopicSettings:
     """The dead-letter topic: one partition, every letter kept for ``retention_ms`` (None: for
-    ever), and a size limit that every letter fits (see the module docstring)."""
-    return TopicSettings(partitions=1, replication_factor=replication_factor, cleanup_policy="delete",
-                         retention_ms=retention_ms, extra={"max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)})
+    ever), and a size limit that every letter fits (see the module docstring); replicated as the
+    log's topics are."""
+    return internal_settings(log_, partitions=1, cleanup_policy="delete", retention_ms=retention_ms,
+                             extra={"max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)})
 
 
 def ensure_topic(log_: Log, topic: str, retention_ms: int | None) -> None:
@@ -66,8 +67,7 @@ def ensure_topic(log_: Log, topic: str, retention_ms: int | None) -> None:
     configured retention (an earlier version made it compacted: letters overwrote each other)."""
     current = log_.cleanup_policy(topic)
     if current is None:
-        defaults = getattr(log_, "defaults", None)
-        log_.ensure_topic(topic, topic_settings(retention_ms, getattr(defaults, "replication_factor", 1)))
+        log_.ensure_topic(topic, topic_settings(retention_ms, log_))
         return
     policy, retention = current
     if "compact" in policy.split(","):

@@ -55,6 +55,9 @@ IDLE_STORE_INTERVAL = 0.05  # seconds between stores while the source has nothin
 # must not wait for them. If it returns before a broker thread woke, that batch lingers as it
 # would have (and the next idle poll sends it).
 SEND_NOW_TIMEOUT = 0.002
+# How long a store of the stream's position waits for the log's acknowledgement before the stream
+# goes on without it (a replicated log short of in-sync replicas): see ``_store``.
+STORE_WAIT_S = 1.0
 
 
 class SourceRunner:
@@ -90,10 +93,17 @@ class SourceRunner:
     def _extra(self) -> dict:
         return {"connector": self.name, "phase": self.stats.phase}
 
-    def _store(self, safe: Position | None) -> None:
+    def _store(self, safe: Position | None, wait: float | None = None) -> None:
+        """Store ``safe`` and let the source free what is before it. With ``wait``: if the log has
+        not acknowledged the offset within that many seconds (too few replicas in sync, no
+        leader), store nothing now and go on; a later call stores it (the stream must not restart
+        over it and resend what is already in the log)."""
         if safe is None or safe == self.stored:
             return
-        self.offsets.save(self.name, safe)
+        if wait is None:
+            self.offsets.save(self.name, safe)
+        elif not self.offsets.save(self.name, safe, wait, give_up=False):
+            return
         self.stored = safe
         self.source.commit(safe)
         self.stats.position = str(safe)
@@ -168,7 +178,7 @@ class SourceRunner:
                 # (the source had nothing): store what became safe now, the wait costs nothing,
                 # and the server may free its log (slot, binlog) sooner.
                 if now - last_store >= (self.offset_interval if batch is not None else IDLE_STORE_INTERVAL):
-                    self._store(safe)
+                    self._store(safe, wait=STORE_WAIT_S)
                     last_store = now
                 if now - last_report >= 1.0:
                     stats.lag_seconds = source.lag()

@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 from cdc.api.stats import ConnectorStats
 from cdc.errors import ConfigError, RetriableError
-from cdc.log.base import GroupLog, GroupReader, Log, TopicPartition, TopicSettings
+from cdc.log.base import GroupLog, GroupReader, Log, TopicPartition, internal_settings
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,7 @@ class Shares:
         return {"connector": self.stats.name, "phase": self.stats.phase}
 
     def open(self) -> None:
-        defaults = getattr(self.log, "defaults", None)
-        settings = TopicSettings(partitions=self.count,
-                                 replication_factor=getattr(defaults, "replication_factor", 1))
-        self.log.ensure_topic(self.topic, settings)
+        self.log.ensure_topic(self.topic, internal_settings(self.log, partitions=self.count))
         found = self.log.partitions(self.topic)
         if found != self.count:  # members would place documents in shares nobody is given
             raise ConfigError(f"sink {self.stats.name}: {self.topic} has {found} partitions and the sink's "

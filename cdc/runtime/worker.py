@@ -63,7 +63,7 @@ def build_runner(config, name: str, report=None):
     plugin = source_plugin(source_config.type)
     log_ = open_log(config.log)
     settings = config.log.topic_settings()
-    offsets = OffsetStore(log_, config.log.topic_prefix, settings.replication_factor)
+    offsets = OffsetStore(log_, config.log.topic_prefix)
     source = plugin(source_config, offsets.load(name))
     return SourceRunner(source, log_, offsets, config.log.topic_prefix, settings, report=report,
                         log_format=config.log.format, format_options=config.log.debezium.options(),

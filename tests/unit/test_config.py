@@ -150,6 +150,24 @@ def test_embedded_path_is_relative_to_the_file_and_kafka_gives_topic_settings(tm
         extra={"segment.ms": "3600000"})
 
 
+def test_topics_are_replicated_as_the_cluster_says_unless_the_config_says_otherwise(tmp_path):
+    unset = load_config(write(tmp_path, """
+        log:
+          kafka: {bootstrap_servers: "127.0.0.1:9092"}
+        """), env={}).log.topic_settings()
+    assert (unset.replication_factor, unset.min_insync_replicas) == (None, None)
+    chosen = load_config(write(tmp_path, """
+        log:
+          kafka: {bootstrap_servers: "127.0.0.1:9092", replication_factor: 3, min_insync_replicas: 2}
+        """), env={}).log.topic_settings()
+    assert (chosen.replication_factor, chosen.min_insync_replicas) == (3, 2)
+    with pytest.raises(ConfigError, match=r"min_insync_replicas \(3\) above replication_factor \(2\)"):
+        load_config(write(tmp_path, """
+            log:
+              kafka: {bootstrap_servers: "127.0.0.1:9092", replication_factor: 2, min_insync_replicas: 3}
+            """), env={})
+
+
 def test_every_problem_is_reported_at_once_with_its_line_and_path(tmp_path):
     path = write(tmp_path, """
         log:

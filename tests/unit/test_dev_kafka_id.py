@@ -14,3 +14,19 @@ def test_cluster_id_redrawn_when_it_would_start_with_a_dash(monkeypatch):
 
 def test_cluster_ids_never_start_with_a_dash():
     assert not any(brokers._kafka_cluster_id().startswith("-") for _ in range(2000))
+
+
+def test_the_nodes_of_the_replicated_kafka_share_their_ports_and_cluster_id(tmp_path):
+    from cdc.dev import stack
+
+    state = {"root": str(tmp_path), "services": {}}
+    first = stack._new_services(state, ["kafka1", "kafka2"])
+    assert first["kafka1"].ports == first["kafka2"].ports
+    assert first["kafka1"].port != first["kafka2"].port
+    state["services"]["kafka1"] = {"ports": first["kafka1"].ports}
+    # A node started later (its peer's entry already in the state) joins the same group.
+    later = stack._new_services(state, ["kafka3"])["kafka3"]
+    assert later.ports == first["kafka1"].ports
+    ids = {s.shared_cluster_id() for s in (*first.values(), later)}
+    assert len(ids) == 1 and len(ids.pop()) == 22
+    assert stack._new_services(state, ["kafka"])["kafka"].ports != first["kafka1"].ports

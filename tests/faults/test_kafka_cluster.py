@@ -1,0 +1,197 @@
+"""The pipeline through a replicated Kafka's failures: three KRaft nodes (``cdc dev up --profile
+cluster``), every topic at replication factor 3 and ``min.insync.replicas`` 2 (the cluster's
+defaults, which the framework takes when the config sets neither), producers at ``acks=all``
+with idempotence.
+
+PostgreSQL and MariaDB (one daemon, a live writer on each) -> the three-node Kafka -> SQL sinks
+(a PostgreSQL target per source). Struck in a shuffled order, each after evidence of progress at
+both ends (``harness.Campaign``):
+
+* kill -9 of the node leading the most partitions; progress with two nodes; then its restart;
+* a rolling restart of the three nodes (each clean, one at a time, the next once the partitions
+  are fully replicated again, as an operator does it);
+* two nodes killed: with one replica left no write can reach ``min.insync.replicas``, so the
+  source must block, its stored position must not move (no position past undelivered data),
+  and it resumes when one node returns.
+
+At the end: each target and each topic equals its source, and a reader of every topic, whole,
+finds no record out of order per key (tests/topic_order.py).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.faults import databases
+from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, dev, wait_for
+from tests.faults.test_pipeline_faults import KAFKA_TROUBLE, _assert_equal_everywhere, _bytes_blobs, psycopg2_admin
+from tests.topic_order import topic_order
+
+pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.kafka, pytest.mark.postgres,
+              pytest.mark.mysql, pytest.mark.timeout(1500)]
+
+NODES = ("kafka1", "kafka2", "kafka3")
+
+
+@pytest.fixture(scope="module")
+def cluster(dev_env_for) -> str:
+    """The bootstrap servers of the three-node Kafka (started if it is not running)."""
+    for node in NODES:
+        env = dev_env_for(node)
+    return env["KAFKA_CLUSTER_BOOTSTRAP"]
+
+
+def _admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+
+
+def leaders(bootstrap: str, prefix: str) -> Counter:
+    """Partitions of the run's topics each node leads."""
+    metadata = _admin(bootstrap).list_topics(timeout=10)
+    counts: Counter = Counter()
+    for name, topic in metadata.topics.items():
+        if name.startswith(prefix + "."):
+            for partition in topic.partitions.values():
+                if partition.leader >= 0:
+                    counts[partition.leader] += 1
+    return counts
+
+
+def fully_replicated(bootstrap: str) -> bool:
+    """Every partition of the cluster (its internal topics too) has all its replicas in sync."""
+    try:
+        metadata = _admin(bootstrap).list_topics(timeout=10)
+    except Exception:  # noqa: BLE001 - a node is on its way up
+        return False
+    return all(p.leader >= 0 and len(p.isrs) == len(p.replicas)
+               for topic in metadata.topics.values() for p in topic.partitions.values())
+
+
+def _config(tmp_path: Path, sources: list[str], sinks: list[str], bootstrap: str, prefix: str) -> Path:
+    path = tmp_path / "cdc.yaml"
+    path.write_text(
+        f"log:\n  kafka: {{bootstrap_servers: '{bootstrap}', topic_prefix: {prefix}, partitions: 3}}\n"
+        "sources:\n" + "".join(f"  - {s}\n" for s in sources) +
+        "sinks:\n" + "".join(f"  - {s}\n" for s in sinks) + "http: null\n")
+    return path
+
+
+def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down(
+        cluster, pg_admin_dsn, mysql_url, tmp_path):
+    admin = psycopg2_admin(pg_admin_dsn)
+    my_db = f"c_{uuid.uuid4().hex[:10]}"
+    conn = databases.mysql_connect(mysql_url, None)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{my_db}`")
+    conn.close()
+    prefix, slot = f"c_{uuid.uuid4().hex[:8]}", f"c_{uuid.uuid4().hex[:8]}"
+    daemon = None
+    try:
+        rng = random.Random(21)
+        pg_dsn = admin.create_database("source")
+        pg = databases.PostgresDocs(pg_dsn)
+        pg.create(100, lambda: big_text(rng))
+        my = databases.MariaDbDocs(mysql_url, my_db)
+        my.create(100, lambda: big_text(rng))
+        targets = {"pg": admin.create_database("target"), "my": admin.create_database("target")}
+        sources = [
+            f"{{name: pg, type: postgres, dsn: '{pg_dsn}', slot: {slot}, tables: ['public.docs'], "
+            f"state_dir: '{tmp_path / 'state'}', heartbeat_interval: 1, status_interval: 1}}",
+            f"{{name: my, type: mysql, url: '{mysql_url}', server_id: {random.randrange(1000, 2**31)}, "
+            f"tables: ['{my_db}.docs']}}"]
+        topics = {"pg": f"{prefix}.public.docs", "my": f"{prefix}.{my_db}.docs"}
+        sinks = [f"{{name: wh_{name}, type: sql, url: '{targets[name].replace('postgresql://', 'postgresql+psycopg2://', 1)}', "
+                 f"topics: ['{topics[name]}'], batch_wait_ms: 50}}" for name in targets]
+        config = _config(tmp_path, sources, sinks, cluster, prefix)
+        daemon = Daemon(config)
+
+        def pg_position():
+            return admin.scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                (slot,))
+
+        def kill_leader() -> None:
+            node = f"kafka{leaders(cluster, prefix).most_common(1)[0][0]}"   # node.id n is service kafka<n>
+            dev("kill", node)
+            struck.append(node)
+
+        def back_after_progress() -> None:
+            campaign.wait_for_progress(f"more changes with {struck[-1]} down")
+            dev("start", struck[-1])
+
+        def rolling_restart() -> None:
+            for node in NODES:
+                wait_for(lambda: fully_replicated(cluster), timeout=120, what=f"every replica in sync before {node}")
+                dev("restart", node)
+
+        def two_down() -> None:
+            down = rng.sample(NODES, 2)
+            for node in down:
+                dev("kill", node)
+            struck.extend(down)
+            # With one replica of three in sync no write is acknowledged: the source stops where
+            # its last delivered change is. Its stored position must not move while they are down.
+            time.sleep(3)
+            held = pg_position()
+            time.sleep(12)
+            assert pg_position() == held, "the source stored a position while no write could be acknowledged"
+            blocked.append(held)
+
+        def one_back_then_the_other() -> None:
+            dev("start", struck[-2])
+            campaign.wait_for_progress(f"more changes with {struck[-1]} still down")
+            dev("start", struck[-1])
+
+        struck: list[str] = []
+        blocked: list[str] = []
+        faults = [Fault("kill -9 the node leading the most partitions", kill_leader, back_after_progress,
+                        detected=KAFKA_TROUBLE),
+                  Fault("rolling restart of the three nodes", rolling_restart, detected=KAFKA_TROUBLE),
+                  Fault("two nodes killed, one back, then the other", two_down, one_back_then_the_other,
+                        detected=KAFKA_TROUBLE)]
+        rng.shuffle(faults)
+        daemon.start()
+        with Writer(pg, seed=7) as pg_writer, Writer(my, seed=8) as my_writer:
+            campaign = Campaign(daemon, pg_position,
+                                {name: (lambda dsn=dsn: databases.max_seq_pg(dsn)) for name, dsn in targets.items()},
+                                rng, timeout=240)
+            for fault in faults:
+                campaign.strike(fault)
+                assert daemon.alive(), f"the daemon exited after {fault.name}:\n{daemon.log_since()[-3000:]}"
+        assert blocked, "the two-down strike did not run"
+        for name, db, writer, rows in (("pg", pg, pg_writer, lambda rows: rows),
+                                       ("my", my, my_writer, _bytes_blobs)):
+            _assert_equal_everywhere(
+                db, writer, cluster, topics[name],
+                {f"wh_{name}": lambda dsn=targets[name], db=db, rows=rows: rows(databases.pg_rows(dsn, db.columns))},
+                daemon)
+        from cdc.log.kafka import KafkaLog
+
+        log = KafkaLog(cluster)
+        try:
+            for name, topic in topics.items():
+                order = topic_order(log, topic)
+                assert order.records > 0 and not order.out_of_order and not order.keys_in_two_partitions, (
+                    name, order.out_of_order[:10], order.keys_in_two_partitions[:10])
+                print(f"{topic}: {order.records} records, {order.duplicates} duplicates, none out of order")
+        finally:
+            log.close()
+        for record in campaign.records:
+            print(f"{record.fault}: {record.seconds:.1f}s, noticed: {record.detected_line}")
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        for node in NODES:
+            dev("start", node)
+        admin.drop_databases()
+        conn = databases.mysql_connect(mysql_url, None)
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{my_db}`")
+        conn.close()
