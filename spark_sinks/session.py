@@ -118,8 +118,14 @@ def local_session(app_name: str, *, jars: Sequence[str], master: str = "local[2]
 # file ... does not exist") whenever a hadoop catalog is asked for a table that does not exist
 # yet, which the sink asks before it creates a table or its delete memory. A table that exists
 # without its hint is read all the same (Iceberg lists the metadata files instead).
+#
+# Delta's MERGE materializes its source with a local checkpoint and unpersists it when done; Spark
+# then logs a WARN per MERGE that the RDD "was locally checkpointed, its lineage has been truncated
+# and cannot be recomputed after unpersisting" (RDD.unpersist, logged under the RDD's class): a
+# line per batch about data nothing reads again.
 QUIET_LOGGERS = {"org.apache.spark.sql.delta.DeltaParquetFileFormat": "FATAL",
-                 "org.apache.iceberg.hadoop.HadoopTableOperations": "ERROR"}
+                 "org.apache.iceberg.hadoop.HadoopTableOperations": "ERROR",
+                 "org.apache.spark.rdd.MapPartitionsRDD": "ERROR"}
 
 
 def quiet_loggers(session) -> None:

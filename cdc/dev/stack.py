@@ -46,8 +46,7 @@ ALL = (*SERVICES, "spark")
 # (started when named, or by the test fixture that needs them).
 DEFAULT = tuple(n for n in ALL if not getattr(SERVICES.get(n), "on_demand", False))
 # `cdc dev up --profile NAME`: the default stack and more. ``cluster``: a replicated Kafka of three
-# nodes, a Spark standalone master with two workers, a Redis Cluster of three masters with a
-# replica each (the tests marked `cluster`).
+# nodes (the tests marked `cluster`).
 PROFILES = {"cluster": (*DEFAULT, "kafka1", "kafka2", "kafka3")}
 
 

@@ -51,3 +51,5 @@ def test_merges_over_deletion_vectors_print_no_error_line(spark, dev_env_for, ka
         int((h.operationMetrics or {}).get(f"numTargetDeletionVectors{what}", 0)) for what in ("Added", "Updated")) > 0]
     assert len(marking) >= 2, json.dumps([(h.version, h.operation, h.operationMetrics) for h in history])
     assert [line for line in text.splitlines() if ERROR.search(line)] == [], text
+    # Nor a WARN per MERGE about the source Delta materialized and let go (spark_sinks/session.py).
+    assert "was locally checkpointed" not in text, text
