@@ -45,6 +45,9 @@ def run_validate(args: argparse.Namespace) -> int:
             for problem in problems:
                 print(problem)
             return 2
+    if config.log.kafka is not None and not args.offline:
+        for warning in kafka_warnings(config):
+            print(f"{args.file}: warning: {warning}")
     summary = f"{args.file}: ok ({len(config.sources)} sources, {len(config.sinks)} sinks)"
     if checked:
         what = "not checked against the captured shapes (--offline)" if args.offline else \
@@ -52,6 +55,24 @@ def run_validate(args: argparse.Namespace) -> int:
         summary += f"; sinks {', '.join(checked)}: {what}"
     print(summary)
     return 0
+
+
+def kafka_warnings(config) -> list[str]:
+    """The replication warnings of the config's Kafka (``KafkaLog.replication_warnings``); one
+    line saying it could not be asked when the brokers are unreachable."""
+    from cdc.errors import CdcError
+    from cdc.log.open import open_log
+
+    try:
+        log_ = open_log(config.log)
+    except CdcError as err:
+        return [f"the replication of the topics was not checked: {err}"]
+    try:
+        return log_.replication_warnings(config.log.topic_prefix)  # type: ignore[attr-defined]
+    except CdcError as err:
+        return [f"the replication of the topics was not checked: {err}"]
+    finally:
+        log_.close()
 
 
 def run_schema(args: argparse.Namespace) -> int:

@@ -260,6 +260,30 @@ class KafkaLog(Log, GroupLog):
             names = admin.list_topics(timeout=self.timeout).topics
         return sorted(name for name in names if not name.startswith("__"))  # not Kafka's internals
 
+    def replication_warnings(self, prefix: str) -> list[str]:
+        """What puts records at risk on a cluster of several brokers: the config's
+        ``replication_factor: 1``, and topics of ``prefix`` with one replica (one broker's loss
+        loses their records). Nothing on a single broker."""
+        with self._request("reading the cluster's metadata") as admin:
+            metadata = admin.list_topics(timeout=self.timeout)
+        brokers = len(metadata.brokers)
+        if brokers < 2:
+            return []
+        warnings = []
+        if self.defaults.replication_factor == 1:
+            warnings.append(f"log.kafka.replication_factor is 1 on a cluster of {brokers} brokers: each topic "
+                            f"created lives on one broker; leave it unset (the cluster's "
+                            f"default.replication.factor) or set 3")
+        single = sorted(name for name, topic in metadata.topics.items()
+                        if name.startswith(prefix + ".") and topic.partitions
+                        and min(len(p.replicas) for p in topic.partitions.values()) == 1)
+        if single:
+            shown = ", ".join(single[:5]) + (f" and {len(single) - 5} more" if len(single) > 5 else "")
+            warnings.append(f"{len(single)} topic(s) have one replica on a cluster of {brokers} brokers, so losing "
+                            f"that broker loses their records: {shown} (add replicas with "
+                            f"kafka-reassign-partitions)")
+        return warnings
+
     def partitions(self, topic: str, fresh: bool = False) -> int:
         """``topic``'s partition count; ``fresh``: read from the cluster now, not from the cache."""
         count = self._describe(topic, fresh)

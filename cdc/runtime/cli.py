@@ -193,6 +193,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(line)
     for row in slots:
         print(slot_line(row))
+    if isinstance(config.log.backend, KafkaLogConfig):
+        from cdc.config.cli import kafka_warnings
+
+        for warning in kafka_warnings(config):
+            print(f"cdc status: warning: {warning}", file=sys.stderr)
     return code
 
 

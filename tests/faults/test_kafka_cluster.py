@@ -21,6 +21,7 @@ finds no record out of order per key (tests/topic_order.py).
 from __future__ import annotations
 
 import random
+import re
 import time
 import uuid
 from collections import Counter
@@ -195,3 +196,34 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{my_db}`")
         conn.close()
+
+
+def test_validate_and_status_warn_of_topics_with_one_replica_on_the_cluster(cluster, tmp_path):
+    import subprocess
+    import sys
+
+    from confluent_kafka.admin import NewTopic
+
+    prefix = f"w_{uuid.uuid4().hex[:8]}"
+    admin = _admin(cluster)
+    admin.create_topics([NewTopic(f"{prefix}.public.lone", 1, 1)])[f"{prefix}.public.lone"].result(30)
+
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "cdc.cli", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
+    source = "{name: gen, type: generator, table: t, rate: 10}"
+    risky = tmp_path / "risky.yaml"
+    risky.write_text(f"log:\n  kafka: {{bootstrap_servers: '{cluster}', topic_prefix: {prefix}, replication_factor: 1}}\n"
+                     f"sources:\n  - {source}\nhttp: null\n")
+    for said in (run("validate", str(risky)), run("status", str(risky))):
+        assert "replication_factor is 1 on a cluster of 3 brokers" in said, said
+        # (status made the offsets topic, at the factor the file says: warned of as well)
+        lone = re.search(r"topic\(s\) have one replica on a cluster of 3 brokers, so losing that broker loses "
+                         r"their records: (.*) \(add replicas", said)
+        assert lone and f"{prefix}.public.lone" in lone.group(1).split(", "), said
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(f"log:\n  kafka: {{bootstrap_servers: '{cluster}', topic_prefix: p{prefix}}}\n"
+                     f"sources:\n  - {source}\nhttp: null\n")
+    assert "warning" not in run("validate", str(plain))
