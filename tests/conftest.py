@@ -57,14 +57,15 @@ def _unique(prefix: str) -> str:
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--phase", choices=("all", "parallel", "spark", "serial", "cluster"), default="all",
+        "--phase", choices=("all", "parallel", "spark", "serial", "cluster", "spark_processes"), default="all",
         help="which tests to run: 'serial' only the tests marked serial (they stop, freeze, restart "
              "or kill a server of the shared stack, or change its global settings), one at a time; "
              "'spark' only the other Spark tests, one at a time (one Spark session); 'parallel' the "
              "rest, which may run in pytest-xdist workers side by side; 'cluster' the tests marked "
-             "cluster (failures of the replicated Kafka of `cdc dev up --profile cluster`). "
-             "scripts/test runs the parallel and spark phases side by side, then the serial phase "
-             "alone, then the cluster phase.")
+             "cluster (failures of the replicated Kafka of `cdc dev up --profile cluster`); "
+             "'spark_processes' the tests marked so (several Spark processes of their own). "
+             "scripts/test runs the spark phase beside the parallel, cluster and spark_processes "
+             "ones (one after the other), then the serial phase alone.")
 
 
 def pytest_configure(config):
@@ -87,12 +88,15 @@ def _select_phase(config, items) -> None:
         # beside the parallel workers slows both, but the whole suite ends sooner than with the
         # phases one after the other (scripts/test).
         # A Spark test marked `spark_processes` runs several Spark processes of its own at once
-        # (sinks killed again and again): beside the parallel or the Spark phase it overloaded
-        # two cores (load 15, other tests' waits ran out), so it runs alone, with the serial ones.
-        # The cluster tests kill and restart the nodes of the replicated Kafka: alone, at the end.
+        # (sinks killed again and again): beside the parallel and the Spark phases it overloaded
+        # two cores (load 15, other tests' waits ran out), so it has a phase of its own, run
+        # once the parallel one is done. So do the cluster tests, which kill and restart the
+        # nodes of the replicated Kafka (no other test uses it).
         if item.get_closest_marker("cluster") is not None:
             mine = "cluster"
-        elif item.get_closest_marker("serial") is not None or item.get_closest_marker("spark_processes") is not None:
+        elif item.get_closest_marker("spark_processes") is not None:
+            mine = "spark_processes"
+        elif item.get_closest_marker("serial") is not None:
             mine = "serial"
         elif item.get_closest_marker("spark") is not None:
             mine = "spark"
