@@ -22,6 +22,10 @@ targets at 10k/s: commit -> Kafka p99 <= 50 ms, commit -> SQL row p99 <= 1 s. Th
 users) is part of the SQL figure. The default run takes about a minute and a half; ``--seconds``
 makes it longer.
 
+With ``--cluster`` the same runs follow into the three-node Kafka of ``cdc dev up --profile
+cluster`` (topics at its replication factor 3 and ``min.insync.replicas`` 2, acks=all), after
+the single broker's.
+
 The writer and each watcher run in processes of their own: in one process a watcher decoding
 records holds the GIL while the writer's COMMIT returns, and the writer's clock then reads late
 (latencies too small, some below zero). On a loaded machine the writer's process can still be
@@ -82,7 +86,7 @@ from pathlib import Path
 import orjson
 import psycopg2
 
-from bench.pg_stream import drop_slots, execute, stack_settings
+from bench.pg_stream import cluster_bootstrap, drop_slots, execute, stack_settings
 from bench.side_by_side import stop_group
 
 TICK = 0.01  # one source transaction every 10 ms
@@ -236,10 +240,21 @@ def main() -> None:
     parser.add_argument("--rates", type=int, nargs="+", default=[1000, 10000], help="changes per second")
     parser.add_argument("--seconds", type=float, default=20, help="how long each rate is written")
     parser.add_argument("--sink-wait-ms", type=int, default=200, help="the SQL sink's batch_wait_ms")
+    parser.add_argument("--cluster", action="store_true",
+                        help="the same again into the three-node Kafka (cdc dev up --profile cluster: replication "
+                             "factor 3, min.insync.replicas 2), after the single broker")
     args = parser.parse_args()
 
     settings = stack_settings()
-    admin, kafka = settings["PG_DSN"], settings["KAFKA_BOOTSTRAP"]
+    brokers = [("the single broker", settings["KAFKA_BOOTSTRAP"])]
+    if args.cluster:
+        brokers.append(("three nodes, replication factor 3", cluster_bootstrap()))
+    for label, kafka in brokers:
+        print(f"Kafka: {label} ({kafka})")
+        measure(settings["PG_DSN"], kafka, args)
+
+
+def measure(admin: str, kafka: str, args: argparse.Namespace) -> None:
     run_id = uuid.uuid4().hex[:8]
     source_db, target_db, prefix = f"lat_src_{run_id}", f"lat_dst_{run_id}", f"lat_{run_id}"
     execute(admin, f'CREATE DATABASE "{source_db}"', f'CREATE DATABASE "{target_db}"')

@@ -25,6 +25,10 @@ Steps, in one run on this machine:
      offset record too. Offsets are stored every ``--offset-interval`` seconds, 1.0 as the runtime
      does: the end is seen up to that late (so the figure errs low, never high); a smaller interval
      sees it sooner but costs an acks=all round trip per save on the capture thread.
+  6. with ``--cluster``: the same changes from a slot of their own (made with the first, before the
+     workload) into the three-node Kafka of ``cdc dev up --profile cluster``, topics at its
+     replication factor 3 and ``min.insync.replicas`` 2, acks=all: its rate beside the single
+     broker's.
 Then slots, topics and the database are dropped. Target: ours >= 60% of pg_recvlogical.
 
 ``--profile FILE`` runs the capture thread under cProfile (slower: compare rates without it) and
@@ -62,6 +66,16 @@ def stack_settings() -> dict[str, str]:
     if missing:
         raise SystemExit(f"no {', '.join(missing)}: run `.venv/bin/cdc dev up --only postgres,kafka`")
     return out
+
+
+def cluster_bootstrap() -> str:
+    """The three-node Kafka's bootstrap servers (``cdc dev up --profile cluster``)."""
+    from cdc.dev.stack import read_env
+
+    found = os.environ.get("KAFKA_CLUSTER_BOOTSTRAP") or read_env().get("KAFKA_CLUSTER_BOOTSTRAP")
+    if not found:
+        raise SystemExit("no KAFKA_CLUSTER_BOOTSTRAP: run `.venv/bin/cdc dev up --profile cluster`")
+    return found
 
 
 def with_dbname(dsn: str, dbname: str) -> str:
@@ -368,6 +382,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_capture_arguments(parser)
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--cluster", action="store_true",
+                        help="also capture the same changes (a slot of their own) into the three-node Kafka "
+                             "(cdc dev up --profile cluster: replication factor 3, min.insync.replicas 2)")
     args = parser.parse_args()
 
     from cdc.log.base import TopicSettings
@@ -380,6 +397,8 @@ def main() -> None:
     prefix = f"bench_{run_id}"
     state_dir = tempfile.mkdtemp(prefix="bench-pg-stream-")
     kafka = KafkaLog(settings["KAFKA_BOOTSTRAP"], TopicSettings(partitions=args.partitions))
+    # Topics at the cluster's own replication (3) and min.insync.replicas (2).
+    cluster = KafkaLog(cluster_bootstrap(), TopicSettings(partitions=args.partitions)) if args.cluster else None
     try:
         with fresh_database(settings["PG_DSN"], name) as dsn:
             execute(dsn, ORDERS_DDL)
@@ -389,6 +408,12 @@ def main() -> None:
             setup.start()
             protocol = setup.protocol
             setup.stop()
+            if args.cluster:   # a second slot of the source's, made before the workload as the first
+                cluster_config = source_config(dsn, name, state_dir + "-cluster", slot=f"{name}_cluster",
+                                               snapshot="never")
+                cluster_setup = PostgresSource(cluster_config, None)
+                cluster_setup.start()
+                cluster_setup.stop()
             base_slot = f"{name}_base"
             execute(dsn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", params=(base_slot,))
 
@@ -423,9 +448,22 @@ def main() -> None:
                 print(f"WARNING: {stats.events:,} events for {work.changes:,} changes")
             if profile is not None:
                 print_profile(profile, args.profile or None)
+            if args.cluster:
+                single = work.changes / seconds
+                cluster_seconds, cluster_stats = run_ours(cluster_config, cluster, prefix, args.partitions,
+                                                          lsn_int(work.end_lsn), args.offset_interval, None,
+                                                          args.timeout)
+                rate = work.changes / cluster_seconds
+                print(line("ours -> 3 nodes", work.changes, cluster_seconds, cluster_stats.bytes, baseline)
+                      + f"  = {rate / single:.0%} of the single broker (replication factor 3, "
+                        f"min.insync.replicas 2, acks=all)")
     finally:
         delete_topics(kafka, prefix)
         kafka.close()
+        if cluster is not None:
+            delete_topics(cluster, prefix)
+            cluster.close()
+        shutil.rmtree(state_dir + "-cluster", ignore_errors=True)
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
