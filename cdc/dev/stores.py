@@ -1,5 +1,5 @@
-"""The sinks' stores: Redis (one server and a three-master cluster) and OpenSearch (plain, and
-with the security plugin)."""
+"""The sinks' stores: Redis (one server, a three-master cluster, and one with a replica per
+master) and OpenSearch (plain, and with the security plugin)."""
 
 from __future__ import annotations
 
@@ -58,15 +58,17 @@ class RedisCluster(Service):
 
     name = "redis-cluster"
     node_count: ClassVar[int] = 3
-    port_names = ("port", "port2", "port3", "bus1", "bus2", "bus3")
+    replicas: ClassVar[int] = 0   # per master
+    restart_delay: ClassVar[float] = 0.3   # seconds before a node that died is started again
+    port_names: ClassVar[tuple[str, ...]] = ("port", "port2", "port3", "bus1", "bus2", "bus3")
 
     @property
     def node_ports(self) -> list[int]:
-        return [self.ports["port"], self.ports["port2"], self.ports["port3"]]
+        return [self.ports["port"], *(self.ports[f"port{n}"] for n in range(2, self.node_count + 1))]
 
     def prepare(self) -> None:
         super().prepare()
-        buses = [self.ports["bus1"], self.ports["bus2"], self.ports["bus3"]]
+        buses = [self.ports[f"bus{n}"] for n in range(1, self.node_count + 1)]
         for port, bus in zip(self.node_ports, buses):
             node = self.dir / str(port)
             node.mkdir(exist_ok=True)
@@ -78,7 +80,8 @@ class RedisCluster(Service):
 
     def command(self) -> list[str]:
         server = _find_binary("redis-server", ["/usr/bin"])
-        loops = " ".join(f"(while true; do {server} {self.dir / str(port) / 'redis.conf'}; sleep 0.3; done) &"
+        loops = " ".join(f"(while true; do {server} {self.dir / str(port) / 'redis.conf'}; "
+                         f"sleep {self.restart_delay}; done) &"
                          for port in self.node_ports)
         return ["/bin/sh", "-c", f"{loops} wait"]
 
@@ -127,7 +130,8 @@ class RedisCluster(Service):
             node.close()
         if not formed:
             self.run([_find_binary("redis-cli", ["/usr/bin"]), "--cluster", "create",
-                      *(f"{LOOPBACK}:{port}" for port in self.node_ports), "--cluster-yes"])
+                      *(f"{LOOPBACK}:{port}" for port in self.node_ports),
+                      "--cluster-replicas", str(self.replicas), "--cluster-yes"])
         deadline = time.monotonic() + 60
         while not self._cluster_ok():
             if time.monotonic() > deadline:
@@ -136,6 +140,23 @@ class RedisCluster(Service):
 
     def settings(self) -> dict[str, str]:
         return {"REDIS_CLUSTER_URL": f"redis://{LOOPBACK}:{self.port}/0"}
+
+
+class RedisClusterReplicated(RedisCluster):
+    """Three masters with a replica each (the ``cluster`` profile): a master killed, its replica
+    takes its slots over after the node timeout (2 s); the master, started again by its loop 10 s
+    later (a host back from a crash), rejoins as a replica."""
+
+    name = "redis-ha"
+    on_demand: ClassVar[bool] = True
+    node_count: ClassVar[int] = 6
+    replicas: ClassVar[int] = 1
+    restart_delay: ClassVar[float] = 10.0
+    port_names: ClassVar[tuple[str, ...]] = ("port", *(f"port{n}" for n in range(2, 7)),
+                                             *(f"bus{n}" for n in range(1, 7)))
+
+    def settings(self) -> dict[str, str]:
+        return {"REDIS_HA_URL": f"redis://{LOOPBACK}:{self.port}/0"}
 
 
 class OpenSearch(Service):

@@ -4,15 +4,18 @@ defaults, which the framework takes when the config sets neither), producers at 
 with idempotence.
 
 PostgreSQL and MariaDB (one daemon, a live writer on each) -> the three-node Kafka -> SQL sinks
-(a PostgreSQL target per source). Struck in a shuffled order, each after evidence of progress at
-both ends (``harness.Campaign``):
+(a PostgreSQL target per source) and a Redis sink (PostgreSQL's table) into a Redis Cluster of
+three masters with a replica each (``redis-ha``). Struck in a shuffled order, each after evidence
+of progress at both ends (``harness.Campaign``):
 
 * kill -9 of the node leading the most partitions; progress with two nodes; then its restart;
 * a rolling restart of the three nodes (each clean, one at a time, the next once the partitions
   are fully replicated again, as an operator does it);
 * two nodes killed: with one replica left no write can reach ``min.insync.replicas``, so the
   source must block, its stored position must not move (no position past undelivered data),
-  and it resumes when one node returns.
+  and it resumes when one node returns;
+* kill -9 of a Redis master: its replica takes its slots over (the master comes back 10 s later,
+  as a replica).
 
 At the end: each target and each topic equals its source, and a reader of every topic, whole,
 finds no record out of order per key (tests/topic_order.py).
@@ -46,6 +49,54 @@ def cluster(dev_env_for) -> str:
     for node in NODES:
         env = dev_env_for(node)
     return env["KAFKA_CLUSTER_BOOTSTRAP"]
+
+
+@pytest.fixture(scope="module")
+def redis_ha(dev_env_for):
+    """A client of the Redis Cluster with a replica per master (service ``redis-ha``)."""
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster.from_url(dev_env_for("redis-ha")["REDIS_HA_URL"])
+    yield client
+    client.close()
+
+
+def _redis_rows(client, prefix: str, keys: list[str] | None = None, fields=("seq", "small", "big")) -> dict[int, dict]:
+    """The Redis sink's hashes of ``public.docs`` (every non-NULL column as text), by id."""
+    head = f"{prefix}:public.docs:"
+    keys = keys if keys is not None else [k.decode() for k in client.scan_iter(match=head + "*", count=1000)
+                                          if b"{" not in k]
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(key, *fields)
+    return {int(key[len(head):]): dict(zip(fields, (v.decode() if v is not None else None for v in values)))
+            for key, values in zip(keys, pipe.execute() if keys else []) if any(v is not None for v in values)}
+
+
+def _kill_a_redis_master(client) -> str:
+    """SIGKILL one master's process; returns once a replica serves its slots (its loop starts it
+    again 10 s later, as a replica)."""
+    import os
+    import signal
+
+    import redis
+
+    node = random.choice(client.get_primaries())
+    pid = client.get_redis_connection(node).info("server")["process_id"]
+    os.kill(pid, signal.SIGKILL)
+
+    def failed_over() -> bool:
+        try:
+            client.nodes_manager.initialize()
+            primaries = {(n.host, n.port) for n in client.get_primaries()}
+            return (node.host, node.port) not in primaries and len(primaries) == 3 and all(
+                client.get_redis_connection(n).cluster("info").get("cluster_state") == "ok"
+                for n in client.get_primaries())
+        except (redis.RedisError, OSError):
+            return False
+
+    wait_for(failed_over, timeout=60, what="a replica to take the killed master's slots")
+    return f"{node.host}:{node.port}"
 
 
 def _admin(bootstrap: str):
@@ -86,7 +137,7 @@ def _config(tmp_path: Path, sources: list[str], sinks: list[str], bootstrap: str
 
 
 def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down(
-        cluster, pg_admin_dsn, mysql_url, tmp_path):
+        cluster, redis_ha, dev_env_for, pg_admin_dsn, mysql_url, tmp_path):
     admin = psycopg2_admin(pg_admin_dsn)
     my_db = f"c_{uuid.uuid4().hex[:10]}"
     conn = databases.mysql_connect(mysql_url, None)
@@ -111,6 +162,9 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
         topics = {"pg": f"{prefix}.public.docs", "my": f"{prefix}.{my_db}.docs"}
         sinks = [f"{{name: wh_{name}, type: sql, url: '{targets[name].replace('postgresql://', 'postgresql+psycopg2://', 1)}', "
                  f"topics: ['{topics[name]}'], batch_wait_ms: 50}}" for name in targets]
+        # PostgreSQL's changes into the Redis Cluster with replicas too.
+        sinks.append(f"{{name: cache, type: redis, url: '{dev_env_for('redis-ha')['REDIS_HA_URL']}', cluster: true, "
+                     f"key_prefix: {prefix}, topics: ['{topics['pg']}'], batch_wait_ms: 50}}")
         config = _config(tmp_path, sources, sinks, cluster, prefix)
         daemon = Daemon(config)
 
@@ -156,17 +210,25 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
                         detected=KAFKA_TROUBLE),
                   Fault("rolling restart of the three nodes", rolling_restart, detected=KAFKA_TROUBLE),
                   Fault("two nodes killed, one back, then the other", two_down, one_back_then_the_other,
-                        detected=KAFKA_TROUBLE)]
+                        detected=KAFKA_TROUBLE),
+                  Fault("kill -9 a Redis master (its replica takes over)", lambda: masters.append(
+                      _kill_a_redis_master(redis_ha)))]
+        masters: list[str] = []
         rng.shuffle(faults)
         daemon.start()
         with Writer(pg, seed=7) as pg_writer, Writer(my, seed=8) as my_writer:
-            campaign = Campaign(daemon, pg_position,
-                                {name: (lambda dsn=dsn: databases.max_seq_pg(dsn)) for name, dsn in targets.items()},
-                                rng, timeout=240)
+            progress = {name: (lambda dsn=dsn: databases.max_seq_pg(dsn)) for name, dsn in targets.items()}
+            progress["cache"] = lambda: max((int(r["seq"]) for r in _redis_rows(redis_ha, prefix, fields=("seq",))
+                                             .values()), default=0)
+            campaign = Campaign(daemon, pg_position, progress, rng, timeout=240)
             for fault in faults:
                 campaign.strike(fault)
                 assert daemon.alive(), f"the daemon exited after {fault.name}:\n{daemon.log_since()[-3000:]}"
-        assert blocked, "the two-down strike did not run"
+        assert blocked and masters, "a strike did not run"
+        expected = {k: {c: None if v is None else str(v) for c, v in row.items() if c in ("seq", "small", "big")}
+                    for k, row in pg.rows().items()}
+        wait_for(lambda: _redis_rows(redis_ha, prefix) == expected, timeout=120,
+                 what="the Redis Cluster's hashes equal to the PostgreSQL source")
         for name, db, writer, rows in (("pg", pg, pg_writer, lambda rows: rows),
                                        ("my", my, my_writer, _bytes_blobs)):
             _assert_equal_everywhere(
