@@ -212,7 +212,7 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
                   Fault("two nodes killed, one back, then the other", two_down, one_back_then_the_other,
                         detected=KAFKA_TROUBLE),
                   Fault("kill -9 a Redis master (its replica takes over)", lambda: masters.append(
-                      _kill_a_redis_master(redis_ha)))]
+                      _kill_a_redis_master(redis_ha)), detected=r"\[cache/.*(ConnectionError|retrying)")]
         masters: list[str] = []
         rng.shuffle(faults)
         daemon.start()
