@@ -42,3 +42,56 @@ def test_a_record_without_a_key_is_named_not_taken_for_a_position(tmp_path):
         writer.close()
         offsets.close()
         log.close()
+
+
+class _SlowWriter:
+    """A log writer whose records stay unacknowledged until ``ack()`` (a cluster short of in-sync
+    replicas, say)."""
+
+    def __init__(self) -> None:
+        self.published: list = []
+        self.acked = 0
+
+    def publish(self, records, checkpoint=None) -> None:
+        self.published.extend(records)
+
+    def send_now(self, timeout: float) -> None:
+        pass
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.published) - self.acked
+
+    def flush(self, timeout: float = 30.0):
+        if self.outstanding:
+            from cdc.errors import DeliveryError
+
+            raise DeliveryError("not acknowledged", retriable=True)
+
+    def ack(self) -> None:
+        self.acked = len(self.published)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_store_that_may_wait_sends_a_position_once_and_says_when_it_is_stored(tmp_path):
+    from cdc.errors import DeliveryError
+
+    log = EmbeddedLog(tmp_path / "log", fsync=False)
+    offsets = OffsetStore(log, "p")
+    offsets._writer.close()
+    offsets._writer = slow = _SlowWriter()
+    try:
+        assert offsets.save("pg", PgLsn(5), 0.01, give_up=False) is False
+        assert offsets.save("pg", PgLsn(5), 0.01, give_up=False) is False   # waits for the same record
+        assert len(slow.published) == 1
+        assert offsets.save("pg", PgLsn(6), 0.01, give_up=False) is False   # a newer one goes after it
+        assert len(slow.published) == 2
+        slow.ack()
+        assert offsets.save("pg", PgLsn(6), 0.01, give_up=False) is True
+        assert len(slow.published) == 2
+        with pytest.raises(DeliveryError):   # the plain store still gives up after its timeout
+            offsets.save("pg", PgLsn(7), 0.01)
+    finally:
+        log.close()
