@@ -52,15 +52,19 @@ class Kafka(Service):
             "auto.create.topics.enable": "false", "log.cleaner.backoff.ms": 1000,
             "message.max.bytes": 16777216,
         }
+        self._write_config(props)
+        cluster_id = _kafka_cluster_id()
+        self.run(self._java_cmd("kafka.tools.StorageTool", "format", "--standalone",
+                                "-t", cluster_id, "-c", str(self.dir / "server.properties")))
+
+    def _write_config(self, props: dict) -> None:
+        """server.properties, and log4j2.properties: WARN and above, to the console (the log file)."""
         (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.dir / "log4j2.properties").write_text(
             "rootLogger.level = WARN\nrootLogger.appenderRef.out.ref = OUT\n"
             "appender.out.type = Console\nappender.out.name = OUT\n"
             "appender.out.layout.type = PatternLayout\n"
             "appender.out.layout.pattern = [%d] %p %m (%c)%n\n")
-        cluster_id = _kafka_cluster_id()
-        self.run(self._java_cmd("kafka.tools.StorageTool", "format", "--standalone",
-                                "-t", cluster_id, "-c", str(self.dir / "server.properties")))
 
     def command(self) -> list[str]:
         return self._java_cmd("kafka.Kafka", str(self.dir / "server.properties"), heap="1g")
@@ -139,12 +143,7 @@ class KafkaNode(Kafka):
             # A node back from a crash or a restart takes its partitions' leadership back soon.
             "leader.imbalance.check.interval.seconds": 10,
         }
-        (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        (self.dir / "log4j2.properties").write_text(
-            "rootLogger.level = WARN\nrootLogger.appenderRef.out.ref = OUT\n"
-            "appender.out.type = Console\nappender.out.name = OUT\n"
-            "appender.out.layout.type = PatternLayout\n"
-            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n")
+        self._write_config(props)
         self.run(self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.shared_cluster_id(),
                                 "-c", str(self.dir / "server.properties")))
 
