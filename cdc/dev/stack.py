@@ -193,8 +193,12 @@ def _relaunch(state: dict, name: str, timeout: float) -> None:
 
 
 def up(names: list[str] | tuple[str, ...] | None = None, *, timeout: float = 180.0) -> dict[str, str]:
-    """Start the named services (all by default) unless they already run; return dev.env's settings."""
+    """Start the named services (all by default) unless they already run; return dev.env's settings.
+    A member of a group (a node of a cluster) brings its whole group: one node alone cannot form
+    the cluster (a Kafka node waiting for its quorum exits after a minute)."""
     chosen = _check_names(names)
+    groups = {getattr(SERVICES.get(n), "group", None) for n in chosen} - {None}
+    chosen += [n for n, cls in SERVICES.items() if getattr(cls, "group", None) in groups and n not in chosen]
     with _locked():
         state = _load()
         for name, entry in list(state["services"].items()):

@@ -138,6 +138,11 @@ class KafkaLog(Log, GroupLog):
         with self._request(f"changing the cleanup policy of topic {topic}") as admin:
             admin.incremental_alter_configs([resource], request_timeout=self.timeout)[resource].result(self.timeout)
         self._checked.pop(topic, None)
+        # The controller took it; a broker answering for configs applies it from the metadata a
+        # moment later (a read at once saw the old policy, on a loaded machine): wait for it.
+        deadline = time.monotonic() + self.timeout
+        while self.cleanup_policy(topic) != (policy, retention_ms) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _configs(self, topic: str) -> dict:
         """The topic's configs. A topic someone else just made may be in the metadata before the
