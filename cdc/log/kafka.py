@@ -308,8 +308,13 @@ class KafkaLog(Log, GroupLog):
                         out[(topic, p)] = meta.get_watermark_offsets(KafkaTp(topic, p), self.timeout, False)[1]
                     except KafkaException as exc:
                         # NOT_LEADER_FOR_PARTITION and the like: a new topic or a leader election.
+                        # UNKNOWN_TOPIC_OR_PART for a topic the metadata lists: a broker of a cluster
+                        # that has not applied the topic's creation yet (a source's first read).
                         err = kafka_error(exc)
-                        if err is None or err.code() not in TRANSIENT or time.monotonic() > deadline:
+                        settling = (err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                                    and self._in_metadata(topic))
+                        if (err is None or (err.code() not in TRANSIENT and not settling)
+                                or time.monotonic() > deadline):
                             raise wrap(f"reading the end offset of {topic}[{p}]", exc, self.bootstrap_servers) from exc
                         time.sleep(0.1)
         finally:
