@@ -56,20 +56,40 @@ class OffsetStore:
     def load(self, source: str) -> Position | None:
         return self.load_all().get(source)
 
-    def save(self, source: str, position: Position, timeout: float = 30.0, *, give_up: bool = True) -> bool:
-        """Store ``position`` durably: True once the log acknowledged it. Unacknowledged after
-        ``timeout`` seconds: DeliveryError, or with ``give_up=False`` False, the record left on
-        its way (a later call with the same position waits for it, one with a newer position
-        sends that after it)."""
-        if self._on_its_way != (source, position):
-            self._writer.publish([Record(self.topic, self._key(source), position_to_json(position).encode())])
-            self._on_its_way = (source, position)
-        if not give_up:
-            self._writer.send_now(timeout)
-            if self._writer.outstanding:
-                return False
-        self._writer.flush(timeout)   # raises for a failed delivery
+    def save(self, source: str, position: Position, timeout: float = 30.0) -> None:
+        """Store ``position`` durably; returns only once the log acknowledged it (DeliveryError
+        after ``timeout`` seconds)."""
+        self._publish(source, position)
+        self._writer.flush(timeout)
         self._on_its_way = None
+
+    def offer(self, source: str, position: Position, wait: float) -> Position | None:
+        """Store ``position`` without waiting more than ``wait`` seconds for the log: the position
+        the log acknowledged meanwhile (``position``, or an earlier one offered before), else None.
+        One record at a time: while an earlier one is unacknowledged (too few in-sync replicas, no
+        leader) nothing newer is sent, so a slow log still stores every so often. Raises
+        DeliveryError for a record that failed."""
+        stored = None
+        if self._on_its_way is not None:
+            if not self._acknowledged(wait):
+                return None
+            stored = self._on_its_way[1]
+            self._on_its_way = None
+        if stored != position:
+            self._publish(source, position)
+            if self._acknowledged(wait):
+                stored, self._on_its_way = position, None
+        return stored
+
+    def _publish(self, source: str, position: Position) -> None:
+        self._writer.publish([Record(self.topic, self._key(source), position_to_json(position).encode())])
+        self._on_its_way = (source, position)
+
+    def _acknowledged(self, wait: float) -> bool:
+        self._writer.send_now(wait)
+        if self._writer.outstanding:
+            return False
+        self._writer.flush(0)   # nothing left: raises for a record that failed
         return True
 
     def reset(self, source: str, timeout: float = 30.0) -> None:

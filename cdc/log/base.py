@@ -118,6 +118,12 @@ class LogWriter(ABC):
     def outstanding(self) -> int:
         """Records published and not yet acknowledged."""
 
+    @property
+    def holding(self) -> bool:
+        """A drain point is due and not reached: publish nothing more until ``poll`` reaches it
+        (else a stream that never pauses might never get one, and its checkpoint never move)."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -209,12 +209,17 @@ class KafkaWriter(LogWriter):
             if len(producer) == 0 and (blocks is None or blocks.outstanding == 0):
                 tracker.drained()
             elif tracker.barrier_due():
-                # A drain point, waited for a moment: while a broker is away, an election runs or
+                # A drain point, waited for in slices: while a broker is away, an election runs or
                 # too few replicas are in sync, librdkafka keeps retrying (until message.timeout.ms,
-                # then the reports fail); the stream waits with it, its checkpoint unmoved (health
-                # shows it stalled), and does not restart to resend what is already on its way.
+                # then the reports fail); the stream holds (``holding``: it publishes nothing more
+                # meanwhile), its checkpoint unmoved (health shows it stalled), and can stop between
+                # slices; it does not restart to resend what is already on its way.
                 return self.flush(BARRIER_WAIT_S, give_up=False)
         return tracker.safe()
+
+    @property
+    def holding(self) -> bool:
+        return self._tracker.barrier_due() and self.outstanding > 0
 
     def flush(self, timeout: float = 30.0, *, give_up: bool = True) -> Position | None:
         producer, tracker, blocks = self._producer, self._tracker, self._blocks

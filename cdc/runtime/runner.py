@@ -94,16 +94,19 @@ class SourceRunner:
         return {"connector": self.name, "phase": self.stats.phase}
 
     def _store(self, safe: Position | None, wait: float | None = None) -> None:
-        """Store ``safe`` and let the source free what is before it. With ``wait``: if the log has
-        not acknowledged the offset within that many seconds (too few replicas in sync, no
-        leader), store nothing now and go on; a later call stores it (the stream must not restart
-        over it and resend what is already in the log)."""
+        """Store ``safe`` and let the source free what is before it. With ``wait``: wait at most
+        that long for the log (too few replicas in sync, no leader) and go on; what the log
+        acknowledged meanwhile is stored (``OffsetStore.offer``; the stream must not restart over
+        a slow acknowledgement and resend what is already in the log)."""
         if safe is None or safe == self.stored:
             return
         if wait is None:
             self.offsets.save(self.name, safe)
-        elif not self.offsets.save(self.name, safe, wait, give_up=False):
-            return
+        else:
+            acknowledged = self.offsets.offer(self.name, safe, wait)
+            if acknowledged is None:
+                return
+            safe = acknowledged
         self.stored = safe
         self.source.commit(safe)
         self.stats.position = str(safe)
@@ -151,7 +154,9 @@ class SourceRunner:
         try:
             while not stop_event.is_set() and not source.finished:
                 self._set_phase(source.phase)
-                batch = source.poll(self.poll_timeout)
+                # While the writer holds for a drain point, the source is not read (as a blocking
+                # flush would not read it): the checkpoint gets its drain point however fast it runs.
+                batch = None if writer.holding else source.poll(self.poll_timeout)
                 if batch is not None:
                     if batch.schema_changes:
                         self._publish_schema_changes(writer, batch.schema_changes)

@@ -75,7 +75,7 @@ class _SlowWriter:
         pass
 
 
-def test_a_store_that_may_wait_sends_a_position_once_and_says_when_it_is_stored(tmp_path):
+def test_an_offer_sends_one_position_at_a_time_and_says_which_the_log_stored(tmp_path):
     from cdc.errors import DeliveryError
 
     log = EmbeddedLog(tmp_path / "log", fsync=False)
@@ -83,13 +83,16 @@ def test_a_store_that_may_wait_sends_a_position_once_and_says_when_it_is_stored(
     offsets._writer.close()
     offsets._writer = slow = _SlowWriter()
     try:
-        assert offsets.save("pg", PgLsn(5), 0.01, give_up=False) is False
-        assert offsets.save("pg", PgLsn(5), 0.01, give_up=False) is False   # waits for the same record
+        assert offsets.offer("pg", PgLsn(5), 0.01) is None
+        assert offsets.offer("pg", PgLsn(5), 0.01) is None   # waits for the same record
+        assert offsets.offer("pg", PgLsn(6), 0.01) is None   # nothing newer while it is on its way
         assert len(slow.published) == 1
-        assert offsets.save("pg", PgLsn(6), 0.01, give_up=False) is False   # a newer one goes after it
+        slow.ack()
+        # The one on its way is stored; the newer one goes now.
+        assert offsets.offer("pg", PgLsn(6), 0.01) == PgLsn(5)
         assert len(slow.published) == 2
         slow.ack()
-        assert offsets.save("pg", PgLsn(6), 0.01, give_up=False) is True
+        assert offsets.offer("pg", PgLsn(6), 0.01) == PgLsn(6)
         assert len(slow.published) == 2
         with pytest.raises(DeliveryError):   # the plain store still gives up after its timeout
             offsets.save("pg", PgLsn(7), 0.01)
