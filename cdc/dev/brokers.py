@@ -37,29 +37,34 @@ class Kafka(Service):
     def prepare(self) -> None:
         super().prepare()
         props = {
-            "process.roles": "broker,controller", "node.id": 1,
-            "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{self.ports['controller_port']}",
+            "node.id": 1, "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{self.ports['controller_port']}",
             "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.ports['controller_port']},"
                          f"FAULTS://{LOOPBACK}:{self.ports['fault_port']}",
             "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},"
                                     f"FAULTS://{LOOPBACK}:{self.ports['fault_proxy_port']}",
-            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,FAULTS:PLAINTEXT",
-            "log.dirs": str(self.dir / "data"), "num.partitions": 1,
-            "offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1, "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1, "group.initial.rebalance.delay.ms": 0,
-            "auto.create.topics.enable": "false", "log.cleaner.backoff.ms": 1000,
-            "message.max.bytes": 16777216,
         }
         self._write_config(props)
         cluster_id = _kafka_cluster_id()
         self.run(self._java_cmd("kafka.tools.StorageTool", "format", "--standalone",
                                 "-t", cluster_id, "-c", str(self.dir / "server.properties")))
 
-    def _write_config(self, props: dict) -> None:
-        """server.properties, and log4j2.properties: WARN and above, to the console (the log file)."""
-        (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    def _write_config(self, props: dict, replicas: int = 1, insync: int = 1) -> None:
+        """server.properties (what every node of ours shares, ``replicas`` and ``insync`` for every
+        topic and Kafka's internal ones, then ``props``), and log4j2.properties: WARN and above, to
+        the console (the log file)."""
+        shared = {
+            "process.roles": "broker,controller", "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT", "log.dirs": str(self.dir / "data"), "num.partitions": 1,
+            **{name: replicas for name in ("default.replication.factor", "offsets.topic.replication.factor",
+                                           "transaction.state.log.replication.factor",
+                                           "share.coordinator.state.topic.replication.factor")},
+            **{name: insync for name in ("min.insync.replicas", "transaction.state.log.min.isr",
+                                         "share.coordinator.state.topic.min.isr")},
+            "group.initial.rebalance.delay.ms": 0, "auto.create.topics.enable": "false",
+            "log.cleaner.backoff.ms": 1000, "message.max.bytes": 16777216,
+        }
+        (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in {**shared, **props}.items()))
         (self.dir / "log4j2.properties").write_text(
             "rootLogger.level = WARN\nrootLogger.appenderRef.out.ref = OUT\n"
             "appender.out.type = Console\nappender.out.name = OUT\n"
@@ -126,24 +131,14 @@ class KafkaNode(Kafka):
     def prepare(self) -> None:
         Service.prepare(self)
         voters = ",".join(f"{n}@{LOOPBACK}:{self.ports[f'controller{n}']}" for n in range(1, self.nodes + 1))
-        replicated = {name: 3 for name in ("default.replication.factor", "offsets.topic.replication.factor",
-                                           "transaction.state.log.replication.factor",
-                                           "share.coordinator.state.topic.replication.factor")}
-        insync = {name: 2 for name in ("min.insync.replicas", "transaction.state.log.min.isr",
-                                       "share.coordinator.state.topic.min.isr")}
-        props = {
-            "process.roles": "broker,controller", "node.id": self.node, "controller.quorum.voters": voters,
+        self._write_config({
+            "node.id": self.node, "controller.quorum.voters": voters,
             "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.ports[f'controller{self.node}']}",
             "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
-            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            "log.dirs": str(self.dir / "data"), "num.partitions": 1, **replicated, **insync,
-            "group.initial.rebalance.delay.ms": 0, "auto.create.topics.enable": "false",
-            "log.cleaner.backoff.ms": 1000, "message.max.bytes": 16777216,
             # A node back from a crash or a restart takes its partitions' leadership back soon.
             "leader.imbalance.check.interval.seconds": 10,
-        }
-        self._write_config(props)
+        }, replicas=3, insync=2)
         self.run(self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.shared_cluster_id(),
                                 "-c", str(self.dir / "server.properties")))
 

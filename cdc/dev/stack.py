@@ -103,12 +103,12 @@ def _service(root: str, name: str, entry: dict | None = None) -> Service:
 def _new_services(state: dict, names: list[str]) -> dict[str, Service]:
     """Services to start afresh. The members of a ``group`` (the nodes of one cluster) share one
     ports map: a member's peers' ports are part of its configuration."""
-    shared = {getattr(SERVICES[n], "group", None): entry["ports"]
-              for n, entry in state["services"].items() if n in SERVICES}
+    shared = {group: entry["ports"] for n, entry in state["services"].items()
+              if (group := getattr(SERVICES.get(n), "group", None))}
     services = {}
     for name in names:
         group = getattr(SERVICES[name], "group", None)
-        services[name] = SERVICES[name](Path(state["root"]), shared.get(group) if group else None)
+        services[name] = SERVICES[name](Path(state["root"]), shared.get(group))
         if group:
             shared.setdefault(group, services[name].ports)
     return services

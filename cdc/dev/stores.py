@@ -45,6 +45,12 @@ class Redis(Service):
         return {"REDIS_URL": f"redis://{LOOPBACK}:{self.port}/0"}
 
 
+def _node_ports(count: int) -> tuple[str, ...]:
+    """A Redis Cluster's port names: ``port`` (node 1; the one its URL names), ``port2``.., and
+    each node's cluster bus ``bus1``.."""
+    return ("port", *(f"port{n}" for n in range(2, count + 1)), *(f"bus{n}" for n in range(1, count + 1)))
+
+
 class RedisCluster(Service):
     """A Redis Cluster of three masters on loopback (no replicas), for tests of the Redis sink.
 
@@ -60,7 +66,7 @@ class RedisCluster(Service):
     node_count: ClassVar[int] = 3
     replicas: ClassVar[int] = 0   # per master
     restart_delay: ClassVar[float] = 0.3   # seconds before a node that died is started again
-    port_names: ClassVar[tuple[str, ...]] = ("port", "port2", "port3", "bus1", "bus2", "bus3")
+    port_names: ClassVar[tuple[str, ...]] = _node_ports(3)
 
     @property
     def node_ports(self) -> list[int]:
@@ -152,8 +158,7 @@ class RedisClusterReplicated(RedisCluster):
     node_count: ClassVar[int] = 6
     replicas: ClassVar[int] = 1
     restart_delay: ClassVar[float] = 10.0
-    port_names: ClassVar[tuple[str, ...]] = ("port", *(f"port{n}" for n in range(2, 7)),
-                                             *(f"bus{n}" for n in range(1, 7)))
+    port_names: ClassVar[tuple[str, ...]] = _node_ports(6)
 
     def settings(self) -> dict[str, str]:
         return {"REDIS_HA_URL": f"redis://{LOOPBACK}:{self.port}/0"}

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import databases
-from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, dev, wait_for
+from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, delete_topics, dev, wait_for
 from tests.faults.test_pipeline_faults import KAFKA_TROUBLE, _assert_equal_everywhere, _bytes_blobs, psycopg2_admin
 from tests.topic_order import topic_order
 
@@ -45,10 +45,9 @@ NODES = ("kafka1", "kafka2", "kafka3")
 
 @pytest.fixture(scope="module")
 def cluster(dev_env_for) -> str:
-    """The bootstrap servers of the three-node Kafka (started if it is not running)."""
-    for node in NODES:
-        env = dev_env_for(node)
-    return env["KAFKA_CLUSTER_BOOTSTRAP"]
+    """The bootstrap servers of the three-node Kafka (started if it is not running: naming one
+    node starts the three)."""
+    return dev_env_for("kafka1")["KAFKA_CLUSTER_BOOTSTRAP"]
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +60,10 @@ def redis_ha(dev_env_for):
     client.close()
 
 
-def _redis_rows(client, prefix: str, keys: list[str] | None = None, fields=("seq", "small", "big")) -> dict[int, dict]:
+def _redis_rows(client, prefix: str, fields=("seq", "small", "big")) -> dict[int, dict]:
     """The Redis sink's hashes of ``public.docs`` (every non-NULL column as text), by id."""
     head = f"{prefix}:public.docs:"
-    keys = keys if keys is not None else [k.decode() for k in client.scan_iter(match=head + "*", count=1000)
-                                          if b"{" not in k]
+    keys = [k.decode() for k in client.scan_iter(match=head + "*", count=1000) if b"{" not in k]
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hmget(key, *fields)
@@ -253,6 +251,7 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
             daemon.stop()
         for node in NODES:
             dev("start", node)
+        delete_topics(cluster, prefix)
         admin.drop_databases()
         conn = databases.mysql_connect(mysql_url, None)
         with conn.cursor() as cur:
@@ -267,8 +266,6 @@ def test_validate_and_status_warn_of_topics_with_one_replica_on_the_cluster(clus
     from confluent_kafka.admin import NewTopic
 
     prefix = f"w_{uuid.uuid4().hex[:8]}"
-    admin = _admin(cluster)
-    admin.create_topics([NewTopic(f"{prefix}.public.lone", 1, 1)])[f"{prefix}.public.lone"].result(30)
 
     def run(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "cdc.cli", *args], capture_output=True, text=True, timeout=120)
@@ -279,13 +276,18 @@ def test_validate_and_status_warn_of_topics_with_one_replica_on_the_cluster(clus
     risky = tmp_path / "risky.yaml"
     risky.write_text(f"log:\n  kafka: {{bootstrap_servers: '{cluster}', topic_prefix: {prefix}, replication_factor: 1}}\n"
                      f"sources:\n  - {source}\nhttp: null\n")
-    for said in (run("validate", str(risky)), run("status", str(risky))):
-        assert "replication_factor is 1 on a cluster of 3 brokers" in said, said
-        # (status made the offsets topic, at the factor the file says: warned of as well)
-        lone = re.search(r"topic\(s\) have one replica on a cluster of 3 brokers, so losing that broker loses "
-                         r"their records: (.*) \(add replicas", said)
-        assert lone and f"{prefix}.public.lone" in lone.group(1).split(", "), said
     plain = tmp_path / "plain.yaml"
-    plain.write_text(f"log:\n  kafka: {{bootstrap_servers: '{cluster}', topic_prefix: p{prefix}}}\n"
+    plain.write_text(f"log:\n  kafka: {{bootstrap_servers: '{cluster}', topic_prefix: {prefix}x}}\n"
                      f"sources:\n  - {source}\nhttp: null\n")
-    assert "warning" not in run("validate", str(plain))
+    admin = _admin(cluster)
+    try:
+        admin.create_topics([NewTopic(f"{prefix}.public.lone", 1, 1)])[f"{prefix}.public.lone"].result(30)
+        for said in (run("validate", str(risky)), run("status", str(risky))):
+            assert "replication_factor is 1 on a cluster of 3 brokers" in said, said
+            # (status made the offsets topic, at the factor the file says: warned of as well)
+            lone = re.search(r"topic\(s\) have one replica on a cluster of 3 brokers, so losing that broker loses "
+                             r"their records: (.*) \(add replicas", said)
+            assert lone and f"{prefix}.public.lone" in lone.group(1).split(", "), said
+        assert "warning" not in run("validate", str(plain))
+    finally:
+        delete_topics(cluster, prefix)
