@@ -22,6 +22,16 @@ A second signal changes nothing: a stop is not escalated. The process drains as 
 one (the worker within its drain bound, see ``worker_main``); SIGKILL is the way to force an
 exit, and is as safe as a crash (a stored position is never ahead of what the log holds).
 
+The main thread must never block without a timeout while the handlers are installed (a ``join()``,
+an ``Event.wait()``, a lock). The kernel hands a process's signal to any of its threads that
+does not block it, and may do so even after it woke the main thread for it (another thread took
+it first on its way back from a system call: a Py4J or Kafka thread of a busy process). Python's
+C handler then runs on that thread: it only notes the signal, and the Python handler runs when
+the main thread next runs bytecode. A main thread asleep in a lock wait is not woken by that, and
+sleeps on: the Delta sink's process, its main thread in ``thread.join()``, ignored a burst for
+good (tests/faults/test_spark_stop_storm.py, on a loaded machine). Waiting in slices (``join(0.25)``,
+``wait(0.2)``, ``join_in_slices``) bounds the delay to one slice.
+
 Install and uninstall on the main thread (``signal.signal`` requires it).
 """
 
@@ -99,6 +109,16 @@ class StopSignals:
 def stop_on_signals(event: threading.Event | None = None) -> threading.Event:
     """SIGTERM and SIGINT set the returned event (``event`` if given) until the process ends."""
     return StopSignals(event).install()
+
+
+JOIN_SLICE_S = 0.25
+
+
+def join_in_slices(thread: threading.Thread, slice_s: float = JOIN_SLICE_S) -> None:
+    """``thread.join()`` for a main thread with the handlers installed: in slices, so that a stop
+    signal another thread took is handled within one (see "The main thread" above)."""
+    while thread.is_alive():
+        thread.join(slice_s)
 
 
 def stacks_on_sigusr1() -> None:

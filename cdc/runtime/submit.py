@@ -18,7 +18,8 @@ and settings are for.
 
 SIGTERM or SIGINT stops it after the work in flight; more of them change nothing
 (``stop_on_signals``: a burst cannot deadlock it). The sink runs on a thread of its own and the
-main thread only waits: a SparkContext made on the main thread replaces the SIGINT handler with
+main thread only waits, in slices (a wait without a timeout can miss a signal for good: see
+``cdc.runtime.stop_signals``): a SparkContext made on the main thread replaces the SIGINT handler with
 PySpark's, which calls the JVM from inside the handler (cancelAllJobs) while the interrupted
 thread may be in the middle of a call to it (Py4JNetworkError), then raises KeyboardInterrupt
 wherever that thread is (tests/faults/test_spark_stop_storm.py). Exit codes are the worker's: 0
@@ -64,7 +65,7 @@ def run_sink(config_path: str, name: str) -> int:
     from cdc.config import load_config
     from cdc.plugins import sink_class
     from cdc.runtime.contexts import sink_context
-    from cdc.runtime.stop_signals import stacks_on_sigusr1, stop_on_signals
+    from cdc.runtime.stop_signals import join_in_slices, stacks_on_sigusr1, stop_on_signals
 
     try:
         config = load_config(config_path, only=[name])
@@ -95,7 +96,7 @@ def run_sink(config_path: str, name: str) -> int:
 
     thread = threading.Thread(target=run, name=f"cdc-{name}", daemon=True)
     thread.start()
-    thread.join()
+    join_in_slices(thread)  # never a plain join(): it can miss a signal for good
     if failed and isinstance(failed[0], CdcError):
         print(f"error: {type(failed[0]).__name__}: {failed[0]}", file=sys.stderr)
         return EXIT_RETRIABLE if failed[0].retriable else EXIT_PERMANENT

@@ -157,3 +157,47 @@ def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ready", "still", "running", "stopped"], done.stdout
     assert "a_busy_sink_thread" in done.stderr and done.stderr.count("Thread 0x") >= 2, done.stderr
+
+
+TAKEN_ELSEWHERE = textwrap.dedent("""
+    import faulthandler, signal, sys, threading, time
+    from cdc.runtime.stop_signals import join_in_slices, stop_on_signals
+
+    main_does, hang_s = sys.argv[1], float(sys.argv[2])
+    faulthandler.dump_traceback_later(hang_s, exit=True)  # a main thread that never wakes: stacks, exit 1
+    stop = stop_on_signals()
+    sink = threading.Thread(target=lambda: stop.wait(hang_s * 2), name="sink")  # runs until the stop
+    main = threading.main_thread().ident
+
+    def library_thread():
+        # Once the main thread waits for the sink (its frame shows it), the signal goes to this
+        # thread, as the kernel may hand a process's signal to a Py4J or librdkafka thread.
+        while sys._current_frames()[main].f_code.co_name != "_wait_for_tstate_lock":
+            time.sleep(0.01)
+        time.sleep(0.1)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    sink.start()
+    threading.Thread(target=library_thread, daemon=True).start()
+    if main_does == "join_in_slices":
+        join_in_slices(sink)
+    else:
+        sink.join()
+    print("stopped" if stop.is_set() else "not stopped", flush=True)
+""")
+
+
+@pytest.mark.parametrize(("main_does", "stops"), [("join_in_slices", True), ("join", False)])
+def test_a_signal_another_thread_took_stops_a_main_thread_waiting_for_the_sink(main_does, stops):
+    """The Delta sink's process once hung in a burst: its main thread in ``sink.join()``, the
+    signal taken by another thread. ``join_in_slices`` wakes to run the handler; the plain
+    ``join`` case shows the hazard is real here (it sleeps on until the child's bound)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    bound = 30 if stops else 3
+    child = subprocess.run([sys.executable, "-c", TAKEN_ELSEWHERE, main_does, str(bound)], env=env,
+                           capture_output=True, text=True, timeout=120)
+    if stops:
+        assert child.returncode == 0 and child.stdout.strip() == "stopped", \
+            f"exit {child.returncode}; stdout {child.stdout!r}; stderr:\n{child.stderr[-4000:]}"
+    else:  # faulthandler's bound ended it, the main thread still in the join
+        assert child.returncode == 1 and child.stdout == "" and "_wait_for_tstate_lock" in child.stderr, child.stderr
