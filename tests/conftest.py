@@ -64,8 +64,8 @@ def pytest_addoption(parser):
              "rest, which may run in pytest-xdist workers side by side; 'cluster' the tests marked "
              "cluster (failures of the replicated Kafka of `cdc dev up --profile cluster`); "
              "'spark_processes' the tests marked so (several Spark processes of their own). "
-             "scripts/test runs the spark phase beside the parallel, cluster and spark_processes "
-             "ones (one after the other), then the serial phase alone.")
+             "scripts/test runs the spark and cluster phases (one after the other) beside the "
+             "parallel and spark_processes ones (likewise), then the serial phase alone.")
 
 
 def pytest_configure(config):
@@ -91,7 +91,7 @@ def _select_phase(config, items) -> None:
         # (sinks killed again and again): beside the parallel and the Spark phases it overloaded
         # two cores (load 15, other tests' waits ran out), so it has a phase of its own, run
         # once the parallel one is done. So do the cluster tests, which kill and restart the
-        # nodes of the replicated Kafka (no other test uses it).
+        # nodes of the replicated Kafka (no other test uses it), run once the spark one is done.
         if item.get_closest_marker("cluster") is not None:
             mine = "cluster"
         elif item.get_closest_marker("spark_processes") is not None:
