@@ -158,12 +158,18 @@ class Service:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str]:
+        """Variables the server needs beyond this process's environment."""
+        return {}
+
     def launch(self) -> subprocess.Popen:
         owner = self.owner()
         log = open(self.log_path, "ab")
+        extra = self.environment()
         try:
             return subprocess.Popen(
                 self.command(), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
+                env={**os.environ, **extra} if extra else None,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 user=owner[0] if owner else None, group=owner[1] if owner else None,
                 extra_groups=[] if owner else None)

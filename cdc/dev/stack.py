@@ -46,8 +46,10 @@ ALL = (*SERVICES, "spark")
 # (started when named, or by the test fixture that needs them).
 DEFAULT = tuple(n for n in ALL if not getattr(SERVICES.get(n), "on_demand", False))
 # `cdc dev up --profile NAME`: the default stack and more. ``cluster``: a replicated Kafka of three
-# nodes and a Redis Cluster with a replica per master (the tests marked `cluster`).
-PROFILES = {"cluster": (*DEFAULT, "kafka1", "kafka2", "kafka3", "redis-ha")}
+# nodes, a Redis Cluster with a replica per master and a Spark standalone cluster of a master and
+# two workers (the tests marked `cluster`).
+PROFILES = {"cluster": (*DEFAULT, "kafka1", "kafka2", "kafka3", "redis-ha", "spark-master", "spark-worker1",
+                        "spark-worker2")}
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,3 +30,21 @@ def test_the_nodes_of_the_replicated_kafka_share_their_ports_and_cluster_id(tmp_
     ids = {s.shared_cluster_id() for s in (*first.values(), later)}
     assert len(ids) == 1 and len(ids.pop()) == 22
     assert stack._new_services(state, ["kafka"])["kafka"].ports != first["kafka1"].ports
+
+
+def test_the_spark_cluster_shares_the_masters_ports_and_comes_whole_with_the_cluster_profile(tmp_path):
+    from cdc.dev import stack
+
+    state = {"root": str(tmp_path), "services": {}}
+    nodes = stack._new_services(state, ["spark-master", "spark-worker1", "spark-worker2"])
+    master, one, two = nodes["spark-master"], nodes["spark-worker1"], nodes["spark-worker2"]
+    assert master.ports == one.ports == two.ports and len({master.port, one.port, two.port}) == 3
+    # Each worker registers with the master's URL and serves its own web UI, which its probe
+    # looks for among the master's alive workers.
+    for worker in (one, two):
+        command = worker.command()
+        arguments = command[command.index(worker.main_class) + 1:]
+        assert arguments[:3] == [master.master_url, "--host", "127.0.0.1"] and str(worker.port) in arguments
+        assert worker.environment()["SPARK_HOME"] and worker.environment()["SPARK_WORKER_DIR"].startswith(str(tmp_path))
+    assert {"spark-master", "spark-worker1", "spark-worker2"} <= set(stack.PROFILES["cluster"])
+    assert not {"spark-master", "spark-worker1", "spark-worker2"} & set(stack.DEFAULT)
