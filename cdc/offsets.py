@@ -73,7 +73,8 @@ class OffsetStore:
         if self._on_its_way is not None:
             if not self._acknowledged(wait):
                 return None
-            stored = self._on_its_way[1]
+            # Another source's record (a store shared by several) is waited for, not taken for ours.
+            stored = self._on_its_way[1] if self._on_its_way[0] == source else None
             self._on_its_way = None
         if stored != position:
             self._publish(source, position)

@@ -122,10 +122,3 @@ class SparkWorker1(SparkWorker):
 class SparkWorker2(SparkWorker):
     name, worker = "spark-worker2", 2
 
-
-def busy_workers(master_ui: str) -> list[str]:
-    """The web UI addresses of the alive workers running an executor (cores in use)."""
-    with urllib.request.urlopen(f"{master_ui}/json/", timeout=3) as response:
-        workers = json.load(response).get("workers", [])
-    return [w["webuiaddress"] for w in workers if w.get("state") == "ALIVE" and w.get("coresused", 0) > 0]
-

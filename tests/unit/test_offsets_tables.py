@@ -94,6 +94,12 @@ def test_an_offer_sends_one_position_at_a_time_and_says_which_the_log_stored(tmp
         slow.ack()
         assert offsets.offer("pg", PgLsn(6), 0.01) == PgLsn(6)
         assert len(slow.published) == 2
+        # Another source's record on its way is waited for, never returned as this one's.
+        assert offsets.offer("pg", PgLsn(8), 0.01) is None
+        slow.ack()
+        assert offsets.offer("my", PgLsn(9), 0.01) is None and len(slow.published) == 4
+        slow.ack()
+        assert offsets.offer("my", PgLsn(9), 0.01) == PgLsn(9)
         with pytest.raises(DeliveryError):   # the plain store still gives up after its timeout
             offsets.save("pg", PgLsn(7), 0.01)
     finally:
