@@ -23,7 +23,7 @@ import time
 
 import orjson
 
-from cdc.errors import ShapeNotYetPublished, TopicConfigError
+from cdc.errors import LogUnavailableError, ShapeNotYetPublished, TopicConfigError
 from cdc.log.base import Log
 from cdc.topics import schema_changes_topic
 
@@ -44,6 +44,7 @@ class SchemaBook:
         self._read_at = float("-inf")
         self._missing_since: dict[tuple[str, int], float] = {}  # (topic, version) -> first miss
         self._read_to: dict = {}  # TopicPartition -> the offset read up to
+        self._unreadable = False  # the last refresh could not reach the schema topic (warned once)
 
     def schema_for(self, topic: str, version: int | None = None) -> dict | None:
         """The schema record of ``topic`` at ``version`` (None: the newest one known, or None)."""
@@ -82,6 +83,18 @@ class SchemaBook:
             out[topic] = shapes[max(shapes)]
         return out
 
+    def _unavailable(self, err: LogUnavailableError) -> None:
+        """A refresh that cannot reach the schema topic: a broker restarting or a leader moving
+        (a cluster's normal day). The shapes read so far serve, as if the topic had gained
+        nothing yet: a row naming a shape not read waits for it (``schema_for``), and that wait
+        ends in ShapeNotYetPublished as it would. Raised again if nothing was read yet."""
+        if not self._read_to:
+            raise err
+        if not self._unreadable:
+            log.warning("schema topic %s unreadable for now, going on with the shapes read so far: %s",
+                        self.topic, err)
+        self._unreadable = True
+
     def refresh(self) -> None:
         """Read what the schema topic gained since the last read. Only the new records: the sink
         asks on every write, and reading the whole topic again each time cost a live sink most of
@@ -94,6 +107,12 @@ class SchemaBook:
             ends = self.log.end_offsets(self.topic)
         except TopicConfigError:  # no shape published yet
             return
+        except LogUnavailableError as err:
+            self._unavailable(err)
+            return
+        if self._unreadable:
+            log.info("schema topic %s readable again", self.topic)
+            self._unreadable = False
         if any(end < self._read_to.get(tp, 0) for tp, end in ends.items()):
             # the topic was deleted and made again: what this book knew may be gone
             self._shapes.clear()
@@ -101,7 +120,11 @@ class SchemaBook:
             self._read_to = {}
         if all(end <= self._read_to.get(tp, 0) for tp, end in ends.items()):
             return
-        records = self.log.read_all(self.topic, start=self._read_to, ends=ends)
+        try:
+            records = self.log.read_all(self.topic, start=self._read_to, ends=ends)
+        except LogUnavailableError as err:
+            self._unavailable(err)
+            return
         self._read_to = dict(ends)
         for record in records:
             if record.value is None:

@@ -226,6 +226,42 @@ def test_the_schema_book_asks_the_log_no_metadata_on_a_write(log, capture):
     assert "topics" not in asked and asked.count("end_offsets") == 1
 
 
+def test_the_schema_book_goes_on_with_the_shapes_it_read_while_the_schema_topic_is_unreachable(log, capture):
+    """A broker restarting or a leader moving made a Delta batch fail (and its sink process
+    restart) on the schema topic's end offsets (the cluster test). The shapes read so far serve;
+    a shape not read yet is missing as a late one is (the caller waits); a book that read nothing
+    cannot go on and says why."""
+    from cdc.errors import LogUnavailableError, ShapeNotYetPublished
+
+    capture([Batch([row(ORDERS, 1, 10, "1.00")], Counter(1), (change(ORDERS, OLD, 10),))])
+    down = [False]
+
+    class Flaky:  # the book's view of the log, unreachable while ``down``
+        def __getattr__(self, name):
+            return getattr(log, name)
+
+        def end_offsets(self, topic):
+            if down[0]:
+                raise LogUnavailableError(f"reading the end offset of {topic}[0]: _UNKNOWN_PARTITION")
+            return log.end_offsets(topic)
+
+    topic = ORDERS.topic("p")
+    down[0] = True
+    with pytest.raises(LogUnavailableError, match="_UNKNOWN_PARTITION"):
+        SchemaBook(Flaky(), "p").refresh()   # nothing read yet
+    book = SchemaBook(Flaky(), "p")
+    down[0] = False
+    assert book.schema_for(topic, 10)["version"] == 10
+    capture([Batch([row(ORDERS, 2, 20, 2.5)], Counter(2), (change(ORDERS, NEW, 20),))])
+    down[0] = True
+    book.refresh()   # no error: as if the topic had gained nothing yet
+    assert book.schema_for(topic)["version"] == 10 and book.schema_for(topic, 10)["version"] == 10
+    with pytest.raises(ShapeNotYetPublished, match="shape 20"):   # not read: the caller waits, as for a late shape
+        book.schema_for(topic, 20)
+    down[0] = False
+    assert book.schema_for(topic, 20)["version"] == 20 and book.schema_for(topic)["version"] == 20
+
+
 @pytest.fixture(params=["sqlite", "duckdb"])
 def target_url(request, tmp_path) -> str:
     if request.param == "sqlite":
