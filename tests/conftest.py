@@ -124,6 +124,21 @@ def pytest_collection_modifyitems(config, items):
     _select_phase(config, items)
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """A test that runs the CLI or a worker in-process gets cdc.logs.setup's handler on the root
+    logger, writing to the stream pytest captured for that test; left there, it fails every
+    later record once that stream is closed ("--- Logging error ---"). Taken off after the test."""
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
 # --- PostgreSQL -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
