@@ -13,29 +13,33 @@ import time
 from pathlib import Path
 
 
-def cdc_process(config: Path, command: str, *args: str, log: str | None = None) -> subprocess.Popen:
+def cdc_process(config: Path, command: str, *args: str, log: str | None = None,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
     """``cdc <command> <config> <args>`` in a session of its own, run in the config's directory;
-    its output appended to ``log`` (a file name beside the config), else discarded."""
-    return module_process(config, "cdc.cli", command, str(config), *args, log=log)
+    its output appended to ``log`` (a file name beside the config), else discarded; ``env`` added
+    to the environment."""
+    return module_process(config, "cdc.cli", command, str(config), *args, log=log, env=env)
 
 
-def module_process(config: Path, module: str, *args: str, log: str | None = None) -> subprocess.Popen:
+def module_process(config: Path, module: str, *args: str, log: str | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m <module> <args>`` in a session of its own, run in the config's directory (the
     project's root on its path), its output appended to ``log`` as ``cdc_process`` does."""
     out = open(config.parent / log, "ab") if log else subprocess.DEVNULL
     root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    environment = {**os.environ, **(env or {}),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
-        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=config.parent, env=env, stdout=out,
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=config.parent, env=environment, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         if log:
             out.close()
 
 
-def run_daemon(config: Path, only: str, log: str | None = None) -> subprocess.Popen:
+def run_daemon(config: Path, only: str, log: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``cdc run CONFIG --only ONLY``: one connector's daemon."""
-    return cdc_process(config, "run", "--only", only, log=log)
+    return cdc_process(config, "run", "--only", only, log=log, env=env)
 
 
 def stop_daemon(process: subprocess.Popen, grace: float = 30) -> None:

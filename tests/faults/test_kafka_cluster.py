@@ -4,9 +4,9 @@ defaults, which the framework takes when the config sets neither), producers at 
 with idempotence.
 
 PostgreSQL and MariaDB (one daemon, a live writer on each) -> the three-node Kafka -> SQL sinks
-(a PostgreSQL target per source) and a Redis sink (PostgreSQL's table) into a Redis Cluster of
-three masters with a replica each (``redis-ha``). Struck in a shuffled order, each after evidence
-of progress at both ends (``harness.Campaign``):
+(a PostgreSQL target per source); PostgreSQL's table also into OpenSearch, into a Redis Cluster of
+three masters with a replica each (``redis-ha``) and into OpenSearch.
+Struck in a shuffled order, each after evidence of progress at both ends (``harness.Campaign``):
 
 * kill -9 of the node leading the most partitions; progress with two nodes; then its restart;
 * a rolling restart of the three nodes (each clean, one at a time, the next once the partitions
@@ -15,10 +15,16 @@ of progress at both ends (``harness.Campaign``):
   source must block, its stored position must not move (no position past undelivered data),
   and it resumes when one node returns;
 * kill -9 of a Redis master: its replica takes its slots over (the master comes back 10 s later,
-  as a replica).
+  as a replica);
+* kill -9 of a member of a SQL sink's consumer group (``scale_out: group``, two processes, each
+  connecting to the brokers from a loopback address of its own, 127.0.0.2 and 127.0.0.3, which
+  the coordinator reports as their hosts: tests/faults/hosts.py) once it owns partitions and has
+  committed; the other takes its partitions over; then it comes back.
 
 At the end: each target and each topic equals its source, and a reader of every topic, whole,
-finds no record out of order per key (tests/topic_order.py).
+finds no record out of order per key (tests/topic_order.py). A Spark worker killed mid-batch is
+tests/integration/test_spark_cluster.py's (a cluster of its own: the cluster profile's Spark
+beside these servers overloads two cores).
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon import kill_daemon, run_daemon, stop_daemon
 from tests.faults import databases
 from tests.faults.harness import Campaign, Daemon, Fault, Writer, big_text, delete_topics, dev, wait_for
+from tests.faults.hosts import as_host
 from tests.faults.test_pipeline_faults import KAFKA_TROUBLE, _assert_equal_everywhere, _bytes_blobs, psycopg2_admin
+from tests.integration.test_sink_group import Group, _wait_for_evidence
 from tests.topic_order import topic_order
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.kafka, pytest.mark.postgres,
-              pytest.mark.mysql, pytest.mark.timeout(1500)]
+              pytest.mark.mysql, pytest.mark.redis, pytest.mark.opensearch, pytest.mark.timeout(1500)]
 
 NODES = ("kafka1", "kafka2", "kafka3")
 
@@ -125,6 +134,24 @@ def fully_replicated(bootstrap: str) -> bool:
                for topic in metadata.topics.values() for p in topic.partitions.values())
 
 
+def _search_rows(client, alias: str, fields=("seq", "small", "big")) -> dict[int, dict]:
+    """The OpenSearch sink's documents of ``public.docs`` read through its alias, by id."""
+    if not client.indices.exists_alias(name=alias):
+        return {}
+    client.indices.refresh(index=alias)
+    hits = client.search(index=alias, body={"size": 10_000, "query": {"match_all": {}}})["hits"]["hits"]
+    return {int(h["_source"]["id"]): {c: h["_source"].get(c) for c in fields} for h in hits}
+
+
+def _search_progress(client, alias: str) -> int:
+    """The highest ``seq`` the OpenSearch sink holds."""
+    if not client.indices.exists_alias(name=alias):
+        return 0
+    client.indices.refresh(index=alias)
+    found = client.search(index=alias, body={"size": 0, "aggs": {"m": {"max": {"field": "seq"}}}})
+    return int(found["aggregations"]["m"]["value"] or 0)
+
+
 def _config(tmp_path: Path, sources: list[str], sinks: list[str], bootstrap: str, prefix: str) -> Path:
     path = tmp_path / "cdc.yaml"
     path.write_text(
@@ -135,7 +162,9 @@ def _config(tmp_path: Path, sources: list[str], sinks: list[str], bootstrap: str
 
 
 def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down(
-        cluster, redis_ha, dev_env_for, pg_admin_dsn, mysql_url, tmp_path):
+        cluster, redis_ha, opensearch_url, dev_env_for, pg_admin_dsn, mysql_url, tmp_path):
+    from opensearchpy import OpenSearch
+
     admin = psycopg2_admin(pg_admin_dsn)
     my_db = f"c_{uuid.uuid4().hex[:10]}"
     conn = databases.mysql_connect(mysql_url, None)
@@ -144,6 +173,7 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
     conn.close()
     prefix, slot = f"c_{uuid.uuid4().hex[:8]}", f"c_{uuid.uuid4().hex[:8]}"
     daemon = None
+    members: dict = {}
     try:
         rng = random.Random(21)
         pg_dsn = admin.create_database("source")
@@ -160,11 +190,29 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
         topics = {"pg": f"{prefix}.public.docs", "my": f"{prefix}.{my_db}.docs"}
         sinks = [f"{{name: wh_{name}, type: sql, url: '{targets[name].replace('postgresql://', 'postgresql+psycopg2://', 1)}', "
                  f"topics: ['{topics[name]}'], batch_wait_ms: 50}}" for name in targets]
-        # PostgreSQL's changes into the Redis Cluster with replicas too.
+        # PostgreSQL's changes into the Redis Cluster with replicas and into OpenSearch.
         sinks.append(f"{{name: cache, type: redis, url: '{dev_env_for('redis-ha')['REDIS_HA_URL']}', cluster: true, "
                      f"key_prefix: {prefix}, topics: ['{topics['pg']}'], batch_wait_ms: 50}}")
+        sinks.append(f"{{name: search, type: opensearch, hosts: ['{opensearch_url}'], topics: ['{topics['pg']}'], "
+                     f"batch_wait_ms: 50}}")
+        search, alias = OpenSearch(opensearch_url), topics["pg"].lower()
         config = _config(tmp_path, sources, sinks, cluster, prefix)
         daemon = Daemon(config)
+        # A SQL sink of its own whose two members are other hosts to Kafka (not in the daemon).
+        group_target, member_hosts = admin.create_database("target"), {"member-a": "127.0.0.2", "member-b": "127.0.0.3"}
+        group = Group(cluster, "grp")
+
+        def start_member(client_id: str) -> None:
+            path = tmp_path / f"{client_id}.yaml"
+            consumer = f"{{client.id: {client_id}, session.timeout.ms: 6000, heartbeat.interval.ms: 1000}}"
+            url = group_target.replace("postgresql://", "postgresql+psycopg2://", 1)
+            path.write_text(
+                f"log:\n  kafka: {{bootstrap_servers: '{cluster}', topic_prefix: {prefix}, partitions: 3, "
+                f"consumer: {consumer}}}\nsources: []\n"
+                f"sinks:\n  - {{name: grp, type: sql, url: '{url}', topics: ['{topics['pg']}'], batch_wait_ms: 50, "
+                f"scale_out: group}}\nhttp: null\n")
+            members[client_id] = run_daemon(path, "grp", log=f"{client_id}.log",
+                                            env=as_host(member_hosts[client_id], cluster))
 
         def pg_position():
             return admin.scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
@@ -202,6 +250,18 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
             campaign.wait_for_progress(f"more changes with {struck[-1]} still down")
             dev("start", struck[-1])
 
+        def kill_a_group_member() -> None:
+            _wait_for_evidence(group, "member-a", members["member-a"])
+            hosts = {client: host.lstrip("/") for client, host in group.hosts().items()}
+            assert hosts == member_hosts, f"the coordinator sees the members on their own hosts: {hosts}"
+            kill_daemon(members.pop("member-a"))
+            members_killed.append(hosts)
+
+        def member_back_after_the_other_took_over() -> None:
+            wait_for(lambda: set(group.owned_by()) == {"member-b"} and len(group.owned_by()["member-b"]) == 3,
+                     timeout=120, what="member-b to own every partition of the group's topic")
+            start_member("member-a")
+
         struck: list[str] = []
         blocked: list[str] = []
         faults = [Fault("kill -9 the node leading the most partitions", kill_leader, back_after_progress,
@@ -211,28 +271,41 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
                         detected=KAFKA_TROUBLE),
                   Fault("kill -9 a Redis master (its replica takes over)", lambda: masters.append(
                       _kill_a_redis_master(redis_ha)), detected=r"\[cache/.*(ConnectionError|retrying)")]
+        faults.append(Fault("kill -9 a consumer-group member on host 127.0.0.2", kill_a_group_member,
+                            member_back_after_the_other_took_over))
+        members_killed: list[dict] = []
         masters: list[str] = []
         rng.shuffle(faults)
         daemon.start()
         with Writer(pg, seed=7) as pg_writer, Writer(my, seed=8) as my_writer:
+            wait_for(lambda: databases.max_seq_pg(targets["pg"]), timeout=240, what="changes in the warehouse")
+            for client_id in member_hosts:   # the topic exists now
+                start_member(client_id)
             progress = {name: (lambda dsn=dsn: databases.max_seq_pg(dsn)) for name, dsn in targets.items()}
             progress["cache"] = lambda: max((int(r["seq"]) for r in _redis_rows(redis_ha, prefix, fields=("seq",))
                                              .values()), default=0)
+            progress["search"] = lambda: _search_progress(search, alias)
+            progress["grp"] = lambda: databases.max_seq_pg(group_target)
             campaign = Campaign(daemon, pg_position, progress, rng, timeout=240)
             for fault in faults:
                 campaign.strike(fault)
                 assert daemon.alive(), f"the daemon exited after {fault.name}:\n{daemon.log_since()[-3000:]}"
-        assert blocked and masters, "a strike did not run"
+                for client_id, member in members.items():
+                    assert member.poll() is None, f"{client_id} exited after {fault.name}"
+        assert blocked and masters and members_killed, "a strike did not run"
         expected = {k: {c: None if v is None else str(v) for c, v in row.items() if c in ("seq", "small", "big")}
                     for k, row in pg.rows().items()}
         wait_for(lambda: _redis_rows(redis_ha, prefix) == expected, timeout=120,
                  what="the Redis Cluster's hashes equal to the PostgreSQL source")
+        documents = {k: {c: row[c] for c in ("seq", "small", "big")} for k, row in pg.rows().items()}
+        wait_for(lambda: _search_rows(search, alias) == documents, timeout=120,
+                 what="the OpenSearch documents equal to the PostgreSQL source")
         for name, db, writer, rows in (("pg", pg, pg_writer, lambda rows: rows),
                                        ("my", my, my_writer, _bytes_blobs)):
-            _assert_equal_everywhere(
-                db, writer, cluster, topics[name],
-                {f"wh_{name}": lambda dsn=targets[name], db=db, rows=rows: rows(databases.pg_rows(dsn, db.columns))},
-                daemon)
+            stores = {f"wh_{name}": lambda dsn=targets[name], db=db, rows=rows: rows(databases.pg_rows(dsn, db.columns))}
+            if name == "pg":
+                stores["grp"] = lambda: databases.pg_rows(group_target, pg.columns)
+            _assert_equal_everywhere(db, writer, cluster, topics[name], stores, daemon)
         from cdc.log.kafka import KafkaLog
 
         log = KafkaLog(cluster)
@@ -241,12 +314,15 @@ def test_the_pipeline_through_a_node_killed_a_rolling_restart_and_two_nodes_down
                 order = topic_order(log, topic)
                 assert order.records > 0 and not order.out_of_order and not order.keys_in_two_partitions, (
                     name, order.out_of_order[:10], order.keys_in_two_partitions[:10])
-                print(f"{topic}: {order.records} records, {order.duplicates} duplicates, none out of order")
+                print(f"{topic}: {order.records} records, {order.duplicates} duplicates, {order.replayed} "
+                      f"replayed below a snapshot row, none out of order")
         finally:
             log.close()
         for record in campaign.records:
             print(f"{record.fault}: {record.seconds:.1f}s, noticed: {record.detected_line}")
     finally:
+        for member in members.values():
+            stop_daemon(member)
         if daemon is not None:
             daemon.stop()
         for node in NODES:

@@ -61,6 +61,11 @@ class Group:
             out.setdefault(member.client_id, set()).update((tp.topic, tp.partition) for tp in parts)
         return out
 
+    def hosts(self) -> dict[str, str]:
+        """client.id -> the host the coordinator saw the member connect from ("/127.0.0.2")."""
+        description = self._ask(lambda: self.admin.describe_consumer_groups([self.group], request_timeout=20))
+        return {member.client_id: member.host for member in description.members or ()}
+
     def committed(self) -> dict[tuple[str, int], int]:
         request = ConsumerGroupTopicPartitions(self.group)
         result = self._ask(lambda: self.admin.list_consumer_group_offsets([request], request_timeout=20))

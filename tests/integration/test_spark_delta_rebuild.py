@@ -27,7 +27,8 @@ from tests.integration.pg_capture import execute
 from tests.integration.test_daemon_control import _rows
 from tests.integration.test_spark_delta_schema_live import delta_state
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.kafka, pytest.mark.postgres,
+              pytest.mark.timeout(2400)]
 
 ROWS = 300
 REBUILDS = 2  # through the daemon; each costs a minute or more of Spark
