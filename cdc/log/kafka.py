@@ -101,6 +101,7 @@ class KafkaLog(Log, GroupLog):
         # by hand are seen within PARTITIONS_TTL_S (a truncate's copies ask afresh)
         self._partitions: dict[str, tuple[int, float]] = {}
         self._meta: Consumer | None = None      # for watermarks
+        self._made: set[str] = set()            # topics this log created
         self._lock = threading.Lock()
         self._open: weakref.WeakSet = weakref.WeakSet()
 
@@ -112,6 +113,7 @@ class KafkaLog(Log, GroupLog):
             return
         if self._describe(topic) is None and self._create(topic, settings):
             self._checked[topic] = settings.cleanup_policy
+            self._made.add(topic)
             return
         policy = self._configs(topic)["cleanup.policy"].value or ""
         # A table's topic must compact (compact,delete does too); a delete topic must not.
@@ -308,11 +310,12 @@ class KafkaLog(Log, GroupLog):
                         out[(topic, p)] = meta.get_watermark_offsets(KafkaTp(topic, p), self.timeout, False)[1]
                     except KafkaException as exc:
                         # NOT_LEADER_FOR_PARTITION and the like: a new topic or a leader election.
-                        # UNKNOWN_TOPIC_OR_PART for a topic the metadata lists: a broker of a cluster
-                        # that has not applied the topic's creation yet (a source's first read).
+                        # UNKNOWN_TOPIC_OR_PART for a topic this log made or the metadata lists: a
+                        # broker of a cluster that has not applied the topic's creation yet (a
+                        # source's first read; the broker listing topics may not know it either).
                         err = kafka_error(exc)
                         settling = (err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                                    and self._in_metadata(topic))
+                                    and (topic in self._made or self._in_metadata(topic)))
                         if (err is None or (err.code() not in TRANSIENT and not settling)
                                 or time.monotonic() > deadline):
                             raise wrap(f"reading the end offset of {topic}[{p}]", exc, self.bootstrap_servers) from exc
