@@ -23,7 +23,8 @@ from tests.integration.test_spark_delta_sink import ITEM_COLUMNS, ITEMS, Topics,
 from tests.integration.test_spark_lake_live import _delta_rows
 from tests.spark_cluster import SparkCluster
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.iceberg, pytest.mark.kafka,
+              pytest.mark.timeout(1200)]
 
 KEYS = 400
 AFTER_STRIKE = 4000   # changes published after the worker is killed
